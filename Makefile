@@ -1,0 +1,32 @@
+# The two commands a fresh machine needs (Python 3.11 and make only):
+#   make demo   set up .venv and plan a shipped topology, printing every candidate
+#   make test   set up .venv and run the whole test suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+CLUSTER ?= topologies/ddl_two_switch.yaml
+
+.PHONY: demo test venv clean bench
+
+venv: $(VENV)/.installed
+
+# torch==2.13.0 first: on the project's machines it is a local CPU build; any
+# other version would pull several GB of CUDA wheels.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[mpi,torch,viz,dev]'
+	touch $@
+
+demo: venv
+	$(BIN)/topoplan topo show $(CLUSTER)
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+bench: venv
+	$(BIN)/python scripts/bench_planners.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,53 @@
+"""The ``topoplan`` command line.
+
+Each command lives in ``topoplan/commands/<name>.py`` with ``register(subparsers)``;
+the parser it adds sets ``func(args) -> int``. Errors a user can cause
+(:class:`TopoplanError`) print ``topoplan: error: ...`` and exit 1, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import signal
+import sys
+
+from .errors import TopoplanError
+
+COMMANDS = ("topo", "plan", "verify", "simulate", "bench", "show", "testbed")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="topoplan",
+        description="Topology-aware allreduce: plan, verify, simulate and run schedules.")
+    from . import __version__
+    parser.add_argument("--version", action="version", version=f"topoplan {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"topoplan.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"topoplan.commands.{name}":
+                continue  # not built yet
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except TopoplanError as exc:
+        print(f"topoplan: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("topoplan: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except BrokenPipeError:
+        return 0

@@ -1,0 +1,715 @@
+"""Cluster YAML v1 -> a frozen cluster model -> a ``networkx.DiGraph``.
+
+The format is fixed by DESIGN.md ("Cluster YAML, version 1"). Every mistake a
+user can make is reported as :class:`ClusterSpecError` naming ``file:line: key``.
+
+Graph nodes are strings: ``"<box>/gpu<j>"`` (kind ``gpu``, with its ``rank``),
+``"<box>/nic<k>"`` (kind ``nic``), ``"<box>/fabric"`` (kind ``fabric``) and the
+switch names (kind ``switch``). Every edge carries ``bandwidth`` (bytes/s) and
+``latency`` (s); full-duplex links become two directed edges.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import networkx as nx
+
+from ._yaml import LineDict, LineList, load_yaml
+from .errors import ClusterSpecError
+from .units import parse_bandwidth, parse_latency
+
+__all__ = [
+    "Fabric", "GpuLink", "Nic", "Box", "SwitchLink", "Cluster",
+    "load_cluster", "loads_cluster",
+]
+
+MAX_ROUTES = 16  # equal-cost paths kept per GPU pair (ECMP / multi-rail spreading)
+
+
+@dataclass(frozen=True, slots=True)
+class Fabric:
+    """An in-box switch (NVSwitch, PCIe switch): every GPU attaches at ``bandwidth``."""
+
+    bandwidth: float  # bytes/s per GPU, per direction
+    latency: float  # seconds
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLink:
+    """A direct GPU<->GPU link inside a box (NVLink); ``a``, ``b`` are box-local indexes."""
+
+    a: int
+    b: int
+    bandwidth: float
+    latency: float
+
+
+@dataclass(frozen=True, slots=True)
+class Nic:
+    """A network interface: plugs into ``switch``, serves the box-local ``gpus``."""
+
+    switch: str
+    bandwidth: float
+    latency: float
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Box:
+    """A host with ``gpus`` GPUs, ranks ``first_rank .. first_rank + gpus - 1``.
+
+    ``template`` is the YAML entry's name template; boxes stamped from one entry
+    share it, which is what "one box type" means to hierarchical planners.
+    """
+
+    name: str
+    gpus: int
+    first_rank: int
+    fabric: Fabric | None = None
+    gpu_links: tuple[GpuLink, ...] = ()
+    nics: tuple[Nic, ...] = ()
+    template: str = ""
+
+    @property
+    def ranks(self) -> range:
+        return range(self.first_rank, self.first_rank + self.gpus)
+
+    def gpu_node(self, local: int) -> str:
+        return f"{self.name}/gpu{local}"
+
+    def nic_node(self, index: int) -> str:
+        return f"{self.name}/nic{index}"
+
+    @property
+    def fabric_node(self) -> str:
+        return f"{self.name}/fabric"
+
+    def signature(self) -> tuple:
+        """What makes two boxes interchangeable for planning (all but name and switches)."""
+        return (self.gpus, self.fabric, self.gpu_links,
+                tuple((n.bandwidth, n.latency, n.gpus) for n in self.nics))
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchLink:
+    """A full-duplex switch<->switch link; parallel links are summed into one."""
+
+    a: str
+    b: str
+    bandwidth: float
+    latency: float
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A cluster: switches, boxes of GPUs, and the links between them.
+
+    Build it with :func:`load_cluster`. ``graph`` is the ``networkx.DiGraph`` the
+    planners and the simulator work on; ranks are numbered in file order.
+    """
+
+    name: str
+    boxes: tuple[Box, ...]
+    switches: tuple[str, ...] = ()
+    links: tuple[SwitchLink, ...] = ()
+    source: str | None = field(default=None, compare=False)
+
+    # ---- ranks -------------------------------------------------------------
+    @property
+    def nranks(self) -> int:
+        return sum(box.gpus for box in self.boxes)
+
+    @cached_property
+    def _rank_box(self) -> tuple[int, ...]:
+        return tuple(b for b, box in enumerate(self.boxes) for _ in range(box.gpus))
+
+    def box_of(self, rank: int) -> Box:
+        """The box holding ``rank``."""
+        self._check_rank(rank)
+        return self.boxes[self._rank_box[rank]]
+
+    def box_index(self, rank: int) -> int:
+        self._check_rank(rank)
+        return self._rank_box[rank]
+
+    def local_index(self, rank: int) -> int:
+        """The GPU index of ``rank`` inside its box."""
+        return rank - self.box_of(rank).first_rank
+
+    def gpu_node(self, rank: int) -> str:
+        """The graph node of ``rank``."""
+        box = self.box_of(rank)
+        return box.gpu_node(rank - box.first_rank)
+
+    def _check_rank(self, rank: int) -> None:
+        if not 0 <= rank < self.nranks:
+            raise IndexError(f"rank {rank} out of range(0, {self.nranks})")
+
+    # ---- graph -------------------------------------------------------------
+    @cached_property
+    def graph(self) -> nx.DiGraph:
+        """The topology as a DiGraph with ``bandwidth`` (bytes/s) and ``latency`` (s) on edges."""
+        return _build_graph(self)
+
+    @cached_property
+    def _switch_graph(self) -> nx.Graph:
+        graph = nx.Graph()
+        graph.add_nodes_from(self.switches)
+        graph.add_edges_from((link.a, link.b) for link in self.links)
+        return graph
+
+    @cached_property
+    def _route_cache(self) -> dict:
+        return {}
+
+    def routes(self, src: int, dst: int) -> tuple[tuple[str, ...], ...]:
+        """The equal-cost paths data takes from rank ``src`` to rank ``dst``.
+
+        Inside a box: the direct GPU link if there is one, else the fabric, else the
+        fewest NVLink hops (relaying through GPUs). Between boxes: out through every
+        NIC serving ``src``, across the fewest switch hops, in through every NIC
+        serving ``dst`` (GPUs without a NIC first hop to the nearest GPU with one).
+        At most ``MAX_ROUTES`` paths, in a deterministic order. Each path is a tuple
+        of graph nodes from ``gpu_node(src)`` to ``gpu_node(dst)``.
+        """
+        key = (src, dst)
+        cache = self._route_cache
+        if key not in cache:
+            cache[key] = self._compute_routes(src, dst)
+        return cache[key]
+
+    def route_edges(self, src: int, dst: int) -> tuple[tuple[tuple[str, str], ...], ...]:
+        """``routes`` as tuples of directed edges."""
+        return tuple(tuple(zip(path, path[1:])) for path in self.routes(src, dst))
+
+    def _compute_routes(self, src: int, dst: int) -> tuple[tuple[str, ...], ...]:
+        if src == dst:
+            node = self.gpu_node(src)
+            return ((node,),)
+        box_s, box_d = self.box_of(src), self.box_of(dst)
+        ls, ld = src - box_s.first_rank, dst - box_d.first_rank
+        if box_s is box_d:
+            return tuple(itertools.islice(self._in_box_paths(box_s, ls, ld), MAX_ROUTES))
+        paths: list[tuple[str, ...]] = []
+        out_legs = self._nic_legs(box_s, ls, outbound=True)
+        in_legs = self._nic_legs(box_d, ld, outbound=False)
+        for (head, sw_a), (tail, sw_b) in itertools.product(out_legs, in_legs):
+            for middle in self._switch_paths(sw_a, sw_b):
+                paths.append(head + middle + tail)
+                if len(paths) >= MAX_ROUTES:
+                    return tuple(paths)
+        return tuple(paths)
+
+    def _in_box_paths(self, box: Box, a: int, b: int) -> Iterable[tuple[str, ...]]:
+        if any({link.a, link.b} == {a, b} for link in box.gpu_links):
+            yield (box.gpu_node(a), box.gpu_node(b))
+            return
+        if box.fabric is not None:
+            yield (box.gpu_node(a), box.fabric_node, box.gpu_node(b))
+            return
+        links = _box_link_graph(box)
+        for path in nx.all_shortest_paths(links, a, b):
+            yield tuple(box.gpu_node(j) for j in path)
+
+    def _nic_legs(self, box: Box, local: int, outbound: bool) -> list[tuple[tuple[str, ...], str]]:
+        """(path from the GPU to its NIC, switch) pairs, or reversed for inbound."""
+        direct = [k for k, nic in enumerate(box.nics) if local in nic.gpus]
+        legs: list[tuple[tuple[str, ...], str]] = []
+        if direct:
+            for k in direct:
+                legs.append(((box.gpu_node(local), box.nic_node(k)), box.nics[k].switch))
+        else:  # hop inside the box to the nearest GPUs that have a NIC
+            candidates = sorted({g for nic in box.nics for g in nic.gpus},
+                                key=lambda g: (len(next(iter(self._in_box_paths(box, local, g)))), g))
+            if candidates:
+                best = len(next(iter(self._in_box_paths(box, local, candidates[0]))))
+                for g in candidates:
+                    hop = next(iter(self._in_box_paths(box, local, g)))
+                    if len(hop) > best:
+                        break
+                    for k, nic in enumerate(box.nics):
+                        if g in nic.gpus:
+                            legs.append((hop + (box.nic_node(k),), nic.switch))
+        if outbound:
+            return legs
+        return [(tuple(reversed(path)), switch) for path, switch in legs]
+
+    def _switch_paths(self, a: str, b: str) -> list[tuple[str, ...]]:
+        cache = self._route_cache
+        key = ("sw", a, b)
+        if key not in cache:
+            if a == b:
+                cache[key] = [(a,)]
+            else:
+                try:
+                    found = itertools.islice(nx.all_shortest_paths(self._switch_graph, a, b),
+                                             MAX_ROUTES)
+                    cache[key] = [tuple(p) for p in found]
+                except nx.NetworkXNoPath:
+                    cache[key] = []
+        return cache[key]
+
+    # ---- summaries ---------------------------------------------------------
+    def injection_bandwidth(self, box: Box) -> float:
+        """Bytes/s a box can push into the network (sum of its NICs)."""
+        return sum(nic.bandwidth for nic in box.nics)
+
+    def gpu_bandwidth(self, rank: int) -> float:
+        """Bytes/s one GPU can push out over all its edges (fabric, NVLink, NICs)."""
+        node = self.gpu_node(rank)
+        return sum(data["bandwidth"] for _, _, data in self.graph.out_edges(node, data=True))
+
+
+def _box_link_graph(box: Box) -> nx.Graph:
+    graph = nx.Graph()
+    graph.add_nodes_from(range(box.gpus))
+    graph.add_edges_from((link.a, link.b) for link in box.gpu_links)
+    return graph
+
+
+def _add_duplex(graph: nx.DiGraph, u: str, v: str, bandwidth: float, latency: float,
+                kind: str, latency_back: float | None = None) -> None:
+    for a, b, lat in ((u, v, latency), (v, u, latency if latency_back is None else latency_back)):
+        if graph.has_edge(a, b):  # parallel links add up
+            graph[a][b]["bandwidth"] += bandwidth
+        else:
+            graph.add_edge(a, b, bandwidth=bandwidth, latency=lat, kind=kind)
+
+
+def _build_graph(cluster: Cluster) -> nx.DiGraph:
+    graph = nx.DiGraph(name=cluster.name)
+    for switch in cluster.switches:
+        graph.add_node(switch, kind="switch")
+    for b, box in enumerate(cluster.boxes):
+        for j in range(box.gpus):
+            graph.add_node(box.gpu_node(j), kind="gpu", rank=box.first_rank + j, box=b, local=j)
+        if box.fabric is not None:
+            graph.add_node(box.fabric_node, kind="fabric", box=b)
+            for j in range(box.gpus):
+                # The latency is paid once per GPU->fabric->GPU crossing.
+                _add_duplex(graph, box.gpu_node(j), box.fabric_node, box.fabric.bandwidth,
+                            box.fabric.latency, "fabric", latency_back=0.0)
+        for link in box.gpu_links:
+            _add_duplex(graph, box.gpu_node(link.a), box.gpu_node(link.b), link.bandwidth,
+                        link.latency, "nvlink")
+        for k, nic in enumerate(box.nics):
+            node = box.nic_node(k)
+            graph.add_node(node, kind="nic", box=b, switch=nic.switch)
+            for j in nic.gpus:
+                _add_duplex(graph, box.gpu_node(j), node, nic.bandwidth, 0.0, "pcie")
+            _add_duplex(graph, node, nic.switch, nic.bandwidth, nic.latency, "nic")
+    for link in cluster.links:
+        _add_duplex(graph, link.a, link.b, link.bandwidth, link.latency, "switch")
+    return graph
+
+
+# --------------------------------------------------------------------------------------
+# Loading and validation
+# --------------------------------------------------------------------------------------
+
+_TEMPLATE = re.compile(r"\{([^{}]*)\}")
+_TEMPLATE_EXPR = re.compile(r"^\s*i\s*(?:(//|%|\+|-|\*)\s*(\d+)\s*)?$")
+
+
+class _Reader:
+    """Walks the parsed YAML, checking types and naming ``file:line: key`` on errors."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+
+    def fail(self, line: int | None, key: str, message: str) -> ClusterSpecError:
+        return ClusterSpecError(message, file=self.file, line=line, key=key)
+
+    def mapping(self, value: Any, line: int, key: str) -> LineDict:
+        if not isinstance(value, LineDict):
+            raise self.fail(line, key, f"expected a mapping, got {_describe(value)}")
+        return value
+
+    def sequence(self, value: Any, line: int, key: str) -> LineList:
+        if not isinstance(value, LineList):
+            raise self.fail(line, key, f"expected a list, got {_describe(value)}")
+        return value
+
+    def keys(self, mapping: LineDict, path: str, required: Iterable[str],
+             optional: Iterable[str]) -> None:
+        required, allowed = list(required), set(required) | set(optional)
+        for key in mapping:
+            if key not in allowed:
+                hint = _closest(key, allowed)
+                raise self.fail(mapping.line_of(key), _join(path, key),
+                                f"unknown key{hint}; allowed: {', '.join(sorted(allowed))}")
+        for key in required:
+            if key not in mapping:
+                raise self.fail(mapping.line, _join(path, key), "missing required key")
+
+    def string(self, mapping: LineDict, key: str, path: str) -> str:
+        value = mapping[key]
+        if not isinstance(value, str) or not value:
+            raise self.fail(mapping.line_of(key), _join(path, key),
+                            f"expected a non-empty string, got {_describe(value)}")
+        return value
+
+    def integer(self, mapping: LineDict, key: str, path: str, minimum: int) -> int:
+        value = mapping[key]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(mapping.line_of(key), _join(path, key),
+                            f"expected an integer, got {_describe(value)}")
+        if value < minimum:
+            raise self.fail(mapping.line_of(key), _join(path, key),
+                            f"must be >= {minimum}, got {value}")
+        return value
+
+    def quantity(self, mapping: LineDict, key: str, path: str,
+                 parse: Callable[[object], float], positive: bool) -> float:
+        value = mapping[key]
+        line, where = mapping.line_of(key), _join(path, key)
+        try:
+            number = parse(value)
+        except ValueError as exc:
+            raise self.fail(line, where, str(exc)) from None
+        if positive and not number > 0:
+            raise self.fail(line, where, f"must be > 0, got {_show(value)}")
+        if not positive and number < 0:
+            raise self.fail(line, where, f"must be >= 0, got {_show(value)}")
+        return number
+
+    def bandwidth(self, mapping: LineDict, path: str) -> float:
+        return self.quantity(mapping, "bandwidth", path, parse_bandwidth, positive=True)
+
+    def latency(self, mapping: LineDict, path: str) -> float:
+        if "latency" not in mapping:
+            return 0.0
+        return self.quantity(mapping, "latency", path, parse_latency, positive=False)
+
+    def count(self, mapping: LineDict, path: str) -> int:
+        return self.integer(mapping, "count", path, 1) if "count" in mapping else 1
+
+    def expand(self, template: str, i: int, line: int, key: str) -> str:
+        """Fill ``{i}``, ``{i//K}``, ``{i%K}`` (also ``+ - *``) with instance ``i``."""
+
+        def substitute(match: re.Match) -> str:
+            expr = _TEMPLATE_EXPR.match(match.group(1))
+            if expr is None:
+                raise self.fail(line, key, f"bad template {{{match.group(1)}}} in {template!r}; "
+                                "use {i}, {i//K}, {i%K}, {i+K}, {i-K} or {i*K}")
+            op, operand = expr.groups()
+            if op is None:
+                return str(i)
+            k = int(operand)
+            if op in ("//", "%") and k == 0:
+                raise self.fail(line, key, f"bad template {{{match.group(1)}}} in {template!r}: "
+                                "division by zero")
+            return str({"//": lambda: i // k, "%": lambda: i % k, "+": lambda: i + k,
+                        "-": lambda: i - k, "*": lambda: i * k}[op]())
+
+        result = _TEMPLATE.sub(substitute, template)
+        if "{" in result or "}" in result:
+            raise self.fail(line, key, f"bad template {template!r}: unbalanced braces")
+        return result
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    kind = {LineDict: "mapping", LineList: "list"}.get(type(value), type(value).__name__)
+    return kind if isinstance(value, (LineDict, LineList)) else f"{kind} {value!r}"
+
+
+def _show(value: Any) -> str:
+    return value if isinstance(value, str) else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _closest(key: str, allowed: Iterable[str]) -> str:
+    import difflib
+    match = difflib.get_close_matches(key, list(allowed), n=1)
+    return f" {key!r} (did you mean {match[0]!r}?)" if match else f" {key!r}"
+
+
+_TOP_KEYS = ("name",), ("version", "switches", "boxes", "links", "description")
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Load and validate a cluster YAML file.
+
+    Parameters
+    ----------
+    path : str or Path
+        The YAML file (format: DESIGN.md, "Cluster YAML, version 1").
+
+    Returns
+    -------
+    Cluster
+
+    Raises
+    ------
+    ClusterSpecError
+        For any mistake, naming ``file:line: key``; also when the file cannot be read.
+    """
+    file = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ClusterSpecError(f"cannot read cluster file: {exc.strerror}", file=file) from None
+    except UnicodeDecodeError:
+        raise ClusterSpecError("not a text file (UTF-8 expected)", file=file) from None
+    return loads_cluster(text, file=file)
+
+
+def loads_cluster(text: str, file: str = "<string>") -> Cluster:
+    """Like :func:`load_cluster`, from YAML text; ``file`` is used in error messages."""
+    reader = _Reader(file)
+    doc = load_yaml(text, file)
+    if not isinstance(doc, LineDict):
+        raise reader.fail(getattr(doc, "line", 1), "",
+                          f"a cluster file is a mapping with name and boxes, got {_describe(doc)}")
+    reader.keys(doc, "", ("name", "boxes"), ("version", "switches", "links", "description"))
+    name = reader.string(doc, "name", "")
+    if "version" in doc and doc["version"] != 1:
+        raise reader.fail(doc.line_of("version"), "version",
+                          f"unsupported version {doc['version']!r}; this topoplan reads version 1")
+
+    switches, switch_lines = _read_switches(reader, doc)
+    boxes, box_lines = _read_boxes(reader, doc, switches)
+    links = _read_links(reader, doc, switches)
+
+    clash = set(switches) & {box.name for box in boxes}
+    if clash:
+        dup = sorted(clash)[0]
+        raise reader.fail(box_lines[dup], "boxes", f"duplicate name {dup!r}: a switch has it too")
+    cluster = Cluster(name=name, boxes=tuple(boxes), switches=tuple(switches), links=tuple(links),
+                      source=file)
+    _check_connected(reader, cluster, doc, box_lines, switch_lines)
+    return cluster
+
+
+def _read_switches(reader: _Reader, doc: LineDict) -> tuple[list[str], dict[str, int]]:
+    names: list[str] = []
+    lines: dict[str, int] = {}
+    if "switches" not in doc:
+        return names, lines
+    items = reader.sequence(doc["switches"], doc.line_of("switches"), "switches")
+    for s, item in enumerate(items):
+        path = f"switches[{s}]"
+        if isinstance(item, str):  # shorthand: "- sw0"
+            item_map = LineDict(name=item)
+            item_map.line, item_map.key_lines = items.line_of(s), {}
+            item = item_map
+        entry = reader.mapping(item, items.line_of(s), path)
+        reader.keys(entry, path, ("name",), ("count",))
+        template = reader.string(entry, "name", path)
+        count = reader.count(entry, path)
+        for i in range(count):
+            switch = reader.expand(template, i, entry.line_of("name"), _join(path, "name"))
+            _check_name(reader, switch, entry.line_of("name"), _join(path, "name"))
+            if switch in lines:
+                raise reader.fail(entry.line_of("name"), _join(path, "name"),
+                                  f"duplicate switch name {switch!r} (first on line {lines[switch]})"
+                                  + (" ; add {i} to the name" if count > 1 and "{" not in template else ""))
+            lines[switch] = entry.line_of("name")
+            names.append(switch)
+    return names, lines
+
+
+def _check_name(reader: _Reader, name: str, line: int, key: str) -> None:
+    if "/" in name or not name.strip():
+        raise reader.fail(line, key, f"bad name {name!r}: names are non-empty and contain no '/'")
+
+
+def _read_boxes(reader: _Reader, doc: LineDict,
+                switches: list[str]) -> tuple[list[Box], dict[str, int]]:
+    items = reader.sequence(doc["boxes"], doc.line_of("boxes"), "boxes")
+    if not items:
+        raise reader.fail(doc.line_of("boxes"), "boxes", "must list at least one box")
+    entries = []
+    total_boxes = 0
+    for b, item in enumerate(items):
+        path = f"boxes[{b}]"
+        entry = reader.mapping(item, items.line_of(b), path)
+        reader.keys(entry, path, ("name", "gpus"), ("count", "fabric", "gpu_links", "nics"))
+        count = reader.count(entry, path)
+        entries.append((path, entry, count))
+        total_boxes += count
+
+    boxes: list[Box] = []
+    lines: dict[str, int] = {}
+    known = set(switches)
+    rank = 0
+    for path, entry, count in entries:
+        template = reader.string(entry, "name", path)
+        gpus = reader.integer(entry, "gpus", path, 1)
+        fabric = None
+        if "fabric" in entry:
+            fab = reader.mapping(entry["fabric"], entry.line_of("fabric"), _join(path, "fabric"))
+            reader.keys(fab, _join(path, "fabric"), ("bandwidth",), ("latency",))
+            fabric = Fabric(reader.bandwidth(fab, _join(path, "fabric")),
+                            reader.latency(fab, _join(path, "fabric")))
+        gpu_links = _read_gpu_links(reader, entry, path, gpus)
+        if gpus > 1 and fabric is None:
+            graph = nx.Graph()
+            graph.add_nodes_from(range(gpus))
+            graph.add_edges_from((link.a, link.b) for link in gpu_links)
+            if not nx.is_connected(graph):
+                parts = sorted(sorted(c) for c in nx.connected_components(graph))
+                raise reader.fail(entry.line_of("gpu_links") if gpu_links else entry.line, path,
+                                  f"the {gpus} GPUs are not connected (groups {parts}); "
+                                  "add a fabric or gpu_links joining them")
+        if "nics" not in entry:
+            if total_boxes > 1:
+                raise reader.fail(entry.line, _join(path, "nics"),
+                                  "missing: a cluster with more than one box needs NICs in every box")
+            nic_items: list = []
+            nics_list = None
+        else:
+            nics_list = reader.sequence(entry["nics"], entry.line_of("nics"), _join(path, "nics"))
+            nic_items = list(nics_list)
+            if not nic_items and total_boxes > 1:
+                raise reader.fail(entry.line_of("nics"), _join(path, "nics"),
+                                  "empty: a cluster with more than one box needs NICs in every box")
+        for i in range(count):
+            name = reader.expand(template, i, entry.line_of("name"), _join(path, "name"))
+            _check_name(reader, name, entry.line_of("name"), _join(path, "name"))
+            if name in lines:
+                hint = "; add {i} to the name" if count > 1 and "{" not in template else ""
+                raise reader.fail(entry.line_of("name"), _join(path, "name"),
+                                  f"duplicate box name {name!r} (first on line {lines[name]}){hint}")
+            lines[name] = entry.line_of("name")
+            nics = tuple(_read_nic(reader, nics_list, k, f"{path}.nics[{k}]", gpus, i, known)
+                         for k in range(len(nic_items)))
+            boxes.append(Box(name=name, gpus=gpus, first_rank=rank, fabric=fabric,
+                             gpu_links=gpu_links, nics=nics, template=template))
+            rank += gpus
+    return boxes, lines
+
+
+def _read_gpu_links(reader: _Reader, entry: LineDict, path: str, gpus: int) -> tuple[GpuLink, ...]:
+    if "gpu_links" not in entry:
+        return ()
+    items = reader.sequence(entry["gpu_links"], entry.line_of("gpu_links"), _join(path, "gpu_links"))
+    merged: dict[tuple[int, int], GpuLink] = {}
+    for n, item in enumerate(items):
+        lpath = f"{path}.gpu_links[{n}]"
+        link = reader.mapping(item, items.line_of(n), lpath)
+        reader.keys(link, lpath, ("a", "b", "bandwidth"), ("latency", "count"))
+        a = _gpu_index(reader, link, "a", lpath, gpus)
+        b = _gpu_index(reader, link, "b", lpath, gpus)
+        if a == b:
+            raise reader.fail(link.line_of("b"), _join(lpath, "b"),
+                              f"a link joins two different GPUs, got a = b = {a}")
+        bandwidth = reader.bandwidth(link, lpath) * reader.count(link, lpath)
+        latency = reader.latency(link, lpath)
+        key = (min(a, b), max(a, b))
+        if key in merged:  # parallel NVLinks add up
+            old = merged[key]
+            merged[key] = GpuLink(old.a, old.b, old.bandwidth + bandwidth, min(old.latency, latency))
+        else:
+            merged[key] = GpuLink(key[0], key[1], bandwidth, latency)
+    return tuple(merged.values())
+
+
+def _gpu_index(reader: _Reader, mapping: LineDict, key: str, path: str, gpus: int,
+               value: Any = None, line: int | None = None, where: str | None = None) -> int:
+    value = mapping[key] if value is None else value
+    line = mapping.line_of(key) if line is None else line
+    where = _join(path, key) if where is None else where
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise reader.fail(line, where, f"expected a GPU index, got {_describe(value)}")
+    if not 0 <= value < gpus:
+        raise reader.fail(line, where, f"GPU index {value} out of range: the box has {gpus} GPUs "
+                                       f"(0..{gpus - 1})")
+    return value
+
+
+def _read_nic(reader: _Reader, items: LineList | None, k: int, path: str, gpus: int, i: int,
+              switches: set[str]) -> Nic:
+    assert items is not None
+    nic = reader.mapping(items[k], items.line_of(k), path)
+    reader.keys(nic, path, ("switch", "bandwidth"), ("latency", "gpus"))
+    template = reader.string(nic, "switch", path)
+    switch = reader.expand(template, i, nic.line_of("switch"), _join(path, "switch"))
+    if switch not in switches:
+        hint = _closest(switch, switches)
+        known = ", ".join(sorted(switches)[:8]) or "none are declared"
+        raise reader.fail(nic.line_of("switch"), _join(path, "switch"),
+                          f"unknown switch{hint}" + (f" (from {template!r} with i={i})"
+                                                     if template != switch else "")
+                          + f"; switches: {known}")
+    bandwidth = reader.bandwidth(nic, path)
+    latency = reader.latency(nic, path)
+    if "gpus" in nic:
+        listed = reader.sequence(nic["gpus"], nic.line_of("gpus"), _join(path, "gpus"))
+        if not listed:
+            raise reader.fail(nic.line_of("gpus"), _join(path, "gpus"),
+                              "empty: list the GPUs that use this NIC, or leave the key out")
+        served = tuple(_gpu_index(reader, nic, "gpus", path, gpus, value=g,
+                                  line=listed.line_of(n), where=f"{path}.gpus[{n}]")
+                       for n, g in enumerate(listed))
+        if len(set(served)) != len(served):
+            raise reader.fail(nic.line_of("gpus"), _join(path, "gpus"), f"repeated GPU in {list(served)}")
+    else:
+        served = tuple(range(gpus))
+    return Nic(switch=switch, bandwidth=bandwidth, latency=latency, gpus=served)
+
+
+def _read_links(reader: _Reader, doc: LineDict, switches: list[str]) -> list[SwitchLink]:
+    if "links" not in doc:
+        return []
+    items = reader.sequence(doc["links"], doc.line_of("links"), "links")
+    known = set(switches)
+    merged: dict[tuple[str, str], SwitchLink] = {}
+    for n, item in enumerate(items):
+        path = f"links[{n}]"
+        link = reader.mapping(item, items.line_of(n), path)
+        reader.keys(link, path, ("a", "b", "bandwidth"), ("latency", "count"))
+        ta, tb = reader.string(link, "a", path), reader.string(link, "b", path)
+        bandwidth, latency = reader.bandwidth(link, path), reader.latency(link, path)
+        for i in range(reader.count(link, path)):
+            ends = []
+            for key, template in (("a", ta), ("b", tb)):
+                name = reader.expand(template, i, link.line_of(key), _join(path, key))
+                if name not in known:
+                    hint = _closest(name, known)
+                    raise reader.fail(link.line_of(key), _join(path, key),
+                                      f"unknown switch{hint}" + (f" (from {template!r} with i={i})"
+                                                                 if template != name else "")
+                                      + "; links join switches declared under switches")
+                ends.append(name)
+            a, b = ends
+            if a == b:
+                raise reader.fail(link.line_of("b"), _join(path, "b"),
+                                  f"a link joins two different switches, got {a!r} twice")
+            key2 = (min(a, b), max(a, b))
+            if key2 in merged:  # parallel links add up
+                old = merged[key2]
+                merged[key2] = SwitchLink(old.a, old.b, old.bandwidth + bandwidth,
+                                          min(old.latency, latency))
+            else:
+                merged[key2] = SwitchLink(a, b, bandwidth, latency)
+    return list(merged.values())
+
+
+def _check_connected(reader: _Reader, cluster: Cluster, doc: LineDict, box_lines: dict[str, int],
+                     switch_lines: dict[str, int]) -> None:
+    """Every GPU must reach every other GPU over NICs and switches."""
+    if len(cluster.boxes) < 2:
+        return
+    graph = cluster.graph.to_undirected(as_view=True)
+    first = cluster.boxes[0]
+    reach = nx.node_connected_component(graph, first.gpu_node(0))
+    for box in cluster.boxes[1:]:
+        if box.gpu_node(0) not in reach:
+            switches_a = sorted({nic.switch for nic in first.nics})
+            switches_b = sorted({nic.switch for nic in box.nics})
+            raise reader.fail(box_lines[box.name], "boxes",
+                              f"no network path between box {first.name!r} (switches {switches_a}) "
+                              f"and box {box.name!r} (switches {switches_b}); add links between "
+                              "their switches")

@@ -1,0 +1,20 @@
+"""Helpers shared by the CLI commands: console output and tables."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+
+def console() -> Console:
+    # Wide enough that tables do not wrap when piped into a file or CI log.
+    return Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+
+
+def table(*columns: str, title: str | None = None) -> Table:
+    t = Table(title=title, title_justify="left", header_style="bold")
+    for i, column in enumerate(columns):
+        t.add_column(column, justify="left" if i == 0 else "right", no_wrap=i == 0)
+    return t

@@ -1,0 +1,117 @@
+"""``topoplan topo show|lint CLUSTER.yaml``: look at a cluster file."""
+
+from __future__ import annotations
+
+import argparse
+from itertools import groupby
+
+import networkx as nx
+
+from ..cluster import Box, Cluster, load_cluster
+from ..units import format_bandwidth, format_time
+from .common import console, table
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    topo = subparsers.add_parser("topo", help="show or lint a cluster YAML file")
+    sub = topo.add_subparsers(dest="topo_command", metavar="ACTION", required=True)
+    show = sub.add_parser("show", help="ranks, boxes, links, per-box and bisection bandwidth")
+    show.add_argument("cluster", help="cluster YAML file")
+    show.add_argument("--links", type=int, default=24, metavar="N",
+                      help="list at most N switch links (default 24)")
+    show.set_defaults(func=cmd_show)
+    lint = sub.add_parser("lint", help="validate a cluster file; exit 0 when it is good")
+    lint.add_argument("cluster", nargs="+", help="cluster YAML file(s)")
+    lint.set_defaults(func=cmd_lint)
+
+
+def in_box_bandwidth(box: Box) -> float:
+    """What one GPU can send to the rest of its box: fabric port or its NVLinks (max over GPUs)."""
+    if box.gpus == 1:
+        return 0.0
+    if box.fabric is not None:
+        return box.fabric.bandwidth
+    per_gpu = [0.0] * box.gpus
+    for link in box.gpu_links:
+        per_gpu[link.a] += link.bandwidth
+        per_gpu[link.b] += link.bandwidth
+    return max(per_gpu)
+
+
+def bisection_bandwidth(cluster: Cluster) -> float:
+    """Max flow from the first half of the ranks to the second half (rank order)."""
+    n = cluster.nranks
+    if n < 2:
+        return 0.0
+    graph = cluster.graph.copy()
+    for rank in range(n):
+        side = "__source__" if rank < n // 2 else "__sink__"
+        node = cluster.gpu_node(rank)
+        if side == "__source__":
+            graph.add_edge(side, node)
+        else:
+            graph.add_edge(node, side)
+    value, _ = nx.maximum_flow(graph, "__source__", "__sink__", capacity="bandwidth")
+    return float(value)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    cluster = load_cluster(args.cluster)
+    out = console()
+    graph = cluster.graph
+    out.print(f"[bold]{cluster.name}[/bold]  ({args.cluster})")
+    out.print(f"{cluster.nranks} ranks in {len(cluster.boxes)} boxes, {len(cluster.switches)} "
+              f"switches, {len(cluster.links)} switch links; graph: {graph.number_of_nodes()} "
+              f"nodes, {graph.number_of_edges()} directed edges")
+
+    boxes = table("box", "count", "ranks", "GPUs", "in-box per GPU", "NICs", "injection per box",
+                  title="Boxes")
+    for template, group in groupby(cluster.boxes, key=lambda b: (b.template, b.signature())):
+        members = list(group)
+        first, last = members[0], members[-1]
+        label = first.name if len(members) == 1 else f"{first.name} .. {last.name}"
+        nic_bw = sorted({nic.bandwidth for nic in first.nics})
+        nics = (f"{len(first.nics)} x " + "/".join(format_bandwidth(b) for b in nic_bw)
+                if first.nics else "-")
+        inbox = in_box_bandwidth(first)
+        boxes.add_row(label, str(len(members)), f"{first.first_rank}..{last.ranks[-1]}",
+                      str(first.gpus), format_bandwidth(inbox) if inbox else "-", nics,
+                      format_bandwidth(cluster.injection_bandwidth(first)) if first.nics else "-")
+    out.print(boxes)
+
+    if cluster.links:
+        links = table("a", "b", "bandwidth", "latency", title="Switch links")
+        for link in cluster.links[:args.links]:
+            links.add_row(link.a, link.b, format_bandwidth(link.bandwidth), format_time(link.latency))
+        if len(cluster.links) > args.links:
+            links.add_row(f"... {len(cluster.links) - args.links} more", "", "", "")
+        out.print(links)
+
+    summary = table("measure", "value", title="Bandwidth")
+    if len(cluster.boxes) > 1:
+        inj = [cluster.injection_bandwidth(b) for b in cluster.boxes]
+        summary.add_row("per-box injection (min .. max)",
+                        f"{format_bandwidth(min(inj))} .. {format_bandwidth(max(inj))}")
+    per_gpu = [in_box_bandwidth(b) for b in cluster.boxes if b.gpus > 1]
+    if per_gpu:
+        summary.add_row("in-box per GPU (min)", format_bandwidth(min(per_gpu)))
+    summary.add_row("bisection (rank-order halves)", format_bandwidth(bisection_bandwidth(cluster)))
+    try:
+        from ..bound import bottleneck
+        cut = bottleneck(cluster)
+        summary.add_row("bottleneck cut (lower-bound cut)",
+                        f"{cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)} "
+                        f"({format_bandwidth(cut.bandwidth / cut.gpus)} per GPU)")
+    except ImportError:
+        pass
+    out.print(summary)
+    return 0
+
+
+def cmd_lint(args: argparse.Namespace) -> int:
+    out = console()
+    for path in args.cluster:
+        cluster = load_cluster(path)
+        out.print(f"{path}: ok: {cluster.name}, {cluster.nranks} ranks in {len(cluster.boxes)} "
+                  f"boxes, {len(cluster.switches)} switches")
+    return 0

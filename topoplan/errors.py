@@ -1,0 +1,56 @@
+"""The exception tree. Every error a user can cause is a :class:`TopoplanError`.
+
+The CLI turns any of them into ``topoplan: error: <message>`` and a non-zero
+exit; the library never prints or exits on user input.
+"""
+
+from __future__ import annotations
+
+
+class TopoplanError(Exception):
+    """Base class of every error topoplan raises for bad input or a failed run."""
+
+
+class ClusterSpecError(TopoplanError, ValueError):
+    """A cluster YAML file is malformed; the message names file, line and key.
+
+    The message reads ``cluster.yaml:14: boxes[2].nics[0].bandwidth: must be > 0, got -5``.
+    """
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
+                 key: str | None = None) -> None:
+        self.file, self.line, self.key, self.reason = file, line, key, message
+        where = ""
+        if file is not None:
+            where = f"{file}:{line}: " if line is not None else f"{file}: "
+        if key:
+            where += f"{key}: "
+        super().__init__(where + message)
+
+
+class ScheduleError(TopoplanError, ValueError):
+    """A schedule is malformed or does not compute an allreduce.
+
+    Raised by :func:`topoplan.load_schedule` for files that break the format and by
+    :func:`topoplan.verify` for schedules that deadlock, leave messages unmatched or
+    end with a wrong sum; the message names the rank, step and chunk.
+    """
+
+
+class InfeasiblePlanError(TopoplanError):
+    """No schedule exists for this cluster (e.g. the GPUs are not connected).
+
+    The message names the cut that blocks the data.
+    """
+
+
+class TransportError(TopoplanError, RuntimeError):
+    """A point-to-point transfer failed or timed out while running a schedule.
+
+    Carries the ``rank``, ``step``, ``peer`` and ``chunk`` involved, where known.
+    """
+
+    def __init__(self, message: str, *, rank: int | None = None, step: int | None = None,
+                 peer: int | None = None, chunk: int | None = None) -> None:
+        self.rank, self.step, self.peer, self.chunk = rank, step, peer, chunk
+        super().__init__(message)

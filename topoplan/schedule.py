@@ -1,0 +1,323 @@
+"""The schedule IR, version 1: frozen dataclasses and their JSON form (DESIGN.md).
+
+A :class:`Schedule` says, for every rank, a list of steps; each step is a set of
+point-to-point ops (``send``/``recv``) on numbered chunks of the buffer. The IR
+imports nothing from planners or executors; passes return new schedules.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from itertools import accumulate
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+from .errors import ScheduleError
+
+__all__ = ["OpKind", "Op", "send", "recv", "RankProgram", "Schedule", "load_schedule",
+           "loads_schedule", "chunk_bounds", "FORMAT", "VERSION"]
+
+FORMAT = "topoplan-schedule"
+VERSION = 1
+FRACTION_TOLERANCE = 1e-9
+
+
+class OpKind(str, Enum):
+    """An op's code, as written in the JSON."""
+
+    SEND = "send"
+    RECV = "recv"
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One point-to-point op of a step.
+
+    ``send`` transmits chunk ``chunk`` (its value at the start of the step) to ``peer``;
+    ``recv`` receives it from ``peer`` and adds it (``reduce=True``) or overwrites.
+    """
+
+    kind: OpKind
+    peer: int
+    chunk: int
+    reduce: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"op": self.kind.value, "peer": self.peer, "chunk": self.chunk}
+        if self.kind is OpKind.RECV:
+            out["reduce"] = self.reduce
+        return out
+
+
+def send(peer: int, chunk: int) -> Op:
+    return Op(OpKind.SEND, peer, chunk)
+
+
+def recv(peer: int, chunk: int, reduce: bool = False) -> Op:
+    return Op(OpKind.RECV, peer, chunk, reduce)
+
+
+Step = tuple[Op, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RankProgram:
+    """The steps one rank runs, in order."""
+
+    rank: int
+    steps: tuple[Step, ...]
+
+
+def chunk_bounds(chunks: Sequence[float], n: int) -> list[tuple[int, int]]:
+    """Element ranges ``[start, end)`` of each chunk for a buffer of ``n`` elements.
+
+    Piece ``k`` covers ``[floor(C_k * n), floor(C_{k+1} * n))`` with ``C_k`` the sum
+    of the first ``k`` fractions; the last boundary is ``n`` exactly (DESIGN.md).
+    """
+    cuts = [0] + [math.floor(c * n) for c in accumulate(chunks)][:-1] + [n]
+    for k in range(1, len(cuts)):  # guard against float round-off past n
+        cuts[k] = min(max(cuts[k], cuts[k - 1]), n)
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """An allreduce schedule (IR v1).
+
+    Attributes
+    ----------
+    nranks : int
+    chunks : tuple of float
+        Fractions of the buffer, positive, summing to 1.
+    ranks : tuple of RankProgram
+        ``ranks[r].rank == r``.
+    collective : str
+        ``"allreduce"``.
+    meta : mapping
+        Free-form: ``algorithm``, ``cluster``, planner notes. Not compared.
+    """
+
+    nranks: int
+    chunks: tuple[float, ...]
+    ranks: tuple[RankProgram, ...]
+    collective: str = "allreduce"
+    meta: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def nchunks(self) -> int:
+        return len(self.chunks)
+
+    @property
+    def nsteps(self) -> int:
+        """The most steps any rank runs."""
+        return max((len(p.steps) for p in self.ranks), default=0)
+
+    @property
+    def nops(self) -> int:
+        return sum(len(step) for p in self.ranks for step in p.steps)
+
+    @property
+    def algorithm(self) -> str:
+        return str(self.meta.get("algorithm", "?"))
+
+    def chunk_bounds(self, n: int) -> list[tuple[int, int]]:
+        """Element ranges of each chunk for an ``n``-element buffer."""
+        return chunk_bounds(self.chunks, n)
+
+    def steps_of(self, rank: int) -> tuple[Step, ...]:
+        return self.ranks[rank].steps
+
+    def with_meta(self, **meta: Any) -> Schedule:
+        """A copy with ``meta`` updated."""
+        return replace(self, meta={**self.meta, **meta})
+
+    def ops(self) -> Iterator[tuple[int, int, Op]]:
+        """Every ``(rank, step, op)``."""
+        for program in self.ranks:
+            for s, step in enumerate(program.steps):
+                for op in step:
+                    yield program.rank, s, op
+
+    # ---- JSON --------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT, "version": VERSION,
+            "collective": self.collective,
+            "nranks": self.nranks,
+            "chunks": list(self.chunks),
+            "ranks": [{"rank": p.rank, "steps": [[op.to_dict() for op in step] for step in p.steps]}
+                      for p in self.ranks],
+            "meta": dict(self.meta),
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        if indent is not None:
+            return json.dumps(self.to_dict(), indent=indent)
+        # One line per rank keeps big schedules small and still diffable.
+        d = self.to_dict()
+        ranks = d.pop("ranks")
+        head = json.dumps(d, separators=(",", ": "))[:-1]
+        body = ",\n  ".join(json.dumps(r, separators=(",", ":")) for r in ranks)
+        return f'{head}, "ranks": [\n  {body}\n]}}\n'
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the JSON atomically (a crash leaves no half-written file)."""
+        _atomic_write(Path(path), self.to_json())
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "<schedule>") -> Schedule:
+        return _parse(data, source)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_schedule(path: str | os.PathLike) -> Schedule:
+    """Read and validate a schedule JSON file.
+
+    Raises
+    ------
+    ScheduleError
+        If the file is unreadable or breaks the format (unknown op, chunk out of range,
+        fractions not summing to 1, ...), naming the place: ``plan.json: ranks[2].steps[0][1]: ...``.
+    """
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScheduleError(f"{source}: cannot read schedule: {exc.strerror}") from None
+    return loads_schedule(text, source)
+
+
+def loads_schedule(text: str, source: str = "<string>") -> Schedule:
+    """Parse schedule JSON text; see :func:`load_schedule`."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ScheduleError(f"{source}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+    return _parse(data, source)
+
+
+def _parse(data: Any, source: str) -> Schedule:
+    def fail(where: str, message: str) -> ScheduleError:
+        return ScheduleError(f"{source}: {where}: {message}" if where else f"{source}: {message}")
+
+    if not isinstance(data, dict):
+        raise fail("", f"a schedule is a JSON object, got {type(data).__name__}")
+    if data.get("format") != FORMAT:
+        raise fail("format", f"expected {FORMAT!r}, got {data.get('format')!r}")
+    if data.get("version") != VERSION:
+        raise fail("version", f"this topoplan reads version {VERSION}, got {data.get('version')!r}")
+    collective = data.get("collective", "allreduce")
+    if collective != "allreduce":
+        raise fail("collective", f"only 'allreduce' is supported, got {collective!r}")
+    nranks = data.get("nranks")
+    if isinstance(nranks, bool) or not isinstance(nranks, int) or nranks < 1:
+        raise fail("nranks", f"expected an integer >= 1, got {nranks!r}")
+
+    chunks = data.get("chunks")
+    if not isinstance(chunks, list) or not chunks:
+        raise fail("chunks", "expected a non-empty list of fractions")
+    for k, c in enumerate(chunks):
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not c > 0:
+            raise fail(f"chunks[{k}]", f"fractions must be positive numbers, got {c!r}")
+    total = math.fsum(chunks)
+    if abs(total - 1.0) > FRACTION_TOLERANCE:
+        raise fail("chunks", f"fractions must sum to 1, got {total!r}")
+    nchunks = len(chunks)
+
+    ranks = data.get("ranks")
+    if not isinstance(ranks, list) or len(ranks) != nranks:
+        got = len(ranks) if isinstance(ranks, list) else type(ranks).__name__
+        raise fail("ranks", f"expected a list of {nranks} rank programs, got {got}")
+    programs: list[RankProgram | None] = [None] * nranks
+    for i, entry in enumerate(ranks):
+        where = f"ranks[{i}]"
+        if not isinstance(entry, dict):
+            raise fail(where, "expected an object with rank and steps")
+        rank = entry.get("rank", i)
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < nranks:
+            raise fail(f"{where}.rank", f"expected a rank in range({nranks}), got {rank!r}")
+        if programs[rank] is not None:
+            raise fail(f"{where}.rank", f"rank {rank} appears twice")
+        steps = entry.get("steps")
+        if not isinstance(steps, list):
+            raise fail(f"{where}.steps", "expected a list of steps")
+        parsed_steps = []
+        for s, step in enumerate(steps):
+            if not isinstance(step, list):
+                raise fail(f"{where}.steps[{s}]", "a step is a list of ops")
+            parsed_steps.append(_parse_step(step, rank, nranks, nchunks,
+                                            lambda j, m, s=s: fail(f"{where}.steps[{s}][{j}]", m),
+                                            lambda m, s=s: fail(f"{where}.steps[{s}]", m)))
+        programs[rank] = RankProgram(rank, tuple(parsed_steps))
+    meta = data.get("meta", {})
+    if not isinstance(meta, dict):
+        raise fail("meta", "expected an object")
+    return Schedule(nranks=nranks, chunks=tuple(float(c) for c in chunks),
+                    ranks=tuple(p for p in programs if p is not None), collective=collective,
+                    meta=meta)
+
+
+_OPS = {"send": OpKind.SEND, "recv": OpKind.RECV}
+
+
+def _parse_step(step: list, rank: int, nranks: int, nchunks: int, fail_op, fail_step) -> Step:
+    ops = []
+    received: set[int] = set()
+    for j, raw in enumerate(step):
+        if not isinstance(raw, dict):
+            raise fail_op(j, "an op is an object with op, peer and chunk")
+        kind = _OPS.get(raw.get("op"))  # type: ignore[arg-type]
+        if kind is None:
+            raise fail_op(j, f"unknown op {raw.get('op')!r}; expected 'send' or 'recv'")
+        peer, chunk = raw.get("peer"), raw.get("chunk")
+        if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < nranks:
+            raise fail_op(j, f"peer {peer!r} out of range({nranks})")
+        if peer == rank:
+            raise fail_op(j, f"rank {rank} names itself as peer")
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or not 0 <= chunk < nchunks:
+            raise fail_op(j, f"chunk {chunk!r} out of range({nchunks})")
+        reduce = raw.get("reduce", False)
+        if not isinstance(reduce, bool):
+            raise fail_op(j, f"reduce must be true or false, got {reduce!r}")
+        if kind is OpKind.RECV:
+            if chunk in received:
+                raise fail_step(f"two recvs into chunk {chunk} in one step")
+            received.add(chunk)
+        ops.append(Op(kind, peer, chunk, reduce if kind is OpKind.RECV else False))
+    return tuple(ops)
+
+
+def build_schedule(nranks: int, chunks: Iterable[float], steps: Sequence[Sequence[Iterable[Op]]],
+                   **meta: Any) -> Schedule:
+    """Assemble a Schedule from ``steps[rank][step] -> ops`` (planners' helper).
+
+    Trailing empty steps are dropped; empty steps in the middle are kept (a rank may idle).
+    """
+    programs = []
+    for rank in range(nranks):
+        rank_steps = [tuple(ops) for ops in steps[rank]]
+        while rank_steps and not rank_steps[-1]:
+            rank_steps.pop()
+        programs.append(RankProgram(rank, tuple(rank_steps)))
+    return Schedule(nranks=nranks, chunks=tuple(chunks), ranks=tuple(programs), meta=dict(meta))
+
+
+def equal_chunks(n: int) -> tuple[float, ...]:
+    """``n`` equal fractions that sum to 1 as exactly as floats allow."""
+    return tuple([1.0 / n] * n)

@@ -1,0 +1,133 @@
+"""Units of bandwidth, latency and size, as written in cluster files and on the CLI.
+
+Internally topoplan works in bytes, bytes per second and seconds. A bare number
+is GB/s for a bandwidth and microseconds for a latency (DESIGN.md). GB, MB, TB are
+decimal (1 GB/s = 1e9 bytes/s, as nccl-tests reports); KiB, MiB, GiB are binary.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+__all__ = [
+    "parse_bandwidth", "parse_latency", "parse_size", "parse_size_range",
+    "format_size", "format_bandwidth", "format_time",
+]
+
+_BANDWIDTH_UNITS = {
+    "B/s": 1.0, "KB/s": 1e3, "MB/s": 1e6, "GB/s": 1e9, "TB/s": 1e12,
+    "bit/s": 1 / 8, "Kbit/s": 1e3 / 8, "Mbit/s": 1e6 / 8, "Gbit/s": 1e9 / 8, "Tbit/s": 1e12 / 8,
+    "Kb/s": 1e3 / 8, "Mb/s": 1e6 / 8, "Gb/s": 1e9 / 8, "Tb/s": 1e12 / 8,
+    "Kbps": 1e3 / 8, "Mbps": 1e6 / 8, "Gbps": 1e9 / 8, "Tbps": 1e12 / 8,
+    "GiB/s": 2.0**30, "MiB/s": 2.0**20,
+}
+_LATENCY_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+_SIZE_UNITS = {
+    "": 1, "B": 1,
+    "K": 1 << 10, "KiB": 1 << 10, "M": 1 << 20, "MiB": 1 << 20,
+    "G": 1 << 30, "GiB": 1 << 30, "T": 1 << 40, "TiB": 1 << 40,
+    "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+}
+_NUMBER_UNIT = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-zµ/]*)\s*$")
+
+
+def _split(text: str, what: str, units: dict) -> tuple[float, str]:
+    match = _NUMBER_UNIT.match(text)
+    if not match:
+        raise ValueError(f"not a {what}: {text!r} (expected a number and a unit, e.g. "
+                         f"{next(iter(units))!s})")
+    number, unit = match.groups()
+    if unit not in units:
+        known = ", ".join(u for u in units if u)
+        raise ValueError(f"unknown unit {unit!r} in {text!r}; use one of {known}")
+    return float(number), unit
+
+
+def _number(value: object, what: str) -> float | None:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a {what}, got {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if not isinstance(value, str):
+        raise ValueError(f"expected a {what}, got {type(value).__name__} {value!r}")
+    return None
+
+
+def parse_bandwidth(value: object) -> float:
+    """Bytes per second from ``"100 Gbit/s"``, ``"25 GB/s"`` or a bare number (GB/s)."""
+    number = _number(value, "bandwidth")
+    if number is not None:
+        return number * 1e9
+    amount, unit = _split(str(value), "bandwidth", _BANDWIDTH_UNITS)
+    if unit == "":
+        return amount * 1e9
+    return amount * _BANDWIDTH_UNITS[unit]
+
+
+def parse_latency(value: object) -> float:
+    """Seconds from ``"2 us"``, ``"500 ns"`` or a bare number (microseconds)."""
+    number = _number(value, "latency")
+    if number is not None:
+        return number * 1e-6
+    amount, unit = _split(str(value), "latency", _LATENCY_UNITS)
+    return amount * (1e-6 if unit == "" else _LATENCY_UNITS[unit])
+
+
+def parse_size(value: object) -> int:
+    """Bytes from ``"256MiB"``, ``"1G"``, ``"4096"`` or an int. K/M/G are binary."""
+    number = _number(value, "size")
+    if number is None:
+        amount, unit = _split(str(value), "size", _SIZE_UNITS)
+        number = amount * _SIZE_UNITS[unit]
+    if number < 0 or number != math.floor(number):
+        raise ValueError(f"a size must be a whole number of bytes >= 0, got {value!r}")
+    return int(number)
+
+
+def parse_size_range(text: str) -> list[int]:
+    """Sizes from ``"1KiB:1GiB"`` (powers of two), ``"1K:1G:4"`` (factor 4) or ``"8,64,1M"``."""
+    if "," in text:
+        return [parse_size(part) for part in text.split(",")]
+    parts = text.split(":")
+    if len(parts) == 1:
+        return [parse_size(parts[0])]
+    if len(parts) not in (2, 3):
+        raise ValueError(f"not a size range: {text!r} (expected MIN:MAX or MIN:MAX:FACTOR)")
+    low, high = parse_size(parts[0]), parse_size(parts[1])
+    factor = int(parts[2]) if len(parts) == 3 else 2
+    if low <= 0 or high < low or factor < 2:
+        raise ValueError(f"not a size range: {text!r} (need 0 < MIN <= MAX and FACTOR >= 2)")
+    sizes = []
+    size = low
+    while size <= high:
+        sizes.append(size)
+        size *= factor
+    return sizes
+
+
+def format_size(nbytes: float) -> str:
+    """``268435456`` -> ``"256MiB"``; exact binary multiples stay exact."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            value = nbytes / scale
+            return f"{value:g}{unit}" if value == int(value) else f"{value:.3g}{unit}"
+    return f"{int(nbytes)}B"
+
+
+def format_bandwidth(bytes_per_s: float) -> str:
+    """``25e9`` -> ``"25 GB/s"``."""
+    for unit, scale in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3)):
+        if bytes_per_s >= scale:
+            return f"{bytes_per_s / scale:.4g} {unit}"
+    return f"{bytes_per_s:.4g} B/s"
+
+
+def format_time(seconds: float) -> str:
+    """``0.00123`` -> ``"1.23 ms"``."""
+    if seconds == 0:
+        return "0 s"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.4g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
