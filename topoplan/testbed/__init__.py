@@ -11,6 +11,7 @@ CAP_NET_ADMIN) and iproute2; :func:`capable` says whether this machine can.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,8 @@ from typing import Any
 
 from ..cluster import Cluster
 from .layout import Layout, auto_scale, parse_scale, plan_layout, scale_cluster
-from .netns import TestbedError, capable, create, destroy, load_state, namespace_exists
+from .netns import (TestbedError, capable, create, destroy, load_state, namespace_exists,
+                    netem_available)
 
 __all__ = ["Testbed", "TestbedError", "capable", "max_ranks", "check_fits", "Layout",
            "plan_layout", "scale_cluster", "auto_scale", "parse_scale", "load_state", "destroy"]
@@ -62,6 +64,7 @@ class Testbed:
 
     layout: Layout
     state: Path
+    __test__ = False  # not a pytest class, despite the name
 
     @classmethod
     def up(cls, cluster: Cluster, scale: float | None = None, *, prefix: str | None = None,
@@ -90,6 +93,10 @@ class Testbed:
         check_fits(cluster, max_ranks)
         scale = auto_scale(cluster) if scale is None else scale
         layout = plan_layout(cluster, scale, prefix)
+        if any(v.latency for v in layout.veths) and not netem_available():
+            layout = dataclasses.replace(layout, notes=(*layout.notes, (
+                "this kernel has no netem (CONFIG_NET_SCH_NETEM): link latencies are not "
+                "emulated, only bandwidths")))
         return cls(layout, create(layout, state))
 
     @classmethod

@@ -66,11 +66,11 @@ def main(argv: list[str]) -> int:
     job = json.loads(Path(argv[0]).read_text())
     rank = int(argv[1])
     nranks = job["nranks"]
-    import torch
-    import torch.distributed as dist
-    torch.set_num_threads(1)  # two cores for all ranks: threads would only fight
     if job.get("crash_rank") == rank:  # fault injection for the cleanup tests
         os._exit(17)
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)  # few cores for all ranks: threads would only fight
     dist.init_process_group("gloo", init_method=f"tcp://{job['master_addr']}:{job['master_port']}",
                             rank=rank, world_size=nranks,
                             timeout=timedelta(seconds=job["timeout_s"]))
