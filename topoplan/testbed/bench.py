@@ -150,7 +150,11 @@ def _tail(path: Path, lines: int = 12) -> str:
 
 def plan_algorithm(cluster: Cluster, spec: str, size: int) -> Schedule:
     """Plan ``spec``: a planner name, or ``ring:ORDER`` with ORDER like ``0,2,1,3``."""
-    from .. import planners
+    try:
+        from ..planners import plan
+    except ImportError:
+        raise TopoplanError(f"algorithm {spec!r}: topoplan.planners is not available in this "
+                            "build; only 'native' can run") from None
     name, _, arg = spec.partition(":")
     kwargs: dict[str, Any] = {}
     if arg:
@@ -161,7 +165,7 @@ def plan_algorithm(cluster: Cluster, spec: str, size: int) -> Schedule:
         except ValueError:
             raise TopoplanError(f"algorithm {spec!r}: the ring order is rank numbers separated "
                                 "by commas, e.g. ring:0,2,1,3") from None
-    return planners.plan(cluster, algorithm=name, size=size, **kwargs)
+    return plan(cluster, algorithm=name, size=size, **kwargs)
 
 
 def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence[int], *,
@@ -185,6 +189,12 @@ def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence
             verify(schedule)
             predicted[(spec, size)] = _simulate(scaled, schedule, size)
             cases.append(Case(spec, size, schedule=schedule, warmup=warmup, iters=iters))
+    if any(c.kind == "schedule" for c in cases):
+        try:
+            import topoplan.executor  # noqa: F401
+            import topoplan.transports  # noqa: F401
+        except ImportError as exc:
+            raise TopoplanError(f"cannot run schedules: {exc}; only 'native' can run") from None
     results = run_cases(bed, cases, timeout=timeout)
     native = {r["size"]: statistics.median(r["times_s"]) for r in results if r["label"] == "native"}
     rows = []
