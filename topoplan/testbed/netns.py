@@ -107,10 +107,19 @@ def netem_available() -> bool:
         run("ip", "netns", "del", ns, check=False)
 
 
+#: Jumbo frames, as in the data centres the YAML files describe: fewer packets for two
+#: busy cores, and 0.7% header overhead instead of 4.5%.
+MTU = 9000
+#: tbf counts Ethernet frames; YAML bandwidths are what applications get. Scale the
+#: shaped rate up by frame bytes / TCP payload bytes (14 B Ethernet, 20 B IP, 32 B TCP
+#: with timestamps) so a TCP stream gets the YAML rate.
+WIRE_OVERHEAD = (MTU + 14) / (MTU - 52)
+
+
 def _burst(rate: float) -> int:
     # Enough tokens for 1 ms at the rate (timer granularity), at least ten full frames:
     # more would let short transfers run above the rate, less starves TCP.
-    return max(int(rate * 1e-3), 15_000)
+    return max(int(rate * 1e-3), 4 * (MTU + 14))
 
 
 def _shape(ns: str, dev: str, rate: float | None, latency: float) -> None:
@@ -128,6 +137,7 @@ def _shape(ns: str, dev: str, rate: float | None, latency: float) -> None:
     # it (losses would make the link look slower than shaped), shallow enough to keep
     # queueing delay well below a transfer's time.
     limit = max(int(rate * 0.05), 4 * _burst(rate))
+    rate *= WIRE_OVERHEAD
     run(*tc, "root", "handle", "1:", "tbf", "rate", f"{int(rate * 8)}bit",
         "burst", str(_burst(rate)), "limit", str(limit))
     if latency > 0:
@@ -139,6 +149,7 @@ def _make_veth(v: Veth) -> None:
     run("ip", "-n", v.ns_a, "link", "add", v.name_a, "type", "veth",
         "peer", "name", v.name_b, "netns", v.ns_b)
     for ns, dev, master in ((v.ns_a, v.name_a, v.master_a), (v.ns_b, v.name_b, v.master_b)):
+        run("ip", "-n", ns, "link", "set", dev, "mtu", str(MTU))
         if master:
             run("ip", "-n", ns, "link", "set", dev, "master", master)
         _shape(ns, dev, v.rate, v.latency)
