@@ -95,6 +95,9 @@ class LinkModel:
         self._templates: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         self._box_key = [(box.signature(), tuple(n.switch for n in box.nics))
                          for box in cluster.boxes]
+        kid: dict[tuple, int] = {}
+        self._box_kid = np.asarray([kid.setdefault(k, len(kid)) for k in self._box_key],
+                                   dtype=np.int64)
         self.route_lookups = 0
 
     def label(self, link: int) -> str:
@@ -140,15 +143,32 @@ class LinkModel:
         return found
 
     def edges_load(self, us: np.ndarray, vs: np.ndarray) -> np.ndarray:
-        """Dense load vector of sending one byte along every (us[i] -> vs[i]) and back."""
-        load = np.zeros(self.nlinks)
+        """Dense load vector of sending one byte along every (us[i] -> vs[i]) and back.
+
+        Vectorized per pair class: one template per class, instantiated by box offsets.
+        """
+        us, vs = np.asarray(us, dtype=np.int64), np.asarray(vs, dtype=np.int64)
+        cols, vals = [], []
         for a_arr, b_arr in ((us, vs), (vs, us)):
-            for u, v in zip(a_arr.tolist(), b_arr.tolist()):
-                sides, poss, wts, _ = self._template(u, v)
-                base = np.where(sides == 0, self.box_base[self._rank_box[u]],
-                                np.where(sides == 1, self.box_base[self._rank_box[v]], 0))
-                np.add.at(load, base + poss, wts)
-        return load
+            bu, bv = self._rank_box[a_arr], self._rank_box[b_arr]
+            keys = np.stack([self._box_kid[bu], self._rank_local[a_arr], (bu == bv).astype(np.int64),
+                             self._box_kid[bv], self._rank_local[b_arr]], axis=1)
+            uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+            inverse = inverse.ravel()
+            order = np.argsort(inverse, kind="stable")
+            bounds = np.searchsorted(inverse[order], np.arange(len(uniq) + 1))
+            for g in range(len(uniq)):
+                idx = order[bounds[g]:bounds[g + 1]]
+                i0 = int(idx[0])
+                sides, poss, wts, _ = self._template(int(a_arr[i0]), int(b_arr[i0]))
+                base = np.where(sides[None, :] == 0, self.box_base[bu[idx]][:, None],
+                                np.where(sides[None, :] == 1, self.box_base[bv[idx]][:, None], 0))
+                cols.append((base + poss[None, :]).ravel())
+                vals.append(np.broadcast_to(wts, base.shape).ravel())
+        if not cols:
+            return np.zeros(self.nlinks)
+        return np.bincount(np.concatenate(cols), weights=np.concatenate(vals),
+                           minlength=self.nlinks)
 
     def pair_matrix(self, nodes: list[int]) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray]:
         """Sparse (pairs x links) loads of every unordered pair of ``nodes``, both directions."""

@@ -21,6 +21,7 @@ from scipy.sparse.csgraph import breadth_first_order
 from ..schedule import Op, OpKind, RankProgram, Schedule
 
 _KINDS = (OpKind.SEND, OpKind.RECV, OpKind.RECV)
+_REDUCE = (False, False, True)
 
 __all__ = ["Tree", "make_tree", "inorder_edges", "path_edges", "materialize"]
 
@@ -125,6 +126,30 @@ def inorder_edges(seq: list[int], arity: int) -> list[tuple[int, int]]:
     return edges
 
 
+def btree_edges(seq: list[int]) -> list[tuple[int, int]]:
+    """NCCL's in-order binary tree over ``seq`` (position ``p`` at level = trailing
+    zeros of ``p``, 1-indexed). Its leaves are the odd positions, so the same tree
+    over ``seq`` shifted by one has them interior: the pair balances degrees
+    (a double binary tree, Sanders et al. 2009)."""
+    n = len(seq)
+    edges = []
+    for p in range(1, n + 1):
+        h = (p & -p).bit_length() - 1
+        q = p
+        while True:
+            par = q + (1 << h) if not (q >> (h + 1)) & 1 else q - (1 << h)
+            if par == 0 or par > n:
+                if par == 0 or q == 1 << (n.bit_length() - 1):
+                    par = -1
+                    break
+                q, h = par, h + 1
+                continue
+            break
+        if par > 0 and par != p:
+            edges.append((seq[par - 1], seq[p - 1]))
+    return edges
+
+
 def path_edges(seq: list[int]) -> list[tuple[int, int]]:
     return list(zip(seq, seq[1:]))
 
@@ -154,36 +179,47 @@ def materialize(nranks: int, trees: list[Tree], fractions: np.ndarray, q: int,
         chunks += [phi / q] * q
     total = sum(chunks[:-1])
     chunks[-1] = 1.0 - total
-    # steps[rank]: dict step -> list of (peer, chunk, kind code, reduce) tuples.
-    # kind codes sort sends before recvs within a (peer, chunk).
-    per_rank: list[dict[int, list[tuple[int, int, int]]]] = [dict() for _ in range(nranks)]
+    # Every message of every tree and chunk as flat arrays, then one lexsort puts
+    # each rank's ops in (step, peer, chunk, kind) order: sends before recvs, and
+    # the messages of a pair within a step in chunk order on both sides.
+    ranks_l, steps_l, peers_l, chunks_l, codes_l = [], [], [], [], []
+    ks = np.arange(q, dtype=np.int64)
     for t_index, tree in enumerate(trees):
-        base = t_index * q
-        parent, up, down = tree.parent.tolist(), tree.up.tolist(), tree.down.tolist()
-        for v in range(nranks):
-            p = parent[v]
-            if p < 0:
-                continue
-            mine, theirs = per_rank[v], per_rank[p]
-            u_off, d_off = up[v], down[v]
-            for k in range(q):
-                ch = base + k
-                s = u_off + k
-                mine.setdefault(s, []).append((p, ch, 0))      # send partial up
-                theirs.setdefault(s, []).append((v, ch, 2))    # recv + reduce
-                s = d_off + k
-                theirs.setdefault(s, []).append((v, ch, 0))    # send result down
-                mine.setdefault(s, []).append((p, ch, 1))      # recv, overwrite
+        v = np.flatnonzero(tree.parent >= 0)
+        p = tree.parent[v]
+        ch = (t_index * q + ks)[None, :]
+        up = tree.up[v][:, None] + ks[None, :]
+        dn = tree.down[v][:, None] + ks[None, :]
+        shape = (len(v), q)
+        vv = np.broadcast_to(v[:, None], shape)
+        pp = np.broadcast_to(p[:, None], shape)
+        cc = np.broadcast_to(ch, shape)
+        for rank, step, peer, code in ((vv, up, pp, 0), (pp, up, vv, 2), (pp, dn, vv, 0),
+                                       (vv, dn, pp, 1)):
+            ranks_l.append(rank.ravel())
+            steps_l.append(step.ravel())
+            peers_l.append(peer.ravel())
+            chunks_l.append(cc.ravel())
+            codes_l.append(np.full(rank.size, code, dtype=np.int64))
+    rk, st, pe, ck, cd = (np.concatenate(x) for x in (ranks_l, steps_l, peers_l, chunks_l,
+                                                          codes_l))
+    del ranks_l, steps_l, peers_l, chunks_l, codes_l
+    order = np.lexsort((cd, ck, pe, st, rk))
+    rk, st, pe, ck, cd = rk[order], st[order], pe[order], ck[order], cd[order]
+    del order
+    rank_bounds = np.searchsorted(rk, np.arange(nranks + 1))
+    new_step = np.ones(len(st), dtype=bool)
+    new_step[1:] = (st[1:] != st[:-1]) | (rk[1:] != rk[:-1])
+    starts = np.flatnonzero(new_step).tolist() + [len(st)]
+    ops = list(map(Op, map(_KINDS.__getitem__, cd.tolist()), pe.tolist(), ck.tolist(),
+                   map(_REDUCE.__getitem__, cd.tolist())))
     programs = []
+    s_iter = 0
     for r in range(nranks):
+        end = int(rank_bounds[r + 1])
         steps = []
-        for s in sorted(per_rank[r]):
-            ops = per_rank[r][s]
-            ops.sort()
-            step = []
-            for peer, ch, code in ops:
-                step.append(Op(_KINDS[code], peer, ch, code == 2))
-            steps.append(tuple(step))
-        per_rank[r] = {}  # free memory as we go
+        while starts[s_iter] < end:
+            steps.append(tuple(ops[starts[s_iter]:starts[s_iter + 1]]))
+            s_iter += 1
         programs.append(RankProgram(r, tuple(steps)))
     return Schedule(nranks=nranks, chunks=tuple(chunks), ranks=tuple(programs), meta=dict(meta))

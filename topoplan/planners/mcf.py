@@ -25,12 +25,13 @@ from ..cluster import Cluster
 from ..errors import InfeasiblePlanError
 from ..schedule import Schedule
 from ._mcf_lp import LinkModel, Packing, price_mst, solve_exact, solve_packing
-from ._mcf_trees import Tree, choose_pipeline, inorder_edges, make_tree, materialize, path_edges
+from ._mcf_trees import Tree, btree_edges, choose_pipeline, inorder_edges, make_tree, materialize, path_edges
 
 __all__ = ["plan_mcf", "MCFSolution", "solve_mcf"]
 
 FLAT_MAX = 64  # price every GPU pair up to this many ranks
 EXACT_MAX = 16  # exact mode (MILP) by default up to this many ranks
+_GOOD = ("optimal", "restricted", "exact")
 
 
 class MCFSolution:
@@ -96,8 +97,8 @@ def _hierarchical(model: LinkModel, cluster: Cluster, *, time_limit: float
         if rep.gpus == 1:
             box_pack[sig] = (np.ones(1), [(np.zeros(0, np.int64), np.zeros(0, np.int64))])
             continue
-        packing, edges = _flat(model, list(rep.ranks), time_limit=time_limit / 4, exact=False,
-                               max_trees=0)
+        packing, edges = _flat(model, list(rep.ranks), time_limit=time_limit / 4,
+                               exact=rep.gpus <= 16, max_trees=0)
         keep = np.flatnonzero(packing.fractions > 0)
         box_pack[sig] = (packing.fractions[keep], [edges[k] for k in keep])
         t_box = max(t_box, packing.t)
@@ -114,42 +115,41 @@ def _hierarchical(model: LinkModel, cluster: Cluster, *, time_limit: float
     def rail_ranks(bs: np.ndarray, j: int) -> np.ndarray:
         return first[bs] + (j % gpus[bs])
 
-    def load_of(col: tuple[int, np.ndarray, np.ndarray]) -> np.ndarray:
-        j, a, b = col
-        return model.edges_load(rail_ranks(a, j), rail_ranks(b, j))
+    # A column is one box-tree shape used on every rail with an equal share: rails
+    # are the symmetry of the box level (one NIC per GPU, or one NIC shared by all),
+    # and bundling keeps the tree count at shapes x rails instead of columns x rails.
+    def load_of(col: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        a, b = col
+        total = np.zeros(model.nlinks)
+        for j in rails_used:
+            total += model.edges_load(rail_ranks(a, j), rail_ranks(b, j))
+        return total / len(rails_used)
 
     shapes: list[list[tuple[int, int]]] = []
     for arity in (2, 3, 4):
-        for shift in sorted({0, nb // 2, nb // 3, nb // 4, 1}):
+        for shift in sorted({0, 1, nb // 2, nb // 3, nb // 4}):
             seq = order[shift:] + order[:shift]
             shapes.append(inorder_edges(seq, arity))
+    for shift in sorted({0, 1, nb // 2, nb // 2 + 1}):  # double binary trees
+        shapes.append(btree_edges(order[shift:] + order[:shift]))
+    if nb <= 32:  # rotated Hamiltonian paths balance degrees exactly on a star
+        for shift in range(0, nb, 2):
+            shapes.append(path_edges(order[shift:] + order[:shift]))
     initial = []
-    for j in rails_used:
-        for e in shapes:
-            arr = np.asarray(e, dtype=np.int64).reshape(-1, 2)
-            initial.append((j, arr[:, 0], arr[:, 1]))
-    pricer = None
-    if nb <= FLAT_MAX:
-        mats = {}
-        for j in rails_used:
-            mats[j] = model.pair_matrix(rail_ranks(np.arange(nb), j).tolist())
-
-        def pricer(w: np.ndarray):
-            best = None
-            for j, (pairs, ii, jj) in mats.items():
-                weights = pairs @ w
-                a, b = price_mst(weights, list(range(nb)))
-                col = _pair_id(nb, a, b)
-                cost = float(weights[col].sum())
-                if best is None or cost < best[1]:
-                    best = ((j, ii[col], jj[col]), cost)
-            return best
-    packing = solve_packing(initial, load_of, model.cap, pricer=pricer, time_limit=time_limit / 2)
+    for e in shapes:
+        arr = np.asarray(e, dtype=np.int64).reshape(-1, 2)
+        initial.append((arr[:, 0], arr[:, 1]))
+    packing = solve_packing(initial, load_of, model.cap, pricer=None, time_limit=time_limit / 2)
+    # Fewest shapes within 3% of the LP optimum: every shape costs one tree per rail,
+    # and fewer trees buy a deeper pipeline within the op budget.
+    packing, _ = solve_exact(packing, load_of, model.cap, time_limit=time_limit / 4, slack=0.03)
     statuses.append(packing.status)
     iters += packing.iterations
+    rail_share = 1.0 / len(rails_used)
+    inter_cols = [(j, k) for k in np.flatnonzero(packing.fractions > 0).tolist() for j in rails_used]
+    inter_fr = np.asarray([packing.fractions[k] * rail_share for _, k in inter_cols])
     # 3) compose: merge the fraction distributions (inter, then each box type).
-    inter_keep = np.flatnonzero(packing.fractions > 0)
-    dists = [(packing.fractions[inter_keep], None)] + [(box_pack[s][0], s) for s in box_pack]
+    dists = [(inter_fr, None)] + [(box_pack[s][0], s) for s in box_pack]
     cuts = {1.0}
     for fr, _ in dists:
         cuts.update(np.cumsum(fr)[:-1].tolist())
@@ -164,7 +164,8 @@ def _hierarchical(model: LinkModel, cluster: Cluster, *, time_limit: float
         for fr, sig in dists:
             k = min(int(np.searchsorted(np.cumsum(fr), mid)), len(fr) - 1)
             if sig is None:
-                j, a, b = packing.columns[inter_keep[k]]
+                j, col = inter_cols[k]
+                a, b = packing.columns[col]
                 us.append(rail_ranks(a, j))
                 vs.append(rail_ranks(b, j))
             else:
@@ -178,8 +179,8 @@ def _hierarchical(model: LinkModel, cluster: Cluster, *, time_limit: float
     fr = np.asarray(fractions)
     fr /= fr.sum()
     t = max(packing.t, t_box)
-    status = "optimal" if all(s in ("optimal", "restricted") for s in statuses) else "; ".join(
-        s for s in statuses if s not in ("optimal", "restricted"))
+    status = "optimal" if all(s in _GOOD for s in statuses) else "; ".join(
+        s for s in statuses if s not in _GOOD)
     return composed, fr, t, status, packing.bottleneck, len(packing.columns), iters
 
 
@@ -224,7 +225,7 @@ def _step_latency(cluster: Cluster) -> float:
 
 
 def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = None,
-             exact: bool | None = None, time_limit: float = 20.0, max_ops: int = 3_000_000,
+             exact: bool | None = None, time_limit: float = 20.0, max_ops: int = 1_500_000,
              flat_max: int = FLAT_MAX, check: bool = True, **options: Any) -> Schedule:
     """Plan an allreduce as an LP-optimal, pipelined packing of reduce/broadcast trees.
 
@@ -299,7 +300,7 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         "materialize_s": round(mat_s, 4), "verify_s": round(verify_s, 4),
         "plan_s": round(time.perf_counter() - start, 4),
     }
-    if sol.status not in ("optimal", "restricted", "exact"):
+    if sol.status not in _GOOD:
         meta["time_limit_hit"] = True
         warnings.warn(f"mcf on {cluster.name}: {sol.status}; using the best plan found",
                       RuntimeWarning, stacklevel=2)
