@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linprog, milp, LinearConstraint, Bounds
-from scipy.sparse.csgraph import minimum_spanning_tree
+from scipy.sparse.csgraph import connected_components, minimum_spanning_tree
 
 from ..cluster import Box, Cluster
 from ..errors import InfeasiblePlanError
@@ -100,23 +100,35 @@ class LinkModel:
                                    dtype=np.int64)
         self.route_lookups = 0
 
+    def _template_missing(self, u: int, v: int):
+        raise InfeasiblePlanError(
+            f"no route from rank {u} ({self.cluster.gpu_node(u)}) to rank {v} "
+            f"({self.cluster.gpu_node(v)}); the cut around {self.cluster.box_of(u).name!r} "
+            "has no usable link")
+
     def label(self, link: int) -> str:
         """A readable name for link ``link`` ("A/nic0->switch0")."""
         if not hasattr(self, "_names"):
             self._names = {i: f"{u}->{w}" for (u, w), i in self.index.items()}
         return self._names[link]
 
-    def _template(self, u: int, v: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _template(self, u: int, v: int, allow_missing: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(side, position-or-global-index, weight) arrays for the class of pair (u, v)."""
         bu, bv = int(self._rank_box[u]), int(self._rank_box[v])
         lu, lv = int(self._rank_local[u]), int(self._rank_local[v])
         key = (self._box_key[bu], lu, bu == bv, self._box_key[bv], lv)
-        found = self._templates.get(key)
-        if found is not None:
+        if key in self._templates:
+            found = self._templates[key]
+            if found is None and not allow_missing:
+                return self._template_missing(u, v)
             return found
         self.route_lookups += 1
         routes = self.cluster.routes(u, v)
         if not routes or (u != v and len(routes[0]) < 2):
+            self._templates[key] = None
+        if not routes or (u != v and len(routes[0]) < 2):
+            if allow_missing:
+                return None
             raise InfeasiblePlanError(
                 f"no route from rank {u} ({self.cluster.gpu_node(u)}) to rank {v} "
                 f"({self.cluster.gpu_node(v)}); the cut around {self.cluster.box_of(u).name!r} "
@@ -174,9 +186,15 @@ class LinkModel:
         """Sparse (pairs x links) loads of every unordered pair of ``nodes``, both directions."""
         ii, jj = np.triu_indices(len(nodes), k=1)
         rows, cols, vals = [], [], []
+        self.missing = np.zeros(len(ii), dtype=bool)
         for p, (i, j) in enumerate(zip(ii.tolist(), jj.tolist())):
-            for u, v in ((nodes[i], nodes[j]), (nodes[j], nodes[i])):
-                sides, poss, wts, _ = self._template(u, v)
+            temps = [self._template(u, v, allow_missing=True)
+                     for u, v in ((nodes[i], nodes[j]), (nodes[j], nodes[i]))]
+            if temps[0] is None or temps[1] is None:
+                self.missing[p] = True  # no direct route: relaying through GPUs may still work
+                continue
+            for (u, v), temp in zip(((nodes[i], nodes[j]), (nodes[j], nodes[i])), temps):
+                sides, poss, wts, _ = temp
                 base = np.where(sides == 0, self.box_base[self._rank_box[u]],
                                 np.where(sides == 1, self.box_base[self._rank_box[v]], 0))
                 rows.append(np.full(len(poss), p))
@@ -240,7 +258,7 @@ def _solve(loads: sp.csc_matrix, cap: np.ndarray) -> tuple[np.ndarray, float, np
 
 
 def solve_packing(initial: list, load_of, cap: np.ndarray, *, pricer=None,
-                  max_iter: int = 60, time_limit: float = 5.0) -> Packing:
+                  max_iter: int = 400, time_limit: float = 5.0) -> Packing:
     """Column generation for the tree-packing LP.
 
     Parameters
@@ -335,15 +353,29 @@ def solve_exact(packing: Packing, load_of, cap: np.ndarray, *, time_limit: float
                    status="exact" if proved else "exact-mode time limit (best incumbent)"), proved
 
 
-def price_mst(weights: np.ndarray, nodes: list[int]) -> tuple[np.ndarray, np.ndarray]:
+def price_mst(weights: np.ndarray, nodes: list[int], missing: np.ndarray | None = None,
+              names: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Minimum spanning tree of the complete graph on ``nodes`` with ``weights`` (condensed
-    upper-triangle order). Returns edge index arrays (i, j) into ``nodes``."""
+    upper-triangle order), leaving out ``missing`` pairs. Returns edge index arrays
+    (i, j) into ``nodes``; raises InfeasiblePlanError naming the cut if none spans."""
     n = len(nodes)
     ii, jj = np.triu_indices(n, k=1)
     dense = np.zeros((n, n))
     # csgraph treats 0 as "no edge": shift so every pair is present.
-    dense[ii, jj] = weights + 1e-30 + 1e-12 * (weights.max() if len(weights) else 0.0)
-    tree = minimum_spanning_tree(sp.csr_matrix(dense)).tocoo()
+    w = weights + 1e-30 + 1e-12 * (weights.max() if len(weights) else 0.0)
+    if missing is not None:
+        w = np.where(missing, 0.0, w)
+    dense[ii, jj] = w
+    graph = sp.csr_matrix(dense)
+    ncomp, labels = connected_components(graph, directed=False)
+    if ncomp > 1:
+        side = [names[i] if names else str(nodes[i]) for i in np.flatnonzero(labels == labels[0])]
+        other = [names[i] if names else str(nodes[i]) for i in np.flatnonzero(labels != labels[0])]
+        raise InfeasiblePlanError(
+            f"the GPUs are not connected: no route crosses the cut {{{', '.join(side[:8])}"
+            f"{', ...' if len(side) > 8 else ''}}} | {{{', '.join(other[:8])}"
+            f"{', ...' if len(other) > 8 else ''}}}")
+    tree = minimum_spanning_tree(graph).tocoo()
     return tree.row.astype(np.int64), tree.col.astype(np.int64)
 
 

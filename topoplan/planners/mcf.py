@@ -55,13 +55,15 @@ def _flat(model: LinkModel, nodes: list[int], *, time_limit: float, exact: bool,
     """Tree packing over the complete graph on ``nodes`` (ranks); returns edges in ``nodes`` index."""
     n = len(nodes)
     pairs, ii, jj = model.pair_matrix(nodes)
+    missing = model.missing.copy()
+    names = [model.cluster.gpu_node(r) for r in nodes]
 
     def load_of(col: np.ndarray) -> np.ndarray:
         return np.asarray(pairs[col].sum(axis=0)).ravel()
 
     def pricer(w: np.ndarray) -> tuple[np.ndarray, float]:
         weights = pairs @ w
-        a, b = price_mst(weights, nodes)
+        a, b = price_mst(weights, nodes, missing, names)
         col = _pair_id(n, a, b)
         return col, float(weights[col].sum())
 
@@ -69,7 +71,9 @@ def _flat(model: LinkModel, nodes: list[int], *, time_limit: float, exact: bool,
     initial = [pricer(1.0 / model.cap)[0]]
     for cand in (path_edges(seq), inorder_edges(seq, 2), inorder_edges(seq[::-1], 2)):
         e = np.asarray(cand, dtype=np.int64).reshape(-1, 2)
-        initial.append(_pair_id(n, e[:, 0], e[:, 1]))
+        col = _pair_id(n, e[:, 0], e[:, 1])
+        if not missing[col].any():
+            initial.append(col)
     packing = solve_packing(initial, load_of, model.cap, pricer=pricer, time_limit=time_limit)
     if exact:
         packing, _ = solve_exact(packing, load_of, model.cap, time_limit=time_limit)
@@ -189,6 +193,9 @@ def solve_mcf(cluster: Cluster, *, exact: bool | None = None, flat_max: int = FL
     """Solve the tree-packing LP for ``cluster`` (no schedule yet); see :func:`plan_mcf`."""
     start = time.perf_counter()
     n = cluster.nranks
+    if n == 1:  # nothing to move
+        return MCFSolution([], np.ones(1), 0.0, "trivial", "optimal", {"solve_s": 0.0,
+                           "trees_s": 0.0}, [], 0, 0)
     model = LinkModel(cluster)
     if exact is None:
         exact = n <= EXACT_MAX
