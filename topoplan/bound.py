@@ -286,21 +286,29 @@ def sink_classes(cluster: Cluster) -> list[int]:
             homed[next(iter(switches))].append(box)
         else:
             mixed |= switches
-    twins: dict[tuple, list[str]] = defaultdict(list)
+    def seen_from(u: str, twin: str) -> frozenset:
+        # u's neighbourhood with its would-be twin written as a placeholder, so that two
+        # linked switches (switch0 <-> switch1) can still be swapped.
+        return frozenset((None if w == twin else w, bw) for w, bw in neighbours[u].items())
+
+    by_boxes: dict[tuple, list[str]] = defaultdict(list)
     for switch in cluster.switches:
-        if switch in mixed:
-            continue
-        boxes = sorted(homed[switch], key=lambda b: repr(b.signature()))
-        key = (tuple(repr(b.signature()) for b in boxes),
-               frozenset(neighbours[switch].items()))
-        twins[key].append(switch)
-    for members in twins.values():
-        first = sorted(homed[members[0]], key=lambda b: repr(b.signature()))
-        for switch in members[1:]:
-            other = sorted(homed[switch], key=lambda b: repr(b.signature()))
-            for box_a, box_b in zip(first, other):
-                for j in range(box_a.gpus):
-                    union(box_a.first_rank + j, box_b.first_rank + j)
+        if switch not in mixed:
+            key = tuple(sorted(repr(b.signature()) for b in homed[switch]))
+            by_boxes[key].append(switch)
+    for members in by_boxes.values():
+        reps: list[str] = []
+        for switch in members:
+            for rep in reps:
+                if seen_from(rep, switch) == seen_from(switch, rep):
+                    first = sorted(homed[rep], key=lambda b: repr(b.signature()))
+                    other = sorted(homed[switch], key=lambda b: repr(b.signature()))
+                    for box_a, box_b in zip(first, other):
+                        for j in range(box_a.gpus):
+                            union(box_a.first_rank + j, box_b.first_rank + j)
+                    break
+            else:
+                reps.append(switch)
 
     return sorted({find(r) for r in range(n)})
 
