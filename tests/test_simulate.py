@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from simhelpers import ring_schedule, switch_cluster
 from topoplan.cluster import loads_cluster
 from topoplan.errors import ScheduleError
-from topoplan.schedule import build_schedule, equal_chunks, recv, send
+from topoplan.schedule import build_schedule, recv, send
 from topoplan.simulate import SimReport, simulate
 from topoplan.verify import verify
 

@@ -21,7 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
-from .cluster import Cluster
+from .cluster import Box, Cluster
 
 __all__ = ["Cut", "bottleneck", "lower_bound", "sink_classes"]
 
@@ -313,7 +313,7 @@ def sink_classes(cluster: Cluster) -> list[int]:
     return sorted({find(r) for r in range(n)})
 
 
-def _local_swaps(box) -> list[tuple[int, int]]:
+def _local_swaps(box: Box) -> list[tuple[int, int]]:
     links = {(min(l.a, l.b), max(l.a, l.b)): (l.bandwidth, l.latency) for l in box.gpu_links}
     nic_sets = [frozenset(nic.gpus) for nic in box.nics]
     swaps = []
