@@ -327,7 +327,7 @@ def train(args: argparse.Namespace, world: World, progress: bool = False) -> dic
                 optimizer.step()
                 compute += time.perf_counter() - t0
                 if bar is not None:
-                    bar.update(task, advance=1, epoch=epoch, loss=float(loss))
+                    bar.update(task, advance=1, epoch=epoch, loss=float(loss.detach()))
         if isinstance(optimizer, DistributedOptimizer):
             t0 = time.perf_counter()
             optimizer.finalize()
