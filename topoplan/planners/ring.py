@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 from ..cluster import Cluster
 from ..schedule import Schedule, equal_chunks
-from ._common import (no_gc, Timeline, check_chunks, check_size, empty_schedule, resolve_order,
+from ._common import (Timeline, check_chunks, check_size, empty_schedule, no_gc, resolve_order,
                       ring_allgather, ring_reduce_scatter)
 
 __all__ = ["plan_ring", "plan_ring_topo"]

@@ -7,8 +7,8 @@ from typing import Sequence
 
 from ..cluster import Cluster
 from ..schedule import Schedule, equal_chunks
-from ._common import (no_gc, OP_BUDGET, Timeline, check_chunks, check_size, empty_schedule,
-                      link_params, pipeline_depth, resolve_order)
+from ._common import (OP_BUDGET, Timeline, TopoNode, check_chunks, check_size, empty_schedule,
+                      link_params, no_gc, pipeline_depth, resolve_order, topo_tree)
 
 __all__ = ["plan_tree", "btree", "double_btree"]
 
@@ -104,6 +104,39 @@ def _schedule_tree(tl: Timeline, parent: Sequence[int], ranks: Sequence[int],
             tl.msg(i + top + depth[p], ranks[p], ranks[v], k, False)
 
 
+def _box_trees(cluster: Cluster) -> tuple[list[int], list[int], list[int]]:
+    """NCCL's shape on a multi-box cluster: a double binary tree over the boxes, a chain
+    inside each box.
+
+    Returns ``(ranks, first, second)``: positions -> ranks, and each tree's parent per
+    position. In the first tree a box's head is its first GPU in ring order and the
+    chain runs forward; in the second the head is its last GPU and the chain runs
+    backward, so the two trees enter a box through different GPUs (and NICs, where
+    GPUs have their own).
+    """
+    boxes = [node.ranks() for node in _box_nodes(topo_tree(cluster))]
+    ranks = [r for box in boxes for r in box]
+    where = {r: i for i, r in enumerate(ranks)}
+    first_box, second_box = double_btree(len(boxes))
+    first = [-1] * len(ranks)
+    second = [-1] * len(ranks)
+    for b, box in enumerate(boxes):
+        for j in range(1, len(box)):  # chains toward the head
+            first[where[box[j]]] = where[box[j - 1]]
+            second[where[box[-1 - j]]] = where[box[-j]]
+        if first_box[b] >= 0:
+            first[where[box[0]]] = where[boxes[first_box[b]][0]]
+        if second_box[b] >= 0:
+            second[where[box[-1]]] = where[boxes[second_box[b]][-1]]
+    return ranks, first, second
+
+
+def _box_nodes(node: TopoNode) -> list[TopoNode]:
+    if node.kind == "box":
+        return [node]
+    return [box for child in node.children for box in _box_nodes(child)]
+
+
 @no_gc
 def plan_tree(cluster: Cluster, *, size: int, chunks: int | None = None,
               order: str | Sequence[int] = "topo") -> Schedule:
@@ -117,19 +150,21 @@ def plan_tree(cluster: Cluster, *, size: int, chunks: int | None = None,
     chunks : int, optional
         Pipeline depth: chunks per tree (each tree carries half of the buffer). By
         default ``sqrt(fill * M / (alpha * B))`` (the optimum of
-        ``(c + fill)(alpha + M / (c B))``, with fill the tree's pipeline depth in
-        slots and alpha, B the latency and bottleneck bandwidth between far ranks),
-        capped so the plan stays under ~2 M ops.
+        ``(c + fill)(alpha + M / (c B))``, with fill the tree's depth in slots and
+        alpha, B the latency and bottleneck bandwidth between far ranks), capped so
+        the plan stays under ~2 M ops.
     order : {"topo", "rank"} or sequence of int
-        How tree positions map to ranks. ``"topo"`` (default) puts the in-order trees'
-        low levels (neighbouring positions) inside boxes and switches, as NCCL keeps
-        its intra-node chain local.
+        ``"topo"`` (default): on a cluster of several boxes, NCCL's own shape, two
+        complementary binary trees over the boxes (in topology order) with a chain
+        of GPUs inside each box, so each tree edge crosses the network once per box;
+        on one box, the two trees over its GPUs in ring order. ``"rank"`` or a
+        permutation: the two trees directly over the ranks in that order.
 
     Returns
     -------
     Schedule
         ``2 * chunks`` chunks; chunks ``0..c-1`` go over the first tree, ``c..2c-1``
-        over the second. About ``c + 3 log2 n`` steps.
+        over the second. About ``c + 3 * depth`` steps.
 
     Raises
     ------
@@ -148,18 +183,41 @@ def plan_tree(cluster: Cluster, *, size: int, chunks: int | None = None,
     """
     check_size(size, "tree")
     depth = check_chunks(chunks, "tree", "chunks per tree")
-    positions, label = resolve_order(cluster, order, "tree")
     n = cluster.nranks
+    if isinstance(order, str) and order == "topo" and len(cluster.boxes) > 1:
+        positions, first, second = _box_trees(cluster)
+        label, shape = "topo", "box trees + in-box chains"
+    else:
+        positions, label = resolve_order(cluster, order, "tree")
+        shape = "rank trees"
+        first, second = double_btree(n) if n > 1 else ([-1], [-1])
     if n == 1:
         return empty_schedule(cluster, "tree", order=label, pipeline=1)
-    first, second = double_btree(n)
     if depth is None:
         latency, bandwidth = link_params(cluster, positions)
-        fill = 3 * max(1, (n - 1).bit_length())
+        fill = 3 * max(_height(first), _height(second))
         cap = max(1, min(256, OP_BUDGET // (16 * n)))
         depth = pipeline_depth(size, fill, latency, bandwidth, cap)
     tl = Timeline(n)
     _schedule_tree(tl, first, positions, range(depth))
     _schedule_tree(tl, second, positions, range(depth, 2 * depth))
     return tl.build(equal_chunks(2 * depth), algorithm="tree", cluster=cluster.name, order=label,
-                    pipeline=depth)
+                    shape=shape, pipeline=depth)
+
+
+def _height(parent: Sequence[int]) -> int:
+    """Edges on the longest leaf-to-root path."""
+    memo: dict[int, int] = {}
+
+    def up(v: int) -> int:
+        path = []
+        while v >= 0 and v not in memo:
+            path.append(v)
+            v = parent[v]
+        base = memo.get(v, -1) if v >= 0 else -1
+        for u in reversed(path):
+            base += 1
+            memo[u] = base
+        return memo[path[0]] if path else base
+
+    return max((up(v) for v in range(len(parent))), default=0)
