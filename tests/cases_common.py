@@ -160,3 +160,14 @@ def killed_peer_run(t: Any, victim: int, timeout: float, die_at: int = 1) -> dic
     except TransportError as exc:
         return {"error": str(exc), "type": type(exc).__name__, "rank": exc.rank, "step": exc.step,
                 "peer": exc.peer, "chunk": exc.chunk, "elapsed": time.monotonic() - t0}
+
+
+def torch_rank_main(t: Any, victim: int | None, timeout: float) -> dict:
+    """The body of each rank of a Torch.launch in tests/test_transports_torch.py."""
+    failures, ncases, names = run_cases(t, with_torch=True)
+    record: dict = {"rank": t.rank, "failures": failures, "ncases": ncases, "schedules": names,
+                    "transport": t.name}
+    if victim is not None:
+        t.barrier()
+        record["kill"] = killed_peer_run(t, victim=victim, timeout=timeout)
+    return record
