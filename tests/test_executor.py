@@ -221,3 +221,24 @@ def test_local_launch_helpers() -> None:
     assert all(np.all(x == 10.0) for x in Local.launch(4, native))
     with pytest.raises(ZeroDivisionError):
         Local.launch(2, lambda t: 1 / 0)
+
+
+def test_run_bench_returns_rows_with_a_real_check() -> None:
+    from topoplan.commands.bench import format_rows, run_bench
+
+    rows = Local.launch(3, lambda t: run_bench(S.direct(3), t, [1024, 40_000], baseline=True,
+                                               iters=2))
+    assert rows[0] == rows[1] == rows[2]  # every rank returns the same rows
+    for row in rows[0]:
+        assert row.wrong == 0 and row.native_wrong == 0 and row.iters == 2
+        assert row.busbw == pytest.approx(row.algbw * 4 / 3) and row.ratio > 0
+    text = format_rows(rows[0], native_name="local sum")
+    assert "size(B)" in text and "local sum" in text and "40000" in text
+
+
+def test_run_bench_counts_wrong_elements() -> None:
+    from topoplan.commands.bench import run_bench
+
+    # A schedule that is not an allreduce: the check must notice.
+    rows = Local.launch(2, lambda t: run_bench(S.swap(2), t, [4096], iters=1))
+    assert rows[0][0].wrong == 1024

@@ -8,6 +8,7 @@ naming itself, the step, the peer and the chunk, within the timeout.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -82,3 +83,52 @@ def test_mpiexec_command_sets_what_open_mpi_needs() -> None:
     for key, value in MPI_ENV.items():
         assert env[key] == value
     assert "oversubscribe" in env["PRTE_MCA_rmaps_default_mapping_policy"]
+
+
+def _bench(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "topoplan", "bench", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=HERE.parent)
+
+
+def test_bench_cli_runs_a_plan_under_mpiexec(tmp_path: Path) -> None:
+    import _schedules as S
+    plan = tmp_path / "ring3.json"
+    S.ring(3).save(plan)
+    proc = _bench("--plan", str(plan), "--sizes", "1KiB,100KiB", "--baseline", "native",
+                  "--iters", "3", "--json")
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(proc.stdout)
+    assert record["schedule"]["nranks"] == 3 and record["transport"] == "mpi"
+    assert record["native"] == "MPI_Allreduce"
+    assert [r["size"] for r in record["rows"]] == [1024, 102400]
+    for row in record["rows"]:
+        assert row["wrong"] == 0 and row["native_wrong"] == 0
+        assert row["count"] == row["size"] // 4 and row["type"] == "float32"
+        assert row["busbw"] == pytest.approx(row["algbw"] * 4 / 3)
+        assert row["time_us"] > 0 and row["native_time_us"] > 0 and row["iters"] == 3
+    text = _bench("--plan", str(plan), "--sizes", "4KiB", "--iters", "2", "--dtype", "float16")
+    assert text.returncode == 0, text.stderr
+    header = next(line for line in text.stdout.splitlines() if "size(B)" in line)
+    assert header.split() == ["#", "size(B)", "count", "type", "redop", "time(us)",
+                              "algbw(GB/s)", "busbw(GB/s)", "#wrong"]
+    assert " float16 " in text.stdout and "Out of bounds values : 0 OK" in text.stdout
+
+
+def test_bench_cli_refuses_a_rank_count_mismatch(tmp_path: Path) -> None:
+    import _schedules as S
+    plan = tmp_path / "ring3.json"
+    S.ring(3).save(plan)
+    proc = _bench("--plan", str(plan), "-n", "2", "--sizes", "1KiB")
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("topoplan: error: ") and "Traceback" not in proc.stderr
+    assert "3 ranks" in proc.stderr and "2" in proc.stderr
+
+
+def test_bench_cli_plans_with_an_algorithm() -> None:
+    try:
+        from topoplan.planners import plan  # noqa: F401
+    except ImportError:
+        pytest.skip("the planners have not landed")
+    proc = _bench("--algorithm", "ring", "-n", "2", "--sizes", "8KiB", "--iters", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["rows"][0]["wrong"] == 0
