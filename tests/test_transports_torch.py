@@ -55,3 +55,25 @@ def test_torch_transport_needs_a_process_group() -> None:
         pytest.skip("a process group is already initialized in this process")
     with pytest.raises(TopoplanError, match="init_process_group"):
         Torch()
+
+
+def test_bench_cli_over_gloo(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("mpi4py")  # bench launches its ranks with mpiexec
+    import _schedules as S
+    plan = tmp_path / "ring2.json"
+    S.ring(2).save(plan)
+    proc = subprocess.run([sys.executable, "-m", "topoplan", "bench", "--plan", str(plan),
+                           "--transport", "torch", "--baseline", "native", "--sizes", "1KiB,64KiB",
+                           "--iters", "2", "--dtype", "bfloat16", "--json"],
+                          capture_output=True, text=True, timeout=240,
+                          cwd=Path(__file__).parent.parent)
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(proc.stdout)
+    assert record["transport"] == "torch/gloo" and record["native"] == "dist.all_reduce"
+    for row in record["rows"]:
+        assert row["type"] == "bfloat16" and row["wrong"] == 0 and row["native_wrong"] == 0
