@@ -211,8 +211,9 @@ class _BoundStep:
 class _Bound:
     steps: list[_BoundStep]
     keep: Any            # the buffer, kept alive so the cached address stays valid
-    work: Any            # what the steps run on: the buffer, or its fp32 shadow
+    work: Any            # what the steps run on: the flat buffer, or its fp32 shadow
     scratch: Any
+    shadow: bool         # work is a float32 copy (accumulate_fp32 on a 16-bit buffer)
 
 
 def _compile(schedule: Schedule, rank: int, n: int) -> _Compiled:
@@ -371,7 +372,7 @@ class Allreduce:
                 [(scratch[a:b], chunk_views[c]) for c, (a, b) in sp.snapshots],
                 messages, sp.messages,
                 [(chunk_views[c], scratch[a:b]) for c, (a, b) in sp.reduces]))
-        bound = _Bound(steps, buffer, work, scratch)
+        bound = _Bound(steps, buffer, work, scratch, shadow)
         self._bound[key] = bound
         while len(self._bound) > BOUND_CACHE:
             self._bound.popitem(last=False)
@@ -399,7 +400,7 @@ class Allreduce:
             bound, ops = self._bind(buffer)
             self._last = (buffer, ops, ops.fast_key(buffer), bound)
         work = bound.work
-        if work is not bound.keep:
+        if bound.shadow:
             ops.copy(work, ops.flat(buffer))
         add, copy = ops.add, ops.copy
         transport, timeout = self.transport, self.timeout
@@ -420,7 +421,7 @@ class Allreduce:
                 with compute:
                     for dst, src in step.reduces:
                         add(dst, src)
-        if work is not bound.keep:
+        if bound.shadow:
             ops.copy(ops.flat(buffer), work)
         return buffer
 
