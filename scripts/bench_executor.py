@@ -149,7 +149,8 @@ def torch_part(args, comm, mpi, n, rank, schedule):
     out = []
     for size in args.sizes:
         count = size // 4
-        a = torch.arange(count, dtype=torch.float32) % 7 + rank
+        # Integer arange first: a float32 arange is inexact above 2**24 elements.
+        a = (torch.arange(count) % 7 + rank).to(torch.float32)
         b = a.clone()
         replay(a)
         dist.all_reduce(b)

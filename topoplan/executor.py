@@ -399,12 +399,18 @@ class Allreduce:
         else:
             bound, ops = self._bind(buffer)
             self._last = (buffer, ops, ops.fast_key(buffer), bound)
+        with self.transport.compute_context():
+            self._run(bound, ops, buffer)
+        return buffer
+
+    allreduce = __call__
+
+    def _run(self, bound: _Bound, ops: type, buffer: Any) -> None:
         work = bound.work
         if bound.shadow:
             ops.copy(work, ops.flat(buffer))
         add, copy = ops.add, ops.copy
         transport, timeout = self.transport, self.timeout
-        compute = transport.compute_context()
         for step in bound.steps:
             for dst, src in step.snapshots:
                 copy(dst, src)
@@ -417,15 +423,10 @@ class Allreduce:
             if pending:
                 transport.abort(handle)
                 raise self._error(step, pending, None)
-            if step.reduces:
-                with compute:
-                    for dst, src in step.reduces:
-                        add(dst, src)
+            for dst, src in step.reduces:
+                add(dst, src)
         if bound.shadow:
             ops.copy(ops.flat(buffer), work)
-        return buffer
-
-    allreduce = __call__
 
     def _error(self, step: _BoundStep, indices: Sequence[int], reason: str | None) -> TransportError:
         # Blame a receive first: a dead peer's sends never arrive, while our own

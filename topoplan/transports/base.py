@@ -130,7 +130,8 @@ class Transport(abc.ABC):
         """Give up on the messages of ``handle`` after a failure (best effort)."""
 
     def compute_context(self) -> ContextManager[Any]:
-        """Context the executor runs its reductions in (a CUDA stream for NCCL)."""
+        """Context the executor runs a whole call in: its copies and reductions
+        happen inside it (for NCCL, on the transport's CUDA stream)."""
         return contextlib.nullcontext()
 
     # -- small collectives used by benchmarks and checks ---------------------

@@ -5,9 +5,10 @@ Each step is one NCCL group (``groupStart``; ``send``/``recv`` per message;
 host polls against the step's deadline while checking the communicator for
 asynchronous errors (``ncclCommGetAsyncError``). On a timeout or error the
 communicator is aborted (``ncclCommAbort``), since NCCL cannot cancel a
-posted transfer. The executor's reductions run on the same stream
-(:meth:`NCCL.compute_context`), so the next step's sends are ordered after them
-without a host synchronization.
+posted transfer. The executor runs the whole call inside
+:meth:`NCCL.compute_context`: snapshots and reductions go on the transport's
+stream, so the next step's sends are ordered after them without a host
+synchronization, and the stream is joined to the caller's on entry and exit.
 
 Buffers are CuPy arrays or CUDA torch tensors; bytes move as ``ncclUint8``, so
 every dtype (bfloat16 included) works. CUDA only.
@@ -37,6 +38,33 @@ def _cupy() -> tuple[Any, Any]:
     if not getattr(nccl, "available", True):
         raise ImportError("CuPy was built without NCCL; install a cupy-cuda12x wheel with NCCL")
     return cupy, nccl
+
+
+class _OnStream:
+    """Run a whole allreduce on ``stream``, ordered after the caller's stream and before it.
+
+    On entry the transport stream waits for work already queued on the caller's
+    current stream (the kernels that produced the buffer); on exit the caller's
+    stream waits for the transport stream, so whatever the caller queues next
+    sees the reduced buffer. Neither blocks the host.
+    """
+
+    def __init__(self, cupy: Any, stream: Any) -> None:
+        self.cupy, self.stream, self.caller = cupy, stream, None
+
+    def __enter__(self) -> Any:
+        self.caller = self.cupy.cuda.get_current_stream()
+        if self.caller.ptr != self.stream.ptr:
+            self.stream.wait_event(self.caller.record())
+        self.stream.use()
+        return self.stream
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.caller is not None:
+            self.caller.use()
+            if self.caller.ptr != self.stream.ptr:
+                self.caller.wait_event(self.stream.record())
+            self.caller = None
 
 
 class NCCL(Transport):
@@ -150,7 +178,7 @@ class NCCL(Transport):
                 pass
 
     def compute_context(self) -> Any:
-        return self.stream
+        return _OnStream(self._cupy, self.stream)
 
     # -- collectives -----------------------------------------------------------------
     def _dtype(self, dtype: Any) -> int:
