@@ -110,7 +110,9 @@ def test_bench_cli_runs_a_plan_under_mpiexec(tmp_path: Path) -> None:
         assert row["count"] == row["size"] // 4 and row["type"] == "float32"
         assert row["busbw"] == pytest.approx(row["algbw"] * 4 / 3)
         assert row["time_us"] > 0 and row["native_time_us"] > 0 and row["iters"] == 3
-    text = _bench("--plan", str(plan), "--sizes", "4KiB", "--iters", "2", "--dtype", "float16")
+    plan2 = tmp_path / "ring2.json"
+    S.ring(2).save(plan2)
+    text = _bench("--plan", str(plan2), "--sizes", "4KiB", "--iters", "2", "--dtype", "float16")
     assert text.returncode == 0, text.stderr
     header = next(line for line in text.stdout.splitlines() if "size(B)" in line)
     assert header.split() == ["#", "size(B)", "count", "type", "redop", "time(us)",
