@@ -31,7 +31,28 @@ def sizes_for(schedule: Any) -> list[int]:
 
 
 def schedules_for(n: int) -> dict[str, Any]:
-    return {**S.builders(n), **S.planner_schedules(n)}
+    """The test schedules and every planner's, for ``n`` ranks.
+
+    The launching test plans once and points TOPOPLAN_TEST_PLANS at a folder of
+    ``<name>.json`` files, so the ranks of a launch do not all re-plan.
+    """
+    folder = os.environ.get("TOPOPLAN_TEST_PLANS")
+    if folder is None:
+        return {**S.builders(n), **S.planner_schedules(n)}
+    from topoplan.schedule import load_schedule
+    plans = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".json"):
+            schedule = load_schedule(os.path.join(folder, name))
+            if schedule.nranks == n:
+                plans[name.removesuffix(".json")] = schedule
+    return {**S.builders(n), **plans}
+
+
+def save_planner_schedules(n: int, folder: str) -> None:
+    """Plan every planner for ``n`` ranks into ``folder`` (see :func:`schedules_for`)."""
+    for name, schedule in S.planner_schedules(n).items():
+        schedule.save(os.path.join(folder, f"{name}.json"))
 
 
 def run_cases(t: Any, *, with_torch: bool = True) -> tuple[list[str], int, list[str]]:

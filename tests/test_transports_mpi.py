@@ -45,10 +45,14 @@ def _results(stdout: str) -> dict[int, dict]:
 # dies, even under --with-ft ulfm, so the lone survivor is gone before its timeout.
 # The 2-rank killed-peer case runs over torch/gloo and Local instead.
 @pytest.mark.parametrize("nranks, victim, with_torch", [(2, None, False), (3, 2, True), (4, 1, False)])
-def test_mpi_cases_and_killed_peer(nranks: int, victim: int | None, with_torch: bool) -> None:
+def test_mpi_cases_and_killed_peer(nranks: int, victim: int | None, with_torch: bool,
+                                   tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     argv = [sys.executable, str(HERE / "mpi_cases.py"), "--timeout", str(TIMEOUT)]
     argv += (["--kill", str(victim)] if victim is not None else [])
     argv += (["--torch"] if with_torch else [])
+    import cases_common
+    cases_common.save_planner_schedules(nranks, str(tmp_path))
+    monkeypatch.setenv("TOPOPLAN_TEST_PLANS", str(tmp_path))
     proc = mpiexec(nranks, argv, timeout=240, fault_tolerant=victim is not None)
     results = _results(proc.stdout)
     survivors = [r for r in range(nranks) if r != victim]
@@ -106,7 +110,9 @@ def test_bench_cli_runs_a_plan_under_mpiexec(tmp_path: Path) -> None:
         assert row["count"] == row["size"] // 4 and row["type"] == "float32"
         assert row["busbw"] == pytest.approx(row["algbw"] * 4 / 3)
         assert row["time_us"] > 0 and row["native_time_us"] > 0 and row["iters"] == 3
-    text = _bench("--plan", str(plan), "--sizes", "4KiB", "--iters", "2", "--dtype", "float16")
+    plan2 = tmp_path / "ring2.json"
+    S.ring(2).save(plan2)
+    text = _bench("--plan", str(plan2), "--sizes", "4KiB", "--iters", "2", "--dtype", "float16")
     assert text.returncode == 0, text.stderr
     header = next(line for line in text.stdout.splitlines() if "size(B)" in line)
     assert header.split() == ["#", "size(B)", "count", "type", "redop", "time(us)",

@@ -29,8 +29,10 @@ def _planner_names() -> list[str]:
     return sorted(PLANNERS)
 
 
-def test_gloo_cases_and_killed_peer() -> None:
+def test_gloo_cases_and_killed_peer(tmp_path, monkeypatch) -> None:
     nranks, victim = 3, 1
+    cases_common.save_planner_schedules(nranks, str(tmp_path))
+    monkeypatch.setenv("TOPOPLAN_TEST_PLANS", str(tmp_path))
     results = Torch.launch(nranks, cases_common.torch_rank_main, victim, TIMEOUT,
                            backend="gloo", timeout=200, return_exceptions=True)
     assert isinstance(results[victim], TransportError)
