@@ -277,7 +277,7 @@ def draw_cluster(cluster: Cluster, report: Any = None, *, title: str | None = No
     lay = _detail_layout(cluster) if detail else _box_layout(cluster)
     _place_switches(cluster, lay)
     xspan, yspan = lay.xmax - lay.xmin, lay.ymax - lay.ymin
-    slot_in = 0.32 if detail else 0.55
+    slot_in = 0.32 if detail else 0.85
     width = min(26.0, max(8.0, 1.8 + xspan * slot_in))
     height = min(10.0, max(4.8, 1.9 + yspan * 0.62))
     fig = new_figure(width, height)
@@ -383,15 +383,19 @@ def draw_cluster(cluster: Cluster, report: Any = None, *, title: str | None = No
         t = ax.text(node.x, node.y, node.label, ha="center", va="center", color="white",
                     fontsize=min(8.0, gpu_d * 0.5), fontweight="bold", zorder=5)
         texts.append((t, 0.8))
+    plates = []  # switch and box nodes: a plate sized to its label, drawn after fitting
     for node in by_kind["switch"] + by_kind["box"]:
-        color = _SWITCH_COLOR if node.kind == "switch" else _GPU_COLOR
         t = ax.text(node.x, node.y, node.label, ha="center", va="center", fontsize=8.5,
                     color="white" if node.kind == "box" else "black", zorder=5,
-                    linespacing=1.1, bbox=dict(boxstyle="round,pad=0.35", fc=color, ec="none"))
-        texts.append((t, lay.widths.get(node.key, 0.9) - 0.25))
+                    linespacing=1.1)
+        room = lay.widths.get(node.key, 0.9) - 0.2
+        texts.append((t, room))
+        plates.append((node, t, room))
+    box_labels = []
     for name, x0, x1, y0, _y1 in lay.groups:
         t = ax.text((x0 + x1) / 2, lay.label_y, name, ha="center", va="top", fontsize=8.5,
                     color="#333333", zorder=5)
+        box_labels.append(t)
         texts.append((t, x1 - x0))
 
     # ---- titles and legend -----------------------------------------------------------
@@ -411,7 +415,7 @@ def draw_cluster(cluster: Cluster, report: Any = None, *, title: str | None = No
                      f"{format_bandwidth(graph.edges[busiest]['bandwidth'])}, busy "
                      f"{busy / report.time_s:.0%} of the run" if report.time_s > 0 else "",
                      fontsize=9, color="#444444")
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 4),
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6),
                fontsize=8.5, frameon=False)
 
     # Fit labels to their room once the layout has fixed the axes' size; the labels
@@ -423,4 +427,31 @@ def draw_cluster(cluster: Cluster, report: Any = None, *, title: str | None = No
     px_per_x = ax.transData.transform((1.0, 0.0))[0] - ax.transData.transform((0.0, 0.0))[0]
     for t, room in texts:
         fit_text(t, room * px_per_x, rend)
+    if box_labels and min(t.get_fontsize() if t.get_visible() else 0 for t in box_labels) < 6.5:
+        # Narrow boxes (one GPU each): hang their names vertically below them and let
+        # the layout make room, rather than shrink them into specks.
+        for t in box_labels:
+            t.set(visible=True, rotation=90, fontsize=7.5, in_layout=True)
+        fig.draw_without_rendering()
+        rend = renderer(fig)
+    _draw_plates(ax, plates, rend)
     return fig
+
+
+def _draw_plates(ax: Any, plates: list, rend: Any) -> None:
+    """Rounded plates behind switch and box labels, as wide as the fitted label."""
+    from matplotlib.patches import FancyBboxPatch
+
+    inv = ax.transData.inverted()
+    for node, t, room in plates:
+        if t.get_visible():
+            ext = t.get_window_extent(rend)
+            (x0, y0), (x1, y1) = inv.transform([[ext.x0, ext.y0], [ext.x1, ext.y1]])
+            w, h = (x1 - x0) + 0.18, (y1 - y0) * 1.5
+        else:  # no room even for the smallest label: the plate alone marks the node
+            w = room
+            h = abs(inv.transform([[0, 0], [0, 14]])[1][1] - inv.transform([[0, 0], [0, 0]])[0][1])
+        color = _SWITCH_COLOR if node.kind == "switch" else _GPU_COLOR
+        ax.add_patch(FancyBboxPatch((node.x - w / 2, node.y - h / 2), w, h,
+                                    boxstyle="round,pad=0,rounding_size=0.06", fc=color,
+                                    ec="none", zorder=4, gid=f"{node.kind}-plate"))

@@ -1,0 +1,132 @@
+"""``topoplan show CLUSTER.yaml [PLAN.json] --size 256MiB -o picture.png``: draw a plan.
+
+Writes one image file per figure. ``-o picture.png`` names the cluster drawing; the
+others take a suffix before the extension: ``picture-timeline.png`` (per-rank Gantt
+chart), ``picture-links.png`` (utilisation of the busiest links over time) and
+``picture-sweep.png`` (algbw/busbw against size for every planner). The extension
+picks the format (png, svg, pdf). ``--figures`` chooses which to write.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..cluster import load_cluster
+from ..errors import ScheduleError, TopoplanError
+from ..units import format_size, format_time, parse_size, parse_size_range
+from .common import console
+
+FIGURES = ("cluster", "timeline", "links", "sweep")
+DEFAULT_FIGURES = FIGURES
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        return parse_size_range(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _figures(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    bad = [n for n in names if n not in FIGURES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown figure(s) {bad or [text]}; choose from {','.join(FIGURES)}")
+    return names
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    show = subparsers.add_parser(
+        "show", help="draw the cluster, a plan's timeline and link load, and a size sweep",
+        description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    show.add_argument("cluster", help="cluster YAML file")
+    show.add_argument("plan", nargs="?", help="schedule JSON (default: plan one with --algorithm)")
+    show.add_argument("--algorithm", "-a", default=None,
+                      help="planner used when no PLAN.json is given (default: the planner's default)")
+    show.add_argument("--size", type=_size, default=256 << 20, metavar="SIZE",
+                      help="allreduce message size, e.g. 256MiB (default 256MiB)")
+    show.add_argument("--sizes", type=_sizes, default=None, metavar="RANGE",
+                      help="sizes of the sweep, e.g. 1KiB:1GiB:4 (default 1KiB:1GiB:4)")
+    show.add_argument("-o", "--output", default=None, metavar="PICTURE",
+                      help="file of the cluster drawing; the other figures get -timeline, -links, "
+                           "-sweep suffixes (default: <cluster name>.png)")
+    show.add_argument("--figures", type=_figures, default=list(DEFAULT_FIGURES), metavar="LIST",
+                      help=f"comma-separated subset of {','.join(FIGURES)} (default: all)")
+    show.add_argument("--top", type=int, default=8, metavar="K",
+                      help="busiest links in the utilisation figure (default 8)")
+    show.add_argument("--dpi", type=int, default=110, help="resolution of raster images (default 110)")
+    show.set_defaults(func=cmd_show)
+
+
+def output_paths(output: str | Path, figures: list[str]) -> dict[str, Path]:
+    """``picture.png`` -> {"cluster": picture.png, "timeline": picture-timeline.png, ...}."""
+    output = Path(output)
+    suffix = output.suffix or ".png"
+    stem = output.with_suffix("") if output.suffix else output
+    paths = {}
+    for name in figures:
+        paths[name] = Path(f"{stem}{suffix}") if name == "cluster" else Path(f"{stem}-{name}{suffix}")
+    return paths
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from .. import viz
+
+    cluster = load_cluster(args.cluster)
+    out = console()
+    output = args.output or f"{Path(args.cluster).stem}.png"
+    paths = output_paths(output, args.figures)
+    if not paths["cluster" if "cluster" in paths else next(iter(paths))].parent.exists():
+        raise TopoplanError(f"-o {output}: folder {Path(output).parent} does not exist")
+
+    needs_report = any(name in paths for name in ("cluster", "timeline", "links"))
+    report = None
+    schedule = None
+    if needs_report:
+        if args.plan:
+            from ..schedule import load_schedule
+
+            schedule = load_schedule(args.plan)
+            if schedule.nranks != cluster.nranks:
+                raise ScheduleError(f"{args.plan}: the schedule has {schedule.nranks} ranks but "
+                                    f"{args.cluster} has {cluster.nranks}; plan it for this cluster")
+        else:
+            from ..planners import plan
+
+            kwargs = {"size": args.size}
+            if args.algorithm:
+                kwargs["algorithm"] = args.algorithm
+            schedule = plan(cluster, **kwargs)
+        from ..simulate import simulate
+
+        report = simulate(cluster, schedule, args.size, record=True)
+        out.print(f"{cluster.name}: {report.algorithm or 'schedule'} at {format_size(args.size)}: "
+                  f"{format_time(report.time_s)} predicted, lower bound "
+                  f"{format_time(report.lower_bound_s)} "
+                  f"({report.lower_bound_s / report.time_s:.0%} of optimal)")
+
+    for name, path in paths.items():
+        if name == "cluster":
+            fig = viz.draw_cluster(cluster, report)
+        elif name == "timeline":
+            fig = viz.timeline(report, schedule)
+        elif name == "links":
+            fig = viz.link_utilisation(report, k=args.top)
+        else:
+            sizes = args.sizes or list(viz.sweep.DEFAULT_SIZES)
+            fig = viz.size_sweep(cluster, sizes=sizes)
+        try:
+            fig.savefig(path, dpi=args.dpi)
+        except (OSError, ValueError) as exc:  # unwritable path, unknown image format
+            raise TopoplanError(f"cannot write {path}: {exc}") from None
+        out.print(f"wrote {path}  ({name})")
+    return 0
