@@ -30,6 +30,7 @@ __all__ = [
 ]
 
 MAX_ROUTES = 16  # equal-cost paths kept per GPU pair (ECMP / multi-rail spreading)
+MAX_COUNT = 100_000  # instances one `count` may stamp out
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,7 +389,13 @@ class _Reader:
         return self.quantity(mapping, "latency", path, parse_latency, positive=False)
 
     def count(self, mapping: LineDict, path: str) -> int:
-        return self.integer(mapping, "count", path, 1) if "count" in mapping else 1
+        if "count" not in mapping:
+            return 1
+        count = self.integer(mapping, "count", path, 1)
+        if count > MAX_COUNT:  # a typo like 10000000 would otherwise hang the loader
+            raise self.fail(mapping.line_of("count"), _join(path, "count"),
+                            f"must be <= {MAX_COUNT}, got {count}")
+        return count
 
     def expand(self, template: str, i: int, line: int, key: str) -> str:
         """Fill ``{i}``, ``{i//K}``, ``{i%K}`` (also ``+ - *``) with instance ``i``."""
@@ -469,6 +476,8 @@ def loads_cluster(text: str, file: str = "<string>") -> Cluster:
     """Like :func:`load_cluster`, from YAML text; ``file`` is used in error messages."""
     reader = _Reader(file)
     doc = load_yaml(text, file)
+    if doc is None:
+        raise reader.fail(1, "", "empty file; a cluster file is a mapping with name and boxes")
     if not isinstance(doc, LineDict):
         raise reader.fail(getattr(doc, "line", 1), "",
                           f"a cluster file is a mapping with name and boxes, got {_describe(doc)}")
@@ -514,7 +523,7 @@ def _read_switches(reader: _Reader, doc: LineDict) -> tuple[list[str], dict[str,
             if switch in lines:
                 raise reader.fail(entry.line_of("name"), _join(path, "name"),
                                   f"duplicate switch name {switch!r} (first on line {lines[switch]})"
-                                  + (" ; add {i} to the name" if count > 1 and "{" not in template else ""))
+                                  + ("; add {i} to the name" if count > 1 and "{" not in template else ""))
             lines[switch] = entry.line_of("name")
             names.append(switch)
     return names, lines

@@ -38,16 +38,21 @@ def _split(text: str, what: str, units: dict) -> tuple[float, str]:
         raise ValueError(f"not a {what}: {text!r} (expected a number and a unit, e.g. "
                          f"{next(iter(units))!s})")
     number, unit = match.groups()
-    if unit not in units:
+    if unit and unit not in units:  # a bare number is allowed; the caller picks its unit
         known = ", ".join(u for u in units if u)
         raise ValueError(f"unknown unit {unit!r} in {text!r}; use one of {known}")
-    return float(number), unit
+    amount = float(number)
+    if not math.isfinite(amount):  # "1e999 GB/s" overflows to inf
+        raise ValueError(f"not a finite {what}: {text!r}")
+    return amount, unit
 
 
 def _number(value: object, what: str) -> float | None:
     if isinstance(value, bool):
         raise ValueError(f"expected a {what}, got {value!r}")
     if isinstance(value, (int, float)):
+        if not math.isfinite(value):  # YAML's .inf / .nan would poison every sum downstream
+            raise ValueError(f"expected a finite {what}, got {value!r}")
         return float(value)
     if not isinstance(value, str):
         raise ValueError(f"expected a {what}, got {type(value).__name__} {value!r}")
@@ -95,7 +100,10 @@ def parse_size_range(text: str) -> list[int]:
     if len(parts) not in (2, 3):
         raise ValueError(f"not a size range: {text!r} (expected MIN:MAX or MIN:MAX:FACTOR)")
     low, high = parse_size(parts[0]), parse_size(parts[1])
-    factor = int(parts[2]) if len(parts) == 3 else 2
+    try:
+        factor = int(parts[2]) if len(parts) == 3 else 2
+    except ValueError:
+        raise ValueError(f"not a size range: {text!r} (FACTOR must be an integer >= 2)") from None
     if low <= 0 or high < low or factor < 2:
         raise ValueError(f"not a size range: {text!r} (need 0 < MIN <= MAX and FACTOR >= 2)")
     sizes = []

@@ -18,3 +18,31 @@ def table(*columns: str, title: str | None = None) -> Table:
     for i, column in enumerate(columns):
         t.add_column(column, justify="left" if i == 0 else "right", no_wrap=i == 0)
     return t
+
+
+def size_arg(text: str) -> int:
+    """argparse type for sizes such as 256MiB."""
+    import argparse
+
+    from ..units import parse_size
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def sizes_arg(text: str) -> list[int]:
+    """argparse type for size ranges such as 1KiB:1GiB."""
+    import argparse
+
+    from ..units import parse_size_range
+    try:
+        return parse_size_range(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def status(message: str):
+    """A spinner on stderr for long work (silent when stderr is not a terminal)."""
+    from rich.console import Console
+    return Console(stderr=True).status(message)

@@ -26,12 +26,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def in_box_bandwidth(box: Box) -> float:
-    """What one GPU can send to the rest of its box: fabric port or its NVLinks (max over GPUs)."""
+    """What one GPU can send to the rest of its box: its fabric port plus its direct GPU
+    links (NVLink, on-board PCIe switches), the most over the box's GPUs."""
     if box.gpus == 1:
         return 0.0
-    if box.fabric is not None:
-        return box.fabric.bandwidth
-    per_gpu = [0.0] * box.gpus
+    fabric = box.fabric.bandwidth if box.fabric is not None else 0.0
+    per_gpu = [fabric] * box.gpus
     for link in box.gpu_links:
         per_gpu[link.a] += link.bandwidth
         per_gpu[link.b] += link.bandwidth

@@ -1,0 +1,89 @@
+"""``topoplan topo show|lint``: readable output for every shipped topology, one-line errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from topoplan.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = sorted((ROOT / "topologies").glob("*.yaml"))
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "topoplan", *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=60)
+
+
+def test_lint_accepts_every_shipped_topology(capsys):
+    assert main(["topo", "lint", *map(str, SHIPPED)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(SHIPPED)
+    assert all(": ok: " in line for line in lines)
+    assert any("leaf-spine-1024, 1024 ranks in 128 boxes, 20 switches" in line for line in lines)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_show_is_readable(path, capsys):
+    assert main(["topo", "show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "Boxes" in out and "bisection" in out and " ranks in " in out
+    assert "Traceback" not in out
+    assert max(len(line) for line in out.splitlines()) <= 160
+
+
+@pytest.mark.parametrize("name, ranks, bisection", [
+    ("dgx1_v100", 8, "150 GB/s"),            # links 0-4, 1-5 (x2) and 2-6, 3-7 (x1)
+    ("ddl_two_switch", 4, "10 GB/s"),        # the narrow switch0-switch1 link
+    ("mn1_10gbe", 32, "2.5 GB/s"),           # two 10 GbE NICs on each side
+    ("leaf_spine_1024", 1024, "6.4 TB/s"),   # 8 leaves x 4 x 200 GB/s uplinks
+])
+def test_show_numbers(name, ranks, bisection, capsys):
+    assert main(["topo", "show", str(ROOT / "topologies" / f"{name}.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert f"{ranks} ranks in " in out
+    row = next(line for line in out.splitlines() if "bisection" in line)
+    assert bisection in row
+
+
+def test_show_lists_box_groups_and_truncates_links(capsys):
+    assert main(["topo", "show", "--links", "3", str(ROOT / "topologies/dgx_a100_x4.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "dgx0 .. dgx3" in out and "8 x 25 GB/s" in out and "300 GB/s" in out
+    assert "... 13 more" in out
+
+
+def test_lint_bad_file_prints_one_error_line_and_no_traceback(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nswitches: [s]\nboxes:\n  - name: 'a{i}'\n    count: 2\n    gpus: 1\n"
+                   "    nics:\n      - {switch: s, bandwidth: -5}\n")
+    result = run_cli("topo", "lint", str(bad))
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"topoplan: error: {bad}:8: boxes[0].nics[0].bandwidth: must be > 0, got -5"]
+
+
+def test_lint_missing_and_empty_files(tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    result = run_cli("topo", "lint", str(empty))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [
+        f"topoplan: error: {empty}:1: empty file; a cluster file is a mapping with name and boxes"]
+    missing = tmp_path / "missing.yaml"
+    assert main(["topo", "show", str(missing)]) == 1
+
+
+def test_show_error_goes_to_stderr(tmp_path, capsys):
+    bad = tmp_path / "syntax.yaml"
+    bad.write_text("name: x\nboxes:\n  - {name: a, gpus: 1\n")
+    assert main(["topo", "show", str(bad)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"topoplan: error: {bad}:4: YAML syntax error")
+    assert len(captured.err.splitlines()) == 1

@@ -1,0 +1,127 @@
+"""Schedule IR v1: JSON round trip and validation of files written by others."""
+
+import json
+
+import pytest
+
+from topoplan import ScheduleError, load_schedule, loads_schedule
+from topoplan.schedule import (OpKind, build_schedule, chunk_bounds, equal_chunks, recv, send)
+
+
+def ring(n):
+    steps = [[] for _ in range(n)]
+    for r in range(n):
+        nxt, prv = (r + 1) % n, (r - 1) % n
+        for s in range(n - 1):
+            steps[r].append([send(nxt, (r - s) % n), recv(prv, (r - s - 1) % n, True)])
+        for s in range(n - 1):
+            steps[r].append([send(nxt, (r + 1 - s) % n), recv(prv, (r - s) % n)])
+    return build_schedule(n, equal_chunks(n), steps, algorithm="ring", cluster="test")
+
+
+def test_round_trip_through_file(tmp_path):
+    schedule = ring(5)
+    path = tmp_path / "plan.json"
+    schedule.save(path)
+    again = load_schedule(path)
+    assert again == schedule
+    assert again.meta == {"algorithm": "ring", "cluster": "test"}
+    data = json.loads(path.read_text())
+    assert data["format"] == "topoplan-schedule" and data["version"] == 1
+    assert data["ranks"][0]["steps"][0] == [
+        {"op": "send", "peer": 1, "chunk": 0},
+        {"op": "recv", "peer": 4, "chunk": 4, "reduce": True}]
+
+
+def test_design_md_example_parses():
+    text = json.dumps({
+        "format": "topoplan-schedule", "version": 1, "collective": "allreduce", "nranks": 2,
+        "chunks": [0.5, 0.5],
+        "ranks": [
+            {"rank": 0, "steps": [[{"op": "send", "peer": 1, "chunk": 0},
+                                   {"op": "recv", "peer": 1, "chunk": 1, "reduce": True}],
+                                  [{"op": "send", "peer": 1, "chunk": 1},
+                                   {"op": "recv", "peer": 1, "chunk": 0}]]},
+            {"rank": 1, "steps": [[{"op": "send", "peer": 0, "chunk": 1},
+                                   {"op": "recv", "peer": 0, "chunk": 0, "reduce": True}],
+                                  [{"op": "send", "peer": 0, "chunk": 0},
+                                   {"op": "recv", "peer": 0, "chunk": 1}]]}],
+        "meta": {"algorithm": "ring"}, "extra_key_ignored": 1})
+    schedule = loads_schedule(text)
+    assert schedule.nranks == 2 and schedule.nsteps == 2
+    assert schedule.ranks[0].steps[1][1].kind is OpKind.RECV
+    assert schedule.ranks[0].steps[1][1].reduce is False  # "reduce" defaults to false
+
+
+def test_save_is_atomic_on_failure(tmp_path, monkeypatch):
+    path = tmp_path / "plan.json"
+    path.write_text("old")
+    schedule = ring(3)
+    monkeypatch.setattr(type(schedule), "to_json", lambda self, indent=None: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        schedule.save(path)
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+
+
+def _mutate(fn):
+    data = ring(3).to_dict()
+    fn(data)
+    return json.dumps(data)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d["ranks"][1]["steps"][0][0].update(op="sned"),
+     "plan.json: ranks[1].steps[0][0]: unknown op 'sned'; expected 'send' or 'recv'"),
+    (lambda d: d["ranks"][2]["steps"][3][1].update(chunk=7),
+     "plan.json: ranks[2].steps[3][1]: chunk 7 out of range(3)"),
+    (lambda d: d["ranks"][0]["steps"][0][0].update(peer=3),
+     "plan.json: ranks[0].steps[0][0]: peer 3 out of range(3)"),
+    (lambda d: d["ranks"][0]["steps"][0][0].update(peer=0),
+     "plan.json: ranks[0].steps[0][0]: rank 0 names itself as peer"),
+    (lambda d: d.update(chunks=[0.5, 0.25, 0.2]),
+     "plan.json: chunks: fractions must sum to 1, got 0.95"),
+    (lambda d: d.update(chunks=[0.5, 0.75, -0.25]),
+     "plan.json: chunks[2]: fractions must be positive numbers, got -0.25"),
+    (lambda d: d.update(version=2),
+     "plan.json: version: this topoplan reads version 1, got 2"),
+    (lambda d: d.update(format="msccl"),
+     "plan.json: format: expected 'topoplan-schedule', got 'msccl'"),
+    (lambda d: d.update(nranks=4),
+     "plan.json: ranks: expected a list of 4 rank programs, got 3"),
+    (lambda d: d["ranks"][0]["steps"][0][1].update(reduce="yes"),
+     "plan.json: ranks[0].steps[0][1]: reduce must be true or false, got 'yes'"),
+    (lambda d: d["ranks"][0]["steps"][0].append({"op": "recv", "peer": 1, "chunk": 2}),
+     "plan.json: ranks[0].steps[0]: two recvs into chunk 2 in one step"),
+])
+def test_bad_files_are_rejected_with_the_place_named(mutate, message):
+    with pytest.raises(ScheduleError) as info:
+        loads_schedule(_mutate(mutate), "plan.json")
+    assert str(info.value) == message
+
+
+def test_not_json(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text('{"format": \n oops')
+    with pytest.raises(ScheduleError, match=r"plan.json:2: not valid JSON"):
+        load_schedule(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ScheduleError, match="cannot read schedule: No such file"):
+        load_schedule(tmp_path / "nope.json")
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 7, 8, 100, 1001])
+def test_chunk_bounds_cover_the_buffer(n):
+    for chunks in (equal_chunks(3), equal_chunks(8), (0.1, 0.2, 0.3, 0.4), (1.0,)):
+        bounds = chunk_bounds(chunks, n)
+        assert len(bounds) == len(chunks)
+        assert bounds[0][0] == 0 and bounds[-1][1] == n
+        assert all(a <= b for a, b in bounds)
+        assert all(bounds[k][1] == bounds[k + 1][0] for k in range(len(bounds) - 1))
+
+
+def test_chunk_bounds_follow_the_floor_rule():
+    assert chunk_bounds((0.25, 0.25, 0.5), 10) == [(0, 2), (2, 5), (5, 10)]
+    assert chunk_bounds(equal_chunks(4), 2) == [(0, 0), (0, 1), (1, 1), (1, 2)]
