@@ -14,25 +14,11 @@ from pathlib import Path
 
 from ..cluster import load_cluster
 from ..errors import ScheduleError, TopoplanError
-from ..units import format_size, format_time, parse_size, parse_size_range
-from .common import console
+from ..units import format_size, format_time
+from .common import console, size_arg, sizes_arg
 
 FIGURES = ("cluster", "timeline", "links", "sweep")
 DEFAULT_FIGURES = FIGURES
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _sizes(text: str) -> list[int]:
-    try:
-        return parse_size_range(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _figures(text: str) -> list[str]:
@@ -52,10 +38,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show.add_argument("plan", nargs="?", help="schedule JSON (default: plan one with --algorithm)")
     show.add_argument("--algorithm", "-a", default=None,
                       help="planner used when no PLAN.json is given (default: the planner's default)")
-    show.add_argument("--size", type=_size, default=256 << 20, metavar="SIZE",
+    show.add_argument("--size", type=size_arg, default=256 << 20, metavar="SIZE",
                       help="allreduce message size, e.g. 256MiB (default 256MiB)")
-    show.add_argument("--sizes", type=_sizes, default=None, metavar="RANGE",
-                      help="sizes of the sweep, e.g. 1KiB:1GiB:4 (default 1KiB:1GiB:4)")
+    show.add_argument("--sizes", type=sizes_arg, default=None, metavar="RANGE",
+                      help="sizes of the sweep, e.g. 1KiB:1GiB:4 (default 1KiB:1GiB:16)")
     show.add_argument("-o", "--output", default=None, metavar="PICTURE",
                       help="file of the cluster drawing; the other figures get -timeline, -links, "
                            "-sweep suffixes (default: <cluster name>.png)")
@@ -120,7 +106,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         elif name == "timeline":
             fig = viz.timeline(report, schedule)
         elif name == "links":
-            fig = viz.link_utilisation(report, k=args.top)
+            fig = viz.link_utilisation(report, k=args.top, cluster=cluster)
         else:
             sizes = args.sizes or list(viz.sweep.DEFAULT_SIZES)
             fig = viz.size_sweep(cluster, sizes=sizes)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..cluster import Cluster
 from ..schedule import OpKind, Schedule
 from ..units import format_bandwidth, format_size, format_time
 from ._common import edge_name, fit_text, matplotlib, new_figure, renderer, time_unit
@@ -88,7 +89,7 @@ def timeline(report: Any, schedule: Schedule | None = None) -> Figure:
             to = peers.get((rank, s))
             if to:
                 text = "\u2192" + (",".join(map(str, to)) if len(to) <= 3 else f"{len(to)} peers")
-                labels.append(((x0 + x1) / 2, row, text, x1 - x0))
+                labels.append(((x0 + x1) / 2, row, text, x1 - x0, s))
     cmap = matplotlib().colormaps["viridis"]
     bars = PolyCollection(boxes, array=np.array(values, dtype=float), cmap=cmap,
                           norm=Normalize(0, max(nsteps - 1, 1)), edgecolors="white",
@@ -114,28 +115,34 @@ def timeline(report: Any, schedule: Schedule | None = None) -> Figure:
     cbar.update_ticks()
     algorithm = getattr(report, "algorithm", "") or "schedule"
     shown = "" if len(ranks) == nranks else f" (showing {len(ranks)} of {nranks} ranks)"
-    ax.set_title(f"{algorithm} on {getattr(report.cluster, 'name', '')}, "
+    ax.set_title(f"{algorithm} on {_cluster_name(report)}, "
                  f"{format_size(report.size)}: each bar is one step{shown}; "
                  "labels name the ranks it sends to", fontsize=10)
-    ax.legend(loc="lower right", fontsize=8.5, framealpha=0.9)
+    fig.legend(loc="outside lower center", ncol=2, fontsize=8.5, frameon=False)
 
     # Label bars that are wide enough; measure once the layout fixed the axes size.
     fig.draw_without_rendering()
     rend = renderer(fig)
     px_per_x = ax.transData.transform((1.0, 0.0))[0] - ax.transData.transform((0.0, 0.0))[0]
     px_per_pt = fig.dpi / 72
-    for x, y, text, w in labels:
+    for x, y, text, w, step in labels:
         room = w * px_per_x - 3
         if room < 0.6 * 5.0 * len(text) * px_per_pt:  # cannot fit even at the smallest size
             continue
-        t = ax.text(x, y, text, ha="center", va="center", fontsize=7, color="white",
-                    clip_on=True)
+        r, g, b, _a = cmap(bars.norm(step))
+        ink = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "white"
+        t = ax.text(x, y, text, ha="center", va="center", fontsize=7, color=ink, clip_on=True)
         t.set_in_layout(False)
         fit_text(t, room, rend, min_size=5.0)
     return fig
 
 
-def link_utilisation(report: Any, k: int = 8) -> Figure:
+def _cluster_name(report: Any) -> str:
+    cluster = getattr(report, "cluster", "")
+    return str(getattr(cluster, "name", cluster))
+
+
+def link_utilisation(report: Any, k: int = 8, cluster: Cluster | None = None) -> Figure:
     """Utilisation over time of the ``k`` busiest links, one strip per link.
 
     Parameters
@@ -145,13 +152,16 @@ def link_utilisation(report: Any, k: int = 8) -> Figure:
         ``link_timeline[edge]`` holds ``(time, rate)`` steps in seconds and bytes/s.
     k
         How many links, busiest first (by total busy time).
+    cluster
+        The simulated cluster, for link bandwidths: with it the strips show the rate as
+        a percentage of each link's bandwidth; without it (a report only names its
+        cluster), in GB/s.
 
     Returns
     -------
     matplotlib.figure.Figure
-        ``k`` strips sharing the time axis; each fills the rate as a percentage of
-        the link's bandwidth and names the link, its bandwidth and how much of the
-        run it was busy.
+        ``k`` strips sharing the time axis; each fills the rate over time and names
+        the link, its bandwidth and how much of the run it was busy.
 
     Raises
     ------
@@ -166,35 +176,58 @@ def link_utilisation(report: Any, k: int = 8) -> Figure:
         raise ValueError("link_utilisation needs the per-link timeline: simulate with "
                          "record=True, e.g. topoplan.simulate(cluster, schedule, size, "
                          "record=True)")
-    graph = report.cluster.graph
+    if cluster is None and isinstance(getattr(report, "cluster", None), Cluster):
+        cluster = report.cluster
+    graph = cluster.graph if cluster is not None else None
     busy = report.link_busy_s
-    edges = sorted(link_timeline, key=lambda e: (-busy.get(e, 0.0), str(e)))[:k]
+    nbytes = report.link_bytes
+    if graph is not None:
+        # Busiest = most transfer time at full rate (bytes / bandwidth); seconds busy
+        # alone would rank a trickle on a fat link with the bottleneck.
+        def rank(e: tuple[str, str]) -> tuple:
+            return (-nbytes.get(e, 0.0) / graph.edges[e]["bandwidth"], -busy.get(e, 0.0), e)
+    else:  # SimReport.busiest_links' order
+        def rank(e: tuple[str, str]) -> tuple:
+            return (-busy.get(e, 0.0), -nbytes.get(e, 0.0), e)
+    edges = sorted(link_timeline, key=rank)[:k]
     horizon = max(report.time_s, 1e-12)
     unit, scale = time_unit(horizon)
+    peak = max((r for e in edges for _t, r in link_timeline[e]), default=0.0)
     fig = new_figure(11.0, min(14.0, 1.3 + 0.75 * len(edges)))
     axes = fig.subplots(len(edges), 1, sharex=True, squeeze=False)[:, 0]
     for ax, edge in zip(axes, edges):
-        bandwidth = graph.edges[edge]["bandwidth"]
         points = list(link_timeline[edge])
         times = np.array([t for t, _r in points] + [report.time_s]) / scale
-        util = np.array([r for _t, r in points] + [points[-1][1] if points else 0.0])
-        util = 100.0 * util / bandwidth
+        rate = np.array([r for _t, r in points] + [points[-1][1] if points else 0.0])
+        if graph is not None:
+            bandwidth = graph.edges[edge]["bandwidth"]
+            util, top = 100.0 * rate / bandwidth, 100.0
+            ax.set_yticks([0, 50, 100], ["0", "50", "100%"], fontsize=7.5)
+            what = f"{format_bandwidth(bandwidth)}; "
+        else:
+            util, top = rate / 1e9, max(peak / 1e9, 1e-9)
+            ax.tick_params(axis="y", labelsize=7.5)
+            what = ""
         ax.fill_between(times, util, step="post", color="#dd8452", alpha=0.85, lw=0,
                         gid="utilisation")
         ax.step(times, util, where="post", color="#8c3d10", lw=0.8)
-        ax.set_ylim(0, 109)
-        ax.set_yticks([0, 50, 100], ["0", "50", "100%"], fontsize=7.5)
+        ax.set_ylim(0, top * 1.09)
         ax.set_xlim(0, horizon / scale)
         ax.grid(axis="x", alpha=0.3)
-        share = busy.get(edge, 0.0) / report.time_s if report.time_s > 0 else 0.0
-        ax.text(0.005, 0.93, f"{edge_name(edge)}   {format_bandwidth(bandwidth)}, "
-                             f"busy {share:.0%} of the run", transform=ax.transAxes,
+        if graph is not None and report.time_s > 0:
+            mean = nbytes.get(edge, 0.0) / bandwidth / report.time_s
+            what += f"carried {format_size(nbytes.get(edge, 0.0))}, mean utilisation {mean:.0%}"
+        else:
+            share = busy.get(edge, 0.0) / report.time_s if report.time_s > 0 else 0.0
+            what += f"carried {format_size(nbytes.get(edge, 0.0))}, busy {share:.0%} of the run"
+        ax.text(0.005, 0.93, f"{edge_name(edge)}   {what}", transform=ax.transAxes,
                 ha="left", va="top", fontsize=8,
                 bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.8))
     axes[-1].set_xlabel(f"time ({unit})")
-    fig.supylabel("utilisation (% of link bandwidth)", fontsize=9)
+    fig.supylabel("utilisation (% of link bandwidth)" if graph is not None else
+                  "rate on the link (GB/s)", fontsize=9)
     algorithm = getattr(report, "algorithm", "") or "schedule"
     fig.suptitle(f"The {len(edges)} busiest links: {algorithm} on "
-                 f"{getattr(report.cluster, 'name', '')}, {format_size(report.size)}",
+                 f"{_cluster_name(report)}, {format_size(report.size)}",
                  fontsize=10)
     return fig

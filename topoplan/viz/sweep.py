@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["size_sweep", "DEFAULT_SIZES", "sweep_rows"]
 
-DEFAULT_SIZES = tuple(1 << p for p in range(10, 31, 2))  # 1KiB .. 1GiB, factor 4
+DEFAULT_SIZES = tuple(1 << p for p in range(10, 31, 4))  # 1KiB .. 1GiB, factor 16
 _SKIP = {"auto"}  # auto picks one of the others; plotting it would draw a line twice
 
 
@@ -75,7 +75,7 @@ def size_sweep(cluster: Cluster, algorithms: Iterable[str] | None = None,
         ``auto`` (which picks one of the others). A planner that cannot plan this
         cluster is left out and named in the legend.
     sizes
-        Message sizes in bytes (default 1KiB to 1GiB by factors of 4). Each
+        Message sizes in bytes (default 1KiB to 1GiB by factors of 16). Each
         algorithm is planned at each size, since a planner may choose by size.
 
     Returns
@@ -97,13 +97,22 @@ def size_sweep(cluster: Cluster, algorithms: Iterable[str] | None = None,
     ax_alg, ax_bus = fig.subplots(1, 2, sharex=True)
     bound = np.array([s / lower_bound(cluster, s) for s in sizes]) / 1e9
     markers = "osD^v<>ph*"
+    styles = ("-", "--", "-.", ":")  # planners that tie stay visible under each other
     names = list(dict.fromkeys(r["algorithm"] for r in rows))
+    curves = {name: [r["time_s"] for r in sorted((r for r in rows if r["algorithm"] == name),
+                                                 key=lambda r: r["size"])] for name in names}
     for i, name in enumerate(names):
         mine = sorted((r for r in rows if r["algorithm"] == name), key=lambda r: r["size"])
         x = [r["size"] for r in mine]
+        # Planners that tie would hide each other: name the twin in the legend, and draw
+        # later lines on top with smaller markers so both stay visible.
+        twin = next((other for other in names[:i]
+                     if np.allclose(curves[other], curves[name], rtol=1e-9, atol=0)), None)
+        label = f"{name} (same as {twin})" if twin else name
         for ax, key in ((ax_alg, "algbw"), (ax_bus, "busbw")):
-            ax.plot(x, [r[key] / 1e9 for r in mine], marker=markers[i % len(markers)], ms=4,
-                    lw=1.5, label=name)
+            ax.plot(x, [r[key] / 1e9 for r in mine], marker=markers[i % len(markers)],
+                    ms=max(3.0, 8.0 - 1.1 * i), ls=styles[i % len(styles)], lw=1.6, label=label,
+                    mfc="none" if i % 2 else None, zorder=2 + i)
     for ax, scale in ((ax_alg, 1.0), (ax_bus, factor)):
         ax.plot(sizes, bound * scale, color="black", ls="--", lw=1.4,
                 label="lower bound (best possible)")

@@ -400,20 +400,23 @@ def draw_cluster(cluster: Cluster, report: Any = None, *, title: str | None = No
 
     # ---- titles and legend -----------------------------------------------------------
     if title is None:
-        title = f"{cluster.name}: {cluster.nranks} GPUs in {len(cluster.boxes)} boxes"
+        boxes = len(cluster.boxes)
+        title = f"{cluster.name}: {cluster.nranks} GPUs in {boxes} box{'es' * (boxes != 1)}"
         if report is not None:
             eff = report.lower_bound_s / report.time_s if report.time_s > 0 else 0.0
             title += (f" \u2014 {report.algorithm}, {format_size(report.size)}: "
                       f"{format_time(report.time_s)} predicted, lower bound "
                       f"{format_time(report.lower_bound_s)} ({eff:.0%})")
     fig.suptitle(title, fontsize=11)
-    if report is not None and getattr(report, "link_busy_s", None):
-        busiest = max(report.link_busy_s, key=lambda e: (report.link_busy_s[e], e))
-        busy = report.link_busy_s[busiest]
-        ax.set_title(f"busiest link {edge_name(busiest)}: "
-                     f"{format_size(link_bytes.get(busiest, 0.0))} at "
-                     f"{format_bandwidth(graph.edges[busiest]['bandwidth'])}, busy "
-                     f"{busy / report.time_s:.0%} of the run" if report.time_s > 0 else "",
+    loads = {e: b / graph.edges[e]["bandwidth"] for e, b in link_bytes.items()
+             if b > 0 and graph.has_edge(*e)}
+    if loads and report.time_s > 0:
+        # "Most loaded" by transfer time at full rate (bytes / bandwidth): the link
+        # that would cap the run; seconds busy alone ranks a trickle like a torrent.
+        top = max(loads, key=lambda e: (loads[e], e))
+        ax.set_title(f"most loaded link {edge_name(top)}: {format_size(link_bytes[top])} at "
+                     f"{format_bandwidth(graph.edges[top]['bandwidth'])} = "
+                     f"{format_time(loads[top])}, {loads[top] / report.time_s:.0%} of the run",
                      fontsize=9, color="#444444")
     fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6),
                fontsize=8.5, frameon=False)
