@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -88,3 +89,33 @@ def size_formatter() -> Any:
 def edge_name(edge: tuple[str, str]) -> str:
     u, v = edge
     return f"{u} \u2192 {v}"
+
+
+def _png(fig: Figure) -> bytes:
+    from io import BytesIO
+
+    buffer = BytesIO()
+    fig.savefig(buffer, format="png", dpi=90)
+    return buffer.getvalue()
+
+
+def register_ipython_display() -> None:
+    """Show returned Figures as PNG in IPython/Jupyter, without pyplot.
+
+    Jupyter only knows how to show a bare ``Figure`` once the inline backend has
+    registered a formatter, which happens when pyplot is imported; our figures skip
+    pyplot. Register one by name (so matplotlib is not imported here), unless the
+    user's setup already has one.
+    """
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    formatters = getattr(getattr(shell, "display_formatter", None), "formatters", None)
+    if not formatters or "image/png" not in formatters:
+        return
+    png = formatters["image/png"]
+    key = ("matplotlib.figure", "Figure")
+    if key in png.deferred_printers or any(
+            getattr(t, "__module__", "") == key[0] and t.__name__ == key[1]
+            for t in png.type_printers):
+        return
+    png.for_type_by_name(*key, _png)
