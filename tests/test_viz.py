@@ -304,3 +304,67 @@ def test_overlap_check_can_fail():
     ax.text(0.52, 0.5, "world")
     ax.text(0.1, 0.1, "apart")
     assert overlaps(fig) == [("hello", "world")]
+
+
+# --------------------------------------------------------------------------------------
+# topoplan show
+# --------------------------------------------------------------------------------------
+
+def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "topoplan", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_show_output_names():
+    from topoplan.commands.show import output_paths
+
+    paths = output_paths("out/pic.svg", ["cluster", "timeline", "links", "sweep"])
+    assert {k: str(v) for k, v in paths.items()} == {
+        "cluster": "out/pic.svg", "timeline": "out/pic-timeline.svg",
+        "links": "out/pic-links.svg", "sweep": "out/pic-sweep.svg"}
+    assert str(output_paths("pic", ["timeline"])["timeline"]) == "pic-timeline.png"
+
+
+def test_show_writes_every_figure(tmp_path):
+    pytest.importorskip("topoplan.planners")
+    pytest.importorskip("topoplan.simulate")
+    out = tmp_path / "ddl.png"
+    proc = run_cli("show", "topologies/ddl_two_switch.yaml", "--algorithm", "ring",
+                   "--size", "64MiB", "--sizes", "4KiB,1MiB,64MiB", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "predicted" in proc.stdout and "lower bound" in proc.stdout
+    for suffix in ("", "-timeline", "-links", "-sweep"):
+        path = tmp_path / f"ddl{suffix}.png"
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", path
+        assert str(path) in proc.stdout
+
+
+def test_show_draws_a_saved_plan(tmp_path):
+    planners = pytest.importorskip("topoplan.planners")
+    pytest.importorskip("topoplan.simulate")
+    from topoplan.cluster import load_cluster
+
+    cluster = load_cluster(ROOT / "topologies" / "ddl_two_switch.yaml")
+    planners.plan(cluster, algorithm="ring", size=1 << 20).save(tmp_path / "plan.json")
+    proc = run_cli("show", "topologies/ddl_two_switch.yaml", str(tmp_path / "plan.json"),
+                   "--figures", "cluster,timeline", "-o", str(tmp_path / "p.svg"))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "p.svg").read_text().lstrip().startswith("<?xml")
+    assert (tmp_path / "p-timeline.svg").exists() and not (tmp_path / "p-sweep.svg").exists()
+
+
+def test_show_user_errors_are_one_line(tmp_path):
+    from topoplan.schedule import build_schedule, recv, send
+
+    two = build_schedule(2, [1.0], [[[send(1, 0), recv(1, 0, reduce=True)]],
+                                    [[send(0, 0), recv(0, 0, reduce=True)]]])
+    two.save(tmp_path / "two.json")
+    proc = run_cli("show", "topologies/ddl_two_switch.yaml", str(tmp_path / "two.json"),
+                   "-o", str(tmp_path / "x.png"))
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("topoplan: error:") and "2 ranks" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = run_cli("show", "topologies/ddl_two_switch.yaml", "-o", str(tmp_path / "no/x.png"))
+    assert proc.returncode == 1 and "does not exist" in proc.stderr
+    proc = run_cli("show", "topologies/ddl_two_switch.yaml", "--figures", "cluster,pie")
+    assert proc.returncode == 2 and "pie" in proc.stderr
