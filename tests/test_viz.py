@@ -368,3 +368,17 @@ def test_show_user_errors_are_one_line(tmp_path):
     assert proc.returncode == 1 and "does not exist" in proc.stderr
     proc = run_cli("show", "topologies/ddl_two_switch.yaml", "--figures", "cluster,pie")
     assert proc.returncode == 2 and "pie" in proc.stderr
+
+
+def test_cluster_coloured_by_utilisation():
+    cluster = loads_cluster(FOUR_BOXES)
+    _schedule, report = simulated(cluster, record=False)
+    fig = draw_cluster(cluster, report, color_by="utilisation")
+    assert "% of bandwidth" in colorbar_label(fig)
+    links = collection(fig, "links")
+    top = max(100 * b / cluster.graph.edges[e]["bandwidth"] / report.time_s
+              for e, b in report.link_bytes.items())
+    assert max(links.get_array()) == pytest.approx(top)
+    assert links.norm.vmax == pytest.approx(max(100.0, top))
+    with pytest.raises(ValueError, match="color_by"):
+        draw_cluster(cluster, report, color_by="colour")

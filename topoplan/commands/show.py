@@ -47,6 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            "-sweep suffixes (default: <cluster name>.png)")
     show.add_argument("--figures", type=_figures, default=list(DEFAULT_FIGURES), metavar="LIST",
                       help=f"comma-separated subset of {','.join(FIGURES)} (default: all)")
+    show.add_argument("--color-by", choices=("bytes", "utilisation"), default="bytes",
+                      help="colour the cluster's links by bytes carried or by utilisation "
+                           "(bytes / bandwidth / predicted time); default bytes")
     show.add_argument("--top", type=int, default=8, metavar="K",
                       help="busiest links in the utilisation figure (default 8)")
     show.add_argument("--dpi", type=int, default=110, help="resolution of raster images (default 110)")
@@ -102,7 +105,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     for name, path in paths.items():
         if name == "cluster":
-            fig = viz.draw_cluster(cluster, report)
+            fig = viz.draw_cluster(cluster, report, color_by=args.color_by)
         elif name == "timeline":
             fig = viz.timeline(report, schedule)
         elif name == "links":

@@ -23,7 +23,7 @@ from ._common import byte_unit, edge_name, fit_text, matplotlib, new_figure, ren
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-__all__ = ["draw_cluster", "DETAIL_MAX_GPUS", "DETAIL_MAX_BOXES", "MAX_PER_ROW"]
+__all__ = ["draw_cluster", "COLOR_BY", "DETAIL_MAX_GPUS", "DETAIL_MAX_BOXES", "MAX_PER_ROW"]
 
 DETAIL_MAX_GPUS = 64  # beyond this, boxes are drawn as one node each
 DETAIL_MAX_BOXES = 32
@@ -234,8 +234,11 @@ def _bottleneck_edges(cluster: Cluster) -> tuple[Any, set[tuple[str, str]]]:
     return cut, edges
 
 
-def draw_cluster(cluster: Cluster, report: Any = None, *, title: str | None = None,
-                 show_cut: bool = True) -> Figure:
+COLOR_BY = ("bytes", "utilisation")
+
+
+def draw_cluster(cluster: Cluster, report: Any = None, *, color_by: str = "bytes",
+                 title: str | None = None, show_cut: bool = True) -> Figure:
     """Draw ``cluster`` by level, each link coloured and sized by the data on it.
 
     Parameters
@@ -247,6 +250,11 @@ def draw_cluster(cluster: Cluster, report: Any = None, *, title: str | None = No
         the bytes the simulated schedule put on it (the busier of its two directions;
         for bundled links, the busiest link of the bundle); links it left idle are
         thin and grey. Without a report, links are coloured by their bandwidth.
+    color_by
+        ``"bytes"`` (default) or ``"utilisation"``: the link's bytes over its
+        bandwidth, as a percentage of the predicted time. Utilisation puts fat NVLink
+        or NVSwitch ports carrying a lot and thin NICs carrying a little on one
+        scale: the link nearest 100% is the one that sets the time.
     title
         Replaces the default title (cluster name, algorithm, size, predicted time).
     show_cut
@@ -258,6 +266,11 @@ def draw_cluster(cluster: Cluster, report: Any = None, *, title: str | None = No
     matplotlib.figure.Figure
         One axes with the drawing and a colorbar with units.
 
+    Raises
+    ------
+    ValueError
+        ``color_by`` is not one of :data:`COLOR_BY`.
+
     Notes
     -----
     Up to :data:`DETAIL_MAX_GPUS` GPUs (and :data:`DETAIL_MAX_BOXES` boxes) every GPU,
@@ -266,12 +279,13 @@ def draw_cluster(cluster: Cluster, report: Any = None, *, title: str | None = No
     :data:`MAX_PER_ROW` per row. Labels that cannot fit their room shrink, and
     disappear rather than overlap.
     """
-    matplotlib()
+    if color_by not in COLOR_BY:
+        raise ValueError(f"color_by must be one of {COLOR_BY}, got {color_by!r}")
+    mpl = matplotlib()
     from matplotlib.collections import LineCollection
     from matplotlib.colors import ListedColormap, Normalize
     from matplotlib.lines import Line2D
     from matplotlib.patches import FancyBboxPatch
-    import matplotlib as mpl
 
     detail = cluster.nranks <= DETAIL_MAX_GPUS and len(cluster.boxes) <= DETAIL_MAX_BOXES
     lay = _detail_layout(cluster) if detail else _box_layout(cluster)
@@ -296,14 +310,25 @@ def draw_cluster(cluster: Cluster, report: Any = None, *, title: str | None = No
         if a == b:
             continue
         key = (a, b) if a <= b else (b, a)
-        amount = float(link_bytes.get((u, v), 0.0)) if report is not None else data["bandwidth"]
+        if report is None:
+            amount = data["bandwidth"]
+        elif color_by == "utilisation":
+            amount = (100.0 * float(link_bytes.get((u, v), 0.0)) / data["bandwidth"]
+                      / max(report.time_s, 1e-300))
+        else:
+            amount = float(link_bytes.get((u, v), 0.0))
         value[key] = max(value[key], amount)
         bundle_bw[key] = max(bundle_bw[key], data["bandwidth"])
     keys = sorted(value)
     vmax = max(value.values(), default=0.0)
-    if report is not None:
+    if report is not None and color_by == "utilisation":
+        vmax = max(vmax, 100.0)  # an absolute scale: 100% is a saturated link
+    what = "busiest link of a bundle" if not lay.detail else "busier direction"
+    if report is not None and color_by == "utilisation":
+        unit, scale = "%", 1.0
+        cbar_label = f"link utilisation over the run, {what} (% of bandwidth)"
+    elif report is not None:
         unit, scale = byte_unit(vmax)
-        what = "busiest link of a bundle" if not lay.detail else "busier direction"
         cbar_label = f"data carried per link, {what} ({unit})"
     else:
         unit, scale = "GB/s", 1e9
