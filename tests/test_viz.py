@@ -382,3 +382,23 @@ def test_cluster_coloured_by_utilisation():
     assert links.norm.vmax == pytest.approx(max(100.0, top))
     with pytest.raises(ValueError, match="color_by"):
         draw_cluster(cluster, report, color_by="colour")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "topologies").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_topology_draws_without_overlap(path):
+    from topoplan.cluster import load_cluster
+
+    cluster = load_cluster(path)
+    fig = draw_cluster(cluster)
+    assert overlaps(fig) == []
+    shown = texts_of(fig)
+    if cluster.nranks <= 64:
+        assert {str(r) for r in range(cluster.nranks)} <= shown
+
+
+def test_timeline_samples_ranks_beyond_the_limit():
+    from topoplan.viz.schedule_plots import MAX_RANKS_SHOWN, _shown_ranks
+
+    assert _shown_ranks(8) == list(range(8))
+    ranks = _shown_ranks(1024)
+    assert len(ranks) == MAX_RANKS_SHOWN and ranks[0] == 0 and ranks[-1] == 1023
