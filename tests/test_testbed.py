@@ -1,0 +1,247 @@
+"""The emulated cluster: layout rules everywhere, real namespaces where this machine allows.
+
+The namespace tests build a 4-rank two-switch testbed for real (``ip netns``, bridges,
+veth, tbf), measure shaping with raw TCP, run a planned allreduce with one gloo
+process per namespace, and check that nothing survives ``down``: no namespace, no
+process in one of its network namespaces, no new interface in the host's namespace,
+after success, after a rank crashes and after ``up`` fails half-way.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from topoplan.cluster import loads_cluster
+from topoplan.errors import ClusterSpecError, TransportError
+
+from topoplan.testbed import Testbed, TestbedError, check_fits, parse_scale, plan_layout
+from topoplan.testbed.layout import scale_cluster
+
+TWO_SWITCH = """
+name: tb-two-switch
+switches: [{name: sw0}, {name: sw1}]
+boxes:
+  - {name: A, gpus: 1, nics: [{switch: sw0, bandwidth: 500 Mbit/s}]}
+  - {name: B, gpus: 1, nics: [{switch: sw0, bandwidth: 500 Mbit/s}]}
+  - {name: C, gpus: 1, nics: [{switch: sw1, bandwidth: 500 Mbit/s}]}
+  - {name: D, gpus: 1, nics: [{switch: sw1, bandwidth: 500 Mbit/s}]}
+links:
+  - {a: sw0, b: sw1, bandwidth: 125 Mbit/s, latency: 100 us}
+"""
+
+TWO_BY_TWO = """
+name: tb-2x2
+switches: [{name: tor}]
+boxes:
+  - {name: "n{i}", count: 2, gpus: 2, fabric: {bandwidth: 20 GB/s},
+     nics: [{switch: tor, bandwidth: 100 Gbit/s}]}
+"""
+
+LEAF_SPINE = """
+name: loop
+switches: [{name: "leaf{i}", count: 2}, {name: "spine{i}", count: 2}]
+boxes:
+  - {name: "n{i}", count: 2, gpus: 1, nics: [{switch: "leaf{i}", bandwidth: 10}]}
+links:
+  - {a: "leaf{i//2}", b: "spine{i%2}", count: 4, bandwidth: 10}
+"""
+
+
+# ---- layout: pure, runs everywhere ----------------------------------------------------
+
+def test_layout_two_switch_shapes_each_link_at_scaled_rate():
+    cluster = loads_cluster(TWO_SWITCH)
+    layout = plan_layout(cluster, 0.5, prefix="tp-test-")
+    assert layout.namespaces == ("tp-test-core", *(f"tp-test-r{r}" for r in range(4)))
+    assert len(set(layout.addresses)) == 4 and all(a.startswith("10.200.") for a in layout.addresses)
+    rates = sorted(v.rate * 8 for v in layout.veths)
+    assert rates == pytest.approx([62.5e6, 250e6, 250e6, 250e6, 250e6])
+    link = next(v for v in layout.veths if v.what.startswith("link"))
+    assert link.latency == pytest.approx(100e-6)  # above the netem threshold: emulated
+    assert all(v.latency == 0 for v in layout.veths if v is not link)  # default 0 latency
+
+
+def test_layout_multi_gpu_box_gets_a_fabric_bridge():
+    cluster = loads_cluster(TWO_BY_TWO)
+    layout = plan_layout(cluster, 1 / 40, prefix="tp-t-")
+    assert [b for b, _ in layout.bridges] == ["s0", "bx0", "bx1"]
+    nics = [v for v in layout.veths if "NIC" in v.what]
+    assert [v.rate * 8 for v in nics] == pytest.approx([2.5e9, 2.5e9])
+    gpus = [v for v in layout.veths if "fabric" in v.what]
+    assert len(gpus) == 4 and all(v.rate == pytest.approx(0.5e9) for v in gpus)
+
+
+def test_layout_refuses_loops_and_says_which_links():
+    with pytest.raises(ClusterSpecError, match="loop.*link leaf"):
+        plan_layout(loads_cluster(LEAF_SPINE), 0.1)
+
+
+def test_scaled_cluster_scales_bandwidth_keeps_latency():
+    cluster = loads_cluster(TWO_SWITCH)
+    scaled = scale_cluster(cluster, 0.25)
+    assert scaled.links[0].bandwidth == pytest.approx(cluster.links[0].bandwidth / 4)
+    assert scaled.links[0].latency == cluster.links[0].latency
+    assert scaled.boxes[2].nics[0].bandwidth == pytest.approx(500e6 / 8 / 4)
+
+
+def test_parse_scale():
+    assert parse_scale("1/200") == pytest.approx(0.005)
+    assert parse_scale("0.01") == pytest.approx(0.01)
+    assert parse_scale("auto") is None
+    for bad in ("2", "0", "x", "1/0"):
+        with pytest.raises(ClusterSpecError, match="--scale"):
+            parse_scale(bad)
+
+
+def test_refuses_more_ranks_than_the_machine_runs():
+    big = loads_cluster("name: big\nboxes:\n  - {name: b, gpus: 64, fabric: {bandwidth: 10}}\n")
+    with pytest.raises(TestbedError, match=r"64 ranks; this machine runs at most \d+ \(.*CPU"):
+        check_fits(big)
+    check_fits(big, limit=64)
+
+
+def test_cli_up_refuses_too_many_ranks(tmp_path):
+    path = tmp_path / "big.yaml"
+    path.write_text("name: big\nboxes:\n  - {name: b, gpus: 64, fabric: {bandwidth: 10}}\n")
+    proc = subprocess.run([sys.executable, "-m", "topoplan", "testbed", "up", str(path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "topoplan: error:" in proc.stderr and "64 ranks" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+# ---- real namespaces: root with CAP_NET_ADMIN only ------------------------------------
+
+def _reason() -> str | None:
+    if sys.platform != "linux":
+        return "needs Linux network namespaces"
+    from topoplan.testbed import capable
+    return capable()
+
+
+_REASON = _reason()
+needs_netns = pytest.mark.skipif(_REASON is not None, reason=f"testbed unavailable: {_REASON}")
+
+
+def _host_links() -> set[str]:
+    out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    return {line.split(":")[1].strip() for line in out.splitlines()}
+
+
+def _namespace_inodes(layout) -> set[int]:
+    return {os.stat(f"/run/netns/{ns}").st_ino for ns in layout.namespaces}
+
+
+def _leftovers(layout, inodes: set[int]) -> list[str]:
+    """Namespaces still named, or processes still inside one of the testbed's namespaces."""
+    left = [ns for ns in layout.namespaces if Path("/run/netns", ns).exists()]
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            link = os.readlink(proc / "ns" / "net")
+        except OSError:
+            continue
+        if int(link.split("[")[1].rstrip("]")) in inodes:
+            left.append(f"pid {proc.name} in a testbed namespace")
+    return left
+
+
+@pytest.fixture
+def state_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOPOPLAN_TESTBED_STATE", str(tmp_path))
+    return tmp_path
+
+
+@needs_netns
+@pytest.mark.slow
+def test_testbed_shapes_runs_a_plan_and_leaves_nothing(state_dir):
+    from topoplan.testbed.bench import Case, run_cases
+    from topoplan.testbed.probe import measure
+    cluster = loads_cluster(TWO_SWITCH)
+    host_before = _host_links()
+    bed = Testbed.up(cluster, scale=1.0)
+    inodes = _namespace_inodes(bed.layout)
+    try:
+        assert bed.state.exists()
+        # Shaping: same-switch pairs at the NIC rate, cross-switch at the uplink rate.
+        for src, dst, shaped in ((0, 1, 500e6 / 8), (3, 0, 125e6 / 8)):
+            rate = measure(bed, src, dst, nbytes=int(shaped * 0.5))
+            assert 0.8 * shaped <= rate <= 1.2 * shaped, (src, dst, rate * 8 / 1e6)
+
+        cases = [Case("native", 2 << 20, kind="native", warmup=0, iters=1)]
+        try:
+            import topoplan.executor  # noqa: F401
+            from topoplan import plan, verify
+        except ImportError:
+            plan = None
+        if plan is not None:  # a planned schedule, replayed by the executor over gloo
+            schedule = plan(cluster, algorithm="ring", size=2 << 20)
+            verify(schedule)
+            cases.append(Case("ring", (2 << 20) + 4, schedule=schedule, warmup=0, iters=1))
+        results = run_cases(bed, cases, timeout=120)
+        assert [r["label"] for r in results] == [c.label for c in cases]
+        assert all(r["wrong"] == 0 for r in results), results
+        assert all(r["times_s"][0] > 0 for r in results)
+
+        # A rank that dies: the run stops with the rank named, every process is gone.
+        with pytest.raises(TransportError, match="rank 2 exited with status 17"):
+            run_cases(bed, cases[:1], timeout=120, crash_rank=2)
+        assert not [x for x in _leftovers(bed.layout, inodes) if x.startswith("pid")]
+    finally:
+        bed.down()
+    assert _leftovers(bed.layout, inodes) == []
+    assert _host_links() == host_before
+    assert not bed.state.exists()
+    if plan is None:
+        pytest.xfail("topoplan.executor / planners not available yet: only native gloo ran")
+
+
+@needs_netns
+@pytest.mark.parametrize("failure", [TestbedError("boom"), KeyboardInterrupt()])
+def test_up_removes_what_it_built_when_it_fails(state_dir, monkeypatch, failure):
+    from topoplan.testbed import netns
+    cluster = loads_cluster(TWO_SWITCH)
+    real, calls = netns._make_veth, []
+
+    def flaky(veth):
+        calls.append(veth)
+        if len(calls) == 3:  # namespaces, bridges and two veth pairs exist by now
+            raise failure
+        real(veth)
+
+    monkeypatch.setattr(netns, "_make_veth", flaky)
+    layout = plan_layout(cluster, 1.0)
+    host_before = _host_links()
+    with pytest.raises(type(failure)):
+        netns.create(layout)
+    assert len(calls) == 3
+    assert [ns for ns in layout.namespaces if Path("/run/netns", ns).exists()] == []
+    assert list(state_dir.iterdir()) == []
+    assert _host_links() == host_before
+
+
+@needs_netns
+def test_cli_up_then_down(state_dir, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(TWO_SWITCH)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    up = subprocess.run([sys.executable, "-m", "topoplan", "testbed", "up", str(path),
+                         "--scale", "1/2"], capture_output=True, text=True, env=env)
+    assert up.returncode == 0, up.stderr
+    assert "62 Mbit/s" in up.stdout or "62.5" in up.stdout or "63 Mbit/s" in up.stdout
+    states = list(state_dir.glob("tp-*.json"))
+    assert len(states) == 1
+    from topoplan.testbed import load_state
+    layout = load_state(states[0])
+    assert all(Path("/run/netns", ns).exists() for ns in layout.namespaces)
+    down = subprocess.run([sys.executable, "-m", "topoplan", "testbed", "down", str(states[0])],
+                          capture_output=True, text=True, env=env)
+    assert down.returncode == 0, down.stderr
+    assert not any(Path("/run/netns", ns).exists() for ns in layout.namespaces)
+    assert not states[0].exists()

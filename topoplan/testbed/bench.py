@@ -1,0 +1,215 @@
+"""Run allreduce schedules for real inside a testbed and compare with the simulator.
+
+:func:`run_cases` starts one ``topoplan.testbed.worker`` per rank inside its namespace
+and waits for all of them; if one dies or the run overruns, the others are killed and
+a :class:`~topoplan.errors.TransportError` names the rank. :func:`bench` plans each
+algorithm on the *scaled* cluster (the one the testbed emulates), verifies and
+simulates it, runs it and gloo's native allreduce, and returns one row per
+(algorithm, size).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..cluster import Cluster
+from ..errors import ScheduleError, TopoplanError, TransportError
+from ..schedule import Schedule
+from .netns import kill_namespace_processes
+
+__all__ = ["Case", "BenchRow", "run_cases", "bench", "plan_algorithm"]
+
+MASTER_PORT = 29500  # inside rank 0's own namespace: no other process can hold it
+
+
+@dataclass(frozen=True)
+class Case:
+    """One thing to run: a schedule (``kind="schedule"``) or gloo's own allreduce."""
+
+    label: str
+    size: int  # bytes (float32 elements x 4)
+    kind: str = "schedule"
+    schedule: Schedule | None = None
+    warmup: int = 1
+    iters: int = 3
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """A measured case next to the simulator's prediction and the native allreduce."""
+
+    algorithm: str
+    size: int
+    measured_s: float
+    predicted_s: float | None
+    ratio: float | None  # measured / predicted
+    native_s: float | None
+    speedup_vs_native: float | None
+    wrong: int
+    times_s: tuple[float, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _repo_root() -> str:
+    return str(Path(__file__).resolve().parents[2])
+
+
+def run_cases(bed: Any, cases: Sequence[Case], *, timeout: float = 300.0,
+              crash_rank: int | None = None) -> list[dict[str, Any]]:
+    """Run ``cases`` with one gloo process per rank inside ``bed``'s namespaces.
+
+    Returns
+    -------
+    list of dict
+        Per case: ``label``, ``size``, ``times_s`` (per iteration, slowest rank),
+        ``wrong`` (elements differing from the exact sum, over all ranks).
+
+    Raises
+    ------
+    TransportError
+        A rank exited with an error or the run took longer than ``timeout`` s; every
+        rank process is gone when it is raised.
+    """
+    layout = bed.layout
+    with tempfile.TemporaryDirectory(prefix="topoplan-testbed-") as tmp:
+        job_cases = []
+        for i, case in enumerate(cases):
+            entry = {"label": case.label, "size": case.size, "kind": case.kind,
+                     "warmup": case.warmup, "iters": case.iters}
+            if case.kind == "schedule":
+                if case.schedule is None:
+                    raise ScheduleError(f"case {case.label!r} has no schedule")
+                path = Path(tmp, f"case{i}.json")
+                case.schedule.save(path)
+                entry["schedule"] = str(path)
+            job_cases.append(entry)
+        job = {"nranks": layout.nranks, "master_addr": layout.addresses[0],
+               "master_port": MASTER_PORT, "timeout_s": max(30.0, timeout), "dir": tmp,
+               "cases": job_cases, "crash_rank": crash_rank}
+        job_path = Path(tmp, "job.json")
+        job_path.write_text(json.dumps(job))
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": os.pathsep.join(filter(None, [_repo_root(),
+                                                           os.environ.get("PYTHONPATH")]))}
+        procs: list[subprocess.Popen] = []
+        logs = [Path(tmp, f"rank{r}.log") for r in range(layout.nranks)]
+        try:
+            for r, ns in enumerate(layout.rank_ns):
+                with open(logs[r], "w") as log:
+                    procs.append(subprocess.Popen(
+                        ["ip", "netns", "exec", ns, sys.executable, "-m",
+                         "topoplan.testbed.worker", str(job_path), str(r)],
+                        stdout=log, stderr=subprocess.STDOUT, env=env))
+            _wait(procs, logs, timeout)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+            for ns in layout.rank_ns:  # anything the workers started and left behind
+                kill_namespace_processes(ns)
+        return json.loads(Path(tmp, "result.json").read_text())
+
+
+def _wait(procs: list[subprocess.Popen], logs: list[Path], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            r = failed[0]
+            raise TransportError(f"rank {r} exited with status {codes[r]}; the other ranks were "
+                                 f"stopped. Its last output:\n{_tail(logs[r])}", rank=r)
+        if all(c == 0 for c in codes):
+            return
+        if time.monotonic() > deadline:
+            stuck = [r for r, c in enumerate(codes) if c is None]
+            raise TransportError(f"ranks {stuck} still running after {timeout:g} s; stopped them. "
+                                 f"Rank {stuck[0]}'s last output:\n{_tail(logs[stuck[0]])}",
+                                 rank=stuck[0])
+        time.sleep(0.05)
+
+
+def _tail(path: Path, lines: int = 12) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no output)"
+
+
+def plan_algorithm(cluster: Cluster, spec: str, size: int) -> Schedule:
+    """Plan ``spec``: a planner name, or ``ring:ORDER`` with ORDER like ``0,2,1,3``."""
+    try:
+        from ..planners import plan
+    except ImportError:
+        raise TopoplanError(f"algorithm {spec!r}: topoplan.planners is not available in this "
+                            "build; only 'native' can run") from None
+    name, _, arg = spec.partition(":")
+    kwargs: dict[str, Any] = {}
+    if arg:
+        if name != "ring":
+            raise TopoplanError(f"algorithm {spec!r}: only ring takes an order (ring:0,2,1,3)")
+        try:
+            kwargs["order"] = [int(x) for x in arg.split(",")]
+        except ValueError:
+            raise TopoplanError(f"algorithm {spec!r}: the ring order is rank numbers separated "
+                                "by commas, e.g. ring:0,2,1,3") from None
+    return plan(cluster, algorithm=name, size=size, **kwargs)
+
+
+def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence[int], *,
+          iters: int = 3, warmup: int = 1, timeout: float = 600.0) -> list[BenchRow]:
+    """Plan, verify, simulate and run each algorithm at each size; ``native`` is gloo's own.
+
+    ``cluster`` is the real cluster; plans and predictions use it scaled by the
+    testbed's scale, which is what the namespaces emulate.
+    """
+    from ..verify import verify
+    from .layout import scale_cluster
+    scaled = scale_cluster(cluster, bed.layout.scale)
+    cases: list[Case] = []
+    predicted: dict[tuple[str, int], float] = {}
+    for size in sizes:
+        cases.append(Case("native", size, kind="native", warmup=warmup, iters=iters))
+        for spec in algorithms:
+            if spec == "native":
+                continue
+            schedule = plan_algorithm(scaled, spec, size)
+            verify(schedule)
+            predicted[(spec, size)] = _simulate(scaled, schedule, size)
+            cases.append(Case(spec, size, schedule=schedule, warmup=warmup, iters=iters))
+    if any(c.kind == "schedule" for c in cases):
+        try:
+            import topoplan.executor  # noqa: F401
+            import topoplan.transports  # noqa: F401
+        except ImportError as exc:
+            raise TopoplanError(f"cannot run schedules: {exc}; only 'native' can run") from None
+    results = run_cases(bed, cases, timeout=timeout)
+    native = {r["size"]: statistics.median(r["times_s"]) for r in results if r["label"] == "native"}
+    rows = []
+    for r in results:
+        if r["label"] == "native" and "native" not in algorithms:
+            continue
+        measured = statistics.median(r["times_s"])
+        pred = predicted.get((r["label"], r["size"]))
+        nat = native.get(r["size"])
+        rows.append(BenchRow(r["label"], r["size"], measured, pred,
+                             measured / pred if pred else None, nat,
+                             nat / measured if nat else None, r["wrong"], tuple(r["times_s"])))
+    return rows
+
+
+def _simulate(cluster: Cluster, schedule: Schedule, size: int) -> float:
+    from ..simulate import simulate
+    return float(simulate(cluster, schedule, size=size).time_s)
