@@ -116,8 +116,8 @@ def timeline(report: Any, schedule: Schedule | None = None) -> Figure:
     algorithm = getattr(report, "algorithm", "") or "schedule"
     shown = "" if len(ranks) == nranks else f" (showing {len(ranks)} of {nranks} ranks)"
     ax.set_title(f"{algorithm} on {_cluster_name(report)}, "
-                 f"{format_size(report.size)}: each bar is one step{shown}; "
-                 "labels name the ranks it sends to", fontsize=10)
+                 f"{format_size(report.size)}: each bar is one step{shown}"
+                 + ("; labels name the ranks it sends to" if peers else ""), fontsize=10)
     fig.legend(loc="outside lower center", ncol=2, fontsize=8.5, frameon=False)
 
     # Label bars that are wide enough; measure once the layout fixed the axes size.
