@@ -291,7 +291,7 @@ def draw_cluster(cluster: Cluster, report: Any = None, *, color_by: str = "bytes
     lay = _detail_layout(cluster) if detail else _box_layout(cluster)
     _place_switches(cluster, lay)
     xspan, yspan = lay.xmax - lay.xmin, lay.ymax - lay.ymin
-    slot_in = 0.32 if detail else 0.85
+    slot_in = 0.32 if detail else 1.0
     width = min(26.0, max(8.0, 1.8 + xspan * slot_in))
     height = min(10.0, max(4.8, 1.9 + yspan * 0.62))
     fig = new_figure(width, height)
@@ -413,7 +413,7 @@ def draw_cluster(cluster: Cluster, report: Any = None, *, color_by: str = "bytes
         t = ax.text(node.x, node.y, node.label, ha="center", va="center", fontsize=8.5,
                     color="white" if node.kind == "box" else "black", zorder=5,
                     linespacing=1.1)
-        room = lay.widths.get(node.key, 0.9) - 0.2
+        room = lay.widths.get(node.key, 0.9) - 0.12
         texts.append((t, room))
         plates.append((node, t, room))
     box_labels = []
@@ -455,6 +455,17 @@ def draw_cluster(cluster: Cluster, report: Any = None, *, color_by: str = "bytes
     px_per_x = ax.transData.transform((1.0, 0.0))[0] - ax.transData.transform((0.0, 0.0))[0]
     for t, room in texts:
         fit_text(t, room * px_per_x, rend)
+    # One size per row of like labels (ranks, box names, each tier of switches): a
+    # row of mixed sizes reads as mixed importance.
+    rows: dict[tuple, list] = defaultdict(list)
+    for t, _room in texts:
+        rows[(t.get_color(), round(t.get_position()[1], 6))].append(t)
+    for row in rows.values():
+        shown = [t.get_fontsize() for t in row if t.get_visible()]
+        if shown:
+            for t in row:
+                if t.get_visible():
+                    t.set_fontsize(min(shown))
     if box_labels and min(t.get_fontsize() if t.get_visible() else 0 for t in box_labels) < 6.5:
         # Narrow boxes (one GPU each): hang their names vertically below them and let
         # the layout make room, rather than shrink them into specks.
