@@ -1,0 +1,136 @@
+"""``topoplan verify`` and ``topoplan simulate`` through ``python -m topoplan``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simhelpers import ring_schedule
+
+ROOT = Path(__file__).resolve().parents[1]
+DDL = str(ROOT / "topologies" / "ddl_two_switch.yaml")
+
+
+def topoplan(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "topoplan", *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+
+
+def test_verify_accepts_a_ring(tmp_path):
+    plan = tmp_path / "ring.json"
+    ring_schedule([0, 1, 2, 3]).save(plan)
+    done = topoplan("verify", str(plan))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (f"{plan}: ok: ring allreduce, 4 ranks, 4 chunks, 6 steps, "
+                                   "24 messages")
+
+
+def _ring_dict() -> dict:
+    return json.loads(ring_schedule([0, 1, 2]).to_json())
+
+
+def _unknown_op(d):
+    d["ranks"][1]["steps"][2][0]["op"] = "sned"
+
+
+def _chunk_range(d):
+    d["ranks"][0]["steps"][0][0]["chunk"] = 7
+
+
+def _fractions(d):
+    d["chunks"] = [0.25, 0.25, 0.25]
+
+
+def _unmatched(d):
+    d["ranks"][2]["steps"][3].pop(1)  # rank 2 never receives its last chunk from rank 1
+
+
+def _deadlock(d):
+    # Every rank receives before it sends in the first step: a cycle of waits.
+    for rank in d["ranks"]:
+        send_op, recv_op = rank["steps"][0]
+        rank["steps"][0:1] = [[recv_op], [send_op]]
+
+
+def _double_count(d):
+    # Rank 1's first allgather recv adds instead of overwriting: rank 0's part twice.
+    d["ranks"][1]["steps"][2][1]["reduce"] = True
+
+
+BROKEN = {
+    "unknown op": (_unknown_op, "ranks[1].steps[2][0]: unknown op 'sned'; expected 'send' or 'recv'"),
+    "chunk out of range": (_chunk_range, "ranks[0].steps[0][0]: chunk 7 out of range(3)"),
+    "fractions": (_fractions, "chunks: fractions must sum to 1, got 0.75"),
+    "unmatched": (_unmatched, "unmatched send: rank 1 step 3 sends chunk"),
+    "deadlock": (_deadlock, "deadlock: 3 ranks cannot finish; rank 0 step 0 waits to recv"),
+    "double count": (_double_count, "would be counted twice"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_verify_rejects_broken_plans(case, tmp_path):
+    mutate, message = BROKEN[case]
+    data = _ring_dict()
+    mutate(data)
+    plan = tmp_path / "broken.json"
+    plan.write_text(json.dumps(data))
+    done = topoplan("verify", str(plan))
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"topoplan: error: {plan}: "), done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1
+
+
+def test_simulate_prints_one_row_per_size(tmp_path):
+    plan = tmp_path / "bad-order.json"
+    ring_schedule([0, 2, 1, 3], name="ring-bad").save(plan)
+    done = topoplan("simulate", DDL, str(plan), "--sizes", "1KiB:1MiB:32")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    for column in ("size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "bound(us)",
+                   "% of bound"):
+        assert column in out
+    assert "lower-bound cut: 2 GPUs behind 10 GB/s" in out
+    rows = [line for line in out.splitlines() if line.startswith("│")]
+    assert [row.split("│")[1].strip() for row in rows] == ["1024", "32768", "1048576"]
+    # 1 MiB: 6 steps x (2 x 256 KiB / 10 GB/s + 3 us) = 332.57 us; bound 104.86 us.
+    last = [cell.strip() for cell in rows[-1].split("│")[1:-1]]
+    assert last == ["1048576", "262144", "332.57", "3.15", "4.73", "104.86", "31.5"]
+
+
+def test_simulate_json(tmp_path):
+    plan = tmp_path / "ring.json"
+    ring_schedule([0, 1, 2, 3]).save(plan)
+    done = topoplan("simulate", DDL, str(plan), "--sizes", "1MiB,4MiB", "--json",
+                    "--alpha", "1 us", "--reduce-bandwidth", "1 TB/s")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert (data["cluster"], data["algorithm"], data["nranks"]) == ("ddl-two-switch", "ring", 4)
+    assert data["bottleneck"]["gpus"] == 2
+    assert [r["size_bytes"] for r in data["results"]] == [1 << 20, 4 << 20]
+    for r in data["results"]:
+        assert r["time_s"] >= r["lower_bound_s"]
+        assert r["algbw_GBps"] == pytest.approx(r["size_bytes"] / r["time_s"] / 1e9)
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 1.5)
+
+
+def test_simulate_refuses_a_plan_for_another_cluster(tmp_path):
+    plan = tmp_path / "three.json"
+    ring_schedule([0, 1, 2]).save(plan)
+    done = topoplan("simulate", DDL, str(plan))
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"topoplan: error: {plan} has 3 ranks but {DDL} "
+                                  "(cluster 'ddl-two-switch') has 4 GPUs")
+
+
+def test_simulate_bad_size_range_is_a_usage_error(tmp_path):
+    plan = tmp_path / "ring.json"
+    ring_schedule([0, 1, 2, 3]).save(plan)
+    done = topoplan("simulate", DDL, str(plan), "--sizes", "1GiB:1KiB")
+    assert done.returncode == 2
+    assert "not a size range" in done.stderr and "Traceback" not in done.stderr

@@ -1,0 +1,210 @@
+"""The flow simulator: hand-computed times, conservation of bytes, the lower bound."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from simhelpers import ring_schedule, switch_cluster
+from topoplan.cluster import loads_cluster
+from topoplan.errors import ScheduleError
+from topoplan.schedule import build_schedule, recv, send
+from topoplan.simulate import SimReport, simulate
+from topoplan.verify import verify
+
+M = 1 << 20
+DDL = """
+name: ddl-two-switch
+switches: [switch0, switch1]
+boxes:
+  - {name: A, gpus: 1, nics: [{switch: switch0, bandwidth: 100 GB/s, latency: 1 us}]}
+  - {name: B, gpus: 1, nics: [{switch: switch0, bandwidth: 100 GB/s, latency: 1 us}]}
+  - {name: C, gpus: 1, nics: [{switch: switch1, bandwidth: 100 GB/s, latency: 1 us}]}
+  - {name: D, gpus: 1, nics: [{switch: switch1, bandwidth: 100 GB/s, latency: 1 us}]}
+links:
+  - {a: switch0, b: switch1, bandwidth: 10 GB/s, latency: 1 us}
+"""
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_ring_on_one_switch_matches_hand_computation(n):
+    cluster = switch_cluster(n, bandwidth="10 GB/s", latency="1 us")
+    schedule = ring_schedule(list(range(n)))
+    size = n * 4096 * 4  # chunks divide exactly
+    report = simulate(cluster, schedule, size)
+    # 2(n-1) steps; each moves M/n over a 10 GB/s NIC and pays two NIC latencies.
+    step = (size / n) / 10e9 + 2e-6
+    assert report.time_s == pytest.approx(2 * (n - 1) * step, rel=1e-9)
+    assert report.algbw == pytest.approx(size / report.time_s)
+    assert report.busbw == pytest.approx(report.algbw * 2 * (n - 1) / n)
+    assert report.lower_bound_s == pytest.approx(2 * (n - 1) / n * size / 10e9)
+    assert report.lower_bound_s <= report.time_s
+    assert 0 < report.efficiency < 1
+    # Every rank runs its steps back to back, all in lock step.
+    for r in range(n):
+        times = report.step_times[r]
+        assert len(times) == 2 * (n - 1)
+        for s, (start, end) in enumerate(times):
+            assert start == pytest.approx(s * step, abs=1e-15)
+            assert end == pytest.approx((s + 1) * step, abs=1e-15)
+
+
+def test_ddl_two_switch_bad_ring_order_is_twice_as_slow():
+    cluster = loads_cluster(DDL)
+    size = 4 * (1 << 20)
+    good = simulate(cluster, ring_schedule([0, 1, 2, 3]), size)
+    bad = simulate(cluster, ring_schedule([0, 2, 1, 3]), size)
+    chunk = size / 4
+    # Good: the 10 GB/s link carries one chunk per direction per step; path latency 3 us.
+    assert good.time_s == pytest.approx(6 * (chunk / 10e9 + 3e-6), rel=1e-9)
+    # Bad: two flows share it in each direction, so the bandwidth term doubles.
+    assert bad.time_s == pytest.approx(6 * (2 * chunk / 10e9 + 3e-6), rel=1e-9)
+    assert (bad.time_s - 6 * 3e-6) == pytest.approx(2 * (good.time_s - 6 * 3e-6), rel=1e-9)
+    assert good.lower_bound_s == pytest.approx(size / 10e9)
+    assert bad.link_bytes[("switch0", "switch1")] == pytest.approx(2 * good.link_bytes[("switch0", "switch1")])
+
+
+def test_link_bytes_add_up_to_bytes_times_hops():
+    cluster = loads_cluster(DDL)
+    schedule = ring_schedule([0, 2, 1, 3])
+    size = 3 * 1000 * 4  # 3000 elements: chunks of 750
+    report = simulate(cluster, schedule, size, record=True)
+    expected = 0.0
+    for rank, step, op in schedule.ops():
+        if op.kind.value == "send":
+            hops = len(cluster.routes(rank, op.peer)[0]) - 1
+            expected += 750 * 4 * hops
+    assert math.fsum(report.link_bytes.values()) == pytest.approx(expected, rel=1e-12)
+    assert len(report.transfers) == 24
+    assert all(t.nbytes == 3000 for t in report.transfers)
+    assert all(t.start_s < t.end_s for t in report.transfers)
+    # The timeline integrates to the bytes on each link.
+    for edge, changes in report.link_timeline.items():
+        moved = sum(rate * (t1 - t0) for (t0, rate), (t1, _) in zip(changes, changes[1:]))
+        assert moved == pytest.approx(report.link_bytes[edge], rel=1e-9)
+        assert changes[-1][1] == 0.0
+    busiest = report.busiest_links(2)
+    assert {edge for edge, _, _ in busiest} == {("switch0", "switch1"), ("switch1", "switch0")}
+
+
+def test_ecmp_splits_evenly_over_equal_paths():
+    cluster = loads_cluster("""
+name: two-spines
+switches: [leaf0, leaf1, spine0, spine1]
+boxes:
+  - {name: a, gpus: 1, nics: [{switch: leaf0, bandwidth: 100 GB/s}]}
+  - {name: b, gpus: 1, nics: [{switch: leaf1, bandwidth: 100 GB/s}]}
+links:
+  - {a: leaf0, b: spine0, bandwidth: 10 GB/s}
+  - {a: leaf0, b: spine1, bandwidth: 10 GB/s}
+  - {a: leaf1, b: spine0, bandwidth: 10 GB/s}
+  - {a: leaf1, b: spine1, bandwidth: 10 GB/s}
+""")
+    schedule = build_schedule(2, [1.0], [[[send(1, 0)], [recv(1, 0)]],
+                                         [[recv(0, 0, reduce=True)], [send(0, 0)]]])
+    verify(schedule)
+    report = simulate(cluster, schedule, 8000)
+    assert report.link_bytes[("leaf0", "spine0")] == report.link_bytes[("leaf0", "spine1")] == 4000
+    assert report.time_s == pytest.approx(2 * 4000 / 10e9)  # two 10 GB/s paths in parallel
+
+
+def test_reduce_bandwidth_adds_reduction_time():
+    cluster = switch_cluster(2, bandwidth="10 GB/s", latency="0 us")
+    schedule = ring_schedule([0, 1])
+    size = 8000
+    free = simulate(cluster, schedule, size)
+    slow = simulate(cluster, schedule, size, reduce_bandwidth=1e9)
+    assert free.time_s == pytest.approx(2 * 4000 / 10e9)
+    # Only the reduce-scatter step reduces: 4000 bytes at 1 GB/s.
+    assert slow.time_s == pytest.approx(free.time_s + 4000 / 1e9)
+
+
+def test_alpha_is_paid_per_message_step():
+    cluster = switch_cluster(4, latency="0 us")
+    schedule = ring_schedule([0, 1, 2, 3])
+    base = simulate(cluster, schedule, 1 << 16)
+    slow = simulate(cluster, schedule, 1 << 16, alpha=5e-6)
+    assert slow.time_s == pytest.approx(base.time_s + 6 * 5e-6)
+
+
+def test_tiny_buffers_have_empty_chunks_and_still_finish():
+    cluster = switch_cluster(4)
+    report = simulate(cluster, ring_schedule([0, 1, 2, 3]), 8)  # 2 fp32 elements, 4 chunks
+    # Chunks hold 0, 1, 0, 1 elements: every step some rank still moves one element.
+    assert report.time_s == pytest.approx(6 * (2e-6 + 4 / 10e9), rel=1e-9)
+    zero = simulate(cluster, ring_schedule([0, 1, 2, 3]), 0)
+    assert zero.link_bytes == {} and zero.time_s == pytest.approx(6 * 2e-6)
+
+
+def test_report_fields_are_the_contract():
+    import dataclasses
+    names = [f.name for f in dataclasses.fields(SimReport)]
+    assert names == ["cluster", "algorithm", "nranks", "size", "time_s", "lower_bound_s", "algbw",
+                     "busbw", "link_bytes", "link_busy_s", "step_times", "transfers",
+                     "link_timeline"]
+    report = simulate(switch_cluster(2), ring_schedule([0, 1]), M)
+    assert (report.cluster, report.algorithm, report.nranks, report.size) == ("switch-2", "ring", 2, M)
+    assert report.transfers == () and dict(report.link_timeline) == {}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        report.time_s = 0  # type: ignore[misc]
+
+
+def test_wrong_rank_count_is_refused():
+    with pytest.raises(ScheduleError, match="schedule has 3 ranks but cluster 'switch-4' has 4"):
+        simulate(switch_cluster(4), ring_schedule([0, 1, 2]), M)
+
+
+def test_unverified_schedules_fail_cleanly():
+    cluster = switch_cluster(2)
+    unmatched = build_schedule(2, [1.0], [[[send(1, 0)]], [[]]])
+    with pytest.raises(ScheduleError, match="unmatched send: rank 0 step 0 sends chunk 0 to rank 1"):
+        simulate(cluster, unmatched, M)
+    deadlock = build_schedule(2, [1.0], [[[recv(1, 0)], [send(1, 0)]],
+                                         [[recv(0, 0)], [send(0, 0)]]])
+    with pytest.raises(ScheduleError, match="deadlock: 2 ranks cannot finish; rank 0 step 0"):
+        simulate(cluster, deadlock, M)
+    mismatch = build_schedule(2, [0.5, 0.5], [[[send(1, 0)]], [[recv(0, 1)]]])
+    with pytest.raises(ScheduleError, match="sends chunk 0 but rank 1 step 0 receives it as chunk 1"):
+        simulate(cluster, mismatch, M)
+
+
+def test_progress_callback_is_optional_and_harmless():
+    calls = []
+    simulate(switch_cluster(3), ring_schedule([0, 1, 2]), M, progress=lambda f, t: calls.append(f))
+    assert all(0 <= f <= 1 for f in calls)
+
+
+@st.composite
+def cluster_and_ring(draw):
+    nswitch = draw(st.integers(1, 3))
+    bw = st.sampled_from(["1 GB/s", "5 GB/s", "10 GB/s", "40 GB/s"])
+    lines = ["name: random", "switches: [" + ", ".join(f"s{k}" for k in range(nswitch)) + "]",
+             "boxes:"]
+    nboxes = draw(st.integers(1 if nswitch == 1 else 2, 4))
+    for b in range(nboxes):
+        gpus = draw(st.integers(1, 3))
+        sw = b % nswitch if b < nswitch else draw(st.integers(0, nswitch - 1))
+        line = f"  - {{name: b{b}, gpus: {gpus}, nics: [{{switch: s{sw}, bandwidth: {draw(bw)}}}]"
+        if gpus > 1:
+            line += f", fabric: {{bandwidth: {draw(bw)}}}"
+        lines.append(line + "}")
+    if nswitch > 1:
+        lines.append("links:")
+        for k in range(1, nswitch):
+            lines.append(f"  - {{a: s{k - 1}, b: s{k}, bandwidth: {draw(bw)}}}")
+    cluster = loads_cluster("\n".join(lines) + "\n")
+    order = draw(st.permutations(range(cluster.nranks)))
+    return cluster, list(order)
+
+
+@settings(max_examples=30, deadline=None)
+@given(cluster_and_ring(), st.sampled_from([4096, 1 << 20, 3 * 1000 * 4]))
+def test_simulated_time_never_beats_the_lower_bound(case, size):
+    cluster, order = case
+    if cluster.nranks < 2:
+        return
+    report = simulate(cluster, ring_schedule(order), size)
+    assert report.time_s >= report.lower_bound_s * (1 - 1e-9)
+    assert report.time_s > 0

@@ -1,0 +1,113 @@
+"""``topoplan simulate CLUSTER.yaml PLAN.json``: predicted time per size vs the lower bound."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..bound import bottleneck
+from ..cluster import load_cluster
+from ..errors import ScheduleError
+from ..schedule import load_schedule
+from ..simulate import SimReport, simulate
+from ..units import format_bandwidth, parse_bandwidth, parse_latency, parse_size_range
+from .common import console, table
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        return parse_size_range(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _bandwidth(text: str) -> float:
+    try:
+        value = parse_bandwidth(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def _latency(text: str) -> float:
+    try:
+        value = parse_latency(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "simulate", help="predict a schedule's time per message size on a cluster",
+        description="Event-driven simulation of PLAN.json on CLUSTER.yaml (max-min fair links, "
+                    "path latency, rendezvous), one row per size, nccl-tests style, against "
+                    "the topology's allreduce lower bound.")
+    parser.add_argument("cluster", help="cluster YAML file")
+    parser.add_argument("plan", help="schedule JSON file (from topoplan plan -o)")
+    parser.add_argument("--sizes", type=_sizes, default=parse_size_range("1KiB:1GiB"),
+                        metavar="RANGE",
+                        help="bytes per rank: MIN:MAX (powers of two), MIN:MAX:FACTOR or a,b,c "
+                             "(default 1KiB:1GiB)")
+    parser.add_argument("--dtype-size", type=int, default=4, metavar="BYTES",
+                        help="bytes per element (default 4, fp32)")
+    parser.add_argument("--alpha", type=_latency, default=0.0, metavar="LATENCY",
+                        help="software overhead per message, e.g. '5 us' (default 0)")
+    parser.add_argument("--reduce-bandwidth", type=_bandwidth, default=None, metavar="BW",
+                        help="GPU reduction speed, e.g. '500 GB/s' (default: free)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead")
+    parser.set_defaults(func=cmd_simulate)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    cluster = load_cluster(args.cluster)
+    schedule = load_schedule(args.plan)
+    if schedule.nranks != cluster.nranks:
+        raise ScheduleError(
+            f"{args.plan} has {schedule.nranks} ranks but {args.cluster} (cluster "
+            f"{cluster.name!r}) has {cluster.nranks} GPUs; plan it for this cluster: "
+            f"topoplan plan {args.cluster} -o PLAN.json")
+    if args.dtype_size < 1:
+        raise ScheduleError(f"--dtype-size must be >= 1, got {args.dtype_size}")
+    progress = None
+    if sys.stderr.isatty():
+        def progress(fraction: float, _t: float) -> None:
+            print(f"\r  simulating: {fraction:4.0%}", end="", file=sys.stderr, flush=True)
+
+    reports: list[SimReport] = []
+    for size in args.sizes:
+        reports.append(simulate(cluster, schedule, size, dtype_size=args.dtype_size,
+                                reduce_bandwidth=args.reduce_bandwidth, alpha=args.alpha,
+                                progress=progress))
+    if progress is not None:
+        print("\r" + " " * 24 + "\r", end="", file=sys.stderr)
+    cut = bottleneck(cluster)
+    if args.json:
+        print(json.dumps({
+            "cluster": cluster.name, "algorithm": schedule.algorithm, "nranks": cluster.nranks,
+            "bottleneck": {"gpus": cut.gpus, "bandwidth_Bps": cut.bandwidth,
+                           "nodes": sorted(cut.nodes)},
+            "results": [{"size_bytes": r.size, "count": r.size // args.dtype_size,
+                         "time_s": r.time_s, "algbw_GBps": r.algbw / 1e9,
+                         "busbw_GBps": r.busbw / 1e9, "lower_bound_s": r.lower_bound_s,
+                         "efficiency": r.efficiency} for r in reports],
+        }))
+        return 0
+    out = console()
+    out.print(f"[bold]{schedule.algorithm}[/bold] on {cluster.name}: {cluster.nranks} ranks, "
+              f"{schedule.nchunks} chunks, {schedule.nsteps} steps")
+    if cluster.nranks > 1:
+        out.print(f"lower-bound cut: {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)}")
+    rows = table("size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "bound(us)",
+                 "% of bound")
+    for r in reports:
+        rows.add_row(str(r.size), str(r.size // args.dtype_size), f"{r.time_s * 1e6:.2f}",
+                     f"{r.algbw / 1e9:.2f}", f"{r.busbw / 1e9:.2f}",
+                     f"{r.lower_bound_s * 1e6:.2f}", f"{100 * r.efficiency:.1f}")
+    out.print(rows)
+    return 0
