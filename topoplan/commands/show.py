@@ -89,7 +89,11 @@ def cmd_show(args: argparse.Namespace) -> int:
                 raise ScheduleError(f"{args.plan}: the schedule has {schedule.nranks} ranks but "
                                     f"{args.cluster} has {cluster.nranks}; plan it for this cluster")
         else:
-            from ..planners import plan
+            try:
+                from ..planners import plan
+            except ImportError as exc:  # a partial installation: say what is missing
+                raise TopoplanError(f"planning needs topoplan.planners ({exc}); pass a "
+                                    "PLAN.json or --figures sweep-free") from None
 
             kwargs = {"size": args.size}
             if args.algorithm:
