@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="sizes of the sweep, e.g. 1KiB:1GiB:4 (default 1KiB:1GiB:16)")
     show.add_argument("-o", "--output", default=None, metavar="PICTURE",
                       help="file of the cluster drawing; the other figures get -timeline, -links, "
-                           "-sweep suffixes (default: <cluster name>.png)")
+                           "-sweep suffixes (default: CLUSTER file name with .png)")
     show.add_argument("--figures", type=_figures, default=list(DEFAULT_FIGURES), metavar="LIST",
                       help=f"comma-separated subset of {','.join(FIGURES)} (default: all)")
     show.add_argument("--color-by", choices=("bytes", "utilisation"), default="bytes",
