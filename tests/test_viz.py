@@ -355,7 +355,8 @@ def test_show_writes_every_figure(tmp_path):
     pytest.importorskip("topoplan.simulate")
     out = tmp_path / "ddl.png"
     proc = run_cli("show", "topologies/ddl_two_switch.yaml", "--algorithm", "ring",
-                   "--size", "64MiB", "--sizes", "4KiB,1MiB,64MiB", "-o", str(out))
+                   "--size", "64MiB", "--figures", "all", "--sizes", "4KiB,1MiB,64MiB",
+                   "--sweep-algorithms", "ring,hierarchical", "-o", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "predicted" in proc.stdout and "lower bound" in proc.stdout
     for suffix in ("", "-timeline", "-links", "-sweep"):

@@ -84,6 +84,12 @@ def size_sweep(cluster: Cluster, algorithms: Iterable[str] | None = None,
         Two axes side by side, algbw and busbw in GB/s against the message size (log
         x), one line per planner, and the best any schedule can do (size divided by
         :func:`topoplan.bound.lower_bound`) as a dashed black line.
+
+    Notes
+    -----
+    Cost: one plan and one simulation per (algorithm, size). That is seconds for a
+    handful of GPUs; on 32 GPUs and more pass a few ``algorithms`` (an mcf schedule
+    on 32 GPUs can take minutes to simulate).
     """
     matplotlib()
     from ..bound import lower_bound
