@@ -210,7 +210,7 @@ def link_utilisation(report: Any, k: int = 8, cluster: Cluster | None = None) ->
             what = ""
         ax.fill_between(times, util, step="post", color="#dd8452", alpha=0.85, lw=0,
                         gid="utilisation")
-        ax.step(times, util, where="post", color="#8c3d10", lw=0.8)
+        ax.step(times, util, where="post", color="#8c3d10", lw=0.5)
         ax.set_ylim(0, top * 1.09)
         ax.set_xlim(0, horizon / scale)
         ax.grid(axis="x", alpha=0.3)
