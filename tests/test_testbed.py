@@ -209,11 +209,11 @@ def test_up_removes_what_it_built_when_it_fails(state_dir, monkeypatch, failure)
     cluster = loads_cluster(TWO_SWITCH)
     real, calls = netns._make_veth, []
 
-    def flaky(veth):
+    def flaky(veth, *args):
         calls.append(veth)
         if len(calls) == 3:  # namespaces, bridges and two veth pairs exist by now
             raise failure
-        real(veth)
+        real(veth, *args)
 
     monkeypatch.setattr(netns, "_make_veth", flaky)
     layout = plan_layout(cluster, 1.0)

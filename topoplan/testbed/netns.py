@@ -18,7 +18,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from ..errors import TopoplanError
 from .layout import Layout, Veth
@@ -117,42 +117,118 @@ WIRE_OVERHEAD = (MTU + 14) / (MTU - 52)
 
 
 def _burst(rate: float) -> int:
-    # Enough tokens for 1 ms at the rate (timer granularity), at least ten full frames:
+    # Enough tokens for 1 ms at the rate (timer granularity), at least four full frames:
     # more would let short transfers run above the rate, less starves TCP.
     return max(int(rate * 1e-3), 4 * (MTU + 14))
 
 
-def _shape(ns: str, dev: str, rate: float | None, latency: float) -> None:
-    """Shape ``dev``'s egress: tbf at ``rate``, then netem ``latency`` under it."""
-    if latency > 0 and not netem_available():
-        latency = 0.0  # Testbed.up has put a note in the layout
-    if rate is None and latency <= 0:
-        return
-    tc = ("tc", "-n", ns, "qdisc", "add", "dev", dev)
+#: Per-flow queue depth in seconds at the link rate. Each (source, destination) pair
+#: has its own queue, so a deep one only delays that pair's own packets; 20 ms keeps
+#: tail drops rare without letting a pair's backlog grow without bound.
+QUEUE_SECONDS = 0.02
+
+
+def shaping_commands(dev: str, rate: float | None, latency: float,
+                     addresses: Sequence[str] = (), *, netem: bool = False) -> list[str]:
+    """``tc -batch`` lines that shape ``dev``'s egress to ``rate`` bytes/s, fairly per flow.
+
+    One HTB class holds the link rate; under it every ordered pair of rank addresses
+    gets a class of its own (matched by a u32 filter on source and destination), plus
+    one for everything else (ARP). Sibling classes share the link max-min fairly (equal
+    guaranteed rates, equal quanta, each may borrow up to the whole link), as
+    :func:`topoplan.simulate` assumes, and each has its own queue: a pair's ACKs and
+    small messages never wait behind another pair's bulk data. A single tbf FIFO did
+    neither (two flows split one link 30/70, and a flow whose ACKs shared the queue
+    with a reverse-direction bulk flow ran at a fraction of the rate).
+
+    Parameters
+    ----------
+    dev : str
+    rate : float or None
+        Bytes/s the applications should get (``None``: no rate limit).
+    latency : float
+        One-way delay in seconds, added with netem under each class when ``netem``.
+    addresses : sequence of str
+        The ranks' IPv4 addresses.
+    netem : bool
+        Whether the kernel has netem.
+
+    Returns
+    -------
+    list of str
+        Empty when there is nothing to shape.
+    """
+    delay = latency if netem and latency > 0 else 0.0
     if rate is None:
-        run(*tc, "root", "handle", "1:", "netem", "delay", f"{latency * 1e6:.0f}us",
-            "limit", "100000")
+        if not delay:
+            return []
+        return [f"qdisc add dev {dev} root handle 1: netem delay {delay * 1e6:.0f}us "
+                "limit 100000"]
+    wire = rate * WIRE_OVERHEAD
+    burst = _burst(wire)
+    pairs = [(a, b) for a in addresses for b in addresses if a != b]
+    share = wire / (len(pairs) + 1)
+    quantum = 2 * (MTU + 14)
+    limit = max(int(wire * QUEUE_SECONDS), 8 * (MTU + 14))
+    lines = [f"qdisc add dev {dev} root handle 1: htb default 2",
+             f"class add dev {dev} parent 1: classid 1:1 htb rate {int(wire * 8)}bit "
+             f"ceil {int(wire * 8)}bit burst {burst} cburst {burst}"]
+    for i in range(len(pairs) + 1):
+        minor = f"{i + 2:x}"
+        lines.append(f"class add dev {dev} parent 1:1 classid 1:{minor} htb "
+                     f"rate {max(int(share * 8), 8000)}bit ceil {int(wire * 8)}bit "
+                     f"burst {burst} cburst {burst} quantum {quantum}")
+        if delay:
+            lines.append(f"qdisc add dev {dev} parent 1:{minor} handle {minor}: netem "
+                         f"delay {delay * 1e6:.0f}us limit {max(100, limit // MTU)}")
+        else:
+            lines.append(f"qdisc add dev {dev} parent 1:{minor} handle {minor}: bfifo "
+                         f"limit {limit}")
+        if i:
+            src, dst = pairs[i - 1]
+            lines.append(f"filter add dev {dev} parent 1: protocol ip prio 1 u32 "
+                         f"match ip src {src}/32 match ip dst {dst}/32 flowid 1:{minor}")
+    return lines
+
+
+def _shape(ns: str, dev: str, rate: float | None, latency: float,
+           addresses: Sequence[str] = ()) -> None:
+    """Shape ``dev``'s egress (:func:`shaping_commands`), in one ``tc -batch`` call."""
+    lines = shaping_commands(dev, rate, latency, addresses,
+                             netem=latency > 0 and netem_available())
+    if not lines:
         return
-    # The queue holds 50 ms at the rate: deep enough that TCP rarely loses a segment in
-    # it (losses would make the link look slower than shaped), shallow enough to keep
-    # queueing delay well below a transfer's time.
-    limit = max(int(rate * 0.05), 4 * _burst(rate))
-    rate *= WIRE_OVERHEAD
-    run(*tc, "root", "handle", "1:", "tbf", "rate", f"{int(rate * 8)}bit",
-        "burst", str(_burst(rate)), "limit", str(limit))
-    if latency > 0:
-        run(*tc, "parent", "1:1", "handle", "10:", "netem", "delay", f"{latency * 1e6:.0f}us",
-            "limit", "100000")
+    try:
+        proc = subprocess.run(["tc", "-n", ns, "-batch", "-"], input="\n".join(lines) + "\n",
+                              capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise TestbedError("tc not found: the testbed needs iproute2 (ip, tc)") from None
+    except subprocess.TimeoutExpired:
+        raise TestbedError(f"tc -batch for {ns} {dev} did not finish in 60 s") from None
+    if proc.returncode != 0:
+        raise TestbedError(f"shaping {dev} in {ns} failed: "
+                           f"{proc.stderr.strip() or proc.returncode}")
 
 
-def _make_veth(v: Veth) -> None:
+#: Kernel settings of each rank namespace. A testbed link should deliver its rate from
+#: the first byte of every step: TCP's restart from a small window after 1 RTO of idle
+#: (between a schedule's steps) would make short steps look slow.
+RANK_SYSCTLS = {"net.ipv4.tcp_slow_start_after_idle": "0"}
+
+
+def _tune(ns: str) -> None:
+    for key, value in RANK_SYSCTLS.items():
+        run("ip", "netns", "exec", ns, "sysctl", "-qw", f"{key}={value}")
+
+
+def _make_veth(v: Veth, addresses: Sequence[str] = ()) -> None:
     run("ip", "-n", v.ns_a, "link", "add", v.name_a, "type", "veth",
         "peer", "name", v.name_b, "netns", v.ns_b)
     for ns, dev, master in ((v.ns_a, v.name_a, v.master_a), (v.ns_b, v.name_b, v.master_b)):
         run("ip", "-n", ns, "link", "set", dev, "mtu", str(MTU))
         if master:
             run("ip", "-n", ns, "link", "set", dev, "master", master)
-        _shape(ns, dev, v.rate, v.latency)
+        _shape(ns, dev, v.rate, v.latency, addresses)
         run("ip", "-n", ns, "link", "set", dev, "up")
 
 
@@ -216,13 +292,15 @@ def create(layout: Layout, state: Path | None = None) -> Path:
                                        f"`ip netns del {ns}` or pick another prefix")
                 run("ip", "netns", "add", ns)
                 run("ip", "-n", ns, "link", "set", "lo", "up")
+            for ns in layout.rank_ns:
+                _tune(ns)
             for bridge, _ in layout.bridges:
                 # No STP (the layout is a tree) and no forwarding delay: ports forward at once.
                 run("ip", "-n", layout.core, "link", "add", bridge, "type", "bridge",
                     "stp_state", "0", "forward_delay", "0")
                 run("ip", "-n", layout.core, "link", "set", bridge, "up")
             for veth in layout.veths:
-                _make_veth(veth)
+                _make_veth(veth, layout.addresses)
             for ns, address in zip(layout.rank_ns, layout.addresses):
                 if not any(v.ns_a == ns or v.ns_b == ns for v in layout.veths):
                     continue  # a lone rank (one-box cluster of one GPU)
