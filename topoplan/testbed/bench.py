@@ -24,9 +24,10 @@ from typing import Any, Sequence
 from ..cluster import Cluster
 from ..errors import ScheduleError, TopoplanError, TransportError
 from ..schedule import Schedule
+from .calibrate import Calibration
 from .netns import kill_namespace_processes
 
-__all__ = ["Case", "BenchRow", "run_cases", "bench", "plan_algorithm"]
+__all__ = ["Case", "BenchRow", "BenchReport", "run_cases", "bench", "plan_algorithm"]
 
 MASTER_PORT = 29500  # inside rank 0's own namespace: no other process can hold it
 
@@ -45,20 +46,43 @@ class Case:
 
 @dataclass(frozen=True)
 class BenchRow:
-    """A measured case next to the simulator's prediction and the native allreduce."""
+    """A measured case next to the simulator's predictions and the native allreduce.
+
+    ``predicted_s`` is the simulator with bandwidths only (no software costs);
+    ``calibrated_s`` adds the testbed's calibrated per-message ``alpha`` and reduce
+    bandwidth (:mod:`topoplan.testbed.calibrate`). Ratios are measured / predicted.
+    """
 
     algorithm: str
     size: int
     measured_s: float
     predicted_s: float | None
-    ratio: float | None  # measured / predicted
+    ratio: float | None
     native_s: float | None
     speedup_vs_native: float | None
     wrong: int
     times_s: tuple[float, ...]
+    calibrated_s: float | None = None
+    calibrated_ratio: float | None = None
+    steps: int | None = None  # the schedule's steps (longest rank)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    """Rows of :func:`bench`, the calibration they were predicted with, and the load."""
+
+    rows: list[BenchRow]
+    calibration: Calibration | None
+    transport: str
+    load: tuple[float, float]  # 1-minute load average before and after
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"transport": self.transport, "load": list(self.load),
+                "calibration": None if self.calibration is None else self.calibration.to_dict(),
+                "rows": [r.to_dict() for r in self.rows]}
 
 
 def _repo_root() -> str:
@@ -169,17 +193,25 @@ def plan_algorithm(cluster: Cluster, spec: str, size: int) -> Schedule:
 
 
 def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence[int], *,
-          iters: int = 3, warmup: int = 1, timeout: float = 600.0) -> list[BenchRow]:
+          iters: int = 3, warmup: int = 1, timeout: float = 600.0,
+          calibrate: bool = True) -> BenchReport:
     """Plan, verify, simulate and run each algorithm at each size; ``native`` is gloo's own.
 
     ``cluster`` is the real cluster; plans and predictions use it scaled by the
-    testbed's scale, which is what the namespaces emulate.
+    testbed's scale, which is what the namespaces emulate. With ``calibrate``, the
+    same launch first runs :func:`~topoplan.testbed.calibrate.calibration_cases` and
+    every row also gets the prediction with the fitted software costs.
     """
     from ..verify import verify
+    from .calibrate import calibration_cases, fit, predict
     from .layout import scale_cluster
     scaled = scale_cluster(cluster, bed.layout.scale)
+    load_before = _load()
     cases: list[Case] = []
-    predicted: dict[tuple[str, int], float] = {}
+    schedules: dict[tuple[str, int], Schedule] = {}
+    cal_cases = calibration_cases(scaled) if calibrate else []
+    for label, size, kind, schedule in cal_cases:
+        cases.append(Case(label, size, kind=kind, schedule=schedule, warmup=2, iters=5))
     for size in sizes:
         cases.append(Case("native", size, kind="native", warmup=warmup, iters=iters))
         for spec in algorithms:
@@ -187,7 +219,7 @@ def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence
                 continue
             schedule = plan_algorithm(scaled, spec, size)
             verify(schedule)
-            predicted[(spec, size)] = _simulate(scaled, schedule, size)
+            schedules[(spec, size)] = schedule
             cases.append(Case(spec, size, schedule=schedule, warmup=warmup, iters=iters))
     if any(c.kind == "schedule" for c in cases):
         try:
@@ -196,20 +228,40 @@ def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence
         except ImportError as exc:
             raise TopoplanError(f"cannot run schedules: {exc}; only 'native' can run") from None
     results = run_cases(bed, cases, timeout=timeout)
-    native = {r["size"]: statistics.median(r["times_s"]) for r in results if r["label"] == "native"}
+    wrong = [r for r in results if r["wrong"]]
+    if wrong:  # calibration runs are checked like every other run
+        bad = [r for r in wrong if r["label"].startswith("cal:")]
+        if bad:
+            raise TransportError(f"calibration run {bad[0]['label']} computed {bad[0]['wrong']} "
+                                 "wrong elements")
+    median = {(r["label"], r["size"]): statistics.median(r["times_s"]) for r in results}
+    calibration = None
+    if cal_cases:
+        calibration = fit(scaled, cal_cases, {label: median[(label, size)]
+                                              for label, size, _, _ in cal_cases})
+    native = {size: t for (label, size), t in median.items() if label == "native"}
     rows = []
     for r in results:
-        if r["label"] == "native" and "native" not in algorithms:
+        label, size = r["label"], r["size"]
+        if label.startswith("cal:") or (label == "native" and "native" not in algorithms):
             continue
-        measured = statistics.median(r["times_s"])
-        pred = predicted.get((r["label"], r["size"]))
-        nat = native.get(r["size"])
-        rows.append(BenchRow(r["label"], r["size"], measured, pred,
-                             measured / pred if pred else None, nat,
-                             nat / measured if nat else None, r["wrong"], tuple(r["times_s"])))
-    return rows
+        measured = median[(label, size)]
+        schedule = schedules.get((label, size))
+        pred = cal = None
+        steps = None
+        if schedule is not None:
+            pred = predict(scaled, schedule, size)
+            cal = predict(scaled, schedule, size, calibration) if calibration else None
+            steps = max(len(schedule.steps_of(q)) for q in range(schedule.nranks))
+        nat = native.get(size)
+        rows.append(BenchRow(label, size, measured, pred, measured / pred if pred else None,
+                             nat, nat / measured if nat else None, r["wrong"],
+                             tuple(r["times_s"]), cal, measured / cal if cal else None, steps))
+    return BenchReport(rows, calibration, "gloo", (load_before, _load()))
 
 
-def _simulate(cluster: Cluster, schedule: Schedule, size: int) -> float:
-    from ..simulate import simulate
-    return float(simulate(cluster, schedule, size=size).time_s)
+def _load() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return float("nan")

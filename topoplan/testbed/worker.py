@@ -4,8 +4,9 @@ Started by :mod:`topoplan.testbed.bench` inside the rank's namespace (``ip netns
 so gloo's sockets (``GLOO_SOCKET_IFNAME=eth0``) and the TCP store on rank 0's address
 both go through the shaped network. For every case of the job it runs a schedule
 through :class:`topoplan.executor.Allreduce` over :class:`topoplan.transports.Torch`
-(or gloo's own ``all_reduce`` for ``native``), checks every element of the result,
-and times each iteration between two barriers. Rank 0 writes ``result.json``.
+(or gloo's own ``all_reduce`` for ``native``, or only the adds of a reduction for
+``reduce``, to calibrate the simulator), checks every element of the result, and
+times each iteration between two barriers. Rank 0 writes ``result.json``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,15 @@ def _run_case(case: dict[str, Any], rank: int, nranks: int, pg: Any, torch: Any,
     n = max(1, case["size"] // 4)
     initial = (torch.arange(n, dtype=torch.float32) % 13) + (rank + 1)
     expected = _expected(n, nranks, torch)
-    if case["kind"] == "native":
+    if case["kind"] == "reduce":
+        # What the executor does after a reducing recv: chunk += scratch. All ranks at
+        # once, as in a schedule's step, so they compete for the cores as they would.
+        other = torch.ones(n, dtype=torch.float32)
+        expected = initial + 1
+
+        def op(buf: Any) -> None:
+            buf.add_(other)
+    elif case["kind"] == "native":
         def op(buf: Any) -> None:
             dist.all_reduce(buf, group=pg)
     else:
