@@ -93,7 +93,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "cluster": cluster.name, "nranks": cluster.nranks, "size_bytes": args.size,
             "lower_bound_s": bound, "chosen": chosen.algorithm,
             "candidates": [{"algorithm": c.algorithm, "time_s": c.report.time_s,
-                            "algbw_GBps": c.report.algbw / 1e9, "busbw_GBps": c.report.busbw / 1e9,
+                            "algbw_GBps": _finite(c.report.algbw / 1e9),
+                            "busbw_GBps": _finite(c.report.busbw / 1e9),
                             "percent_of_bound": _percent(bound, c.report.time_s),
                             "steps": c.schedule.nsteps, "chunks": c.schedule.nchunks,
                             "plan_s": c.plan_s}
@@ -107,8 +108,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
               "plan time")
     for c in sorted(rows, key=lambda c: c.report.time_s):
         mark = " *" if c is chosen else ""
-        t.add_row(c.algorithm + mark, format_time(c.report.time_s), f"{c.report.algbw / 1e9:.2f}",
-                  f"{c.report.busbw / 1e9:.2f}", f"{_percent(bound, c.report.time_s):.1f}",
+        t.add_row(c.algorithm + mark, format_time(c.report.time_s), _gbps(c.report.algbw),
+                  _gbps(c.report.busbw), f"{_percent(bound, c.report.time_s):.1f}",
                   str(c.schedule.nsteps), str(c.schedule.nchunks), format_time(c.plan_s))
     out.print(t)
     if cluster.nranks > 1:
@@ -121,3 +122,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _percent(bound: float, time_s: float) -> float:
     return 100.0 * bound / time_s if time_s > 0 else 100.0
+
+
+def _finite(value: float) -> float | None:
+    """JSON has no infinity: a 1-rank allreduce moves nothing and has no bandwidth."""
+    return value if value != float("inf") else None
+
+
+def _gbps(bytes_per_s: float) -> str:
+    return "-" if bytes_per_s in (0.0, float("inf")) else f"{bytes_per_s / 1e9:.2f}"
