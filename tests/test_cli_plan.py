@@ -68,3 +68,11 @@ def test_one_gpu_cluster_plans_shows_and_prints_valid_json(tmp_path):
     result = run("show", str(cluster), "-o", str(tmp_path / "one.png"), check=False)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "one.png").exists()
+
+
+def test_output_into_a_missing_folder_is_one_line_error(tmp_path):
+    target = tmp_path / "missing" / "plan.json"
+    result = run("plan", DDL, "--candidates", "ring", "-o", str(target), check=False)
+    assert result.returncode == 1
+    assert result.stderr == f"topoplan: error: {target}: cannot write schedule: No such file or directory\n"
+    assert not (tmp_path / "missing").exists()
