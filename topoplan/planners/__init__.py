@@ -1,0 +1,118 @@
+"""Allreduce planners: one module per algorithm, one signature, and the ``plan`` facade.
+
+Every planner is ``plan_x(cluster, *, size, chunks=None, **options) -> Schedule`` and
+sets ``meta["algorithm"]`` and ``meta["cluster"]``. :data:`PLANNERS` maps the names
+the CLI shows to them; adding one is one line (or :func:`register`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+from ..cluster import Cluster
+from ..errors import InfeasiblePlanError
+from ..schedule import Schedule
+from ._common import PlannerError, topo_order
+from .hierarchical import plan_hierarchical
+from .rhd import plan_rhd
+from .ring import plan_ring, plan_ring_topo
+from .tree import plan_tree
+
+__all__ = ["PLANNERS", "plan", "register", "candidates", "PlannerError", "plan_ring",
+           "plan_ring_topo", "plan_tree", "plan_rhd", "plan_hierarchical", "topo_order"]
+
+Planner = Callable[..., Schedule]
+
+PLANNERS: dict[str, Planner] = {
+    "ring": plan_ring,
+    "ring-topo": plan_ring_topo,
+    "tree": plan_tree,
+    "rhd": plan_rhd,
+    "hierarchical": plan_hierarchical,
+}
+
+
+def register(name: str, planner: Planner) -> Planner:
+    """Add (or replace) ``PLANNERS[name]``; returns ``planner`` so it works as a decorator helper."""
+    PLANNERS[name] = planner
+    return planner
+
+
+def candidates() -> list[str]:
+    """The planner names a comparison should run: every registered one but ``auto``."""
+    return [name for name in PLANNERS if name != "auto"]
+
+
+def _check_options(name: str, planner: Planner, options: dict[str, Any]) -> None:
+    params = inspect.signature(planner).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    known = [p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise PlannerError(f"planner {name!r} takes no option {', '.join(map(repr, unknown))}; "
+                           f"its options: {', '.join(known)}")
+
+
+def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
+         **options: Any) -> Schedule:
+    """Plan an allreduce of ``size`` bytes on ``cluster`` with the named algorithm.
+
+    Parameters
+    ----------
+    cluster : Cluster
+    algorithm : str
+        A key of :data:`PLANNERS` (``ring``, ``ring-topo``, ``tree``, ``rhd``,
+        ``hierarchical``, and whatever else is registered), or ``auto``. When no
+        ``auto`` planner is registered, ``auto`` simulates every candidate with
+        :func:`topoplan.simulate` and returns the fastest (``meta["chosen_by"]``
+        records it); candidates that raise :class:`InfeasiblePlanError` are skipped.
+    size : int
+        Message size in bytes.
+    **options
+        Passed to the planner (``chunks``, ``order``, ...).
+
+    Returns
+    -------
+    Schedule
+
+    Raises
+    ------
+    PlannerError
+        Unknown algorithm (the message lists the known ones) or an option the planner
+        does not take.
+    """
+    if algorithm == "auto" and "auto" not in PLANNERS:
+        return _auto_by_simulation(cluster, size=size, **options)
+    planner = PLANNERS.get(algorithm)
+    if planner is None:
+        known = ", ".join(sorted(set(PLANNERS) | {"auto"}))
+        raise PlannerError(f"unknown algorithm {algorithm!r}; known: {known}")
+    _check_options(algorithm, planner, options)
+    return planner(cluster, size=size, **options)
+
+
+def _auto_by_simulation(cluster: Cluster, *, size: int, **options: Any) -> Schedule:
+    try:
+        from ..simulate import simulate
+    except ImportError:
+        raise PlannerError("algorithm 'auto' needs topoplan.simulate, which this installation "
+                           f"lacks; name one of: {', '.join(candidates())}") from None
+    best: tuple[float, str, Schedule] | None = None
+    times: dict[str, float] = {}
+    for name in candidates():
+        planner = PLANNERS[name]
+        usable = {k: v for k, v in options.items()
+                  if k in inspect.signature(planner).parameters}
+        try:
+            schedule = planner(cluster, size=size, **usable)
+        except InfeasiblePlanError:
+            continue
+        t = simulate(cluster, schedule, size=size).time_s
+        times[name] = t
+        if best is None or t < best[0]:
+            best = (t, name, schedule)
+    if best is None:
+        raise PlannerError("algorithm 'auto': no candidate planner produced a schedule")
+    return best[2].with_meta(chosen_by="simulation", candidates_s=times)
