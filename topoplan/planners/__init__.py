@@ -18,9 +18,12 @@ from .hierarchical import plan_hierarchical
 from .rhd import plan_rhd
 from .ring import plan_ring, plan_ring_topo
 from .tree import plan_tree
+from .mcf import plan_mcf
+from .auto import plan_auto
 
 __all__ = ["PLANNERS", "plan", "register", "candidates", "PlannerError", "plan_ring",
-           "plan_ring_topo", "plan_tree", "plan_rhd", "plan_hierarchical", "topo_order"]
+           "plan_ring_topo", "plan_tree", "plan_rhd", "plan_hierarchical", "topo_order",
+           "plan_mcf", "plan_auto"]
 
 Planner = Callable[..., Schedule]
 
@@ -30,6 +33,8 @@ PLANNERS: dict[str, Planner] = {
     "tree": plan_tree,
     "rhd": plan_rhd,
     "hierarchical": plan_hierarchical,
+    "mcf": plan_mcf,
+    "auto": plan_auto,
 }
 
 

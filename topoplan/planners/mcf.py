@@ -34,7 +34,8 @@ from ._mcf_trees import Tree, btree_edges, choose_pipeline, inorder_edges, make_
 __all__ = ["plan_mcf", "MCFSolution", "solve_mcf"]
 
 FLAT_MAX = 32  # price every GPU pair up to this many ranks (column generation <= ~2 s)
-EXACT_MAX = 16  # exact mode (MILP) by default up to this many ranks
+EXACT_MAX = 16
+SOFT_OPS = 400_000  # pipelining op budget: keeps planning within ~1 s up to 64 GPUs  # exact mode (MILP) by default up to this many ranks
 _GOOD = ("optimal", "restricted", "exact")
 
 
@@ -261,7 +262,7 @@ def _grid_candidate(cluster: Cluster, model: H.CostModel, layout: H.Layout, size
     # One piece holds 2 ops per message; refuse layouts whose single piece is over budget
     # before generating anything (about 4 N ops per rank per piece).
     per_piece = 4 * n * n * len(layout.grids)
-    if per_piece > max_ops:
+    if per_piece > max(max_ops, OP_BUDGET):
         return None
     msgs = H.messages(layout)
     ops_per_piece = 2 * len(msgs.step)
@@ -270,7 +271,7 @@ def _grid_candidate(cluster: Cluster, model: H.CostModel, layout: H.Layout, size
         q = max(1, int(chunks) // max(1, msgs.nchunks))
         sizes, est = H.piece_sizes(loads, lat, q, size)
     else:
-        sizes, est = H.choose_pieces(loads, lat, size, ops_per_piece, max_ops)
+        sizes, est = H.choose_pieces(loads, lat, size, ops_per_piece, max(max_ops, ops_per_piece))
     q = len(sizes)
 
     def make() -> Schedule:
@@ -316,7 +317,7 @@ def _check_connected(cluster: Cluster) -> None:
 
 
 def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = None,
-             exact: bool | None = None, time_limit: float = 20.0, max_ops: int = OP_BUDGET,
+             exact: bool | None = None, time_limit: float = 20.0, max_ops: int = SOFT_OPS,
              flat_max: int = FLAT_MAX, check: bool = True, **options: Any) -> Schedule:
     """Plan an allreduce near the cut lower bound: LP-shaped, pipelined, verified.
 
@@ -352,7 +353,9 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         Seconds for the solvers; on expiry the best plan found is used,
         ``meta["status"]`` says so and a ``RuntimeWarning`` is issued.
     max_ops : int
-        Op budget of the schedule.
+        Op budget for pipelining (more pieces cost ops: materializing runs at ~1-2 us
+        per op). A construction whose single piece needs more is still built up to
+        the planners' ``OP_BUDGET`` (2 M ops).
     flat_max : int
         Above this many ranks the tree LP is solved hierarchically.
     check : bool
