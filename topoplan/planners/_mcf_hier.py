@@ -224,6 +224,13 @@ def layouts(cluster: Cluster) -> list[Layout]:
 
     out = []
     for iname, idims, igrids, w in inbox:
+        # Levels that go through a switch (fabric or network) may be factored into
+        # prime levels: recursive halving (log2 b steps instead of b - 1, the same
+        # bytes on a non-blocking switch); NVLink rings may not.
+        switched = [len(igrids) == 1 and (box.fabric is not None and not box.gpu_links
+                                          or iname.startswith("island"))] * len(idims)
+        if iname.startswith("island"):
+            switched = [False, True]
         for cname, cdims, cgrid in cross:
             dims = tuple(d for d in idims + cdims)
             grids = []
@@ -232,12 +239,47 @@ def layouts(cluster: Cluster) -> list[Layout]:
                 r = first[cgrid].reshape((1,) * len(idims) + cgrid.shape) + \
                     lg.reshape(lg.shape + (1,) * len(cdims))
                 grids.append(r)
+            flags = switched + [True] * len(cdims)
             keep = tuple(i for i, d in enumerate(dims) if d > 1)
+            flags = [flags[i] for i in keep]
             dims = tuple(dims[i] for i in keep)
             grids = [gr.reshape(dims) for gr in grids]
             name = " > ".join(s for s in (iname, cname) if s) or "single"
             out.append(Layout(name, dims, tuple(grids), np.asarray(w, dtype=np.float64)))
+            fdims, fgrids = _factored(dims, grids, flags)
+            if fdims != dims:
+                out.append(Layout(name + " (halving)", fdims, tuple(fgrids),
+                                  np.asarray(w, dtype=np.float64)))
     return out
+
+
+def _prime_factors(b: int) -> list[int]:
+    out, p = [], 2
+    while p * p <= b:
+        while b % p == 0:
+            out.append(p)
+            b //= p
+        p += 1
+    if b > 1:
+        out.append(b)
+    return out
+
+
+def _factored(dims: tuple[int, ...], grids: list[np.ndarray], flags: list[bool]
+              ) -> tuple[tuple[int, ...], list[np.ndarray]]:
+    """Split every switched level into its prime factors, nearest members first."""
+    new_dims: list[int] = []
+    axes_shape: list[int] = []
+    perm: list[int] = []
+    for d, b in enumerate(dims):
+        f = _prime_factors(b) if flags[d] else [b]
+        start = len(axes_shape)
+        axes_shape += f
+        # C order: the last factor has stride 1 (nearest members); run it first.
+        perm += list(range(start + len(f) - 1, start - 1, -1))
+        new_dims += f[::-1]
+    out = [g.reshape(axes_shape).transpose(perm) for g in grids]
+    return tuple(new_dims), [np.ascontiguousarray(g) for g in out]
 
 
 def flat_ring_layout(order: list[int], name: str = "ring") -> Layout:
