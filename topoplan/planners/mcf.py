@@ -23,7 +23,6 @@ from typing import Any, Callable
 import numpy as np
 
 from ..cluster import Cluster
-from ..bound import bottleneck
 from ..errors import InfeasiblePlanError
 from ..schedule import Schedule
 from . import _mcf_hier as H
@@ -35,7 +34,9 @@ __all__ = ["plan_mcf", "MCFSolution", "solve_mcf"]
 
 FLAT_MAX = 32  # price every GPU pair up to this many ranks (column generation <= ~2 s)
 EXACT_MAX = 16
-SOFT_OPS = 400_000  # pipelining op budget: keeps planning within ~1 s up to 64 GPUs  # exact mode (MILP) by default up to this many ranks
+GRID_OPS = 4_400_000  # a one-piece grid up to ~1024 ranks (as many ops as a flat ring)
+SOFT_OPS = 400_000
+SIM_OPS = 20_000  # candidates this small are compared in the event simulator too  # pipelining op budget: keeps planning within ~1 s up to 64 GPUs  # exact mode (MILP) by default up to this many ranks
 _GOOD = ("optimal", "restricted", "exact")
 
 
@@ -256,19 +257,20 @@ class _Candidate:
 
 
 def _grid_candidate(cluster: Cluster, model: H.CostModel, layout: H.Layout, size: int,
-                    chunks: int | None, max_ops: int) -> _Candidate | None:
+                    chunks: int | None, max_ops: int, pieces: int | None = None
+                    ) -> _Candidate | None:
     """A pipelined multi-level reduce-scatter/allgather on ``layout`` (see _mcf_hier)."""
     n = cluster.nranks
     # One piece holds 2 ops per message; refuse layouts whose single piece is over budget
     # before generating anything (about 4 N ops per rank per piece).
     per_piece = 4 * n * n * len(layout.grids)
-    if per_piece > max(max_ops, OP_BUDGET):
+    if per_piece > max(max_ops, GRID_OPS):
         return None
     msgs = H.messages(layout)
     ops_per_piece = 2 * len(msgs.step)
     loads, lat = H.piece_profile(model, msgs, H.chunk_fractions(layout, np.ones(1)))
-    if chunks is not None:
-        q = max(1, int(chunks) // max(1, msgs.nchunks))
+    if pieces is not None or chunks is not None:
+        q = pieces or max(1, int(chunks) // max(1, msgs.nchunks))
         sizes, est = H.piece_sizes(loads, lat, q, size)
     else:
         sizes, est = H.choose_pieces(loads, lat, size, ops_per_piece, max(max_ops, ops_per_piece))
@@ -306,14 +308,27 @@ def _tree_candidate(cluster: Cluster, size: int, chunks: int | None, exact: bool
 
 
 def _check_connected(cluster: Cluster) -> None:
-    """InfeasiblePlanError naming the cut when some GPUs cannot reach the others."""
-    cut = bottleneck(cluster)
-    if cut.bandwidth <= 0 or not np.isfinite(cut.ratio):
-        inside = sorted(v for v in cut.nodes if cluster.graph.nodes[v].get("kind") == "gpu")
-        raise InfeasiblePlanError(
-            f"cluster {cluster.name!r} is disconnected: no link leaves the cut of {cut.gpus} "
-            f"GPUs ({', '.join(inside[:6])}{', ...' if len(inside) > 6 else ''}); add a NIC, "
-            "fabric or switch link across it")
+    """InfeasiblePlanError naming the cut when some GPUs cannot reach the others.
+
+    The cut is the set of nodes GPU 0 reaches (or that reach it): no link with
+    bandwidth leaves (enters) it, so no allreduce can finish.
+    """
+    import networkx as nx
+    graph = cluster.graph
+    live = nx.DiGraph((u, v) for u, v, bw in graph.edges(data="bandwidth") if bw and bw > 0)
+    live.add_nodes_from(graph.nodes)
+    gpus = [cluster.gpu_node(r) for r in range(cluster.nranks)]
+    for side, reach in (("leaves", nx.descendants(live, gpus[0])),
+                        ("enters", nx.ancestors(live, gpus[0]))):
+        reach = reach | {gpus[0]}
+        if any(g not in reach for g in gpus):
+            inside = [g for g in gpus if g in reach]
+            outside = [g for g in gpus if g not in reach]
+            raise InfeasiblePlanError(
+                f"cluster {cluster.name!r} is disconnected: no link {side} the cut of "
+                f"{len(inside)} GPUs ({', '.join(inside[:6])}{', ...' if len(inside) > 6 else ''}"
+                f"; {len(reach)} nodes) toward {', '.join(outside[:6])}; add a NIC, fabric or "
+                "switch link across it")
 
 
 def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = None,
@@ -394,14 +409,42 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     cands: list[_Candidate] = []
     status = "optimal"
     grids = H.layouts(cluster)
-    order = topo_order(cluster)
-    grids.append(H.flat_ring_layout(order, "ring-topo"))
+    if n > 256:
+        # Each layout costs a pass over ~4 N^2 messages: keep the halving variants
+        # (fewest steps), which the cost model prefers at this scale anyway.
+        halving = [g for g in grids if g.name.endswith("(halving)")]
+        grids = halving or grids
+    seen: set[bytes] = set()
+    unique = []
+    for g in grids:  # equal rank grids (boxes already in switch order) once
+        key = b"".join(x.tobytes() for x in g.grids) + np.asarray(g.dims).tobytes()
+        if key not in seen:
+            seen.add(key)
+            unique.append(g)
+    grids = unique
+    if n <= 256 or not grids:
+        order = topo_order(cluster)
+        grids.append(H.flat_ring_layout(order, "ring-topo"))
+    failure: InfeasiblePlanError | None = None
+    if n <= 256:
+        # The plain ring (rank order, one piece), so that mcf is never behind it.
+        try:
+            cand = _grid_candidate(cluster, model, H.flat_ring_layout(list(range(n)), "ring"),
+                                   size, None, max_ops, pieces=1)
+            if cand is not None:
+                cands.append(cand)
+        except InfeasiblePlanError as exc:
+            failure = exc
     for layout in grids:
-        cand = _grid_candidate(cluster, model, layout, size, chunks, max_ops)
+        try:
+            cand = _grid_candidate(cluster, model, layout, size, chunks, max_ops)
+        except InfeasiblePlanError as exc:  # e.g. a ring across rails that never meet
+            failure = exc
+            continue
         if cand is not None:
             cands.append(cand)
-    if len(grids) == 1 or not any(c.name.startswith("grid") and "ring-topo" not in c.name
-                                  for c in cands):
+    if not any(c.name.startswith("grid") and c.name not in ("grid ring", "grid ring-topo")
+               for c in cands):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # reported below, once
             tree = _tree_candidate(cluster, size, chunks, exact, time_limit, max_ops, flat_max)
@@ -409,6 +452,8 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         if tree.info["status"] not in _GOOD:
             status = tree.info["status"]
     if not cands:
+        if failure is not None:
+            raise failure
         raise InfeasiblePlanError(f"mcf on {cluster.name!r}: no construction fits in {max_ops} ops")
     best_est = min(c.estimate_s for c in cands)
     # Within 1% of the best, the smaller schedule wins (faster to build and replay).
@@ -416,6 +461,18 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     solved = time.perf_counter()
     schedule = pick.make()
     mat_s = time.perf_counter() - solved
+    # The lock-step model ignores that ranks drift apart; where simulating is cheap,
+    # the event simulator has the last word among the candidates near the best.
+    close = sorted((c for c in cands if c.estimate_s <= best_est * 1.05),
+                   key=lambda c: c.estimate_s)
+    if len(close) > 1 and sum(c.nops for c in close) <= SIM_OPS:
+        from ..simulate import simulate
+        timed = []
+        for c in close:
+            sched = schedule if c is pick else c.make()
+            timed.append((simulate(cluster, sched, size).time_s, c.nops, id(c), c, sched))
+        _, _, _, pick, schedule = min(timed)
+        pick.info["simulated_s"] = {c.name: t for t, _, _, c, _ in timed}
     verify_s = 0.0
     if check:
         from ..verify import verify
