@@ -196,8 +196,15 @@ def test_random_clusters_verify_and_respect_the_cut_bound(text):
     assert np.isclose(sum(schedule.chunks), 1.0)
     if 1 < n <= 8:
         size = 64 << 20
-        got = simulate(cluster, plan_mcf(cluster, size=size), size)
-        assert got.time_s >= got.lower_bound_s * (1 - 1e-9)
+        schedule = plan_mcf(cluster, size=size)
+        got = simulate(cluster, schedule, size)
+        if schedule.meta["construction"].startswith("grid"):  # reduce-scatter + allgather
+            assert got.time_s >= got.lower_bound_s * (1 - 1e-9)
+        else:
+            # Reduce + broadcast trees are not RS + AG: across a cut holding most GPUs
+            # they send M (one partial sum) where RS + AG sends 2 (M/N) |S|. Any
+            # allreduce still moves M across every cut: at least half the RS + AG bound.
+            assert got.time_s >= 0.5 * got.lower_bound_s * (1 - 1e-9)
         ring = simulate(cluster, plan(cluster, "ring", size=size), size)
         assert got.time_s <= ring.time_s * (1 + 1e-9)
 
