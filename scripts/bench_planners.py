@@ -9,6 +9,7 @@ topology. 1.00 is optimal; lower is better. Also prints how long planning took.
     python scripts/bench_planners.py                  # the issue's table
     python scripts/bench_planners.py --max-ranks 256  # skip the 1024-rank cluster
     python scripts/bench_planners.py --json out.json  # the rows as data too
+    python scripts/bench_planners.py --plan-times 64,1024   # planning time only
 
 ``main()`` returns the rows (one dict per planner x topology x size) so other
 scripts can reuse them.
@@ -100,6 +101,55 @@ def table(rows: list[dict[str, Any]], planners: list[str], sizes: list[int]) -> 
     return "\n".join(lines)
 
 
+def leaf_spine_yaml(boxes: int) -> str:
+    """topologies/leaf_spine_1024.yaml scaled to ``boxes`` x 8 GPUs (8 boxes per leaf,
+    one 200 Gbit/s NIC per GPU, 4 spines)."""
+    leaves = max(1, boxes // 8)
+    return (f"name: leaf-spine-{boxes * 8}\nswitches:\n  - {{name: 'leaf{{i}}', count: {leaves}}}\n"
+            "  - {name: 'spine{i}', count: 4}\n"
+            f"boxes:\n  - {{name: 'node{{i}}', count: {boxes}, gpus: 8,\n"
+            "     fabric: {bandwidth: 300 GB/s, latency: 0.5 us},\n"
+            "     nics: [" + ", ".join(f"{{switch: 'leaf{{i//8}}', bandwidth: 200 Gbit/s, "
+                                   f"latency: 1 us, gpus: [{j}]}}" for j in range(8)) + "]}\n"
+            f"links:\n  - {{a: 'leaf{{i//4}}', b: 'spine{{i%4}}', count: {4 * leaves}, "
+            "bandwidth: 200 GB/s, latency: 0.5 us}\n")
+
+
+def plan_times(planners: list[str], ranks: list[int], size: int) -> list[dict[str, Any]]:
+    """Planning time per planner on leaf-spine clusters of ``ranks`` GPUs.
+
+    Reported with a baseline measured in the same run (the machine may be shared):
+    the time to construct as many bare ``Op`` objects as the plan holds.
+    """
+    import gc
+
+    from topoplan.cluster import loads_cluster
+    from topoplan.schedule import Op, OpKind
+
+    rows = []
+    for n in ranks:
+        cluster = loads_cluster(leaf_spine_yaml(max(1, n // 8)))
+        cluster.graph  # built once, outside the timings
+        for name in planners:
+            t0 = time.perf_counter()
+            schedule = PLANNERS[name](cluster, size=size)
+            elapsed = time.perf_counter() - t0
+            nops = schedule.nops
+            del schedule
+            gc.disable()
+            t0 = time.perf_counter()
+            ops = [Op(OpKind.SEND, i & 1023, i) for i in range(nops)]
+            baseline = time.perf_counter() - t0
+            gc.enable()
+            del ops
+            rows.append({"nranks": cluster.nranks, "planner": name, "plan_s": elapsed,
+                         "nops": nops, "op_baseline_s": baseline})
+            print(f"{cluster.nranks:6d} ranks  {name:13s} {elapsed:7.2f} s  {nops:9d} ops  "
+                  f"(bare Op() x nops: {baseline:6.2f} s, ratio {elapsed / baseline:5.2f})",
+                  flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("topologies", nargs="*", type=Path,
@@ -111,6 +161,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                         help="skip topologies with more ranks")
     parser.add_argument("--verify", action="store_true", help="also verify every plan")
     parser.add_argument("--json", type=Path, help="also write the records here")
+    parser.add_argument("--plan-times", metavar="RANKS", default=None,
+                        help="instead: time planning on leaf-spine clusters of these rank "
+                             "counts (comma-separated, e.g. 64,1024); no simulation")
     args = parser.parse_args(argv)
     paths = args.topologies or sorted((ROOT / "topologies").glob("*.yaml"))
     planners = [p.strip() for p in args.planners.split(",") if p.strip()]
@@ -118,11 +171,16 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if unknown:
         parser.error(f"unknown planners {unknown}; known: {', '.join(PLANNERS)}")
     sizes = [int(parse_size(s)) for s in args.sizes.split(",")]
+    if args.plan_times:
+        rows = plan_times(planners, [int(r) for r in args.plan_times.split(",")], sizes[-1])
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
+        return rows
     rows = bench(paths, planners, sizes, args.max_ranks, args.verify)
     print("predicted time / lower bound (1.00 = optimal; best per size in bold)\n")
     print(table(rows, planners, sizes))
-    plan_times = [r["plan_s"] for r in rows if "plan_s" in r]
-    if plan_times:
+    timed = [r["plan_s"] for r in rows if "plan_s" in r]
+    if timed:
         worst = max((r for r in rows if "plan_s" in r), key=lambda r: r["plan_s"])
         print(f"\nslowest plan: {worst['planner']} on {worst['topology']} "
               f"({worst['nranks']} ranks, {worst.get('nops', 0)} ops): {worst['plan_s']:.2f} s")

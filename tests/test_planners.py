@@ -418,3 +418,70 @@ def test_registry_is_open() -> None:
         assert s.algorithm == "mine"
     finally:
         del PLANNERS["mine"]
+
+
+# --------------------------------------------------------------------------------------
+# Against the simulator and the lower bound
+# --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["single-switch", "two-switch", "fabric4", "nvlink-box"])
+def test_simulated_time_is_never_below_the_lower_bound(kind: str) -> None:
+    """On clusters whose cuts are balanced (every cut S has |S| <= N/2 GPUs on its
+    narrow side), no planner beats the bound.
+
+    The bound is for allreduce as reduce-scatter + allgather (ForestColl). Planners
+    that pre-reduce inside a group before crossing a cut (tree, rhd's fold,
+    hierarchical on uneven boxes) move only M per direction across a cut with
+    |S| > N/2 GPUs behind it, less than the bound's 2 |S| M / N, and can beat it
+    there: see test_pre_reducing_planners_beat_the_rs_ag_bound_on_an_uneven_cut.
+    """
+    from topoplan.simulate import simulate
+    for n in (2, 4, 8, 12):
+        c = cluster(kind, n)
+        for planner in BASELINES:
+            for size in (64 << 10, 64 * MiB):
+                report = simulate(c, plan(c, planner, size=size), size=size)
+                assert report.time_s >= report.lower_bound_s * (1 - 1e-9), \
+                    f"{planner} on {kind} with {n} ranks, {size} B: simulated " \
+                    f"{report.time_s} s < lower bound {report.lower_bound_s} s"
+
+
+def test_pre_reducing_planners_beat_the_rs_ag_bound_on_an_uneven_cut() -> None:
+    """2 GPUs | 1 GPU over a 10 GB/s link: the RS+AG bound charges 2 * (2/3) M across
+    it; reduce + broadcast needs only M each way."""
+    from topoplan.simulate import simulate
+    c = cluster("two-switch", 3)
+    size = 64 * MiB
+    for planner in ("tree", "rhd"):
+        report = simulate(c, plan(c, planner, size=size), size=size)
+        assert size / 10e9 <= report.time_s < report.lower_bound_s, planner
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_ring_on_one_switch_matches_the_hand_computed_time(n: int) -> None:
+    """2(n-1) steps of (path latency + (M/n) / B): Patarasuk and Yuan's bound plus latency."""
+    from topoplan.simulate import simulate
+    c = cluster("single-switch", n)
+    size = 64 * MiB
+    report = simulate(c, plan(c, "ring", size=size), size=size)
+    path = c.routes(0, 1)[0]
+    latency = sum(c.graph[u][v]["latency"] for u, v in zip(path, path[1:]))
+    bandwidth = 100e9 / 8
+    expected = 2 * (n - 1) * (latency + size / n / bandwidth)
+    assert report.time_s == pytest.approx(expected, rel=1e-9)
+    assert report.lower_bound_s == pytest.approx(2 * (n - 1) / n * size / bandwidth, rel=1e-9)
+
+
+def test_ddl_good_ring_order_beats_the_bad_one_by_two() -> None:
+    """DDL's example: A->B->C->D sends M/4 per step over the 10 GB/s link once per
+    direction; A->C->B->D twice, so its 6 steps take twice as long."""
+    from topoplan.cluster import load_cluster
+    from topoplan.simulate import simulate
+    c = load_cluster(ROOT / "topologies" / "ddl_two_switch.yaml")
+    size = 256 * MiB
+    good = simulate(c, plan(c, "ring-topo", size=size), size=size)
+    bad = simulate(c, plan(c, "ring", size=size, order=[0, 2, 1, 3]), size=size)
+    narrow = 10e9
+    assert good.time_s == pytest.approx(6 * (size / 4) / narrow, rel=2e-3)
+    assert bad.time_s == pytest.approx(6 * 2 * (size / 4) / narrow, rel=2e-3)
+    assert good.time_s / good.lower_bound_s == pytest.approx(1.5, rel=2e-3)

@@ -7,6 +7,7 @@ the CLI shows to them; adding one is one line (or :func:`register`).
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from typing import Any, Callable
 
@@ -18,14 +19,35 @@ from .hierarchical import plan_hierarchical
 from .rhd import plan_rhd
 from .ring import plan_ring, plan_ring_topo
 from .tree import plan_tree
-from .mcf import plan_mcf
-from .auto import plan_auto
 
-__all__ = ["PLANNERS", "plan", "register", "candidates", "PlannerError", "plan_ring",
-           "plan_ring_topo", "plan_tree", "plan_rhd", "plan_hierarchical", "topo_order",
-           "plan_mcf", "plan_auto"]
+__all__ = ["PLANNERS", "plan", "register", "candidates", "PlannerError", "LazyPlanner", "plan_ring",
+           "plan_ring_topo", "plan_tree", "plan_rhd", "plan_hierarchical", "topo_order"]
 
 Planner = Callable[..., Schedule]
+
+
+class LazyPlanner:
+    """A planner imported on first use (``mcf`` pulls in scipy: seconds of import time).
+
+    Calls and ``inspect.signature`` go to ``module.function``.
+    """
+
+    def __init__(self, module: str, function: str) -> None:
+        self.module, self.function = module, function
+
+    def resolve(self) -> Planner:
+        return getattr(importlib.import_module(self.module), self.function)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Schedule:
+        return self.resolve()(*args, **kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        return inspect.signature(self.resolve())
+
+    def __repr__(self) -> str:
+        return f"<planner {self.module}.{self.function}>"
+
 
 PLANNERS: dict[str, Planner] = {
     "ring": plan_ring,
@@ -33,8 +55,8 @@ PLANNERS: dict[str, Planner] = {
     "tree": plan_tree,
     "rhd": plan_rhd,
     "hierarchical": plan_hierarchical,
-    "mcf": plan_mcf,
-    "auto": plan_auto,
+    "mcf": LazyPlanner("topoplan.planners.mcf", "plan_mcf"),
+    "auto": LazyPlanner("topoplan.planners.auto", "plan_auto"),
 }
 
 
@@ -69,7 +91,7 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
     cluster : Cluster
     algorithm : str
         A key of :data:`PLANNERS` (``ring``, ``ring-topo``, ``tree``, ``rhd``,
-        ``hierarchical``, and whatever else is registered), or ``auto``. When no
+        ``hierarchical``, ``mcf``, and whatever else is registered), or ``auto``. When no
         ``auto`` planner is registered, ``auto`` simulates every candidate with
         :func:`topoplan.simulate` and returns the fastest (``meta["chosen_by"]``
         records it); candidates that raise :class:`InfeasiblePlanError` are skipped.
