@@ -56,6 +56,7 @@ PLANNERS: dict[str, Planner] = {
     "rhd": plan_rhd,
     "hierarchical": plan_hierarchical,
     "mcf": LazyPlanner("topoplan.planners.mcf", "plan_mcf"),
+    "auto": LazyPlanner("topoplan.planners.auto", "plan_auto"),
 }
 
 
