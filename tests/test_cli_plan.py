@@ -55,3 +55,24 @@ def test_unknown_planner_is_one_line_error():
 def test_bad_size_is_a_usage_error():
     result = run("plan", DDL, "--size", "12 parsecs", check=False)
     assert result.returncode == 2 and "unknown unit" in result.stderr
+
+
+def test_one_gpu_cluster_plans_shows_and_prints_valid_json(tmp_path):
+    cluster = tmp_path / "one.yaml"
+    cluster.write_text("name: one\nboxes:\n  - {name: solo, gpus: 1}\n")
+    data = json.loads(run("plan", str(cluster), "--json").stdout)
+    assert data["nranks"] == 1 and data["lower_bound_s"] == 0
+    assert all(c["time_s"] == 0 and c["algbw_GBps"] is None for c in data["candidates"])
+    table = run("plan", str(cluster)).stdout
+    assert "inf" not in table
+    result = run("show", str(cluster), "-o", str(tmp_path / "one.png"), check=False)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "one.png").exists()
+
+
+def test_output_into_a_missing_folder_is_one_line_error(tmp_path):
+    target = tmp_path / "missing" / "plan.json"
+    result = run("plan", DDL, "--candidates", "ring", "-o", str(target), check=False)
+    assert result.returncode == 1
+    assert result.stderr == f"topoplan: error: {target}: cannot write schedule: No such file or directory\n"
+    assert not (tmp_path / "missing").exists()

@@ -390,21 +390,6 @@ def test_bad_options_are_planner_errors(bad: dict, message: str) -> None:
         plan(c, "ring", **kwargs)
 
 
-def test_auto_without_a_registered_auto() -> None:
-    c = cluster("two-switch", 6)
-    if "auto" in PLANNERS:
-        pytest.skip("an auto planner is registered")
-    try:
-        import topoplan.simulate  # noqa: F401
-    except ImportError:
-        with pytest.raises(PlannerError, match="needs topoplan.simulate"):
-            plan(c, "auto", size=MiB)
-    else:
-        s = checked(plan(c, "auto", size=MiB), "auto", "two-switch 6")
-        assert s.meta["chosen_by"] == "simulation"
-        assert s.algorithm == min(s.meta["candidates_s"], key=s.meta["candidates_s"].get)
-
-
 def test_registry_is_open() -> None:
     from topoplan.planners import register
     from topoplan.planners.ring import plan_ring

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from dataclasses import dataclass
+from typing import Any
 
-from ..cluster import Cluster, load_cluster
+from ..cluster import load_cluster
 from ..errors import TopoplanError
 from ..units import format_bandwidth, format_size, format_time
 from .common import console, size_arg, status, table
@@ -31,72 +31,60 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_plan)
 
 
-@dataclass(frozen=True)
-class Candidate:
-    algorithm: str
-    schedule: object
-    report: object
-    plan_s: float
-
-
-def compare(cluster: Cluster, size: int, algorithms: list[str]) -> list[Candidate]:
-    """Plan, verify and simulate each algorithm; the rows of the table."""
-    from ..planners import plan
-    from ..simulate import simulate
-    from ..verify import verify
-
-    rows = []
-    for name in algorithms:
-        with status(f"planning {name} for {cluster.nranks} ranks ..."):
-            start = time.perf_counter()
-            schedule = plan(cluster, algorithm=name, size=size)
-            elapsed = time.perf_counter() - start
-            verify(schedule)
-            report = simulate(cluster, schedule, size)
-        rows.append(Candidate(name, schedule, report, elapsed))
-    return rows
-
-
-def candidate_names(requested: str | None) -> list[str]:
+def candidate_names(requested: str | None) -> list[str] | None:
+    """The planners to compare: those named (checked), or None for auto's defaults."""
     from ..planners import PLANNERS
-    known = [name for name in PLANNERS if name != "auto"]
     if not requested:
-        return known
+        return None
     names = [n.strip() for n in requested.split(",") if n.strip()]
-    unknown = [n for n in names if n not in PLANNERS]
+    unknown = [n for n in names if n not in PLANNERS or n == "auto"]
     if unknown:
-        raise TopoplanError(f"unknown planner {unknown[0]!r}; known: {', '.join(PLANNERS)}")
+        known = ", ".join(n for n in PLANNERS if n != "auto")
+        raise TopoplanError(f"unknown planner {unknown[0]!r}; known: {known}")
     return names
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from ..bound import bottleneck, lower_bound
 
+    from ..planners.auto import compare
+    from ..verify import verify
+
     cluster = load_cluster(args.cluster)
     names = candidate_names(args.candidates)
-    if args.algorithm != "auto" and args.algorithm not in names:
-        names = candidate_names(args.algorithm) + names
-    rows = compare(cluster, args.size, names)
+    if args.algorithm != "auto":
+        named = candidate_names(args.algorithm)
+        assert named is not None
+        if names is None:
+            names = named + [n for n in _default_candidates() if n not in named]
+        elif args.algorithm not in names:
+            names = named + names
+    with status(f"planning and simulating candidates for {cluster.nranks} ranks ..."):
+        rows = [Candidate(*row) for row in compare(cluster, args.size, names)]
     if args.algorithm == "auto":
-        chosen = min(rows, key=lambda c: c.report.time_s)
+        chosen = rows[0]  # compare() sorts fastest first
     else:
         chosen = next(c for c in rows if c.algorithm == args.algorithm)
+    with status(f"verifying the {chosen.algorithm} schedule ..."):
+        verify(chosen.schedule)
     bound = lower_bound(cluster, args.size)
 
     if args.output:
         chosen.schedule.with_meta(
-            size_bytes=args.size, predicted_time_s=chosen.report.time_s,
+            size_bytes=args.size, predicted_time_s=chosen.time_s,
             lower_bound_s=bound).save(args.output)
 
     if args.json:
         print(json.dumps({
             "cluster": cluster.name, "nranks": cluster.nranks, "size_bytes": args.size,
             "lower_bound_s": bound, "chosen": chosen.algorithm,
-            "candidates": [{"algorithm": c.algorithm, "time_s": c.report.time_s,
-                            "algbw_GBps": c.report.algbw / 1e9, "busbw_GBps": c.report.busbw / 1e9,
-                            "percent_of_bound": _percent(bound, c.report.time_s),
+            "candidates": [{"algorithm": c.algorithm, "time_s": c.time_s,
+                            "algbw_GBps": _finite(c.algbw(args.size, cluster.nranks)[0] / 1e9),
+                            "busbw_GBps": _finite(c.algbw(args.size, cluster.nranks)[1] / 1e9),
+                            "percent_of_bound": _percent(bound, c.time_s),
+                            "simulated": c.report is not None,
                             "steps": c.schedule.nsteps, "chunks": c.schedule.nchunks,
-                            "plan_s": c.plan_s}
+                            "ops": c.schedule.nops, "plan_s": c.plan_s}
                            for c in rows]}))
         return 0
 
@@ -105,12 +93,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
               f"{format_size(args.size)}; lower bound {format_time(bound)}")
     t = table("algorithm", "time", "algbw (GB/s)", "busbw (GB/s)", "% of bound", "steps", "chunks",
               "plan time")
-    for c in sorted(rows, key=lambda c: c.report.time_s):
+    for c in rows:
         mark = " *" if c is chosen else ""
-        t.add_row(c.algorithm + mark, format_time(c.report.time_s), f"{c.report.algbw / 1e9:.2f}",
-                  f"{c.report.busbw / 1e9:.2f}", f"{_percent(bound, c.report.time_s):.1f}",
+        algbw, busbw = c.algbw(args.size, cluster.nranks)
+        approx = "" if c.report is not None else "~"
+        t.add_row(c.algorithm + mark, approx + format_time(c.time_s), _gbps(algbw), _gbps(busbw),
+                  f"{approx}{_percent(bound, c.time_s):.1f}",
                   str(c.schedule.nsteps), str(c.schedule.nchunks), format_time(c.plan_s))
     out.print(t)
+    if any(c.report is None for c in rows):
+        out.print("~ estimated by the planner's own cost model: the schedule is too big to "
+                  "simulate quickly")
     if cluster.nranks > 1:
         cut = bottleneck(cluster)
         out.print(f"bottleneck cut: {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)} out")
@@ -121,3 +114,42 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _percent(bound: float, time_s: float) -> float:
     return 100.0 * bound / time_s if time_s > 0 else 100.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One row of the table: a planner's schedule and its simulated (or estimated) time."""
+
+    algorithm: str
+    schedule: Any
+    report: Any  # SimReport, or None when the schedule was too big to simulate
+    plan_s: float
+
+    @property
+    def time_s(self) -> float:
+        if self.report is not None:
+            return float(self.report.time_s)
+        return float(self.schedule.meta.get("estimate_s", float("nan")))
+
+    def algbw(self, size: int, nranks: int) -> tuple[float, float]:
+        """(algbw, busbw) in bytes/s."""
+        if self.report is not None:
+            return self.report.algbw, self.report.busbw
+        if not self.time_s > 0:
+            return float("inf"), float("inf")
+        algbw = size / self.time_s
+        return algbw, algbw * 2 * (nranks - 1) / nranks
+
+
+def _default_candidates() -> list[str]:
+    from ..planners.auto import DEFAULT_CANDIDATES
+    return list(DEFAULT_CANDIDATES)
+
+
+def _finite(value: float) -> float | None:
+    """JSON has no infinity: a 1-rank allreduce moves nothing and has no bandwidth."""
+    return value if value != float("inf") else None
+
+
+def _gbps(bytes_per_s: float) -> str:
+    return "-" if bytes_per_s in (0.0, float("inf")) else f"{bytes_per_s / 1e9:.2f}"

@@ -114,7 +114,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         out.print(f"{cluster.name}: {report.algorithm or 'schedule'} at {format_size(args.size)}: "
                   f"{format_time(report.time_s)} predicted, lower bound "
                   f"{format_time(report.lower_bound_s)} "
-                  f"({report.lower_bound_s / report.time_s:.0%} of optimal)")
+                  f"({report.efficiency:.0%} of optimal)")
 
     for name, path in paths.items():
         if name == "cluster":

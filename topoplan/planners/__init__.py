@@ -12,7 +12,6 @@ import inspect
 from typing import Any, Callable
 
 from ..cluster import Cluster
-from ..errors import InfeasiblePlanError
 from ..schedule import Schedule
 from ._common import PlannerError, topo_order
 from .hierarchical import plan_hierarchical
@@ -56,6 +55,7 @@ PLANNERS: dict[str, Planner] = {
     "rhd": plan_rhd,
     "hierarchical": plan_hierarchical,
     "mcf": LazyPlanner("topoplan.planners.mcf", "plan_mcf"),
+    "auto": LazyPlanner("topoplan.planners.auto", "plan_auto"),
 }
 
 
@@ -90,10 +90,8 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
     cluster : Cluster
     algorithm : str
         A key of :data:`PLANNERS` (``ring``, ``ring-topo``, ``tree``, ``rhd``,
-        ``hierarchical``, ``mcf``, and whatever else is registered), or ``auto``. When no
-        ``auto`` planner is registered, ``auto`` simulates every candidate with
-        :func:`topoplan.simulate` and returns the fastest (``meta["chosen_by"]``
-        records it); candidates that raise :class:`InfeasiblePlanError` are skipped.
+        ``hierarchical``, ``mcf``, and whatever else is registered), or ``auto``, which
+        simulates the candidates and returns the fastest (:mod:`topoplan.planners.auto`).
     size : int
         Message size in bytes.
     **options
@@ -109,36 +107,9 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
         Unknown algorithm (the message lists the known ones) or an option the planner
         does not take.
     """
-    if algorithm == "auto" and "auto" not in PLANNERS:
-        return _auto_by_simulation(cluster, size=size, **options)
     planner = PLANNERS.get(algorithm)
     if planner is None:
-        known = ", ".join(sorted(set(PLANNERS) | {"auto"}))
+        known = ", ".join(sorted(PLANNERS))
         raise PlannerError(f"unknown algorithm {algorithm!r}; known: {known}")
     _check_options(algorithm, planner, options)
     return planner(cluster, size=size, **options)
-
-
-def _auto_by_simulation(cluster: Cluster, *, size: int, **options: Any) -> Schedule:
-    try:
-        from ..simulate import simulate
-    except ImportError:
-        raise PlannerError("algorithm 'auto' needs topoplan.simulate, which this installation "
-                           f"lacks; name one of: {', '.join(candidates())}") from None
-    best: tuple[float, str, Schedule] | None = None
-    times: dict[str, float] = {}
-    for name in candidates():
-        planner = PLANNERS[name]
-        usable = {k: v for k, v in options.items()
-                  if k in inspect.signature(planner).parameters}
-        try:
-            schedule = planner(cluster, size=size, **usable)
-        except InfeasiblePlanError:
-            continue
-        t = simulate(cluster, schedule, size=size).time_s
-        times[name] = t
-        if best is None or t < best[0]:
-            best = (t, name, schedule)
-    if best is None:
-        raise PlannerError("algorithm 'auto': no candidate planner produced a schedule")
-    return best[2].with_meta(chosen_by="simulation", candidates_s=times)

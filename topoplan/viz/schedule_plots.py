@@ -172,6 +172,10 @@ def link_utilisation(report: Any, k: int = 8, cluster: Cluster | None = None) ->
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     link_timeline = getattr(report, "link_timeline", None)
+    if not link_timeline and not any(report.link_bytes.values()):
+        fig = new_figure(6.0, 2.0)  # e.g. one rank: no link carries anything
+        fig.text(0.5, 0.5, "no link carries data in this schedule", ha="center", va="center")
+        return fig
     if not link_timeline:
         raise ValueError("link_utilisation needs the per-link timeline: simulate with "
                          "record=True, e.g. topoplan.simulate(cluster, schedule, size, "
