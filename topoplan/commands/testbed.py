@@ -2,9 +2,10 @@
 
 ``up`` builds network namespaces, bridges and tc-shaped veth pairs for a cluster
 (bandwidths times ``--scale``) and leaves them up, recorded in a state file; ``down``
-removes them; ``probe`` measures shaped links with raw TCP; ``bench`` builds a testbed,
-runs planned schedules and gloo's own allreduce in it, compares with the simulator and
-tears it down. Needs root (CAP_NET_ADMIN) and iproute2.
+removes them; ``probe`` measures shaped links with raw TCP (``--concurrent``: several
+flows at once); ``bench`` builds a testbed, runs planned schedules and the transport's
+own allreduce in it (gloo or Open MPI), compares with the simulator (raw and calibrated
+on the testbed) and tears it down. Needs root (CAP_NET_ADMIN) and iproute2.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     probe.add_argument("state", type=Path, help="state file printed by `up`")
     probe.add_argument("--pairs", default="0-1", help="SRC-DST[,SRC-DST...] (default 0-1)")
     probe.add_argument("--size", default="4MiB", help="bytes per transfer (default 4MiB)")
+    probe.add_argument("--concurrent", action="store_true",
+                       help="run the pairs at once and report each one's share")
     probe.set_defaults(func=cmd_probe)
 
     bench = sub.add_parser("bench", help="run planned schedules and native gloo in a testbed")
@@ -58,8 +61,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--timeout", type=float, default=600, help="seconds for the whole run")
     bench.add_argument("--state", type=Path, default=None,
                        help="use a testbed built by `up` instead of building one")
-    bench.add_argument("--transport", default="gloo", choices=["gloo"],
-                       help="transport (gloo through torch.distributed)")
+    bench.add_argument("--transport", default="gloo", choices=["gloo", "mpi"],
+                       help="gloo (torch.distributed, one process per namespace) or mpi "
+                            "(Open MPI, mpiexec with a launcher agent per namespace)")
+    bench.add_argument("--no-calibrate", dest="calibrate", action="store_false",
+                       help="skip calibrating the simulator's per-message alpha and reduce "
+                            "bandwidth on the testbed (no calibrated prediction column)")
     bench.add_argument("--json", action="store_true", help="print JSON records")
     bench.set_defaults(func=cmd_bench)
 
@@ -107,10 +114,10 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 def cmd_probe(args: argparse.Namespace) -> int:
     from ..testbed import Testbed
-    from ..testbed.probe import measure
+    from ..testbed.probe import measure, measure_concurrent
     bed = Testbed.attach(args.state)
     nbytes = parse_size(args.size)
-    t = table("pair", "shaped", "measured", "ratio", title=f"TCP {format_size(nbytes)}")
+    pairs = []
     for pair in args.pairs.split(","):
         try:
             src, dst = (int(x) for x in pair.split("-"))
@@ -119,7 +126,14 @@ def cmd_probe(args: argparse.Namespace) -> int:
         for r in (src, dst):
             if not 0 <= r < bed.layout.nranks:
                 raise TopoplanError(f"--pairs {pair}: rank {r} out of range(0, {bed.layout.nranks})")
-        rate = measure(bed, src, dst, nbytes)
+        pairs.append((src, dst))
+    if args.concurrent:
+        rates = measure_concurrent(bed, pairs, nbytes)
+    else:
+        rates = [measure(bed, src, dst, nbytes) for src, dst in pairs]
+    t = table("pair", "shaped path", "measured", "ratio",
+              title=f"TCP {format_size(nbytes)}{', all pairs at once' if args.concurrent else ''}")
+    for (src, dst), rate in zip(pairs, rates):
         shaped = path_rate(bed.layout, src, dst)
         t.add_row(f"{src} -> {dst}", "-" if shaped is None else f"{shaped * 8 / 1e6:,.0f} Mbit/s",
                   f"{rate * 8 / 1e6:,.0f} Mbit/s", "-" if shaped is None else f"{rate / shaped:.2f}")
@@ -175,25 +189,38 @@ def cmd_bench(args: argparse.Namespace) -> int:
         bed = Testbed.up(cluster, _scale(args.scale), max_ranks=args.max_ranks)
         owned = True
     try:
-        rows = bench(bed, cluster, algorithms, sizes, iters=args.iters, warmup=args.warmup,
-                     timeout=args.timeout)
+        report = bench(bed, cluster, algorithms, sizes, iters=args.iters, warmup=args.warmup,
+                       timeout=args.timeout, calibrate=args.calibrate, transport=args.transport)
     finally:
         if owned:
             bed.down()
+    rows = report.rows
     if args.json:
         print(json.dumps({"cluster": cluster.name, "scale": bed.layout.scale,
-                          "nranks": cluster.nranks, "transport": args.transport,
-                          "rows": [r.to_dict() for r in rows]}, indent=1))
-        return 0
-    t = table("algorithm", "size", "measured (ms)", "predicted (ms)", "measured/predicted",
-              "native (ms)", "native/measured", "#wrong",
-              title=f"{cluster.name} at scale {bed.layout.scale:.6g}, {args.transport}")
+                          "nranks": cluster.nranks, **report.to_dict()}, indent=1))
+        return 1 if any(r.wrong for r in rows) else 0
+    cal = report.calibration
+    t = table("algorithm", "size", "steps", "measured (ms)", "predicted (ms)", "meas/pred",
+              "calibrated (ms)", "meas/cal", "native (ms)", "native/measured", "#wrong",
+              title=f"{cluster.name} at scale 1/{1 / bed.layout.scale:.4g}, {args.transport}")
+
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x * 1e3:.0f}"
+
+    def ratio(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
     for r in rows:
-        t.add_row(r.algorithm, format_size(r.size), f"{r.measured_s * 1e3:.1f}",
-                  "-" if r.predicted_s is None else f"{r.predicted_s * 1e3:.1f}",
-                  "-" if r.ratio is None else f"{r.ratio:.2f}",
-                  "-" if r.native_s is None else f"{r.native_s * 1e3:.1f}",
-                  "-" if r.speedup_vs_native is None else f"{r.speedup_vs_native:.2f}",
+        t.add_row(r.algorithm, format_size(r.size), "-" if r.steps is None else str(r.steps),
+                  ms(r.measured_s), ms(r.predicted_s), ratio(r.ratio), ms(r.calibrated_s),
+                  ratio(r.calibrated_ratio), ms(r.native_s), ratio(r.speedup_vs_native),
                   str(r.wrong))
-    console().print(t)
+    out = console()
+    out.print(t)
+    if cal is not None:
+        lat = "" if cal.latency_alpha_s is None else \
+            f" (latency-bound small messages: {cal.latency_alpha_s * 1e3:.2f} ms)"
+        red = "-" if cal.reduce_bandwidth is None else f"{cal.reduce_bandwidth / 1e9:.1f} GB/s"
+        out.print(f"calibrated: alpha {cal.alpha_s * 1e3:.2f} ms per message{lat}, reduce "
+                  f"{red}; load average {report.load[0]:.1f} -> {report.load[1]:.1f}")
     return 1 if any(r.wrong for r in rows) else 0

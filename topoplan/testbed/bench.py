@@ -10,8 +10,11 @@ simulates it, runs it and gloo's native allreduce, and returns one row per
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -42,6 +45,7 @@ class Case:
     schedule: Schedule | None = None
     warmup: int = 1
     iters: int = 3
+    trace: bool = False  # record when each step ended on each rank (last iteration)
 
 
 @dataclass(frozen=True)
@@ -89,9 +93,25 @@ def _repo_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
+TRANSPORTS = ("gloo", "mpi")
+
+
 def run_cases(bed: Any, cases: Sequence[Case], *, timeout: float = 300.0,
-              crash_rank: int | None = None) -> list[dict[str, Any]]:
-    """Run ``cases`` with one gloo process per rank inside ``bed``'s namespaces.
+              crash_rank: int | None = None, transport: str = "gloo") -> list[dict[str, Any]]:
+    """Run ``cases`` with one process per rank inside ``bed``'s namespaces.
+
+    Parameters
+    ----------
+    bed : Testbed
+    cases : sequence of Case
+    timeout : float
+        Seconds for the whole run.
+    crash_rank : int, optional
+        Make this rank exit with status 17 at start (fault injection, for tests).
+    transport : {"gloo", "mpi"}
+        ``gloo``: torch.distributed, one ``ip netns exec`` per rank. ``mpi``: Open MPI,
+        ``mpiexec`` in rank 0's namespace with a launcher agent per namespace
+        (:mod:`topoplan.testbed.mpi`).
 
     Returns
     -------
@@ -105,12 +125,14 @@ def run_cases(bed: Any, cases: Sequence[Case], *, timeout: float = 300.0,
         A rank exited with an error or the run took longer than ``timeout`` s; every
         rank process is gone when it is raised.
     """
+    if transport not in TRANSPORTS:
+        raise TopoplanError(f"transport {transport!r}: the testbed runs {', '.join(TRANSPORTS)}")
     layout = bed.layout
     with tempfile.TemporaryDirectory(prefix="topoplan-testbed-") as tmp:
         job_cases = []
         for i, case in enumerate(cases):
             entry = {"label": case.label, "size": case.size, "kind": case.kind,
-                     "warmup": case.warmup, "iters": case.iters}
+                     "warmup": case.warmup, "iters": case.iters, "trace": case.trace}
             if case.kind == "schedule":
                 if case.schedule is None:
                     raise ScheduleError(f"case {case.label!r} has no schedule")
@@ -120,30 +142,70 @@ def run_cases(bed: Any, cases: Sequence[Case], *, timeout: float = 300.0,
             job_cases.append(entry)
         job = {"nranks": layout.nranks, "master_addr": layout.addresses[0],
                "master_port": MASTER_PORT, "timeout_s": max(30.0, timeout), "dir": tmp,
-               "cases": job_cases, "crash_rank": crash_rank}
+               "cases": job_cases, "crash_rank": crash_rank, "transport": transport,
+               "addresses": list(layout.addresses)}
         job_path = Path(tmp, "job.json")
         job_path.write_text(json.dumps(job))
         env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1",
                "PYTHONPATH": os.pathsep.join(filter(None, [_repo_root(),
                                                            os.environ.get("PYTHONPATH")]))}
+        worker = [sys.executable, "-m", "topoplan.testbed.worker", str(job_path)]
         procs: list[subprocess.Popen] = []
         logs = [Path(tmp, f"rank{r}.log") for r in range(layout.nranks)]
         try:
-            for r, ns in enumerate(layout.rank_ns):
-                with open(logs[r], "w") as log:
-                    procs.append(subprocess.Popen(
-                        ["ip", "netns", "exec", ns, sys.executable, "-m",
-                         "topoplan.testbed.worker", str(job_path), str(r)],
-                        stdout=log, stderr=subprocess.STDOUT, env=env))
-            _wait(procs, logs, timeout)
+            if transport == "mpi":
+                from .mpi import mpiexec_command
+                command, mpi_env = mpiexec_command(layout, Path(tmp), worker)
+                launcher_log = Path(tmp, "mpiexec.log")
+                with open(launcher_log, "w") as log:
+                    # Its own session: a timeout kills mpiexec and everything it started.
+                    procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                                  env={**mpi_env, **env},
+                                                  start_new_session=True))
+                _wait_mpi(procs[0], launcher_log, logs, timeout)
+            else:
+                for r, ns in enumerate(layout.rank_ns):
+                    with open(logs[r], "w") as log:
+                        procs.append(subprocess.Popen(
+                            ["ip", "netns", "exec", ns, *worker, str(r)],
+                            stdout=log, stderr=subprocess.STDOUT, env=env))
+                _wait(procs, logs, timeout)
         finally:
             for proc in procs:
                 if proc.poll() is None:
-                    proc.kill()
+                    with contextlib.suppress(ProcessLookupError):
+                        if transport == "mpi":
+                            os.killpg(proc.pid, signal.SIGKILL)
+                        else:
+                            proc.kill()
                 proc.wait()
             for ns in layout.rank_ns:  # anything the workers started and left behind
                 kill_namespace_processes(ns)
         return json.loads(Path(tmp, "result.json").read_text())
+
+
+def _wait_mpi(proc: subprocess.Popen, launcher_log: Path, logs: list[Path],
+              timeout: float) -> None:
+    """Wait for ``mpiexec``; on failure name the rank it reports (or the first log)."""
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise TransportError(f"mpiexec still running after {timeout:g} s; stopped it. Its last "
+                             f"output:\n{_tail(launcher_log)}") from None
+    if code == 0:
+        return
+    text = launcher_log.read_text(errors="replace") if launcher_log.exists() else ""
+    # PRRTE: "Process name: [prterun-host-123@1,2]" then "Exit code: 17".
+    found = re.search(r"Process name:\s*\[[^\]]*?,(\d+)\]", text)
+    status = re.search(r"Exit code:\s*(-?\d+)", text)
+    if found:
+        r = int(found.group(1))
+        raise TransportError(
+            f"rank {r} exited with status {status.group(1) if status else '?'}; mpiexec stopped "
+            f"the other ranks. Its last output:\n{_tail(logs[r]) if logs[r].exists() else ''}"
+            f"\nmpiexec:\n{_tail(launcher_log)}", rank=r)
+    raise TransportError(f"mpiexec exited with status {code}. Its last output:\n"
+                         f"{_tail(launcher_log)}")
 
 
 def _wait(procs: list[subprocess.Popen], logs: list[Path], timeout: float) -> None:
@@ -194,8 +256,10 @@ def plan_algorithm(cluster: Cluster, spec: str, size: int) -> Schedule:
 
 def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence[int], *,
           iters: int = 3, warmup: int = 1, timeout: float = 600.0,
-          calibrate: bool = True) -> BenchReport:
-    """Plan, verify, simulate and run each algorithm at each size; ``native`` is gloo's own.
+          calibrate: bool = True, transport: str = "gloo") -> BenchReport:
+    """Plan, verify, simulate and run each algorithm at each size.
+
+    ``native`` is the transport's own allreduce (gloo's, or ``MPI_Allreduce``).
 
     ``cluster`` is the real cluster; plans and predictions use it scaled by the
     testbed's scale, which is what the namespaces emulate. With ``calibrate``, the
@@ -227,7 +291,7 @@ def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence
             import topoplan.transports  # noqa: F401
         except ImportError as exc:
             raise TopoplanError(f"cannot run schedules: {exc}; only 'native' can run") from None
-    results = run_cases(bed, cases, timeout=timeout)
+    results = run_cases(bed, cases, timeout=timeout, transport=transport)
     wrong = [r for r in results if r["wrong"]]
     if wrong:  # calibration runs are checked like every other run
         bad = [r for r in wrong if r["label"].startswith("cal:")]
@@ -257,7 +321,7 @@ def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence
         rows.append(BenchRow(label, size, measured, pred, measured / pred if pred else None,
                              nat, nat / measured if nat else None, r["wrong"],
                              tuple(r["times_s"]), cal, measured / cal if cal else None, steps))
-    return BenchReport(rows, calibration, "gloo", (load_before, _load()))
+    return BenchReport(rows, calibration, transport, (load_before, _load()))
 
 
 def _load() -> float:

@@ -39,8 +39,13 @@ SUBNET = "10.200.0.0/16"
 #: Above this (bytes/s) a link is left unshaped: this machine cannot push more through
 #: one veth anyway (about 17 Gbit/s in total), and tbf at such rates only adds jitter.
 MAX_SHAPED_RATE = 8e9 / 8
-#: ``--scale auto`` brings the fastest link between boxes to this rate (bytes/s).
+#: ``--scale auto`` brings the fastest link between boxes to at most this rate (bytes/s)...
 AUTO_TARGET_RATE = 2.5e9 / 8
+#: ... and the ranks' ports (NIC, or in-box link for multi-GPU boxes) together to at
+#: most this (bytes/s). Measured on the 2-core machine this was built on: four
+#: 2.5 Gbit/s flows delivered 2.0-2.2 Gbit/s each and starved a shaped 250 Mbit/s
+#: flow beside them to 200; at half those rates every flow got its shaped rate.
+MACHINE_RATE = 5e9 / 8
 #: Latencies below this are left out: veth + bridge + TCP already cost tens of us.
 MIN_NETEM_LATENCY = 20e-6
 
@@ -137,12 +142,28 @@ def _inter_box_rates(cluster: Cluster) -> list[float]:
 
 
 def auto_scale(cluster: Cluster) -> float:
-    """The scale that brings the fastest NIC or switch link to ``AUTO_TARGET_RATE``."""
+    """The largest scale at which this machine delivers every shaped rate.
+
+    The fastest NIC or switch link becomes at most ``AUTO_TARGET_RATE`` and all ranks'
+    ports together at most ``MACHINE_RATE``: above that, two shared cores cannot move
+    the bytes, the fast links run below their rate and take CPU from the slow ones, and
+    measured times stop matching any bandwidth model.
+    """
     rates = _inter_box_rates(cluster)
+    ports = [_port_rate(cluster, box, j) for box in cluster.boxes for j in range(box.gpus)]
     if not rates:  # one box: scale its fabric instead
-        rates = [_gpu_rate(box, j) for box in cluster.boxes for j in range(box.gpus)]
+        rates = ports
     fastest = max(rates, default=AUTO_TARGET_RATE)
-    return min(1.0, AUTO_TARGET_RATE / fastest)
+    total = sum(ports) or MACHINE_RATE
+    return min(1.0, AUTO_TARGET_RATE / fastest, MACHINE_RATE / total)
+
+
+def _port_rate(cluster: Cluster, box: Box, local: int) -> float:
+    """The rate of rank ``box.first_rank + local``'s own port in the testbed."""
+    if box.gpus > 1:
+        return _gpu_rate(box, local)
+    nic = _merged_nic(cluster, box)
+    return nic[1] if nic is not None else 0.0
 
 
 def scale_cluster(cluster: Cluster, scale: float) -> Cluster:

@@ -1,18 +1,24 @@
-"""One rank of a testbed run: ``python -m topoplan.testbed.worker JOB.json RANK``.
+"""One rank of a testbed run, inside the rank's network namespace.
 
-Started by :mod:`topoplan.testbed.bench` inside the rank's namespace (``ip netns exec``),
-so gloo's sockets (``GLOO_SOCKET_IFNAME=eth0``) and the TCP store on rank 0's address
-both go through the shaped network. For every case of the job it runs a schedule
-through :class:`topoplan.executor.Allreduce` over :class:`topoplan.transports.Torch`
-(or gloo's own ``all_reduce`` for ``native``, or only the adds of a reduction for
-``reduce``, to calibrate the simulator), checks every element of the result, and
-times each iteration between two barriers. Rank 0 writes ``result.json``.
+``python -m topoplan.testbed.worker JOB.json RANK`` (gloo: started by
+:mod:`topoplan.testbed.bench` with ``ip netns exec``) or ``python -m
+topoplan.testbed.worker JOB.json`` under ``mpiexec`` (MPI: started by the launcher agent
+of :mod:`topoplan.testbed.mpi`, the rank from ``COMM_WORLD``). Either way the
+transport's sockets go through the shaped network: gloo's with
+``GLOO_SOCKET_IFNAME=eth0`` and the TCP store on rank 0's address, Open MPI's with
+``btl_tcp_if_include eth0``. For every case of the job it runs a schedule through
+:class:`topoplan.executor.Allreduce` over :class:`topoplan.transports.Torch` or
+:class:`topoplan.transports.MPI` (or the transport's own allreduce for ``native``, or
+only the adds of a reduction for ``reduce``, to calibrate the simulator), checks every
+element of the result, and times each iteration between two barriers. Rank 0 writes
+``result.json``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from datetime import timedelta
@@ -27,11 +33,82 @@ def _expected(n: int, nranks: int, torch: Any) -> Any:
     return pattern * nranks + nranks * (nranks + 1) / 2
 
 
-def _run_case(case: dict[str, Any], rank: int, nranks: int, pg: Any, torch: Any,
-              dist: Any) -> dict[str, Any]:
+class _Gloo:
+    """torch.distributed over gloo: the collectives the worker itself needs."""
+
+    name = "gloo"
+
+    def __init__(self, job: dict[str, Any], rank: int) -> None:
+        import torch.distributed as dist
+        self.dist = dist
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://{job['master_addr']}:{job['master_port']}",
+            rank=rank, world_size=job["nranks"], timeout=timedelta(seconds=job["timeout_s"]))
+        self.pg = dist.group.WORLD
+
+    def transport(self) -> Any:
+        from topoplan.transports import Torch
+        return Torch(self.pg)
+
+    def native(self, buf: Any) -> None:
+        self.dist.all_reduce(buf, group=self.pg)
+
+    def barrier(self) -> None:
+        self.dist.barrier(group=self.pg)
+
+    def reduce(self, tensor: Any, op: str) -> None:
+        self.dist.all_reduce(tensor, op=getattr(self.dist.ReduceOp, op), group=self.pg)
+
+    def gather(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.dist.get_world_size(self.pg)
+        self.dist.all_gather_object(out, obj, group=self.pg)
+        return out
+
+    def close(self) -> None:
+        self.dist.barrier()
+        self.dist.destroy_process_group()
+
+
+class _Mpi:
+    """mpi4py over Open MPI's TCP BTL: the collectives the worker itself needs."""
+
+    name = "mpi"
+
+    def __init__(self) -> None:
+        from mpi4py import MPI
+        self.mpi = MPI
+        self.comm = MPI.COMM_WORLD
+        self._native = None
+
+    def transport(self) -> Any:
+        from topoplan.transports import MPI
+        return MPI(self.comm)
+
+    def native(self, buf: Any) -> None:
+        if self._native is None:
+            from topoplan.transports import MPI
+            self._native = MPI(self.comm)
+        self._native.native_allreduce(buf)
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def reduce(self, tensor: Any, op: str) -> None:
+        mpi_op = {"MAX": self.mpi.MAX, "SUM": self.mpi.SUM}[op]
+        self.comm.Allreduce(self.mpi.IN_PLACE, tensor.numpy(), op=mpi_op)
+
+    def gather(self, obj: Any) -> list[Any]:
+        return self.comm.allgather(obj)
+
+    def close(self) -> None:
+        self.comm.Barrier()
+
+
+def _run_case(case: dict[str, Any], rank: int, nranks: int, comm: Any, torch: Any) -> dict[str, Any]:
     n = max(1, case["size"] // 4)
     initial = (torch.arange(n, dtype=torch.float32) % 13) + (rank + 1)
     expected = _expected(n, nranks, torch)
+    marks: list[float] = []
     if case["kind"] == "reduce":
         # What the executor does after a reducing recv: chunk += scratch. All ranks at
         # once, as in a schedule's step, so they compete for the cores as they would.
@@ -41,22 +118,31 @@ def _run_case(case: dict[str, Any], rank: int, nranks: int, pg: Any, torch: Any,
         def op(buf: Any) -> None:
             buf.add_(other)
     elif case["kind"] == "native":
-        def op(buf: Any) -> None:
-            dist.all_reduce(buf, group=pg)
+        op = comm.native
     else:
         from topoplan.executor import Allreduce
         from topoplan.schedule import load_schedule
-        from topoplan.transports import Torch
-        allreduce = Allreduce(load_schedule(case["schedule"]), Torch(pg))
+        transport = comm.transport()
+        allreduce = Allreduce(load_schedule(case["schedule"]), transport)
+        if case.get("trace"):
+            # When each data-moving step's messages completed, last iteration only.
+            wait = transport.wait
+
+            def traced_wait(handle: Any, timeout: float) -> list[int]:
+                pending = wait(handle, timeout)
+                marks.append(time.perf_counter())
+                return pending
+            transport.wait = traced_wait  # type: ignore[method-assign]
 
         def op(buf: Any) -> None:
+            marks.clear()
             allreduce(buf)
     buf = initial.clone()
-    times, wrong = [], 0
+    times, wrong, started = [], 0, 0.0
     for it in range(case["warmup"] + case["iters"]):
         buf.copy_(initial)
-        dist.barrier(group=pg)
-        start = time.perf_counter()
+        comm.barrier()
+        start = started = time.perf_counter()
         op(buf)
         elapsed = time.perf_counter() - start
         wrong = max(wrong, int((buf != expected).sum()))
@@ -65,32 +151,55 @@ def _run_case(case: dict[str, Any], rank: int, nranks: int, pg: Any, torch: Any,
     # The collective took as long as its slowest rank; count wrong elements over all ranks.
     stats = torch.tensor(times + [float(wrong)], dtype=torch.float64)
     slowest = stats.clone()
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=pg)
-    dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=pg)
-    return {"label": case["label"], "size": case["size"], "times_s": slowest[:-1].tolist(),
-            "wrong": int(stats[-1]), "elements": n}
+    comm.reduce(slowest, "MAX")
+    comm.reduce(stats, "SUM")
+    out = {"label": case["label"], "size": case["size"], "times_s": slowest[:-1].tolist(),
+           "wrong": int(stats[-1]), "elements": n}
+    if case.get("trace") and case["kind"] == "schedule":
+        # Barrier-aligned starts: offsets from each rank's own start are comparable.
+        out["trace"] = comm.gather([t - started for t in marks])
+    return out
+
+
+def _eth0_address() -> str | None:
+    proc = subprocess.run(["ip", "-o", "-4", "addr", "show", "dev", "eth0"],
+                          capture_output=True, text=True)
+    fields = proc.stdout.split()
+    return fields[fields.index("inet") + 1].split("/")[0] if "inet" in fields else None
 
 
 def main(argv: list[str]) -> int:
     job = json.loads(Path(argv[0]).read_text())
-    rank = int(argv[1])
     nranks = job["nranks"]
+    transport = job.get("transport", "gloo")
+    if transport == "mpi":
+        comm: Any = _Mpi()
+        rank = comm.comm.Get_rank()
+        # mpiexec prints every rank's output mixed; a log per rank names the one that failed.
+        log = open(Path(job["dir"], f"rank{rank}.log"), "w")  # noqa: SIM115 - lives as long as the process
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        # The plan is for this topology only if MPI rank r runs in rank r's namespace.
+        address = _eth0_address()
+        if address != job["addresses"][rank]:
+            print(f"MPI rank {rank} runs on {address}, not on its namespace's "
+                  f"{job['addresses'][rank]}: mpiexec mapped ranks to hosts out of order",
+                  file=sys.stderr, flush=True)
+            return 3
+    else:
+        rank = int(argv[1])
     if job.get("crash_rank") == rank:  # fault injection for the cleanup tests
         os._exit(17)
     import torch
-    import torch.distributed as dist
     torch.set_num_threads(1)  # few cores for all ranks: threads would only fight
-    dist.init_process_group("gloo", init_method=f"tcp://{job['master_addr']}:{job['master_port']}",
-                            rank=rank, world_size=nranks,
-                            timeout=timedelta(seconds=job["timeout_s"]))
-    pg = dist.group.WORLD
-    results = [_run_case(case, rank, nranks, pg, torch, dist) for case in job["cases"]]
+    if transport != "mpi":
+        comm = _Gloo(job, rank)
+    results = [_run_case(case, rank, nranks, comm, torch) for case in job["cases"]]
     if rank == 0:
         out = Path(job["dir"], "result.json")
         out.with_suffix(".tmp").write_text(json.dumps(results))
         os.replace(out.with_suffix(".tmp"), out)
-    dist.barrier()
-    dist.destroy_process_group()
+    comm.close()
     return 0
 
 
