@@ -3,7 +3,7 @@
 ``mpiexec`` runs inside rank 0's namespace, so its daemon is reachable on rank 0's
 emulated address. Each namespace is a "host" of the hostfile, named by its address
 with one slot, so rank ``r`` lands on the ``r``-th namespace (the worker checks it).
-Open MPI starts its daemon on a remote host through ``plm_rsh_agent`` (ssh by
+Open MPI starts its daemon on a remote host through ``plm_ssh_agent`` (ssh by
 default); here the agent is a script that runs the daemon's command line in the
 host's namespace with ``ip netns exec``, under a UTS namespace of its own whose
 hostname names the rank (``tb-r<r>``), so that Open MPI sees as many nodes as
@@ -82,7 +82,9 @@ def mpiexec_command(layout: Any, directory: Path, argv: Sequence[str]
         "ip", "netns", "exec", layout.rank_ns[0], "unshare", "--uts", "/bin/sh", "-c",
         'hostname "$0" && exec "$@"', hostname_of(0),
         mpiexec, "-n", str(n), "--hostfile", str(hostfile), "--map-by", "slot",
-        "--prtemca", "plm_rsh_agent", str(agent),
+        "--prtemca", "plm_ssh_agent", str(agent),
+        # Daemons would start further daemons themselves (tree spawn) with plain ssh.
+        "--prtemca", "plm_ssh_no_tree_spawn", "1",
         "--prtemca", "oob_tcp_if_include", "eth0",
         "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
         "--mca", "btl_tcp_if_include", "eth0",
