@@ -98,6 +98,85 @@ def test_parse_scale():
             parse_scale(bad)
 
 
+def test_shaping_gives_every_rank_pair_its_own_fair_class():
+    from topoplan.testbed.netns import WIRE_OVERHEAD, shaping_commands
+    addresses = ["10.200.0.1", "10.200.0.2", "10.200.0.3"]
+    lines = shaping_commands("l0a", 1e6, 0.0, addresses)
+    classes = [l for l in lines if l.startswith("class add") and "parent 1:1 " in l]
+    filters = [l for l in lines if l.startswith("filter add")]
+    assert len(classes) == 7 and len(filters) == 6  # 6 ordered pairs + everything else
+    assert "match ip src 10.200.0.2/32 match ip dst 10.200.0.3/32" in " ".join(filters)
+    root_rate = int(1e6 * WIRE_OVERHEAD * 8)
+    assert f"rate {root_rate}bit ceil {root_rate}bit" in lines[1]
+    # Equal guarantees that add up to the link, and each class may borrow all of it.
+    assert all(f"ceil {root_rate}bit" in l for l in classes)
+    assert len({l.split(" rate ")[1].split()[0] for l in classes}) == 1
+    assert sum(1 for l in lines if " bfifo limit " in l) == 7
+    with_delay = shaping_commands("l0a", 1e6, 1e-3, addresses, netem=True)
+    assert sum(1 for l in with_delay if " netem delay 1000us" in l) == 7
+    assert shaping_commands("eth0", None, 1e-3, addresses) == []  # no netem, no rate
+    assert shaping_commands("eth0", None, 1e-3, addresses, netem=True) == [
+        "qdisc add dev eth0 root handle 1: netem delay 1000us limit 100000"]
+
+
+def test_auto_scale_keeps_the_machine_within_what_it_moves():
+    from topoplan.testbed.layout import AUTO_TARGET_RATE, MACHINE_RATE, auto_scale
+    two_switch = loads_cluster(TWO_SWITCH.replace("500 Mbit/s", "100 GB/s"))
+    scale = auto_scale(two_switch)
+    assert 4 * 100e9 * scale == pytest.approx(MACHINE_RATE)  # four ports together
+    two_by_two = loads_cluster(TWO_BY_TWO)  # fabric ports dominate: 4 x 20 GB/s
+    assert 4 * 20e9 * auto_scale(two_by_two) == pytest.approx(MACHINE_RATE)
+    slow = loads_cluster(TWO_SWITCH)  # already slow: scaled only to the per-link target
+    assert auto_scale(slow) == pytest.approx(min(1.0, AUTO_TARGET_RATE / (500e6 / 8),
+                                                 MACHINE_RATE / (4 * 500e6 / 8)))
+
+
+def test_calibration_fit_recovers_alpha_and_reduce_bandwidth():
+    from topoplan.testbed.calibrate import calibration_cases, fit, predict
+    cluster = scale_cluster(loads_cluster(TWO_SWITCH), 0.5)
+    cases = calibration_cases(cluster)
+    assert [c[0] for c in cases] == ["cal:reduce", "cal:latency", "cal:ring-pipelined",
+                                     "cal:tree-pipelined"]
+    alpha, reduce_bw = 0.7e-3, 3e9
+    from topoplan.simulate import simulate
+    measured = {"cal:reduce": cases[0][1] / reduce_bw}
+    for label, size, _, schedule in cases[1:]:
+        # A "testbed" exactly as the simulator with software costs; the latency-bound
+        # run pays five times the alpha of the pipelined ones.
+        a = alpha * (5 if label == "cal:latency" else 1)
+        measured[label] = simulate(cluster, schedule, size=size, alpha=a,
+                                   reduce_bandwidth=reduce_bw).time_s
+    cal = fit(cluster, cases, measured)
+    assert cal.reduce_bandwidth == pytest.approx(reduce_bw)
+    assert cal.alpha_s == pytest.approx(alpha, rel=0.05)
+    assert cal.latency_alpha_s == pytest.approx(5 * alpha, rel=0.05)
+    assert all(s.steps > 30 for s in cal.samples if s.label != "cal:latency")
+    schedule = cases[2][3]
+    assert predict(cluster, schedule, cases[2][1], cal) == pytest.approx(
+        measured["cal:ring-pipelined"], rel=0.01)
+    assert predict(cluster, schedule, cases[2][1]) < measured["cal:ring-pipelined"]
+
+
+def test_mpi_launcher_maps_each_host_to_its_namespace(tmp_path):
+    from topoplan.testbed.mpi import mpiexec_command, write_launcher
+    layout = plan_layout(loads_cluster(TWO_SWITCH), 1.0, prefix="tp-t-")
+    hostfile, agent = write_launcher(layout, tmp_path)
+    assert hostfile.read_text().splitlines() == [f"{a} slots=1" for a in layout.addresses]
+    text = agent.read_text()
+    assert "10.200.0.3|tb-r2) ns=tp-t-r2; name=tb-r2" in text
+    assert os.access(agent, os.X_OK)
+    # An unknown host is refused, as ssh would fail, with a message.
+    proc = subprocess.run([str(agent), "-x", "10.9.9.9", "true"], capture_output=True, text=True)
+    assert proc.returncode == 255 and "not a host of this testbed" in proc.stderr
+    command, env = mpiexec_command(layout, tmp_path, ["python", "-c", "pass"])
+    assert command[:4] == ["ip", "netns", "exec", "tp-t-r0"]
+    flags = " ".join(command)
+    for flag in ("plm_ssh_agent", "plm_ssh_no_tree_spawn 1", "btl tcp,self",
+                 "btl_tcp_if_include eth0", "oob_tcp_if_include eth0", "mpi_yield_when_idle 1"):
+        assert flag in flags
+    assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
+
+
 def test_refuses_more_ranks_than_the_machine_runs():
     big = loads_cluster("name: big\nboxes:\n  - {name: b, gpus: 64, fabric: {bandwidth: 10}}\n")
     with pytest.raises(TestbedError, match=r"64 ranks; this machine runs at most \d+ \(.*CPU"):
@@ -162,7 +241,7 @@ def state_dir(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_testbed_shapes_runs_a_plan_and_leaves_nothing(state_dir):
     from topoplan.testbed.bench import Case, run_cases
-    from topoplan.testbed.probe import measure
+    from topoplan.testbed.probe import measure, measure_concurrent
     cluster = loads_cluster(TWO_SWITCH)
     host_before = _host_links()
     bed = Testbed.up(cluster, scale=1.0)
@@ -173,6 +252,12 @@ def test_testbed_shapes_runs_a_plan_and_leaves_nothing(state_dir):
         for src, dst, shaped in ((0, 1, 500e6 / 8), (3, 0, 125e6 / 8)):
             rate = measure(bed, src, dst, nbytes=int(shaped * 0.5))
             assert 0.8 * shaped <= rate <= 1.2 * shaped, (src, dst, rate * 8 / 1e6)
+        # Two flows through the uplink split it evenly (the simulator's max-min
+        # sharing), and a flow the other way keeps its full rate beside them.
+        shaped = 125e6 / 8
+        rates = measure_concurrent(bed, [(0, 2), (1, 3), (3, 0)], nbytes=int(shaped * 0.6))
+        for rate, share in zip(rates, (0.5, 0.5, 1.0)):
+            assert 0.8 * share * shaped <= rate <= 1.2 * share * shaped, [r * 8e-6 for r in rates]
 
         cases = [Case("native", 2 << 20, kind="native", warmup=0, iters=1)]
         try:
@@ -200,6 +285,44 @@ def test_testbed_shapes_runs_a_plan_and_leaves_nothing(state_dir):
     assert not bed.state.exists()
     if plan is None:
         pytest.xfail("topoplan.executor / planners not available yet: only native gloo ran")
+
+
+@needs_netns
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_mpi_across_namespaces_runs_a_plan_and_leaves_nothing(state_dir):
+    """mpiexec in rank 0's namespace, daemons started by the agent in the others."""
+    pytest.importorskip("mpi4py")
+    from topoplan import plan, verify
+    from topoplan.testbed.bench import Case, run_cases
+    from topoplan.testbed.mpi import write_launcher
+    cluster = loads_cluster(TWO_SWITCH)
+    host_before = _host_links()
+    bed = Testbed.up(cluster, scale=1.0)
+    inodes = _namespace_inodes(bed.layout)
+    try:
+        # The agent runs a command in the host's namespace under its own hostname.
+        _, agent = write_launcher(bed.layout, state_dir)
+        out = subprocess.run([str(agent), "10.200.0.3", "hostname; ip -o -4 addr show dev eth0"],
+                             capture_output=True, text=True, timeout=30).stdout
+        assert out.startswith("tb-r2\n") and "10.200.0.3/" in out, out
+        size = (1 << 20) + 4
+        schedule = plan(cluster, algorithm="ring", size=size)
+        verify(schedule)
+        results = run_cases(bed, [Case("native", size, kind="native", warmup=0, iters=1),
+                                  Case("ring", size, schedule=schedule, warmup=0, iters=1)],
+                            timeout=120, transport="mpi")
+        assert [r["wrong"] for r in results] == [0, 0]
+        # 1 MiB around a ring whose slowest hop is 125 Mbit/s: at least the bytes' time.
+        assert results[1]["times_s"][0] >= 2 * 3 / 4 * size / (125e6 / 8) * 0.9
+        with pytest.raises(TransportError, match="rank 2 exited with status 17"):
+            run_cases(bed, [Case("native", 4096, kind="native", warmup=0, iters=1)],
+                      timeout=120, crash_rank=2, transport="mpi")
+        assert not [x for x in _leftovers(bed.layout, inodes) if x.startswith("pid")]
+    finally:
+        bed.down()
+    assert _leftovers(bed.layout, inodes) == []
+    assert _host_links() == host_before
 
 
 @needs_netns
