@@ -102,16 +102,21 @@ def test_shaping_gives_every_rank_pair_its_own_fair_class():
     from topoplan.testbed.netns import WIRE_OVERHEAD, shaping_commands
     addresses = ["10.200.0.1", "10.200.0.2", "10.200.0.3"]
     lines = shaping_commands("l0a", 1e6, 0.0, addresses)
-    classes = [l for l in lines if l.startswith("class add") and "parent 1:1 " in l]
-    filters = [l for l in lines if l.startswith("filter add")]
+    classes = [l for l in lines if l.startswith("class add") and "parent 1:1 " in l
+               and " prio 1" in l]
+    filters = [l for l in lines if l.startswith("filter add") and "match ip src" in l]
     assert len(classes) == 7 and len(filters) == 6  # 6 ordered pairs + everything else
+    # Small packets (ACKs, notices) have a class of their own, served first.
+    small = [l for l in lines if "classid 1:fff0" in l]
+    assert len(small) == 1 and " prio 0" in small[0]
+    assert any("match u16 0x0000 0xff00 at 2 flowid 1:fff0" in l for l in lines)
     assert "match ip src 10.200.0.2/32 match ip dst 10.200.0.3/32" in " ".join(filters)
     root_rate = int(1e6 * WIRE_OVERHEAD * 8)
     assert f"rate {root_rate}bit ceil {root_rate}bit" in lines[1]
     # Equal guarantees that add up to the link, and each class may borrow all of it.
     assert all(f"ceil {root_rate}bit" in l for l in classes)
     assert len({l.split(" rate ")[1].split()[0] for l in classes}) == 1
-    assert sum(1 for l in lines if " bfifo limit " in l) == 7
+    assert sum(1 for l in lines if " bfifo limit " in l) == 8
     with_delay = shaping_commands("l0a", 1e6, 1e-3, addresses, netem=True)
     assert sum(1 for l in with_delay if " netem delay 1000us" in l) == 7
     assert shaping_commands("eth0", None, 1e-3, addresses) == []  # no netem, no rate
