@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from topoplan.cluster import load_cluster, loads_cluster  # noqa: E402
 from topoplan.testbed import Testbed, capable, parse_scale  # noqa: E402
 from topoplan.testbed.bench import bench  # noqa: E402
+from topoplan.testbed.netns import interrupts_raise  # noqa: E402
 from topoplan.units import format_size, parse_size  # noqa: E402
 
 # 2 boxes x 2 GPUs cut from mn1_10gbe.yaml: PCIe fabric 16 GB/s, 10 GbE NICs.
@@ -108,7 +109,7 @@ def main() -> int:
         sizes = [parse_size(s) for s in (args.sizes or default_size).split(",")]
         cluster = load()
         started = time.perf_counter()
-        with Testbed.up(cluster, parse_scale(args.scale)) as bed:
+        with interrupts_raise(), Testbed.up(cluster, parse_scale(args.scale)) as bed:
             scale = bed.layout.scale
             report = bench(bed, cluster, algorithms, sizes, iters=args.iters,
                            transport=args.transport)

@@ -106,10 +106,11 @@ def test_shaping_gives_every_rank_pair_its_own_fair_class():
                and " prio 1" in l]
     filters = [l for l in lines if l.startswith("filter add") and "match ip src" in l]
     assert len(classes) == 7 and len(filters) == 6  # 6 ordered pairs + everything else
-    # Small packets (ACKs, notices) have a class of their own, served first.
+    # Pure ACKs have a class of their own, served first.
     small = [l for l in lines if "classid 1:fff0" in l]
     assert len(small) == 1 and " prio 0" in small[0]
-    assert any("match u16 0x0000 0xff00 at 2 flowid 1:fff0" in l for l in lines)
+    assert any("match ip protocol 6 0xff match u16 0x0000 0xffc0 at 2 flowid 1:fff0" in l
+               for l in lines)
     assert "match ip src 10.200.0.2/32 match ip dst 10.200.0.3/32" in " ".join(filters)
     root_rate = int(1e6 * WIRE_OVERHEAD * 8)
     assert f"rate {root_rate}bit ceil {root_rate}bit" in lines[1]

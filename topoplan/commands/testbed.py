@@ -178,6 +178,7 @@ def split_algorithms(text: str) -> list[str]:
 def cmd_bench(args: argparse.Namespace) -> int:
     from ..testbed import Testbed, capable
     from ..testbed.bench import bench
+    from ..testbed.netns import interrupts_raise
     cluster = load_cluster(args.cluster)
     algorithms = split_algorithms(args.algorithms)
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
@@ -189,8 +190,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         bed = Testbed.up(cluster, _scale(args.scale), max_ranks=args.max_ranks)
         owned = True
     try:
-        report = bench(bed, cluster, algorithms, sizes, iters=args.iters, warmup=args.warmup,
-                       timeout=args.timeout, calibrate=args.calibrate, transport=args.transport)
+        with interrupts_raise():  # SIGTERM too: the finally below removes the testbed
+            report = bench(bed, cluster, algorithms, sizes, iters=args.iters,
+                           warmup=args.warmup, timeout=args.timeout,
+                           calibrate=args.calibrate, transport=args.transport)
     finally:
         if owned:
             bed.down()

@@ -4,9 +4,12 @@
 >>> with Testbed.up(cluster, scale=1 / 320) as bed:              # doctest: +SKIP
 ...     print(bed.layout.addresses)
 
-``up`` builds the network of :func:`~topoplan.testbed.layout.plan_layout`;
-:mod:`topoplan.testbed.bench` runs one process per rank inside it. Needs root (or
-CAP_NET_ADMIN) and iproute2; :func:`capable` says whether this machine can.
+``up`` builds the network of :func:`~topoplan.testbed.layout.plan_layout` (each link an
+HTB tree: the link rate, shared max-min fairly between rank pairs);
+:mod:`topoplan.testbed.bench` runs one process per rank inside it (gloo, or Open MPI
+through the launcher agent of :mod:`topoplan.testbed.mpi`) and predicts each run with
+the simulator, raw and calibrated on the testbed (:mod:`topoplan.testbed.calibrate`).
+Needs root (or CAP_NET_ADMIN) and iproute2; :func:`capable` says whether this machine can.
 """
 
 from __future__ import annotations
