@@ -386,7 +386,13 @@ class _Engine:
         """Merge transfers with the same send step, recv step, bytes and reduce flag."""
         f = self.flat
         ntr = len(f.t_src)
-        if ntr:
+        if ntr and np.bincount(f.t_sstep).max() == 1:
+            # One send per step (rings, trees): nothing to merge.
+            self.t_msg = np.arange(ntr)
+            self.m_k = np.ones(ntr)
+            self.m_sstep, self.m_rstep = f.t_sstep, f.t_rstep
+            self.m_bytes, self.m_reduce = self.t_bytes, f.t_reduce
+        elif ntr:
             order = np.lexsort((f.t_reduce, self.t_bytes, f.t_rstep, f.t_sstep))
             ss, rs = f.t_sstep[order], f.t_rstep[order]
             by, red = self.t_bytes[order], f.t_reduce[order]
@@ -405,6 +411,7 @@ class _Engine:
             self.m_sstep = self.m_rstep = np.zeros(0, np.int64)
             self.m_bytes, self.m_reduce = np.zeros(0), np.zeros(0, bool)
         nmsg = len(self.m_k)
+        self.m_n = self.m_k.astype(np.int64)  # ops each side of a message
         self.m_src = self.step_rank[self.m_sstep]
         self.m_dst = self.step_rank[self.m_rstep]
         nglobal = self.nglobal
@@ -558,7 +565,10 @@ class _Engine:
         self.m_end = np.full(nmsg, np.nan)
         self.m_left = np.zeros(nmsg, np.int64)
         self.m_tmax = np.full(nmsg, -_INF)
-        self.busy = np.zeros(nedges)
+        # A fixed message keeps its links busy for its duration, alone: known up front.
+        pair_busy = np.bincount(self.m_pair, weights=self.m_dur, minlength=len(self.pair_npaths))
+        pe_pair = np.repeat(np.arange(len(self.pair_npaths)), np.diff(self.pe_ptr))
+        self.busy = np.bincount(self.pe_edge, weights=pair_busy[pe_pair], minlength=nedges)
         self.e_load = np.zeros(nedges)
         self.e_since = np.zeros(nedges)
         self.timeline: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -629,16 +639,14 @@ class _Engine:
             arrive = ft + self.m_delay[fm]
             self.timers.append((arrive, fm, np.zeros(len(fm), np.int8)))
             moving = self.m_dur[fm] > 0
-            if moving.any():
+            if self.record and moving.any():
                 mm, dur = fm[moving], self.m_dur[fm[moving]]
                 idx, owner = _expand(self.pe_ptr, np.arange(len(self.pe_edge)),
                                      self.m_pair[mm])
                 edges = self.pe_edge[idx]
-                self.busy += np.bincount(edges, weights=dur[owner], minlength=len(self.edges))
-                if self.record:
-                    start = (ft[moving] + self.alpha + self.pair_lat[self.m_pair[mm]])[owner]
-                    self.timeline.append((start, edges, self.pe_load[idx]))
-                    self.timeline.append((start + dur[owner], edges, np.zeros(len(edges))))
+                start = (ft[moving] + self.alpha + self.pair_lat[self.m_pair[mm]])[owner]
+                self.timeline.append((start, edges, self.pe_load[idx]))
+                self.timeline.append((start + dur[owner], edges, np.zeros(len(edges))))
         dm, dt = msgs[~fixed], t[~fixed]
         if len(dm):
             pair = self.m_pair[dm]
@@ -667,7 +675,7 @@ class _Engine:
             self.m_end[am] = at
             steps = [self.m_sstep[am]]
             when = [at]
-            count = [self.m_k[am]]
+            count = [self.m_n[am]]
             if rb is None:
                 quick = np.ones(len(am), dtype=bool)
             else:
@@ -678,21 +686,23 @@ class _Engine:
                                         np.ones(len(slow), np.int8)))
             steps.append(self.m_rstep[am[quick]])
             when.append(at[quick])
-            count.append(self.m_k[am[quick]])
+            count.append(self.m_n[am[quick]])
             red = ~arrived
             if red.any():
                 steps.append(self.m_rstep[msgs[red]])
                 when.append(times[red])
-                count.append(self.m_k[msgs[red]])
+                count.append(self.m_n[msgs[red]])
             self._ops_done(np.concatenate(steps), np.concatenate(when), np.concatenate(count))
 
     def _ops_done(self, steps: np.ndarray, times: np.ndarray, counts: np.ndarray) -> None:
         if not len(steps):
             return
         np.maximum.at(self.step_tmax, steps, times)
-        uniq, inv = np.unique(steps, return_inverse=True)
-        self.pending[uniq] -= np.bincount(inv.reshape(-1), weights=counts).astype(np.int64)
-        self._end_steps(uniq[self.pending[uniq] == 0])
+        np.subtract.at(self.pending, steps, counts)
+        finished = steps[self.pending[steps] == 0]
+        if len(finished) > 1:
+            finished = np.unique(finished)  # a step's send and recv may end together
+        self._end_steps(finished)
 
     # ---- dynamic flows --------------------------------------------------------------
     def _window(self, te: float) -> None:
@@ -838,8 +848,8 @@ class _Engine:
         link_busy = {self.edges[i]: float(self.busy[i]) for i in busy_edges.tolist()}
         starts, ends = self.step_start.tolist(), self.step_end.tolist()
         base = self.step_base.tolist()
-        step_times = tuple(tuple(zip(starts[base[r]:base[r + 1]], ends[base[r]:base[r + 1]]))
-                           for r in range(n))
+        pairs = list(zip(starts, ends))
+        step_times = tuple(tuple(pairs[base[r]:base[r + 1]]) for r in range(n))
         transfers: tuple[TransferRecord, ...] = ()
         timeline: dict[Edge, tuple[tuple[float, float], ...]] = {}
         if self.record:
