@@ -868,3 +868,335 @@ class _Engine:
             link_bytes=MappingProxyType(link_bytes), link_busy_s=MappingProxyType(link_busy),
             step_times=step_times, transfers=transfers,
             link_timeline=MappingProxyType(timeline))
+
+
+class _ReferenceEngine:
+    """The first engine, kept as the oracle for tests and benchmarks: every event batch
+    in global time order, every active flow re-rated by global progressive filling.
+    Same model, same results; O(batches x flows) and so slow at scale."""
+
+    def __init__(self, cluster: Cluster, schedule: Schedule, size: int, dtype_size: int,
+                 reduce_bandwidth: float | None, alpha: float, record: bool,
+                 progress: Callable[[float, float], None] | None) -> None:
+        self.cluster, self.schedule, self.size = cluster, schedule, size
+        self.dtype_size, self.alpha, self.record = dtype_size, alpha, record
+        self.reduce_bandwidth = reduce_bandwidth
+        self.progress = progress
+        nelems = size // dtype_size
+        bounds = np.array(schedule.chunk_bounds(nelems), dtype=np.int64).reshape(-1, 2)
+        self.chunk_bytes = (bounds[:, 1] - bounds[:, 0]) * dtype_size
+        flat = _flat(schedule)
+        self.step_base, self.step_rank, self.step_last = (flat.step_base, flat.step_rank,
+                                                         flat.step_last)
+        self.nglobal = nglobal = flat.nglobal
+        self.t_src, self.t_dst, self.t_sstep = flat.t_src, flat.t_dst, flat.t_sstep
+        self.t_rstep, self.t_chunk, self.t_reduce = flat.t_rstep, flat.t_chunk, flat.t_reduce
+        self.t_bytes = self.chunk_bytes[self.t_chunk].astype(np.float64)
+        self.pending = flat.ops_per_step.copy()
+        ntr = len(self.t_src)
+        both_steps = np.concatenate([self.t_sstep, self.t_rstep])
+        both_tr = np.concatenate([np.arange(ntr), np.arange(ntr)])
+        order = np.argsort(both_steps, kind="stable")
+        self.st_tr = both_tr[order]
+        self.st_ptr = np.concatenate([[0], np.cumsum(np.bincount(both_steps, minlength=nglobal))])
+        self.ready = np.full(ntr, 2, dtype=np.int8)
+        self._routes()
+
+    def _routes(self) -> None:
+        """Path table: pair -> paths (CSR), path -> edges (CSR), latencies, bytes per link."""
+        cluster, n = self.cluster, self.schedule.nranks
+        graph = cluster.graph
+        self.edges: list[Edge] = list(graph.edges)
+        edge_index = {e: i for i, e in enumerate(self.edges)}
+        self.cap = np.array([graph.edges[e]["bandwidth"] for e in self.edges], dtype=np.float64)
+        lat = np.array([graph.edges[e]["latency"] for e in self.edges], dtype=np.float64)
+        pair_key = self.t_src * n + self.t_dst
+        pairs, self.t_pair = np.unique(pair_key, return_inverse=True)
+        self.t_pair = self.t_pair.reshape(-1)
+        path_edges: list[int] = []
+        path_ptr = [0]
+        pair_ptr = [0]
+        for key in pairs.tolist():
+            src, dst = divmod(key, n)
+            for path in cluster.route_edges(src, dst):
+                path_edges.extend(edge_index[e] for e in path)
+                path_ptr.append(len(path_edges))
+            pair_ptr.append(len(path_ptr) - 1)
+        self.path_edges = np.array(path_edges, dtype=np.int64)
+        self.path_ptr = np.array(path_ptr, dtype=np.int64)
+        self.path_len = np.diff(self.path_ptr)
+        self.pair_ptr = np.array(pair_ptr, dtype=np.int64)
+        self.pair_npaths = np.diff(self.pair_ptr)
+        if len(pairs) and self.pair_npaths.min() == 0:
+            i = int(np.argmin(self.pair_npaths))
+            src, dst = divmod(int(pairs[i]), n)
+            raise ScheduleError(f"no route from rank {src} to rank {dst} in cluster "
+                                f"{cluster.name!r}")
+        self.path_lat = (np.add.reduceat(lat[self.path_edges], self.path_ptr[:-1])
+                         if len(self.path_edges) else np.zeros(0))
+        # Bytes per link are fixed by the routes: total per pair, spread over its paths.
+        pair_bytes = np.bincount(self.t_pair, weights=self.t_bytes, minlength=len(pairs))
+        per_path = np.repeat(pair_bytes / np.maximum(self.pair_npaths, 1), self.pair_npaths)
+        per_edge = np.repeat(per_path, self.path_len)
+        self.link_bytes = np.bincount(self.path_edges, weights=per_edge, minlength=len(self.edges))
+
+    # ------------------------------------------------------------------------------
+    def run(self) -> None:
+        nglobal, ntr = self.nglobal, len(self.t_src)
+        self.step_start = np.full(nglobal, np.nan)
+        self.step_end = np.full(nglobal, np.nan)
+        self.t_start = np.full(ntr, np.nan)
+        self.t_end = np.full(ntr, np.nan)
+        self.sub_left = np.zeros(ntr, dtype=np.int64)
+        self.busy = np.zeros(len(self.edges))
+        self.timeline: list[tuple[float, np.ndarray, np.ndarray]] = []
+        self.last_load = np.zeros(len(self.edges))
+        # Waiting flows (paying latency): activation time, transfer, path, bytes.
+        self.w_act = np.zeros(0)
+        self.w_tr = np.zeros(0, np.int64)
+        self.w_path = np.zeros(0, np.int64)
+        self.w_bytes = np.zeros(0)
+        # Active flows.
+        self.a_tr = np.zeros(0, np.int64)
+        self.a_path = np.zeros(0, np.int64)
+        self.a_rem = np.zeros(0)
+        self.a_rate = np.zeros(0)
+        self.loaded = np.zeros(0, np.int64)  # edges with rate > 0
+        # Reductions in progress: finish time, transfer.
+        self.r_time = np.zeros(0)
+        self.r_tr = np.zeros(0, np.int64)
+        self.ended = 0
+
+        t = 0.0
+        last_report = _time.monotonic()
+        first = self.step_base[:-1][self.step_base[:-1] < self.step_base[1:]]
+        self._end_steps(self._start_steps(first, t), t)  # (the first engine dropped these)
+        while True:
+            self._settle(t)
+            next_t = math.inf
+            if len(self.a_rem):
+                next_t = min(next_t, t + float(np.min(self.a_rem / self.a_rate)))
+            if len(self.w_act):
+                next_t = min(next_t, float(self.w_act.min()))
+            if len(self.r_time):
+                next_t = min(next_t, float(self.r_time.min()))
+            if next_t == math.inf:
+                break
+            dt = next_t - t
+            if len(self.a_rem):
+                self.a_rem = self.a_rem - self.a_rate * dt
+                self.busy[self.loaded] += dt
+            t = next_t
+            if self.progress is not None and _time.monotonic() - last_report > 1.0:
+                last_report = _time.monotonic()
+                self.progress(self.ended / max(nglobal, 1), t)
+        if self.ended < nglobal:
+            raise ScheduleError(f"{self.schedule.algorithm} schedule: deadlock")
+        self.time_s = float(np.max(self.step_end)) if nglobal else 0.0
+
+    def _settle(self, t: float) -> None:
+        """Handle everything due at time ``t`` (cascading zero-time events), then re-rate."""
+        tol = _EPS_T * max(t, 1e-6)
+        changed = False
+        while True:
+            done_tr = []
+            if len(self.a_rem):
+                done = self.a_rem <= self.a_rate * tol
+                if done.any():
+                    done_tr.append(self.a_tr[done])
+                    keep = ~done
+                    self.a_tr, self.a_path = self.a_tr[keep], self.a_path[keep]
+                    self.a_rem, self.a_rate = self.a_rem[keep], self.a_rate[keep]
+                    changed = True
+            if len(self.w_act):
+                due = self.w_act <= t + tol
+                if due.any():
+                    empty = due & (self.w_bytes <= 0)
+                    go = due & ~empty
+                    if empty.any():
+                        done_tr.append(self.w_tr[empty])
+                    if go.any():
+                        self.a_tr = np.concatenate([self.a_tr, self.w_tr[go]])
+                        self.a_path = np.concatenate([self.a_path, self.w_path[go]])
+                        self.a_rem = np.concatenate([self.a_rem, self.w_bytes[go]])
+                        self.a_rate = np.concatenate([self.a_rate, np.zeros(int(go.sum()))])
+                        changed = True
+                    keep = ~due
+                    self.w_act, self.w_tr = self.w_act[keep], self.w_tr[keep]
+                    self.w_path, self.w_bytes = self.w_path[keep], self.w_bytes[keep]
+            ops_done: list[np.ndarray] = []
+            if done_tr:
+                finished = np.concatenate(done_tr)
+                trs, counts = np.unique(finished, return_counts=True)
+                self.sub_left[trs] -= counts
+                arrived = trs[self.sub_left[trs] == 0]
+                if len(arrived):
+                    self.t_end[arrived] = t
+                    ops_done.append(self.t_sstep[arrived])
+                    if self.reduce_bandwidth is None:
+                        ops_done.append(self.t_rstep[arrived])
+                    else:
+                        slow = self.t_reduce[arrived] & (self.t_bytes[arrived] > 0)
+                        ops_done.append(self.t_rstep[arrived[~slow]])
+                        if slow.any():
+                            red = arrived[slow]
+                            self.r_time = np.concatenate(
+                                [self.r_time, t + self.t_bytes[red] / self.reduce_bandwidth])
+                            self.r_tr = np.concatenate([self.r_tr, red])
+            if len(self.r_time):
+                due = self.r_time <= t + tol
+                if due.any():
+                    ops_done.append(self.t_rstep[self.r_tr[due]])
+                    self.r_time, self.r_tr = self.r_time[~due], self.r_tr[~due]
+            if not ops_done:
+                break
+            steps, counts = np.unique(np.concatenate(ops_done), return_counts=True)
+            self.pending[steps] -= counts
+            finished_steps = steps[self.pending[steps] == 0]
+            if len(finished_steps):
+                self._end_steps(finished_steps, t)
+        if changed:
+            self._rerate(t)
+
+    def _end_steps(self, steps: np.ndarray, t: float) -> None:
+        while len(steps):
+            self.step_end[steps] = t
+            self.ended += len(steps)
+            nxt = steps + 1
+            nxt = nxt[nxt < self.step_last[steps]]
+            empty = self._start_steps(nxt, t)
+            steps = empty  # empty steps end the moment they start
+
+    def _start_steps(self, steps: np.ndarray, t: float) -> np.ndarray:
+        """Start ``steps`` at ``t``; launch the messages now matched; return empty steps."""
+        if not len(steps):
+            return steps
+        self.step_start[steps] = t
+        lo, hi = self.st_ptr[steps], self.st_ptr[steps + 1]
+        lengths = hi - lo
+        total = int(lengths.sum())
+        if total:
+            idx = np.repeat(lo - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths) \
+                + np.arange(total)
+            trs = self.st_tr[idx]
+            # A transfer may touch two of these steps (both sides start together).
+            uniq, counts = np.unique(trs, return_counts=True)
+            self.ready[uniq] -= counts.astype(np.int8)
+            go = uniq[self.ready[uniq] == 0]
+            if len(go):
+                self._launch(go, t)
+        return steps[self.pending[steps] == 0]
+
+    def _launch(self, trs: np.ndarray, t: float) -> None:
+        self.t_start[trs] = t
+        pair = self.t_pair[trs]
+        npaths = self.pair_npaths[pair]
+        self.sub_left[trs] = npaths
+        total = int(npaths.sum())
+        offsets = np.arange(total) - np.repeat(np.cumsum(npaths) - npaths, npaths)
+        paths = np.repeat(self.pair_ptr[pair], npaths) + offsets
+        sub_tr = np.repeat(trs, npaths)
+        sub_bytes = np.repeat(self.t_bytes[trs] / npaths, npaths)
+        act = t + self.alpha + self.path_lat[paths]
+        self.w_act = np.concatenate([self.w_act, act])
+        self.w_tr = np.concatenate([self.w_tr, sub_tr])
+        self.w_path = np.concatenate([self.w_path, paths])
+        self.w_bytes = np.concatenate([self.w_bytes, sub_bytes])
+
+    def _rerate(self, t: float) -> None:
+        """Max-min fair rates by progressive filling (Bertsekas and Gallager, 6.5.2).
+
+        Each round gives every unfrozen flow the smallest fair share left on any link it
+        crosses, computed for all links at once with ``bincount`` over the (link, flow)
+        incidence pairs, and freezes the flows crossing the tightest links.
+        """
+        nflows = len(self.a_tr)
+        nedges = len(self.edges)
+        if nflows:
+            lengths = self.path_len[self.a_path]
+            total = int(lengths.sum())
+            starts = np.cumsum(lengths) - lengths
+            idx = np.repeat(self.path_ptr[self.a_path] - starts, lengths) + np.arange(total)
+            rows = self.path_edges[idx]  # link of each incidence pair
+            cols = np.repeat(np.arange(nflows), lengths)  # flow of each pair
+            # Work on the links in use only, renumbered 0..U-1.
+            used, local = np.unique(rows, return_inverse=True)
+            local = local.reshape(-1)
+            nused = len(used)
+            remaining = self.cap[used]
+            rate = np.zeros(nflows)
+            live_rows, live_cols = local, cols
+            count = np.zeros(nused)
+            share = np.empty(nused)
+            hit = np.zeros(nflows, dtype=bool)
+            while len(live_cols):
+                count[:] = np.bincount(live_rows, minlength=nused)
+                np.divide(remaining, count, out=share, where=count > 0)
+                share[count == 0] = np.inf
+                level = float(share.min())
+                tight = share <= level * (1 + 1e-12)
+                hit[:] = False
+                hit[live_cols[tight[live_rows]]] = True
+                rate[hit] = level
+                frozen_pairs = hit[live_cols]
+                remaining -= np.bincount(live_rows[frozen_pairs], minlength=nused) * level
+                np.maximum(remaining, 0.0, out=remaining)
+                keep = ~frozen_pairs
+                live_rows, live_cols = live_rows[keep], live_cols[keep]
+            self.a_rate = rate
+            load = np.bincount(rows, weights=rate[cols], minlength=nedges)
+        else:
+            load = np.zeros(nedges)
+        self.loaded = np.flatnonzero(load > 0)
+        if self.record:
+            changed = np.flatnonzero(load != self.last_load)
+            if len(changed):
+                self.timeline.append((t, changed, load[changed]))
+            self.last_load = load
+
+    def report(self) -> SimReport:
+        """The same report as :class:`_Engine` (transfers and timelines included)."""
+        n = self.schedule.nranks
+        bound = lower_bound(self.cluster, (self.size // self.dtype_size) * self.dtype_size)
+        algbw = self.size / self.time_s if self.time_s > 0 else math.inf
+        starts, ends = self.step_start.tolist(), self.step_end.tolist()
+        base = self.step_base.tolist()
+        pairs = list(zip(starts, ends))
+        transfers: tuple[TransferRecord, ...] = ()
+        timeline: dict[Edge, tuple[tuple[float, float], ...]] = {}
+        if self.record:
+            sb = self.step_base
+            transfers = tuple(
+                TransferRecord(src, dst, ss - int(sb[src]), rs - int(sb[dst]), chunk,
+                               int(nbytes), start, end)
+                for src, dst, ss, rs, chunk, nbytes, start, end in zip(
+                    self.t_src.tolist(), self.t_dst.tolist(), self.t_sstep.tolist(),
+                    self.t_rstep.tolist(), self.t_chunk.tolist(), self.t_bytes.tolist(),
+                    self.t_start.tolist(), self.t_end.tolist()))
+            changes: dict[int, list[tuple[float, float]]] = {}
+            for t, edges, rates in self.timeline:
+                for e, rate in zip(edges.tolist(), rates.tolist()):
+                    changes.setdefault(e, []).append((t, rate))
+            timeline = {self.edges[e]: tuple(v) for e, v in changes.items()}
+        return SimReport(
+            cluster=self.cluster.name, algorithm=self.schedule.algorithm, nranks=n,
+            size=self.size, time_s=self.time_s, lower_bound_s=bound, algbw=algbw,
+            busbw=algbw * 2 * (n - 1) / n if n > 1 else 0.0,
+            link_bytes=MappingProxyType({self.edges[i]: float(self.link_bytes[i])
+                                         for i in np.flatnonzero(self.link_bytes > 0).tolist()}),
+            link_busy_s=MappingProxyType({self.edges[i]: float(self.busy[i])
+                                          for i in np.flatnonzero(self.busy > 0).tolist()}),
+            step_times=tuple(tuple(pairs[base[r]:base[r + 1]]) for r in range(n)),
+            transfers=transfers, link_timeline=MappingProxyType(timeline))
+
+
+def _simulate_reference(cluster: Cluster, schedule: Schedule, size: int, *, dtype_size: int = 4,
+                        reduce_bandwidth: float | None = None, alpha: float = 0.0,
+                        record: bool = False) -> SimReport:
+    """:func:`simulate` by :class:`_ReferenceEngine` (tests and benchmarks only)."""
+    if schedule.nranks != cluster.nranks:
+        raise ScheduleError("rank count differs")
+    engine = _ReferenceEngine(cluster, schedule, int(size), dtype_size, reduce_bandwidth,
+                              float(alpha), record, None)
+    engine.run()
+    return engine.report()
