@@ -561,6 +561,7 @@ class _Engine:
         self.step_tmax = np.full(nglobal, -_INF)
         self.pending = self.flat.ops_per_step.copy()
         self.ready = np.full(nmsg, 2, dtype=np.int8)
+        self.m_mark = np.zeros(nmsg, np.int64)
         self.m_start = np.full(nmsg, np.nan)
         self.m_end = np.full(nmsg, np.nan)
         self.m_left = np.zeros(nmsg, np.int64)
@@ -583,6 +584,7 @@ class _Engine:
         self.f_rate = np.zeros(0)
         self.f_active = np.zeros(0, bool)
         self.ended = 0
+        self.clock = 0.0
 
         last_report = _time.monotonic()
         first = self.step_base[:-1][self.step_base[:-1] < self.step_base[1:]]
@@ -593,8 +595,15 @@ class _Engine:
             ev = np.where(self.f_active, self.f_tu + self.f_rem / np.where(
                 self.f_active, self.f_rate, 1.0), self.f_act)
             t0 = float(ev.min())
-            te = t0 + max(self.lookahead, _EPS_T * max(t0, 1e-6))
-            self._window(te)
+            tol = _EPS_T * max(t0, 1e-6)
+            if self.lookahead > tol:
+                self._window(t0 + self.lookahead)
+                self.clock = t0 + self.lookahead
+            else:
+                # No lookahead (zero latency and alpha): the first engine's batches,
+                # everything due within the tolerance happens at t0, cascades included.
+                self._window(t0 + tol, at=t0)
+                self.clock = t0
             self._drain()
             if self.progress is not None and _time.monotonic() - last_report > 1.0:
                 last_report = _time.monotonic()
@@ -622,11 +631,13 @@ class _Engine:
         self.step_tmax[steps] = t
         msgs, _ = _expand(self.st_ptr, self.st_msg, steps)
         if len(msgs):
-            # A message may touch two of these steps (both sides start together).
-            uniq, counts = np.unique(msgs, return_counts=True)
-            self.ready[uniq] -= counts.astype(np.int8)
-            go = uniq[self.ready[uniq] == 0]
-            if len(go):
+            # A message may touch two of these steps (both sides start together): count
+            # both, launch it once (the last position naming it wins, without a sort).
+            np.subtract.at(self.ready, msgs, 1)
+            pos = np.flatnonzero(self.ready[msgs] == 0)
+            if len(pos):
+                self.m_mark[msgs[pos]] = pos
+                go = msgs[pos[self.m_mark[msgs[pos]] == pos]]
                 self._launch(go)
         return steps[self.pending[steps] == 0]
 
@@ -656,7 +667,10 @@ class _Engine:
             sub = dm[owner]
             self.f_msg = np.concatenate([self.f_msg, sub])
             self.f_path = np.concatenate([self.f_path, paths])
-            self.f_act = np.concatenate([self.f_act, dt[owner] + self.alpha + self.path_lat[paths]])
+            # Every dynamic event before ``clock`` is done. Only with a lookahead below the
+            # batch tolerance can a new flow be due earlier (by less than the tolerance).
+            act = np.maximum(dt[owner] + self.alpha + self.path_lat[paths], self.clock)
+            self.f_act = np.concatenate([self.f_act, act])
             self.f_rem = np.concatenate([self.f_rem, self.m_bytes[sub] / npaths[owner]])
             self.f_tu = np.concatenate([self.f_tu, np.zeros(len(sub))])
             self.f_rate = np.concatenate([self.f_rate, np.zeros(len(sub))])
@@ -705,9 +719,9 @@ class _Engine:
         self._end_steps(finished)
 
     # ---- dynamic flows --------------------------------------------------------------
-    def _window(self, te: float) -> None:
+    def _window(self, te: float, at: float | None = None) -> None:
         """Advance every component of the flows that can be active before ``te`` through
-        its events before ``te``, each on its own clock."""
+        its events before ``te``, each on its own clock (or all at time ``at``)."""
         inw = self.f_active | (self.f_act < te)
         widx = np.flatnonzero(inw)
         nw = len(widx)
@@ -738,6 +752,8 @@ class _Engine:
             live = ct < te
             if not live.any():
                 break
+            if at is not None:
+                ct[live] = np.maximum(ct[live], at)
             tcf = ct[comp_f]
             tolf = _EPS_T * np.maximum(tcf, 1e-6)
             inlive = live[comp_f] & ~w_done
@@ -818,12 +834,25 @@ class _Engine:
         t = np.concatenate([x[0] for x in self.timeline])
         e = np.concatenate([x[1] for x in self.timeline])
         v = np.concatenate([x[2] for x in self.timeline])
-        # Per edge in time order; at one instant a flow ending (0) comes before one starting.
-        order = np.lexsort((v > 0, t, e))
-        t, e, v = t[order], e[order], v[order]
-        last = np.ones(len(t), dtype=bool)
-        last[:-1] = (e[1:] != e[:-1]) | (t[1:] != t[:-1])
-        t, e, v = t[last], e[last], v[last]
+        # Per edge in time order. Entries closer than the batch tolerance are one instant
+        # (flow times computed along different chains of steps differ by rounding, and a
+        # flow due less than the tolerance after a window joins at the window's end); an
+        # instant keeps its first time and the load recorded last (entries are appended in
+        # causal order per link: a link's next flow is launched after its previous one's
+        # end was processed).
+        seq = np.arange(len(t))
+        order = np.lexsort((t, e))
+        t, e, v, seq = t[order], e[order], v[order], seq[order]
+        new = np.ones(len(t), dtype=bool)
+        new[1:] = (e[1:] != e[:-1]) | (t[1:] - t[:-1] > 2 * _EPS_T * np.maximum(t[1:], 1e-6))
+        instant = np.cumsum(new) - 1
+        first_t = t[new]
+        order = np.lexsort((seq, instant))
+        e, v, instant = e[order], v[order], instant[order]
+        last = np.ones(len(e), dtype=bool)
+        last[:-1] = instant[1:] != instant[:-1]
+        e, v = e[last], v[last]
+        t = first_t[instant[last]]
         prev = np.concatenate([[0.0], v[:-1]])
         first = np.ones(len(t), dtype=bool)
         first[1:] = e[1:] != e[:-1]
