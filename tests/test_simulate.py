@@ -355,3 +355,19 @@ def test_one_schedule_at_many_sizes_reuses_its_flattened_ops():
     again = [simulate(cluster, hierarchical_schedule(8, 2), size).time_s
              for size in (1 << 10, 1 << 20, 8)]
     assert first == again
+
+
+def test_two_messages_on_one_link_share_it_then_the_larger_speeds_up():
+    # Chunks of 1000 and 3000 bytes from rank 0 to rank 1 in one step, one 10 GB/s link
+    # each way (latency 0): both at 5 GB/s until the small one ends at 0.2 us, then the
+    # large one alone at 10 GB/s: 0.4 us in all (processor sharing, by hand).
+    cluster = switch_cluster(2, latency="0 us")
+    schedule = build_schedule(2, [0.25, 0.75], [[[send(1, 0), send(1, 1)]],
+                                                [[recv(0, 0), recv(0, 1)]]])
+    report = simulate(cluster, schedule, 4000, record=True)
+    small, large = sorted(report.transfers, key=lambda t: t.nbytes)
+    assert (small.nbytes, large.nbytes) == (1000, 3000)
+    assert small.end_s == pytest.approx(2e-7, rel=1e-12)
+    assert large.end_s == pytest.approx(4e-7, rel=1e-12)
+    assert report.link_timeline[("sw0", "b1/nic0")] == ((0.0, 10e9), (pytest.approx(4e-7), 0.0))
+    assert report.link_busy_s[("b0/nic0", "sw0")] == pytest.approx(4e-7, rel=1e-12)

@@ -12,10 +12,11 @@ Model (DESIGN.md semantics, plus time):
 - with ``reduce_bandwidth``, a reducing recv also pays ``bytes / reduce_bandwidth`` after
   its data arrived; a step ends when all its ops are done.
 
-The engine works on arrays: all transfers are matched up front, events that happen at
-the same instant are handled as one batch (a symmetric schedule has about two distinct
-event times per step), and rates are recomputed only when the set of flows changes,
-with one sparse link x flow incidence matrix per recomputation.
+The engine works on arrays: all transfers are matched up front (and cached per
+schedule), messages that can never share a link are timers known at launch, and the
+others advance in lookahead windows, each connected component of flows on its own
+clock; see the notes above ``_Flat`` below. ``_simulate_reference`` is the first,
+simpler engine (global event batches, global re-rating), kept as the tests' oracle.
 """
 
 from __future__ import annotations
@@ -158,9 +159,11 @@ def simulate(cluster: Cluster, schedule: Schedule, size: int, *, dtype_size: int
 
     Notes
     -----
-    Cost: O(ops) to match messages, then per batch of simultaneous events O(flows on the
-    network) plus one progressive filling, O(levels * incidence nonzeros). A ring of
-    ``n`` ranks has ~4n event batches.
+    Cost: O(ops) to flatten and match messages (cached per schedule object), then one
+    vectorized pass per wave of fixed-rate messages (about one per step of a ring) and
+    one per lookahead window of link-sharing flows, each O(messages in it). 256 MiB on
+    ``topologies/leaf_spine_1024.yaml``: ring ~6 s, hierarchical ~3 s on a 2-core
+    machine (``scripts/bench_simulate.py``).
     """
     if schedule.nranks != cluster.nranks:
         raise ScheduleError(
@@ -496,7 +499,7 @@ class _Engine:
         npairs = len(self.pair_npaths)
         pe_pair = np.repeat(np.arange(npairs), np.diff(self.pe_ptr))
         if npairs:
-            src_of_pair, dst_of_pair = self.pair_src_dst(n)
+            src_of_pair, dst_of_pair = self._pair_src_dst()
             lo_s = np.full(nedges, n); hi_s = np.full(nedges, -1)
             lo_r = np.full(nedges, n); hi_r = np.full(nedges, -1)
             np.minimum.at(lo_s, self.pe_edge, src_of_pair[pe_pair])
@@ -515,8 +518,9 @@ class _Engine:
         nr = np.bincount(self.m_rstep[moving], minlength=self.nglobal)
         single = (ns[self.m_sstep] <= 1) & (nr[self.m_rstep] <= 1)
         fixed = ~moving | (self.pair_uniform[self.m_pair] & single & pair_ok[self.m_pair])
-        # Steps with several moving messages: check link by link.
-        todo = np.flatnonzero(moving & ~single & self.pair_uniform[self.m_pair])
+        # Steps with several moving messages: check link by link (counting every moving
+        # message of the step, fixed candidate or not).
+        todo = np.flatnonzero(moving & ~single)
         if len(todo):
             edges, owner = _expand(self.pe_ptr, self.pe_edge, self.m_pair[todo])
             m = todo[owner]
@@ -528,7 +532,8 @@ class _Engine:
                 | (rx[edges] & (cnt_r[inv_r.reshape(-1)] == 1))
             bad = np.zeros(len(todo), dtype=bool)
             bad[owner[~ok]] = True
-            fixed[todo[~bad]] = True
+            todo = todo[~bad]
+            fixed[todo[self.pair_uniform[self.m_pair[todo]]]] = True
         self.m_fixed = fixed
         # Fixed: arrival = launch + alpha + latency + duration.
         npth = self.pair_npaths[self.m_pair].astype(np.float64) if nmsg else np.zeros(0)
@@ -536,8 +541,7 @@ class _Engine:
         with np.errstate(divide="ignore", invalid="ignore"):
             dur = np.where(moving, self.m_k * self.m_bytes / npth / rate, 0.0)
         self.m_dur = np.where(fixed, dur, 0.0)
-        self.m_delay = alpha_lat = self.alpha + (self.pair_lat[self.m_pair] if nmsg else 0.0)
-        self.m_delay = alpha_lat + self.m_dur
+        self.m_delay = self.alpha + (self.pair_lat[self.m_pair] if nmsg else 0.0) + self.m_dur
         dyn_pairs = np.unique(self.m_pair[~fixed])
         if len(dyn_pairs):
             paths, _ = _expand(self.pair_ptr, np.arange(len(self.path_len)), dyn_pairs)
@@ -545,7 +549,7 @@ class _Engine:
         else:
             self.lookahead = _INF
 
-    def pair_src_dst(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+    def _pair_src_dst(self) -> tuple[np.ndarray, np.ndarray]:
         npairs = len(self.pair_npaths)
         src = np.zeros(npairs, np.int64)
         dst = np.zeros(npairs, np.int64)
