@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: venv
-	$(BIN)/topoplan topo show $(CLUSTER)
+	$(BIN)/topoplan plan $(CLUSTER) --size 256MiB
 
 test: venv
 	$(BIN)/python -m pytest -q

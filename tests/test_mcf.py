@@ -10,7 +10,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from topoplan.cluster import load_cluster, loads_cluster
 from topoplan.errors import InfeasiblePlanError
+from topoplan.bound import lower_bound
+from topoplan.planners import PLANNERS, plan
 from topoplan.planners.mcf import plan_mcf, solve_mcf
+from topoplan.simulate import simulate
 from topoplan.verify import verify
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,6 +88,7 @@ def test_exact_mode_keeps_the_optimum_with_fewer_or_equal_trees():
     assert len(ex.trees) <= len(lp.trees)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_hierarchical_mode_composes_box_and_network_levels():
     text = """
 name: rails
@@ -108,9 +112,9 @@ boxes:
     bound = 2 * M / 24 * 20 / 100e9
     assert flat.t * M == pytest.approx(bound, rel=1e-5)
     assert bound <= hier.t * M <= 1.03 * bound * (1 + 1e-6)
-    schedule = plan_mcf(cluster, size=M, flat_max=8, chunks=8 * len(hier.trees))
+    schedule = plan_mcf(cluster, size=M)
     verify(schedule)
-    assert schedule.meta["mode"] == "hierarchical"
+    assert schedule.meta["construction"].startswith("grid")
 
 
 def test_single_gpu_is_an_empty_schedule():
@@ -171,7 +175,7 @@ def _random_cluster(draw):
     return "\n".join(lines) + "\n"
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_random_cluster())
 def test_random_clusters_verify_and_respect_the_cut_bound(text):
     cluster = loads_cluster(text)
@@ -187,6 +191,134 @@ def test_random_clusters_verify_and_respect_the_cut_bound(text):
                 or True
             # one GPU must receive every other contribution once: (n-1)/n M in (at least)
             assert sol.t * M >= (n - 1) / n * M / out_bw * (1 - 1e-6)
-    schedule = plan_mcf(cluster, size=M, chunks=4 * max(1, len(sol.trees)))
+    schedule = plan_mcf(cluster, size=M)
     verify(schedule)
     assert np.isclose(sum(schedule.chunks), 1.0)
+    if 1 < n <= 8:
+        size = 64 << 20
+        schedule = plan_mcf(cluster, size=size)
+        got = simulate(cluster, schedule, size)
+        if schedule.meta["construction"].startswith("grid"):  # reduce-scatter + allgather
+            assert got.time_s >= got.lower_bound_s * (1 - 1e-9)
+        else:
+            # Reduce + broadcast trees are not RS + AG: across a cut holding most GPUs
+            # they send M (one partial sum) where RS + AG sends 2 (M/N) |S|. Any
+            # allreduce still moves M across every cut: at least half the RS + AG bound.
+            assert got.time_s >= 0.5 * got.lower_bound_s * (1 - 1e-9)
+        ring = simulate(cluster, plan(cluster, "ring", size=size), size)
+        assert got.time_s <= ring.time_s * (1 + 1e-9)
+
+
+# --------------------------------------------------------------------------------------
+# The planner as shipped: simulated against the bound and the baselines
+# --------------------------------------------------------------------------------------
+
+SHIPPED = sorted(p.stem for p in (ROOT / "topologies").glob("*.yaml")
+                 if p.stem not in ("leaf_spine_1024", "ddl_three_racks"))  # big: in the bench
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_topologies_verify_and_never_beat_the_bound(name):
+    cluster = load_cluster(ROOT / "topologies" / f"{name}.yaml")
+    schedule = plan_mcf(cluster, size=M, max_ops=60_000)  # check=True: verified inside
+    assert schedule.meta["algorithm"] == "mcf"
+    assert schedule.meta["construction"] in schedule.meta["candidates"]
+    if schedule.nops <= 60_000:
+        got = simulate(cluster, schedule, M)
+        assert got.time_s >= got.lower_bound_s * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("name,within", [("ddl_two_switch", 1.01), ("dgx1_v100", 1.01),
+                                         ("aws_p2_8xlarge", 1.03)])
+def test_hand_solved_cases_reach_the_bound_in_simulation(name, within):
+    # ddl_two_switch: the 10 GB/s link, M / 10 GB/s; crossing it once per shard needs the
+    # switch-level reduce-scatter first. dgx1_v100: 7 GPUs behind 150 GB/s, met by
+    # LP-weighted Hamiltonian rings (3 disjoint cycles both ways reach it exactly).
+    # aws_p2_8xlarge: board pairs then the 8 GB/s PCIe fabric among the 4 boards.
+    cluster = load_cluster(ROOT / "topologies" / f"{name}.yaml")
+    size = 1 << 30
+    got = simulate(cluster, plan_mcf(cluster, size=size), size)
+    assert got.lower_bound_s <= got.time_s <= within * got.lower_bound_s
+
+
+def test_ddl_two_switch_bound_by_hand():
+    cluster = load_cluster(ROOT / "topologies" / "ddl_two_switch.yaml")
+    assert lower_bound(cluster, M) == pytest.approx(M / 10e9, rel=1e-9)
+    got = simulate(cluster, plan_mcf(cluster, size=M), M)
+    assert got.time_s == pytest.approx(M / 10e9, rel=0.01)
+
+
+def test_dgx1_rings_carry_85_7_GBps():
+    from topoplan.planners._mcf_hier import box_rings
+    cluster = loads_cluster(DGX1)
+    rings, w = box_rings(cluster, cluster.boxes[0])
+    # Ring allreduce time at unit bandwidth: each ring link carries its share; the LP
+    # value is 600/7 GB/s of algorithm bandwidth when every NVLink is saturated.
+    schedule = plan_mcf(cluster, size=1 << 30)
+    got = simulate(cluster, schedule, 1 << 30)
+    assert (1 << 30) / got.time_s / 1e9 == pytest.approx(600 / 7, rel=0.01)
+    assert len(rings) >= 6 and w.sum() == pytest.approx(1.0)
+
+
+def test_mcf_is_registered_and_never_slower_than_ring_on_rails():
+    text = """
+name: rails
+switches: [{name: "rail{i}", count: 4}, spine]
+links:
+  - {a: "rail{i}", b: spine, count: 4, bandwidth: 100}
+boxes:
+  - name: "n{i}"
+    count: 4
+    gpus: 4
+    fabric: {bandwidth: 200}
+    nics:
+      - {switch: rail0, bandwidth: 25, gpus: [0]}
+      - {switch: rail1, bandwidth: 25, gpus: [1]}
+      - {switch: rail2, bandwidth: 25, gpus: [2]}
+      - {switch: rail3, bandwidth: 25, gpus: [3]}
+"""
+    cluster = loads_cluster(text)
+    assert "mcf" in PLANNERS
+    mine = simulate(cluster, plan(cluster, "mcf", size=M), M)
+    ring = simulate(cluster, plan(cluster, "ring", size=M), M)
+    assert mine.time_s <= ring.time_s
+    assert mine.time_s <= 1.10 * mine.lower_bound_s
+
+
+def test_disconnected_cluster_names_the_cut():
+    import dataclasses
+    text = """
+name: split
+switches: [sw0, sw1]
+boxes:
+  - {name: a, gpus: 1, nics: [{switch: sw0, bandwidth: 10}]}
+  - {name: b, gpus: 1, nics: [{switch: sw1, bandwidth: 10}]}
+links:
+  - {a: sw0, b: sw1, bandwidth: 10}
+"""
+    cluster = loads_cluster(text)
+    cut = dataclasses.replace(cluster, links=())  # the loader refuses this; build it by hand
+    with pytest.raises(InfeasiblePlanError, match="disconnected.*a/gpu0|disconnected.*b/gpu0"):
+        plan_mcf(cut, size=M)
+
+
+def test_solver_time_limit_returns_a_plan_and_says_so():
+    # A 2-box cluster of unequal boxes goes to the tree LP; a tiny time limit stops
+    # column generation early: the plan still verifies and meta + a warning say so.
+    text = """
+name: uneven
+switches: [sw]
+boxes:
+  - {name: a, gpus: 3, fabric: {bandwidth: 50}, nics: [{switch: sw, bandwidth: 10}]}
+  - {name: b, gpus: 4, fabric: {bandwidth: 80}, nics: [{switch: sw, bandwidth: 12.5}]}
+  - name: c
+    gpus: 5
+    gpu_links: [{a: 0, b: 1, bandwidth: 40}, {a: 1, b: 2, bandwidth: 40},
+                {a: 2, b: 3, bandwidth: 40}, {a: 3, b: 4, bandwidth: 40}]
+    nics: [{switch: sw, bandwidth: 25, gpus: [0, 4]}]
+"""
+    cluster = loads_cluster(text)
+    with pytest.warns(RuntimeWarning, match="best plan found"):
+        schedule = plan_mcf(cluster, size=M, time_limit=1e-9)
+    verify(schedule)
+    assert schedule.meta["time_limit_hit"] is True

@@ -17,6 +17,11 @@ from typing import Any
 from .errors import (ClusterSpecError, InfeasiblePlanError, ScheduleError, TopoplanError,
                      TransportError)
 
+# These functions share their module's name: importing the submodule anywhere would
+# rebind ``topoplan.verify`` to the module, so they are bound eagerly here.
+from .simulate import SimReport, simulate  # noqa: E402
+from .verify import verify  # noqa: E402
+
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -26,9 +31,6 @@ _LAZY = {
     "Schedule": "topoplan.schedule",
     "load_schedule": "topoplan.schedule",
     "loads_schedule": "topoplan.schedule",
-    "verify": "topoplan.verify",
-    "simulate": "topoplan.simulate",
-    "SimReport": "topoplan.simulate",
     "lower_bound": "topoplan.bound",
     "plan": "topoplan.planners",
     "PLANNERS": "topoplan.planners",
@@ -37,7 +39,7 @@ _LAZY = {
 _SUBMODULES = {"transports", "planners", "viz", "torch", "testbed", "units"}
 
 __all__ = ["TopoplanError", "ClusterSpecError", "ScheduleError", "InfeasiblePlanError",
-           "TransportError", *_LAZY]
+           "TransportError", "verify", "simulate", "SimReport", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -46,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     except TopoplanError as exc:
         print(f"topoplan: error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # files the user named: missing folders, permissions, full disks
+        if exc.filename is None:
+            raise
+        print(f"topoplan: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("topoplan: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT

@@ -17,7 +17,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from .errors import ScheduleError
+from .errors import ScheduleError, TopoplanError
 
 __all__ = ["OpKind", "Op", "send", "recv", "RankProgram", "Schedule", "load_schedule",
            "loads_schedule", "chunk_bounds", "FORMAT", "VERSION"]
@@ -166,8 +166,17 @@ class Schedule:
         return f'{head}, "ranks": [\n  {body}\n]}}\n'
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the JSON atomically (a crash leaves no half-written file)."""
-        _atomic_write(Path(path), self.to_json())
+        """Write the JSON atomically (a crash leaves no half-written file).
+
+        Raises
+        ------
+        TopoplanError
+            If the file cannot be written (missing folder, no permission).
+        """
+        try:
+            _atomic_write(Path(path), self.to_json())
+        except OSError as exc:
+            raise TopoplanError(f"{path}: cannot write schedule: {exc.strerror}") from None
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "<schedule>") -> Schedule:

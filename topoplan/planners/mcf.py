@@ -17,20 +17,26 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 
 from ..cluster import Cluster
 from ..errors import InfeasiblePlanError
 from ..schedule import Schedule
+from . import _mcf_hier as H
+from ._common import OP_BUDGET, topo_order
 from ._mcf_lp import LinkModel, Packing, price_mst, solve_exact, solve_packing
 from ._mcf_trees import Tree, btree_edges, choose_pipeline, inorder_edges, make_tree, materialize, path_edges
 
 __all__ = ["plan_mcf", "MCFSolution", "solve_mcf"]
 
 FLAT_MAX = 32  # price every GPU pair up to this many ranks (column generation <= ~2 s)
-EXACT_MAX = 16  # exact mode (MILP) by default up to this many ranks
+EXACT_MAX = 16
+GRID_OPS = 4_400_000  # a one-piece grid up to ~1024 ranks (as many ops as a flat ring)
+SOFT_OPS = 400_000
+SIM_OPS = 20_000  # candidates this small are compared in the event simulator too  # pipelining op budget: keeps planning within ~1 s up to 64 GPUs  # exact mode (MILP) by default up to this many ranks
 _GOOD = ("optimal", "restricted", "exact")
 
 
@@ -233,10 +239,120 @@ def _step_latency(cluster: Cluster) -> float:
     return worst + 1e-6
 
 
+
+
+# --------------------------------------------------------------------------------------
+# The planner: a portfolio of LP-shaped constructions, picked by a lock-step cost model
+# --------------------------------------------------------------------------------------
+
+@dataclass
+class _Candidate:
+    """One construction considered by :func:`plan_mcf`."""
+
+    name: str
+    estimate_s: float
+    nops: int
+    make: Callable[[], Schedule]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def _grid_candidate(cluster: Cluster, model: H.CostModel, layout: H.Layout, size: int,
+                    chunks: int | None, max_ops: int, pieces: int | None = None
+                    ) -> _Candidate | None:
+    """A pipelined multi-level reduce-scatter/allgather on ``layout`` (see _mcf_hier)."""
+    n = cluster.nranks
+    # One piece holds 2 ops per message; refuse layouts whose single piece is over budget
+    # before generating anything (about 4 N ops per rank per piece).
+    per_piece = 4 * n * n * len(layout.grids)
+    if per_piece > max(max_ops, GRID_OPS):
+        return None
+    msgs = H.messages(layout)
+    ops_per_piece = 2 * len(msgs.step)
+    loads, lat = H.piece_profile(model, msgs, H.chunk_fractions(layout, np.ones(1)))
+    if pieces is not None or chunks is not None:
+        q = pieces or max(1, int(chunks) // max(1, msgs.nchunks))
+        sizes, est = H.piece_sizes(loads, lat, q, size)
+    else:
+        sizes, est = H.choose_pieces(loads, lat, size, ops_per_piece, max(max_ops, ops_per_piece))
+    q = len(sizes)
+
+    def make() -> Schedule:
+        return H.build(n, msgs, H.chunk_fractions(layout, sizes), q)
+
+    return _Candidate(f"grid {layout.name}", est, ops_per_piece * q, make,
+                      {"layout": layout.name, "dims": list(layout.dims),
+                       "rings": len(layout.grids), "pieces": q,
+                       "piece_sizes": [round(float(x), 6) for x in sizes]})
+
+
+def _tree_candidate(cluster: Cluster, size: int, chunks: int | None, exact: bool | None,
+                    time_limit: float, max_ops: int, flat_max: int) -> _Candidate:
+    """The tree-packing LP (Blink/ForestColl style) pipelined over its trees."""
+    n = cluster.nranks
+    sol = solve_mcf(cluster, exact=exact, flat_max=flat_max, time_limit=time_limit)
+    lat = _step_latency(cluster)
+    if chunks is not None:
+        q = max(1, int(chunks) // len(sol.trees))
+    else:
+        q = choose_pipeline(sol.trees, sol.fractions, sol.t * size, lat, max_ops, n)
+    span = max(t.span for t in sol.trees)
+    est = sol.t * size * (q + span) / q + (q + span) * lat
+
+    def make() -> Schedule:
+        return materialize(n, sol.trees, sol.fractions, q)
+
+    info = {"mode": sol.mode, "lp_time_s": sol.t * size, "trees": len(sol.trees), "pipeline": q,
+            "span_steps": span, "columns": sol.columns, "pricing_rounds": sol.iterations,
+            "status": sol.status, "bottleneck": sol.bottleneck}
+    return _Candidate(f"trees {sol.mode}", est, 4 * len(sol.trees) * (n - 1) * q, make, info)
+
+
+def _check_connected(cluster: Cluster) -> None:
+    """InfeasiblePlanError naming the cut when some GPUs cannot reach the others.
+
+    The cut is the set of nodes GPU 0 reaches (or that reach it): no link with
+    bandwidth leaves (enters) it, so no allreduce can finish.
+    """
+    import networkx as nx
+    graph = cluster.graph
+    live = nx.DiGraph((u, v) for u, v, bw in graph.edges(data="bandwidth") if bw and bw > 0)
+    live.add_nodes_from(graph.nodes)
+    gpus = [cluster.gpu_node(r) for r in range(cluster.nranks)]
+    for side, reach in (("leaves", nx.descendants(live, gpus[0])),
+                        ("enters", nx.ancestors(live, gpus[0]))):
+        reach = reach | {gpus[0]}
+        if any(g not in reach for g in gpus):
+            inside = [g for g in gpus if g in reach]
+            outside = [g for g in gpus if g not in reach]
+            raise InfeasiblePlanError(
+                f"cluster {cluster.name!r} is disconnected: no link {side} the cut of "
+                f"{len(inside)} GPUs ({', '.join(inside[:6])}{', ...' if len(inside) > 6 else ''}"
+                f"; {len(reach)} nodes) toward {', '.join(outside[:6])}; add a NIC, fabric or "
+                "switch link across it")
+
+
 def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = None,
-             exact: bool | None = None, time_limit: float = 20.0, max_ops: int = 1_500_000,
+             exact: bool | None = None, time_limit: float = 20.0, max_ops: int = SOFT_OPS,
              flat_max: int = FLAT_MAX, check: bool = True, **options: Any) -> Schedule:
-    """Plan an allreduce as an LP-optimal, pipelined packing of reduce/broadcast trees.
+    """Plan an allreduce near the cut lower bound: LP-shaped, pipelined, verified.
+
+    Constructions (each a reduce-scatter + allgather in which every data shard is
+    reduced along an in-tree into one root and broadcast back along the same tree,
+    one root per final chunk, as in ForestColl):
+
+    - *grid*: levels in-box -> boxes under a switch -> switch groups, a ring
+      reduce-scatter per level (BlueConnect); the in-box rings are Hamiltonian
+      cycles of the NVLink mesh weighted by an LP (on a DGX-1: 6 rings at 85.7
+      GB/s); ``Q`` pipeline pieces one step apart, their sizes set by a second LP
+      that keeps the narrow links busy in every step (small first and last pieces
+      shorten the pipeline fill);
+    - *flat ring* in topology order (DDL's A->B->C->D);
+    - *trees*: the tree-packing LP (Blink; column generation with MST pricing, a
+      MILP for fewest trees in exact mode, hierarchical composition above
+      ``flat_max`` ranks), used where the grid does not apply (boxes that differ).
+
+    Each is priced by a lock-step model (every step lasts as long as its busiest
+    link, plus its worst path latency) and the cheapest is built.
 
     Parameters
     ----------
@@ -244,55 +360,119 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     size : int
         Message size in bytes (sets the pipeline depth: latency vs fill).
     chunks : int, optional
-        Total chunk count; by default chosen from the LP time, tree spans and latency.
+        Chunk budget: pipeline pieces are ``chunks // chunks_per_piece`` (at least 1).
     exact : bool, optional
-        Exact mode: a MILP picks at most 8 trees among the generated columns, with
-        ``time_limit``. Default: on for up to 16 ranks.
+        Exact mode of the tree LP (MILP over the generated trees). Default: on up to
+        16 ranks, for the trees construction.
     time_limit : float
-        Seconds for the solver(s); on expiry the best packing so far is used,
+        Seconds for the solvers; on expiry the best plan found is used,
         ``meta["status"]`` says so and a ``RuntimeWarning`` is issued.
     max_ops : int
-        Op budget of the schedule (caps the pipeline depth on huge clusters).
+        Op budget for pipelining (more pieces cost ops: materializing runs at ~1-2 us
+        per op). A construction whose single piece needs more is still built up to
+        the planners' ``OP_BUDGET`` (2 M ops).
     flat_max : int
-        Above this many ranks the hierarchical (collapsed) formulation is used.
+        Above this many ranks the tree LP is solved hierarchically.
     check : bool
-        Run :func:`topoplan.verify` on the result (default; always on in tests).
+        Run :func:`topoplan.verify` on the result.
 
     Returns
     -------
     Schedule
-        ``meta``: algorithm "mcf", mode, lp_time_s (steady-state seconds at ``size``),
-        trees, pipeline, status, bottleneck links, solve/materialize/verify seconds.
+        ``meta``: algorithm "mcf", ``construction`` (what was picked), ``estimate_s``
+        (lock-step time), ``candidates`` (construction -> estimate), pieces, status,
+        and solve / materialize / verify seconds.
 
     Raises
     ------
     InfeasiblePlanError
-        If some GPU pair has no route (names the pair and the cut around its box).
+        Bad size, or GPUs with no route between them (names the cut).
 
     References
     ----------
-    Blink (Wang et al., MLSys'20), tree packing; ForestColl (arXiv 2402.06787), the
-    cut bound the LP meets; TE-CCL (SIGCOMM'24), MCF formulations of collectives.
-    LP size: flat, (links + 1) rows x (generated trees) columns, pricing an MST on
-    n(n-1)/2 pairs; hierarchical, the same per box type and on the box graph.
+    M. Cho et al., BlueConnect, SysML 2019; G. Wang et al., Blink, MLSys 2020;
+    L. Zhao et al., ForestColl, arXiv 2402.06787; P. Patarasuk and X. Yuan, 2009.
+    LP sizes: ring LP, (box links) x (Hamiltonian cycles, <= 10000); piece LP,
+    (steps x distinct link loads) x (pieces + steps).
     """
     del options
-    if size <= 0:
+    if isinstance(size, bool) or not isinstance(size, (int, float)) or size <= 0:
         raise InfeasiblePlanError(f"size must be > 0 bytes, got {size}")
+    size = int(size)
     n = cluster.nranks
     start = time.perf_counter()
     if n == 1:
-        schedule = materialize(1, [], np.ones(1), 1, algorithm="mcf", cluster=cluster.name)
-        return schedule
-    sol = solve_mcf(cluster, exact=exact, flat_max=flat_max, time_limit=time_limit)
-    if chunks is not None:
-        q = max(1, int(chunks) // len(sol.trees))
-    else:
-        q = choose_pipeline(sol.trees, sol.fractions, sol.t * size, _step_latency(cluster),
-                            max_ops, n)
-    mat_start = time.perf_counter()
-    schedule = materialize(n, sol.trees, sol.fractions, q)
-    mat_s = time.perf_counter() - mat_start
+        return materialize(1, [], np.ones(1), 1, algorithm="mcf", cluster=cluster.name,
+                           construction="none")
+    _check_connected(cluster)
+    model = H.CostModel(cluster)
+    cands: list[_Candidate] = []
+    status = "optimal"
+    grids = H.layouts(cluster)
+    if n > 256:
+        # Each layout costs a pass over ~4 N^2 messages: keep the halving variants
+        # (fewest steps), which the cost model prefers at this scale anyway.
+        halving = [g for g in grids if g.name.endswith("(halving)")]
+        grids = halving or grids
+    seen: set[bytes] = set()
+    unique = []
+    for g in grids:  # equal rank grids (boxes already in switch order) once
+        key = b"".join(x.tobytes() for x in g.grids) + np.asarray(g.dims).tobytes()
+        if key not in seen:
+            seen.add(key)
+            unique.append(g)
+    grids = unique
+    if n <= 256 or not grids:
+        order = topo_order(cluster)
+        grids.append(H.flat_ring_layout(order, "ring-topo"))
+    failure: InfeasiblePlanError | None = None
+    if n <= 256:
+        # The plain ring (rank order, one piece), so that mcf is never behind it.
+        try:
+            cand = _grid_candidate(cluster, model, H.flat_ring_layout(list(range(n)), "ring"),
+                                   size, None, max_ops, pieces=1)
+            if cand is not None:
+                cands.append(cand)
+        except InfeasiblePlanError as exc:
+            failure = exc
+    for layout in grids:
+        try:
+            cand = _grid_candidate(cluster, model, layout, size, chunks, max_ops)
+        except InfeasiblePlanError as exc:  # e.g. a ring across rails that never meet
+            failure = exc
+            continue
+        if cand is not None:
+            cands.append(cand)
+    if not any(c.name.startswith("grid") and c.name not in ("grid ring", "grid ring-topo")
+               for c in cands):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # reported below, once
+            tree = _tree_candidate(cluster, size, chunks, exact, time_limit, max_ops, flat_max)
+        cands.append(tree)
+        if tree.info["status"] not in _GOOD:
+            status = tree.info["status"]
+    if not cands:
+        if failure is not None:
+            raise failure
+        raise InfeasiblePlanError(f"mcf on {cluster.name!r}: no construction fits in {max_ops} ops")
+    best_est = min(c.estimate_s for c in cands)
+    # Within 1% of the best, the smaller schedule wins (faster to build and replay).
+    pick = min((c for c in cands if c.estimate_s <= best_est * 1.01), key=lambda c: c.nops)
+    solved = time.perf_counter()
+    schedule = pick.make()
+    mat_s = time.perf_counter() - solved
+    # The lock-step model ignores that ranks drift apart; where simulating is cheap,
+    # the event simulator has the last word among the candidates near the best.
+    close = sorted((c for c in cands if c.estimate_s <= best_est * 1.05),
+                   key=lambda c: c.estimate_s)
+    if len(close) > 1 and sum(c.nops for c in close) <= SIM_OPS:
+        from ..simulate import simulate
+        timed = []
+        for c in close:
+            sched = schedule if c is pick else c.make()
+            timed.append((simulate(cluster, sched, size).time_s, c.nops, id(c), c, sched))
+        _, _, _, pick, schedule = min(timed)
+        pick.info["simulated_s"] = {c.name: t for t, _, _, c, _ in timed}
     verify_s = 0.0
     if check:
         from ..verify import verify
@@ -300,17 +480,16 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         verify(schedule.with_meta(algorithm="mcf"))
         verify_s = time.perf_counter() - v0
     meta = {
-        "algorithm": "mcf", "cluster": cluster.name, "mode": sol.mode,
-        "lp_time_s": sol.t * size, "lp_algbw_GBps": 1e-9 / sol.t if sol.t > 0 else None,
-        "trees": len(sol.trees), "pipeline": q, "span_steps": max(t.span for t in sol.trees),
-        "columns": sol.columns, "pricing_rounds": sol.iterations, "status": sol.status,
-        "bottleneck": sol.bottleneck,
-        "solve_s": round(sol.timings["solve_s"] + sol.timings["trees_s"], 4),
-        "materialize_s": round(mat_s, 4), "verify_s": round(verify_s, 4),
-        "plan_s": round(time.perf_counter() - start, 4),
+        "algorithm": "mcf", "cluster": cluster.name, "construction": pick.name,
+        "estimate_s": pick.estimate_s,
+        "candidates": {c.name: c.estimate_s for c in cands}, **pick.info,
+        "status": status,
+        "solve_s": round(solved - start, 4), "materialize_s": round(mat_s, 4),
+        "verify_s": round(verify_s, 4),
+        "plan_s": round(time.perf_counter() - start - verify_s, 4),
     }
-    if sol.status not in _GOOD:
+    if status not in _GOOD:
         meta["time_limit_hit"] = True
-        warnings.warn(f"mcf on {cluster.name}: {sol.status}; using the best plan found",
+        warnings.warn(f"mcf on {cluster.name}: {status}; using the best plan found",
                       RuntimeWarning, stacklevel=2)
     return schedule.with_meta(**meta)

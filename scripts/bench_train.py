@@ -1,0 +1,106 @@
+#!/usr/bin/env python
+"""Training throughput and accuracy for 1, 2, 4 MPI ranks: fp32 sync, + fusion, + fp16, + dbuf.
+
+    python scripts/bench_train.py [--ranks 1 2 4] [--epochs 12] [--model cnn] [--algorithm ring]
+
+For each rank count it launches ``mpiexec -n N`` once; each rank runs every
+configuration of scripts/train.py's ``train()`` in turn (DistributedOptimizer over the
+topoplan executor and the MPI transport, plus the MPI library's own Allreduce as a
+baseline) and rank 0 prints JSON records. The table has samples/s, test accuracy and
+the time in compute vs communication: ``comm`` is the time inside allreduce calls
+(in the background with double buffering), ``exposed`` the part the training loop
+waited for. ``--json`` prints the records instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CONFIGS = [
+    # (label, train.py flags); the algorithm is added per run
+    ("fp32 sync, no fusion", ["--fusion-threshold", "0"]),
+    ("+ fusion (64 MiB)", []),
+    ("+ fp16 allreduce", ["--fp16-allreduce"]),
+    ("+ double buffering", ["--fp16-allreduce", "--double-buffering"]),
+    ("native MPI_Allreduce, fusion", ["--algorithm", "native"]),
+]
+
+
+def worker(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("topoplan_train_script", ROOT / "scripts" / "train.py")
+    train = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = train
+    spec.loader.exec_module(train)
+    world = train.detect_world("mpi")
+    records = []
+    for label, flags in CONFIGS:
+        if "--algorithm" not in flags:
+            flags = flags + ["--algorithm", args.algorithm]
+        targs = train.build_parser().parse_args(
+            ["--model", args.model, "--epochs", str(args.epochs), "--batch-size",
+             str(args.batch_size), "--no-progress"] + flags)
+        record = train.train(targs, world)
+        record["config"] = label
+        records.append(record)
+    if world.rank == 0:
+        print(json.dumps(records), flush=True)
+    return 0
+
+
+def launch(n: int, args: argparse.Namespace) -> list[dict]:
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    cmd = [str(mpiexec) if mpiexec.exists() else (shutil.which("mpiexec") or "mpiexec"),
+           "-n", str(n), "--oversubscribe"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    cmd += [sys.executable, __file__, "--worker", "--epochs", str(args.epochs), "--model",
+            args.model, "--algorithm", args.algorithm, "--batch-size", str(args.batch_size)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"bench_train: mpiexec -n {n} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def table(records: list[dict]) -> str:
+    head = (f"{'ranks':>5}  {'configuration':<30} {'samples/s':>10} {'test acc':>9} "
+            f"{'compute s':>10} {'comm s':>8} {'exposed s':>10} {'calls':>6}")
+    lines = [head, "-" * len(head)]
+    for r in records:
+        lines.append(f"{r['ranks']:>5}  {r['config']:<30} {r['samples_per_s']:>10.0f} "
+                     f"{r['test_accuracy']:>8.2f}% {r['compute_s']:>10.2f} {r['comm_s']:>8.2f} "
+                     f"{r['comm_exposed_s']:>10.2f} {r['allreduce_calls']:>6}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--epochs", type=int, default=12)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--model", default="cnn", choices=("cnn", "mlp"))
+    p.add_argument("--algorithm", default="ring")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+    records = []
+    for n in args.ranks:
+        records += launch(n, args)
+    print(json.dumps(records) if args.json else table(records))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""Small hand-built schedules for executor and transport tests.
+
+Planners live in topoplan.planners; these builders stay independent of them so
+the executor is tested even where a planner is wrong, and they cover shapes the
+planners do not emit (empty steps, many messages to one peer in a step, a step
+that sends a chunk while overwriting it).
+"""
+
+from __future__ import annotations
+
+from topoplan.schedule import Schedule, build_schedule, equal_chunks, recv, send
+
+
+def ring(n: int) -> Schedule:
+    """Reduce-scatter then allgather around 0 -> 1 -> ... -> n-1 -> 0, n chunks."""
+    steps: list[list[list]] = [[] for _ in range(n)]
+    for r in range(n):
+        nxt, prv = (r + 1) % n, (r - 1) % n
+        for s in range(n - 1):  # reduce-scatter: after it rank r owns chunk (r + 1) % n
+            steps[r].append([send(nxt, (r - s) % n), recv(prv, (r - s - 1) % n, reduce=True)])
+        for s in range(n - 1):  # allgather
+            steps[r].append([send(nxt, (r + 1 - s) % n), recv(prv, (r - s) % n)])
+    return build_schedule(n, equal_chunks(n), steps, algorithm="test-ring")
+
+
+def direct(n: int) -> Schedule:
+    """Direct reduce-scatter then direct allgather, 2n chunks of uneven size.
+
+    Rank r owns chunks r and n + r. In reduce-scatter step k it sends both chunks
+    of rank (r + k) % n to it and reduces its own from rank (r - k) % n; the
+    allgather mirrors it with overwrites. Two messages per pair per step exercise
+    in-order matching; uneven fractions exercise the rounding of chunk boundaries.
+    """
+    nchunks = 2 * n
+    weights = [k % 3 + 1 for k in range(nchunks)]
+    chunks = tuple(w / sum(weights) for w in weights)
+    steps: list[list[list]] = [[] for _ in range(n)]
+    for r in range(n):
+        for k in range(1, n):
+            to, frm = (r + k) % n, (r - k) % n
+            steps[r].append([send(to, to), send(to, n + to),
+                             recv(frm, r, reduce=True), recv(frm, n + r, reduce=True)])
+        for k in range(1, n):
+            to, frm = (r + k) % n, (r - k) % n
+            steps[r].append([send(to, r), send(to, n + r), recv(frm, frm), recv(frm, n + frm)])
+    return build_schedule(n, chunks, steps, algorithm="test-direct")
+
+
+def reduce_bcast(n: int) -> Schedule:
+    """Binomial-free chain: everyone sends to rank 0 in turn, rank 0 broadcasts.
+
+    Ranks other than 0 idle in empty steps; rank 0 sends and receives the same
+    chunk in a step only with reduce, and overwrite recvs never conflict.
+    """
+    steps: list[list[list]] = [[] for _ in range(n)]
+    for p in range(1, n):
+        steps[0].append([recv(p, 0, reduce=True)])
+        for r in range(1, n):
+            steps[r].append([send(0, 0)] if r == p else [])
+    steps[0].append([send(p, 0) for p in range(1, n)])
+    for r in range(1, n):
+        steps[r].append([recv(0, 0)])
+    return build_schedule(n, (1.0,), steps, algorithm="test-reduce-bcast")
+
+
+def swap(n: int = 2) -> Schedule:
+    """NOT an allreduce: one step where each rank sends chunk 0 to its right neighbour
+    and overwrites chunk 0 with its left neighbour's. Afterwards rank r holds rank
+    r-1's input only if sends snapshot the chunk at step start."""
+    steps = [[[send((r + 1) % n, 0), recv((r - 1) % n, 0)]] for r in range(n)]
+    return build_schedule(n, (1.0,), steps, algorithm="test-swap")
+
+
+def butterfly(n: int) -> Schedule:
+    """Recursive doubling on one chunk (n a power of two): send and reduce the same
+    chunk in every step; the add must wait until the send is done."""
+    steps: list[list[list]] = [[] for _ in range(n)]
+    d = 1
+    while d < n:
+        for r in range(n):
+            steps[r].append([send(r ^ d, 0), recv(r ^ d, 0, reduce=True)])
+        d *= 2
+    return build_schedule(n, (1.0,), steps, algorithm="test-butterfly")
+
+
+def builders(n: int) -> dict[str, Schedule]:
+    """Every correct test schedule for ``n`` ranks."""
+    out = {"test-ring": ring(n), "test-direct": direct(n), "test-reduce-bcast": reduce_bcast(n)}
+    if n & (n - 1) == 0 and n > 1:
+        out["test-butterfly"] = butterfly(n)
+    return out
+
+
+def flat_cluster_yaml(n: int, gpus_per_box: int = 1) -> str:
+    """A cluster of ``n`` ranks: boxes of ``gpus_per_box`` GPUs on one switch."""
+    boxes = n // gpus_per_box
+    fabric = "\n    fabric: {bandwidth: 300 GB/s, latency: 1 us}" if gpus_per_box > 1 else ""
+    nics = "\n    nics: [{switch: sw0, bandwidth: 100 Gbit/s, latency: 2 us}]" if boxes > 1 else ""
+    return (f"name: flat-{boxes}x{gpus_per_box}\nswitches: [{{name: sw0}}]\nboxes:\n"
+            f"  - name: \"box{{i}}\"\n    count: {boxes}\n    gpus: {gpus_per_box}{fabric}{nics}\n")
+
+
+def planner_schedules(n: int, size: int = 1 << 20) -> dict[str, Schedule]:
+    """Every planner in topoplan.planners.PLANNERS on small clusters of ``n`` ranks.
+
+    Empty when the planners are not there yet. A planner that cannot serve a
+    shape (InfeasiblePlanError) is left out of that shape only.
+    """
+    try:
+        from topoplan.planners import PLANNERS, plan
+    except ImportError:
+        return {}
+    from topoplan.cluster import loads_cluster
+    from topoplan.errors import InfeasiblePlanError
+
+    shapes = [1] + ([2] if n % 2 == 0 and n > 2 else [])
+    out: dict[str, Schedule] = {}
+    for g in shapes:
+        cluster = loads_cluster(flat_cluster_yaml(n, g))
+        for name in sorted(PLANNERS):
+            try:
+                out[f"{name}@{n // g}x{g}"] = plan(cluster, algorithm=name, size=size)
+            except InfeasiblePlanError:
+                continue
+    return out

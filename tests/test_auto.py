@@ -1,0 +1,62 @@
+"""The auto planner: simulate every candidate, keep the fastest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from topoplan.cluster import load_cluster
+from topoplan.errors import InfeasiblePlanError
+from topoplan.planners import plan
+from topoplan.planners.auto import compare, plan_auto
+from topoplan.simulate import simulate
+from topoplan.verify import verify
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def ddl():
+    return load_cluster(ROOT / "topologies" / "ddl_two_switch.yaml")
+
+
+def test_compare_sorts_by_simulated_time(ddl):
+    rows = compare(ddl, 256 << 20, ["ring", "rhd", "mcf", "hierarchical"])
+    times = [report.time_s for _, _, report, _ in rows]
+    assert times == sorted(times)
+    assert {name for name, *_ in rows} == {"ring", "rhd", "mcf", "hierarchical"}
+    for name, schedule, report, plan_s in rows:
+        verify(schedule)
+        assert plan_s >= 0 and report.time_s == simulate(ddl, schedule, 256 << 20).time_s
+
+
+def test_small_messages_go_to_a_latency_optimal_plan(ddl):
+    schedule = plan(ddl, "auto", size=1024)
+    assert schedule.meta["algorithm"] == "auto"
+    sims = {row["algorithm"]: row["time_s"] for row in schedule.meta["comparison"]}
+    chosen = schedule.meta["chosen"]
+    # Latency-optimal here: as fast as recursive halving/doubling (2 log2 4 = 4 steps),
+    # strictly faster than the 2 (n-1) = 6-step ring.
+    assert sims[chosen] <= sims["rhd"] * (1 + 1e-9)
+    assert sims[chosen] < sims["ring"]
+    assert schedule.nsteps <= 4
+
+
+def test_large_messages_go_to_a_bandwidth_optimal_plan(ddl):
+    schedule = plan_auto(ddl, size=256 << 20)
+    report = simulate(ddl, schedule, 256 << 20)
+    assert report.time_s <= 1.01 * report.lower_bound_s
+    assert schedule.meta["chosen"] in ("mcf", "hierarchical")
+    verify(schedule)
+
+
+def test_dgx1_picks_mcf_at_large_size():
+    cluster = load_cluster(ROOT / "topologies" / "dgx1_v100.yaml")
+    schedule = plan(cluster, "auto", size=256 << 20)
+    assert schedule.meta["chosen"] == "mcf"
+
+
+def test_unknown_candidate_is_a_clear_error(ddl):
+    with pytest.raises(InfeasiblePlanError, match="unknown candidate 'nope'"):
+        compare(ddl, 1024, ["nope"])

@@ -1,0 +1,244 @@
+"""The executor on the in-process Local transport: semantics, edge sizes, failures.
+
+Real-process transports (mpiexec, torch gloo) run the same cases in
+tests/test_transports_mpi.py and tests/test_transports_torch.py.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import _schedules as S
+from topoplan.errors import TopoplanError, TransportError
+from topoplan.executor import Allreduce, _compile
+from topoplan.schedule import build_schedule, recv, send
+from topoplan.transports import Local
+from topoplan.transports.local import LocalWorld
+from topoplan.verify import verify
+
+
+def _all_schedules() -> list[tuple[str, int, object]]:
+    out = []
+    for n in range(1, 9):
+        for name, schedule in {**S.builders(n), **S.planner_schedules(n)}.items():
+            out.append((name, n, schedule))
+    return out
+
+
+SCHEDULES = _all_schedules()
+
+
+@pytest.mark.parametrize("name, n, schedule", SCHEDULES,
+                         ids=[f"{name}-n{n}" for name, n, _ in SCHEDULES])
+def test_exact_sum_and_identical_bits(name: str, n: int, schedule) -> None:
+    verify(schedule)
+    sizes = sorted({0, 1, max(schedule.nchunks - 1, 1), schedule.nchunks + 1, 997})
+
+    def rank_fn(t: Local) -> list[np.ndarray]:
+        run = Allreduce(schedule, t, timeout=10)
+        out = []
+        for size in sizes:
+            x = (np.arange(size, dtype=np.float64) % 13) + 2.0 * t.rank
+            run(x)
+            y = np.random.default_rng(t.rank * 7919 + size).standard_normal(size).astype(np.float32)
+            run(y)
+            out += [x, y]
+        return out
+
+    results = Local.launch(n, rank_fn, timeout=30)
+    for i, size in enumerate(sizes):
+        expected = (np.arange(size) % 13) * n + 2.0 * sum(range(n))
+        for rank in range(n):
+            assert np.array_equal(results[rank][2 * i], expected), (name, size, rank)
+            assert results[rank][2 * i + 1].tobytes() == results[0][2 * i + 1].tobytes(), (
+                f"{name}: rank {rank} and rank 0 differ bitwise at n={size}")
+
+
+def test_compile_uses_views_and_snapshots_only_when_needed() -> None:
+    ring = _compile(S.ring(4), rank=1, n=1000)
+    # Ring reduce-scatter steps reduce into scratch; no step of a ring needs a snapshot.
+    assert all(not step.snapshots for step in ring.steps)
+    assert sum(len(step.reduces) for step in ring.steps) == 3
+    assert ring.scratch == 250
+    swap = _compile(S.swap(2), rank=0, n=10)
+    assert len(swap.steps[0].snapshots) == 1  # sends chunk 0 while overwriting it
+    empty = _compile(S.ring(4), rank=0, n=2)  # chunks 0 and 2 are empty: no messages for them
+    assert all(m.chunk in (1, 3) for step in empty.steps for m in step.messages)
+
+
+def test_bound_views_alias_the_user_buffer() -> None:
+    def rank_fn(t: Local) -> bool:
+        x = np.ones(100)
+        run = Allreduce(S.ring(2), t)
+        run(x)
+        bound = next(iter(run._bound.values()))
+        chunk_views = [m.wire for st in bound.steps for m in st.messages if m.wire.base is not None
+                       and np.shares_memory(m.wire, x)]
+        return bool(chunk_views) and bound.work is not None and np.shares_memory(bound.work, x)
+
+    assert all(Local.launch(2, rank_fn))
+
+
+def test_send_carries_the_value_at_step_start() -> None:
+    def rank_fn(t: Local) -> np.ndarray:
+        x = np.full(1001, float(t.rank))
+        Allreduce(S.swap(3), t)(x)
+        return x
+
+    for rank, x in enumerate(Local.launch(3, rank_fn)):
+        assert np.all(x == (rank - 1) % 3)
+
+
+def test_wrong_nranks_is_refused_before_anything_is_sent() -> None:
+    world = LocalWorld(3)
+    with pytest.raises(TopoplanError, match=r"for 4 ranks but the local transport has 3"):
+        Allreduce(S.ring(4), world.transport(0))
+    assert not world.mail
+
+
+def test_bad_buffers_are_refused() -> None:
+    t = LocalWorld(1).transport(0)
+    run = Allreduce(S.ring(1), t)
+    with pytest.raises(TopoplanError, match="contiguous"):
+        run(np.zeros((4, 4))[:, ::2])
+    with pytest.raises(TopoplanError, match="numpy arrays, torch tensors or cupy arrays"):
+        run([1.0, 2.0])
+    frozen = np.zeros(4)
+    frozen.flags.writeable = False
+    with pytest.raises(TopoplanError, match="read-only"):
+        run(frozen)
+    with pytest.raises(TopoplanError, match="timeout"):
+        Allreduce(S.ring(1), t, timeout=0)
+
+
+def test_silent_peer_times_out_on_every_waiting_rank() -> None:
+    """Rank 2 is alive but never posts: the others fail within the timeout."""
+    timeout = 0.5
+
+    def rank_fn(t: Local):
+        if t.rank == 2:
+            time.sleep(timeout * 3)  # alive, silent, then leaves
+            return None
+        t0 = time.monotonic()
+        try:
+            Allreduce(S.ring(3), t, timeout=timeout)(np.ones(30))
+        except TransportError as exc:
+            return exc, time.monotonic() - t0
+        return None
+
+    results = Local.launch(3, rank_fn)
+    for rank in (0, 1):
+        exc, elapsed = results[rank]
+        assert exc.rank == rank and exc.step is not None and exc.chunk is not None
+        assert f"rank {rank}:" in str(exc)
+        assert elapsed < timeout * 2.5
+    # Rank 0 receives from the silent rank 2; rank 1 waits on rank 0 and either times
+    # out too or learns first that rank 0 gave up.
+    assert results[0][0].peer == 2 and "timed out after 0.5 s" in str(results[0][0])
+    assert ("timed out" in str(results[1][0])
+            or "peer 0 finished without sending" in str(results[1][0]))
+
+
+@pytest.mark.parametrize("n, victim", [(2, 1), (4, 2)])
+def test_killed_peer_fails_fast_with_names(n: int, victim: int) -> None:
+    def rank_fn(t: Local):
+        if t.rank == victim:
+            real = t.start
+            calls = [0]
+
+            def dying(messages):
+                calls[0] += 1
+                if calls[0] == 2:
+                    raise SystemExit("simulated crash")
+                return real(messages)
+
+            t.start = dying
+        t0 = time.monotonic()
+        try:
+            Allreduce(S.ring(n), t, timeout=5)(np.ones(64))
+        except TransportError as exc:
+            return exc, time.monotonic() - t0
+
+    results = Local.launch(n, rank_fn, return_exceptions=True)
+    assert isinstance(results[victim], SystemExit)
+    for rank in range(n):
+        if rank == victim:
+            continue
+        exc, elapsed = results[rank]
+        assert exc.rank == rank and None not in (exc.step, exc.peer, exc.chunk)
+        assert f"step {exc.step}" in str(exc) and f"peer {exc.peer}" in str(exc)
+        assert f"chunk {exc.chunk}" in str(exc)
+        assert elapsed < 5.5
+    # The victim's ring successor learns of it at once (no waiting out the timeout).
+    succ = (victim + 1) % n
+    assert results[succ][0].peer == victim and "failed" in str(results[succ][0])
+
+
+def test_accumulate_fp32_rounds_once() -> None:
+    n = 8
+    values = [np.float16(1.0), *[np.float16(0.0004)] * (n - 1)]  # each alone vanishes next to 1
+
+    def rank_fn(t: Local, acc: bool) -> np.ndarray:
+        x = np.full(16, values[t.rank], dtype=np.float16)
+        Allreduce(S.reduce_bcast(n), t, accumulate_fp32=acc)(x)
+        return x
+
+    plain = Local.launch(n, lambda t: rank_fn(t, False))
+    accumulated = Local.launch(n, lambda t: rank_fn(t, True))
+    exact = np.float16(np.sum([np.float32(v) for v in values], dtype=np.float32))
+    assert all(np.all(x == exact) for x in accumulated)
+    assert all(np.all(x == np.float16(1.0)) for x in plain)  # fp16 partial sums lose it
+    assert exact != np.float16(1.0)
+    assert all(x.dtype == np.float16 for x in accumulated)
+
+
+def test_ordering_many_messages_per_pair_in_one_step() -> None:
+    # Rank 0 sends chunks 3, 1, 2, 0 to rank 1 in one step; rank 1 overwrites each:
+    # with in-order matching the data lands in the named chunks.
+    order = [3, 1, 2, 0]
+    steps = [[[send(1, c) for c in order]], [[recv(0, c) for c in order]]]
+    schedule = build_schedule(2, (0.25,) * 4, steps, algorithm="test-order")
+
+    def rank_fn(t: Local) -> np.ndarray:
+        x = np.arange(8, dtype=np.float64) + 100 * t.rank
+        Allreduce(schedule, t)(x)
+        return x
+
+    assert np.array_equal(Local.launch(2, rank_fn)[1], np.arange(8))
+
+
+def test_local_launch_helpers() -> None:
+    assert Local.launch(4, lambda t: t.allreduce_max(t.rank)) == [3.0] * 4
+
+    def native(t: Local) -> np.ndarray:
+        x = np.full(5, t.rank + 1.0)
+        t.native_allreduce(x)
+        return x
+
+    assert all(np.all(x == 10.0) for x in Local.launch(4, native))
+    with pytest.raises(ZeroDivisionError):
+        Local.launch(2, lambda t: 1 / 0)
+
+
+def test_run_bench_returns_rows_with_a_real_check() -> None:
+    from topoplan.commands.bench import format_rows, run_bench
+
+    rows = Local.launch(3, lambda t: run_bench(S.direct(3), t, [1024, 40_000], baseline=True,
+                                               iters=2))
+    assert rows[0] == rows[1] == rows[2]  # every rank returns the same rows
+    for row in rows[0]:
+        assert row.wrong == 0 and row.native_wrong == 0 and row.iters == 2
+        assert row.busbw == pytest.approx(row.algbw * 4 / 3) and row.ratio > 0
+    text = format_rows(rows[0], native_name="local sum")
+    assert "size(B)" in text and "local sum" in text and "40000" in text
+
+
+def test_run_bench_counts_wrong_elements() -> None:
+    from topoplan.commands.bench import run_bench
+
+    # A schedule that is not an allreduce: the check must notice.
+    rows = Local.launch(2, lambda t: run_bench(S.swap(2), t, [4096], iters=1))
+    assert rows[0][0].wrong == 1024

@@ -1,0 +1,140 @@
+"""The executor over real MPI processes (mpiexec -n 2, 3, 4).
+
+Each launch runs every case of tests/cases_common.py on every rank, then kills
+one rank mid-allreduce and checks that every survivor raised a TransportError
+naming itself, the step, the peer and the chunk, within the timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mpi4py")
+
+from topoplan._mpirun import MPI_ENV, find_mpiexec, mpiexec, mpiexec_command  # noqa: E402
+
+HERE = Path(__file__).parent
+TIMEOUT = 2.0  # the executor's step timeout in the killed-peer run
+
+pytestmark = pytest.mark.mpi
+
+
+def _planner_names() -> list[str]:
+    try:
+        from topoplan.planners import PLANNERS
+    except ImportError:
+        return []
+    return sorted(PLANNERS)
+
+
+def _results(stdout: str) -> dict[int, dict]:
+    out = {}
+    for line in stdout.splitlines():
+        if line.startswith("TOPOPLAN-RESULT "):
+            record = json.loads(line.removeprefix("TOPOPLAN-RESULT "))
+            out[record["rank"]] = record
+    return out
+
+
+# With 2 ranks no kill: Open MPI 5.0's prterun ends the job when one of two ranks
+# dies, even under --with-ft ulfm, so the lone survivor is gone before its timeout.
+# The 2-rank killed-peer case runs over torch/gloo and Local instead.
+@pytest.mark.parametrize("nranks, victim, with_torch", [(2, None, False), (3, 2, True), (4, 1, False)])
+def test_mpi_cases_and_killed_peer(nranks: int, victim: int | None, with_torch: bool,
+                                   tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    argv = [sys.executable, str(HERE / "mpi_cases.py"), "--timeout", str(TIMEOUT)]
+    argv += (["--kill", str(victim)] if victim is not None else [])
+    argv += (["--torch"] if with_torch else [])
+    import cases_common
+    cases_common.save_planner_schedules(nranks, str(tmp_path))
+    monkeypatch.setenv("TOPOPLAN_TEST_PLANS", str(tmp_path))
+    proc = mpiexec(nranks, argv, timeout=240, fault_tolerant=victim is not None)
+    results = _results(proc.stdout)
+    survivors = [r for r in range(nranks) if r != victim]
+    assert sorted(results) == survivors, (
+        f"expected results from ranks {survivors}, got {sorted(results)}\n"
+        f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}")
+    for rank in survivors:
+        record = results[rank]
+        assert record["failures"] == [], "\n".join(record["failures"])
+        assert record["ncases"] > 40
+        for name in _planner_names():
+            assert any(s.startswith(f"{name}@") for s in record["schedules"]), (
+                f"planner {name} was not run on {nranks} ranks: {record['schedules']}")
+        if victim is None:
+            continue
+        kill = record["kill"]
+        assert kill["type"] == "TransportError", kill
+        assert kill["rank"] == rank and kill["step"] is not None
+        assert kill["peer"] is not None and kill["chunk"] is not None
+        assert f"rank {rank}:" in kill["error"] and f"step {kill['step']}" in kill["error"]
+        assert f"peer {kill['peer']}" in kill["error"] and f"chunk {kill['chunk']}" in kill["error"]
+        # Within the timeout (plus scheduling slack on a loaded 2-core box), never a hang.
+        assert kill["elapsed"] < TIMEOUT + 3.0, kill
+
+
+def test_mpiexec_command_sets_what_open_mpi_needs() -> None:
+    command, env = mpiexec_command(3, ["python", "x.py"], fault_tolerant=True)
+    assert command[0] == find_mpiexec()
+    assert command[command.index("-n") + 1] == "3"
+    assert "mpi_yield_when_idle" in command and command[-2:] == ["python", "x.py"]
+    assert command[command.index("--with-ft") + 1] == "ulfm"
+    for key, value in MPI_ENV.items():
+        assert env[key] == value
+    assert "oversubscribe" in env["PRTE_MCA_rmaps_default_mapping_policy"]
+
+
+def _bench(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "topoplan", "bench", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=HERE.parent)
+
+
+def test_bench_cli_runs_a_plan_under_mpiexec(tmp_path: Path) -> None:
+    import _schedules as S
+    plan = tmp_path / "ring3.json"
+    S.ring(3).save(plan)
+    proc = _bench("--plan", str(plan), "--sizes", "1KiB,100KiB", "--baseline", "native",
+                  "--iters", "3", "--json")
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(proc.stdout)
+    assert record["schedule"]["nranks"] == 3 and record["transport"] == "mpi"
+    assert record["native"] == "MPI_Allreduce"
+    assert [r["size"] for r in record["rows"]] == [1024, 102400]
+    for row in record["rows"]:
+        assert row["wrong"] == 0 and row["native_wrong"] == 0
+        assert row["count"] == row["size"] // 4 and row["type"] == "float32"
+        assert row["busbw"] == pytest.approx(row["algbw"] * 4 / 3)
+        assert row["time_us"] > 0 and row["native_time_us"] > 0 and row["iters"] == 3
+    plan2 = tmp_path / "ring2.json"
+    S.ring(2).save(plan2)
+    text = _bench("--plan", str(plan2), "--sizes", "4KiB", "--iters", "2", "--dtype", "float16")
+    assert text.returncode == 0, text.stderr
+    header = next(line for line in text.stdout.splitlines() if "size(B)" in line)
+    assert header.split() == ["#", "size(B)", "count", "type", "redop", "time(us)",
+                              "algbw(GB/s)", "busbw(GB/s)", "#wrong"]
+    assert " float16 " in text.stdout and "Out of bounds values : 0 OK" in text.stdout
+
+
+def test_bench_cli_refuses_a_rank_count_mismatch(tmp_path: Path) -> None:
+    import _schedules as S
+    plan = tmp_path / "ring3.json"
+    S.ring(3).save(plan)
+    proc = _bench("--plan", str(plan), "-n", "2", "--sizes", "1KiB")
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("topoplan: error: ") and "Traceback" not in proc.stderr
+    assert "3 ranks" in proc.stderr and "2" in proc.stderr
+
+
+def test_bench_cli_plans_with_an_algorithm() -> None:
+    try:
+        from topoplan.planners import plan  # noqa: F401
+    except ImportError:
+        pytest.skip("the planners have not landed")
+    proc = _bench("--algorithm", "ring", "-n", "2", "--sizes", "8KiB", "--iters", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["rows"][0]["wrong"] == 0

@@ -1,0 +1,81 @@
+"""The executor over torch.distributed (gloo) in real processes.
+
+One launch of 3 processes runs every case of tests/cases_common.py, then one
+rank exits mid-allreduce and the others must raise TransportError in time.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+import cases_common  # noqa: E402
+from topoplan.errors import TopoplanError, TransportError  # noqa: E402
+from topoplan.transports import Torch  # noqa: E402
+
+TIMEOUT = 3.0
+
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+
+def _planner_names() -> list[str]:
+    try:
+        from topoplan.planners import PLANNERS
+    except ImportError:
+        return []
+    return sorted(PLANNERS)
+
+
+def test_gloo_cases_and_killed_peer(tmp_path, monkeypatch) -> None:
+    nranks, victim = 3, 1
+    cases_common.save_planner_schedules(nranks, str(tmp_path))
+    monkeypatch.setenv("TOPOPLAN_TEST_PLANS", str(tmp_path))
+    results = Torch.launch(nranks, cases_common.torch_rank_main, victim, TIMEOUT,
+                           backend="gloo", timeout=200, return_exceptions=True)
+    assert isinstance(results[victim], TransportError)
+    assert f"rank {victim} exited with code 9" in str(results[victim])
+    for rank in (0, 2):
+        record = results[rank]
+        assert isinstance(record, dict), f"rank {rank} raised {record!r}"
+        assert record["transport"] == "torch/gloo"
+        assert record["failures"] == [], "\n".join(record["failures"])
+        assert record["ncases"] > 40
+        for name in _planner_names():
+            assert any(s.startswith(f"{name}@") for s in record["schedules"])
+        kill = record["kill"]
+        assert kill["type"] == "TransportError", kill
+        assert kill["rank"] == rank and None not in (kill["step"], kill["peer"], kill["chunk"])
+        assert f"peer {kill['peer']}" in kill["error"] and f"chunk {kill['chunk']}" in kill["error"]
+        assert kill["elapsed"] < TIMEOUT + 3.0, kill
+
+
+def test_torch_transport_needs_a_process_group() -> None:
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    with pytest.raises(TopoplanError, match="init_process_group"):
+        Torch()
+
+
+def test_bench_cli_over_gloo(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("mpi4py")  # bench launches its ranks with mpiexec
+    import _schedules as S
+    plan = tmp_path / "ring2.json"
+    S.ring(2).save(plan)
+    proc = subprocess.run([sys.executable, "-m", "topoplan", "bench", "--plan", str(plan),
+                           "--transport", "torch", "--baseline", "native", "--sizes", "1KiB,64KiB",
+                           "--iters", "2", "--dtype", "bfloat16", "--json"],
+                          capture_output=True, text=True, timeout=240,
+                          cwd=Path(__file__).parent.parent)
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(proc.stdout)
+    assert record["transport"] == "torch/gloo" and record["native"] == "dist.all_reduce"
+    for row in record["rows"]:
+        assert row["type"] == "bfloat16" and row["wrong"] == 0 and row["native_wrong"] == 0

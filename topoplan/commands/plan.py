@@ -1,0 +1,155 @@
+"""``topoplan plan CLUSTER.yaml``: every candidate planner side by side, and the chosen schedule."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..cluster import load_cluster
+from ..errors import TopoplanError
+from ..units import format_bandwidth, format_size, format_time
+from .common import console, size_arg, status, table
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "plan", help="plan an allreduce for a cluster; compare every candidate",
+        description="Plan an allreduce with every candidate planner, simulate each on the "
+                    "cluster, print them side by side against the lower bound, and write the "
+                    "chosen schedule.")
+    p.add_argument("cluster", help="cluster YAML file")
+    p.add_argument("-a", "--algorithm", default="auto",
+                   help="planner to choose (default auto: the fastest in simulation)")
+    p.add_argument("-s", "--size", type=size_arg, default=256 << 20, metavar="SIZE",
+                   help="message size, e.g. 1MiB (default 256MiB)")
+    p.add_argument("-o", "--output", metavar="PLAN.json", help="write the chosen schedule here")
+    p.add_argument("--candidates", metavar="A,B,...",
+                   help="planners to compare (default: all registered)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.set_defaults(func=cmd_plan)
+
+
+def candidate_names(requested: str | None) -> list[str] | None:
+    """The planners to compare: those named (checked), or None for auto's defaults."""
+    from ..planners import PLANNERS
+    if not requested:
+        return None
+    names = [n.strip() for n in requested.split(",") if n.strip()]
+    unknown = [n for n in names if n not in PLANNERS or n == "auto"]
+    if unknown:
+        known = ", ".join(n for n in PLANNERS if n != "auto")
+        raise TopoplanError(f"unknown planner {unknown[0]!r}; known: {known}")
+    return names
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from ..bound import bottleneck, lower_bound
+
+    from ..planners.auto import compare
+    from ..verify import verify
+
+    cluster = load_cluster(args.cluster)
+    names = candidate_names(args.candidates)
+    if args.algorithm != "auto":
+        named = candidate_names(args.algorithm)
+        assert named is not None
+        if names is None:
+            names = named + [n for n in _default_candidates() if n not in named]
+        elif args.algorithm not in names:
+            names = named + names
+    with status(f"planning and simulating candidates for {cluster.nranks} ranks ..."):
+        rows = [Candidate(*row) for row in compare(cluster, args.size, names)]
+    if args.algorithm == "auto":
+        chosen = rows[0]  # compare() sorts fastest first
+    else:
+        chosen = next(c for c in rows if c.algorithm == args.algorithm)
+    with status(f"verifying the {chosen.algorithm} schedule ..."):
+        verify(chosen.schedule)
+    bound = lower_bound(cluster, args.size)
+
+    if args.output:
+        chosen.schedule.with_meta(
+            size_bytes=args.size, predicted_time_s=chosen.time_s,
+            lower_bound_s=bound).save(args.output)
+
+    if args.json:
+        print(json.dumps({
+            "cluster": cluster.name, "nranks": cluster.nranks, "size_bytes": args.size,
+            "lower_bound_s": bound, "chosen": chosen.algorithm,
+            "candidates": [{"algorithm": c.algorithm, "time_s": c.time_s,
+                            "algbw_GBps": _finite(c.algbw(args.size, cluster.nranks)[0] / 1e9),
+                            "busbw_GBps": _finite(c.algbw(args.size, cluster.nranks)[1] / 1e9),
+                            "percent_of_bound": _percent(bound, c.time_s),
+                            "simulated": c.report is not None,
+                            "steps": c.schedule.nsteps, "chunks": c.schedule.nchunks,
+                            "ops": c.schedule.nops, "plan_s": c.plan_s}
+                           for c in rows]}))
+        return 0
+
+    out = console()
+    out.print(f"[bold]{cluster.name}[/bold]: {cluster.nranks} ranks, allreduce of "
+              f"{format_size(args.size)}; lower bound {format_time(bound)}")
+    t = table("algorithm", "time", "algbw (GB/s)", "busbw (GB/s)", "% of bound", "steps", "chunks",
+              "plan time")
+    for c in rows:
+        mark = " *" if c is chosen else ""
+        algbw, busbw = c.algbw(args.size, cluster.nranks)
+        approx = "" if c.report is not None else "~"
+        t.add_row(c.algorithm + mark, approx + format_time(c.time_s), _gbps(algbw), _gbps(busbw),
+                  f"{approx}{_percent(bound, c.time_s):.1f}",
+                  str(c.schedule.nsteps), str(c.schedule.nchunks), format_time(c.plan_s))
+    out.print(t)
+    if any(c.report is None for c in rows):
+        out.print("~ estimated by the planner's own cost model: the schedule is too big to "
+                  "simulate quickly")
+    if cluster.nranks > 1:
+        cut = bottleneck(cluster)
+        out.print(f"bottleneck cut: {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)} out")
+    out.print(f"chosen: {chosen.algorithm}" + (f" -> {args.output}" if args.output else
+                                               " (write it with -o PLAN.json)"))
+    return 0
+
+
+def _percent(bound: float, time_s: float) -> float:
+    return 100.0 * bound / time_s if time_s > 0 else 100.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One row of the table: a planner's schedule and its simulated (or estimated) time."""
+
+    algorithm: str
+    schedule: Any
+    report: Any  # SimReport, or None when the schedule was too big to simulate
+    plan_s: float
+
+    @property
+    def time_s(self) -> float:
+        if self.report is not None:
+            return float(self.report.time_s)
+        return float(self.schedule.meta.get("estimate_s", float("nan")))
+
+    def algbw(self, size: int, nranks: int) -> tuple[float, float]:
+        """(algbw, busbw) in bytes/s."""
+        if self.report is not None:
+            return self.report.algbw, self.report.busbw
+        if not self.time_s > 0:
+            return float("inf"), float("inf")
+        algbw = size / self.time_s
+        return algbw, algbw * 2 * (nranks - 1) / nranks
+
+
+def _default_candidates() -> list[str]:
+    from ..planners.auto import DEFAULT_CANDIDATES
+    return list(DEFAULT_CANDIDATES)
+
+
+def _finite(value: float) -> float | None:
+    """JSON has no infinity: a 1-rank allreduce moves nothing and has no bandwidth."""
+    return value if value != float("inf") else None
+
+
+def _gbps(bytes_per_s: float) -> str:
+    return "-" if bytes_per_s in (0.0, float("inf")) else f"{bytes_per_s / 1e9:.2f}"

@@ -1,0 +1,139 @@
+"""``topoplan show CLUSTER.yaml [PLAN.json] --size 256MiB -o picture.png``: draw a plan.
+
+Writes one image file per figure. ``-o picture.png`` names the cluster drawing; the
+others take a suffix before the extension: ``picture-timeline.png`` (per-rank Gantt
+chart), ``picture-links.png`` (utilisation of the busiest links over time) and, with
+``--figures all`` (or a list naming ``sweep``), ``picture-sweep.png`` (algbw/busbw
+against size for every planner). The extension picks the format (png, svg, pdf).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..cluster import load_cluster
+from ..errors import ScheduleError, TopoplanError
+from ..units import format_size, format_time
+from .common import console, size_arg, sizes_arg
+
+FIGURES = ("cluster", "timeline", "links", "sweep")
+# The sweep plans and simulates every planner at every size: seconds on a small cluster,
+# but minutes on 32+ GPUs with mcf, so it is asked for, not drawn by default.
+DEFAULT_FIGURES = ("cluster", "timeline", "links")
+
+
+def _figures(text: str) -> list[str]:
+    if text.strip() == "all":
+        return list(FIGURES)
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    bad = [n for n in names if n not in FIGURES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown figure(s) {bad or [text]}; choose from {','.join(FIGURES)} or all")
+    return names
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    show = subparsers.add_parser(
+        "show", help="draw the cluster, a plan's timeline and link load, and a size sweep",
+        description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    show.add_argument("cluster", help="cluster YAML file")
+    show.add_argument("plan", nargs="?", help="schedule JSON (default: plan one with --algorithm)")
+    show.add_argument("--algorithm", "-a", default=None,
+                      help="planner used when no PLAN.json is given (default: the planner's default)")
+    show.add_argument("--size", type=size_arg, default=256 << 20, metavar="SIZE",
+                      help="allreduce message size, e.g. 256MiB (default 256MiB)")
+    show.add_argument("--sizes", type=sizes_arg, default=None, metavar="RANGE",
+                      help="sizes of the sweep, e.g. 1KiB:1GiB:4 (default 1KiB:1GiB:16)")
+    show.add_argument("-o", "--output", default=None, metavar="PICTURE",
+                      help="file of the cluster drawing; the other figures get -timeline, -links, "
+                           "-sweep suffixes (default: CLUSTER file name with .png)")
+    show.add_argument("--figures", type=_figures, default=list(DEFAULT_FIGURES), metavar="LIST",
+                      help=f"comma-separated subset of {','.join(FIGURES)}, or all (default: "
+                           f"{','.join(DEFAULT_FIGURES)}; the sweep plans and simulates every "
+                           "planner at every size)")
+    show.add_argument("--sweep-algorithms", type=lambda t: [a.strip() for a in t.split(",")],
+                      default=None, metavar="LIST",
+                      help="planners in the sweep (default: all but auto)")
+    show.add_argument("--color-by", choices=("bytes", "utilisation"), default="bytes",
+                      help="colour the cluster's links by bytes carried or by utilisation "
+                           "(bytes / bandwidth / predicted time); default bytes")
+    show.add_argument("--top", type=int, default=8, metavar="K",
+                      help="busiest links in the utilisation figure (default 8)")
+    show.add_argument("--dpi", type=int, default=110, help="resolution of raster images (default 110)")
+    show.set_defaults(func=cmd_show)
+
+
+def output_paths(output: str | Path, figures: list[str]) -> dict[str, Path]:
+    """``picture.png`` -> {"cluster": picture.png, "timeline": picture-timeline.png, ...}."""
+    output = Path(output)
+    suffix = output.suffix or ".png"
+    stem = output.with_suffix("") if output.suffix else output
+    paths = {}
+    for name in figures:
+        paths[name] = Path(f"{stem}{suffix}") if name == "cluster" else Path(f"{stem}-{name}{suffix}")
+    return paths
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from .. import viz
+
+    cluster = load_cluster(args.cluster)
+    out = console()
+    output = args.output or f"{Path(args.cluster).stem}.png"
+    paths = output_paths(output, args.figures)
+    if not paths["cluster" if "cluster" in paths else next(iter(paths))].parent.exists():
+        raise TopoplanError(f"-o {output}: folder {Path(output).parent} does not exist")
+
+    needs_report = any(name in paths for name in ("cluster", "timeline", "links"))
+    report = None
+    schedule = None
+    if needs_report:
+        if args.plan:
+            from ..schedule import load_schedule
+
+            schedule = load_schedule(args.plan)
+            if schedule.nranks != cluster.nranks:
+                raise ScheduleError(f"{args.plan}: the schedule has {schedule.nranks} ranks but "
+                                    f"{args.cluster} has {cluster.nranks}; plan it for this cluster")
+        else:
+            try:
+                from ..planners import plan
+            except ImportError as exc:  # a partial installation: say what is missing
+                raise TopoplanError(f"planning needs topoplan.planners ({exc}); pass a "
+                                    "PLAN.json or --figures sweep-free") from None
+
+            kwargs = {"size": args.size}
+            if args.algorithm:
+                kwargs["algorithm"] = args.algorithm
+            schedule = plan(cluster, **kwargs)
+        from ..simulate import simulate
+
+        report = simulate(cluster, schedule, args.size, record=True)
+        out.print(f"{cluster.name}: {report.algorithm or 'schedule'} at {format_size(args.size)}: "
+                  f"{format_time(report.time_s)} predicted, lower bound "
+                  f"{format_time(report.lower_bound_s)} "
+                  f"({report.efficiency:.0%} of optimal)")
+
+    for name, path in paths.items():
+        if name == "cluster":
+            fig = viz.draw_cluster(cluster, report, color_by=args.color_by)
+        elif name == "timeline":
+            fig = viz.timeline(report, schedule)
+        elif name == "links":
+            fig = viz.link_utilisation(report, k=args.top, cluster=cluster)
+        else:
+            sizes = args.sizes or list(viz.sweep.DEFAULT_SIZES)
+            try:
+                fig = viz.size_sweep(cluster, algorithms=args.sweep_algorithms, sizes=sizes)
+            except ImportError as exc:
+                raise TopoplanError(f"the sweep needs topoplan.planners ({exc})") from None
+            except ValueError as exc:  # an unknown planner name
+                raise TopoplanError(str(exc)) from None
+        try:
+            fig.savefig(path, dpi=args.dpi)
+        except (OSError, ValueError) as exc:  # unwritable path, unknown image format
+            raise TopoplanError(f"cannot write {path}: {exc}") from None
+        out.print(f"wrote {path}  ({name})")
+    return 0

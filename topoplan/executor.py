@@ -1,0 +1,448 @@
+"""Replay a schedule over a transport: ``topoplan.Allreduce(schedule, transport)(buffer)``.
+
+The executor compiles the calling rank's program once per (element count, dtype,
+array kind) into flat step lists: element ranges of each chunk, messages with
+their sequence tags, and slots of one reusable scratch arena for the data that
+must not land in the user's buffer directly. Binding a buffer then only slices
+views (cached per buffer address), and a call runs, per step: copy the few send
+snapshots, post every receive and send at once, wait with a deadline, and add the
+received partial sums in place. No copy of the user's buffer is made.
+
+Semantics (DESIGN.md, "Schedule JSON"): a send carries the chunk as it was when
+its step started; a ``reduce`` receive adds into the chunk and a plain receive
+overwrites it when the step ends. Reduce receives always land in scratch and
+are added after the wait, so they never race a send of the same chunk; a plain
+receive lands in the chunk itself unless the same step also sends that chunk,
+and only then is the chunk copied to a send snapshot first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .errors import TopoplanError, TransportError
+from .schedule import OpKind, Schedule
+from .transports.base import TAG_LIMIT, Message, PeerFailure, Transport
+
+__all__ = ["Allreduce", "array_ops"]
+
+#: How many bound buffers an Allreduce keeps views for (a training loop alternates few).
+BOUND_CACHE = 8
+
+
+# ---------------------------------------------------------------------------
+# Array kinds: numpy, torch, cupy behind four operations
+# ---------------------------------------------------------------------------
+class _NumpyOps:
+    kind = "numpy"
+
+    @staticmethod
+    def flat(buf: Any) -> Any:
+        if not buf.flags.c_contiguous:
+            raise TopoplanError("allreduce needs a contiguous buffer; pass np.ascontiguousarray(x) "
+                                "and copy the result back")
+        if not buf.flags.writeable:
+            raise TopoplanError("allreduce works in place, but the numpy buffer is read-only")
+        return buf.reshape(-1)
+
+    @staticmethod
+    def address(buf: Any) -> tuple:
+        return (buf.__array_interface__["data"][0], "cpu")
+
+    @staticmethod
+    def fast_key(buf: Any) -> Any:
+        # A numpy array's memory moves only through ndarray.resize, which changes its size.
+        return buf.size
+
+    @staticmethod
+    def dtype(buf: Any) -> str:
+        return str(buf.dtype)
+
+    @staticmethod
+    def empty(n: int, like: Any, dtype: Any = None) -> Any:
+        import numpy as np
+        return np.empty(n, dtype=like.dtype if dtype is None else dtype)
+
+    @staticmethod
+    def float32(buf: Any) -> Any:
+        import numpy as np
+        return np.float32
+
+    @staticmethod
+    def add(dst: Any, src: Any) -> None:
+        dst += src
+
+    @staticmethod
+    def copy(dst: Any, src: Any) -> None:
+        dst[...] = src
+
+
+class _TorchOps:
+    kind = "torch"
+
+    @staticmethod
+    def flat(buf: Any) -> Any:
+        if not buf.is_contiguous():
+            raise TopoplanError("allreduce needs a contiguous tensor; pass t.contiguous() and "
+                                "copy the result back")
+        return buf.view(-1)
+
+    @staticmethod
+    def address(buf: Any) -> tuple:
+        return (buf.data_ptr(), str(buf.device))
+
+    @staticmethod
+    def fast_key(buf: Any) -> Any:
+        return (buf.data_ptr(), buf.numel())
+
+    @staticmethod
+    def dtype(buf: Any) -> str:
+        return str(buf.dtype).removeprefix("torch.")
+
+    @staticmethod
+    def empty(n: int, like: Any, dtype: Any = None) -> Any:
+        import torch
+        return torch.empty(n, dtype=like.dtype if dtype is None else dtype, device=like.device)
+
+    @staticmethod
+    def float32(buf: Any) -> Any:
+        import torch
+        return torch.float32
+
+    @staticmethod
+    def add(dst: Any, src: Any) -> None:
+        dst.add_(src)
+
+    @staticmethod
+    def copy(dst: Any, src: Any) -> None:
+        dst.copy_(src)
+
+
+class _CupyOps(_NumpyOps):
+    kind = "cupy"
+
+    @staticmethod
+    def flat(buf: Any) -> Any:
+        if not buf.flags.c_contiguous:
+            raise TopoplanError("allreduce needs a contiguous buffer; pass cupy.ascontiguousarray(x)"
+                                " and copy the result back")
+        return buf.reshape(-1)
+
+    @staticmethod
+    def address(buf: Any) -> tuple:
+        return (buf.data.ptr, f"cuda:{buf.device.id}")
+
+    @staticmethod
+    def fast_key(buf: Any) -> Any:
+        return (buf.data.ptr, buf.size)
+
+    @staticmethod
+    def empty(n: int, like: Any, dtype: Any = None) -> Any:
+        import cupy
+        with like.device:
+            return cupy.empty(n, dtype=like.dtype if dtype is None else dtype)
+
+    @staticmethod
+    def float32(buf: Any) -> Any:
+        import cupy
+        return cupy.float32
+
+
+def array_ops(buf: Any) -> type:
+    """The operations for ``buf``'s array kind (numpy, torch or cupy).
+
+    Raises
+    ------
+    TopoplanError
+        For anything else, naming the type.
+    """
+    module = type(buf).__module__.split(".")[0]
+    if module == "numpy" and hasattr(buf, "__array_interface__"):
+        return _NumpyOps
+    if module == "torch" and hasattr(buf, "data_ptr"):
+        return _TorchOps
+    if module == "cupy":
+        return _CupyOps
+    raise TopoplanError(f"allreduce buffers are numpy arrays, torch tensors or cupy arrays, got "
+                        f"{type(buf).__module__}.{type(buf).__name__}")
+
+
+# ---------------------------------------------------------------------------
+# Compiled and bound programs
+# ---------------------------------------------------------------------------
+@dataclass(slots=True)
+class _MsgPlan:
+    send: bool
+    peer: int
+    chunk: int
+    tag: int
+    reduce: bool
+    slot: tuple[int, int] | None  # scratch [start, end) when not the chunk itself
+
+
+@dataclass(slots=True)
+class _StepPlan:
+    messages: list[_MsgPlan]
+    snapshots: list[tuple[int, tuple[int, int]]]  # chunk -> scratch slot, copied at step start
+    reduces: list[tuple[int, tuple[int, int]]]    # chunk += scratch slot, after the wait
+
+
+@dataclass(slots=True)
+class _Compiled:
+    n: int
+    bounds: list[tuple[int, int]]
+    steps: list[_StepPlan]     # only steps that move data
+    step_index: list[int]      # the schedule's step number of each entry in ``steps``
+    scratch: int               # elements of scratch the rank needs
+
+
+@dataclass(slots=True)
+class _BoundStep:
+    index: int
+    snapshots: list[tuple[Any, Any]]  # (scratch view, chunk view)
+    messages: list[Message]
+    plans: list[_MsgPlan]
+    reduces: list[tuple[Any, Any]]    # (chunk view, scratch view)
+
+
+@dataclass(slots=True)
+class _Bound:
+    steps: list[_BoundStep]
+    keep: Any            # the buffer, kept alive so the cached address stays valid
+    work: Any            # what the steps run on: the flat buffer, or its fp32 shadow
+    scratch: Any
+    shadow: bool         # work is a float32 copy (accumulate_fp32 on a 16-bit buffer)
+
+
+def _compile(schedule: Schedule, rank: int, n: int) -> _Compiled:
+    bounds = schedule.chunk_bounds(n)
+    seq_out: dict[int, int] = {}
+    seq_in: dict[int, int] = {}
+    steps, step_index, scratch = [], [], 0
+    for s, ops in enumerate(schedule.steps_of(rank)):
+        overwritten = {op.chunk for op in ops if op.kind is OpKind.RECV and not op.reduce}
+        offset = 0
+        snap_slot: dict[int, tuple[int, int]] = {}
+        messages, snapshots, reduces = [], [], []
+        for op in ops:
+            # Tags count every message on the pair, empty or not, so both ends agree.
+            counter = seq_out if op.kind is OpKind.SEND else seq_in
+            seq = counter.get(op.peer, 0)
+            counter[op.peer] = seq + 1
+            start, end = bounds[op.chunk]
+            if start == end:
+                continue  # an empty piece: both ends skip it, nothing to carry
+            length = end - start
+            slot = None
+            if op.kind is OpKind.SEND:
+                if op.chunk in overwritten:
+                    if op.chunk not in snap_slot:
+                        snap_slot[op.chunk] = (offset, offset + length)
+                        snapshots.append((op.chunk, snap_slot[op.chunk]))
+                        offset += length
+                    slot = snap_slot[op.chunk]
+            elif op.reduce:
+                slot = (offset, offset + length)
+                offset += length
+                reduces.append((op.chunk, slot))
+            messages.append(_MsgPlan(op.kind is OpKind.SEND, op.peer, op.chunk,
+                                     seq % TAG_LIMIT, op.reduce, slot))
+        scratch = max(scratch, offset)
+        # Receives first (a stable sort keeps each pair's order): a send then finds
+        # its receive already posted, which saves a copy in MPI and gloo.
+        messages.sort(key=lambda m: m.send)
+        if messages:
+            steps.append(_StepPlan(messages, snapshots, reduces))
+            step_index.append(s)
+    return _Compiled(n, bounds, steps, step_index, scratch)
+
+
+class Allreduce:
+    """Run an allreduce schedule over a transport, in place.
+
+    Parameters
+    ----------
+    schedule : Schedule
+        A verified schedule (:func:`topoplan.verify`) for ``transport.size`` ranks.
+    transport : Transport
+        :class:`~topoplan.transports.MPI`, :class:`~topoplan.transports.Torch`,
+        :class:`~topoplan.transports.NCCL` or :class:`~topoplan.transports.Local`.
+    timeout : float
+        Seconds any one step may wait for its messages. A peer that died or never
+        posts its side ends the call with :class:`~topoplan.TransportError` after
+        at most this long, on every rank that waits for it.
+    accumulate_fp32 : bool
+        For float16/bfloat16 buffers: run the schedule on a float32 copy (twice the
+        bytes on the wire) and round once at the end, instead of rounding every
+        partial sum to the buffer dtype. Ignored for other dtypes.
+
+    Raises
+    ------
+    TopoplanError
+        When the schedule is for a different number of ranks than the transport
+        (before anything is sent), or is not an allreduce.
+
+    Examples
+    --------
+    >>> from topoplan.transports import Local
+    >>> def rank_fn(t):
+    ...     x = np.full(10, t.rank + 1.0)
+    ...     Allreduce(schedule, t)(x)
+    ...     return x
+    >>> Local.launch(4, rank_fn)  # doctest: +SKIP
+    """
+
+    def __init__(self, schedule: Schedule, transport: Transport, *, timeout: float = 60.0,
+                 accumulate_fp32: bool = False) -> None:
+        if schedule.collective != "allreduce":
+            raise TopoplanError(f"Allreduce runs allreduce schedules, got {schedule.collective!r}")
+        if schedule.nranks != transport.size:
+            raise TopoplanError(
+                f"the {schedule.algorithm} schedule is for {schedule.nranks} ranks but the "
+                f"{transport.name} transport has {transport.size}; plan for {transport.size} "
+                f"ranks or launch {schedule.nranks}")
+        if not timeout > 0:
+            raise TopoplanError(f"timeout must be > 0 seconds, got {timeout!r}")
+        self.schedule = schedule
+        self.transport = transport
+        self.rank = transport.rank
+        self.timeout = float(timeout)
+        self.accumulate_fp32 = accumulate_fp32
+        self._compiled: dict[int, _Compiled] = {}
+        self._bound: OrderedDict[tuple, _Bound] = OrderedDict()
+        self._scratch: dict[tuple, Any] = {}
+        # The buffer of the last call: training loops pass the same one again and
+        # again, and recognising it skips building the cache key (microseconds).
+        self._last: tuple | None = None
+
+    def __repr__(self) -> str:
+        return (f"Allreduce({self.schedule.algorithm}, nranks={self.schedule.nranks}, "
+                f"transport={self.transport!r})")
+
+    # -- compile and bind ------------------------------------------------------
+    def compiled(self, n: int) -> _Compiled:
+        """The rank's program for an ``n``-element buffer (cached)."""
+        plan = self._compiled.get(n)
+        if plan is None:
+            plan = self._compiled[n] = _compile(self.schedule, self.rank, n)
+        return plan
+
+    def _bind(self, buffer: Any) -> tuple[_Bound, type]:
+        ops = array_ops(buffer)
+        flat = ops.flat(buffer)
+        n = flat.shape[0]
+        dtype = ops.dtype(flat)
+        shadow = self.accumulate_fp32 and dtype in ("float16", "bfloat16")
+        key = (*ops.address(flat), n, dtype, ops.kind)
+        bound = self._bound.get(key)
+        if bound is not None:
+            self._bound.move_to_end(key)
+            return bound, ops
+        plan = self.compiled(n)
+        work = ops.empty(n, flat, ops.float32(flat)) if shadow else flat
+        skey = (ops.kind, ops.address(flat)[1], ops.dtype(work), plan.scratch)
+        scratch = self._scratch.get(skey)
+        if scratch is None:
+            scratch = self._scratch[skey] = ops.empty(plan.scratch, work)
+        prepare = self.transport.prepare
+        chunk_views = [work[a:b] for a, b in plan.bounds]
+        wires = {}
+
+        def wire_of(kind: str, index: Any, view: Any) -> Any:
+            w = wires.get((kind, index))
+            if w is None:
+                w = wires[(kind, index)] = prepare(view)
+            return w
+
+        steps = []
+        for index, sp in zip(plan.step_index, plan.steps):
+            messages = []
+            for m in sp.messages:
+                if m.slot is None:
+                    view = chunk_views[m.chunk]
+                    wire = wire_of("chunk", m.chunk, view)
+                else:
+                    view = scratch[m.slot[0]:m.slot[1]]
+                    wire = wire_of("scratch", m.slot, view)
+                messages.append(Message(m.send, wire, m.peer, m.tag))
+            steps.append(_BoundStep(
+                index,
+                [(scratch[a:b], chunk_views[c]) for c, (a, b) in sp.snapshots],
+                messages, sp.messages,
+                [(chunk_views[c], scratch[a:b]) for c, (a, b) in sp.reduces]))
+        bound = _Bound(steps, buffer, work, scratch, shadow)
+        self._bound[key] = bound
+        while len(self._bound) > BOUND_CACHE:
+            self._bound.popitem(last=False)
+        return bound, ops
+
+    # -- run ------------------------------------------------------------------
+    def __call__(self, buffer: Any) -> Any:
+        """Sum ``buffer`` over all ranks, in place; returns ``buffer``.
+
+        Parameters
+        ----------
+        buffer : numpy.ndarray, torch.Tensor or cupy.ndarray
+            Contiguous, same element count and dtype on every rank.
+
+        Raises
+        ------
+        TransportError
+            When a step's messages do not complete within ``timeout`` or the
+            transport reports a failed peer; names rank, step, peer and chunk.
+        """
+        last = self._last
+        if last is not None and buffer is last[0] and last[1].fast_key(buffer) == last[2]:
+            bound, ops = last[3], last[1]
+        else:
+            bound, ops = self._bind(buffer)
+            self._last = (buffer, ops, ops.fast_key(buffer), bound)
+        with self.transport.compute_context():
+            self._run(bound, ops, buffer)
+        return buffer
+
+    allreduce = __call__
+
+    def _run(self, bound: _Bound, ops: type, buffer: Any) -> None:
+        work = bound.work
+        if bound.shadow:
+            ops.copy(work, ops.flat(buffer))
+        add, copy = ops.add, ops.copy
+        transport, timeout = self.transport, self.timeout
+        for step in bound.steps:
+            for dst, src in step.snapshots:
+                copy(dst, src)
+            handle = transport.start(step.messages)
+            try:
+                pending = transport.wait(handle, timeout)
+            except PeerFailure as exc:
+                transport.abort(handle)
+                raise self._error(step, [exc.index], exc.reason) from None
+            if pending:
+                transport.abort(handle)
+                raise self._error(step, pending, None)
+            for dst, src in step.reduces:
+                add(dst, src)
+        if bound.shadow:
+            ops.copy(ops.flat(buffer), work)
+
+    def _error(self, step: _BoundStep, indices: Sequence[int], reason: str | None) -> TransportError:
+        # Blame a receive first: a dead peer's sends never arrive, while our own
+        # sends to it may already have completed into its buffers.
+        plans = [step.plans[i] for i in indices]
+        blamed = next((p for p in plans if not p.send), plans[0])
+        what = (f"send of chunk {blamed.chunk} to peer {blamed.peer}" if blamed.send
+                else f"recv of chunk {blamed.chunk} from peer {blamed.peer}")
+        others = len(plans) - 1
+        more = f" (and {others} more op{'s' if others > 1 else ''})" if others else ""
+        if reason is None:
+            why = (f"timed out after {self.timeout:g} s: the peer died, hangs, or runs a "
+                   f"different schedule")
+        else:
+            why = f"failed: {reason}"
+        return TransportError(
+            f"rank {self.rank}: {self.transport.name} {self.schedule.algorithm} allreduce, "
+            f"step {step.index}: {what}{more} {why}",
+            rank=self.rank, step=step.index, peer=blamed.peer, chunk=blamed.chunk)

@@ -1,0 +1,115 @@
+"""Allreduce planners: one module per algorithm, one signature, and the ``plan`` facade.
+
+Every planner is ``plan_x(cluster, *, size, chunks=None, **options) -> Schedule`` and
+sets ``meta["algorithm"]`` and ``meta["cluster"]``. :data:`PLANNERS` maps the names
+the CLI shows to them; adding one is one line (or :func:`register`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any, Callable
+
+from ..cluster import Cluster
+from ..schedule import Schedule
+from ._common import PlannerError, topo_order
+from .hierarchical import plan_hierarchical
+from .rhd import plan_rhd
+from .ring import plan_ring, plan_ring_topo
+from .tree import plan_tree
+
+__all__ = ["PLANNERS", "plan", "register", "candidates", "PlannerError", "LazyPlanner", "plan_ring",
+           "plan_ring_topo", "plan_tree", "plan_rhd", "plan_hierarchical", "topo_order"]
+
+Planner = Callable[..., Schedule]
+
+
+class LazyPlanner:
+    """A planner imported on first use (``mcf`` pulls in scipy: seconds of import time).
+
+    Calls and ``inspect.signature`` go to ``module.function``.
+    """
+
+    def __init__(self, module: str, function: str) -> None:
+        self.module, self.function = module, function
+
+    def resolve(self) -> Planner:
+        return getattr(importlib.import_module(self.module), self.function)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Schedule:
+        return self.resolve()(*args, **kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        return inspect.signature(self.resolve())
+
+    def __repr__(self) -> str:
+        return f"<planner {self.module}.{self.function}>"
+
+
+PLANNERS: dict[str, Planner] = {
+    "ring": plan_ring,
+    "ring-topo": plan_ring_topo,
+    "tree": plan_tree,
+    "rhd": plan_rhd,
+    "hierarchical": plan_hierarchical,
+    "mcf": LazyPlanner("topoplan.planners.mcf", "plan_mcf"),
+    "auto": LazyPlanner("topoplan.planners.auto", "plan_auto"),
+}
+
+
+def register(name: str, planner: Planner) -> Planner:
+    """Add (or replace) ``PLANNERS[name]``; returns ``planner`` so it works as a decorator helper."""
+    PLANNERS[name] = planner
+    return planner
+
+
+def candidates() -> list[str]:
+    """The planner names a comparison should run: every registered one but ``auto``."""
+    return [name for name in PLANNERS if name != "auto"]
+
+
+def _check_options(name: str, planner: Planner, options: dict[str, Any]) -> None:
+    params = inspect.signature(planner).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    known = [p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise PlannerError(f"planner {name!r} takes no option {', '.join(map(repr, unknown))}; "
+                           f"its options: {', '.join(known)}")
+
+
+def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
+         **options: Any) -> Schedule:
+    """Plan an allreduce of ``size`` bytes on ``cluster`` with the named algorithm.
+
+    Parameters
+    ----------
+    cluster : Cluster
+    algorithm : str
+        A key of :data:`PLANNERS` (``ring``, ``ring-topo``, ``tree``, ``rhd``,
+        ``hierarchical``, ``mcf``, and whatever else is registered), or ``auto``, which
+        simulates the candidates and returns the fastest (:mod:`topoplan.planners.auto`).
+    size : int
+        Message size in bytes.
+    **options
+        Passed to the planner (``chunks``, ``order``, ...).
+
+    Returns
+    -------
+    Schedule
+
+    Raises
+    ------
+    PlannerError
+        Unknown algorithm (the message lists the known ones) or an option the planner
+        does not take.
+    """
+    planner = PLANNERS.get(algorithm)
+    if planner is None:
+        known = ", ".join(sorted(PLANNERS))
+        raise PlannerError(f"unknown algorithm {algorithm!r}; known: {known}")
+    _check_options(algorithm, planner, options)
+    return planner(cluster, size=size, **options)

@@ -1,0 +1,576 @@
+"""Pipelined multi-level reduce-scatter/allgather for the ``mcf`` planner.
+
+The construction (BlueConnect's per-level decomposition, SysML'19, with the rings of
+every level chosen by an LP and the pipeline depth by a lock-step cost model):
+
+- the ranks are laid out on a grid ``dims = (b_0, ..., b_{L-1})``: in-box levels
+  first (the box, or its NVLink islands then the islands), then the boxes under one
+  switch, then the switch groups. A rank's coordinate on a level is its position on
+  that level's ring;
+- reduce-scatter runs level by level, a ring reduce-scatter among the ranks that
+  differ in one coordinate only, each on the chunks its earlier levels left it;
+  allgather undoes the levels in reverse. Every rank ends with ``N`` final chunks,
+  each reduced exactly once along a tree (one root per chunk, as in ForestColl);
+- the buffer is split over several *rings* of the first level (Hamiltonian cycles
+  of an NVLink mesh, weighted by an LP so that every link carries its share), and
+  over ``Q`` pipeline *pieces*; piece ``p`` runs one step after piece ``p - 1``, so
+  in-box steps of one piece overlap network steps of the others and every step
+  loads the narrow links with the same bytes.
+
+On a level with ``b`` ranks on a non-blocking switch a ring reduce-scatter moves
+``(b-1)/b`` of its data through each NIC, the least possible, so the total
+through a box's NICs is ``2 (B-1)/B`` of the buffer: the cut bound of the boxes.
+Ops: about ``4 N`` per rank per piece (one chunk per op in IR v1).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+import scipy.sparse as sp
+from scipy.optimize import linprog
+
+from ..cluster import Box, Cluster
+from ..errors import InfeasiblePlanError
+from ..schedule import OpKind, RankProgram, Schedule
+from ._common import _op, no_gc
+
+__all__ = ["Layout", "layouts", "Messages", "messages", "estimate", "choose_pieces",
+           "build", "box_rings"]
+
+_SEND, _RECV = OpKind.SEND, OpKind.RECV
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A grid of the ranks and the first-level rings.
+
+    Attributes
+    ----------
+    name : str
+        Short description for ``meta`` (``"box[8]x2 rings > rail[4]"``).
+    dims : tuple of int
+        Level sizes, first level first; their product is the rank count.
+    grids : tuple of ndarray
+        One rank grid (shape ``dims``) per ring of the first level.
+    weights : ndarray
+        Share of the buffer each ring carries (sums to 1).
+    """
+
+    name: str
+    dims: tuple[int, ...]
+    grids: tuple[np.ndarray, ...]
+    weights: np.ndarray
+
+
+# --------------------------------------------------------------------------------------
+# Rings inside a box: Hamiltonian cycles weighted by an LP
+# --------------------------------------------------------------------------------------
+
+def _hamiltonian_cycles(graph: nx.Graph, limit: int = 5000) -> list[tuple[int, ...]]:
+    """Directed Hamiltonian cycles of ``graph`` (starting at node 0), at most ``limit``."""
+    n = graph.number_of_nodes()
+    adj = {v: sorted(graph.neighbors(v)) for v in graph.nodes}
+    out: list[tuple[int, ...]] = []
+    path = [0]
+    seen = {0}
+
+    def dfs() -> bool:
+        v = path[-1]
+        if len(path) == n:
+            if 0 in adj[v]:
+                out.append(tuple(path))
+            return len(out) >= limit
+        for w in adj[v]:
+            if w not in seen:
+                seen.add(w)
+                path.append(w)
+                if dfs():
+                    return True
+                path.pop()
+                seen.discard(w)
+        return False
+
+    dfs()
+    return out
+
+
+def box_rings(cluster: Cluster, box: Box) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    """Rings over a box's GPUs (local indexes) and the share of data each carries.
+
+    For an NVLink mesh of up to 10 GPUs: every Hamiltonian cycle (both directions)
+    is a column of the LP ``min t : sum x = 1, sum_c x_c load_e(c) <= t cap_e``, with
+    ``load_e(c)`` the bytes cycle ``c`` puts on directed link ``e`` (along the
+    cluster's routes) per byte of ring data; on the DGX-1 mesh it finds three
+    edge-disjoint cycles used both ways (6 rings). Otherwise the index-order ring.
+    """
+    g = box.gpus
+    ident = [tuple(range(g))]
+    if g <= 2 or not box.gpu_links or g > 10:
+        return ident, np.ones(1)
+    links = nx.Graph()
+    links.add_nodes_from(range(g))
+    links.add_edges_from((l.a, l.b) for l in box.gpu_links)
+    cycles = _hamiltonian_cycles(links) if nx.is_connected(links) else []
+    if not cycles:
+        return ident, np.ones(1)
+    cycles = cycles + [c[:1] + c[1:][::-1] for c in cycles]
+    cycles = list(dict.fromkeys(cycles))
+    graph = cluster.graph
+    edges: dict[tuple[str, str], int] = {}
+    rows, cols, vals = [], [], []
+    base = box.first_rank
+    pair_cache: dict[tuple[int, int], list[tuple[int, float]]] = {}
+    for k, cyc in enumerate(cycles):
+        for a, b in zip(cyc, cyc[1:] + cyc[:1]):
+            if (a, b) not in pair_cache:
+                paths = cluster.route_edges(base + a, base + b)
+                use: dict[int, float] = {}
+                for path in paths:
+                    for e in path:
+                        i = edges.setdefault(e, len(edges))
+                        use[i] = use.get(i, 0.0) + 1.0 / len(paths)
+                pair_cache[(a, b)] = list(use.items())
+            for i, w in pair_cache[(a, b)]:
+                rows.append(i)
+                cols.append(k)
+                vals.append(w)
+    cap = np.array([graph.edges[e]["bandwidth"] for e in edges])
+    load = sp.csr_array((vals, (rows, cols)), shape=(len(edges), len(cycles)))
+    # Variables x_1..x_K, t; minimize t.
+    # Capacities relative to the widest link: HiGHS' tolerances are absolute.
+    a_ub = sp.hstack([sp.diags(cap.max() / cap) @ load, -np.ones((len(edges), 1))]).tocsr()
+    a_eq = np.concatenate([np.ones(len(cycles)), [0.0]])[None, :]
+    c = np.zeros(len(cycles) + 1)
+    c[-1] = 1.0
+    res = linprog(c, A_ub=a_ub, b_ub=np.zeros(len(edges)), A_eq=a_eq, b_eq=[1.0],
+                  bounds=[(0, None)] * (len(cycles) + 1), method="highs")
+    if res.status != 0:
+        return ident, np.ones(1)
+    x = res.x[:-1]
+    keep = np.flatnonzero(x > 1e-6 * x.max())
+    w = x[keep] / x[keep].sum()
+    return [cycles[k] for k in keep], w
+
+
+# --------------------------------------------------------------------------------------
+# Layouts
+# --------------------------------------------------------------------------------------
+
+def _switch_groups(cluster: Cluster) -> list[list[int]]:
+    """Boxes grouped by the set of switches their NICs plug into, in box order."""
+    groups: dict[tuple, list[int]] = {}
+    for b, box in enumerate(cluster.boxes):
+        key = tuple(sorted({nic.switch for nic in box.nics}))
+        groups.setdefault(key, []).append(b)
+    return list(groups.values())
+
+
+def layouts(cluster: Cluster) -> list[Layout]:
+    """The grids worth trying on ``cluster`` (empty when its boxes differ).
+
+    In-box: the LP rings over the whole box, or (a box with a fabric whose NVLinks
+    form equal islands, e.g. the K80 boards of a p2.8xlarge) islands then the
+    fabric. Across boxes: one level per switch group then the groups (when the
+    groups are equal), or one level of all boxes.
+    """
+    boxes = cluster.boxes
+    sig = boxes[0].signature()
+    if any(box.signature() != sig for box in boxes[1:]):
+        return []
+    box = boxes[0]
+    g, nb = box.gpus, len(boxes)
+    first = np.array([b.first_rank for b in boxes], dtype=np.int64)
+
+    # Cross-box level options: lists of box-index grids (shape = cross dims).
+    cross: list[tuple[str, tuple[int, ...], np.ndarray]] = []
+    if nb > 1:
+        groups = _switch_groups(cluster)
+        sizes = {len(grp) for grp in groups}
+        if len(groups) > 1 and len(sizes) == 1 and sizes != {1}:
+            grid = np.array(groups, dtype=np.int64).T  # (boxes per group, groups)
+            cross.append((f"switch[{grid.shape[0]}]>groups[{grid.shape[1]}]", grid.shape, grid))
+        cross.append((f"boxes[{nb}]", (nb,), np.arange(nb, dtype=np.int64)))
+    else:
+        cross.append(("", (), np.zeros((), dtype=np.int64)))
+
+    # In-box options: (name, dims, list of local-index grids, weights).
+    inbox: list[tuple[str, tuple[int, ...], list[np.ndarray], np.ndarray]] = []
+    if g == 1:
+        inbox.append(("", (), [np.zeros((), dtype=np.int64)], np.ones(1)))
+    else:
+        rings, w = box_rings(cluster, box)
+        inbox.append((f"box[{g}]x{len(rings)}", (g,), [np.array(r, dtype=np.int64) for r in rings], w))
+        if len(rings) > 2:
+            # Fewer rings, fewer chunks: the heaviest LP ring and its reverse carry
+            # everything (enough when the box is not the bottleneck).
+            top = rings[int(np.argmax(w))]
+            pair = [np.array(top, dtype=np.int64), np.array(top[:1] + top[1:][::-1], dtype=np.int64)]
+            inbox.append((f"box[{g}]x2", (g,), pair, np.full(2, 0.5)))
+        if box.fabric is not None and box.gpu_links:
+            islands = nx.Graph()
+            islands.add_nodes_from(range(g))
+            islands.add_edges_from((l.a, l.b) for l in box.gpu_links)
+            comps = [sorted(c) for c in nx.connected_components(islands)]
+            comps.sort()
+            k = len(comps[0])
+            if 1 < k < g and all(len(c) == k for c in comps):
+                grid = np.array(comps, dtype=np.int64).T  # (island size, islands)
+                inbox.append((f"island[{k}]>fabric[{len(comps)}]", grid.shape, [grid], np.ones(1)))
+
+    out = []
+    for iname, idims, igrids, w in inbox:
+        # Levels that go through a switch (fabric or network) may be factored into
+        # prime levels: recursive halving (log2 b steps instead of b - 1, the same
+        # bytes on a non-blocking switch); NVLink rings may not.
+        switched = [len(igrids) == 1 and (box.fabric is not None and not box.gpu_links
+                                          or iname.startswith("island"))] * len(idims)
+        if iname.startswith("island"):
+            switched = [False, True]
+        for cname, cdims, cgrid in cross:
+            dims = tuple(d for d in idims + cdims)
+            grids = []
+            for lg in igrids:
+                # rank = first[box] + local: outer sum over the two grids.
+                r = first[cgrid].reshape((1,) * len(idims) + cgrid.shape) + \
+                    lg.reshape(lg.shape + (1,) * len(cdims))
+                grids.append(r)
+            flags = switched + [True] * len(cdims)
+            keep = tuple(i for i, d in enumerate(dims) if d > 1)
+            flags = [flags[i] for i in keep]
+            dims = tuple(dims[i] for i in keep)
+            grids = [gr.reshape(dims) for gr in grids]
+            name = " > ".join(s for s in (iname, cname) if s) or "single"
+            out.append(Layout(name, dims, tuple(grids), np.asarray(w, dtype=np.float64)))
+            fdims, fgrids = _factored(dims, grids, flags)
+            if fdims != dims:
+                out.append(Layout(name + " (halving)", fdims, tuple(fgrids),
+                                  np.asarray(w, dtype=np.float64)))
+    return out
+
+
+def _prime_factors(b: int) -> list[int]:
+    out, p = [], 2
+    while p * p <= b:
+        while b % p == 0:
+            out.append(p)
+            b //= p
+        p += 1
+    if b > 1:
+        out.append(b)
+    return out
+
+
+def _factored(dims: tuple[int, ...], grids: list[np.ndarray], flags: list[bool]
+              ) -> tuple[tuple[int, ...], list[np.ndarray]]:
+    """Split every switched level into its prime factors, nearest members first."""
+    new_dims: list[int] = []
+    axes_shape: list[int] = []
+    perm: list[int] = []
+    for d, b in enumerate(dims):
+        f = _prime_factors(b) if flags[d] else [b]
+        start = len(axes_shape)
+        axes_shape += f
+        # C order: the last factor has stride 1 (nearest members); run it first.
+        perm += list(range(start + len(f) - 1, start - 1, -1))
+        new_dims += f[::-1]
+    out = [g.reshape(axes_shape).transpose(perm) for g in grids]
+    return tuple(new_dims), [np.ascontiguousarray(g) for g in out]
+
+
+def flat_ring_layout(order: list[int], name: str = "ring") -> Layout:
+    """One level: a ring over all ranks in ``order``."""
+    return Layout(name, (len(order),), (np.asarray(order, dtype=np.int64),), np.ones(1))
+
+
+# --------------------------------------------------------------------------------------
+# Messages of one piece
+# --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Messages:
+    """Every message of one piece of every ring: step, src, dst, chunk (piece-local), reduce.
+
+    ``chunk`` is ``ring * N + final index``; ``nsteps`` steps per piece.
+    """
+
+    step: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    chunk: np.ndarray
+    reduce: np.ndarray
+    nsteps: int
+    nchunks: int
+
+
+def messages(layout: Layout) -> Messages:
+    """The reduce-scatter and allgather messages of one pipeline piece."""
+    dims = layout.dims
+    nd = len(dims)
+    n = int(np.prod(dims)) if nd else 1
+    strides = [int(np.prod(dims[d + 1:])) for d in range(nd)]
+    coords = np.indices(dims).reshape(nd, -1) if nd else np.zeros((0, 1), np.int64)
+    rs_base, t0 = [], 0
+    for d in range(nd):
+        rs_base.append(t0)
+        t0 += dims[d] - 1
+    half = t0
+    ag_base = {}
+    for d in reversed(range(nd)):
+        ag_base[d] = t0
+        t0 += dims[d] - 1
+    nsteps = t0
+    parts: list[tuple[np.ndarray, ...]] = []
+    for r, grid in enumerate(layout.grids):
+        ranks = grid.reshape(-1)
+        for d in range(nd):
+            b = dims[d]
+            fixed = np.zeros(n, dtype=np.int64)
+            for e in range(d):
+                fixed += coords[e] * strides[e]
+            free_dims = dims[d + 1:]
+            free = (np.indices(free_dims).reshape(len(free_dims), -1).T @ np.array(strides[d + 1:], dtype=np.int64)
+                    if free_dims else np.zeros(1, dtype=np.int64))
+            nxt = coords.copy()
+            nxt[d] = (nxt[d] + 1) % b
+            dst_flat = np.ravel_multi_index(tuple(nxt), dims)
+            dst = ranks[dst_flat]
+            t = np.arange(b - 1, dtype=np.int64)
+            for phase in (0, 1):  # reduce-scatter, allgather
+                if phase == 0:
+                    seg = (coords[d][:, None] - t[None, :] - 1) % b
+                    base = rs_base[d]
+                else:
+                    seg = (coords[d][:, None] - t[None, :]) % b
+                    base = ag_base[d]
+                # shape (n, b-1, F)
+                ch = (fixed[:, None, None] + seg[:, :, None] * strides[d] + free[None, None, :])
+                shape = ch.shape
+                parts.append((np.broadcast_to((base + t)[None, :, None], shape).ravel(),
+                              np.broadcast_to(ranks[:, None, None], shape).ravel(),
+                              np.broadcast_to(dst[:, None, None], shape).ravel(),
+                              (ch + r * n).ravel(),
+                              np.full(ch.size, phase == 0)))
+    if not parts:
+        z = np.zeros(0, dtype=np.int64)
+        return Messages(z, z, z, z, np.zeros(0, bool), 0, n * len(layout.grids))
+    cat = [np.concatenate(x) for x in zip(*parts)]
+    return Messages(cat[0], cat[1], cat[2], cat[3], cat[4], nsteps, n * len(layout.grids))
+
+
+def chunk_fractions(layout: Layout, sizes: np.ndarray) -> np.ndarray:
+    """Fraction of each chunk: pieces (of ``sizes``) x rings x final index."""
+    n = int(np.prod(layout.dims)) if layout.dims else 1
+    per = np.repeat(layout.weights / n, n)
+    fr = (np.asarray(sizes)[:, None] * per[None, :]).ravel()
+    fr[-1] = 1.0 - fr[:-1].sum()
+    return fr
+
+
+# --------------------------------------------------------------------------------------
+# Lock-step cost model
+# --------------------------------------------------------------------------------------
+
+class CostModel:
+    """Per-pair link incidence (ECMP split) for a lock-step estimate of a schedule."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        graph = cluster.graph
+        self.edges = list(graph.edges)
+        self.index = {e: i for i, e in enumerate(self.edges)}
+        self.cap = np.array([graph.edges[e]["bandwidth"] for e in self.edges])
+        self.lat = np.array([graph.edges[e]["latency"] for e in self.edges])
+        self._pairs: dict[int, tuple[list[int], list[float], float]] = {}
+
+    def incidence(self, keys: np.ndarray) -> tuple[sp.csr_array, np.ndarray]:
+        """(pairs x links) bytes per byte sent, and each pair's worst path latency."""
+        n = self.cluster.nranks
+        rows, cols, vals, lat = [], [], [], np.zeros(len(keys))
+        for i, key in enumerate(keys.tolist()):
+            if key not in self._pairs:
+                src, dst = divmod(key, n)
+                paths = self.cluster.route_edges(src, dst)
+                if not paths:
+                    raise InfeasiblePlanError(
+                        f"no route from rank {src} ({self.cluster.gpu_node(src)}) to rank {dst} "
+                        f"({self.cluster.gpu_node(dst)}) in cluster {self.cluster.name!r}; "
+                        "connect their boxes or switches")
+                use: dict[int, float] = {}
+                worst = 0.0
+                for path in paths:
+                    idx = [self.index[e] for e in path]
+                    worst = max(worst, float(self.lat[idx].sum()))
+                    for j in idx:
+                        use[j] = use.get(j, 0.0) + 1.0 / len(paths)
+                self._pairs[key] = (list(use), list(use.values()), worst)
+            c, v, w = self._pairs[key]
+            rows += [i] * len(c)
+            cols += c
+            vals += v
+            lat[i] = w
+        return sp.csr_array((vals, (rows, cols)), shape=(len(keys), len(self.edges))), lat
+
+
+def piece_profile(model: CostModel, msgs: Messages, fractions: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds each link is busy per byte of buffer in each step of one piece
+    (``(nsteps, links)``, for a piece of the whole buffer), and each step's latency."""
+    n = model.cluster.nranks
+    key = msgs.src * n + msgs.dst
+    pairs, inv = np.unique(key, return_inverse=True)
+    inc, lat = model.incidence(pairs)
+    w = fractions[msgs.chunk]
+    sp_steps = sp.csr_array((w, (msgs.step, inv.reshape(-1))), shape=(msgs.nsteps, len(pairs)))
+    loads = (sp_steps @ inc).toarray() / model.cap[None, :]
+    step_lat = np.zeros(msgs.nsteps)
+    np.maximum.at(step_lat, msgs.step, lat[inv.reshape(-1)])
+    return loads, step_lat
+
+
+def _window_max(step_lat: np.ndarray, q: int) -> np.ndarray:
+    """Latency of each of the ``S + q - 1`` steps: the worst of the pieces in it."""
+    s = len(step_lat)
+    padded = np.concatenate([np.zeros(q - 1), step_lat, np.zeros(q - 1)])
+    if q <= 256:
+        return np.lib.stride_tricks.sliding_window_view(padded, q).max(axis=1)[: s + q - 1]
+    return np.full(s + q - 1, step_lat.max())
+
+
+def _link_classes(loads: np.ndarray) -> np.ndarray:
+    """The distinct link columns of ``loads`` that carry anything (symmetric links
+    have equal columns; one constraint each is enough)."""
+    cols = loads[:, loads.max(axis=0) > 0]
+    if cols.shape[1] == 0:
+        return np.zeros((loads.shape[0], 1))
+    scale = cols.max()
+    _, keep = np.unique(np.round(cols / scale, 9), axis=1, return_index=True)
+    return cols[:, np.sort(keep)]
+
+
+def estimate(loads: np.ndarray, step_lat: np.ndarray, sizes: np.ndarray, size: float) -> float:
+    """Lock-step time of pieces of ``sizes`` (fractions, piece ``p`` ``p`` steps late).
+
+    ``loads[s, e]``: seconds per byte of buffer that link ``e`` is busy in step ``s``
+    of a piece carrying the whole buffer. A step lasts as long as its busiest link
+    plus its worst path latency.
+    """
+    q = len(sizes)
+    s, m = loads.shape
+    total = np.zeros((s + q - 1, m))
+    for p, x in enumerate(sizes.tolist()):
+        total[p:p + s] += x * loads
+    return float((total.max(axis=1) * size).sum() + _window_max(step_lat, q).sum())
+
+
+def piece_sizes(loads: np.ndarray, step_lat: np.ndarray, q: int, size: float
+                ) -> tuple[np.ndarray, float]:
+    """Piece sizes that minimize the lock-step time (an LP), and that time.
+
+    ``min sum_s T_s  s.t.  T_s >= sum_p x_p loads[s - p, e]  (every step s, link e),
+    sum_p x_p = 1, x_p >= 1e-3 / q``. Equal pieces leave the narrow links idle while
+    the first piece crosses the box and after the last one left it; small first and
+    last pieces shorten that fill. One constraint per distinct link column.
+    """
+    if q == 1:
+        ones = np.ones(1)
+        return ones, estimate(loads, step_lat, ones, size)
+    cols = _link_classes(loads)
+    s, m = cols.shape
+    nt = s + q - 1
+    # variables: x (q), T (nt)
+    rows, cidx, vals = [], [], []
+    r = 0
+    for t in range(nt):
+        ps = [p for p in range(q) if 0 <= t - p < s]
+        for e in range(m):
+            coeffs = [(p, cols[t - p, e]) for p in ps if cols[t - p, e] > 0]
+            if not coeffs:
+                continue
+            for p, v in coeffs:
+                rows.append(r)
+                cidx.append(p)
+                vals.append(v)
+            rows.append(r)
+            cidx.append(q + t)
+            vals.append(-1.0)
+            r += 1
+    scale = 1.0 / cols.max()
+    a_ub = sp.csr_array((np.array(vals) * np.where(np.array(cidx) < q, scale, 1.0),
+                         (rows, cidx)), shape=(r, q + nt))
+    c = np.concatenate([np.zeros(q), np.ones(nt)])
+    a_eq = np.concatenate([np.ones(q), np.zeros(nt)])[None, :]
+    bounds = [(1e-3 / q, None)] * q + [(0, None)] * nt
+    res = linprog(c, A_ub=a_ub, b_ub=np.zeros(r), A_eq=a_eq, b_eq=[1.0], bounds=bounds,
+                  method="highs")
+    if res.status != 0:
+        x = np.full(q, 1.0 / q)
+    else:
+        x = np.maximum(res.x[:q], 1e-3 / q)
+        x /= x.sum()
+    return x, estimate(loads, step_lat, x, size)
+
+
+def choose_pieces(loads: np.ndarray, step_lat: np.ndarray, size: float, ops_per_piece: int,
+                  max_ops: int, max_q: int = 256) -> tuple[np.ndarray, float]:
+    """Piece sizes (their count ``Q`` a power of two within the op budget) of least
+    lock-step time; stops doubling ``Q`` once the estimate worsens."""
+    best = piece_sizes(loads, step_lat, 1, size)
+    q = 2
+    while q <= max_q and q * ops_per_piece <= max_ops:
+        cand = piece_sizes(loads, step_lat, q, size)
+        if cand[1] < best[1]:
+            best = cand
+        elif cand[1] > best[1] * 1.01:
+            break
+        q *= 2
+    return best
+
+
+# --------------------------------------------------------------------------------------
+# Schedule
+# --------------------------------------------------------------------------------------
+
+@no_gc
+def build(nranks: int, msgs: Messages, fractions: np.ndarray, q: int, **meta: object) -> Schedule:
+    """Materialize ``q`` pieces of ``msgs`` (piece ``p`` shifted by ``p`` steps)."""
+    m = len(msgs.step)
+    p = np.repeat(np.arange(q, dtype=np.int64), m)
+    step = np.tile(msgs.step, q) + p
+    src = np.tile(msgs.src, q)
+    dst = np.tile(msgs.dst, q)
+    chunk = np.tile(msgs.chunk, q) + p * msgs.nchunks
+    red = np.tile(msgs.reduce, q)
+    # Each message twice: the send at src (code 0), the recv at dst (code 1 or 2).
+    rk = np.concatenate([src, dst])
+    st = np.concatenate([step, step])
+    pe = np.concatenate([dst, src])
+    ck = np.concatenate([chunk, chunk])
+    cd = np.concatenate([np.zeros(len(step), np.int64), 1 + red.astype(np.int64)])
+    del step, src, dst, chunk, red, p
+    order = np.lexsort((cd, ck, pe, st, rk))
+    rk, st, pe, ck, cd = rk[order], st[order], pe[order], ck[order], cd[order]
+    del order
+    kinds = (_SEND, _RECV, _RECV)
+    reds = (False, False, True)
+    ops = list(map(_op, map(kinds.__getitem__, cd.tolist()), pe.tolist(), ck.tolist(),
+                   map(reds.__getitem__, cd.tolist())))
+    rank_bounds = np.searchsorted(rk, np.arange(nranks + 1))
+    new_step = np.ones(len(st), dtype=bool)
+    new_step[1:] = (st[1:] != st[:-1]) | (rk[1:] != rk[:-1])
+    starts = np.flatnonzero(new_step).tolist() + [len(st)]
+    programs = []
+    s_iter = 0
+    for r in range(nranks):
+        end = int(rank_bounds[r + 1])
+        steps = []
+        while starts[s_iter] < end:
+            steps.append(tuple(ops[starts[s_iter]:starts[s_iter + 1]]))
+            s_iter += 1
+        programs.append(RankProgram(r, tuple(steps)))
+    return Schedule(nranks=nranks, chunks=tuple(fractions.tolist()), ranks=tuple(programs),
+                    meta=dict(meta))

@@ -1,0 +1,28 @@
+"""PyTorch integration: DDP comm hooks and a Horovod-style DistributedOptimizer.
+
+``import topoplan`` does not import torch; ``import topoplan.torch`` does.
+
+- :func:`allreduce_hook` / :func:`fp16_compress_hook` with :class:`TopoplanHookState`:
+  ``ddp.register_comm_hook(state, hook)``, PyTorch's exact hook contract.
+- :class:`DistributedOptimizer`: tensor fusion, fp16 allreduce, double buffering.
+- :class:`Compression`: ``none`` / ``fp16`` with ``compress(t) -> (t, ctx)``.
+- :class:`PlannedAllreduce`: a topoplan schedule per byte size over any transport.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch as _torch  # noqa: F401
+except ImportError:  # pragma: no cover - depends on the environment
+    raise ImportError("topoplan.torch needs PyTorch: pip install 'topoplan[torch]'") from None
+
+from .compression import Compression, Compressor, FP16Compressor, NoneCompressor
+from .hooks import TopoplanHookState, allreduce_hook, fp16_compress_hook, register
+from .optimizer import DistributedOptimizer, broadcast_parameters
+from .planned import (AllreduceStats, PlannedAllreduce, mpi_native_allreduce,
+                      torch_native_allreduce)
+
+__all__ = ["Compression", "Compressor", "FP16Compressor", "NoneCompressor", "TopoplanHookState",
+           "allreduce_hook", "fp16_compress_hook", "register", "DistributedOptimizer",
+           "broadcast_parameters", "AllreduceStats", "PlannedAllreduce", "mpi_native_allreduce",
+           "torch_native_allreduce"]

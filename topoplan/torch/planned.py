@@ -1,0 +1,174 @@
+"""Allreduce callables the trainers take: planned (topoplan schedules) or native.
+
+The DDP hook and :class:`~topoplan.torch.DistributedOptimizer` only need a
+callable ``allreduce(buffer)`` that sums a contiguous 1-D buffer across ranks in
+place and has an ``nranks`` attribute. :class:`PlannedAllreduce` is the real one:
+it plans a schedule for each byte size it sees (``topoplan.plan(cluster,
+algorithm=..., size=nbytes)``), caches the executor built on it and runs it over a
+transport. :func:`torch_native_allreduce` and :func:`mpi_native_allreduce` wrap
+the transports' own allreduce as baselines for benchmarks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+from ..errors import TopoplanError
+
+__all__ = ["AllreduceStats", "PlannedAllreduce", "torch_native_allreduce",
+           "mpi_native_allreduce", "nbytes_of"]
+
+
+def nbytes_of(buffer: Any) -> int:
+    """Bytes of a numpy array or torch tensor."""
+    if hasattr(buffer, "nbytes") and not hasattr(buffer, "element_size"):
+        return int(buffer.nbytes)
+    return int(buffer.numel() * buffer.element_size())
+
+
+class AllreduceStats:
+    """Calls, bytes and seconds spent inside an allreduce callable (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.calls = 0
+        self.bytes = 0
+        self.seconds = 0.0
+
+    def add(self, nbytes: int, seconds: float) -> None:
+        with self._lock:
+            self.calls += 1
+            self.bytes += nbytes
+            self.seconds += seconds
+
+    def reset(self) -> None:
+        with self._lock:
+            self.calls, self.bytes, self.seconds = 0, 0, 0.0
+
+
+class PlannedAllreduce:
+    """Sum a buffer across ranks in place with a topoplan schedule planned for its size.
+
+    Parameters
+    ----------
+    cluster : topoplan.cluster.Cluster
+        The topology; ``cluster.nranks`` must equal the transport's world size, and
+        transport rank ``r`` plays cluster rank ``r``.
+    transport : object
+        A topoplan transport (``topoplan.transports.Torch(pg)``, ``MPI(comm)``, ...).
+    algorithm : str
+        Planner name for :func:`topoplan.plan` (``ring``, ``tree``, ``rhd``,
+        ``hierarchical``, ``mcf``, ``auto``...).
+    share : callable, optional
+        ``share(obj) -> obj`` returns rank 0's ``obj`` on every rank (a broadcast).
+        When given, only rank 0's schedule is used, so ranks cannot disagree on the
+        plan even if a planner were not deterministic. Called once per new size, in
+        the same order on all ranks (the trainers call allreduce in a fixed order).
+    timeout : float
+        Seconds the executor waits on any transfer before raising
+        :class:`topoplan.TransportError` (never a hang).
+
+    Notes
+    -----
+    Planning happens once per distinct byte size; DDP buckets and fusion buffers have
+    a handful of sizes, so after the first step every call is a cache hit.
+    """
+
+    def __init__(self, cluster: Any, transport: Any, *, algorithm: str = "auto",
+                 share: Callable[[Any], Any] | None = None, timeout: float = 60.0) -> None:
+        self.cluster = cluster
+        self.transport = transport
+        self.algorithm = algorithm
+        self.share = share
+        self.timeout = timeout
+        self.nranks = int(cluster.nranks)
+        self.stats = AllreduceStats()
+        self._executors: dict[int, Any] = {}
+        self.chosen: dict[int, str] = {}   # byte size -> algorithm the planner picked
+
+    def executor_for(self, nbytes: int) -> Any:
+        """The cached executor for buffers of ``nbytes`` bytes, planning it if new."""
+        executor = self._executors.get(nbytes)
+        if executor is None:
+            import topoplan
+            from topoplan.executor import Allreduce
+
+            schedule = topoplan.plan(self.cluster, algorithm=self.algorithm, size=max(nbytes, 1))
+            if self.share is not None:
+                schedule = topoplan.loads_schedule(self.share(schedule.to_json()))
+            executor = Allreduce(schedule, self.transport, timeout=self.timeout)
+            self._executors[nbytes] = executor
+            self.chosen[nbytes] = schedule.algorithm
+        return executor
+
+    def __call__(self, buffer: Any) -> Any:
+        nbytes = nbytes_of(buffer)
+        executor = self.executor_for(nbytes)
+        start = time.perf_counter()
+        executor(buffer)
+        self.stats.add(nbytes, time.perf_counter() - start)
+        return buffer
+
+    def __repr__(self) -> str:
+        return (f"PlannedAllreduce(cluster={getattr(self.cluster, 'name', '?')!r}, "
+                f"algorithm={self.algorithm!r}, nranks={self.nranks})")
+
+
+class _Native:
+    """Shared timing wrapper of the native baselines."""
+
+    nranks: int
+
+    def __init__(self) -> None:
+        self.stats = AllreduceStats()
+        self.algorithm = "native"
+        self.chosen: dict[int, str] = {}
+
+    def _run(self, buffer: Any) -> None:
+        raise NotImplementedError
+
+    def __call__(self, buffer: Any) -> Any:
+        start = time.perf_counter()
+        self._run(buffer)
+        self.stats.add(nbytes_of(buffer), time.perf_counter() - start)
+        return buffer
+
+
+class torch_native_allreduce(_Native):  # noqa: N801 - used like a function
+    """``torch.distributed.all_reduce`` (sum) as an allreduce callable: the baseline."""
+
+    def __init__(self, group: Any = None) -> None:
+        super().__init__()
+        import torch.distributed as dist
+
+        self._dist, self.group = dist, group
+        self.nranks = dist.get_world_size(group)
+
+    def _run(self, buffer: Any) -> None:
+        self._dist.all_reduce(buffer, group=self.group)
+
+
+class mpi_native_allreduce(_Native):  # noqa: N801 - used like a function
+    """``comm.Allreduce(IN_PLACE, ...)`` (sum) on numpy arrays or CPU torch tensors."""
+
+    def __init__(self, comm: Any) -> None:
+        super().__init__()
+        from mpi4py import MPI
+
+        self._mpi, self.comm = MPI, comm
+        self.nranks = comm.Get_size()
+
+    def _run(self, buffer: Any) -> None:
+        array = buffer.numpy() if hasattr(buffer, "numpy") else buffer
+        if array.dtype.kind == "f" and array.dtype.itemsize == 2:
+            # MPI has no standard half type: sum in float32 (same result, twice the bytes).
+            wide = array.astype("float32")
+            self.comm.Allreduce(self._mpi.IN_PLACE, wide, op=self._mpi.SUM)
+            array[...] = wide
+            return
+        try:
+            self.comm.Allreduce(self._mpi.IN_PLACE, array, op=self._mpi.SUM)
+        except KeyError as exc:  # mpi4py has no MPI datatype for this dtype
+            raise TopoplanError(f"MPI allreduce cannot sum dtype {array.dtype}") from exc

@@ -1,0 +1,156 @@
+"""The one small interface every transport implements.
+
+A transport moves bytes between ranks; it knows nothing about schedules. The
+executor (:mod:`topoplan.executor`) hands it, per step, a list of
+:class:`Message` objects (sends and receives on buffer views it prepared once
+with :meth:`Transport.prepare`), starts them all at once with
+:meth:`Transport.start`, and waits with :meth:`Transport.wait`, which always has a
+deadline. Reductions are the executor's job, not the transport's.
+
+Ordering contract: messages between an ordered pair of ranks that carry the same
+``tag`` match in the order they were started (MPI's non-overtaking rule). The
+executor also gives every message on a pair its own sequence tag, so a transport
+that matches by tag is doubly safe.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any, ContextManager, Sequence
+
+from ..errors import TransportError
+
+__all__ = ["Transport", "Message", "PeerFailure", "Deadline"]
+
+#: Tags stay below 2**15: MPI promises at least 32767 for MPI_TAG_UB.
+TAG_LIMIT = 1 << 15
+
+
+@dataclass(slots=True)
+class Message:
+    """One point-to-point transfer of a step.
+
+    Attributes
+    ----------
+    send : bool
+        True for a send, False for a receive.
+    wire : object
+        What the transport moves, as returned by :meth:`Transport.prepare` for the
+        buffer view (a byte view for MPI, a tensor for torch, a pointer for NCCL).
+    peer : int
+    tag : int
+        In ``range(TAG_LIMIT)``.
+    """
+
+    send: bool
+    wire: Any
+    peer: int
+    tag: int
+
+
+class PeerFailure(Exception):
+    """Raised by a transport's :meth:`~Transport.wait` when a message failed.
+
+    ``index`` is the position of the failed message in the started list and
+    ``reason`` what the transport reported (peer gone, connection reset, ...). The
+    executor turns it into a :class:`~topoplan.TransportError` naming the step,
+    peer and chunk.
+    """
+
+    def __init__(self, index: int, reason: str) -> None:
+        self.index, self.reason = index, reason
+        super().__init__(f"message {index}: {reason}")
+
+
+class Deadline:
+    """A point in time (``time.monotonic``) with helpers for polling loops."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, timeout: float) -> None:
+        self.at = time.monotonic() + timeout
+
+    def left(self) -> float:
+        return self.at - time.monotonic()
+
+    def passed(self) -> bool:
+        return time.monotonic() >= self.at
+
+
+class Transport(abc.ABC):
+    """A communicator that moves buffer views between ranks.
+
+    Subclasses set ``name`` (``"mpi"``, ``"torch"``, ``"nccl"``, ``"local"``),
+    ``native_name`` (the baseline collective's name) and the ``rank``/``size``
+    attributes.
+    """
+
+    name: str = "?"
+    native_name: str = "?"
+    rank: int
+    size: int
+
+    # -- the hot path ---------------------------------------------------------
+    def prepare(self, view: Any) -> Any:
+        """Turn a 1-D contiguous buffer view into what :meth:`start` moves.
+
+        Called once per view when the executor binds a buffer, never per step.
+        The default passes the view through.
+        """
+        return view
+
+    @abc.abstractmethod
+    def start(self, messages: Sequence[Message]) -> Any:
+        """Post every message of a step at once and return a handle for :meth:`wait`.
+
+        Receives and sends of one step are posted together, so a step that both
+        sends to and receives from the same peer cannot deadlock.
+        """
+
+    @abc.abstractmethod
+    def wait(self, handle: Any, timeout: float) -> list[int]:
+        """Wait up to ``timeout`` seconds for the messages of ``handle``.
+
+        Returns
+        -------
+        list of int
+            Indices (into the started list) of messages still incomplete when the
+            time ran out; empty when everything finished.
+
+        Raises
+        ------
+        PeerFailure
+            When the transport saw a message fail (peer died, connection reset).
+        """
+
+    def abort(self, handle: Any) -> None:
+        """Give up on the messages of ``handle`` after a failure (best effort)."""
+
+    def compute_context(self) -> ContextManager[Any]:
+        """Context the executor runs a whole call in: its copies and reductions
+        happen inside it (for NCCL, on the transport's CUDA stream)."""
+        return contextlib.nullcontext()
+
+    # -- small collectives used by benchmarks and checks ---------------------
+    @abc.abstractmethod
+    def native_allreduce(self, buffer: Any) -> None:
+        """Sum ``buffer`` over all ranks in place with the transport's own allreduce."""
+
+    @abc.abstractmethod
+    def allreduce_max(self, value: float) -> float:
+        """The maximum of ``value`` over all ranks (a float; used for timings)."""
+
+    @abc.abstractmethod
+    def barrier(self) -> None:
+        """Wait until every rank has called it."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rank={self.rank}, size={self.size})"
+
+
+def wire_error(rank: int, message: str) -> TransportError:
+    """A TransportError for a failure that no single op can be blamed for."""
+    return TransportError(f"rank {rank}: {message}", rank=rank)

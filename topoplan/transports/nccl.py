@@ -1,0 +1,214 @@
+"""``NCCL``: point-to-point over NCCL through CuPy (``cupy.cuda.nccl``).
+
+Each step is one NCCL group (``groupStart``; ``send``/``recv`` per message;
+``groupEnd``) enqueued on the transport's CUDA stream, followed by an event the
+host polls against the step's deadline while checking the communicator for
+asynchronous errors (``ncclCommGetAsyncError``). On a timeout or error the
+communicator is aborted (``ncclCommAbort``), since NCCL cannot cancel a
+posted transfer. The executor runs the whole call inside
+:meth:`NCCL.compute_context`: snapshots and reductions go on the transport's
+stream, so the next step's sends are ordered after them without a host
+synchronization, and the stream is joined to the caller's on entry and exit.
+
+Buffers are CuPy arrays or CUDA torch tensors; bytes move as ``ncclUint8``, so
+every dtype (bfloat16 included) works. CUDA only.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+from ..errors import TopoplanError
+from .base import Deadline, Message, PeerFailure, Transport
+
+__all__ = ["NCCL"]
+
+#: Seconds between polls of a step's completion event.
+POLL_INTERVAL = 20e-6
+
+
+def _cupy() -> tuple[Any, Any]:
+    try:
+        import cupy
+        from cupy.cuda import nccl
+    except ImportError:
+        raise ImportError("topoplan.transports.nccl needs CuPy with NCCL: "
+                          "pip install 'topoplan[gpu]'") from None
+    if not getattr(nccl, "available", True):
+        raise ImportError("CuPy was built without NCCL; install a cupy-cuda12x wheel with NCCL")
+    return cupy, nccl
+
+
+class _OnStream:
+    """Run a whole allreduce on ``stream``, ordered after the caller's stream and before it.
+
+    On entry the transport stream waits for work already queued on the caller's
+    current stream (the kernels that produced the buffer); on exit the caller's
+    stream waits for the transport stream, so whatever the caller queues next
+    sees the reduced buffer. Neither blocks the host.
+    """
+
+    def __init__(self, cupy: Any, stream: Any) -> None:
+        self.cupy, self.stream, self.caller = cupy, stream, None
+
+    def __enter__(self) -> Any:
+        self.caller = self.cupy.cuda.get_current_stream()
+        if self.caller.ptr != self.stream.ptr:
+            self.stream.wait_event(self.caller.record())
+        self.stream.use()
+        return self.stream
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.caller is not None:
+            self.caller.use()
+            if self.caller.ptr != self.stream.ptr:
+                self.caller.wait_event(self.stream.record())
+            self.caller = None
+
+
+class NCCL(Transport):
+    """Point-to-point messages over a CuPy ``NcclCommunicator`` (one GPU per rank).
+
+    Parameters
+    ----------
+    comm : cupy.cuda.nccl.NcclCommunicator
+        Built with ``NcclCommunicator(nranks, unique_id, rank)``; see
+        :meth:`from_mpi` for the usual way.
+    stream : cupy.cuda.Stream, optional
+        Where transfers and reductions run; a new non-blocking stream by default.
+    """
+
+    name = "nccl"
+    native_name = "ncclAllReduce"
+
+    def __init__(self, comm: Any, *, stream: Any = None) -> None:
+        cupy, nccl = _cupy()
+        self._cupy, self._nccl = cupy, nccl
+        self.comm = comm
+        self.rank, self.size = comm.rank_id(), comm.size()
+        self.device = comm.device_id()
+        with cupy.cuda.Device(self.device):
+            self.stream = stream if stream is not None else cupy.cuda.Stream(non_blocking=True)
+        self._aborted = False
+
+    @classmethod
+    def from_mpi(cls, mpi_comm: Any = None, *, device: int | None = None) -> NCCL:
+        """Build the communicator with MPI: rank 0 makes the unique id and broadcasts it.
+
+        Parameters
+        ----------
+        mpi_comm : mpi4py.MPI.Comm, optional
+            Defaults to ``COMM_WORLD``.
+        device : int, optional
+            The GPU of this rank; by default the node-local rank modulo the GPU count.
+        """
+        cupy, nccl = _cupy()
+        from .mpi import _mpi
+        mpi = _mpi()
+        comm = mpi.COMM_WORLD if mpi_comm is None else mpi_comm
+        if device is None:
+            local = comm.Split_type(mpi.COMM_TYPE_SHARED)
+            device = local.Get_rank() % cupy.cuda.runtime.getDeviceCount()
+            local.Free()
+        cupy.cuda.Device(device).use()
+        uid = nccl.get_unique_id() if comm.Get_rank() == 0 else None
+        uid = comm.bcast(uid, root=0)
+        return cls(nccl.NcclCommunicator(comm.Get_size(), uid, comm.Get_rank()))
+
+    # -- the hot path -----------------------------------------------------------------
+    def prepare(self, view: Any) -> tuple[int, int]:
+        module = type(view).__module__.split(".")[0]
+        if module == "cupy":
+            if view.device.id != self.device:
+                raise TopoplanError(f"rank {self.rank}: buffer is on GPU {view.device.id} but "
+                                    f"the NCCL communicator uses GPU {self.device}")
+            return view.data.ptr, view.nbytes
+        if module == "torch" and view.is_cuda:
+            if view.device.index != self.device:
+                raise TopoplanError(f"rank {self.rank}: tensor is on cuda:{view.device.index} but "
+                                    f"the NCCL communicator uses GPU {self.device}")
+            return view.data_ptr(), view.numel() * view.element_size()
+        raise TopoplanError(f"the NCCL transport moves CUDA buffers (cupy arrays or CUDA "
+                            f"tensors), got {type(view).__module__}.{type(view).__name__}")
+
+    def start(self, messages: Sequence[Message]) -> Any:
+        if self._aborted:
+            raise TopoplanError(f"rank {self.rank}: the NCCL communicator was aborted after a "
+                                f"failure; build a new one")
+        nccl, stream = self._nccl, self.stream.ptr
+        nccl.groupStart()
+        try:
+            for m in messages:
+                ptr, nbytes = m.wire
+                if m.send:
+                    self.comm.send(ptr, nbytes, nccl.NCCL_UINT8, m.peer, stream)
+                else:
+                    self.comm.recv(ptr, nbytes, nccl.NCCL_UINT8, m.peer, stream)
+        finally:
+            nccl.groupEnd()
+        event = self._cupy.cuda.Event(block=False, disable_timing=True, interprocess=False)
+        event.record(self.stream)
+        return (event, len(messages))
+
+    def wait(self, handle: Any, timeout: float) -> list[int]:
+        event, count = handle
+        if event.done:
+            return []
+        deadline = Deadline(timeout)
+        while not event.done:
+            try:
+                self.comm.check_async_error()
+            except self._nccl.NcclError as exc:
+                # NCCL does not say which transfer failed: blame the first.
+                raise PeerFailure(0, f"NCCL: {exc}") from None
+            if deadline.passed():
+                return list(range(count))  # NCCL cannot tell which ones are still running
+            time.sleep(POLL_INTERVAL)
+        return []
+
+    def abort(self, handle: Any) -> None:
+        # A posted NCCL transfer cannot be cancelled; aborting the communicator
+        # frees the stream and makes the failure final for this communicator.
+        if not self._aborted:
+            self._aborted = True
+            try:
+                self.comm.abort()
+            except Exception:  # noqa: BLE001 - best effort after a failure
+                pass
+
+    def compute_context(self) -> Any:
+        return _OnStream(self._cupy, self.stream)
+
+    # -- collectives -----------------------------------------------------------------
+    def _dtype(self, dtype: Any) -> int:
+        nccl = self._nccl
+        table = {"float16": nccl.NCCL_FLOAT16, "float32": nccl.NCCL_FLOAT32,
+                 "float64": nccl.NCCL_FLOAT64, "int32": nccl.NCCL_INT32, "int64": nccl.NCCL_INT64}
+        bf16 = getattr(nccl, "NCCL_BFLOAT16", None)
+        if bf16 is not None:
+            table["bfloat16"] = bf16
+        name = str(dtype).removeprefix("torch.")
+        if name not in table:
+            raise TopoplanError(f"ncclAllReduce has no {name} type here")
+        return table[name]
+
+    def native_allreduce(self, buffer: Any) -> None:
+        flat = buffer.reshape(-1)
+        ptr, _ = self.prepare(flat)
+        count = flat.numel() if hasattr(flat, "numel") else flat.size
+        self.comm.allReduce(ptr, ptr, count, self._dtype(flat.dtype), self._nccl.NCCL_SUM,
+                            self.stream.ptr)
+        self.stream.synchronize()
+
+    def allreduce_max(self, value: float) -> float:
+        cupy = self._cupy
+        with cupy.cuda.Device(self.device):
+            x = cupy.array([float(value)], dtype=cupy.float64)
+            self.comm.allReduce(x.data.ptr, x.data.ptr, 1, self._nccl.NCCL_FLOAT64,
+                                self._nccl.NCCL_MAX, self.stream.ptr)
+            self.stream.synchronize()
+            return float(x.get()[0])
+
+    def barrier(self) -> None:
+        self.allreduce_max(0.0)

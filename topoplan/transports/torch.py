@@ -1,0 +1,224 @@
+"""``Torch``: point-to-point over torch.distributed (``batch_isend_irecv``).
+
+gloo moves CPU tensors, nccl CUDA tensors. numpy buffers are wrapped with
+``torch.from_numpy`` (no copy). Every wait carries the time left to the step's
+deadline (``Work.wait(timeout)``), so a dead or silent peer ends in a
+:class:`~topoplan.TransportError`, not a hang.
+
+:meth:`Torch.launch` starts ``nranks`` processes with a gloo (or nccl) process
+group and runs a function in each: the multi-process counterpart of
+:meth:`topoplan.transports.Local.launch`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import tempfile
+import traceback
+from typing import Any, Callable, Sequence
+
+from ..errors import TopoplanError, TransportError
+from .base import Deadline, Message, PeerFailure, Transport
+
+__all__ = ["Torch"]
+
+
+def _torch() -> tuple[Any, Any]:
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        raise ImportError("topoplan.transports.torch needs PyTorch: "
+                          "pip install 'topoplan[torch]'") from None
+    if not dist.is_available():
+        raise ImportError("this PyTorch build has no torch.distributed; install a build with it")
+    return torch, dist
+
+
+def _timed_out(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "timed out" in text or "timeout" in text
+
+
+class Torch(Transport):
+    """Point-to-point messages over a torch.distributed process group.
+
+    Parameters
+    ----------
+    group : ProcessGroup, optional
+        Defaults to the world group; ``torch.distributed.init_process_group``
+        must have run. Peers are ranks within ``group``.
+    """
+
+    name = "torch"
+    native_name = "dist.all_reduce"
+
+    def __init__(self, group: Any = None) -> None:
+        torch, dist = _torch()
+        if not dist.is_initialized():
+            raise TopoplanError("the Torch transport needs a process group: call "
+                                "torch.distributed.init_process_group(...) first, or use "
+                                "Torch.launch(nranks, fn)")
+        self._torch, self._dist = torch, dist
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        self.backend = str(dist.get_backend(group))
+        if self.backend == "nccl":
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = torch.device("cpu")
+        self.name = f"torch/{self.backend}"
+        # P2POp takes global ranks as ``peer``; translate group ranks once.
+        self._global = [dist.get_global_rank(group, r) if group is not None else r
+                        for r in range(self.size)]
+
+    def prepare(self, view: Any) -> Any:
+        torch = self._torch
+        module = type(view).__module__.split(".")[0]
+        if module == "numpy":
+            tensor = torch.from_numpy(view)
+        elif module == "cupy":
+            tensor = torch.from_dlpack(view)
+        else:
+            tensor = view
+        if tensor.device.type != self.device.type:
+            raise TopoplanError(f"the torch/{self.backend} transport moves {self.device.type} "
+                                f"tensors, got a {tensor.device.type} buffer; use gloo for CPU "
+                                f"buffers and nccl for CUDA ones")
+        return tensor
+
+    def start(self, messages: Sequence[Message]) -> list[Any]:
+        dist = self._dist
+        ops = [dist.P2POp(dist.isend if m.send else dist.irecv, m.wire, self._global[m.peer],
+                          self.group, m.tag) for m in messages]
+        return dist.batch_isend_irecv(ops) if ops else []
+
+    def wait(self, handle: list[Any], timeout: float) -> list[int]:
+        deadline = Deadline(timeout)
+        for i, work in enumerate(handle):
+            left = deadline.left()
+            if left <= 0:
+                return [j for j in range(i, len(handle)) if not handle[j].is_completed()]
+            try:
+                # timedelta(0) would mean "the group's default": never pass it.
+                work.wait(datetime.timedelta(seconds=max(left, 1e-3)))
+            except RuntimeError as exc:
+                if _timed_out(exc):
+                    return [j for j in range(i, len(handle)) if not handle[j].is_completed()]
+                raise PeerFailure(i, str(exc).strip().splitlines()[0]) from None
+        return []
+
+    def _tensor(self, buffer: Any) -> Any:
+        flat = buffer.reshape(-1)
+        return self.prepare(flat)
+
+    def native_allreduce(self, buffer: Any) -> None:
+        self._dist.all_reduce(self._tensor(buffer), group=self.group)
+
+    def allreduce_max(self, value: float) -> float:
+        t = self._torch.tensor([float(value)], dtype=self._torch.float64, device=self.device)
+        self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self.group)
+        return float(t.item())
+
+    def barrier(self) -> None:
+        self._dist.barrier(group=self.group)
+
+    # -- launching ---------------------------------------------------------------
+    @staticmethod
+    def launch(nranks: int, fn: Callable[..., Any], *args: Any, backend: str = "gloo",
+               timeout: float = 120.0, return_exceptions: bool = False) -> list[Any]:
+        """Run ``fn(transport, *args)`` in ``nranks`` fresh processes; return their results.
+
+        Parameters
+        ----------
+        nranks : int
+        fn : callable
+            A module-level function (it is pickled into spawned processes).
+        backend : str
+            ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per rank).
+        timeout : float
+            Seconds to wait for all ranks; the process group gets the same timeout.
+        return_exceptions : bool
+            Return each failed rank's error in its slot instead of raising. A rank
+            that died without a word gets a :class:`TransportError` naming its exit code.
+
+        Raises
+        ------
+        TopoplanError
+            The first rank's error (lowest rank) unless ``return_exceptions``.
+        """
+        import multiprocessing as mp
+        import queue as queue_mod
+
+        _torch()
+        ctx = mp.get_context("spawn")
+        results: list[Any] = [None] * nranks
+        errors: list[BaseException | None] = [None] * nranks
+        with tempfile.TemporaryDirectory(prefix="topoplan-torch-") as tmp:
+            init = f"file://{os.path.join(tmp, 'store')}"
+            q = ctx.Queue()
+            procs = [ctx.Process(target=_child, args=(r, nranks, backend, init, timeout, q, fn, args),
+                                 name=f"topoplan-torch-{r}", daemon=True) for r in range(nranks)]
+            for p in procs:
+                p.start()
+            reported: set[int] = set()
+            deadline = Deadline(timeout + 30)
+            while len(reported) < nranks and not deadline.passed():
+                try:
+                    rank, ok, value = q.get(timeout=0.2)
+                except queue_mod.Empty:
+                    if all(not p.is_alive() for i, p in enumerate(procs) if i not in reported):
+                        # Drain what a rank put just before exiting.
+                        try:
+                            rank, ok, value = q.get(timeout=0.5)
+                        except queue_mod.Empty:
+                            break
+                    else:
+                        continue
+                reported.add(rank)
+                if ok:
+                    results[rank] = value
+                else:
+                    errors[rank] = value
+            for p in procs:
+                p.join(timeout=max(0.0, deadline.left()))
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+            for r, p in enumerate(procs):
+                if r not in reported:
+                    errors[r] = TransportError(
+                        f"rank {r} exited with code {p.exitcode} before reporting a result",
+                        rank=r)
+        if return_exceptions:
+            return [errors[r] if errors[r] is not None else results[r] for r in range(nranks)]
+        for exc in errors:
+            if exc is not None:
+                raise exc
+        return results
+
+
+def _child(rank: int, nranks: int, backend: str, init: str, timeout: float, q: Any,
+           fn: Callable[..., Any], args: tuple) -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch, dist = _torch()
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        dist.init_process_group(backend, init_method=init, rank=rank, world_size=nranks,
+                                timeout=datetime.timedelta(seconds=timeout))
+        result = fn(Torch(), *args)
+        q.put((rank, True, result))
+    except BaseException as exc:  # noqa: BLE001 - shipped to the parent
+        try:
+            q.put((rank, False, exc))
+        except Exception:  # noqa: BLE001 - unpicklable exception: send its text
+            q.put((rank, False, RuntimeError("".join(traceback.format_exception(exc)))))
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - a broken group after a failure
+                pass

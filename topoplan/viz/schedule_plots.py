@@ -1,0 +1,237 @@
+"""Plots of one simulated run: a per-rank Gantt chart and link utilisation over time."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..schedule import OpKind, Schedule
+from ..units import format_bandwidth, format_size, format_time
+from ._common import edge_name, fit_text, matplotlib, new_figure, renderer, time_unit
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
+
+__all__ = ["timeline", "link_utilisation", "MAX_RANKS_SHOWN"]
+
+MAX_RANKS_SHOWN = 64  # a Gantt chart of more ranks is drawn for an even sample of them
+
+
+def _send_peers(report: Any, schedule: Schedule | None) -> dict[tuple[int, int], list[int]]:
+    """(rank, step) -> the peers it sends to, from recorded transfers or the schedule."""
+    peers: dict[tuple[int, int], set[int]] = defaultdict(set)
+    transfers = getattr(report, "transfers", None)
+    if transfers:
+        for t in transfers:
+            peers[(t.src, t.src_step)].add(t.dst)
+    else:
+        schedule = schedule if schedule is not None else getattr(report, "schedule", None)
+        if schedule is not None:
+            for program in schedule.ranks:
+                for s, step in enumerate(program.steps):
+                    for op in step:
+                        if op.kind is OpKind.SEND:
+                            peers[(program.rank, s)].add(op.peer)
+    return {key: sorted(value) for key, value in peers.items()}
+
+
+def _shown_ranks(nranks: int) -> list[int]:
+    if nranks <= MAX_RANKS_SHOWN:
+        return list(range(nranks))
+    return sorted({int(r) for r in np.linspace(0, nranks - 1, MAX_RANKS_SHOWN)})
+
+
+def timeline(report: Any, schedule: Schedule | None = None) -> Figure:
+    """A Gantt chart of a simulated schedule: one row per rank, one bar per step.
+
+    Parameters
+    ----------
+    report
+        A :class:`topoplan.simulate.SimReport`; its ``step_times[rank][step]`` gives
+        each bar's ``(start, end)`` in seconds.
+    schedule
+        The simulated schedule, to label each bar with the ranks it sends to
+        (``\u21925``). Not needed when the report was made with ``record=True``.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        One axes: time on x (with its unit), rank on y (rank 0 on top), bars coloured
+        by step index (colorbar), the lower bound and the predicted time as lines.
+        Gaps between bars are a rank waiting for its peers. Beyond
+        :data:`MAX_RANKS_SHOWN` ranks an even sample of rows is drawn.
+    """
+    matplotlib()
+    from matplotlib.collections import PolyCollection
+    from matplotlib.colors import Normalize
+
+    step_times = report.step_times
+    nranks = len(step_times)
+    ranks = _shown_ranks(nranks)
+    nsteps = max((len(steps) for steps in step_times), default=0)
+    end = max((e for steps in step_times for _s, e in steps), default=report.time_s)
+    horizon = max(end, report.time_s, report.lower_bound_s, 1e-12)
+    unit, scale = time_unit(horizon)
+    peers = _send_peers(report, schedule)
+
+    height = min(12.0, max(3.6, 1.7 + 0.24 * len(ranks)))
+    fig = new_figure(11.0, height)
+    ax = fig.add_subplot()
+    boxes, values, labels = [], [], []
+    for row, rank in enumerate(ranks):
+        for s, (start, stop) in enumerate(step_times[rank]):
+            x0, x1 = start / scale, stop / scale
+            boxes.append([(x0, row - 0.38), (x1, row - 0.38), (x1, row + 0.38), (x0, row + 0.38)])
+            values.append(s)
+            to = peers.get((rank, s))
+            if to:
+                text = "\u2192" + (",".join(map(str, to)) if len(to) <= 3 else f"{len(to)} peers")
+                labels.append(((x0 + x1) / 2, row, text, x1 - x0, s))
+    cmap = matplotlib().colormaps["viridis"]
+    bars = PolyCollection(boxes, array=np.array(values, dtype=float), cmap=cmap,
+                          norm=Normalize(0, max(nsteps - 1, 1)), edgecolors="white",
+                          linewidths=0.3)
+    bars.set_gid("steps")
+    ax.add_collection(bars)
+    ax.set_xlim(0, horizon / scale * 1.02)
+    ax.set_ylim(len(ranks) - 0.5, -0.5)
+    ax.set_xlabel(f"time ({unit})")
+    ax.set_ylabel("rank")
+    if len(ranks) <= 40:
+        ax.set_yticks(range(len(ranks)), [str(r) for r in ranks])
+    else:
+        ticks = list(range(0, len(ranks), max(1, len(ranks) // 16)))
+        ax.set_yticks(ticks, [str(ranks[i]) for i in ticks])
+    ax.axvline(report.lower_bound_s / scale, color="black", ls="--", lw=1.2,
+               label=f"lower bound {format_time(report.lower_bound_s)}")
+    ax.axvline(report.time_s / scale, color="#c44e52", ls="-", lw=1.2,
+               label=f"predicted {format_time(report.time_s)}")
+    cbar = fig.colorbar(bars, ax=ax, pad=0.01, fraction=0.03)
+    cbar.set_label("step")
+    cbar.locator = matplotlib().ticker.MaxNLocator(integer=True)
+    cbar.update_ticks()
+    algorithm = getattr(report, "algorithm", "") or "schedule"
+    shown = "" if len(ranks) == nranks else f" (showing {len(ranks)} of {nranks} ranks)"
+    ax.set_title(f"{algorithm} on {_cluster_name(report)}, "
+                 f"{format_size(report.size)}: each bar is one step{shown}"
+                 + ("; labels name the ranks it sends to" if peers else ""), fontsize=10)
+    fig.legend(loc="outside lower center", ncol=2, fontsize=8.5, frameon=False)
+
+    # Label bars that are wide enough; measure once the layout fixed the axes size.
+    fig.draw_without_rendering()
+    rend = renderer(fig)
+    px_per_x = ax.transData.transform((1.0, 0.0))[0] - ax.transData.transform((0.0, 0.0))[0]
+    px_per_pt = fig.dpi / 72
+    for x, y, text, w, step in labels:
+        room = w * px_per_x - 3
+        if room < 0.6 * 5.0 * len(text) * px_per_pt:  # cannot fit even at the smallest size
+            continue
+        r, g, b, _a = cmap(bars.norm(step))
+        ink = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "white"
+        t = ax.text(x, y, text, ha="center", va="center", fontsize=7, color=ink, clip_on=True)
+        t.set_in_layout(False)
+        fit_text(t, room, rend, min_size=5.0)
+    return fig
+
+
+def _cluster_name(report: Any) -> str:
+    cluster = getattr(report, "cluster", "")
+    return str(getattr(cluster, "name", cluster))
+
+
+def link_utilisation(report: Any, k: int = 8, cluster: Cluster | None = None) -> Figure:
+    """Utilisation over time of the ``k`` busiest links, one strip per link.
+
+    Parameters
+    ----------
+    report
+        A :class:`topoplan.simulate.SimReport` made with ``record=True``: its
+        ``link_timeline[edge]`` holds ``(time, rate)`` steps in seconds and bytes/s.
+    k
+        How many links, busiest first (by total busy time).
+    cluster
+        The simulated cluster, for link bandwidths: with it the strips show the rate as
+        a percentage of each link's bandwidth; without it (a report only names its
+        cluster), in GB/s.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        ``k`` strips sharing the time axis; each fills the rate over time and names
+        the link, its bandwidth and how much of the run it was busy.
+
+    Raises
+    ------
+    ValueError
+        The report carries no timeline (simulate with ``record=True``), or ``k < 1``.
+    """
+    matplotlib()
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    link_timeline = getattr(report, "link_timeline", None)
+    if not link_timeline and not any(report.link_bytes.values()):
+        fig = new_figure(6.0, 2.0)  # e.g. one rank: no link carries anything
+        fig.text(0.5, 0.5, "no link carries data in this schedule", ha="center", va="center")
+        return fig
+    if not link_timeline:
+        raise ValueError("link_utilisation needs the per-link timeline: simulate with "
+                         "record=True, e.g. topoplan.simulate(cluster, schedule, size, "
+                         "record=True)")
+    if cluster is None and isinstance(getattr(report, "cluster", None), Cluster):
+        cluster = report.cluster
+    graph = cluster.graph if cluster is not None else None
+    busy = report.link_busy_s
+    nbytes = report.link_bytes
+    if graph is not None:
+        # Busiest = most transfer time at full rate (bytes / bandwidth); seconds busy
+        # alone would rank a trickle on a fat link with the bottleneck.
+        def rank(e: tuple[str, str]) -> tuple:
+            return (-nbytes.get(e, 0.0) / graph.edges[e]["bandwidth"], -busy.get(e, 0.0), e)
+    else:  # SimReport.busiest_links' order
+        def rank(e: tuple[str, str]) -> tuple:
+            return (-busy.get(e, 0.0), -nbytes.get(e, 0.0), e)
+    edges = sorted(link_timeline, key=rank)[:k]
+    horizon = max(report.time_s, 1e-12)
+    unit, scale = time_unit(horizon)
+    peak = max((r for e in edges for _t, r in link_timeline[e]), default=0.0)
+    fig = new_figure(11.0, min(14.0, 1.3 + 0.75 * len(edges)))
+    axes = fig.subplots(len(edges), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, edge in zip(axes, edges):
+        points = list(link_timeline[edge])
+        times = np.array([t for t, _r in points] + [report.time_s]) / scale
+        rate = np.array([r for _t, r in points] + [points[-1][1] if points else 0.0])
+        if graph is not None:
+            bandwidth = graph.edges[edge]["bandwidth"]
+            util, top = 100.0 * rate / bandwidth, 100.0
+            ax.set_yticks([0, 50, 100], ["0", "50", "100%"], fontsize=7.5)
+            what = f"{format_bandwidth(bandwidth)}; "
+        else:
+            util, top = rate / 1e9, max(peak / 1e9, 1e-9)
+            ax.tick_params(axis="y", labelsize=7.5)
+            what = ""
+        ax.fill_between(times, util, step="post", color="#dd8452", alpha=0.85, lw=0,
+                        gid="utilisation")
+        ax.step(times, util, where="post", color="#8c3d10", lw=0.5)
+        ax.set_ylim(0, top * 1.09)
+        ax.set_xlim(0, horizon / scale)
+        ax.grid(axis="x", alpha=0.3)
+        if graph is not None and report.time_s > 0:
+            mean = nbytes.get(edge, 0.0) / bandwidth / report.time_s
+            what += f"carried {format_size(nbytes.get(edge, 0.0))}, mean utilisation {mean:.0%}"
+        else:
+            share = busy.get(edge, 0.0) / report.time_s if report.time_s > 0 else 0.0
+            what += f"carried {format_size(nbytes.get(edge, 0.0))}, busy {share:.0%} of the run"
+        ax.text(0.005, 0.93, f"{edge_name(edge)}   {what}", transform=ax.transAxes,
+                ha="left", va="top", fontsize=8,
+                bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.8))
+    axes[-1].set_xlabel(f"time ({unit})")
+    fig.supylabel("utilisation (% of link bandwidth)" if graph is not None else
+                  "rate on the link (GB/s)", fontsize=9)
+    algorithm = getattr(report, "algorithm", "") or "schedule"
+    fig.suptitle(f"The {len(edges)} busiest links: {algorithm} on "
+                 f"{_cluster_name(report)}, {format_size(report.size)}",
+                 fontsize=10)
+    return fig
