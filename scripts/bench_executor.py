@@ -125,7 +125,6 @@ def rank_main(args) -> None:
         if rank == 0:
             records.append({"transport": "mpi", "nranks": n, "size": size, "steps": steps,
                             "ok": bool(all_ok), **{f"{k}_s": v for k, v in t.items()}})
-        del bufs, scratch
     if args.torch:
         records += torch_part(args, comm, mpi, n, rank, schedule)
     if rank == 0:

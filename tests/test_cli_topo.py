@@ -87,3 +87,12 @@ def test_show_error_goes_to_stderr(tmp_path, capsys):
     assert captured.out == ""
     assert captured.err.startswith(f"topoplan: error: {bad}:4: YAML syntax error")
     assert len(captured.err.splitlines()) == 1
+
+
+def test_show_one_gpu_cluster_prints_no_infinite_cut(tmp_path, capsys):
+    path = tmp_path / "one.yaml"
+    path.write_text("name: one\nboxes:\n  - {name: solo, gpus: 1}\n")
+    assert main(["topo", "show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "inf" not in out
+    assert "none: one GPU, nothing to move" in out and "- (one GPU)" in out

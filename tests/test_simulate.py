@@ -208,3 +208,166 @@ def test_simulated_time_never_beats_the_lower_bound(case, size):
     report = simulate(cluster, ring_schedule(order), size)
     assert report.time_s >= report.lower_bound_s * (1 - 1e-9)
     assert report.time_s > 0
+
+
+# ---- the fast engine against the reference engine -------------------------------------
+# topoplan.simulate._simulate_reference is the first engine (every event batch in global
+# time order, global progressive filling): the fast engine must give the same answers.
+
+from topoplan.simulate import _simulate_reference  # noqa: E402
+from simhelpers import hierarchical_schedule, leaf_spine_cluster  # noqa: E402
+
+
+def exchange_schedule(n: int, rounds: list[list[list[int]]], nchunks: int) -> "Schedule":
+    """Round ``r``: for each permutation ``p`` of the round every rank ``i`` sends chunk
+    ``(i + k) % nchunks`` to ``p[i]`` (several sends and recvs per step, links shared)."""
+    steps = [[] for _ in range(n)]
+    for perms in rounds:
+        ops = [[] for _ in range(n)]
+        for k, perm in enumerate(perms):
+            for i in range(n):
+                j = perm[i]
+                if j == i:
+                    continue
+                chunk = (i + k) % nchunks
+                ops[i].append(send(j, chunk))
+                ops[j].append(recv(i, chunk, reduce=bool(k % 2)))
+        for i in range(n):
+            steps[i].append(ops[i])
+    return build_schedule(n, [1.0 / nchunks] * nchunks, steps, algorithm="exchange")
+
+
+def assert_same_report(fast, ref, rel=1e-8):
+    # The reference treats events within 1e-9 (relative to the clock) of a batch as part
+    # of it, so its times drift by up to that much per batch along a chain of steps.
+    scale = max(ref.time_s, 1e-12)
+    assert fast.time_s == pytest.approx(ref.time_s, rel=rel, abs=1e-18)
+    for rank_fast, rank_ref in zip(fast.step_times, ref.step_times, strict=True):
+        for (s0, e0), (s1, e1) in zip(rank_fast, rank_ref, strict=True):
+            assert abs(s0 - s1) <= rel * scale and abs(e0 - e1) <= rel * scale
+    assert fast.link_bytes.keys() == ref.link_bytes.keys()
+    for edge, moved in ref.link_bytes.items():
+        assert fast.link_bytes[edge] == pytest.approx(moved, rel=1e-12)
+    assert set(fast.link_busy_s) == set(ref.link_busy_s)
+    for edge, busy in ref.link_busy_s.items():
+        # The reference sums busy time over event batches and ends a flow up to 1e-9
+        # (relative to the clock) early or late per batch; over a link's flows that adds
+        # up (the fast engine is exact on fixed-rate links, see the leaf-spine test).
+        assert fast.link_busy_s[edge] == pytest.approx(busy, rel=1e-6, abs=rel * scale)
+    assert len(fast.transfers) == len(ref.transfers)
+    for a, b in zip(fast.transfers, ref.transfers, strict=True):
+        assert (a.src, a.dst, a.src_step, a.dst_step, a.chunk, a.nbytes) == \
+            (b.src, b.dst, b.src_step, b.dst_step, b.chunk, b.nbytes)
+        assert abs(a.start_s - b.start_s) <= rel * scale and abs(a.end_s - b.end_s) <= rel * scale
+    assert fast.link_timeline.keys() == ref.link_timeline.keys()
+    for edge, changes in ref.link_timeline.items():
+        # The same load over time, except within the tolerance of a change: either engine
+        # may record a change by rounding only, or split one instant in two.
+        mine = fast.link_timeline[edge]
+        assert mine[-1][1] == changes[-1][1] == 0.0
+        cuts = sorted({t for t, _ in mine} | {t for t, _ in changes})
+        probes = [(a + b) / 2 for a, b in zip(cuts, cuts[1:]) if b - a > 4e-9 * scale]
+        for probe in probes:
+            assert load_at(mine, probe) == pytest.approx(load_at(changes, probe),
+                                                         rel=1e-9, abs=1e-3), (edge, probe)
+
+
+def load_at(changes, t):
+    load = 0.0
+    for when, rate in changes:
+        if when > t:
+            break
+        load = rate
+    return load
+
+
+@pytest.mark.parametrize("nboxes", [2, 6])
+@pytest.mark.parametrize("size", [256 << 20, 1000 * 4 + 4, 12345 * 4])
+def test_leaf_spine_ring_and_hierarchical_match_the_reference(nboxes, size):
+    cluster = leaf_spine_cluster(nboxes, boxes_per_leaf=2, gpus=4)
+    n = cluster.nranks
+    for schedule in (ring_schedule(list(range(n))), hierarchical_schedule(n, 4)):
+        for kw in ({}, {"record": True, "reduce_bandwidth": 5e10, "alpha": 2e-6}):
+            fast = simulate(cluster, schedule, size, **kw)
+            assert_same_report(fast, _simulate_reference(cluster, schedule, size, **kw))
+            # In-box links carry one flow at a time at full rate: busy = bytes / 300 GB/s.
+            for (u, v), busy in fast.link_busy_s.items():
+                if "fabric" in u + v:
+                    assert busy == pytest.approx(fast.link_bytes[u, v] / 300e9, rel=1e-12)
+
+
+def test_a_first_step_with_nothing_to_do_is_not_a_deadlock():
+    # The first engine never ended an empty first step and reported a deadlock.
+    cluster = switch_cluster(2, latency="0 us")
+    schedule = build_schedule(2, [1.0], [[[], [send(1, 0)]], [[], [recv(0, 0)]]])
+    for size in (0, 4000):
+        report = simulate(cluster, schedule, size)
+        assert report.step_times[0][0] == (0.0, 0.0)
+        assert report.time_s == pytest.approx(size / 10e9)
+        assert report.time_s == _simulate_reference(cluster, schedule, size).time_s
+
+
+def test_hierarchical_helper_schedule_is_correct():
+    verify(hierarchical_schedule(16, 4))
+    verify(hierarchical_schedule(24, 8))
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.data())
+def test_shared_links_and_merged_messages_match_the_reference(data):
+    """Random exchanges: several messages per step, to several peers, on a leaf-spine
+    (shared NICs, leaves and spines: the windowed dynamic engine) or one switch."""
+    nboxes = data.draw(st.integers(2, 4))
+    gpus = data.draw(st.sampled_from([1, 2, 4]))
+    if data.draw(st.booleans()):
+        cluster = leaf_spine_cluster(nboxes, boxes_per_leaf=data.draw(st.integers(1, 2)),
+                                     spines=data.draw(st.integers(1, 3)), gpus=gpus)
+    else:
+        cluster = switch_cluster(nboxes * gpus, latency=data.draw(st.sampled_from(["0 us", "1 us"])))
+    n = cluster.nranks
+    nrounds = data.draw(st.integers(1, 4))
+    rounds = [[data.draw(st.permutations(range(n))) for _ in range(data.draw(st.integers(1, 3)))]
+              for _ in range(nrounds)]
+    schedule = exchange_schedule(n, rounds, nchunks=data.draw(st.integers(1, 5)))
+    size = data.draw(st.sampled_from([0, 4, 4000, 1 << 20, 3 * 1000 * 4 + 8]))
+    kw = {"record": data.draw(st.booleans()),
+          "alpha": data.draw(st.sampled_from([0.0, 1e-6])),
+          "reduce_bandwidth": data.draw(st.sampled_from([None, 2e10]))}
+    assert_same_report(simulate(cluster, schedule, size, **kw),
+                       _simulate_reference(cluster, schedule, size, **kw))
+
+
+@settings(max_examples=10, deadline=None)
+@given(cluster_and_ring(), st.sampled_from([4096, 1 << 20, 3 * 1000 * 4]))
+def test_random_rings_match_the_reference(case, size):
+    cluster, order = case
+    if cluster.nranks < 2:
+        return
+    schedule = ring_schedule(order)
+    assert_same_report(simulate(cluster, schedule, size, record=True),
+                       _simulate_reference(cluster, schedule, size, record=True))
+
+
+def test_one_schedule_at_many_sizes_reuses_its_flattened_ops():
+    cluster = leaf_spine_cluster(4, boxes_per_leaf=2, gpus=2)
+    schedule = hierarchical_schedule(8, 2)
+    first = [simulate(cluster, schedule, size).time_s for size in (1 << 10, 1 << 20, 8)]
+    again = [simulate(cluster, hierarchical_schedule(8, 2), size).time_s
+             for size in (1 << 10, 1 << 20, 8)]
+    assert first == again
+
+
+def test_two_messages_on_one_link_share_it_then_the_larger_speeds_up():
+    # Chunks of 1000 and 3000 bytes from rank 0 to rank 1 in one step, one 10 GB/s link
+    # each way (latency 0): both at 5 GB/s until the small one ends at 0.2 us, then the
+    # large one alone at 10 GB/s: 0.4 us in all (processor sharing, by hand).
+    cluster = switch_cluster(2, latency="0 us")
+    schedule = build_schedule(2, [0.25, 0.75], [[[send(1, 0), send(1, 1)]],
+                                                [[recv(0, 0), recv(0, 1)]]])
+    report = simulate(cluster, schedule, 4000, record=True)
+    small, large = sorted(report.transfers, key=lambda t: t.nbytes)
+    assert (small.nbytes, large.nbytes) == (1000, 3000)
+    assert small.end_s == pytest.approx(2e-7, rel=1e-12)
+    assert large.end_s == pytest.approx(4e-7, rel=1e-12)
+    assert report.link_timeline[("sw0", "b1/nic0")] == ((0.0, 10e9), (pytest.approx(4e-7), 0.0))
+    assert report.link_busy_s[("b0/nic0", "sw0")] == pytest.approx(4e-7, rel=1e-12)

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from matplotlib.collections import LineCollection, PolyCollection  # noqa: E402
+from matplotlib.collections import PolyCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from topoplan.cluster import loads_cluster  # noqa: E402

@@ -12,21 +12,28 @@ Model (DESIGN.md semantics, plus time):
 - with ``reduce_bandwidth``, a reducing recv also pays ``bytes / reduce_bandwidth`` after
   its data arrived; a step ends when all its ops are done.
 
-The engine works on arrays: all transfers are matched up front, events that happen at
-the same instant are handled as one batch (a symmetric schedule has about two distinct
-event times per step), and rates are recomputed only when the set of flows changes,
-with one sparse link x flow incidence matrix per recomputation.
+The engine works on arrays: all transfers are matched up front (and cached per
+schedule), messages that can never share a link are timers known at launch, and the
+others advance in lookahead windows, each connected component of flows on its own
+clock; see the notes above ``_Flat`` below. ``_simulate_reference`` is the first,
+simpler engine (global event batches, global re-rating), kept as the tests' oracle.
 """
 
 from __future__ import annotations
 
+import gc
 import math
 import time as _time
+import weakref
 from dataclasses import dataclass, field
+from itertools import chain
+from operator import attrgetter
 from types import MappingProxyType
 from typing import Callable, Mapping
 
 import numpy as np
+import scipy.sparse as sp
+from scipy.sparse.csgraph import connected_components
 
 from .bound import lower_bound
 from .cluster import Cluster
@@ -153,9 +160,11 @@ def simulate(cluster: Cluster, schedule: Schedule, size: int, *, dtype_size: int
 
     Notes
     -----
-    Cost: O(ops) to match messages, then per batch of simultaneous events O(flows on the
-    network) plus one progressive filling, O(levels * incidence nonzeros). A ring of
-    ``n`` ranks has ~4n event batches.
+    Cost: O(ops) to flatten and match messages (cached per schedule object), then one
+    vectorized pass per wave of fixed-rate messages (about one per step of a ring) and
+    one per lookahead window of link-sharing flows, each O(messages in it). 256 MiB on
+    ``topologies/leaf_spine_1024.yaml``: ring ~6 s, hierarchical ~3 s on a 2-core
+    machine (``scripts/bench_simulate.py``).
     """
     if schedule.nranks != cluster.nranks:
         raise ScheduleError(
@@ -167,64 +176,88 @@ def simulate(cluster: Cluster, schedule: Schedule, size: int, *, dtype_size: int
         raise ValueError(f"reduce_bandwidth must be > 0, got {reduce_bandwidth}")
     if alpha < 0:
         raise ValueError(f"alpha must be >= 0, got {alpha}")
-    engine = _Engine(cluster, schedule, int(size), dtype_size, reduce_bandwidth, float(alpha),
-                     record, progress)
-    engine.run()
-    return engine.report()
+    # The cyclic GC would rescan the schedule's millions of ops each time the report's
+    # millions of (start, end) tuples trigger a collection (seconds at 1024 ranks); the
+    # engine makes no reference cycles.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        engine = _Engine(cluster, schedule, int(size), dtype_size, reduce_bandwidth,
+                         float(alpha), record, progress)
+        engine.run()
+        return engine.report()
+    finally:
+        if collecting:
+            gc.enable()
 
 
-class _Engine:
-    def __init__(self, cluster: Cluster, schedule: Schedule, size: int, dtype_size: int,
-                 reduce_bandwidth: float | None, alpha: float, record: bool,
-                 progress: Callable[[float, float], None] | None) -> None:
-        self.cluster, self.schedule, self.size = cluster, schedule, size
-        self.dtype_size, self.alpha, self.record = dtype_size, alpha, record
-        self.reduce_bandwidth = reduce_bandwidth
-        self.progress = progress
+# ----------------------------------------------------------------------------------
+# How the engine stays fast (numbers for a 1024-rank ring on leaf_spine_1024 are in
+# scripts/bench_simulate.py):
+#
+# 1. Transfers that share (send step, recv step, bytes, reduce) are one *message* of
+#    multiplicity k: k identical max-min flows on the same paths, carried as one flow of
+#    weight k. A hierarchical plan's in-box step moving 128 chunks to one peer is then
+#    one message, not 128.
+# 2. Fixed messages. A link whose users (over the whole schedule) all have the same
+#    source rank can only carry messages of that rank's current send step (steps run
+#    in order and a step ends after its sends arrive); likewise for one destination
+#    rank. A message whose every link is such a link, and that is the only message of
+#    its send (resp. recv) step on it, never shares a link with another message: its
+#    rate is its solo max-min rate for its whole life and its arrival time is known at
+#    launch. Such messages are timers (most of a ring or an in-box phase). Timers are
+#    drained eagerly, out of time order: everything downstream of a timer is a max()
+#    of times, and anything it launches starts later than it.
+# 3. The rest (dynamic flows) are simulated in time order, but in windows: a message
+#    launched now reaches its first link no sooner than ``lookahead`` = alpha + the
+#    smallest latency of a dynamic path, so during [t0, t0 + lookahead) the set of
+#    flows that can be on the network is known, and its connected components (flows
+#    joined by shared links) evolve independently. Each component advances on its own
+#    clock through the window, all components at once in numpy; only components with
+#    an event are re-rated (max-min fairness decomposes over components exactly).
+# 4. Max-min rates by parallel water-filling: every link whose fair share is no larger
+#    than the share of any flow crossing it freezes in the same round (shares only
+#    grow during progressive filling, so this is exact), so the rounds are the depth of
+#    the bottleneck dependency, not the number of distinct rates.
+# ----------------------------------------------------------------------------------
+
+_INF = math.inf
+
+
+class _Flat:
+    """A schedule's ops flattened and matched into transfers (independent of size).
+
+    Cached per Schedule object (``simulate --sizes`` and the planners' candidate loop
+    simulate one schedule at many sizes): flattening 4 M ops costs seconds.
+    """
+
+    def __init__(self, schedule: Schedule) -> None:
+        self.schedule = schedule
         n = schedule.nranks
-        nelems = size // dtype_size
-        bounds = np.array(schedule.chunk_bounds(nelems), dtype=np.int64).reshape(-1, 2)
-        self.chunk_bytes = (bounds[:, 1] - bounds[:, 0]) * dtype_size
-
-        # ---- flatten the ops ------------------------------------------------------
-        nsteps = np.array([len(p.steps) for p in schedule.ranks], dtype=np.int64)
-        self.step_base = np.concatenate([[0], np.cumsum(nsteps)])
+        nsteps = np.fromiter((len(p.steps) for p in schedule.ranks), np.int64, count=n)
+        self.step_base = np.concatenate([[0], np.cumsum(nsteps)]).astype(np.int64)
         nglobal = int(self.step_base[-1])
         self.nglobal = nglobal
         self.step_rank = np.repeat(np.arange(n), nsteps)
         self.step_last = np.repeat(self.step_base[1:], nsteps)  # one past the rank's last step
-        send_rows: list[tuple[int, int, int]] = []
-        recv_rows: list[tuple[int, int, int, bool]] = []
-        SEND = OpKind.SEND
-        for program in schedule.ranks:
-            r = program.rank
-            g = int(self.step_base[r])
-            for step in program.steps:
-                for op in step:
-                    if op.kind is SEND:
-                        send_rows.append((g, op.peer, op.chunk))
-                    else:
-                        recv_rows.append((g, op.peer, op.chunk, op.reduce))
-                g += 1
-        sends = np.array(send_rows, dtype=np.int64).reshape(-1, 3)
-        recvs = np.array(recv_rows, dtype=np.int64).reshape(-1, 4)
+        steps = list(chain.from_iterable(p.steps for p in schedule.ranks))
+        nops = np.fromiter(map(len, steps), np.int64, count=nglobal)
+        ops = list(chain.from_iterable(steps))
+        total = len(ops)
+        op_step = np.repeat(np.arange(nglobal, dtype=np.int64), nops)
+        is_send = np.fromiter(map(OpKind.SEND.__eq__, map(attrgetter("kind"), ops)), bool,
+                              count=total)
+        peer = np.fromiter(map(attrgetter("peer"), ops), np.int64, count=total)
+        chunk = np.fromiter(map(attrgetter("chunk"), ops), np.int64, count=total)
+        reduce = np.fromiter(map(attrgetter("reduce"), ops), bool, count=total)
+        del ops, steps
+        self.ops_per_step = nops
+        sends = np.stack([op_step[is_send], peer[is_send], chunk[is_send]], axis=1)
+        rmask = ~is_send
+        recvs = np.stack([op_step[rmask], peer[rmask], chunk[rmask],
+                          reduce[rmask].astype(np.int64)], axis=1)
         self._match(sends, recvs)
 
-        # Ops per step: a step ends when this drops to 0.
-        self.pending = (np.bincount(sends[:, 0], minlength=nglobal)
-                        + np.bincount(recvs[:, 0], minlength=nglobal)).astype(np.int64)
-        self.nops = len(sends) + len(recvs)
-        # Step -> transfers touching it (both sides), CSR.
-        ntr = len(self.t_src)
-        both_steps = np.concatenate([self.t_sstep, self.t_rstep])
-        both_tr = np.concatenate([np.arange(ntr), np.arange(ntr)])
-        order = np.argsort(both_steps, kind="stable")
-        self.st_tr = both_tr[order]
-        self.st_ptr = np.concatenate([[0], np.cumsum(np.bincount(both_steps, minlength=nglobal))])
-        self.ready = np.full(ntr, 2, dtype=np.int8)
-        self._routes()
-
-    # ------------------------------------------------------------------------------
     def _match(self, sends: np.ndarray, recvs: np.ndarray) -> None:
         """Pair the k-th send src->dst with the k-th recv at dst from src, vectorized."""
         n = self.schedule.nranks
@@ -243,17 +276,16 @@ class _Engine:
             src, dst = int(self.step_rank[sends[i, 0]]), int(sends[i, 1])
             raise ScheduleError(
                 f"{self.schedule.algorithm} schedule: a message from rank {src} to rank {dst}: "
-                f"rank {src} step {self._local(sends[i, 0])} sends chunk {sends[i, 2]} but "
-                f"rank {dst} step {self._local(recvs[i, 0])} receives it as chunk {recvs[i, 2]}")
+                f"rank {src} step {self.local(sends[i, 0])} sends chunk {sends[i, 2]} but "
+                f"rank {dst} step {self.local(recvs[i, 0])} receives it as chunk {recvs[i, 2]}")
         self.t_src = self.step_rank[sends[:, 0]]
         self.t_dst = sends[:, 1].copy()
         self.t_sstep = sends[:, 0].copy()
         self.t_rstep = recvs[:, 0].copy()
         self.t_chunk = sends[:, 2].copy()
         self.t_reduce = recvs[:, 3].astype(bool)
-        self.t_bytes = self.chunk_bytes[self.t_chunk].astype(np.float64)
 
-    def _local(self, g: int) -> int:
+    def local(self, g: int) -> int:
         return int(g - self.step_base[self.step_rank[g]])
 
     def _unmatched(self, sends, recvs, s_key, r_key) -> None:
@@ -271,13 +303,647 @@ class _Engine:
             if ns > nr:
                 row = sends[np.flatnonzero(s_key == key)[nr]]
                 raise ScheduleError(
-                    f"{name}: unmatched send: rank {src} step {self._local(row[0])} sends chunk "
+                    f"{name}: unmatched send: rank {src} step {self.local(row[0])} sends chunk "
                     f"{row[2]} to rank {dst}, which receives only {nr} of {ns} messages from "
                     f"rank {src}")
             row = recvs[np.flatnonzero(r_key == key)[ns]]
             raise ScheduleError(
-                f"{name}: unmatched recv: rank {dst} step {self._local(row[0])} waits for chunk "
+                f"{name}: unmatched recv: rank {dst} step {self.local(row[0])} waits for chunk "
                 f"{row[2]} from rank {src}, which sends only {ns} of {nr} messages to rank {dst}")
+
+
+_FLAT_CACHE: dict[int, _Flat] = {}
+
+
+def _flat(schedule: Schedule) -> _Flat:
+    key = id(schedule)
+    flat = _FLAT_CACHE.get(key)
+    if flat is None or flat.schedule is not schedule:
+        flat = _Flat(schedule)
+        _FLAT_CACHE[key] = flat
+        weakref.finalize(schedule, _FLAT_CACHE.pop, key, None)
+    return flat
+
+
+def _expand(ptr: np.ndarray, items: np.ndarray, which: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CSR gather: ``items[ptr[w]:ptr[w+1]]`` for each ``w`` in ``which``, concatenated,
+    and the position in ``which`` each item came from."""
+    lo = ptr[which]
+    lengths = ptr[which + 1] - lo
+    total = int(lengths.sum())
+    owner = np.repeat(np.arange(len(which)), lengths)
+    idx = np.arange(total) + np.repeat(lo - (np.cumsum(lengths) - lengths), lengths)
+    return items[idx], owner
+
+
+def _maxmin(nflows: int, weight: np.ndarray, pf: np.ndarray, pe: np.ndarray,
+            cap: np.ndarray) -> np.ndarray:
+    """Max-min fair rate per unit of each flow (Bertsekas and Gallager, 6.5.2).
+
+    Flow ``f`` stands for ``weight[f]`` identical flows; ``(pf[i], pe[i])`` are the
+    (flow, link) incidence pairs, links numbered ``0..len(cap)-1``. Parallel
+    water-filling: a link whose share (capacity left over unfrozen flows) is no larger
+    than the smallest share seen by any of its flows is a bottleneck of all of them
+    (shares never fall while filling), so all such links freeze in one round.
+    """
+    nlinks = len(cap)
+    rate = np.zeros(nflows)
+    remaining = cap.astype(np.float64, copy=True)
+    share = np.empty(nlinks)
+    fmin = np.empty(nflows)
+    lmin = np.empty(nlinks)
+    w = weight[pf]
+    while len(pf):
+        count = np.bincount(pe, weights=w, minlength=nlinks)
+        share.fill(_INF)
+        np.divide(remaining, count, out=share, where=count > 0)
+        fmin.fill(_INF)
+        np.minimum.at(fmin, pf, share[pe])
+        lmin.fill(_INF)
+        np.minimum.at(lmin, pe, fmin[pf])
+        tight = share <= lmin * (1 + 1e-12)
+        hit = np.zeros(nflows, dtype=bool)
+        hit[pf[tight[pe]]] = True
+        rate[hit] = fmin[hit]
+        frozen = hit[pf]
+        remaining -= np.bincount(pe[frozen], weights=w[frozen] * rate[pf[frozen]],
+                                 minlength=nlinks)
+        np.maximum(remaining, 0.0, out=remaining)
+        keep = ~frozen
+        pf, pe, w = pf[keep], pe[keep], w[keep]
+    return rate
+
+
+class _Engine:
+    def __init__(self, cluster: Cluster, schedule: Schedule, size: int, dtype_size: int,
+                 reduce_bandwidth: float | None, alpha: float, record: bool,
+                 progress: Callable[[float, float], None] | None) -> None:
+        self.cluster, self.schedule, self.size = cluster, schedule, size
+        self.dtype_size, self.alpha, self.record = dtype_size, alpha, record
+        self.reduce_bandwidth = reduce_bandwidth
+        self.progress = progress
+        nelems = size // dtype_size
+        bounds = np.array(schedule.chunk_bounds(nelems), dtype=np.int64).reshape(-1, 2)
+        self.chunk_bytes = (bounds[:, 1] - bounds[:, 0]) * dtype_size
+        flat = self.flat = _flat(schedule)
+        self.step_base, self.step_rank, self.step_last = (flat.step_base, flat.step_rank,
+                                                         flat.step_last)
+        self.nglobal = flat.nglobal
+        self.t_bytes = self.chunk_bytes[flat.t_chunk].astype(np.float64)
+        self._messages()
+        self._routes()
+        self._classify()
+
+    # ------------------------------------------------------------------------------
+    def _messages(self) -> None:
+        """Merge transfers with the same send step, recv step, bytes and reduce flag."""
+        f = self.flat
+        ntr = len(f.t_src)
+        if ntr and np.bincount(f.t_sstep).max() == 1:
+            # One send per step (rings, trees): nothing to merge.
+            self.t_msg = np.arange(ntr)
+            self.m_k = np.ones(ntr)
+            self.m_sstep, self.m_rstep = f.t_sstep, f.t_rstep
+            self.m_bytes, self.m_reduce = self.t_bytes, f.t_reduce
+        elif ntr:
+            order = np.lexsort((f.t_reduce, self.t_bytes, f.t_rstep, f.t_sstep))
+            ss, rs = f.t_sstep[order], f.t_rstep[order]
+            by, red = self.t_bytes[order], f.t_reduce[order]
+            new = np.ones(ntr, dtype=bool)
+            new[1:] = (ss[1:] != ss[:-1]) | (rs[1:] != rs[:-1]) | (by[1:] != by[:-1]) \
+                | (red[1:] != red[:-1])
+            first = np.flatnonzero(new)
+            self.t_msg = np.empty(ntr, np.int64)
+            self.t_msg[order] = np.cumsum(new) - 1
+            self.m_k = np.diff(np.append(first, ntr)).astype(np.float64)
+            self.m_sstep, self.m_rstep = ss[first], rs[first]
+            self.m_bytes, self.m_reduce = by[first], red[first]
+        else:
+            self.t_msg = np.zeros(0, np.int64)
+            self.m_k = np.zeros(0)
+            self.m_sstep = self.m_rstep = np.zeros(0, np.int64)
+            self.m_bytes, self.m_reduce = np.zeros(0), np.zeros(0, bool)
+        nmsg = len(self.m_k)
+        self.m_n = self.m_k.astype(np.int64)  # ops each side of a message
+        self.m_src = self.step_rank[self.m_sstep]
+        self.m_dst = self.step_rank[self.m_rstep]
+        nglobal = self.nglobal
+        # Step -> messages touching it (both sides), CSR; ops per step.
+        both_steps = np.concatenate([self.m_sstep, self.m_rstep])
+        both_m = np.concatenate([np.arange(nmsg), np.arange(nmsg)])
+        order = np.argsort(both_steps, kind="stable")
+        self.st_msg = both_m[order]
+        self.st_ptr = np.concatenate(
+            [[0], np.cumsum(np.bincount(both_steps, minlength=nglobal))]).astype(np.int64)
+
+    def _routes(self) -> None:
+        """Path table: pair -> paths (CSR), path -> edges (CSR), latencies, bytes per link,
+        each pair's solo max-min rates and its set of links."""
+        cluster, n = self.cluster, self.schedule.nranks
+        graph = cluster.graph
+        self.edges: list[Edge] = list(graph.edges)
+        nedges = len(self.edges)
+        edge_index = {e: i for i, e in enumerate(self.edges)}
+        self.cap = np.array([graph.edges[e]["bandwidth"] for e in self.edges], dtype=np.float64)
+        lat = np.array([graph.edges[e]["latency"] for e in self.edges], dtype=np.float64)
+        pair_key = self.m_src * n + self.m_dst
+        pairs, m_pair = np.unique(pair_key, return_inverse=True)
+        self.m_pair = m_pair.reshape(-1)
+        path_edges: list[int] = []
+        path_ptr = [0]
+        pair_ptr = [0]
+        for key in pairs.tolist():
+            src, dst = divmod(key, n)
+            for path in cluster.route_edges(src, dst):
+                path_edges.extend(edge_index[e] for e in path)
+                path_ptr.append(len(path_edges))
+            pair_ptr.append(len(path_ptr) - 1)
+        self.path_edges = np.array(path_edges, dtype=np.int64)
+        self.path_ptr = np.array(path_ptr, dtype=np.int64)
+        self.path_len = np.diff(self.path_ptr)
+        self.pair_ptr = np.array(pair_ptr, dtype=np.int64)
+        self.pair_npaths = np.diff(self.pair_ptr)
+        npairs, npaths = len(pairs), len(self.path_len)
+        if npairs and self.pair_npaths.min() == 0:
+            i = int(np.argmin(self.pair_npaths))
+            src, dst = divmod(int(pairs[i]), n)
+            raise ScheduleError(f"no route from rank {src} to rank {dst} in cluster "
+                                f"{cluster.name!r}")
+        self.path_lat = (np.add.reduceat(lat[self.path_edges], self.path_ptr[:-1])
+                         if len(self.path_edges) else np.zeros(0))
+        self.path_pair = np.repeat(np.arange(npairs), self.pair_npaths)
+        # Bytes per link are fixed by the routes: total per pair, spread over its paths.
+        pair_bytes = np.bincount(self.m_pair, weights=self.m_bytes * self.m_k, minlength=npairs)
+        per_path = np.repeat(pair_bytes / np.maximum(self.pair_npaths, 1), self.pair_npaths)
+        per_edge = np.repeat(per_path, self.path_len)
+        self.link_bytes = np.bincount(self.path_edges, weights=per_edge, minlength=nedges)
+        # One transfer of each pair alone on the network: max-min over its own paths
+        # (links renumbered per pair so that pairs do not interact).
+        inc_path = np.repeat(np.arange(npaths), self.path_len)
+        inc_key = self.path_pair[inc_path] * nedges + self.path_edges
+        ukey, inc_local = np.unique(inc_key, return_inverse=True)
+        inc_local = inc_local.reshape(-1)
+        self.solo_rate = _maxmin(npaths, np.ones(npaths), inc_path, inc_local,
+                                 self.cap[ukey % nedges])
+        # Each pair's distinct links and the load one transfer puts on them.
+        self.pe_edge = (ukey % nedges).astype(np.int64)
+        self.pe_ptr = np.searchsorted(ukey // nedges, np.arange(npairs + 1)).astype(np.int64)
+        self.pe_load = np.bincount(inc_local, weights=self.solo_rate[inc_path],
+                                   minlength=len(ukey))
+        if npaths:
+            lo = self.pair_ptr[:-1]
+            rmax = np.maximum.reduceat(self.solo_rate, lo)
+            rmin = np.minimum.reduceat(self.solo_rate, lo)
+            lmax = np.maximum.reduceat(self.path_lat, lo)
+            lmin = np.minimum.reduceat(self.path_lat, lo)
+            self.pair_uniform = (rmin >= rmax * (1 - 1e-12)) & (lmin >= lmax - 1e-15)
+            self.pair_lat = lmax
+            self.pair_rate = rmin
+        else:
+            self.pair_uniform = np.zeros(0, bool)
+            self.pair_lat = self.pair_rate = np.zeros(0)
+
+    def _classify(self) -> None:
+        """Which messages are fixed (never share a link; see the notes above)."""
+        n, nedges, nmsg = self.schedule.nranks, len(self.edges), len(self.m_k)
+        npairs = len(self.pair_npaths)
+        pe_pair = np.repeat(np.arange(npairs), np.diff(self.pe_ptr))
+        if npairs:
+            src_of_pair, dst_of_pair = self._pair_src_dst()
+            lo_s = np.full(nedges, n); hi_s = np.full(nedges, -1)
+            lo_r = np.full(nedges, n); hi_r = np.full(nedges, -1)
+            np.minimum.at(lo_s, self.pe_edge, src_of_pair[pe_pair])
+            np.maximum.at(hi_s, self.pe_edge, src_of_pair[pe_pair])
+            np.minimum.at(lo_r, self.pe_edge, dst_of_pair[pe_pair])
+            np.maximum.at(hi_r, self.pe_edge, dst_of_pair[pe_pair])
+            sx, rx = lo_s == hi_s, lo_r == hi_r  # links of one source / one destination
+            ok_edge = (sx | rx)[self.pe_edge]
+            pair_ok = np.minimum.reduceat(ok_edge.astype(np.int8), self.pe_ptr[:-1]) > 0
+        else:
+            sx = rx = np.zeros(nedges, bool)
+            pair_ok = np.zeros(0, bool)
+        moving = self.m_bytes > 0
+        # Messages that are the only moving one on their send (recv) step.
+        ns = np.bincount(self.m_sstep[moving], minlength=self.nglobal)
+        nr = np.bincount(self.m_rstep[moving], minlength=self.nglobal)
+        single = (ns[self.m_sstep] <= 1) & (nr[self.m_rstep] <= 1)
+        fixed = ~moving | (self.pair_uniform[self.m_pair] & single & pair_ok[self.m_pair])
+        # Steps with several moving messages: check link by link (counting every moving
+        # message of the step, fixed candidate or not).
+        todo = np.flatnonzero(moving & ~single)
+        if len(todo):
+            edges, owner = _expand(self.pe_ptr, self.pe_edge, self.m_pair[todo])
+            m = todo[owner]
+            ks = self.m_sstep[m] * nedges + edges
+            kr = self.m_rstep[m] * nedges + edges
+            _, inv_s, cnt_s = np.unique(ks, return_inverse=True, return_counts=True)
+            _, inv_r, cnt_r = np.unique(kr, return_inverse=True, return_counts=True)
+            ok = (sx[edges] & (cnt_s[inv_s.reshape(-1)] == 1)) \
+                | (rx[edges] & (cnt_r[inv_r.reshape(-1)] == 1))
+            bad = np.zeros(len(todo), dtype=bool)
+            bad[owner[~ok]] = True
+            todo = todo[~bad]
+            fixed[todo[self.pair_uniform[self.m_pair[todo]]]] = True
+        self.m_fixed = fixed
+        # Fixed: arrival = launch + alpha + latency + duration.
+        npth = self.pair_npaths[self.m_pair].astype(np.float64) if nmsg else np.zeros(0)
+        rate = self.pair_rate[self.m_pair] if nmsg else np.zeros(0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            dur = np.where(moving, self.m_k * self.m_bytes / npth / rate, 0.0)
+        self.m_dur = np.where(fixed, dur, 0.0)
+        self.m_delay = self.alpha + (self.pair_lat[self.m_pair] if nmsg else 0.0) + self.m_dur
+        dyn_pairs = np.unique(self.m_pair[~fixed])
+        if len(dyn_pairs):
+            paths, _ = _expand(self.pair_ptr, np.arange(len(self.path_len)), dyn_pairs)
+            self.lookahead = self.alpha + float(self.path_lat[paths].min())
+        else:
+            self.lookahead = _INF
+
+    def _pair_src_dst(self) -> tuple[np.ndarray, np.ndarray]:
+        npairs = len(self.pair_npaths)
+        src = np.zeros(npairs, np.int64)
+        dst = np.zeros(npairs, np.int64)
+        src[self.m_pair] = self.m_src
+        dst[self.m_pair] = self.m_dst
+        return src, dst
+
+    # ------------------------------------------------------------------------------
+    def run(self) -> None:
+        nglobal, nmsg, nedges = self.nglobal, len(self.m_k), len(self.edges)
+        self.step_start = np.full(nglobal, np.nan)
+        self.step_end = np.full(nglobal, np.nan)
+        self.step_tmax = np.full(nglobal, -_INF)
+        self.pending = self.flat.ops_per_step.copy()
+        self.ready = np.full(nmsg, 2, dtype=np.int8)
+        self.m_mark = np.zeros(nmsg, np.int64)
+        self.m_start = np.full(nmsg, np.nan)
+        self.m_end = np.full(nmsg, np.nan)
+        self.m_left = np.zeros(nmsg, np.int64)
+        self.m_tmax = np.full(nmsg, -_INF)
+        # A fixed message keeps its links busy for its duration, alone: known up front.
+        pair_busy = np.bincount(self.m_pair, weights=self.m_dur, minlength=len(self.pair_npaths))
+        pe_pair = np.repeat(np.arange(len(self.pair_npaths)), np.diff(self.pe_ptr))
+        self.busy = np.bincount(self.pe_edge, weights=pair_busy[pe_pair], minlength=nedges)
+        self.e_load = np.zeros(nedges)
+        self.e_since = np.zeros(nedges)
+        self.timeline: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.timers: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        # Dynamic flows launched and not done: message, path, activation time, bytes left
+        # per unit at time tu, rate per unit, active.
+        self.f_msg = np.zeros(0, np.int64)
+        self.f_path = np.zeros(0, np.int64)
+        self.f_act = np.zeros(0)
+        self.f_rem = np.zeros(0)
+        self.f_tu = np.zeros(0)
+        self.f_rate = np.zeros(0)
+        self.f_active = np.zeros(0, bool)
+        self.ended = 0
+        self.clock = 0.0
+
+        last_report = _time.monotonic()
+        first = self.step_base[:-1][self.step_base[:-1] < self.step_base[1:]]
+        empty = self._start_steps(first, np.zeros(len(first)))
+        self._end_steps(empty)
+        self._drain()
+        while len(self.f_msg):
+            ev = np.where(self.f_active, self.f_tu + self.f_rem / np.where(
+                self.f_active, self.f_rate, 1.0), self.f_act)
+            t0 = float(ev.min())
+            tol = _EPS_T * max(t0, 1e-6)
+            if self.lookahead > tol:
+                self._window(t0 + self.lookahead)
+                self.clock = t0 + self.lookahead
+            else:
+                # No lookahead (zero latency and alpha): the first engine's batches,
+                # everything due within the tolerance happens at t0, cascades included.
+                self._window(t0 + tol, at=t0)
+                self.clock = t0
+            self._drain()
+            if self.progress is not None and _time.monotonic() - last_report > 1.0:
+                last_report = _time.monotonic()
+                self.progress(self.ended / max(nglobal, 1), t0)
+        if self.ended < nglobal:
+            self._deadlock()
+        self.time_s = float(np.max(self.step_end)) if nglobal else 0.0
+
+    # ---- steps and messages -------------------------------------------------------
+    def _end_steps(self, steps: np.ndarray) -> None:
+        while len(steps):
+            t = self.step_tmax[steps]
+            self.step_end[steps] = t
+            self.ended += len(steps)
+            nxt = steps + 1
+            keep = nxt < self.step_last[steps]
+            steps = self._start_steps(nxt[keep], t[keep])  # empty steps end at once
+
+    def _start_steps(self, steps: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Start ``steps`` at times ``t``; launch the messages now matched; return the
+        steps with nothing to do."""
+        if not len(steps):
+            return steps
+        self.step_start[steps] = t
+        self.step_tmax[steps] = t
+        msgs, _ = _expand(self.st_ptr, self.st_msg, steps)
+        if len(msgs):
+            # A message may touch two of these steps (both sides start together): count
+            # both, launch it once (the last position naming it wins, without a sort).
+            np.subtract.at(self.ready, msgs, 1)
+            pos = np.flatnonzero(self.ready[msgs] == 0)
+            if len(pos):
+                self.m_mark[msgs[pos]] = pos
+                go = msgs[pos[self.m_mark[msgs[pos]] == pos]]
+                self._launch(go)
+        return steps[self.pending[steps] == 0]
+
+    def _launch(self, msgs: np.ndarray) -> None:
+        t = np.maximum(self.step_start[self.m_sstep[msgs]], self.step_start[self.m_rstep[msgs]])
+        self.m_start[msgs] = t
+        fixed = self.m_fixed[msgs]
+        fm, ft = msgs[fixed], t[fixed]
+        if len(fm):
+            arrive = ft + self.m_delay[fm]
+            self.timers.append((arrive, fm, np.zeros(len(fm), np.int8)))
+            moving = self.m_dur[fm] > 0
+            if self.record and moving.any():
+                mm, dur = fm[moving], self.m_dur[fm[moving]]
+                idx, owner = _expand(self.pe_ptr, np.arange(len(self.pe_edge)),
+                                     self.m_pair[mm])
+                edges = self.pe_edge[idx]
+                start = (ft[moving] + self.alpha + self.pair_lat[self.m_pair[mm]])[owner]
+                self.timeline.append((start, edges, self.pe_load[idx]))
+                self.timeline.append((start + dur[owner], edges, np.zeros(len(edges))))
+        dm, dt = msgs[~fixed], t[~fixed]
+        if len(dm):
+            pair = self.m_pair[dm]
+            npaths = self.pair_npaths[pair]
+            self.m_left[dm] = npaths
+            paths, owner = _expand(self.pair_ptr, np.arange(len(self.path_len)), pair)
+            sub = dm[owner]
+            self.f_msg = np.concatenate([self.f_msg, sub])
+            self.f_path = np.concatenate([self.f_path, paths])
+            # Every dynamic event before ``clock`` is done. Only with a lookahead below the
+            # batch tolerance can a new flow be due earlier (by less than the tolerance).
+            act = np.maximum(dt[owner] + self.alpha + self.path_lat[paths], self.clock)
+            self.f_act = np.concatenate([self.f_act, act])
+            self.f_rem = np.concatenate([self.f_rem, self.m_bytes[sub] / npaths[owner]])
+            self.f_tu = np.concatenate([self.f_tu, np.zeros(len(sub))])
+            self.f_rate = np.concatenate([self.f_rate, np.zeros(len(sub))])
+            self.f_active = np.concatenate([self.f_active, np.zeros(len(sub), bool)])
+
+    def _drain(self) -> None:
+        """Process every timer (arrivals, reductions), whatever its time, and what follows."""
+        rb = self.reduce_bandwidth
+        while self.timers:
+            times = np.concatenate([x[0] for x in self.timers])
+            msgs = np.concatenate([x[1] for x in self.timers])
+            kinds = np.concatenate([x[2] for x in self.timers])
+            self.timers = []
+            arrived = kinds == 0
+            am, at = msgs[arrived], times[arrived]
+            self.m_end[am] = at
+            steps = [self.m_sstep[am]]
+            when = [at]
+            count = [self.m_n[am]]
+            if rb is None:
+                quick = np.ones(len(am), dtype=bool)
+            else:
+                quick = ~(self.m_reduce[am] & (self.m_bytes[am] > 0))
+                slow = am[~quick]
+                if len(slow):
+                    self.timers.append((at[~quick] + self.m_bytes[slow] / rb, slow,
+                                        np.ones(len(slow), np.int8)))
+            steps.append(self.m_rstep[am[quick]])
+            when.append(at[quick])
+            count.append(self.m_n[am[quick]])
+            red = ~arrived
+            if red.any():
+                steps.append(self.m_rstep[msgs[red]])
+                when.append(times[red])
+                count.append(self.m_n[msgs[red]])
+            self._ops_done(np.concatenate(steps), np.concatenate(when), np.concatenate(count))
+
+    def _ops_done(self, steps: np.ndarray, times: np.ndarray, counts: np.ndarray) -> None:
+        if not len(steps):
+            return
+        np.maximum.at(self.step_tmax, steps, times)
+        np.subtract.at(self.pending, steps, counts)
+        finished = steps[self.pending[steps] == 0]
+        if len(finished) > 1:
+            finished = np.unique(finished)  # a step's send and recv may end together
+        self._end_steps(finished)
+
+    # ---- dynamic flows --------------------------------------------------------------
+    def _window(self, te: float, at: float | None = None) -> None:
+        """Advance every component of the flows that can be active before ``te`` through
+        its events before ``te``, each on its own clock (or all at time ``at``)."""
+        inw = self.f_active | (self.f_act < te)
+        widx = np.flatnonzero(inw)
+        nw = len(widx)
+        w_msg, w_path = self.f_msg[widx], self.f_path[widx]
+        w_act, w_rem, w_tu = self.f_act[widx], self.f_rem[widx], self.f_tu[widx]
+        w_rate, w_active = self.f_rate[widx], self.f_active[widx]
+        w_done = np.zeros(nw, dtype=bool)
+        w_k = self.m_k[w_msg]
+        full = self.m_bytes[w_msg] / self.pair_npaths[self.m_pair[w_msg]]
+        inc_e, inc_f = _expand(self.path_ptr, self.path_edges, w_path)
+        ue, le = np.unique(inc_e, return_inverse=True)
+        le = le.reshape(-1)
+        nue = len(ue)
+        if nw > 1:
+            graph = sp.coo_array((np.ones(len(inc_f)), (inc_f, nw + le)),
+                                 shape=(nw + nue, nw + nue)).tocsr()
+            ncomp, labels = connected_components(graph, directed=False)
+            comp_f, comp_e = labels[:nw], labels[nw:]
+        else:
+            ncomp, comp_f, comp_e = 1, np.zeros(nw, np.int64), np.zeros(nue, np.int64)
+        cap = self.cap[ue]
+        ct = np.empty(ncomp)
+        while True:
+            safe_rate = np.where(w_active, w_rate, 1.0)
+            ev = np.where(w_done, _INF, np.where(w_active, w_tu + w_rem / safe_rate, w_act))
+            ct.fill(_INF)
+            np.minimum.at(ct, comp_f, ev)
+            live = ct < te
+            if not live.any():
+                break
+            if at is not None:
+                ct[live] = np.maximum(ct[live], at)
+            tcf = ct[comp_f]
+            tolf = _EPS_T * np.maximum(tcf, 1e-6)
+            inlive = live[comp_f] & ~w_done
+            upd = w_active & inlive
+            w_rem[upd] -= w_rate[upd] * (tcf[upd] - w_tu[upd])
+            w_tu[upd] = tcf[upd]
+            done = upd & (w_rem <= w_rate * tolf)
+            w_done |= done
+            w_active &= ~done
+            act = inlive & ~w_active & ~w_done & (w_act <= tcf + tolf)
+            w_active |= act
+            w_rem[act] = full[act]
+            w_tu[act] = tcf[act]
+            # Re-rate the components that moved.
+            rr = w_active & live[comp_f]
+            sel = rr[inc_f]
+            lmask = live[comp_e]
+            rates = _maxmin(nw, w_k, inc_f[sel], le[sel], cap)
+            w_rate[rr] = rates[rr]
+            load = np.bincount(le[sel], weights=(w_k * rates)[inc_f[sel]], minlength=nue)
+            lidx = np.flatnonzero(lmask)
+            ge, new, tl = ue[lidx], load[lidx], ct[comp_e[lidx]]
+            old = self.e_load[ge]
+            on = (old <= 0) & (new > 0)
+            off = (old > 0) & (new <= 0)
+            self.e_since[ge[on]] = tl[on]
+            self.busy[ge[off]] += tl[off] - self.e_since[ge[off]]
+            self.e_load[ge] = new
+            if self.record:
+                ch = new != old
+                if ch.any():
+                    self.timeline.append((tl[ch], ge[ch], new[ch]))
+            if done.any():
+                dm = w_msg[done]
+                np.subtract.at(self.m_left, dm, 1)
+                np.maximum.at(self.m_tmax, dm, tcf[done])
+                um = np.unique(dm)
+                arrived = um[self.m_left[um] == 0]
+                if len(arrived):
+                    self.timers.append((self.m_tmax[arrived], arrived,
+                                        np.zeros(len(arrived), np.int8)))
+        # Write back; drop finished flows.
+        self.f_rem[widx], self.f_tu[widx] = w_rem, w_tu
+        self.f_rate[widx], self.f_active[widx] = w_rate, w_active
+        if w_done.any():
+            keep = np.ones(len(self.f_msg), dtype=bool)
+            keep[widx[w_done]] = False
+            for name in ("f_msg", "f_path", "f_act", "f_rem", "f_tu", "f_rate", "f_active"):
+                setattr(self, name, getattr(self, name)[keep])
+
+    def _deadlock(self) -> None:
+        f = self.flat
+        stuck = np.flatnonzero(np.isnan(self.step_end))
+        g = int(stuck[0])
+        r = int(self.step_rank[g])
+        s = f.local(g)
+        # The first transfer of this step still waiting for its peer.
+        waits = []
+        for tr in np.flatnonzero((f.t_sstep == g) | (f.t_rstep == g)).tolist():
+            m = self.t_msg[tr]
+            if self.ready[m] > 0 or np.isnan(self.m_start[m]):
+                if f.t_sstep[tr] == g:
+                    peer, peer_step = int(f.t_dst[tr]), int(f.t_rstep[tr])
+                    what = "send"
+                else:
+                    peer, peer_step = int(f.t_src[tr]), int(f.t_sstep[tr])
+                    what = "recv"
+                waits.append(f"{what} chunk {int(f.t_chunk[tr])} with rank {peer}, whose "
+                             f"matching step is {f.local(peer_step)}")
+        ranks = len(np.unique(self.step_rank[stuck]))
+        raise ScheduleError(f"{self.schedule.algorithm} schedule: deadlock: {ranks} ranks "
+                            f"cannot finish; rank {r} step {s} waits to " + "; ".join(waits[:3]))
+
+    # ------------------------------------------------------------------------------
+    def _link_timeline(self) -> dict[Edge, tuple[tuple[float, float], ...]]:
+        if not self.timeline:
+            return {}
+        t = np.concatenate([x[0] for x in self.timeline])
+        e = np.concatenate([x[1] for x in self.timeline])
+        v = np.concatenate([x[2] for x in self.timeline])
+        # Per edge in time order. Entries closer than the batch tolerance are one instant
+        # (flow times computed along different chains of steps differ by rounding, and a
+        # flow due less than the tolerance after a window joins at the window's end); an
+        # instant keeps its first time and the load recorded last (entries are appended in
+        # causal order per link: a link's next flow is launched after its previous one's
+        # end was processed).
+        seq = np.arange(len(t))
+        order = np.lexsort((t, e))
+        t, e, v, seq = t[order], e[order], v[order], seq[order]
+        new = np.ones(len(t), dtype=bool)
+        new[1:] = (e[1:] != e[:-1]) | (t[1:] - t[:-1] > 2 * _EPS_T * np.maximum(t[1:], 1e-6))
+        instant = np.cumsum(new) - 1
+        first_t = t[new]
+        order = np.lexsort((seq, instant))
+        e, v, instant = e[order], v[order], instant[order]
+        last = np.ones(len(e), dtype=bool)
+        last[:-1] = instant[1:] != instant[:-1]
+        e, v = e[last], v[last]
+        t = first_t[instant[last]]
+        prev = np.concatenate([[0.0], v[:-1]])
+        first = np.ones(len(t), dtype=bool)
+        first[1:] = e[1:] != e[:-1]
+        prev[first] = 0.0
+        keep = v != prev
+        out: dict[Edge, list[tuple[float, float]]] = {}
+        for edge, when, rate in zip(e[keep].tolist(), t[keep].tolist(), v[keep].tolist()):
+            out.setdefault(self.edges[edge], []).append((when, rate))
+        return {edge: tuple(v) for edge, v in out.items()}
+
+    def report(self) -> SimReport:
+        n = self.schedule.nranks
+        f = self.flat
+        effective = (self.size // self.dtype_size) * self.dtype_size
+        bound = lower_bound(self.cluster, effective)
+        time_s = self.time_s
+        algbw = self.size / time_s if time_s > 0 else math.inf
+        busbw = algbw * 2 * (n - 1) / n if n > 1 else 0.0
+        used = np.flatnonzero(self.link_bytes > 0)
+        busy_edges = np.flatnonzero(self.busy > 0)
+        link_bytes = {self.edges[i]: float(self.link_bytes[i]) for i in used.tolist()}
+        link_busy = {self.edges[i]: float(self.busy[i]) for i in busy_edges.tolist()}
+        starts, ends = self.step_start.tolist(), self.step_end.tolist()
+        base = self.step_base.tolist()
+        pairs = list(zip(starts, ends))
+        step_times = tuple(tuple(pairs[base[r]:base[r + 1]]) for r in range(n))
+        transfers: tuple[TransferRecord, ...] = ()
+        timeline: dict[Edge, tuple[tuple[float, float], ...]] = {}
+        if self.record:
+            sb = self.step_base
+            transfers = tuple(
+                TransferRecord(src, dst, ss - int(sb[src]), rs - int(sb[dst]), chunk,
+                               int(nbytes), start, end)
+                for src, dst, ss, rs, chunk, nbytes, start, end in zip(
+                    f.t_src.tolist(), f.t_dst.tolist(), f.t_sstep.tolist(),
+                    f.t_rstep.tolist(), f.t_chunk.tolist(), self.t_bytes.tolist(),
+                    self.m_start[self.t_msg].tolist(), self.m_end[self.t_msg].tolist()))
+            timeline = self._link_timeline()
+        return SimReport(
+            cluster=self.cluster.name, algorithm=self.schedule.algorithm, nranks=n,
+            size=self.size, time_s=time_s, lower_bound_s=bound, algbw=algbw, busbw=busbw,
+            link_bytes=MappingProxyType(link_bytes), link_busy_s=MappingProxyType(link_busy),
+            step_times=step_times, transfers=transfers,
+            link_timeline=MappingProxyType(timeline))
+
+
+class _ReferenceEngine:
+    """The first engine, kept as the oracle for tests and benchmarks: every event batch
+    in global time order, every active flow re-rated by global progressive filling.
+    Same model, same results; O(batches x flows) and so slow at scale."""
+
+    def __init__(self, cluster: Cluster, schedule: Schedule, size: int, dtype_size: int,
+                 reduce_bandwidth: float | None, alpha: float, record: bool,
+                 progress: Callable[[float, float], None] | None) -> None:
+        self.cluster, self.schedule, self.size = cluster, schedule, size
+        self.dtype_size, self.alpha, self.record = dtype_size, alpha, record
+        self.reduce_bandwidth = reduce_bandwidth
+        self.progress = progress
+        nelems = size // dtype_size
+        bounds = np.array(schedule.chunk_bounds(nelems), dtype=np.int64).reshape(-1, 2)
+        self.chunk_bytes = (bounds[:, 1] - bounds[:, 0]) * dtype_size
+        flat = _flat(schedule)
+        self.step_base, self.step_rank, self.step_last = (flat.step_base, flat.step_rank,
+                                                         flat.step_last)
+        self.nglobal = nglobal = flat.nglobal
+        self.t_src, self.t_dst, self.t_sstep = flat.t_src, flat.t_dst, flat.t_sstep
+        self.t_rstep, self.t_chunk, self.t_reduce = flat.t_rstep, flat.t_chunk, flat.t_reduce
+        self.t_bytes = self.chunk_bytes[self.t_chunk].astype(np.float64)
+        self.pending = flat.ops_per_step.copy()
+        ntr = len(self.t_src)
+        both_steps = np.concatenate([self.t_sstep, self.t_rstep])
+        both_tr = np.concatenate([np.arange(ntr), np.arange(ntr)])
+        order = np.argsort(both_steps, kind="stable")
+        self.st_tr = both_tr[order]
+        self.st_ptr = np.concatenate([[0], np.cumsum(np.bincount(both_steps, minlength=nglobal))])
+        self.ready = np.full(ntr, 2, dtype=np.int8)
+        self._routes()
 
     def _routes(self) -> None:
         """Path table: pair -> paths (CSR), path -> edges (CSR), latencies, bytes per link."""
@@ -347,7 +1013,7 @@ class _Engine:
         t = 0.0
         last_report = _time.monotonic()
         first = self.step_base[:-1][self.step_base[:-1] < self.step_base[1:]]
-        self._start_steps(first, t)
+        self._end_steps(self._start_steps(first, t), t)  # (the first engine dropped these)
         while True:
             self._settle(t)
             next_t = math.inf
@@ -368,7 +1034,7 @@ class _Engine:
                 last_report = _time.monotonic()
                 self.progress(self.ended / max(nglobal, 1), t)
         if self.ended < nglobal:
-            self._deadlock()
+            raise ScheduleError(f"{self.schedule.algorithm} schedule: deadlock")
         self.time_s = float(np.max(self.step_end)) if nglobal else 0.0
 
     def _settle(self, t: float) -> None:
@@ -531,50 +1197,20 @@ class _Engine:
                 self.timeline.append((t, changed, load[changed]))
             self.last_load = load
 
-    def _deadlock(self) -> None:
-        stuck = np.flatnonzero(np.isnan(self.step_end))
-        g = int(stuck[0])
-        r = int(self.step_rank[g])
-        s = self._local(g)
-        # The first transfer of this step still waiting for its peer.
-        waits = []
-        for tr in self.st_tr[self.st_ptr[g]:self.st_ptr[g + 1]].tolist():
-            if self.ready[tr] > 0 or np.isnan(self.t_start[tr]):
-                if self.t_sstep[tr] == g:
-                    peer, peer_step = int(self.t_dst[tr]), int(self.t_rstep[tr])
-                    what = "send"
-                else:
-                    peer, peer_step = int(self.t_src[tr]), int(self.t_sstep[tr])
-                    what = "recv"
-                waits.append(f"{what} chunk {int(self.t_chunk[tr])} with rank {peer}, whose "
-                             f"matching step is {self._local(peer_step)}")
-        ranks = len(np.unique(self.step_rank[stuck]))
-        raise ScheduleError(f"{self.schedule.algorithm} schedule: deadlock: {ranks} ranks "
-                            f"cannot finish; rank {r} step {s} waits to " + "; ".join(waits[:3]))
-
-    # ------------------------------------------------------------------------------
     def report(self) -> SimReport:
+        """The same report as :class:`_Engine` (transfers and timelines included)."""
         n = self.schedule.nranks
-        effective = (self.size // self.dtype_size) * self.dtype_size
-        bound = lower_bound(self.cluster, effective)
-        time_s = self.time_s
-        algbw = self.size / time_s if time_s > 0 else math.inf
-        busbw = algbw * 2 * (n - 1) / n if n > 1 else 0.0
-        used = np.flatnonzero(self.link_bytes > 0)
-        busy_edges = np.flatnonzero(self.busy > 0)
-        link_bytes = {self.edges[i]: float(self.link_bytes[i]) for i in used.tolist()}
-        link_busy = {self.edges[i]: float(self.busy[i]) for i in busy_edges.tolist()}
+        bound = lower_bound(self.cluster, (self.size // self.dtype_size) * self.dtype_size)
+        algbw = self.size / self.time_s if self.time_s > 0 else math.inf
         starts, ends = self.step_start.tolist(), self.step_end.tolist()
-        step_times = tuple(
-            tuple(zip(starts[self.step_base[r]:self.step_base[r + 1]],
-                      ends[self.step_base[r]:self.step_base[r + 1]]))
-            for r in range(n))
+        base = self.step_base.tolist()
+        pairs = list(zip(starts, ends))
         transfers: tuple[TransferRecord, ...] = ()
         timeline: dict[Edge, tuple[tuple[float, float], ...]] = {}
         if self.record:
-            base = self.step_base
+            sb = self.step_base
             transfers = tuple(
-                TransferRecord(src, dst, ss - int(base[src]), rs - int(base[dst]), chunk,
+                TransferRecord(src, dst, ss - int(sb[src]), rs - int(sb[dst]), chunk,
                                int(nbytes), start, end)
                 for src, dst, ss, rs, chunk, nbytes, start, end in zip(
                     self.t_src.tolist(), self.t_dst.tolist(), self.t_sstep.tolist(),
@@ -587,7 +1223,23 @@ class _Engine:
             timeline = {self.edges[e]: tuple(v) for e, v in changes.items()}
         return SimReport(
             cluster=self.cluster.name, algorithm=self.schedule.algorithm, nranks=n,
-            size=self.size, time_s=time_s, lower_bound_s=bound, algbw=algbw, busbw=busbw,
-            link_bytes=MappingProxyType(link_bytes), link_busy_s=MappingProxyType(link_busy),
-            step_times=step_times, transfers=transfers,
-            link_timeline=MappingProxyType(timeline))
+            size=self.size, time_s=self.time_s, lower_bound_s=bound, algbw=algbw,
+            busbw=algbw * 2 * (n - 1) / n if n > 1 else 0.0,
+            link_bytes=MappingProxyType({self.edges[i]: float(self.link_bytes[i])
+                                         for i in np.flatnonzero(self.link_bytes > 0).tolist()}),
+            link_busy_s=MappingProxyType({self.edges[i]: float(self.busy[i])
+                                          for i in np.flatnonzero(self.busy > 0).tolist()}),
+            step_times=tuple(tuple(pairs[base[r]:base[r + 1]]) for r in range(n)),
+            transfers=transfers, link_timeline=MappingProxyType(timeline))
+
+
+def _simulate_reference(cluster: Cluster, schedule: Schedule, size: int, *, dtype_size: int = 4,
+                        reduce_bandwidth: float | None = None, alpha: float = 0.0,
+                        record: bool = False) -> SimReport:
+    """:func:`simulate` by :class:`_ReferenceEngine` (tests and benchmarks only)."""
+    if schedule.nranks != cluster.nranks:
+        raise ScheduleError("rank count differs")
+    engine = _ReferenceEngine(cluster, schedule, int(size), dtype_size, reduce_bandwidth,
+                              float(alpha), record, None)
+    engine.run()
+    return engine.report()

@@ -88,6 +88,19 @@ def _make_buffer(count: int, dtype: str, use_torch: bool) -> tuple[Any, Callable
     return arr, fill_np
 
 
+def _sum_over_ranks(transport: Any, count: int, use_torch: bool) -> int:
+    """A count summed over ranks with the transport's own allreduce (float64 is exact here)."""
+    import numpy as np
+    total = np.array([count], dtype=np.float64)
+    if use_torch:
+        import torch
+        tensor = torch.from_numpy(total)
+        transport.native_allreduce(tensor)
+        return int(tensor[0])
+    transport.native_allreduce(total)
+    return int(total[0])
+
+
 def _count_wrong(buf: Any, nranks: int) -> int:
     import numpy as np
     values = buf.float().numpy() if hasattr(buf, "numpy") and hasattr(buf, "float") else buf
@@ -133,8 +146,8 @@ def run_bench(schedule: Schedule, transport: Any, sizes: Sequence[int], *,
     Returns
     -------
     list of BenchRow
-        The same rows on every rank. ``wrong`` is the most wrong elements on any
-        rank after reducing the check pattern; timings are the slowest rank's.
+        The same rows on every rank. ``wrong`` is the number of wrong elements summed
+        over all ranks (as nccl-tests counts them); timings are the slowest rank's.
     """
     from ..executor import Allreduce
 
@@ -154,7 +167,7 @@ def run_bench(schedule: Schedule, transport: Any, sizes: Sequence[int], *,
         for name, fn in methods:
             fill(rank)
             fn()
-            wrong = int(transport.allreduce_max(_count_wrong(buf, n)))
+            wrong = _sum_over_ranks(transport, _count_wrong(buf, n), use_torch)
             # Timed runs reduce zeros: repeated sums of the pattern would overflow
             # (it grows n-fold per run), and 0 + 0 costs what any normal add costs.
             fill(None)

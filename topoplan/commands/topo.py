@@ -95,6 +95,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     per_gpu = [in_box_bandwidth(b) for b in cluster.boxes if b.gpus > 1]
     if per_gpu:
         summary.add_row("in-box per GPU (min)", format_bandwidth(min(per_gpu)))
+    if cluster.nranks < 2:
+        # One GPU: no cut separates GPUs and an allreduce moves nothing.
+        summary.add_row("bisection (rank-order halves)", "- (one GPU)")
+        summary.add_row("bottleneck cut (lower-bound cut)", "none: one GPU, nothing to move")
+        out.print(summary)
+        return 0
     summary.add_row("bisection (rank-order halves)", format_bandwidth(bisection_bandwidth(cluster)))
     try:
         from ..bound import bottleneck

@@ -25,8 +25,6 @@ Ops: about ``4 N`` per rank per piece (one chunk per op in IR v1).
 
 from __future__ import annotations
 
-import itertools
-import math
 from dataclasses import dataclass
 
 import networkx as nx
@@ -36,8 +34,8 @@ from scipy.optimize import linprog
 
 from ..cluster import Box, Cluster
 from ..errors import InfeasiblePlanError
-from ..schedule import OpKind, RankProgram, Schedule
-from ._common import _op, no_gc
+from ..schedule import OpKind, Schedule
+from ._common import no_gc, schedule_from_arrays
 
 __all__ = ["Layout", "layouts", "Messages", "messages", "estimate", "choose_pieces",
            "build", "box_rings"]
@@ -318,7 +316,6 @@ def messages(layout: Layout) -> Messages:
     for d in range(nd):
         rs_base.append(t0)
         t0 += dims[d] - 1
-    half = t0
     ag_base = {}
     for d in reversed(range(nd)):
         ag_base[d] = t0
@@ -552,25 +549,4 @@ def build(nranks: int, msgs: Messages, fractions: np.ndarray, q: int, **meta: ob
     ck = np.concatenate([chunk, chunk])
     cd = np.concatenate([np.zeros(len(step), np.int64), 1 + red.astype(np.int64)])
     del step, src, dst, chunk, red, p
-    order = np.lexsort((cd, ck, pe, st, rk))
-    rk, st, pe, ck, cd = rk[order], st[order], pe[order], ck[order], cd[order]
-    del order
-    kinds = (_SEND, _RECV, _RECV)
-    reds = (False, False, True)
-    ops = list(map(_op, map(kinds.__getitem__, cd.tolist()), pe.tolist(), ck.tolist(),
-                   map(reds.__getitem__, cd.tolist())))
-    rank_bounds = np.searchsorted(rk, np.arange(nranks + 1))
-    new_step = np.ones(len(st), dtype=bool)
-    new_step[1:] = (st[1:] != st[:-1]) | (rk[1:] != rk[:-1])
-    starts = np.flatnonzero(new_step).tolist() + [len(st)]
-    programs = []
-    s_iter = 0
-    for r in range(nranks):
-        end = int(rank_bounds[r + 1])
-        steps = []
-        while starts[s_iter] < end:
-            steps.append(tuple(ops[starts[s_iter]:starts[s_iter + 1]]))
-            s_iter += 1
-        programs.append(RankProgram(r, tuple(steps)))
-    return Schedule(nranks=nranks, chunks=tuple(fractions.tolist()), ranks=tuple(programs),
-                    meta=dict(meta))
+    return schedule_from_arrays(nranks, rk, st, pe, ck, cd, fractions.tolist(), **meta)

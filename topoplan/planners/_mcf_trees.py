@@ -18,10 +18,9 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import breadth_first_order
 
-from ..schedule import Op, OpKind, RankProgram, Schedule
+from ..schedule import RankProgram, Schedule
+from ._common import schedule_from_arrays
 
-_KINDS = (OpKind.SEND, OpKind.RECV, OpKind.RECV)
-_REDUCE = (False, False, True)
 
 __all__ = ["Tree", "make_tree", "inorder_edges", "path_edges", "materialize"]
 
@@ -204,22 +203,4 @@ def materialize(nranks: int, trees: list[Tree], fractions: np.ndarray, q: int,
     rk, st, pe, ck, cd = (np.concatenate(x) for x in (ranks_l, steps_l, peers_l, chunks_l,
                                                           codes_l))
     del ranks_l, steps_l, peers_l, chunks_l, codes_l
-    order = np.lexsort((cd, ck, pe, st, rk))
-    rk, st, pe, ck, cd = rk[order], st[order], pe[order], ck[order], cd[order]
-    del order
-    rank_bounds = np.searchsorted(rk, np.arange(nranks + 1))
-    new_step = np.ones(len(st), dtype=bool)
-    new_step[1:] = (st[1:] != st[:-1]) | (rk[1:] != rk[:-1])
-    starts = np.flatnonzero(new_step).tolist() + [len(st)]
-    ops = list(map(Op, map(_KINDS.__getitem__, cd.tolist()), pe.tolist(), ck.tolist(),
-                   map(_REDUCE.__getitem__, cd.tolist())))
-    programs = []
-    s_iter = 0
-    for r in range(nranks):
-        end = int(rank_bounds[r + 1])
-        steps = []
-        while starts[s_iter] < end:
-            steps.append(tuple(ops[starts[s_iter]:starts[s_iter + 1]]))
-            s_iter += 1
-        programs.append(RankProgram(r, tuple(steps)))
-    return Schedule(nranks=nranks, chunks=tuple(chunks), ranks=tuple(programs), meta=dict(meta))
+    return schedule_from_arrays(nranks, rk, st, pe, ck, cd, chunks, **meta)

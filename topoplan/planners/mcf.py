@@ -26,7 +26,7 @@ from ..cluster import Cluster
 from ..errors import InfeasiblePlanError
 from ..schedule import Schedule
 from . import _mcf_hier as H
-from ._common import OP_BUDGET, topo_order
+from ._common import topo_order
 from ._mcf_lp import LinkModel, Packing, price_mst, solve_exact, solve_packing
 from ._mcf_trees import Tree, btree_edges, choose_pipeline, inorder_edges, make_tree, materialize, path_edges
 
