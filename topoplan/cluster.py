@@ -305,8 +305,9 @@ def _build_graph(cluster: Cluster) -> nx.DiGraph:
             for j in nic.gpus:
                 _add_duplex(graph, box.gpu_node(j), node, nic.bandwidth, 0.0, "pcie")
             _add_duplex(graph, node, nic.switch, nic.bandwidth, nic.latency, "nic")
-    for link in cluster.links:
-        _add_duplex(graph, link.a, link.b, link.bandwidth, link.latency, "switch")
+    for switch_link in cluster.links:
+        _add_duplex(graph, switch_link.a, switch_link.b, switch_link.bandwidth,
+                    switch_link.latency, "switch")
     return graph
 
 
@@ -428,7 +429,8 @@ def _join(path: str, key: str) -> str:
 def _describe(value: Any) -> str:
     if value is None:
         return "nothing"
-    kind = {LineDict: "mapping", LineList: "list"}.get(type(value), type(value).__name__)
+    names: dict[type, str] = {LineDict: "mapping", LineList: "list"}
+    kind = names.get(type(value), type(value).__name__)
     return kind if isinstance(value, (LineDict, LineList)) else f"{kind} {value!r}"
 
 

@@ -150,7 +150,11 @@ class _CupyOps(_NumpyOps):
         return cupy.float32
 
 
-def array_ops(buf: Any) -> type:
+#: The operations of one array kind (the classes above are used as namespaces).
+ArrayOps = type[_NumpyOps] | type[_TorchOps]
+
+
+def array_ops(buf: Any) -> ArrayOps:
     """The operations for ``buf``'s array kind (numpy, torch or cupy).
 
     Raises
@@ -329,7 +333,7 @@ class Allreduce:
             plan = self._compiled[n] = _compile(self.schedule, self.rank, n)
         return plan
 
-    def _bind(self, buffer: Any) -> tuple[_Bound, type]:
+    def _bind(self, buffer: Any) -> tuple[_Bound, ArrayOps]:
         ops = array_ops(buffer)
         flat = ops.flat(buffer)
         n = flat.shape[0]
@@ -348,7 +352,7 @@ class Allreduce:
             scratch = self._scratch[skey] = ops.empty(plan.scratch, work)
         prepare = self.transport.prepare
         chunk_views = [work[a:b] for a, b in plan.bounds]
-        wires = {}
+        wires: dict[tuple[str, Any], Any] = {}  # (kind, chunk or slot) -> transport wire
 
         def wire_of(kind: str, index: Any, view: Any) -> Any:
             w = wires.get((kind, index))
@@ -405,7 +409,7 @@ class Allreduce:
 
     allreduce = __call__
 
-    def _run(self, bound: _Bound, ops: type, buffer: Any) -> None:
+    def _run(self, bound: _Bound, ops: ArrayOps, buffer: Any) -> None:
         work = bound.work
         if bound.shadow:
             ops.copy(work, ops.flat(buffer))

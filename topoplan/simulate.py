@@ -1187,7 +1187,7 @@ class _ReferenceEngine:
                 keep = ~frozen_pairs
                 live_rows, live_cols = live_rows[keep], live_cols[keep]
             self.a_rate = rate
-            load = np.bincount(rows, weights=rate[cols], minlength=nedges)
+            load: np.ndarray = np.bincount(rows, weights=rate[cols], minlength=nedges)
         else:
             load = np.zeros(nedges)
         self.loaded = np.flatnonzero(load > 0)

@@ -182,7 +182,7 @@ def run_bench(schedule: Schedule, transport: Any, sizes: Sequence[int], *,
             measured[name] = (seconds, wrong, k)
         seconds, wrong, k = measured["schedule"]
         algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
-        row = dict(size=nbytes, count=count, type=dtype, redop="sum", time_us=seconds * 1e6,
+        row: dict[str, Any] = dict(size=nbytes, count=count, type=dtype, redop="sum", time_us=seconds * 1e6,
                    algbw=algbw, busbw=algbw * _bus_factor(n), wrong=wrong, iters=k)
         if baseline:
             s2, w2, _ = measured["native"]

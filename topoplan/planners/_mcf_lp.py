@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from typing import Literal, NoReturn, overload
 
 import numpy as np
 import scipy.sparse as sp
@@ -37,6 +38,9 @@ from ..cluster import Box, Cluster
 from ..errors import InfeasiblePlanError
 
 __all__ = ["LinkModel", "Packing", "solve_packing", "price_mst"]
+
+# (side, position-or-global-index, weight, [count]) arrays of one pair class's route loads.
+_Template = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 # --------------------------------------------------------------------------------------
@@ -92,7 +96,8 @@ class LinkModel:
                                     dtype=np.int64)
         self._rank_local = np.asarray([cluster.local_index(r) for r in range(cluster.nranks)],
                                       dtype=np.int64)
-        self._templates: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        # None marks a pair class with no route (cached so the routing runs once per class).
+        self._templates: dict[tuple, _Template | None] = {}
         self._box_key = [(box.signature(), tuple(n.switch for n in box.nics))
                          for box in cluster.boxes]
         kid: dict[tuple, int] = {}
@@ -100,7 +105,7 @@ class LinkModel:
                                    dtype=np.int64)
         self.route_lookups = 0
 
-    def _template_missing(self, u: int, v: int):
+    def _template_missing(self, u: int, v: int) -> NoReturn:
         raise InfeasiblePlanError(
             f"no route from rank {u} ({self.cluster.gpu_node(u)}) to rank {v} "
             f"({self.cluster.gpu_node(v)}); the cut around {self.cluster.box_of(u).name!r} "
@@ -112,7 +117,13 @@ class LinkModel:
             self._names = {i: f"{u}->{w}" for (u, w), i in self.index.items()}
         return self._names[link]
 
-    def _template(self, u: int, v: int, allow_missing: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    @overload
+    def _template(self, u: int, v: int, allow_missing: Literal[False] = ...) -> _Template: ...
+
+    @overload
+    def _template(self, u: int, v: int, allow_missing: bool) -> _Template | None: ...
+
+    def _template(self, u: int, v: int, allow_missing: bool = False) -> _Template | None:
         """(side, position-or-global-index, weight) arrays for the class of pair (u, v)."""
         bu, bv = int(self._rank_box[u]), int(self._rank_box[v])
         lu, lv = int(self._rank_local[u]), int(self._rank_local[v])
@@ -120,7 +131,7 @@ class LinkModel:
         if key in self._templates:
             found = self._templates[key]
             if found is None and not allow_missing:
-                return self._template_missing(u, v)
+                self._template_missing(u, v)
             return found
         self.route_lookups += 1
         routes = self.cluster.routes(u, v)
@@ -188,12 +199,12 @@ class LinkModel:
         rows, cols, vals = [], [], []
         self.missing = np.zeros(len(ii), dtype=bool)
         for p, (i, j) in enumerate(zip(ii.tolist(), jj.tolist())):
-            temps = [self._template(u, v, allow_missing=True)
-                     for u, v in ((nodes[i], nodes[j]), (nodes[j], nodes[i]))]
-            if temps[0] is None or temps[1] is None:
+            fwd = self._template(nodes[i], nodes[j], allow_missing=True)
+            back = self._template(nodes[j], nodes[i], allow_missing=True)
+            if fwd is None or back is None:
                 self.missing[p] = True  # no direct route: relaying through GPUs may still work
                 continue
-            for (u, v), temp in zip(((nodes[i], nodes[j]), (nodes[j], nodes[i])), temps):
+            for (u, v), temp in zip(((nodes[i], nodes[j]), (nodes[j], nodes[i])), (fwd, back)):
                 sides, poss, wts, _ = temp
                 base = np.where(sides == 0, self.box_base[self._rank_box[u]],
                                 np.where(sides == 1, self.box_base[self._rank_box[v]], 0))

@@ -70,7 +70,8 @@ def compare(cluster: Cluster, size: int, candidates: Sequence[str] | None = None
     from ..simulate import simulate
 
     explicit = candidates is not None
-    names = list(candidates) if explicit else [c for c in DEFAULT_CANDIDATES if c in PLANNERS]
+    names = list(candidates) if candidates is not None else [
+        c for c in DEFAULT_CANDIDATES if c in PLANNERS]
     if not explicit and cluster.nranks > max_plan_ranks:
         names = [c for c in names if c in _LARGE]
     rows: list[tuple[str, Schedule, Any, float]] = []

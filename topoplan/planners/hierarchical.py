@@ -55,7 +55,7 @@ def hierarchy(cluster: Cluster) -> tuple[list, int, list[str]]:
             return lift(t[0], d, level_depth)
         return [lift(c, d + 1, level_depth) for c in t]
 
-    tree = convert(topo_tree(cluster))
+    tree: Tree = convert(topo_tree(cluster))
     depth = height(tree)
     tree = pad(tree, depth)
     names = ["box", "switch"] + [f"switch^{k}" for k in range(2, depth)]
@@ -68,6 +68,8 @@ def hierarchy(cluster: Cluster) -> tuple[list, int, list[str]]:
             del names[level]
         else:
             level += 1
+    # pad/lift keep the root a list: it has depth >= 1 levels below it.
+    assert isinstance(tree, list)
     return tree, depth, names
 
 
@@ -91,9 +93,10 @@ def _groups_at(tree: Tree, depth: int, level: int) -> list[list]:
 
 def _collapse(tree: Tree, depth: int, j: int) -> Tree:
     """Each bottom group replaced by its member owning piece ``j`` (member ``j mod size``)."""
+    assert isinstance(tree, list)  # depth >= 1: an inner node, never a bare rank
     if depth == 1:
-        return tree[j % len(tree)]  # type: ignore[index]
-    return [_collapse(c, depth - 1, j) for c in tree]  # type: ignore[union-attr]
+        return tree[j % len(tree)]
+    return [_collapse(c, depth - 1, j) for c in tree]
 
 
 def _allreduce(tl: Timeline, t0: int, tree: Tree, depth: int, data: list[int],

@@ -159,11 +159,13 @@ def _hierarchical(model: LinkModel, cluster: Cluster, *, time_limit: float
     inter_cols = [(j, k) for k in np.flatnonzero(packing.fractions > 0).tolist() for j in rails_used]
     inter_fr = np.asarray([packing.fractions[k] * rail_share for _, k in inter_cols])
     # 3) compose: merge the fraction distributions (inter, then each box type).
-    dists = [(inter_fr, None)] + [(box_pack[s][0], s) for s in box_pack]
-    cuts = {1.0}
+    # (fractions, box signature), signature None for the inter-box distribution.
+    dists: list[tuple[np.ndarray, tuple | None]] = [(inter_fr, None)]
+    dists += [(box_pack[s][0], s) for s in box_pack]
+    cut_set = {1.0}
     for fr, _ in dists:
-        cuts.update(np.cumsum(fr)[:-1].tolist())
-    cuts = sorted(c for c in cuts if 0 < c <= 1.0)
+        cut_set.update(np.cumsum(fr)[:-1].tolist())
+    cuts = sorted(c for c in cut_set if 0 < c <= 1.0)
     composed, fractions = [], []
     lo = 0.0
     for hi in cuts:
@@ -171,16 +173,16 @@ def _hierarchical(model: LinkModel, cluster: Cluster, *, time_limit: float
             continue
         mid = (lo + hi) / 2
         us, vs = [], []
-        for fr, sig in dists:
+        for fr, box_sig in dists:
             k = min(int(np.searchsorted(np.cumsum(fr), mid)), len(fr) - 1)
-            if sig is None:
+            if box_sig is None:
                 j, col = inter_cols[k]
                 a, b = packing.columns[col]
                 us.append(rail_ranks(a, j))
                 vs.append(rail_ranks(b, j))
             else:
-                la, lb = box_pack[sig][1][k]
-                for b in by_type[sig]:
+                la, lb = box_pack[box_sig][1][k]
+                for b in by_type[box_sig]:
                     us.append(first[b] + la)
                     vs.append(first[b] + lb)
         composed.append((np.concatenate(us), np.concatenate(vs)))
@@ -269,9 +271,10 @@ def _grid_candidate(cluster: Cluster, model: H.CostModel, layout: H.Layout, size
     msgs = H.messages(layout)
     ops_per_piece = 2 * len(msgs.step)
     loads, lat = H.piece_profile(model, msgs, H.chunk_fractions(layout, np.ones(1)))
-    if pieces is not None or chunks is not None:
-        q = pieces or max(1, int(chunks) // max(1, msgs.nchunks))
-        sizes, est = H.piece_sizes(loads, lat, q, size)
+    if pieces is not None:
+        sizes, est = H.piece_sizes(loads, lat, pieces, size)
+    elif chunks is not None:
+        sizes, est = H.piece_sizes(loads, lat, max(1, chunks // max(1, msgs.nchunks)), size)
     else:
         sizes, est = H.choose_pieces(loads, lat, size, ops_per_piece, max(max_ops, ops_per_piece))
     q = len(sizes)

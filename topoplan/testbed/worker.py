@@ -78,7 +78,7 @@ class _Mpi:
         from mpi4py import MPI
         self.mpi = MPI
         self.comm = MPI.COMM_WORLD
-        self._native = None
+        self._native: Any = None  # the transport, made on first use
 
     def transport(self) -> Any:
         from topoplan.transports import MPI

@@ -100,7 +100,8 @@ class Local(Transport):
         world, deadline = self.world, Deadline(timeout)
         pending = handle
         while pending:
-            ready, waiting = [], []
+            ready: list[tuple[Message, Any]] = []  # (recv, payload array)
+            waiting: list[tuple[int, Message]] = []
             with world.cond:
                 for i, m in pending:
                     box = world.mail.get((m.peer, self.rank))

@@ -50,7 +50,8 @@ class _OnStream:
     """
 
     def __init__(self, cupy: Any, stream: Any) -> None:
-        self.cupy, self.stream, self.caller = cupy, stream, None
+        self.cupy, self.stream = cupy, stream
+        self.caller: Any = None  # the caller's cupy.cuda.Stream while inside
 
     def __enter__(self) -> Any:
         self.caller = self.cupy.cuda.get_current_stream()

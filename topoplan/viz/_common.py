@@ -49,7 +49,7 @@ def fit_text(text: Text, max_width_px: float, rend: Any, min_size: float = 4.5) 
     Measuring with the renderer (not a characters-times-size guess) is what keeps
     neighbouring labels from overlapping whatever the font. Returns whether it shows.
     """
-    size = text.get_fontsize()
+    size = float(text.get_fontsize())  # points (the stubs also allow a name like "large")
     while True:
         width = text.get_window_extent(rend).width
         if width <= max_width_px:

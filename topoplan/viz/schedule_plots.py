@@ -129,7 +129,8 @@ def timeline(report: Any, schedule: Schedule | None = None) -> Figure:
         room = w * px_per_x - 3
         if room < 0.6 * 5.0 * len(text) * px_per_pt:  # cannot fit even at the smallest size
             continue
-        r, g, b, _a = cmap(bars.norm(step))
+        # matplotlib's stubs type Normalize.__call__ for arrays only; a scalar works too.
+        r, g, b, _a = cmap(bars.norm(step))  # type: ignore[arg-type]
         ink = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "white"
         t = ax.text(x, y, text, ha="center", va="center", fontsize=7, color=ink, clip_on=True)
         t.set_in_layout(False)

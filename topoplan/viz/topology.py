@@ -122,13 +122,14 @@ def _span(first: str, last: str) -> str:
 
 def _box_layout(cluster: Cluster) -> _Layout:
     lay = _Layout(detail=False)
-    runs: list[list[int]] = []
+    # Runs of consecutive interchangeable boxes: (template, switches, signature) -> members.
+    runs: list[tuple[tuple, list[int]]] = []
     for b, box in enumerate(cluster.boxes):
-        key = (box.template, frozenset(nic.switch for nic in box.nics), box.signature())
-        if runs and runs[-1][0] == key:
+        run_key = (box.template, frozenset(nic.switch for nic in box.nics), box.signature())
+        if runs and runs[-1][0] == run_key:
             runs[-1][1].append(b)
         else:
-            runs.append([key, [b]])
+            runs.append((run_key, [b]))
     units: list[list[int]] = [members for _key, members in runs]
     if len(units) > MAX_PER_ROW:
         units = [sum(part, []) for part in _bundles(units, MAX_PER_ROW)]
@@ -227,9 +228,7 @@ def _bottleneck_edges(cluster: Cluster) -> tuple[Any, set[tuple[str, str]]]:
     except ImportError:
         return None, set()
     cut = bottleneck(cluster)
-    inside = set(cut.nodes)
-    if inside and all(isinstance(n, int) for n in inside):  # ranks, not graph nodes
-        inside = {cluster.gpu_node(r) for r in inside}
+    inside = cut.nodes  # graph node names (GPU nodes included), never bare ranks
     edges = {(u, v) for u, v in cluster.graph.edges if u in inside and v not in inside}
     return cut, edges
 
@@ -358,7 +357,7 @@ def draw_cluster(cluster: Cluster, report: Any = None, *, color_by: str = "bytes
     cut, cut_edges = _bottleneck_edges(cluster) if show_cut else (None, set())
     cut_keys = sorted({tuple(sorted((lay.of[u], lay.of[v]))) for u, v in cut_edges
                        if lay.of[u] != lay.of[v]})
-    if cut_keys:
+    if cut is not None and cut_keys:  # cut_keys non-empty implies a cut
         halo_w = [8.0 + (4.0 * value[k] / vmax if vmax > 0 and k in value else 0) for k in cut_keys]
         halo = LineCollection([_edge_points(lay.nodes[a], lay.nodes[b]) for a, b in cut_keys],
                               colors=_CUT_COLOR, alpha=0.35, linewidths=halo_w, zorder=1.5,
@@ -466,7 +465,8 @@ def draw_cluster(cluster: Cluster, report: Any = None, *, color_by: str = "bytes
             for t in row:
                 if t.get_visible():
                     t.set_fontsize(min(shown))
-    if box_labels and min(t.get_fontsize() if t.get_visible() else 0 for t in box_labels) < 6.5:
+    if box_labels and min(float(t.get_fontsize()) if t.get_visible() else 0.0
+                           for t in box_labels) < 6.5:
         # Narrow boxes (one GPU each): hang their names vertically below them and let
         # the layout make room, rather than shrink them into specks.
         for t in box_labels:
