@@ -374,6 +374,57 @@ def _maxmin(nflows: int, weight: np.ndarray, pf: np.ndarray, pe: np.ndarray,
     return rate
 
 
+@dataclass(frozen=True)
+class _RouteTable:
+    """Every (src, dst) pair's ECMP paths as CSR arrays over the graph's edges.
+
+    ``pair_ptr`` indexes paths per pair, ``path_ptr`` edges per path; ``path_lat``
+    is each path's latency. Built once per simulation from ``cluster.route_edges``.
+    """
+
+    edges: list
+    cap: np.ndarray
+    pair_inverse: np.ndarray
+    path_edges: np.ndarray
+    path_ptr: np.ndarray
+    path_len: np.ndarray
+    pair_ptr: np.ndarray
+    pair_npaths: np.ndarray
+    path_lat: np.ndarray
+    npairs: int
+
+
+def _route_table(cluster: Cluster, n: int, src: np.ndarray, dst: np.ndarray) -> _RouteTable:
+    """Routes for the pairs ``(src[i], dst[i])``; raises ScheduleError for a pair with none."""
+    graph = cluster.graph
+    edges = list(graph.edges)
+    edge_index = {e: i for i, e in enumerate(edges)}
+    cap = np.array([graph.edges[e]["bandwidth"] for e in edges], dtype=np.float64)
+    lat = np.array([graph.edges[e]["latency"] for e in edges], dtype=np.float64)
+    pairs, inverse = np.unique(src * n + dst, return_inverse=True)
+    path_edges: list[int] = []
+    path_ptr = [0]
+    pair_ptr = [0]
+    for key in pairs.tolist():
+        a, b = divmod(key, n)
+        for path in cluster.route_edges(a, b):
+            path_edges.extend(edge_index[e] for e in path)
+            path_ptr.append(len(path_edges))
+        pair_ptr.append(len(path_ptr) - 1)
+    pe = np.array(path_edges, dtype=np.int64)
+    pp = np.array(path_ptr, dtype=np.int64)
+    pr = np.array(pair_ptr, dtype=np.int64)
+    npaths = np.diff(pr)
+    if len(pairs) and npaths.min() == 0:
+        i = int(np.argmin(npaths))
+        a, b = divmod(int(pairs[i]), n)
+        raise ScheduleError(f"no route from rank {a} to rank {b} in cluster {cluster.name!r}")
+    path_lat = np.add.reduceat(lat[pe], pp[:-1]) if len(pe) else np.zeros(0)
+    return _RouteTable(edges=edges, cap=cap, pair_inverse=inverse.reshape(-1), path_edges=pe,
+                       path_ptr=pp, path_len=np.diff(pp), pair_ptr=pr, pair_npaths=npaths,
+                       path_lat=path_lat, npairs=len(pairs))
+
+
 class _Engine:
     def __init__(self, cluster: Cluster, schedule: Schedule, size: int, dtype_size: int,
                  reduce_bandwidth: float | None, alpha: float, record: bool,
@@ -440,37 +491,16 @@ class _Engine:
         """Path table: pair -> paths (CSR), path -> edges (CSR), latencies, bytes per link,
         each pair's solo max-min rates and its set of links."""
         cluster, n = self.cluster, self.schedule.nranks
-        graph = cluster.graph
-        self.edges: list[Edge] = list(graph.edges)
+        table = _route_table(cluster, n, self.m_src, self.m_dst)
+        self.edges: list[Edge] = table.edges
         nedges = len(self.edges)
-        edge_index = {e: i for i, e in enumerate(self.edges)}
-        self.cap = np.array([graph.edges[e]["bandwidth"] for e in self.edges], dtype=np.float64)
-        lat = np.array([graph.edges[e]["latency"] for e in self.edges], dtype=np.float64)
-        pair_key = self.m_src * n + self.m_dst
-        pairs, m_pair = np.unique(pair_key, return_inverse=True)
-        self.m_pair = m_pair.reshape(-1)
-        path_edges: list[int] = []
-        path_ptr = [0]
-        pair_ptr = [0]
-        for key in pairs.tolist():
-            src, dst = divmod(key, n)
-            for path in cluster.route_edges(src, dst):
-                path_edges.extend(edge_index[e] for e in path)
-                path_ptr.append(len(path_edges))
-            pair_ptr.append(len(path_ptr) - 1)
-        self.path_edges = np.array(path_edges, dtype=np.int64)
-        self.path_ptr = np.array(path_ptr, dtype=np.int64)
-        self.path_len = np.diff(self.path_ptr)
-        self.pair_ptr = np.array(pair_ptr, dtype=np.int64)
-        self.pair_npaths = np.diff(self.pair_ptr)
-        npairs, npaths = len(pairs), len(self.path_len)
-        if npairs and self.pair_npaths.min() == 0:
-            i = int(np.argmin(self.pair_npaths))
-            src, dst = divmod(int(pairs[i]), n)
-            raise ScheduleError(f"no route from rank {src} to rank {dst} in cluster "
-                                f"{cluster.name!r}")
-        self.path_lat = (np.add.reduceat(lat[self.path_edges], self.path_ptr[:-1])
-                         if len(self.path_edges) else np.zeros(0))
+        self.cap = table.cap
+        self.m_pair = table.pair_inverse
+        self.path_edges, self.path_ptr, self.path_len = (table.path_edges, table.path_ptr,
+                                                         table.path_len)
+        self.pair_ptr, self.pair_npaths = table.pair_ptr, table.pair_npaths
+        self.path_lat = table.path_lat
+        npairs, npaths = table.npairs, len(table.path_len)
         self.path_pair = np.repeat(np.arange(npairs), self.pair_npaths)
         # Bytes per link are fixed by the routes: total per pair, spread over its paths.
         pair_bytes = np.bincount(self.m_pair, weights=self.m_bytes * self.m_k, minlength=npairs)
@@ -948,35 +978,15 @@ class _ReferenceEngine:
     def _routes(self) -> None:
         """Path table: pair -> paths (CSR), path -> edges (CSR), latencies, bytes per link."""
         cluster, n = self.cluster, self.schedule.nranks
-        graph = cluster.graph
-        self.edges: list[Edge] = list(graph.edges)
-        edge_index = {e: i for i, e in enumerate(self.edges)}
-        self.cap = np.array([graph.edges[e]["bandwidth"] for e in self.edges], dtype=np.float64)
-        lat = np.array([graph.edges[e]["latency"] for e in self.edges], dtype=np.float64)
-        pair_key = self.t_src * n + self.t_dst
-        pairs, self.t_pair = np.unique(pair_key, return_inverse=True)
-        self.t_pair = self.t_pair.reshape(-1)
-        path_edges: list[int] = []
-        path_ptr = [0]
-        pair_ptr = [0]
-        for key in pairs.tolist():
-            src, dst = divmod(key, n)
-            for path in cluster.route_edges(src, dst):
-                path_edges.extend(edge_index[e] for e in path)
-                path_ptr.append(len(path_edges))
-            pair_ptr.append(len(path_ptr) - 1)
-        self.path_edges = np.array(path_edges, dtype=np.int64)
-        self.path_ptr = np.array(path_ptr, dtype=np.int64)
-        self.path_len = np.diff(self.path_ptr)
-        self.pair_ptr = np.array(pair_ptr, dtype=np.int64)
-        self.pair_npaths = np.diff(self.pair_ptr)
-        if len(pairs) and self.pair_npaths.min() == 0:
-            i = int(np.argmin(self.pair_npaths))
-            src, dst = divmod(int(pairs[i]), n)
-            raise ScheduleError(f"no route from rank {src} to rank {dst} in cluster "
-                                f"{cluster.name!r}")
-        self.path_lat = (np.add.reduceat(lat[self.path_edges], self.path_ptr[:-1])
-                         if len(self.path_edges) else np.zeros(0))
+        table = _route_table(cluster, n, self.t_src, self.t_dst)
+        self.edges: list[Edge] = table.edges
+        self.cap = table.cap
+        self.t_pair = table.pair_inverse
+        self.path_edges, self.path_ptr, self.path_len = (table.path_edges, table.path_ptr,
+                                                         table.path_len)
+        self.pair_ptr, self.pair_npaths = table.pair_ptr, table.pair_npaths
+        self.path_lat = table.path_lat
+        pairs = range(table.npairs)
         # Bytes per link are fixed by the routes: total per pair, spread over its paths.
         pair_bytes = np.bincount(self.t_pair, weights=self.t_bytes, minlength=len(pairs))
         per_path = np.repeat(pair_bytes / np.maximum(self.pair_npaths, 1), self.pair_npaths)
