@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
 from types import MappingProxyType
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import scipy.sparse as sp
@@ -425,7 +425,9 @@ def _route_table(cluster: Cluster, n: int, src: np.ndarray, dst: np.ndarray) -> 
                        path_lat=path_lat, npairs=len(pairs))
 
 
-class _Engine:
+class _Setup:
+    """What both engines start from: parameters, chunk sizes, the flat schedule."""
+
     def __init__(self, cluster: Cluster, schedule: Schedule, size: int, dtype_size: int,
                  reduce_bandwidth: float | None, alpha: float, record: bool,
                  progress: Callable[[float, float], None] | None) -> None:
@@ -436,10 +438,16 @@ class _Engine:
         nelems = size // dtype_size
         bounds = np.array(schedule.chunk_bounds(nelems), dtype=np.int64).reshape(-1, 2)
         self.chunk_bytes = (bounds[:, 1] - bounds[:, 0]) * dtype_size
-        flat = self.flat = _flat(schedule)
+        self.flat = flat = _flat(schedule)
         self.step_base, self.step_rank, self.step_last = (flat.step_base, flat.step_rank,
                                                          flat.step_last)
         self.nglobal = flat.nglobal
+
+
+class _Engine(_Setup):
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        flat = self.flat
         self.t_bytes = self.chunk_bytes[flat.t_chunk].astype(np.float64)
         self._messages()
         self._routes()
@@ -943,25 +951,14 @@ class _Engine:
             link_timeline=MappingProxyType(timeline))
 
 
-class _ReferenceEngine:
+class _ReferenceEngine(_Setup):
     """The first engine, kept as the oracle for tests and benchmarks: every event batch
     in global time order, every active flow re-rated by global progressive filling.
     Same model, same results; O(batches x flows) and so slow at scale."""
 
-    def __init__(self, cluster: Cluster, schedule: Schedule, size: int, dtype_size: int,
-                 reduce_bandwidth: float | None, alpha: float, record: bool,
-                 progress: Callable[[float, float], None] | None) -> None:
-        self.cluster, self.schedule, self.size = cluster, schedule, size
-        self.dtype_size, self.alpha, self.record = dtype_size, alpha, record
-        self.reduce_bandwidth = reduce_bandwidth
-        self.progress = progress
-        nelems = size // dtype_size
-        bounds = np.array(schedule.chunk_bounds(nelems), dtype=np.int64).reshape(-1, 2)
-        self.chunk_bytes = (bounds[:, 1] - bounds[:, 0]) * dtype_size
-        flat = _flat(schedule)
-        self.step_base, self.step_rank, self.step_last = (flat.step_base, flat.step_rank,
-                                                         flat.step_last)
-        self.nglobal = nglobal = flat.nglobal
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        flat, nglobal = self.flat, self.nglobal
         self.t_src, self.t_dst, self.t_sstep = flat.t_src, flat.t_dst, flat.t_sstep
         self.t_rstep, self.t_chunk, self.t_reduce = flat.t_rstep, flat.t_chunk, flat.t_reduce
         self.t_bytes = self.chunk_bytes[self.t_chunk].astype(np.float64)
