@@ -116,3 +116,30 @@ links:
   - {{a: "leaf{{i//{spines}}}", b: "spine{{i%{spines}}}", count: {leaves * spines},
      bandwidth: {25 * per_leaf} GB/s, latency: 0.5 us}}
 """)
+
+
+# One DGX-1 V100: the hybrid cube mesh of its nvidia-smi topology matrix.
+DGX1 = """
+name: dgx1
+boxes:
+  - name: dgx
+    gpus: 8
+    gpu_links:
+      # hybrid cube mesh, 6 NVLinks x 25 GB/s per GPU; 50 GB/s = a double link
+      - {a: 0, b: 1, bandwidth: 25}
+      - {a: 0, b: 2, bandwidth: 25}
+      - {a: 0, b: 3, bandwidth: 50}
+      - {a: 0, b: 4, bandwidth: 50}
+      - {a: 1, b: 2, bandwidth: 50}
+      - {a: 1, b: 3, bandwidth: 25}
+      - {a: 1, b: 5, bandwidth: 50}
+      - {a: 2, b: 3, bandwidth: 50}
+      - {a: 2, b: 6, bandwidth: 25}
+      - {a: 3, b: 7, bandwidth: 25}
+      - {a: 4, b: 5, bandwidth: 25}
+      - {a: 4, b: 6, bandwidth: 25}
+      - {a: 4, b: 7, bandwidth: 50}
+      - {a: 5, b: 6, bandwidth: 50}
+      - {a: 5, b: 7, bandwidth: 25}
+      - {a: 6, b: 7, bandwidth: 50}
+"""

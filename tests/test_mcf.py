@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from simhelpers import DGX1
 from topoplan.cluster import load_cluster, loads_cluster
 from topoplan.errors import InfeasiblePlanError
 from topoplan.bound import lower_bound
@@ -19,29 +20,6 @@ from topoplan.verify import verify
 ROOT = Path(__file__).resolve().parent.parent
 M = 256 << 20
 
-DGX1 = """
-name: dgx1
-boxes:
-  - name: dgx
-    gpus: 8
-    gpu_links:
-      - {a: 0, b: 1, bandwidth: 25}
-      - {a: 0, b: 2, bandwidth: 25}
-      - {a: 0, b: 3, bandwidth: 50}
-      - {a: 0, b: 4, bandwidth: 50}
-      - {a: 1, b: 2, bandwidth: 50}
-      - {a: 1, b: 3, bandwidth: 25}
-      - {a: 1, b: 5, bandwidth: 50}
-      - {a: 2, b: 3, bandwidth: 25}
-      - {a: 2, b: 6, bandwidth: 50}
-      - {a: 3, b: 7, bandwidth: 50}
-      - {a: 4, b: 5, bandwidth: 25}
-      - {a: 4, b: 6, bandwidth: 25}
-      - {a: 4, b: 7, bandwidth: 50}
-      - {a: 5, b: 6, bandwidth: 50}
-      - {a: 5, b: 7, bandwidth: 25}
-      - {a: 6, b: 7, bandwidth: 25}
-"""
 
 
 def _switch(n: int, bw: float = 10.0) -> str:
