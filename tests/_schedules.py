@@ -83,11 +83,45 @@ def butterfly(n: int) -> Schedule:
     return build_schedule(n, (1.0,), steps, algorithm="test-butterfly")
 
 
+def halving_ranges(n: int) -> Schedule:
+    """Recursive halving/doubling (n a power of two) written with chunk ranges (IR v2):
+    one op per step carries half, a quarter, ... of the buffer's n chunks."""
+    steps: list[list[list]] = [[] for _ in range(n)]
+    lo, hi = [0] * n, [n] * n  # the chunk range each rank still reduces
+    d = n // 2
+    while d >= 1:
+        for r in range(n):
+            mid = (lo[r] + hi[r]) // 2
+            keep, give = ((lo[r], mid), (mid, hi[r])) if r & d == 0 else ((mid, hi[r]), (lo[r], mid))
+            steps[r].append([send(r ^ d, give[0], count=give[1] - give[0]),
+                             recv(r ^ d, keep[0], reduce=True, count=keep[1] - keep[0])])
+            lo[r], hi[r] = keep
+        d //= 2
+    d = 1
+    while d < n:
+        for r in range(n):
+            width = hi[r] - lo[r]
+            other = lo[r] + width if r & d == 0 else lo[r] - width
+            steps[r].append([send(r ^ d, lo[r], count=width), recv(r ^ d, other, count=width)])
+            lo[r], hi[r] = min(lo[r], other), max(hi[r], other + width)
+        d *= 2
+    return build_schedule(n, equal_chunks(n), steps, algorithm="test-halving-ranges")
+
+
+def shifted_swap(n: int = 2) -> Schedule:
+    """NOT an allreduce: in one step rank r sends chunks 0..2 to its right neighbour and
+    overwrites chunks 1..3 (of 4) with its left neighbour's chunks 0..2: ranges that
+    overlap partly, so the send must go out of a snapshot taken at step start."""
+    steps = [[[send((r + 1) % n, 0, count=3), recv((r - 1) % n, 1, count=3)]] for r in range(n)]
+    return build_schedule(n, equal_chunks(4), steps, algorithm="test-shifted-swap")
+
+
 def builders(n: int) -> dict[str, Schedule]:
     """Every correct test schedule for ``n`` ranks."""
     out = {"test-ring": ring(n), "test-direct": direct(n), "test-reduce-bcast": reduce_bcast(n)}
     if n & (n - 1) == 0 and n > 1:
         out["test-butterfly"] = butterfly(n)
+        out["test-halving-ranges"] = halving_ranges(n)
     return out
 
 

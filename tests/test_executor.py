@@ -92,6 +92,24 @@ def test_send_carries_the_value_at_step_start() -> None:
         assert np.all(x == (rank - 1) % 3)
 
 
+def test_a_range_send_overlapping_a_range_recv_goes_out_of_a_snapshot() -> None:
+    # 4 chunks of 250 elements; rank r sends chunks 0..2 and overwrites chunks 1..3.
+    swap = _compile(S.shifted_swap(3), rank=0, n=1000)
+    assert [s for s, _ in swap.steps[0].snapshots] == [(0, 750)]
+    assert [m.span for m in swap.steps[0].messages] == [(250, 1000), (0, 750)]
+
+    def rank_fn(t: Local) -> np.ndarray:
+        x = np.arange(1000, dtype=np.float64) + 10000.0 * t.rank
+        Allreduce(S.shifted_swap(3), t)(x)
+        return x
+
+    for rank, x in enumerate(Local.launch(3, rank_fn)):
+        left = (rank - 1) % 3
+        expected = np.concatenate([np.arange(250) + 10000.0 * rank,
+                                   np.arange(750) + 10000.0 * left])
+        assert np.array_equal(x, expected), rank
+
+
 def test_wrong_nranks_is_refused_before_anything_is_sent() -> None:
     world = LocalWorld(3)
     with pytest.raises(TopoplanError, match=r"for 4 ranks but the local transport has 3"):

@@ -302,7 +302,7 @@ def test_rhd_power_of_two_takes_log2_steps_per_phase(n: int) -> None:
             peers = {op.peer for op in step}
             distance = 1 << (i if i < levels else 2 * levels - 1 - i)
             assert peers == {r ^ distance}, f"rhd rank {r} step {i}: peers {peers}"
-            sent = sum(1 for op in step if op.kind is OpKind.SEND)
+            sent = sum(op.count for op in step if op.kind is OpKind.SEND)
             # Halving sends n/2, n/4, ... chunks; doubling sends 1, 2, ... back.
             expect = n >> (i + 1) if i < levels else 1 << (i - levels)
             assert sent == expect, f"rhd rank {r} step {i}: sent {sent} chunks"

@@ -33,6 +33,20 @@ def test_round_trip_through_file(tmp_path):
         {"op": "recv", "peer": 4, "chunk": 4, "reduce": True}]
 
 
+def test_ranges_round_trip_as_version_2(tmp_path):
+    import _schedules as S
+    schedule = S.halving_ranges(8)
+    assert schedule.version == 2
+    path = tmp_path / "plan.json"
+    schedule.save(path)
+    data = json.loads(path.read_text())
+    assert data["version"] == 2
+    assert data["ranks"][0]["steps"][0] == [
+        {"op": "send", "peer": 4, "chunk": 4, "count": 4},
+        {"op": "recv", "peer": 4, "chunk": 0, "count": 4, "reduce": True}]
+    assert load_schedule(path) == schedule
+
+
 def test_design_md_example_parses():
     text = json.dumps({
         "format": "topoplan-schedule", "version": 1, "collective": "allreduce", "nranks": 2,
@@ -83,8 +97,14 @@ def _mutate(fn):
      "plan.json: chunks: fractions must sum to 1, got 0.95"),
     (lambda d: d.update(chunks=[0.5, 0.75, -0.25]),
      "plan.json: chunks[2]: fractions must be positive numbers, got -0.25"),
-    (lambda d: d.update(version=2),
-     "plan.json: version: this topoplan reads version 1, got 2"),
+    (lambda d: d.update(version=3),
+     "plan.json: version: this topoplan reads versions 1 and 2, got 3"),
+    (lambda d: d["ranks"][0]["steps"][0][0].update(count=2),
+     'plan.json: ranks[0].steps[0][0]: count (a chunk range) needs "version": 2'),
+    (lambda d: (d.update(version=2), d["ranks"][0]["steps"][0][0].update(count=0)),
+     "plan.json: ranks[0].steps[0][0]: count must be an integer >= 1, got 0"),
+    (lambda d: (d.update(version=2), d["ranks"][0]["steps"][0][0].update(chunk=1, count=4)),
+     "plan.json: ranks[0].steps[0][0]: chunks 1..4 run past the last chunk 2"),
     (lambda d: d.update(format="msccl"),
      "plan.json: format: expected 'topoplan-schedule', got 'msccl'"),
     (lambda d: d.update(nranks=4),

@@ -18,6 +18,7 @@ and only then is the chunk copied to a send snapshot first.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -176,21 +177,31 @@ def array_ops(buf: Any) -> ArrayOps:
 # ---------------------------------------------------------------------------
 # Compiled and bound programs
 # ---------------------------------------------------------------------------
+Span = tuple[int, int]  # elements [start, end) of the buffer an op carries
+
+
 @dataclass(slots=True)
 class _MsgPlan:
     send: bool
     peer: int
     chunk: int
+    count: int
+    span: Span
     tag: int
     reduce: bool
-    slot: tuple[int, int] | None  # scratch [start, end) when not the chunk itself
+    slot: tuple[int, int] | None  # scratch [start, end) when not the span itself
+
+    def what(self) -> str:
+        chunks = (f"chunk {self.chunk}" if self.count == 1
+                  else f"chunks {self.chunk}..{self.chunk + self.count - 1}")
+        return f"send of {chunks} to" if self.send else f"recv of {chunks} from"
 
 
 @dataclass(slots=True)
 class _StepPlan:
     messages: list[_MsgPlan]
-    snapshots: list[tuple[int, tuple[int, int]]]  # chunk -> scratch slot, copied at step start
-    reduces: list[tuple[int, tuple[int, int]]]    # chunk += scratch slot, after the wait
+    snapshots: list[tuple[Span, tuple[int, int]]]  # span -> scratch slot, copied at step start
+    reduces: list[tuple[Span, tuple[int, int]]]    # span += scratch slot, after the wait
 
 
 @dataclass(slots=True)
@@ -226,32 +237,39 @@ def _compile(schedule: Schedule, rank: int, n: int) -> _Compiled:
     seq_in: dict[int, int] = {}
     steps, step_index, scratch = [], [], 0
     for s, ops in enumerate(schedule.steps_of(rank)):
-        overwritten = {op.chunk for op in ops if op.kind is OpKind.RECV and not op.reduce}
+        # Chunk ranges overwritten by this step's recvs: a send that overlaps one must
+        # carry the value from the step's start, so it goes out of a snapshot.
+        # (Recv ranges of a step are disjoint, so sorted by start their ends sort too.)
+        overwritten = sorted((op.chunk, op.end) for op in ops
+                             if op.kind is OpKind.RECV and not op.reduce)
+        ow_starts = [a for a, _ in overwritten]
         offset = 0
-        snap_slot: dict[int, tuple[int, int]] = {}
+        snap_slot: dict[Span, tuple[int, int]] = {}
         messages, snapshots, reduces = [], [], []
         for op in ops:
             # Tags count every message on the pair, empty or not, so both ends agree.
             counter = seq_out if op.kind is OpKind.SEND else seq_in
             seq = counter.get(op.peer, 0)
             counter[op.peer] = seq + 1
-            start, end = bounds[op.chunk]
+            span = (bounds[op.chunk][0], bounds[op.end - 1][1])
+            start, end = span
             if start == end:
-                continue  # an empty piece: both ends skip it, nothing to carry
+                continue  # empty pieces: both ends skip them, nothing to carry
             length = end - start
             slot = None
             if op.kind is OpKind.SEND:
-                if op.chunk in overwritten:
-                    if op.chunk not in snap_slot:
-                        snap_slot[op.chunk] = (offset, offset + length)
-                        snapshots.append((op.chunk, snap_slot[op.chunk]))
+                i = bisect_left(ow_starts, op.end) - 1
+                if i >= 0 and overwritten[i][1] > op.chunk:
+                    if span not in snap_slot:
+                        snap_slot[span] = (offset, offset + length)
+                        snapshots.append((span, snap_slot[span]))
                         offset += length
-                    slot = snap_slot[op.chunk]
+                    slot = snap_slot[span]
             elif op.reduce:
                 slot = (offset, offset + length)
                 offset += length
-                reduces.append((op.chunk, slot))
-            messages.append(_MsgPlan(op.kind is OpKind.SEND, op.peer, op.chunk,
+                reduces.append((span, slot))
+            messages.append(_MsgPlan(op.kind is OpKind.SEND, op.peer, op.chunk, op.count, span,
                                      seq % TAG_LIMIT, op.reduce, slot))
         scratch = max(scratch, offset)
         # Receives first (a stable sort keeps each pair's order): a send then finds
@@ -351,8 +369,15 @@ class Allreduce:
         if scratch is None:
             scratch = self._scratch[skey] = ops.empty(plan.scratch, work)
         prepare = self.transport.prepare
-        chunk_views = [work[a:b] for a, b in plan.bounds]
-        wires: dict[tuple[str, Any], Any] = {}  # (kind, chunk or slot) -> transport wire
+        views: dict[Span, Any] = {}
+
+        def view_of(span: Span) -> Any:
+            v = views.get(span)
+            if v is None:
+                v = views[span] = work[span[0]:span[1]]
+            return v
+
+        wires: dict[tuple[str, Any], Any] = {}  # (kind, span or slot) -> transport wire
 
         def wire_of(kind: str, index: Any, view: Any) -> Any:
             w = wires.get((kind, index))
@@ -365,17 +390,17 @@ class Allreduce:
             messages = []
             for m in sp.messages:
                 if m.slot is None:
-                    view = chunk_views[m.chunk]
-                    wire = wire_of("chunk", m.chunk, view)
+                    view = view_of(m.span)
+                    wire = wire_of("span", m.span, view)
                 else:
                     view = scratch[m.slot[0]:m.slot[1]]
                     wire = wire_of("scratch", m.slot, view)
                 messages.append(Message(m.send, wire, m.peer, m.tag))
             steps.append(_BoundStep(
                 index,
-                [(scratch[a:b], chunk_views[c]) for c, (a, b) in sp.snapshots],
+                [(scratch[a:b], view_of(c)) for c, (a, b) in sp.snapshots],
                 messages, sp.messages,
-                [(chunk_views[c], scratch[a:b]) for c, (a, b) in sp.reduces]))
+                [(view_of(c), scratch[a:b]) for c, (a, b) in sp.reduces]))
         bound = _Bound(steps, buffer, work, scratch, shadow)
         self._bound[key] = bound
         while len(self._bound) > BOUND_CACHE:
@@ -437,8 +462,7 @@ class Allreduce:
         # sends to it may already have completed into its buffers.
         plans = [step.plans[i] for i in indices]
         blamed = next((p for p in plans if not p.send), plans[0])
-        what = (f"send of chunk {blamed.chunk} to peer {blamed.peer}" if blamed.send
-                else f"recv of chunk {blamed.chunk} from peer {blamed.peer}")
+        what = f"{blamed.what()} peer {blamed.peer}"
         others = len(plans) - 1
         more = f" (and {others} more op{'s' if others > 1 else ''})" if others else ""
         if reason is None:

@@ -1,8 +1,15 @@
-"""The schedule IR, version 1: frozen dataclasses and their JSON form (DESIGN.md).
+"""The schedule IR: frozen dataclasses and their JSON form (DESIGN.md, docs/SCHEDULE.md).
 
 A :class:`Schedule` says, for every rank, a list of steps; each step is a set of
 point-to-point ops (``send``/``recv``) on numbered chunks of the buffer. The IR
 imports nothing from planners or executors; passes return new schedules.
+
+Version 2 adds one key to version 1: an op's ``count``, the number of consecutive
+chunks it carries (``chunk .. chunk + count - 1``, contiguous in the buffer, one
+message). A bandwidth-optimal allreduce moves every chunk to every rank, so with
+one chunk per op (v1) it needs ``Omega(N^2)`` ops; with ranges a multi-level
+reduce-scatter needs ``O(N * sum of level sizes)``. A schedule whose ops all carry
+one chunk is written as version 1, so files that v1 readers can read stay v1.
 """
 
 from __future__ import annotations
@@ -20,10 +27,11 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 from .errors import ScheduleError, TopoplanError
 
 __all__ = ["OpKind", "Op", "send", "recv", "RankProgram", "Schedule", "load_schedule",
-           "loads_schedule", "chunk_bounds", "FORMAT", "VERSION"]
+           "loads_schedule", "chunk_bounds", "first_overlap", "coalesce", "FORMAT", "VERSION", "VERSIONS"]
 
 FORMAT = "topoplan-schedule"
-VERSION = 1
+VERSION = 2  #: the newest version written and read; version 1 is read too
+VERSIONS = (1, 2)
 FRACTION_TOLERANCE = 1e-9
 
 
@@ -38,28 +46,43 @@ class OpKind(str, Enum):
 class Op:
     """One point-to-point op of a step.
 
-    ``send`` transmits chunk ``chunk`` (its value at the start of the step) to ``peer``;
-    ``recv`` receives it from ``peer`` and adds it (``reduce=True``) or overwrites.
+    ``send`` transmits chunks ``chunk .. chunk + count - 1`` (their value at the start
+    of the step) to ``peer`` as one message; ``recv`` receives them from ``peer`` and
+    adds them (``reduce=True``) or overwrites.
     """
 
     kind: OpKind
     peer: int
     chunk: int
     reduce: bool = False
+    count: int = 1
+
+    @property
+    def end(self) -> int:
+        """One past the last chunk the op carries."""
+        return self.chunk + self.count
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"op": self.kind.value, "peer": self.peer, "chunk": self.chunk}
+        if self.count != 1:
+            out["count"] = self.count
         if self.kind is OpKind.RECV:
             out["reduce"] = self.reduce
         return out
 
+    def chunk_text(self) -> str:
+        """``"chunk 3"`` or ``"chunks 3..6"`` for messages."""
+        if self.count == 1:
+            return f"chunk {self.chunk}"
+        return f"chunks {self.chunk}..{self.end - 1}"
 
-def send(peer: int, chunk: int) -> Op:
-    return Op(OpKind.SEND, peer, chunk)
+
+def send(peer: int, chunk: int, count: int = 1) -> Op:
+    return Op(OpKind.SEND, peer, chunk, False, count)
 
 
-def recv(peer: int, chunk: int, reduce: bool = False) -> Op:
-    return Op(OpKind.RECV, peer, chunk, reduce)
+def recv(peer: int, chunk: int, reduce: bool = False, count: int = 1) -> Op:
+    return Op(OpKind.RECV, peer, chunk, reduce, count)
 
 
 Step = tuple[Op, ...]
@@ -87,7 +110,7 @@ def chunk_bounds(chunks: Sequence[float], n: int) -> list[tuple[int, int]]:
 
 @dataclass(frozen=True)
 class Schedule:
-    """An allreduce schedule (IR v1).
+    """An allreduce schedule (IR v2: v1 plus chunk ranges).
 
     Attributes
     ----------
@@ -122,6 +145,16 @@ class Schedule:
         return sum(len(step) for p in self.ranks for step in p.steps)
 
     @property
+    def version(self) -> int:
+        """The JSON version this schedule needs: 2 if any op carries a chunk range."""
+        for program in self.ranks:
+            for step in program.steps:
+                for op in step:
+                    if op.count != 1:
+                        return 2
+        return 1
+
+    @property
     def algorithm(self) -> str:
         return str(self.meta.get("algorithm", "?"))
 
@@ -146,7 +179,7 @@ class Schedule:
     # ---- JSON --------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {
-            "format": FORMAT, "version": VERSION,
+            "format": FORMAT, "version": self.version,
             "collective": self.collective,
             "nranks": self.nranks,
             "chunks": list(self.chunks),
@@ -229,8 +262,9 @@ def _parse(data: Any, source: str) -> Schedule:
         raise fail("", f"a schedule is a JSON object, got {type(data).__name__}")
     if data.get("format") != FORMAT:
         raise fail("format", f"expected {FORMAT!r}, got {data.get('format')!r}")
-    if data.get("version") != VERSION:
-        raise fail("version", f"this topoplan reads version {VERSION}, got {data.get('version')!r}")
+    version = data.get("version")
+    if isinstance(version, bool) or version not in VERSIONS:
+        raise fail("version", f"this topoplan reads versions 1 and 2, got {version!r}")
     collective = data.get("collective", "allreduce")
     if collective != "allreduce":
         raise fail("collective", f"only 'allreduce' is supported, got {collective!r}")
@@ -270,7 +304,7 @@ def _parse(data: Any, source: str) -> Schedule:
         for s, step in enumerate(steps):
             if not isinstance(step, list):
                 raise fail(f"{where}.steps[{s}]", "a step is a list of ops")
-            parsed_steps.append(_parse_step(step, rank, nranks, nchunks,
+            parsed_steps.append(_parse_step(step, rank, nranks, nchunks, version,
                                             lambda j, m, s=s: fail(f"{where}.steps[{s}][{j}]", m),
                                             lambda m, s=s: fail(f"{where}.steps[{s}]", m)))
         programs[rank] = RankProgram(rank, tuple(parsed_steps))
@@ -285,9 +319,10 @@ def _parse(data: Any, source: str) -> Schedule:
 _OPS = {"send": OpKind.SEND, "recv": OpKind.RECV}
 
 
-def _parse_step(step: list, rank: int, nranks: int, nchunks: int, fail_op, fail_step) -> Step:
+def _parse_step(step: list, rank: int, nranks: int, nchunks: int, version: int, fail_op,
+                fail_step) -> Step:
     ops = []
-    received: set[int] = set()
+    received: list[tuple[int, int]] = []
     for j, raw in enumerate(step):
         if not isinstance(raw, dict):
             raise fail_op(j, "an op is an object with op, peer and chunk")
@@ -301,15 +336,37 @@ def _parse_step(step: list, rank: int, nranks: int, nchunks: int, fail_op, fail_
             raise fail_op(j, f"rank {rank} names itself as peer")
         if isinstance(chunk, bool) or not isinstance(chunk, int) or not 0 <= chunk < nchunks:
             raise fail_op(j, f"chunk {chunk!r} out of range({nchunks})")
+        count = raw.get("count", 1)
+        if "count" in raw and version < 2:
+            raise fail_op(j, "count (a chunk range) needs \"version\": 2")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise fail_op(j, f"count must be an integer >= 1, got {count!r}")
+        if chunk + count > nchunks:
+            raise fail_op(j, f"chunks {chunk}..{chunk + count - 1} run past the last chunk "
+                             f"{nchunks - 1}")
         reduce = raw.get("reduce", False)
         if not isinstance(reduce, bool):
             raise fail_op(j, f"reduce must be true or false, got {reduce!r}")
+        op = Op(kind, peer, chunk, reduce if kind is OpKind.RECV else False, count)
         if kind is OpKind.RECV:
-            if chunk in received:
-                raise fail_step(f"two recvs into chunk {chunk} in one step")
-            received.add(chunk)
-        ops.append(Op(kind, peer, chunk, reduce if kind is OpKind.RECV else False))
+            received.append((chunk, chunk + count))
+        ops.append(op)
+    overlap = first_overlap(received)
+    if overlap is not None:
+        raise fail_step(f"two recvs into chunk {overlap} in one step")
     return tuple(ops)
+
+
+def first_overlap(ranges: Sequence[tuple[int, int]]) -> int | None:
+    """The first chunk covered by two of the ``[start, end)`` ranges, or None."""
+    if len(ranges) < 2:
+        return None
+    ordered = sorted(ranges)
+    found = None
+    for (a0, a1), (b0, b1) in zip(ordered, ordered[1:]):
+        if b0 < a1 and (found is None or b0 < found):
+            found = b0
+    return found
 
 
 def build_schedule(nranks: int, chunks: Iterable[float], steps: Sequence[Sequence[Iterable[Op]]],
@@ -325,6 +382,53 @@ def build_schedule(nranks: int, chunks: Iterable[float], steps: Sequence[Sequenc
             rank_steps.pop()
         programs.append(RankProgram(rank, tuple(rank_steps)))
     return Schedule(nranks=nranks, chunks=tuple(chunks), ranks=tuple(programs), meta=dict(meta))
+
+
+def coalesce(schedule: Schedule) -> Schedule:
+    """Merge each pair's back-to-back messages over consecutive chunks into ranges (v2).
+
+    Messages ``k`` and ``k + 1`` from ``src`` to ``dst`` merge when both sides run
+    them in the same step, their chunks are consecutive and the recv's ``reduce``
+    agrees; the merged op takes the first one's place on both sides. The result
+    computes the same thing with fewer, larger messages. Unmatched messages are left
+    as they are (:func:`topoplan.verify` reports them).
+    """
+    n = schedule.nranks
+    sends: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    recvs: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for program in schedule.ranks:
+        for s, step in enumerate(program.steps):
+            for j, op in enumerate(step):
+                if op.kind is OpKind.SEND:
+                    sends.setdefault((program.rank, op.peer), []).append((s, j))
+                else:
+                    recvs.setdefault((op.peer, program.rank), []).append((s, j))
+    steps = [[list(step) for step in p.steps] for p in schedule.ranks]
+    dropped: set[tuple[int, int, int]] = set()
+    for (src, dst), out in sends.items():
+        into = recvs.get((src, dst), [])
+        if len(into) != len(out):
+            continue
+        head = 0
+        for k in range(1, len(out)):
+            (s0, j0), (r0, i0) = out[head], into[head]
+            (s1, j1), (r1, i1) = out[k], into[k]
+            first, op_s, op_r = steps[src][s0][j0], steps[src][s1][j1], steps[dst][r1][i1]
+            merged_r = steps[dst][r0][i0]
+            if (s1 == s0 and r1 == r0 and op_s.chunk == first.end and op_r.chunk == merged_r.end
+                    and op_r.chunk == op_s.chunk and op_r.reduce == merged_r.reduce
+                    and first.chunk == merged_r.chunk):
+                steps[src][s0][j0] = replace(first, count=first.count + op_s.count)
+                steps[dst][r0][i0] = replace(merged_r, count=merged_r.count + op_r.count)
+                dropped.add((src, s1, j1))
+                dropped.add((dst, r1, i1))
+            else:
+                head = k
+    programs = tuple(
+        RankProgram(r, tuple(tuple(op for j, op in enumerate(step) if (r, s, j) not in dropped)
+                             for s, step in enumerate(steps[r])))
+        for r in range(n))
+    return replace(schedule, ranks=programs)
 
 
 def equal_chunks(n: int) -> tuple[float, ...]:

@@ -62,6 +62,7 @@ class TransferRecord:
     nbytes: int
     start_s: float
     end_s: float
+    count: int = 1  #: chunks ``chunk .. chunk + count - 1`` (IR v2 ranges)
 
 
 @dataclass(frozen=True)
@@ -250,11 +251,14 @@ class _Flat:
         peer = np.fromiter(map(attrgetter("peer"), ops), np.int64, count=total)
         chunk = np.fromiter(map(attrgetter("chunk"), ops), np.int64, count=total)
         reduce = np.fromiter(map(attrgetter("reduce"), ops), bool, count=total)
+        count = np.fromiter(map(attrgetter("count"), ops), np.int64, count=total)
         del ops, steps
         self.ops_per_step = nops
-        sends = np.stack([op_step[is_send], peer[is_send], chunk[is_send]], axis=1)
+        # Columns: step, peer, chunk, count (and reduce for recvs).
+        sends = np.stack([op_step[is_send], peer[is_send], chunk[is_send], count[is_send]],
+                         axis=1)
         rmask = ~is_send
-        recvs = np.stack([op_step[rmask], peer[rmask], chunk[rmask],
+        recvs = np.stack([op_step[rmask], peer[rmask], chunk[rmask], count[rmask],
                           reduce[rmask].astype(np.int64)], axis=1)
         self._match(sends, recvs)
 
@@ -270,20 +274,22 @@ class _Flat:
         if len(s_key) != len(r_key) or not np.array_equal(s_key[s_order], r_key[r_order]):
             self._unmatched(sends, recvs, s_key, r_key)
         sends, recvs = sends[s_order], recvs[r_order]
-        bad = np.flatnonzero(sends[:, 2] != recvs[:, 2])
+        bad = np.flatnonzero((sends[:, 2] != recvs[:, 2]) | (sends[:, 3] != recvs[:, 3]))
         if len(bad):
             i = bad[0]
             src, dst = int(self.step_rank[sends[i, 0]]), int(sends[i, 1])
             raise ScheduleError(
                 f"{self.schedule.algorithm} schedule: a message from rank {src} to rank {dst}: "
-                f"rank {src} step {self.local(sends[i, 0])} sends chunk {sends[i, 2]} but "
-                f"rank {dst} step {self.local(recvs[i, 0])} receives it as chunk {recvs[i, 2]}")
+                f"rank {src} step {self.local(sends[i, 0])} sends {_chunk_text(sends[i])} but "
+                f"rank {dst} step {self.local(recvs[i, 0])} receives it as "
+                f"{_chunk_text(recvs[i])}")
         self.t_src = self.step_rank[sends[:, 0]]
         self.t_dst = sends[:, 1].copy()
         self.t_sstep = sends[:, 0].copy()
         self.t_rstep = recvs[:, 0].copy()
         self.t_chunk = sends[:, 2].copy()
-        self.t_reduce = recvs[:, 3].astype(bool)
+        self.t_count = sends[:, 3].copy()
+        self.t_reduce = recvs[:, 4].astype(bool)
 
     def local(self, g: int) -> int:
         return int(g - self.step_base[self.step_rank[g]])
@@ -303,13 +309,19 @@ class _Flat:
             if ns > nr:
                 row = sends[np.flatnonzero(s_key == key)[nr]]
                 raise ScheduleError(
-                    f"{name}: unmatched send: rank {src} step {self.local(row[0])} sends chunk "
-                    f"{row[2]} to rank {dst}, which receives only {nr} of {ns} messages from "
+                    f"{name}: unmatched send: rank {src} step {self.local(row[0])} sends "
+                    f"{_chunk_text(row)} to rank {dst}, which receives only {nr} of {ns} messages from "
                     f"rank {src}")
             row = recvs[np.flatnonzero(r_key == key)[ns]]
             raise ScheduleError(
-                f"{name}: unmatched recv: rank {dst} step {self.local(row[0])} waits for chunk "
-                f"{row[2]} from rank {src}, which sends only {ns} of {nr} messages to rank {dst}")
+                f"{name}: unmatched recv: rank {dst} step {self.local(row[0])} waits for "
+                f"{_chunk_text(row)} from rank {src}, which sends only {ns} of {nr} messages to rank {dst}")
+
+
+def _chunk_text(row: np.ndarray) -> str:
+    """``chunk 3`` or ``chunks 3..6`` for an op row (step, peer, chunk, count, ...)."""
+    first, count = int(row[2]), int(row[3])
+    return f"chunk {first}" if count == 1 else f"chunks {first}..{first + count - 1}"
 
 
 _FLAT_CACHE: dict[int, _Flat] = {}
@@ -439,6 +451,9 @@ class _Setup:
         bounds = np.array(schedule.chunk_bounds(nelems), dtype=np.int64).reshape(-1, 2)
         self.chunk_bytes = (bounds[:, 1] - bounds[:, 0]) * dtype_size
         self.flat = flat = _flat(schedule)
+        # Bytes of chunks [0, k): a transfer of chunks a..b-1 carries cum[b] - cum[a].
+        cum = np.concatenate([[0], np.cumsum(self.chunk_bytes)]).astype(np.float64)
+        self.t_bytes = cum[flat.t_chunk + flat.t_count] - cum[flat.t_chunk]
         self.step_base, self.step_rank, self.step_last = (flat.step_base, flat.step_rank,
                                                          flat.step_last)
         self.nglobal = flat.nglobal
@@ -448,7 +463,6 @@ class _Engine(_Setup):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         flat = self.flat
-        self.t_bytes = self.chunk_bytes[flat.t_chunk].astype(np.float64)
         self._messages()
         self._routes()
         self._classify()
@@ -937,11 +951,12 @@ class _Engine(_Setup):
             sb = self.step_base
             transfers = tuple(
                 TransferRecord(src, dst, ss - int(sb[src]), rs - int(sb[dst]), chunk,
-                               int(nbytes), start, end)
-                for src, dst, ss, rs, chunk, nbytes, start, end in zip(
+                               int(nbytes), start, end, count)
+                for src, dst, ss, rs, chunk, nbytes, start, end, count in zip(
                     f.t_src.tolist(), f.t_dst.tolist(), f.t_sstep.tolist(),
                     f.t_rstep.tolist(), f.t_chunk.tolist(), self.t_bytes.tolist(),
-                    self.m_start[self.t_msg].tolist(), self.m_end[self.t_msg].tolist()))
+                    self.m_start[self.t_msg].tolist(), self.m_end[self.t_msg].tolist(),
+                    f.t_count.tolist()))
             timeline = self._link_timeline()
         return SimReport(
             cluster=self.cluster.name, algorithm=self.schedule.algorithm, nranks=n,
@@ -961,7 +976,6 @@ class _ReferenceEngine(_Setup):
         flat, nglobal = self.flat, self.nglobal
         self.t_src, self.t_dst, self.t_sstep = flat.t_src, flat.t_dst, flat.t_sstep
         self.t_rstep, self.t_chunk, self.t_reduce = flat.t_rstep, flat.t_chunk, flat.t_reduce
-        self.t_bytes = self.chunk_bytes[self.t_chunk].astype(np.float64)
         self.pending = flat.ops_per_step.copy()
         ntr = len(self.t_src)
         both_steps = np.concatenate([self.t_sstep, self.t_rstep])
@@ -1218,11 +1232,11 @@ class _ReferenceEngine(_Setup):
             sb = self.step_base
             transfers = tuple(
                 TransferRecord(src, dst, ss - int(sb[src]), rs - int(sb[dst]), chunk,
-                               int(nbytes), start, end)
-                for src, dst, ss, rs, chunk, nbytes, start, end in zip(
+                               int(nbytes), start, end, count)
+                for src, dst, ss, rs, chunk, nbytes, start, end, count in zip(
                     self.t_src.tolist(), self.t_dst.tolist(), self.t_sstep.tolist(),
                     self.t_rstep.tolist(), self.t_chunk.tolist(), self.t_bytes.tolist(),
-                    self.t_start.tolist(), self.t_end.tolist()))
+                    self.t_start.tolist(), self.t_end.tolist(), self.flat.t_count.tolist()))
             changes: dict[int, list[tuple[float, float]]] = {}
             for t, edges, rates in self.timeline:
                 for e, rate in zip(edges.tolist(), rates.tolist()):

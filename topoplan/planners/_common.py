@@ -78,26 +78,27 @@ def check_chunks(chunks: Any, algorithm: str, what: str = "pipeline depth") -> i
 _SEND, _RECV = OpKind.SEND, OpKind.RECV
 
 
-def _fast_op_factory() -> Callable[[OpKind, int, int, bool], Op]:
+def _fast_op_factory() -> Callable[[OpKind, int, int, bool, int], Op]:
     """An ``Op`` constructor about 2x faster than ``Op(...)`` (which goes through the frozen
     dataclass's ``object.__setattr__`` per field): fills the slots directly, as the
     dataclass's own ``__setstate__`` does. Falls back to ``Op`` if ``Op`` has no slots."""
     try:
-        setters = [getattr(Op, f).__set__ for f in ("kind", "peer", "chunk", "reduce")]
+        setters = [getattr(Op, f).__set__ for f in ("kind", "peer", "chunk", "reduce", "count")]
     except AttributeError:  # pragma: no cover - Op without slots
         return Op
     new = object.__new__
-    set_kind, set_peer, set_chunk, set_reduce = setters
+    set_kind, set_peer, set_chunk, set_reduce, set_count = setters
 
-    def make(kind: OpKind, peer: int, chunk: int, reduce: bool) -> Op:
+    def make(kind: OpKind, peer: int, chunk: int, reduce: bool, count: int = 1) -> Op:
         op = new(Op)
         set_kind(op, kind)
         set_peer(op, peer)
         set_chunk(op, chunk)
         set_reduce(op, reduce)
+        set_count(op, count)
         return op
 
-    if make(_RECV, 1, 2, True) != Op(_RECV, 1, 2, True):  # pragma: no cover - layout changed
+    if make(_RECV, 1, 2, True, 3) != Op(_RECV, 1, 2, True, 3):  # pragma: no cover - layout changed
         return Op
     return make
 
@@ -109,20 +110,22 @@ _CODE_REDUCE = (False, False, True)
 
 def schedule_from_arrays(nranks: int, rank: np.ndarray, step: np.ndarray, peer: np.ndarray,
                          chunk: np.ndarray, code: np.ndarray, chunks: Sequence[float],
-                         **meta: Any) -> Schedule:
+                         count: np.ndarray | None = None, **meta: Any) -> Schedule:
     """A Schedule from flat op arrays (code 0 = send, 1 = recv, 2 = recv and reduce).
 
     One lexsort puts each rank's ops in (step, peer, chunk, code) order, so the
     messages of a pair within a step are in chunk order on both sides and sends come
     before recvs. Steps with no op are dropped: a rank simply waits for its peers.
-    Builds millions of ops in seconds where per-op Python loops take minutes.
+    ``count`` (default all 1) gives each op's chunk range. Builds millions of ops in
+    seconds where per-op Python loops take minutes.
     """
     order = np.lexsort((code, chunk, peer, step, rank))
     rk, st, pe, ck, cd = rank[order], step[order], peer[order], chunk[order], code[order]
+    cn = count[order].tolist() if count is not None else [1] * len(order)
     del order
     codes = cd.tolist()
     ops = list(map(_op, map(_CODE_KINDS.__getitem__, codes), pe.tolist(), ck.tolist(),
-                   map(_CODE_REDUCE.__getitem__, codes)))
+                   map(_CODE_REDUCE.__getitem__, codes), cn))
     rank_bounds = np.searchsorted(rk, np.arange(nranks + 1))
     new_step = np.ones(len(st), dtype=bool)
     new_step[1:] = (st[1:] != st[:-1]) | (rk[1:] != rk[:-1])
@@ -137,6 +140,17 @@ def schedule_from_arrays(nranks: int, rank: np.ndarray, step: np.ndarray, peer: 
             s_iter += 1
         programs.append(RankProgram(r, tuple(steps)))
     return Schedule(nranks=nranks, chunks=tuple(chunks), ranks=tuple(programs), meta=dict(meta))
+
+
+def runs(chunks: Sequence[int]) -> list[tuple[int, int]]:
+    """``chunks`` as ``(first, count)`` runs of consecutive numbers, in order."""
+    out: list[tuple[int, int]] = []
+    for k in chunks:
+        if out and out[-1][0] + out[-1][1] == k:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((k, 1))
+    return out
 
 
 class Timeline:
@@ -168,17 +182,18 @@ class Timeline:
 
     def msg(self, t: int, src: int, dst: int, chunk: int, reduce: bool) -> None:
         """Send ``chunk`` from ``src`` to ``dst`` in slot ``t``; ``reduce`` adds, else overwrites."""
-        self._at(src, t).append(_op(_SEND, dst, chunk, False))
-        self._at(dst, t).append(_op(_RECV, src, chunk, reduce))
+        self._at(src, t).append(_op(_SEND, dst, chunk, False, 1))
+        self._at(dst, t).append(_op(_RECV, src, chunk, reduce, 1))
 
     def msgs(self, t: int, src: int, dst: int, chunks: Sequence[int], reduce: bool) -> None:
-        """:meth:`msg` for several chunks of one segment."""
+        """:meth:`msg` for several chunks of one segment: one op per run of consecutive
+        chunks (a chunk range, IR v2), in the order given."""
         if not chunks:
             return
         out, into = self._at(src, t), self._at(dst, t)
-        for k in chunks:
-            out.append(_op(_SEND, dst, k, False))
-            into.append(_op(_RECV, src, k, reduce))
+        for k, count in runs(chunks):
+            out.append(_op(_SEND, dst, k, False, count))
+            into.append(_op(_RECV, src, k, reduce, count))
 
     @property
     def nslots(self) -> int:

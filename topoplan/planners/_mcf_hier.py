@@ -20,7 +20,12 @@ every level chosen by an LP and the pipeline depth by a lock-step cost model):
 On a level with ``b`` ranks on a non-blocking switch a ring reduce-scatter moves
 ``(b-1)/b`` of its data through each NIC, the least possible, so the total
 through a box's NICs is ``2 (B-1)/B`` of the buffer: the cut bound of the boxes.
-Ops: about ``4 N`` per rank per piece (one chunk per op in IR v1).
+
+Final chunks are numbered in mixed radix, first level most significant, so the
+segment a rank hands on at level ``d`` is one run of consecutive chunks: one op
+(a chunk range, IR v2) per ring step. Ops: ``4 sum_d (b_d - 1)`` per rank per
+piece and ring (116 at 1024 ranks as 8 x 16 x 8; one chunk per op would take
+about ``4 N``).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from ..errors import InfeasiblePlanError
 from ..schedule import OpKind, Schedule
 from ._common import no_gc, schedule_from_arrays
 
-__all__ = ["Layout", "layouts", "Messages", "messages", "estimate", "choose_pieces",
+__all__ = ["Layout", "layouts", "Messages", "messages", "message_count", "estimate", "choose_pieces",
            "build", "box_rings"]
 
 _SEND, _RECV = OpKind.SEND, OpKind.RECV
@@ -291,18 +296,26 @@ def flat_ring_layout(order: list[int], name: str = "ring") -> Layout:
 
 @dataclass(frozen=True)
 class Messages:
-    """Every message of one piece of every ring: step, src, dst, chunk (piece-local), reduce.
+    """Every message of one piece of every ring: step, src, dst, first chunk (piece-local),
+    chunk count, reduce.
 
-    ``chunk`` is ``ring * N + final index``; ``nsteps`` steps per piece.
+    Chunks are ``ring * N + final index``; ``nsteps`` steps per piece.
     """
 
     step: np.ndarray
     src: np.ndarray
     dst: np.ndarray
     chunk: np.ndarray
+    count: np.ndarray
     reduce: np.ndarray
     nsteps: int
     nchunks: int
+
+
+def message_count(layout: Layout) -> int:
+    """``len(messages(layout).step)``, without building them."""
+    n = int(np.prod(layout.dims)) if layout.dims else 1
+    return 2 * n * sum(b - 1 for b in layout.dims) * len(layout.grids)
 
 
 def messages(layout: Layout) -> Messages:
@@ -329,9 +342,6 @@ def messages(layout: Layout) -> Messages:
             fixed = np.zeros(n, dtype=np.int64)
             for e in range(d):
                 fixed += coords[e] * strides[e]
-            free_dims = dims[d + 1:]
-            free = (np.indices(free_dims).reshape(len(free_dims), -1).T @ np.array(strides[d + 1:], dtype=np.int64)
-                    if free_dims else np.zeros(1, dtype=np.int64))
             nxt = coords.copy()
             nxt[d] = (nxt[d] + 1) % b
             dst_flat = np.ravel_multi_index(tuple(nxt), dims)
@@ -344,19 +354,20 @@ def messages(layout: Layout) -> Messages:
                 else:
                     seg = (coords[d][:, None] - t[None, :]) % b
                     base = ag_base[d]
-                # shape (n, b-1, F)
-                ch = (fixed[:, None, None] + seg[:, :, None] * strides[d] + free[None, None, :])
-                shape = ch.shape
-                parts.append((np.broadcast_to((base + t)[None, :, None], shape).ravel(),
-                              np.broadcast_to(ranks[:, None, None], shape).ravel(),
-                              np.broadcast_to(dst[:, None, None], shape).ravel(),
-                              (ch + r * n).ravel(),
-                              np.full(ch.size, phase == 0)))
+                # shape (n, b-1): the segment is chunks fixed + seg * stride + [0, stride)
+                first = fixed[:, None] + seg * strides[d]
+                shape = first.shape
+                parts.append((np.broadcast_to((base + t)[None, :], shape).ravel(),
+                              np.broadcast_to(ranks[:, None], shape).ravel(),
+                              np.broadcast_to(dst[:, None], shape).ravel(),
+                              (first + r * n).ravel(),
+                              np.full(first.size, strides[d], dtype=np.int64),
+                              np.full(first.size, phase == 0)))
     if not parts:
         z = np.zeros(0, dtype=np.int64)
-        return Messages(z, z, z, z, np.zeros(0, bool), 0, n * len(layout.grids))
+        return Messages(z, z, z, z, z, np.zeros(0, bool), 0, n * len(layout.grids))
     cat = [np.concatenate(x) for x in zip(*parts)]
-    return Messages(cat[0], cat[1], cat[2], cat[3], cat[4], nsteps, n * len(layout.grids))
+    return Messages(cat[0], cat[1], cat[2], cat[3], cat[4], cat[5], nsteps, n * len(layout.grids))
 
 
 def chunk_fractions(layout: Layout, sizes: np.ndarray) -> np.ndarray:
@@ -421,7 +432,8 @@ def piece_profile(model: CostModel, msgs: Messages, fractions: np.ndarray
     key = msgs.src * n + msgs.dst
     pairs, inv = np.unique(key, return_inverse=True)
     inc, lat = model.incidence(pairs)
-    w = fractions[msgs.chunk]
+    cum = np.concatenate([[0.0], np.cumsum(fractions)])
+    w = cum[msgs.chunk + msgs.count] - cum[msgs.chunk]
     sp_steps = sp.csr_array((w, (msgs.step, inv.reshape(-1))), shape=(msgs.nsteps, len(pairs)))
     loads = (sp_steps @ inc).toarray() / model.cap[None, :]
     step_lat = np.zeros(msgs.nsteps)
@@ -541,12 +553,14 @@ def build(nranks: int, msgs: Messages, fractions: np.ndarray, q: int, **meta: ob
     src = np.tile(msgs.src, q)
     dst = np.tile(msgs.dst, q)
     chunk = np.tile(msgs.chunk, q) + p * msgs.nchunks
+    count = np.tile(msgs.count, q)
     red = np.tile(msgs.reduce, q)
     # Each message twice: the send at src (code 0), the recv at dst (code 1 or 2).
     rk = np.concatenate([src, dst])
     st = np.concatenate([step, step])
     pe = np.concatenate([dst, src])
     ck = np.concatenate([chunk, chunk])
+    cn = np.concatenate([count, count])
     cd = np.concatenate([np.zeros(len(step), np.int64), 1 + red.astype(np.int64)])
-    del step, src, dst, chunk, red, p
-    return schedule_from_arrays(nranks, rk, st, pe, ck, cd, fractions.tolist(), **meta)
+    del step, src, dst, chunk, count, red, p
+    return schedule_from_arrays(nranks, rk, st, pe, ck, cd, fractions.tolist(), count=cn, **meta)

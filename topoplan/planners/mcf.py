@@ -33,10 +33,10 @@ from ._mcf_trees import Tree, btree_edges, choose_pipeline, inorder_edges, make_
 __all__ = ["plan_mcf", "MCFSolution", "solve_mcf"]
 
 FLAT_MAX = 32  # price every GPU pair up to this many ranks (column generation <= ~2 s)
-EXACT_MAX = 16
-GRID_OPS = 4_400_000  # a one-piece grid up to ~1024 ranks (as many ops as a flat ring)
-SOFT_OPS = 400_000
-SIM_OPS = 20_000  # candidates this small are compared in the event simulator too  # pipelining op budget: keeps planning within ~1 s up to 64 GPUs  # exact mode (MILP) by default up to this many ranks
+EXACT_MAX = 16  # exact mode (MILP) by default up to this many ranks
+GRID_OPS = 4_400_000  # a one-piece grid may be this big (a flat ring at ~1024 ranks)
+SOFT_OPS = 400_000  # pipelining op budget: keeps planning within ~1 s up to 64 GPUs
+SIM_OPS = 20_000  # candidates this small are compared in the event simulator too
 _GOOD = ("optimal", "restricted", "exact")
 
 
@@ -268,12 +268,11 @@ def _grid_candidate(cluster: Cluster, model: H.CostModel, layout: H.Layout, size
     """A pipelined multi-level reduce-scatter/allgather on ``layout`` (see _mcf_hier)."""
     n = cluster.nranks
     # One piece holds 2 ops per message; refuse layouts whose single piece is over budget
-    # before generating anything (about 4 N ops per rank per piece).
-    per_piece = 4 * n * n * len(layout.grids)
-    if per_piece > max(max_ops, GRID_OPS):
+    # before generating anything (a flat ring: about 4 N ops per rank per piece).
+    ops_per_piece = 2 * H.message_count(layout)
+    if ops_per_piece > max(max_ops, GRID_OPS):
         return None
     msgs = H.messages(layout)
-    ops_per_piece = 2 * len(msgs.step)
     loads, lat = H.piece_profile(model, msgs, H.chunk_fractions(layout, np.ones(1)))
     if pieces is not None:
         sizes, est = H.piece_sizes(loads, lat, pieces, size)
