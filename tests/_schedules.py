@@ -116,9 +116,24 @@ def shifted_swap(n: int = 2) -> Schedule:
     return build_schedule(n, equal_chunks(4), steps, algorithm="test-shifted-swap")
 
 
+def all_to_all(n: int) -> Schedule:
+    """Direct reduce-scatter and allgather in one step each (IR v2): rank r sends chunk p
+    to every rank p and adds the n - 1 partial sums of chunk r in the same step, then
+    sends chunk r to everyone. Uneven chunks; several reducing recvs of one chunk."""
+    weights = [k % 4 + 1 for k in range(n)]
+    chunks = tuple(w / sum(weights) for w in weights)
+    steps: list[list[list]] = [[] for _ in range(n)]
+    for r in range(n):
+        others = [p for p in range(n) if p != r]
+        steps[r].append([send(p, p) for p in others] + [recv(p, r, reduce=True) for p in others])
+        steps[r].append([send(p, r) for p in others] + [recv(p, p) for p in others])
+    return build_schedule(n, chunks, steps, algorithm="test-all-to-all")
+
+
 def builders(n: int) -> dict[str, Schedule]:
     """Every correct test schedule for ``n`` ranks."""
-    out = {"test-ring": ring(n), "test-direct": direct(n), "test-reduce-bcast": reduce_bcast(n)}
+    out = {"test-ring": ring(n), "test-direct": direct(n), "test-reduce-bcast": reduce_bcast(n),
+           "test-all-to-all": all_to_all(n)}
     if n & (n - 1) == 0 and n > 1:
         out["test-butterfly"] = butterfly(n)
         out["test-halving-ranges"] = halving_ranges(n)

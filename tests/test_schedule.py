@@ -47,6 +47,17 @@ def test_ranges_round_trip_as_version_2(tmp_path):
     assert load_schedule(path) == schedule
 
 
+def test_several_reducing_recvs_need_version_2():
+    import _schedules as S
+    data = S.all_to_all(3).to_dict()
+    assert data["version"] == 2
+    assert loads_schedule(json.dumps(data)) == S.all_to_all(3)
+    data["version"] = 1
+    with pytest.raises(ScheduleError, match=r"ranks\[0\].steps\[0\]: two recvs into chunk 0 in "
+                                            r"one step \(several reducing recvs need version 2\)"):
+        loads_schedule(json.dumps(data), "plan.json")
+
+
 def test_design_md_example_parses():
     text = json.dumps({
         "format": "topoplan-schedule", "version": 1, "collective": "allreduce", "nranks": 2,

@@ -56,6 +56,15 @@ CASES = {
     "range incomplete": (build_schedule(2, equal_chunks(5), [
         [[send(1, 1, count=3)]], [[recv(0, 1, reduce=True, count=3)]]]),
         "rank 0 ends with chunk 0 holding {0}"),
+    "overwrite overlapping a reduce": (build_schedule(3, equal_chunks(2), [
+        [[recv(1, 0, reduce=True, count=2), recv(2, 1)]], [[send(0, 0, count=2)]],
+        [[send(0, 1)]]]),
+        "rank 0 step 0: two recvs into chunk 1 in one step"),
+    "two reduces counting one rank twice": (build_schedule(3, [1.0], [
+        [[send(1, 0)], [], [send(2, 0)]],
+        [[recv(0, 0, reduce=True)], [send(2, 0)]],
+        [[], [recv(1, 0, reduce=True), recv(0, 0, reduce=True)]]]),
+        "rank 2 step 1 reduces chunk 0 from rank 0: contributions {0} would be counted twice"),
     "range out of bounds": (build_schedule(2, equal_chunks(3), [[[send(1, 2, count=2)]],
                                                                 [[recv(0, 2, count=2)]]]),
                             "rank 0 step 0: chunks 2..3 out of range(3)"),
@@ -68,6 +77,13 @@ def test_broken_schedules_name_the_fault(case):
     with pytest.raises(ScheduleError) as info:
         verify(schedule)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("n", [3, 5, 8])
+def test_several_reducing_recvs_of_one_chunk_in_a_step_add_up(n):
+    schedule = S.all_to_all(n)
+    assert schedule.version == 2  # v1 allows one recv per chunk in a step
+    assert verify(schedule).nsteps == 2
 
 
 @pytest.mark.parametrize("n", [2, 4, 8, 16])

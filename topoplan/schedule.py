@@ -4,12 +4,14 @@ A :class:`Schedule` says, for every rank, a list of steps; each step is a set of
 point-to-point ops (``send``/``recv``) on numbered chunks of the buffer. The IR
 imports nothing from planners or executors; passes return new schedules.
 
-Version 2 adds one key to version 1: an op's ``count``, the number of consecutive
-chunks it carries (``chunk .. chunk + count - 1``, contiguous in the buffer, one
-message). A bandwidth-optimal allreduce moves every chunk to every rank, so with
-one chunk per op (v1) it needs ``Omega(N^2)`` ops; with ranges a multi-level
-reduce-scatter needs ``O(N * sum of level sizes)``. A schedule whose ops all carry
-one chunk is written as version 1, so files that v1 readers can read stay v1.
+Version 2 (docs/SCHEDULE.md) adds to version 1 an op's ``count``, the number of
+consecutive chunks it carries (``chunk .. chunk + count - 1``, contiguous in the
+buffer, one message), and lets several *reducing* recvs of one chunk share a step.
+A bandwidth-optimal allreduce moves every chunk to every rank, so with one chunk per
+op (v1) it needs ``Omega(N^2)`` ops; with ranges a multi-level reduce-scatter needs
+``O(N * sum of level sizes)``, and a direct (all-to-all) level pays one step latency
+where a ring pays ``b - 1``. A schedule that uses neither is written as version 1,
+so files that v1 readers can read stay v1.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 from .errors import ScheduleError, TopoplanError
 
 __all__ = ["OpKind", "Op", "send", "recv", "RankProgram", "Schedule", "load_schedule",
-           "loads_schedule", "chunk_bounds", "first_overlap", "coalesce", "FORMAT", "VERSION", "VERSIONS"]
+           "loads_schedule", "chunk_bounds", "recv_clash", "coalesce", "FORMAT", "VERSION", "VERSIONS"]
 
 FORMAT = "topoplan-schedule"
 VERSION = 2  #: the newest version written and read; version 1 is read too
@@ -146,12 +148,18 @@ class Schedule:
 
     @property
     def version(self) -> int:
-        """The JSON version this schedule needs: 2 if any op carries a chunk range."""
+        """The JSON version this schedule needs: 2 if an op carries a chunk range or a
+        step has several recvs of one chunk (all reducing), else 1."""
         for program in self.ranks:
             for step in program.steps:
+                recvs = []
                 for op in step:
                     if op.count != 1:
                         return 2
+                    if op.kind is OpKind.RECV:
+                        recvs.append((op.chunk, op.end, False))
+                if recv_clash(recvs) is not None:  # overlapping recvs: legal only in v2
+                    return 2
         return 1
 
     @property
@@ -322,7 +330,7 @@ _OPS = {"send": OpKind.SEND, "recv": OpKind.RECV}
 def _parse_step(step: list, rank: int, nranks: int, nchunks: int, version: int, fail_op,
                 fail_step) -> Step:
     ops = []
-    received: list[tuple[int, int]] = []
+    received: list[tuple[int, int, bool]] = []
     for j, raw in enumerate(step):
         if not isinstance(raw, dict):
             raise fail_op(j, "an op is an object with op, peer and chunk")
@@ -349,24 +357,34 @@ def _parse_step(step: list, rank: int, nranks: int, nchunks: int, version: int, 
             raise fail_op(j, f"reduce must be true or false, got {reduce!r}")
         op = Op(kind, peer, chunk, reduce if kind is OpKind.RECV else False, count)
         if kind is OpKind.RECV:
-            received.append((chunk, chunk + count))
+            received.append((chunk, chunk + count, reduce))
         ops.append(op)
-    overlap = first_overlap(received)
-    if overlap is not None:
-        raise fail_step(f"two recvs into chunk {overlap} in one step")
+    # Version 1 allows one recv per chunk in a step; version 2 lets reducing recvs
+    # share a chunk (they all add).
+    clash = recv_clash(received if version >= 2 else [(a, b, False) for a, b, _ in received])
+    if clash is not None:
+        v2_ok = version < 2 and recv_clash(received) is None
+        raise fail_step(f"two recvs into chunk {clash} in one step"
+                        + (" (several reducing recvs need version 2)" if v2_ok else ""))
     return tuple(ops)
 
 
-def first_overlap(ranges: Sequence[tuple[int, int]]) -> int | None:
-    """The first chunk covered by two of the ``[start, end)`` ranges, or None."""
+def recv_clash(ranges: Sequence[tuple[int, int, bool]]) -> int | None:
+    """A chunk that two recvs of one step may not share, or None.
+
+    ``ranges`` are ``(start, end, reduce)``. Reducing recvs may overlap each other
+    (IR v2: they all add); a recv that overwrites may overlap no other recv.
+    """
     if len(ranges) < 2:
         return None
-    ordered = sorted(ranges)
-    found = None
-    for (a0, a1), (b0, b1) in zip(ordered, ordered[1:]):
-        if b0 < a1 and (found is None or b0 < found):
-            found = b0
-    return found
+    end_any = end_overwrite = -1  # furthest end so far, of any recv / of overwrites
+    for start, end, reduce in sorted(ranges):
+        if start < end_overwrite or (not reduce and start < end_any):
+            return start
+        end_any = max(end_any, end)
+        if not reduce:
+            end_overwrite = max(end_overwrite, end)
+    return None
 
 
 def build_schedule(nranks: int, chunks: Iterable[float], steps: Sequence[Sequence[Iterable[Op]]],

@@ -16,7 +16,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 
 from .errors import ScheduleError
-from .schedule import Op, OpKind, Schedule, first_overlap
+from .schedule import Op, OpKind, Schedule, recv_clash
 
 __all__ = ["verify", "VerifyReport"]
 
@@ -157,7 +157,7 @@ def verify(schedule: Schedule) -> VerifyReport:
     for program in schedule.ranks:
         r = program.rank
         for s, step in enumerate(program.steps):
-            received: list[tuple[int, int]] = []
+            received: list[tuple[int, int, bool]] = []
             for j, op in enumerate(step):
                 if not 0 <= op.peer < n or op.peer == r:
                     raise fail(f"rank {r} step {s}: bad peer {op.peer}")
@@ -166,14 +166,17 @@ def verify(schedule: Schedule) -> VerifyReport:
                 if op.kind is OpKind.SEND:
                     sends[(r, op.peer)].append((s, j, op))
                 else:
-                    received.append((op.chunk, op.end))
+                    received.append((op.chunk, op.end, op.reduce))
                     recvs[(op.peer, r)].append((s, j, op))
-            twice = first_overlap(received)
+            twice = recv_clash(received)
             if twice is not None:
                 raise fail(f"rank {r} step {s}: two recvs into chunk {twice} in one step")
 
-    # partner[(rank, step, j)] = (peer, peer_step, peer_j)
-    partner: dict[tuple[int, int, int], tuple[int, int, int]] = {}
+    # For every op, aligned with the steps: the message id (an index into the snapshot
+    # list) and the step its peer must have reached for the message to complete.
+    programs = [p.steps for p in schedule.ranks]
+    mid = [[[0] * len(step) for step in steps] for steps in programs]
+    need = [[[0] * len(step) for step in steps] for steps in programs]
     nmessages = 0
     for pair in set(sends) | set(recvs):
         src, dst = pair
@@ -184,8 +187,9 @@ def verify(schedule: Schedule) -> VerifyReport:
                 raise fail(f"message {k} from rank {src} to rank {dst}: rank {src} step {ss} sends "
                            f"{so.chunk_text()} but rank {dst} step {rs} receives it as "
                            f"{ro.chunk_text()}")
-            partner[(src, ss, sj)] = (dst, rs, rj)
-            partner[(dst, rs, rj)] = (src, ss, sj)
+            mid[src][ss][sj] = mid[dst][rs][rj] = nmessages + k
+            need[src][ss][sj] = rs
+            need[dst][rs][rj] = ss
         if len(out) != len(into):
             if len(out) > len(into):
                 s, _, op = out[len(into)]
@@ -196,19 +200,21 @@ def verify(schedule: Schedule) -> VerifyReport:
             raise fail(f"unmatched recv: rank {dst} step {s} waits for {op.chunk_text()} from rank "
                        f"{src}, which sends only {len(out)} of {len(into)} messages to rank {dst}")
         nmessages += len(out)
+    del sends, recvs
 
     # Dynamic execution.
     state = [_Chunks(nchunks, 1 << r) for r in range(n)]
     pc = [0] * n  # the step each rank is in (== len(steps) when done)
-    snapshot: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
-    programs = [p.steps for p in schedule.ranks]
+    snapshot: list = [None] * nmessages  # a send's value, from its step's start to its recv
+    _send = OpKind.SEND
 
     def enter(r: int) -> None:
         s = pc[r]
         if s < len(programs[r]):
-            for j, op in enumerate(programs[r][s]):
-                if op.kind is OpKind.SEND:
-                    snapshot[(r, s, j)] = state[r].read(op.chunk, op.end)
+            read = state[r].read
+            for op, m in zip(programs[r][s], mid[r][s]):
+                if op.kind is _send:
+                    snapshot[m] = read(op.chunk, op.chunk + op.count)
 
     for r in range(n):
         enter(r)
@@ -217,33 +223,36 @@ def verify(schedule: Schedule) -> VerifyReport:
     while queue:
         r = queue.popleft()
         queued[r] = False
-        while pc[r] < len(programs[r]):
+        steps_r, need_r, mid_r, chunks_r = programs[r], need[r], mid[r], state[r]
+        while pc[r] < len(steps_r):
             s = pc[r]
-            step = programs[r][s]
-            if any(pc[partner[(r, s, j)][0]] < partner[(r, s, j)][1] for j in range(len(step))):
+            step = steps_r[s]
+            if any(pc[op.peer] < t for op, t in zip(step, need_r[s])):
                 break  # some peer has not reached the matching step yet
-            # Recv ranges of a step are disjoint, so applying them one by one is the same
-            # as applying them together when the step ends.
-            for j, op in enumerate(step):
-                if op.kind is OpKind.RECV:
-                    value = snapshot.pop(partner[(r, s, j)])
+            # A step's overwriting recvs overlap no other recv, and adds commute, so
+            # applying its recvs one by one is the same as applying them together when
+            # the step ends (several reducing recvs of one chunk all add: IR v2).
+            for op, m in zip(step, mid_r[s]):
+                if op.kind is not _send:
+                    value = snapshot[m]
+                    snapshot[m] = None
                     if op.reduce:
-                        clash = state[r].add(op.chunk, value)
+                        clash = chunks_r.add(op.chunk, value)
                         if clash is not None:
                             chunk, mask = clash
                             raise fail(f"rank {r} step {s} reduces chunk {chunk} from rank "
                                        f"{op.peer}: contributions {_ranks_text(mask, n)} would "
                                        "be counted twice")
                     else:
-                        state[r].write(op.chunk, op.end, value)
+                        chunks_r.write(op.chunk, op.chunk + op.count, value)
             pc[r] += 1
             enter(r)
-            for op in programs[r][s]:  # peers may have been waiting for this rank
+            for op in step:  # peers may have been waiting for this rank
                 if not queued[op.peer]:
                     queued[op.peer] = True
                     queue.append(op.peer)
-            if pc[r] < len(programs[r]):
-                for op in programs[r][pc[r]]:
+            if pc[r] < len(steps_r):
+                for op in steps_r[pc[r]]:
                     if not queued[op.peer]:
                         queued[op.peer] = True
                         queue.append(op.peer)
@@ -253,8 +262,8 @@ def verify(schedule: Schedule) -> VerifyReport:
         r = blocked[0]
         s = pc[r]
         waits = []
-        for j, op in enumerate(programs[r][s]):
-            peer, peer_step, _ = partner[(r, s, j)]
+        for op, peer_step in zip(programs[r][s], need[r][s]):
+            peer = op.peer
             if pc[peer] < peer_step:
                 waits.append(f"{op.kind.value} {op.chunk_text()} with rank {peer}, which is stuck "
                              f"at step {pc[peer]} before its matching step {peer_step}")

@@ -62,12 +62,20 @@ class Layout:
         One rank grid (shape ``dims``) per ring of the first level.
     weights : ndarray
         Share of the buffer each ring carries (sums to 1).
+    direct : tuple of bool
+        Per level: a direct (all-to-all) exchange in one step instead of a ring of
+        ``b - 1`` steps (empty: every level a ring). Only for levels whose members
+        share a switch or fabric, where both move the least bytes possible.
     """
 
     name: str
     dims: tuple[int, ...]
     grids: tuple[np.ndarray, ...]
     weights: np.ndarray
+    direct: tuple[bool, ...] = ()
+
+    def is_direct(self, d: int) -> bool:
+        return bool(self.direct) and self.direct[d]
 
 
 # --------------------------------------------------------------------------------------
@@ -248,11 +256,21 @@ def layouts(cluster: Cluster) -> list[Layout]:
             dims = tuple(dims[i] for i in keep)
             grids = [gr.reshape(dims) for gr in grids]
             name = " > ".join(s for s in (iname, cname) if s) or "single"
-            out.append(Layout(name, dims, tuple(grids), np.asarray(w, dtype=np.float64)))
-            fdims, fgrids = _factored(dims, grids, flags)
+            weights = np.asarray(w, dtype=np.float64)
+            out.append(Layout(name, dims, tuple(grids), weights))
+            fdims, fgrids, fflags = _factored(dims, grids, flags)
             if fdims != dims:
-                out.append(Layout(name + " (halving)", fdims, tuple(fgrids),
-                                  np.asarray(w, dtype=np.float64)))
+                out.append(Layout(name + " (halving)", fdims, tuple(fgrids), weights))
+            if any(d > 2 for d, f in zip(dims, flags) if f):
+                # Direct levels: one step (latency) per level instead of b - 1 or log2 b,
+                # at most 16 members a level (b - 1 messages in flight per rank).
+                seen = {fdims}
+                for radix in (16, 4):
+                    rdims, rgrids, rflags = _factored(dims, grids, flags, radix=radix)
+                    if rdims not in seen:
+                        seen.add(rdims)
+                        out.append(Layout(f"{name} (direct{'' if radix == 16 else ' radix 4'})",
+                                          rdims, tuple(rgrids), weights, tuple(rflags)))
     return out
 
 
@@ -268,21 +286,38 @@ def _prime_factors(b: int) -> list[int]:
     return out
 
 
-def _factored(dims: tuple[int, ...], grids: list[np.ndarray], flags: list[bool]
-              ) -> tuple[tuple[int, ...], list[np.ndarray]]:
-    """Split every switched level into its prime factors, nearest members first."""
+def _radix_factors(b: int, radix: int) -> list[int]:
+    """``b`` as a product of factors, each a product of primes up to ``radix`` when it
+    can be (16 -> [4, 4], 8 -> [4, 2], 12 -> [4, 3], 7 -> [7])."""
+    out: list[int] = []
+    for p in _prime_factors(b):
+        if out and out[-1] * p <= radix:
+            out[-1] *= p
+        else:
+            out.append(p)
+    return out
+
+
+def _factored(dims: tuple[int, ...], grids: list[np.ndarray], flags: list[bool],
+              radix: int | None = None
+              ) -> tuple[tuple[int, ...], list[np.ndarray], list[bool]]:
+    """Split every switched level into its prime factors (or factors up to ``radix``),
+    nearest members first; the new levels' switched flags."""
     new_dims: list[int] = []
+    new_flags: list[bool] = []
     axes_shape: list[int] = []
     perm: list[int] = []
     for d, b in enumerate(dims):
-        f = _prime_factors(b) if flags[d] else [b]
+        f = ([b] if not flags[d] else
+             _prime_factors(b) if radix is None else _radix_factors(b, radix))
         start = len(axes_shape)
         axes_shape += f
         # C order: the last factor has stride 1 (nearest members); run it first.
         perm += list(range(start + len(f) - 1, start - 1, -1))
         new_dims += f[::-1]
+        new_flags += [flags[d]] * len(f)
     out = [g.reshape(axes_shape).transpose(perm) for g in grids]
-    return tuple(new_dims), [np.ascontiguousarray(g) for g in out]
+    return tuple(new_dims), [np.ascontiguousarray(g) for g in out], new_flags
 
 
 def flat_ring_layout(order: list[int], name: str = "ring") -> Layout:
@@ -325,14 +360,15 @@ def messages(layout: Layout) -> Messages:
     n = int(np.prod(dims)) if nd else 1
     strides = [int(np.prod(dims[d + 1:])) for d in range(nd)]
     coords = np.indices(dims).reshape(nd, -1) if nd else np.zeros((0, 1), np.int64)
+    nsteps_of = [1 if layout.is_direct(d) else dims[d] - 1 for d in range(nd)]
     rs_base, t0 = [], 0
     for d in range(nd):
         rs_base.append(t0)
-        t0 += dims[d] - 1
+        t0 += nsteps_of[d]
     ag_base = {}
     for d in reversed(range(nd)):
         ag_base[d] = t0
-        t0 += dims[d] - 1
+        t0 += nsteps_of[d]
     nsteps = t0
     parts: list[tuple[np.ndarray, ...]] = []
     for r, grid in enumerate(layout.grids):
@@ -342,24 +378,28 @@ def messages(layout: Layout) -> Messages:
             fixed = np.zeros(n, dtype=np.int64)
             for e in range(d):
                 fixed += coords[e] * strides[e]
-            nxt = coords.copy()
-            nxt[d] = (nxt[d] + 1) % b
-            dst_flat = np.ravel_multi_index(tuple(nxt), dims)
-            dst = ranks[dst_flat]
             t = np.arange(b - 1, dtype=np.int64)
+            c = coords[d][:, None]
+            direct = layout.is_direct(d)
+            # Peer coordinate of each of the b - 1 messages of a rank: the next on the
+            # ring, or (direct) every other member once, all in one step.
+            peer = (c + 1 + t[None, :]) % b if direct else np.broadcast_to((c + 1) % b, (n, b - 1))
+            dst = ranks[(peer - c) * strides[d] + np.arange(n)[:, None]]
             for phase in (0, 1):  # reduce-scatter, allgather
-                if phase == 0:
-                    seg = (coords[d][:, None] - t[None, :] - 1) % b
-                    base = rs_base[d]
+                # Rank c ends the reduce-scatter owning segment c (ring and direct alike).
+                if direct:
+                    seg = peer if phase == 0 else np.broadcast_to(c, (n, b - 1))
+                    step = np.zeros_like(t)
                 else:
-                    seg = (coords[d][:, None] - t[None, :]) % b
-                    base = ag_base[d]
+                    seg = (c - t[None, :] - 1 + phase) % b
+                    step = t
+                base = rs_base[d] if phase == 0 else ag_base[d]
                 # shape (n, b-1): the segment is chunks fixed + seg * stride + [0, stride)
                 first = fixed[:, None] + seg * strides[d]
                 shape = first.shape
-                parts.append((np.broadcast_to((base + t)[None, :], shape).ravel(),
+                parts.append((np.broadcast_to((base + step)[None, :], shape).ravel(),
                               np.broadcast_to(ranks[:, None], shape).ravel(),
-                              np.broadcast_to(dst[:, None], shape).ravel(),
+                              dst.ravel(),
                               (first + r * n).ravel(),
                               np.full(first.size, strides[d], dtype=np.int64),
                               np.full(first.size, phase == 0)))

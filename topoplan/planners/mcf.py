@@ -36,6 +36,8 @@ FLAT_MAX = 32  # price every GPU pair up to this many ranks (column generation <
 EXACT_MAX = 16  # exact mode (MILP) by default up to this many ranks
 GRID_OPS = 4_400_000  # a one-piece grid may be this big (a flat ring at ~1024 ranks)
 SOFT_OPS = 400_000  # pipelining op budget: keeps planning within ~1 s up to 64 GPUs
+OPS_PER_RANK = 1000  # ... and above 400 ranks this many ops per rank (IR v2 ranges)
+MAX_OPS = 4_000_000  # the default budget's cap: building and verifying take ~10 us per op
 SIM_OPS = 20_000  # candidates this small are compared in the event simulator too
 _GOOD = ("optimal", "restricted", "exact")
 
@@ -338,7 +340,7 @@ def _check_connected(cluster: Cluster) -> None:
 
 
 def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = None,
-             exact: bool | None = None, time_limit: float = 20.0, max_ops: int = SOFT_OPS,
+             exact: bool | None = None, time_limit: float = 20.0, max_ops: int | None = None,
              flat_max: int = FLAT_MAX, check: bool = True, **options: Any) -> Schedule:
     """Plan an allreduce near the cut lower bound: LP-shaped, pipelined, verified.
 
@@ -373,10 +375,10 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     time_limit : float
         Seconds for the solvers; on expiry the best plan found is used,
         ``meta["status"]`` says so and a ``RuntimeWarning`` is issued.
-    max_ops : int
-        Op budget for pipelining (more pieces cost ops: materializing runs at ~1-2 us
-        per op). A construction whose single piece needs more is still built up to
-        the planners' ``OP_BUDGET`` (2 M ops).
+    max_ops : int, optional
+        Op budget for pipelining (more pieces cost ops: materializing and verifying
+        take ~10 us per op). Default: 400 k, or 1000 per rank above 400 ranks, at most
+        4 M. A construction whose single piece needs more is still built up to 4.4 M.
     flat_max : int
         Above this many ranks the tree LP is solved hierarchically.
     check : bool
@@ -406,6 +408,8 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         raise InfeasiblePlanError(f"size must be > 0 bytes, got {size}")
     size = int(size)
     n = cluster.nranks
+    if max_ops is None:
+        max_ops = max(SOFT_OPS, min(OPS_PER_RANK * n, MAX_OPS))
     start = time.perf_counter()
     if n == 1:
         return materialize(1, [], np.ones(1), 1, algorithm="mcf", cluster=cluster.name,
@@ -416,14 +420,15 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     status = "optimal"
     grids = H.layouts(cluster)
     if n > 256:
-        # Each layout costs a pass over ~4 N^2 messages: keep the halving variants
-        # (fewest steps), which the cost model prefers at this scale anyway.
-        halving = [g for g in grids if g.name.endswith("(halving)")]
-        grids = halving or grids
+        # Pricing a layout costs a pass over its messages and a route per new pair:
+        # skip those with over 64 messages per rank (a ring of all boxes, ~2 N).
+        small = [g for g in grids if H.message_count(g) <= 64 * n]
+        grids = small or grids
     seen: set[bytes] = set()
     unique = []
     for g in grids:  # equal rank grids (boxes already in switch order) once
-        key = b"".join(x.tobytes() for x in g.grids) + np.asarray(g.dims).tobytes()
+        key = (b"".join(x.tobytes() for x in g.grids) + np.asarray(g.dims).tobytes()
+               + np.asarray(g.direct, dtype=bool).tobytes())
         if key not in seen:
             seen.add(key)
             unique.append(g)
@@ -462,8 +467,12 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
             raise failure
         raise InfeasiblePlanError(f"mcf on {cluster.name!r}: no construction fits in {max_ops} ops")
     best_est = min(c.estimate_s for c in cands)
-    # Within 1% of the best, the smaller schedule wins (faster to build and replay).
-    pick = min((c for c in cands if c.estimate_s <= best_est * 1.01), key=lambda c: c.nops)
+    # Within 1% of the best, a schedule of at most half the ops wins (faster to build,
+    # verify and replay); else the best estimate.
+    near = [c for c in cands if c.estimate_s <= best_est * 1.01]
+    best = min(near, key=lambda c: c.estimate_s)
+    smaller = [c for c in near if c.nops <= best.nops // 2]
+    pick = min(smaller, key=lambda c: c.nops) if smaller else best
     solved = time.perf_counter()
     schedule = pick.make()
     mat_s = time.perf_counter() - solved
