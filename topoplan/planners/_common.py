@@ -34,9 +34,9 @@ __all__ = ["PlannerError", "Timeline", "TopoNode", "topo_tree", "topo_order", "b
            "resolve_order", "check_size", "check_chunks", "ring_reduce_scatter",
            "ring_allgather", "link_params", "pipeline_depth", "split", "no_gc", "OP_BUDGET"]
 
-# Ops a default plan may hold. Reduce-scatter based allreduces need Theta(n^2) ops in
-# IR v1 (one chunk per op), about 4.2 M at 1024 ranks; pipelining only multiplies
-# chunk counts while the plan stays under this budget.
+# Ops a default plan may hold. A flat ring needs Theta(n^2) ops (one chunk per step),
+# about 4.2 M at 1024 ranks; pipelining only multiplies chunk counts while the plan
+# stays under this budget. (Multi-level plans send segments as chunk ranges, IR v2.)
 OP_BUDGET = 1 << 21
 
 

@@ -10,7 +10,7 @@ Affordability: the event simulator costs about ``ops x events``; candidates whos
 schedule has more than ``max_sim_ops`` ops (default 400 000) are not simulated but
 ranked by their own estimate when they give one (``meta["estimate_s"]``, mcf's
 lock-step model) and otherwise dropped, and on clusters above ``max_plan_ranks``
-(default 256) only ``mcf`` and ``hierarchical`` are planned (the flat baselines need
+(default 256) only ``mcf`` and ``hierarchical`` are planned (the flat ring needs
 ``4 N^2`` ops). ``meta["comparison"]`` says, per candidate, which was done.
 """
 

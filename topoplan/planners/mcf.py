@@ -2,7 +2,8 @@
 
 Pipeline: ``_build`` (link model and candidate trees) -> ``solve_packing`` (LP with
 column generation, MST pricing; optional MILP "exact mode") -> compose levels ->
-``materialize`` (pipelined schedule IR v1) -> ``verify``.
+``materialize`` (pipelined schedule IR v1) -> ``verify``; the grid constructions
+(``_mcf_hier``) write IR v2 chunk ranges.
 
 Small clusters (``nranks <= flat_max``) are solved flat, on the complete graph of
 GPU pairs: column generation then proves the LP optimum over *all* spanning trees.
@@ -478,7 +479,9 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     mat_s = time.perf_counter() - solved
     # The lock-step model ignores that ranks drift apart; where simulating is cheap,
     # the event simulator has the last word among the candidates near the best.
-    close = sorted((c for c in cands if c.estimate_s <= best_est * 1.05),
+    # The plain ring always takes part, so that mcf is never behind it where it is
+    # cheap to check (the lock-step model can misjudge trees by more than 5%).
+    close = sorted((c for c in cands if c.estimate_s <= best_est * 1.05 or c.name == "grid ring"),
                    key=lambda c: c.estimate_s)
     if len(close) > 1 and sum(c.nops for c in close) <= SIM_OPS:
         from ..simulate import simulate

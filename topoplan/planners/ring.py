@@ -53,7 +53,8 @@ def plan_ring(cluster: Cluster, *, size: int, order: str | Sequence[int] = "rank
 
     Notes
     -----
-    ``4 n (n - 1) chunks`` ops: 4.2 M at 1024 ranks (IR v1 carries one chunk per op).
+    ``4 n (n - 1) chunks`` ops: 4.2 M at 1024 ranks (every ring step moves another single
+    chunk, so IR v2's chunk ranges do not shrink a flat ring).
     """
     check_size(size, algorithm)
     slices = check_chunks(chunks, algorithm, "slices per ring segment") or 1
