@@ -220,6 +220,14 @@ def simulate(cluster: Cluster, schedule: Schedule, size: int, *, dtype_size: int
 #    than the share of any flow crossing it freezes in the same round (shares only
 #    grow during progressive filling, so this is exact), so the rounds are the depth of
 #    the bottleneck dependency, not the number of distinct rates.
+# 5. Links that carry exactly the same paths (a GPU's edge to its NIC and the NIC's edge
+#    to its leaf) carry the same flows at all times: the dynamic engine re-rates over
+#    one link per such class (the one of least capacity; the others cannot bind) and
+#    copies its load to the rest. On leaf-spine fabrics that removes a third of the
+#    (flow, link) pairs. What remains costly: on a pipelined multi-level plan (the mcf
+#    grid at 1024 GPUs) the flows crossing spines form one or two components of
+#    thousands of flows with hundreds of events per lookahead window, each a global
+#    re-rate of the component.
 # ----------------------------------------------------------------------------------
 
 _INF = math.inf
