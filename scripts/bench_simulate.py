@@ -1,21 +1,25 @@
 """Simulator speed: the event engine of topoplan.simulate against the first engine.
 
-Ring and a two-level hierarchical allreduce (in-box ring reduce-scatter, one ring per
-rail across boxes, in-box allgather; ``tests/simhelpers.py``) of 256 MiB on a leaf-spine
-fabric of 8-GPU boxes: ``topologies/leaf_spine_1024.yaml`` at 1024 ranks, the same
-shape scaled down below. "old" is the engine as first merged (commit cbb8359, loaded
-from git history, with its own op flattening); where git is missing, the in-module
-reference (:func:`topoplan.simulate._simulate_reference`) stands in. Both run in the
+Ring, a two-level hierarchical allreduce (in-box ring reduce-scatter, one ring per
+rail across boxes, in-box allgather; ``tests/simhelpers.py``) and the mcf planner's plan
+(pipelined multi-level grid, IR v2 ranges; planning time not counted) of 256 MiB on a
+leaf-spine fabric of 8-GPU boxes: ``topologies/leaf_spine_1024.yaml`` at 1024 ranks, the
+same shape scaled down below. "old" is the engine as first merged (commit cbb8359, loaded
+from git history, with its own op flattening); where git is missing, and for the mcf plan
+(version 2 schedules, which that engine predates), the in-module reference
+(:func:`topoplan.simulate._simulate_reference`) stands in. Both run in the
 same process, one after the other; wall and CPU seconds are reported (CPU time is the
 fairer figure on a shared machine). The old engine is skipped above ``--old-max`` ranks
 (it takes minutes at 1024).
 
     PYTHONPATH=. python scripts/bench_simulate.py [--ranks 64 256 1024] [--old-max 256]
+        [--schedules ring hierarchical mcf]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import subprocess
 import sys
@@ -27,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from simhelpers import hierarchical_schedule, leaf_spine_cluster, ring_schedule  # noqa: E402
+from topoplan import plan  # noqa: E402
 from topoplan.cluster import load_cluster  # noqa: E402
 from topoplan.simulate import _simulate_reference, simulate  # noqa: E402
 
@@ -57,6 +62,14 @@ def cluster_for(nranks: int):
     return leaf_spine_cluster(nranks // 8)
 
 
+def make_schedule(name: str, cluster, nranks: int):
+    if name == "ring":
+        return ring_schedule(list(range(nranks)))
+    if name == "hierarchical":
+        return hierarchical_schedule(nranks, 8)
+    return plan(cluster, algorithm="mcf", size=SIZE)
+
+
 def timed(fn, *args, **kw):
     wall, cpu = time.perf_counter(), time.process_time()
     out = fn(*args, **kw)
@@ -68,6 +81,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--ranks", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--old-max", type=int, default=256,
                         help="run the old engine up to this many ranks (default 256)")
+    parser.add_argument("--schedules", nargs="+", default=["ring", "hierarchical", "mcf"],
+                        choices=["ring", "hierarchical", "mcf"])
     args = parser.parse_args(argv)
     old, old_name = old_simulate()
     rows = []
@@ -77,9 +92,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
           f"{'speedup':>9}{'same':>6}")
     for nranks in args.ranks:
         cluster = cluster_for(nranks)
-        for name in ("ring", "hierarchical"):
-            schedule = (ring_schedule(list(range(nranks))) if name == "ring"
-                        else hierarchical_schedule(nranks, 8))
+        for name in args.schedules:
+            schedule = make_schedule(name, cluster, nranks)
             new, wall, cpu = timed(simulate, cluster, schedule, SIZE)
             # Again, same schedule object: flattened ops come from the cache (sizes sweep).
             _, wall2, _ = timed(simulate, cluster, schedule, SIZE)
@@ -90,10 +104,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     f"{wall:>9.2f}s{cpu:>8.2f}s{wall2:>8.2f}s")
             if nranks <= args.old_max:
                 # A fresh schedule object so that neither engine sees a warm cache.
-                fresh = (ring_schedule(list(range(nranks))) if name == "ring"
-                         else hierarchical_schedule(nranks, 8))
-                ref, owall, ocpu = timed(old, cluster, fresh, SIZE)
-                same = abs(ref.time_s - new.time_s) <= 1e-9 * ref.time_s
+                fresh = dataclasses.replace(schedule)
+                engine = old if schedule.version == 1 else _simulate_reference
+                ref, owall, ocpu = timed(engine, cluster, fresh, SIZE)
+                # The reference batches events within 1e-9 of its clock, and drifts by up
+                # to that per batch along a chain of steps (tests/test_simulate.py).
+                same = abs(ref.time_s - new.time_s) <= 1e-8 * ref.time_s
                 row.update(old_wall_s=owall, old_cpu_s=ocpu, same=same)
                 line += f"{owall:>9.2f}s{ocpu:>8.2f}s{ocpu / cpu:>8.1f}x{'yes' if same else 'NO':>6}"
             else:

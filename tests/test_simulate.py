@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -386,3 +387,21 @@ def test_two_messages_on_one_link_share_it_then_the_larger_speeds_up():
     assert large.end_s == pytest.approx(4e-7, rel=1e-12)
     assert report.link_timeline[("sw0", "b1/nic0")] == ((0.0, 10e9), (pytest.approx(4e-7), 0.0))
     assert report.link_busy_s[("b0/nic0", "sw0")] == pytest.approx(4e-7, rel=1e-12)
+
+
+@pytest.mark.parametrize("size", [256 << 20, 12345 * 4])
+def test_mcf_pipelined_multi_level_plan_matches_the_reference(size):
+    """The mcf planner's grid plan (levels in the box, the leaf and across spines, in
+    pipeline pieces): many flows on shared NICs and spines at once, one big component."""
+    import topoplan
+    from topoplan.simulate import _Engine
+
+    cluster = leaf_spine_cluster(8, boxes_per_leaf=2, spines=2, gpus=4)
+    schedule = topoplan.plan(cluster, algorithm="mcf", size=1 << 20)
+    assert schedule.meta["algorithm"] == "mcf" and schedule.meta.get("pieces", 1) > 1
+    for kw in ({}, {"record": True, "reduce_bandwidth": 5e10, "alpha": 1e-6}):
+        fast = simulate(cluster, schedule, size, **kw)
+        assert_same_report(fast, _simulate_reference(cluster, schedule, size, **kw))
+    # Each GPU's edges to and from its NIC carry the same paths: one link class each.
+    engine = _Engine(cluster, schedule, size, 4, None, 0.0, False, None)
+    assert (engine.edge_rep != np.arange(len(engine.edges))).sum() >= 2 * cluster.nranks

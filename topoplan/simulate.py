@@ -220,6 +220,14 @@ def simulate(cluster: Cluster, schedule: Schedule, size: int, *, dtype_size: int
 #    than the share of any flow crossing it freezes in the same round (shares only
 #    grow during progressive filling, so this is exact), so the rounds are the depth of
 #    the bottleneck dependency, not the number of distinct rates.
+# 5. Links that carry exactly the same paths (a GPU's edge to its NIC and the NIC's edge
+#    to its leaf) carry the same flows at all times: the dynamic engine re-rates over
+#    one link per such class (the one of least capacity; the others cannot bind) and
+#    copies its load to the rest. On leaf-spine fabrics that removes a third of the
+#    (flow, link) pairs. What remains costly: on a pipelined multi-level plan (the mcf
+#    grid at 1024 GPUs) the flows crossing spines form one or two components of
+#    thousands of flows with hundreds of events per lookahead window, each a global
+#    re-rate of the component.
 # ----------------------------------------------------------------------------------
 
 _INF = math.inf
@@ -542,6 +550,7 @@ class _Engine(_Setup):
         self.pe_ptr = np.searchsorted(ukey // nedges, np.arange(npairs + 1)).astype(np.int64)
         self.pe_load = np.bincount(inc_local, weights=self.solo_rate[inc_path],
                                    minlength=len(ukey))
+        self._link_classes()
         if npaths:
             lo = self.pair_ptr[:-1]
             rmax = np.maximum.reduceat(self.solo_rate, lo)
@@ -554,6 +563,32 @@ class _Engine(_Setup):
         else:
             self.pair_uniform = np.zeros(0, bool)
             self.pair_lat = self.pair_rate = np.zeros(0)
+
+    def _link_classes(self) -> None:
+        """Links that carry exactly the same paths (a GPU's edge to its NIC and the NIC's
+        edge to its switch) always carry the same flows: one stands for all of them in
+        the dynamic engine, with the smallest capacity of the class (the others can never
+        be tight). ``rpath_*`` are the paths over class representatives; ``rep_ptr`` /
+        ``rep_members`` list each representative's class (CSR over edge ids)."""
+        nedges, npaths = len(self.edges), len(self.path_len)
+        inc_path = np.repeat(np.arange(npaths), self.path_len)
+        order = np.lexsort((inc_path, self.path_edges))
+        users = np.bincount(self.path_edges, minlength=nedges)
+        per_edge = np.split(inc_path[order], np.cumsum(users)[:-1])
+        first: dict[bytes, int] = {}
+        rep = np.arange(nedges)
+        # Representative: the smallest capacity, then the smallest index.
+        for e in np.lexsort((np.arange(nedges), self.cap)).tolist():
+            if users[e]:
+                rep[e] = first.setdefault(per_edge[e].tobytes(), e)
+        self.edge_rep = rep
+        key = np.unique(inc_path * nedges + rep[self.path_edges])
+        self.rpath_edges = key % nedges
+        self.rpath_ptr = np.searchsorted(key // nedges, np.arange(npaths + 1)).astype(np.int64)
+        order = np.argsort(rep, kind="stable")
+        self.rep_members = order
+        self.rep_ptr = np.concatenate(
+            [[0], np.cumsum(np.bincount(rep, minlength=nedges))]).astype(np.int64)
 
     def _classify(self) -> None:
         """Which messages are fixed (never share a link; see the notes above)."""
@@ -797,7 +832,7 @@ class _Engine(_Setup):
         w_done = np.zeros(nw, dtype=bool)
         w_k = self.m_k[w_msg]
         full = self.m_bytes[w_msg] / self.pair_npaths[self.m_pair[w_msg]]
-        inc_e, inc_f = _expand(self.path_ptr, self.path_edges, w_path)
+        inc_e, inc_f = _expand(self.rpath_ptr, self.rpath_edges, w_path)
         ue, le = np.unique(inc_e, return_inverse=True)
         le = le.reshape(-1)
         nue = len(ue)
@@ -841,7 +876,9 @@ class _Engine(_Setup):
             w_rate[rr] = rates[rr]
             load = np.bincount(le[sel], weights=(w_k * rates)[inc_f[sel]], minlength=nue)
             lidx = np.flatnonzero(lmask)
-            ge, new, tl = ue[lidx], load[lidx], ct[comp_e[lidx]]
+            ge, owner = _expand(self.rep_ptr, self.rep_members, ue[lidx])
+            lidx = lidx[owner]
+            new, tl = load[lidx], ct[comp_e[lidx]]
             old = self.e_load[ge]
             on = (old <= 0) & (new > 0)
             off = (old > 0) & (new <= 0)
