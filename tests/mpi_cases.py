@@ -32,8 +32,9 @@ def mpi_cases(t: MPI) -> tuple[list[str], int]:
     n, rank = t.size, t.rank
     failures = []
     want = np.arange(1001) * n + sum(range(n))
-    # Yield at once, never yield, both: the polling loop's branches all give the sum.
-    options = ({"spin": 0}, {"poll_yield": False}, {"spin": 0, "poll_yield": False})
+    # Yield at once, never yield, both; every send fresh or none: all give the sum.
+    options = ({"spin": 0}, {"poll_yield": False}, {"spin": 0, "poll_yield": False},
+               {"inline_max": 1 << 30}, {"inline_max": -1})
     for kwargs in options:
         x = np.arange(1001, dtype=np.float64) + rank
         Allreduce(S.ring(n), MPI(**kwargs), timeout=30)(x)
@@ -46,7 +47,7 @@ def mpi_cases(t: MPI) -> tuple[list[str], int]:
 
     def spy(messages):
         batch = real_batch(messages)
-        made.append(list(batch.requests))
+        made.append(list(batch.persistent))
         return batch
 
     u.batch = spy
@@ -58,7 +59,7 @@ def mpi_cases(t: MPI) -> tuple[list[str], int]:
             failures.append(f"rank {rank}: binding {k}: wrong sum")
     if not made or any(r for r in made[0]):
         failures.append(f"rank {rank}: an evicted binding's persistent requests were not freed")
-    if not made or not all(made[-1]):
+    if not made or not made[-1] or not all(made[-1]):
         failures.append(f"rank {rank}: a cached binding's persistent requests were freed")
     return failures, len(options) + BOUND_CACHE + 4
 
