@@ -65,11 +65,12 @@ class _OnStream:
 
     Why: the executor's snapshot copies and reductions are launched by CuPy or
     torch on *their* current stream, while NCCL's sends and receives go on the
-    transport's own non-blocking stream, which does not wait for either. Without
-    ordering, a send could read a chunk that a kernel still writes (the caller's
-    last gradient kernel, or the previous step's ``add_``), and an ``add_``
-    could read a receive buffer before NCCL filled it. So, for the duration of
-    the call:
+    transport's own non-blocking stream, which does not wait for either. The
+    host polls each step's event before it launches the step's reductions, so a
+    reduction never reads a receive buffer early; but nothing ordered a send
+    after the kernels that wrote its chunk: the caller's last kernel on the
+    buffer, this step's snapshot copy, or the previous step's ``add_``, all
+    possibly still queued on torch's stream. So, for the duration of the call:
 
     - on entry the transport stream waits for the work already queued on CuPy's
       current stream and, when torch has initialized CUDA, on torch's current
