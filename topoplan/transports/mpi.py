@@ -4,9 +4,10 @@ with a deadline).
 Every buffer view is sent as raw bytes, so any dtype works (bfloat16 included)
 and no MPI datatype lookup happens per message. Each step of a bound buffer gets
 persistent requests (``Send_init``/``Recv_init``) once; a step then only calls
-``Startall``. MPI has no wait-with-timeout, so waits poll ``Request.Test`` and
-give the CPU away between polls with ``sched_yield`` (on an oversubscribed box
-that is what lets the awaited peer run at all).
+``Startall``, plus ``Isend`` for sends small enough for Open MPI's inline path.
+MPI has no wait-with-timeout, so waits poll ``Request.Test``: a few polls in a
+row, then giving the CPU away between polls with ``sched_yield`` (on an
+oversubscribed box that is what lets the awaited peer run at all).
 
 Launch with ``topoplan bench`` or :func:`topoplan._mpirun.mpiexec`, which set the
 variables Open MPI needs to run as root and oversubscribed. To have survivors of
