@@ -11,10 +11,11 @@ per size and interleaved round by round (so machine load hits all alike):
 - ``hand``: a minimal mpi4py ring (Isend/Irecv/Waitall, numpy adds; no generality),
 
 then the same for gloo: the replayed ring over ``topoplan.transports.Torch``
-against ``dist.all_reduce``. It prints busbw per method (median over rounds),
-the ratios replay/native and replay/hand, and the per-step overhead for small
-messages: (replay time - hand time) / steps. Targets (issue 5): replay >= native
-at 64 MiB and above, replay >= 0.9 x hand at every size.
+against ``dist.all_reduce``. It prints busbw per method (the slowest rank's mean
+over the interleaved rounds), the ratios replay/native and replay/hand, the time
+per step of the replay and of the hand ring (call time / steps: at small sizes,
+the per-step overhead of each) and their difference. Targets (issue 5): replay >=
+native at 64 MiB and above, replay >= 0.9 x hand at every size.
 """
 
 from __future__ import annotations
@@ -187,7 +188,8 @@ def report(records) -> str:
             head = f"{'size':>8} {'replay':>9} {'native':>9}"
             head += f" {'hand':>9}" if transport == "mpi" else ""
             head += f" {'rep/nat':>8}" + (f" {'rep/hand':>8}" if transport == "mpi" else "")
-            head += f" {'us/step':>8}" + (f" {'ovh us/step':>11}" if transport == "mpi" else "")
+            head += f" {'us/step':>8}" + (f" {'hand us/st':>10} {'ovh us/step':>11}"
+                                          if transport == "mpi" else "")
             head += "  ok"
             lines.append(f"\n## {transport}, {n} ranks: busbw GB/s (native = {native})")
             lines.append(head)
@@ -202,6 +204,7 @@ def report(records) -> str:
                     line += f" {bw['replay'] / bw['hand']:>7.2f}x"
                 line += f" {r['replay_s'] / r['steps'] * 1e6:>8.1f}"
                 if "hand_s" in r:
+                    line += f" {r['hand_s'] / r['steps'] * 1e6:>10.1f}"
                     line += f" {(r['replay_s'] - r['hand_s']) / r['steps'] * 1e6:>11.1f}"
                 line += f"  {'yes' if r['ok'] else 'NO'}"
                 lines.append(line)

@@ -18,9 +18,50 @@ import traceback
 sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                 os.path.dirname(os.path.abspath(__file__))]
 
+import numpy as np  # noqa: E402
+
+import _schedules as S  # noqa: E402
 import cases_common as C  # noqa: E402
+from topoplan.executor import BOUND_CACHE, Allreduce  # noqa: E402
 from topoplan.transports import MPI  # noqa: E402
 from topoplan.transports.mpi import leave_after_failure  # noqa: E402
+
+
+def mpi_cases(t: MPI) -> tuple[list[str], int]:
+    """Cases of the MPI transport itself: its polling options and request lifetime."""
+    n, rank = t.size, t.rank
+    failures = []
+    want = np.arange(1001) * n + sum(range(n))
+    # Yield at once, never yield, both; every send fresh or none: all give the sum.
+    options = ({"spin": 0}, {"poll_yield": False}, {"spin": 0, "poll_yield": False},
+               {"inline_max": 1 << 30}, {"inline_max": -1})
+    for kwargs in options:
+        x = np.arange(1001, dtype=np.float64) + rank
+        Allreduce(S.ring(n), MPI(**kwargs), timeout=30)(x)
+        if not np.array_equal(x, want):
+            failures.append(f"rank {rank}: MPI({kwargs}): wrong sum")
+    # Persistent requests belong to a binding: freed when the executor drops it
+    # (mpi4py would leak them), alive while it is cached.
+    u = MPI()
+    made, real_batch = [], u.batch
+
+    def spy(messages):
+        batch = real_batch(messages)
+        made.append(list(batch.persistent))
+        return batch
+
+    u.batch = spy
+    run = Allreduce(S.ring(n), u, timeout=30)
+    for k in range(BOUND_CACHE + 2):  # distinct sizes: the oldest bindings are evicted
+        y = np.full(100 + k, rank + 1.0)
+        run(y)
+        if not np.all(y == n * (n + 1) / 2):
+            failures.append(f"rank {rank}: binding {k}: wrong sum")
+    if not made or any(r for r in made[0]):
+        failures.append(f"rank {rank}: an evicted binding's persistent requests were not freed")
+    if not made or not made[-1] or not all(made[-1]):
+        failures.append(f"rank {rank}: a cached binding's persistent requests were freed")
+    return failures, len(options) + BOUND_CACHE + 4
 
 
 def main() -> None:
@@ -33,6 +74,8 @@ def main() -> None:
     record: dict = {"rank": t.rank, "size": t.size}
     try:
         failures, ncases, names = C.run_cases(t, with_torch=args.torch)
+        more, count = mpi_cases(t)
+        failures, ncases = failures + more, ncases + count
     except Exception:  # noqa: BLE001 - reported, the test fails on it
         failures, ncases, names = [traceback.format_exc()], 0, []
     record.update(failures=failures, ncases=ncases, schedules=names)

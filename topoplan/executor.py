@@ -220,6 +220,7 @@ class _BoundStep:
     messages: list[Message]
     plans: list[_MsgPlan]
     reduces: list[tuple[Any, Any]]    # (chunk view, scratch view)
+    batch: Any = None                 # transport.batch(messages), made on the first run
 
 
 @dataclass(slots=True)
@@ -443,7 +444,10 @@ class Allreduce:
         for step in bound.steps:
             for dst, src in step.snapshots:
                 copy(dst, src)
-            handle = transport.start(step.messages)
+            batch = step.batch
+            if batch is None:
+                batch = step.batch = transport.batch(step.messages)
+            handle = transport.start(batch)
             try:
                 pending = transport.wait(handle, timeout)
             except PeerFailure as exc:

@@ -3,7 +3,8 @@
 A transport moves bytes between ranks; it knows nothing about schedules. The
 executor (:mod:`topoplan.executor`) hands it, per step, a list of
 :class:`Message` objects (sends and receives on buffer views it prepared once
-with :meth:`Transport.prepare`), starts them all at once with
+with :meth:`Transport.prepare`), turns each step's list once into a batch with
+:meth:`Transport.batch`, starts a batch's messages all at once with
 :meth:`Transport.start`, and waits with :meth:`Transport.wait`, which always has a
 deadline. Reductions are the executor's job, not the transport's.
 
@@ -102,12 +103,25 @@ class Transport(abc.ABC):
         """
         return view
 
+    def batch(self, messages: Sequence[Message]) -> Any:
+        """Turn one step's messages into what :meth:`start` posts, once.
+
+        The executor calls it the first time a step of a bound buffer runs and
+        passes the result to :meth:`start` on every later call: the views are
+        fixed after binding, so a transport can set up per-step state here once
+        (MPI builds persistent requests) instead of on every step. The default
+        passes the list through.
+        """
+        return messages
+
     @abc.abstractmethod
-    def start(self, messages: Sequence[Message]) -> Any:
+    def start(self, batch: Any) -> Any:
         """Post every message of a step at once and return a handle for :meth:`wait`.
 
-        Receives and sends of one step are posted together, so a step that both
-        sends to and receives from the same peer cannot deadlock.
+        ``batch`` is what :meth:`batch` returned for the step (by default its list
+        of :class:`Message`). Receives and sends of one step are posted together,
+        so a step that both sends to and receives from the same peer cannot
+        deadlock.
         """
 
     @abc.abstractmethod
@@ -127,7 +141,10 @@ class Transport(abc.ABC):
         """
 
     def abort(self, handle: Any) -> None:
-        """Give up on the messages of ``handle`` after a failure (best effort)."""
+        """Give up on the messages of ``handle`` after a failure (best effort).
+
+        The step's batch must stay usable: a caller may retry the allreduce.
+        """
 
     def compute_context(self) -> ContextManager[Any]:
         """Context the executor runs a whole call in: its copies and reductions

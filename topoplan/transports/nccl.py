@@ -7,8 +7,10 @@ asynchronous errors (``ncclCommGetAsyncError``). On a timeout or error the
 communicator is aborted (``ncclCommAbort``), since NCCL cannot cancel a
 posted transfer. The executor runs the whole call inside
 :meth:`NCCL.compute_context`: snapshots and reductions go on the transport's
-stream, so the next step's sends are ordered after them without a host
-synchronization, and the stream is joined to the caller's on entry and exit.
+stream (as CuPy's and, for CUDA tensors, torch's current stream), so the next
+step's sends are ordered after them without a host synchronization, and the
+stream is joined to both libraries' caller streams on entry and exit (see
+``_OnStream`` for why).
 
 Buffers are CuPy arrays or CUDA torch tensors; bytes move as ``ncclUint8``, so
 every dtype (bfloat16 included) works. CUDA only.
@@ -16,6 +18,7 @@ every dtype (bfloat16 included) works. CUDA only.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, Sequence
 
@@ -40,32 +43,94 @@ def _cupy() -> tuple[Any, Any]:
     return cupy, nccl
 
 
-class _OnStream:
-    """Run a whole allreduce on ``stream``, ordered after the caller's stream and before it.
+def _torch_cuda() -> Any:
+    """``torch`` when this process imported it and it has initialized CUDA, else None.
 
-    On entry the transport stream waits for work already queued on the caller's
-    current stream (the kernels that produced the buffer); on exit the caller's
-    stream waits for the transport stream, so whatever the caller queues next
-    sees the reduced buffer. Neither blocks the host.
+    Never imports torch: a CuPy-only program must not pay for it, and a torch
+    that never touched CUDA has queued no GPU work the transport must order
+    against (its CUDA tensors would have initialized it).
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        return torch if torch.cuda.is_initialized() else None
+    except Exception:  # noqa: BLE001 - a broken torch must not break a CuPy call
+        return None
+
+
+class _OnStream:
+    """Run a whole allreduce on the transport's stream, ordered after the caller's
+    streams and before them.
+
+    Why: the executor's snapshot copies and reductions are launched by CuPy or
+    torch on *their* current stream, while NCCL's sends and receives go on the
+    transport's own non-blocking stream, which does not wait for either. The
+    host polls each step's event before it launches the step's reductions, so a
+    reduction never reads a receive buffer early; but nothing ordered a send
+    after the kernels that wrote its chunk: the caller's last kernel on the
+    buffer, this step's snapshot copy, or the previous step's ``add_``, all
+    possibly still queued on torch's stream. So, for the duration of the call:
+
+    - on entry the transport stream waits for the work already queued on CuPy's
+      current stream and, when torch has initialized CUDA, on torch's current
+      stream of the device (the kernels that produced the buffer);
+    - both libraries' current stream *is* the transport stream, so every copy,
+      reduction and NCCL group of every step is one in-order stream: step k's
+      sends come after step k-1's reductions, and a reduction after its
+      receives, with no host synchronization;
+    - on exit both callers' streams are restored and made to wait for the
+      transport stream, so whatever the caller queues next (on either library)
+      sees the reduced buffer.
+
+    None of it blocks the host; the step deadline still comes from the event
+    :meth:`NCCL.wait` polls.
     """
 
-    def __init__(self, cupy: Any, stream: Any) -> None:
-        self.cupy, self.stream = cupy, stream
-        self.caller: Any = None  # the caller's cupy.cuda.Stream while inside
+    def __init__(self, transport: NCCL) -> None:
+        self.t = transport
+        self.device: Any = None        # the cupy.cuda.Device context while inside
+        self.caller: Any = None        # CuPy's current stream on entry
+        self.torch: Any = None         # torch, when its streams were joined
+        self.torch_caller: Any = None  # torch's current stream of the device on entry
 
     def __enter__(self) -> Any:
-        self.caller = self.cupy.cuda.get_current_stream()
-        if self.caller.ptr != self.stream.ptr:
-            self.stream.wait_event(self.caller.record())
-        self.stream.use()
-        return self.stream
+        t = self.t
+        cupy, stream = t._cupy, t.stream
+        # The transport's device, so "current stream" means that device's stream.
+        self.device = cupy.cuda.Device(t.device)
+        self.device.__enter__()
+        self.caller = cupy.cuda.get_current_stream()
+        if self.caller.ptr != stream.ptr:
+            stream.wait_event(self.caller.record())
+        torch = _torch_cuda()
+        if torch is not None:
+            ours = t._torch_stream(torch)
+            self.torch_caller = torch.cuda.current_stream(ours.device)
+            if self.torch_caller.cuda_stream != stream.ptr:
+                ours.wait_stream(self.torch_caller)
+            torch.cuda.set_stream(ours)
+            self.torch = torch
+        stream.use()
+        return stream
 
     def __exit__(self, *exc: Any) -> None:
-        if self.caller is not None:
-            self.caller.use()
-            if self.caller.ptr != self.stream.ptr:
-                self.caller.wait_event(self.stream.record())
-            self.caller = None
+        stream = self.t.stream
+        try:
+            if self.torch is not None:
+                self.torch.cuda.set_stream(self.torch_caller)
+                if self.torch_caller.cuda_stream != stream.ptr:
+                    self.torch_caller.wait_stream(self.t._torch_stream(self.torch))
+                self.torch = self.torch_caller = None
+            if self.caller is not None:
+                self.caller.use()
+                if self.caller.ptr != stream.ptr:
+                    self.caller.wait_event(stream.record())
+                self.caller = None
+        finally:
+            if self.device is not None:
+                self.device.__exit__(*exc)
+                self.device = None
 
 
 class NCCL(Transport):
@@ -92,6 +157,14 @@ class NCCL(Transport):
         with cupy.cuda.Device(self.device):
             self.stream = stream if stream is not None else cupy.cuda.Stream(non_blocking=True)
         self._aborted = False
+        self._torch_ext: Any = None  # torch's handle on self.stream, made on first use
+
+    def _torch_stream(self, torch: Any) -> Any:
+        """The transport stream as a ``torch.cuda.ExternalStream`` (cached)."""
+        if self._torch_ext is None:
+            self._torch_ext = torch.cuda.ExternalStream(
+                self.stream.ptr, device=torch.device("cuda", self.device))
+        return self._torch_ext
 
     @classmethod
     def from_mpi(cls, mpi_comm: Any = None, *, device: int | None = None) -> NCCL:
@@ -179,7 +252,7 @@ class NCCL(Transport):
                 pass
 
     def compute_context(self) -> Any:
-        return _OnStream(self._cupy, self.stream)
+        return _OnStream(self)
 
     # -- collectives -----------------------------------------------------------------
     def _dtype(self, dtype: Any) -> int:
@@ -198,8 +271,10 @@ class NCCL(Transport):
         flat = buffer.reshape(-1)
         ptr, _ = self.prepare(flat)
         count = flat.numel() if hasattr(flat, "numel") else flat.size
-        self.comm.allReduce(ptr, ptr, count, self._dtype(flat.dtype), self._nccl.NCCL_SUM,
-                            self.stream.ptr)
+        # Ordered after the kernels that produced the buffer, like the replay.
+        with self.compute_context():
+            self.comm.allReduce(ptr, ptr, count, self._dtype(flat.dtype), self._nccl.NCCL_SUM,
+                                self.stream.ptr)
         self.stream.synchronize()
 
     def allreduce_max(self, value: float) -> float:
