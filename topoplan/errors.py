@@ -11,10 +11,10 @@ class TopoplanError(Exception):
     """Base class of every error topoplan raises for bad input or a failed run."""
 
 
-class ClusterSpecError(TopoplanError, ValueError):
-    """A cluster YAML file is malformed; the message names file, line and key.
+class SpecError(TopoplanError, ValueError):
+    """A YAML input file (cluster, cost profile) is malformed; names file, line and key.
 
-    The message reads ``cluster.yaml:14: boxes[2].nics[0].bandwidth: must be > 0, got -5``.
+    The message reads ``FILE:LINE: KEY: what is wrong``.
     """
 
     def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
@@ -26,6 +26,20 @@ class ClusterSpecError(TopoplanError, ValueError):
         if key:
             where += f"{key}: "
         super().__init__(where + message)
+
+
+class ClusterSpecError(SpecError):
+    """A cluster YAML file is malformed; the message names file, line and key.
+
+    The message reads ``cluster.yaml:14: boxes[2].nics[0].bandwidth: must be > 0, got -5``.
+    """
+
+
+class ProfileError(SpecError):
+    """A cost profile (YAML file or name) is malformed or unknown; names file, line and key.
+
+    The message reads ``mpi.yaml:7: op_overhead: must be >= 0, got -1 us``.
+    """
 
 
 class ScheduleError(TopoplanError, ValueError):

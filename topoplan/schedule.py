@@ -147,6 +147,16 @@ class Schedule:
         return sum(len(step) for p in self.ranks for step in p.steps)
 
     @property
+    def nmessages(self) -> int:
+        """Messages (sends; each pairs with one recv)."""
+        return sum(op.kind is OpKind.SEND for p in self.ranks for step in p.steps for op in step)
+
+    @property
+    def max_step_ops(self) -> int:
+        """The most ops any rank posts in one step."""
+        return max((len(step) for p in self.ranks for step in p.steps), default=0)
+
+    @property
     def version(self) -> int:
         """The JSON version this schedule needs: 2 if an op carries a chunk range or a
         step has several recvs of one chunk (all reducing), else 1."""

@@ -1,16 +1,25 @@
 """An event-driven, flow-level simulator of a schedule on a cluster.
 
-Model (DESIGN.md semantics, plus time):
+Model (DESIGN.md semantics, plus time and a :class:`~topoplan.cost.CostProfile` of the
+runtime; docs/COST_MODEL.md states it with a worked example):
 
-- each rank runs its steps in order; a step starts when the previous one ends;
+- every rank starts after the profile's ``call_overhead`` and runs its steps in order;
+  a step starts when the previous one ends;
+- a step with ops pays ``step_overhead``, then posts its ops one after another,
+  receives first, ``op_overhead`` each;
 - a message (the k-th send src->dst matched with the k-th recv at dst from src) starts
-  when both sides have started their steps (rendezvous), waits ``alpha`` plus the latency
-  of its path, then flows along ``cluster.route_edges(src, dst)``, split evenly over the
-  equal-cost paths;
+  when both its send and its recv are posted, waits the profile's ``alpha`` for its
+  link class (both ranks in one box, or not) plus the latency of its path, then flows
+  along ``cluster.route_edges(src, dst)``, split evenly over the equal-cost paths;
+  messages of zero bytes are not sent (the executor skips them) and cost nothing;
 - every directed link is shared max-min fairly among the flows crossing it
   (progressive filling);
-- with ``reduce_bandwidth``, a reducing recv also pays ``bytes / reduce_bandwidth`` after
-  its data arrived; a step ends when all its ops are done.
+- a step ends when its last op is posted and its messages are done, then adds its
+  reducing receives' bytes at ``reduce_bandwidth`` (the executor adds after the wait).
+
+The report splits the time along the critical path into bandwidth (bytes flowing,
+contention included), latency (alpha and path latency), overhead (call, step, posting)
+and reduction (``SimReport.breakdown``).
 
 The engine works on arrays: all transfers are matched up front (and cached per
 schedule), messages that can never share a link are timers known at launch, and the
@@ -37,6 +46,7 @@ from scipy.sparse.csgraph import connected_components
 
 from .bound import lower_bound
 from .cluster import Cluster
+from .cost import IDEAL, CostProfile, get_profile
 from .errors import ScheduleError
 from .schedule import OpKind, Schedule
 
@@ -50,8 +60,9 @@ _EPS_T = 1e-9  # events closer than this (relative to the clock) are one batch
 class TransferRecord:
     """One simulated message (``record=True``).
 
-    ``start_s`` is the rendezvous (both sides in their steps); ``end_s`` the arrival of
-    the last byte (a reducing recv may finish later by the reduction time).
+    ``start_s`` is when both its send and its recv are posted; ``end_s`` the arrival of
+    the last byte (a reducing recv adds it when its step's messages are all done).
+    Messages of zero bytes are not sent: their ``start_s`` and ``end_s`` are equal.
     """
 
     src: int
@@ -92,6 +103,14 @@ class SimReport:
     link_timeline : mapping
         ``edge -> ((t, rate), ...)``: the piecewise-constant rate (bytes/s) on each edge,
         one entry per change; only with ``record=True`` (else empty).
+    profile : str
+        The cost profile's name.
+    breakdown : mapping
+        ``time_s`` split along the critical path: ``bandwidth`` (bytes flowing, contention
+        included), ``latency`` (alpha and path latency), ``overhead`` (call, step and
+        posting costs) and ``reduce`` (adds); the parts sum to ``time_s``.
+    messages : int
+        Messages that move bytes at this size.
     """
 
     cluster: str
@@ -108,6 +127,9 @@ class SimReport:
     transfers: tuple[TransferRecord, ...] = ()
     link_timeline: Mapping[Edge, tuple[tuple[float, float], ...]] = field(
         default_factory=lambda: MappingProxyType({}))
+    profile: str = "ideal"
+    breakdown: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    messages: int = 0
 
     @property
     def efficiency(self) -> float:
@@ -123,7 +145,8 @@ class SimReport:
         return [(edge, busy, self.link_bytes.get(edge, 0.0)) for edge, busy in ranked[:k]]
 
 
-def simulate(cluster: Cluster, schedule: Schedule, size: int, *, dtype_size: int = 4,
+def simulate(cluster: Cluster, schedule: Schedule, size: int, *,
+             profile: CostProfile | str | None = None, dtype_size: int = 4,
              reduce_bandwidth: float | None = None, alpha: float = 0.0, record: bool = False,
              progress: Callable[[float, float], None] | None = None) -> SimReport:
     """Predict how long ``schedule`` takes on ``cluster`` for ``size`` bytes per rank.
@@ -136,13 +159,17 @@ def simulate(cluster: Cluster, schedule: Schedule, size: int, *, dtype_size: int
         and deadlocks raise :class:`ScheduleError`.
     size : int
         Buffer bytes per rank; chunks cover ``size // dtype_size`` elements.
+    profile : CostProfile or str, optional
+        The runtime's costs (a :class:`~topoplan.cost.CostProfile`, a shipped name such as
+        ``"nccl"`` or a profile YAML path). Default: ``ideal`` (links only) plus ``alpha``
+        and ``reduce_bandwidth``.
     dtype_size : int
         Bytes per element (4 for fp32).
     reduce_bandwidth : float, optional
-        Bytes/s a GPU reduces at; a reducing recv pays ``bytes / reduce_bandwidth``
-        after arrival. ``None``: free.
+        Without ``profile``: bytes/s a rank adds at (after each step's messages).
+        ``None``: free.
     alpha : float
-        Seconds of software overhead per message, paid before it flows.
+        Without ``profile``: seconds per message, paid before it flows.
     record : bool
         Also return every transfer and each link's rate over time.
     progress : callable, optional
@@ -158,6 +185,8 @@ def simulate(cluster: Cluster, schedule: Schedule, size: int, *, dtype_size: int
     ScheduleError
         If the schedule's rank count differs from the cluster's, a message is
         unmatched, or the ranks deadlock.
+    ProfileError
+        For an unknown profile name or a bad profile file.
 
     Notes
     -----
@@ -173,23 +202,37 @@ def simulate(cluster: Cluster, schedule: Schedule, size: int, *, dtype_size: int
             f"{cluster.nranks} GPUs; plan it for this cluster")
     if dtype_size < 1:
         raise ValueError(f"dtype_size must be >= 1, got {dtype_size}")
-    if reduce_bandwidth is not None and not reduce_bandwidth > 0:
-        raise ValueError(f"reduce_bandwidth must be > 0, got {reduce_bandwidth}")
-    if alpha < 0:
-        raise ValueError(f"alpha must be >= 0, got {alpha}")
+    costs = _costs(profile, alpha, reduce_bandwidth)
     # The cyclic GC would rescan the schedule's millions of ops each time the report's
     # millions of (start, end) tuples trigger a collection (seconds at 1024 ranks); the
     # engine makes no reference cycles.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        engine = _Engine(cluster, schedule, int(size), dtype_size, reduce_bandwidth,
-                         float(alpha), record, progress)
+        engine = _Engine(cluster, schedule, int(size), dtype_size, costs, record, progress)
         engine.run()
         return engine.report()
     finally:
         if collecting:
             gc.enable()
+
+
+def _costs(profile: CostProfile | str | None, alpha: float,
+           reduce_bandwidth: float | None) -> CostProfile:
+    """The profile to simulate with: ``profile``, or ideal plus the two plain costs."""
+    if reduce_bandwidth is not None and not reduce_bandwidth > 0:
+        raise ValueError(f"reduce_bandwidth must be > 0, got {reduce_bandwidth}")
+    if alpha < 0:
+        raise ValueError(f"alpha must be >= 0, got {alpha}")
+    if profile is not None:
+        if alpha or reduce_bandwidth is not None:
+            raise ValueError("give the costs either as a profile or as alpha and "
+                             "reduce_bandwidth, not both (profile.with_costs changes one)")
+        return get_profile(profile)
+    if not alpha and reduce_bandwidth is None:
+        return IDEAL
+    return IDEAL.with_costs(name="custom", alpha_box=float(alpha), alpha_network=float(alpha),
+                            reduce_bandwidth=reduce_bandwidth)
 
 
 # ----------------------------------------------------------------------------------
@@ -262,12 +305,13 @@ class _Flat:
         count = np.fromiter(map(attrgetter("count"), ops), np.int64, count=total)
         del ops, steps
         self.ops_per_step = nops
-        # Columns: step, peer, chunk, count (and reduce for recvs).
-        sends = np.stack([op_step[is_send], peer[is_send], chunk[is_send], count[is_send]],
-                         axis=1)
+        # Columns: step, peer, chunk, count, program position (and reduce for recvs).
+        index = np.arange(total, dtype=np.int64)
+        sends = np.stack([op_step[is_send], peer[is_send], chunk[is_send], count[is_send],
+                          index[is_send]], axis=1)
         rmask = ~is_send
         recvs = np.stack([op_step[rmask], peer[rmask], chunk[rmask], count[rmask],
-                          reduce[rmask].astype(np.int64)], axis=1)
+                          index[rmask], reduce[rmask].astype(np.int64)], axis=1)
         self._match(sends, recvs)
 
     def _match(self, sends: np.ndarray, recvs: np.ndarray) -> None:
@@ -297,7 +341,9 @@ class _Flat:
         self.t_rstep = recvs[:, 0].copy()
         self.t_chunk = sends[:, 2].copy()
         self.t_count = sends[:, 3].copy()
-        self.t_reduce = recvs[:, 4].astype(bool)
+        self.t_sop = sends[:, 4].copy()  # program position of the send and of the recv
+        self.t_rop = recvs[:, 4].copy()
+        self.t_reduce = recvs[:, 5].astype(bool)
 
     def local(self, g: int) -> int:
         return int(g - self.step_base[self.step_rank[g]])
@@ -412,6 +458,7 @@ class _RouteTable:
     pair_npaths: np.ndarray
     path_lat: np.ndarray
     npairs: int
+    pair_keys: np.ndarray
 
 
 def _route_table(cluster: Cluster, n: int, src: np.ndarray, dst: np.ndarray) -> _RouteTable:
@@ -442,18 +489,22 @@ def _route_table(cluster: Cluster, n: int, src: np.ndarray, dst: np.ndarray) -> 
     path_lat = np.add.reduceat(lat[pe], pp[:-1]) if len(pe) else np.zeros(0)
     return _RouteTable(edges=edges, cap=cap, pair_inverse=inverse.reshape(-1), path_edges=pe,
                        path_ptr=pp, path_len=np.diff(pp), pair_ptr=pr, pair_npaths=npaths,
-                       path_lat=path_lat, npairs=len(pairs))
+                       path_lat=path_lat, npairs=len(pairs), pair_keys=pairs)
 
 
 class _Setup:
-    """What both engines start from: parameters, chunk sizes, the flat schedule."""
+    """What both engines start from: costs, chunk sizes, the flat schedule, and each
+    transfer's and step's software costs at this size."""
+
+    step_start: np.ndarray  # set by the engines' run()
+    step_end: np.ndarray
 
     def __init__(self, cluster: Cluster, schedule: Schedule, size: int, dtype_size: int,
-                 reduce_bandwidth: float | None, alpha: float, record: bool,
+                 costs: CostProfile, record: bool,
                  progress: Callable[[float, float], None] | None) -> None:
         self.cluster, self.schedule, self.size = cluster, schedule, size
-        self.dtype_size, self.alpha, self.record = dtype_size, alpha, record
-        self.reduce_bandwidth = reduce_bandwidth
+        self.dtype_size, self.costs, self.record = dtype_size, costs, record
+        self.reduce_bandwidth = costs.reduce_bandwidth
         self.progress = progress
         nelems = size // dtype_size
         bounds = np.array(schedule.chunk_bounds(nelems), dtype=np.int64).reshape(-1, 2)
@@ -465,6 +516,109 @@ class _Setup:
         self.step_base, self.step_rank, self.step_last = (flat.step_base, flat.step_rank,
                                                          flat.step_last)
         self.nglobal = flat.nglobal
+        self.t0 = costs.call_overhead  # every rank's first step starts here
+        self._software_costs()
+
+    def _software_costs(self) -> None:
+        """Per transfer: when its send and its recv are posted, after their steps start
+        (``t_soff``, ``t_roff``). Per step: when its last op is posted (``step_post``) and
+        how long its adds take after its messages (``step_red``)."""
+        f, c = self.flat, self.costs
+        nglobal = self.nglobal
+        live = self.t_bytes > 0  # zero-byte messages are not sent
+        self.t_live = live
+        s_live, r_live = f.t_sstep[live], f.t_rstep[live]
+        ops = (np.bincount(s_live, minlength=nglobal) + np.bincount(r_live, minlength=nglobal))
+        self.step_ops = ops
+        sigma = np.where(ops > 0, c.step_overhead, 0.0)
+        self.step_post = sigma + ops * c.op_overhead
+        self.t_soff = np.zeros(len(live))
+        self.t_roff = np.zeros(len(live))
+        if c.op_overhead > 0 or c.step_overhead > 0:
+            # The executor posts a step's receives first, then its sends, each kind in
+            # program order; the i-th op (from 0) is posted at sigma + (i + 1) o.
+            nrecv = np.bincount(r_live, minlength=nglobal)
+            rpos = _rank_within(r_live, f.t_rop[live])
+            spos = nrecv[s_live] + _rank_within(s_live, f.t_sop[live])
+            self.t_soff[live] = sigma[s_live] + (spos + 1) * c.op_overhead
+            self.t_roff[live] = sigma[r_live] + (rpos + 1) * c.op_overhead
+        self.step_red = np.zeros(nglobal)
+        if self.reduce_bandwidth is not None:
+            red = live & f.t_reduce
+            self.step_red = np.bincount(f.t_rstep[red], weights=self.t_bytes[red],
+                                        minlength=nglobal) / self.reduce_bandwidth
+
+    def _pair_alpha(self, pair_keys: np.ndarray) -> np.ndarray:
+        """Alpha of each (src * n + dst) pair: ``box`` within a box, else ``network``."""
+        n = self.schedule.nranks
+        c = self.costs
+        if c.alpha_box == c.alpha_network:
+            return np.full(len(pair_keys), c.alpha_box)
+        box = np.asarray([self.cluster.box_index(r) for r in range(n)], dtype=np.int64)
+        src, dst = np.divmod(pair_keys, n)
+        return np.where(box[src] == box[dst], c.alpha_box, c.alpha_network)
+
+    def _breakdown(self, m_sstep: np.ndarray, m_rstep: np.ndarray, m_launch: np.ndarray,
+                   m_end: np.ndarray, m_delay: np.ndarray, m_soff: np.ndarray,
+                   m_roff: np.ndarray, st_ptr: np.ndarray, st_msg: np.ndarray
+                   ) -> dict[str, float]:
+        """``time_s`` split along the critical path (see :class:`SimReport`).
+
+        Walks back from the last step to end: a step's end is either its posting (step
+        and op overhead) or its last message's arrival; a message's bandwidth time is its
+        flow after alpha and path latency (``m_delay``), and its launch waits for the
+        posting in the later of its two steps, whose start is the end of that rank's step
+        before (or the call overhead).
+        """
+        out = {"bandwidth": 0.0, "latency": 0.0, "overhead": 0.0, "reduce": 0.0}
+        if not self.nglobal or not np.isfinite(self.step_end).all():
+            return out
+        start, end = self.step_start, self.step_end
+        g = int(np.argmax(end))
+        while True:
+            red = float(self.step_red[g])
+            out["reduce"] += red
+            t = float(end[g]) - red
+            lo, hi = int(st_ptr[g]), int(st_ptr[g + 1])
+            msgs = st_msg[lo:hi]
+            last = -1
+            if len(msgs):
+                ends = m_end[msgs]
+                k = int(np.argmax(ends))
+                if ends[k] >= float(start[g]) + float(self.step_post[g]) - 1e-12 * max(t, 1e-6):
+                    last = int(msgs[k])
+            if last < 0:  # the step waited for its own posting
+                out["overhead"] += t - float(start[g])
+                g2 = g
+            else:
+                flight = float(m_end[last] - m_launch[last])
+                lat = min(float(m_delay[last]), flight)
+                out["latency"] += lat
+                out["bandwidth"] += flight - lat
+                s_at = float(start[m_sstep[last]] + m_soff[last])
+                r_at = float(start[m_rstep[last]] + m_roff[last])
+                g2 = int(m_sstep[last] if s_at >= r_at else m_rstep[last])
+                out["overhead"] += float(m_launch[last]) - float(start[g2])
+            if g2 == self.step_base[self.step_rank[g2]]:  # the rank's first step
+                out["overhead"] += float(start[g2])
+                break
+            g = g2 - 1
+        return out
+
+
+def _rank_within(group: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """For each item, how many items of its ``group`` come before it by ``order``."""
+    if not len(group):
+        return np.zeros(0, np.int64)
+    idx = np.lexsort((order, group))
+    g = group[idx]
+    first = np.ones(len(g), dtype=bool)
+    first[1:] = g[1:] != g[:-1]
+    starts = np.flatnonzero(first)
+    run = np.repeat(starts, np.diff(np.append(starts, len(g))))
+    out = np.empty(len(g), np.int64)
+    out[idx] = np.arange(len(g)) - run
+    return out
 
 
 class _Engine(_Setup):
@@ -483,27 +637,34 @@ class _Engine(_Setup):
         if ntr and np.bincount(f.t_sstep).max() == 1:
             # One send per step (rings, trees): nothing to merge.
             self.t_msg = np.arange(ntr)
+            self.m_soff, self.m_roff = self.t_soff, self.t_roff
             self.m_k = np.ones(ntr)
             self.m_sstep, self.m_rstep = f.t_sstep, f.t_rstep
             self.m_bytes, self.m_reduce = self.t_bytes, f.t_reduce
         elif ntr:
-            order = np.lexsort((f.t_reduce, self.t_bytes, f.t_rstep, f.t_sstep))
+            # Transfers posted at different times (a per-op cost) flow from different
+            # times: they stay apart.
+            so, ro = self.t_soff, self.t_roff
+            order = np.lexsort((ro, so, f.t_reduce, self.t_bytes, f.t_rstep, f.t_sstep))
             ss, rs = f.t_sstep[order], f.t_rstep[order]
             by, red = self.t_bytes[order], f.t_reduce[order]
+            so, ro = so[order], ro[order]
             new = np.ones(ntr, dtype=bool)
             new[1:] = (ss[1:] != ss[:-1]) | (rs[1:] != rs[:-1]) | (by[1:] != by[:-1]) \
-                | (red[1:] != red[:-1])
+                | (red[1:] != red[:-1]) | (so[1:] != so[:-1]) | (ro[1:] != ro[:-1])
             first = np.flatnonzero(new)
             self.t_msg = np.empty(ntr, np.int64)
             self.t_msg[order] = np.cumsum(new) - 1
             self.m_k = np.diff(np.append(first, ntr)).astype(np.float64)
             self.m_sstep, self.m_rstep = ss[first], rs[first]
             self.m_bytes, self.m_reduce = by[first], red[first]
+            self.m_soff, self.m_roff = so[first], ro[first]
         else:
             self.t_msg = np.zeros(0, np.int64)
             self.m_k = np.zeros(0)
             self.m_sstep = self.m_rstep = np.zeros(0, np.int64)
             self.m_bytes, self.m_reduce = np.zeros(0), np.zeros(0, bool)
+            self.m_soff = self.m_roff = np.zeros(0)
         nmsg = len(self.m_k)
         self.m_n = self.m_k.astype(np.int64)  # ops each side of a message
         self.m_src = self.step_rank[self.m_sstep]
@@ -530,6 +691,7 @@ class _Engine(_Setup):
                                                          table.path_len)
         self.pair_ptr, self.pair_npaths = table.pair_ptr, table.pair_npaths
         self.path_lat = table.path_lat
+        self.pair_alpha = self._pair_alpha(table.pair_keys)
         npairs, npaths = table.npairs, len(table.path_len)
         self.path_pair = np.repeat(np.arange(npairs), self.pair_npaths)
         # Bytes per link are fixed by the routes: total per pair, spread over its paths.
@@ -638,11 +800,14 @@ class _Engine(_Setup):
         with np.errstate(divide="ignore", invalid="ignore"):
             dur = np.where(moving, self.m_k * self.m_bytes / npth / rate, 0.0)
         self.m_dur = np.where(fixed, dur, 0.0)
-        self.m_delay = self.alpha + (self.pair_lat[self.m_pair] if nmsg else 0.0) + self.m_dur
+        # Alpha and path latency before the first byte; zero-byte messages are not sent.
+        self.m_wait = np.where(moving, (self.pair_alpha[self.m_pair] + self.pair_lat[self.m_pair])
+                               if nmsg else 0.0, 0.0)
+        self.m_delay = self.m_wait + self.m_dur
         dyn_pairs = np.unique(self.m_pair[~fixed])
         if len(dyn_pairs):
-            paths, _ = _expand(self.pair_ptr, np.arange(len(self.path_len)), dyn_pairs)
-            self.lookahead = self.alpha + float(self.path_lat[paths].min())
+            paths, owner = _expand(self.pair_ptr, np.arange(len(self.path_len)), dyn_pairs)
+            self.lookahead = float((self.pair_alpha[dyn_pairs[owner]] + self.path_lat[paths]).min())
         else:
             self.lookahead = _INF
 
@@ -674,7 +839,7 @@ class _Engine(_Setup):
         self.e_load = np.zeros(nedges)
         self.e_since = np.zeros(nedges)
         self.timeline: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        self.timers: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.timers: list[tuple[np.ndarray, np.ndarray]] = []
         # Dynamic flows launched and not done: message, path, activation time, bytes left
         # per unit at time tu, rate per unit, active.
         self.f_msg = np.zeros(0, np.int64)
@@ -689,7 +854,7 @@ class _Engine(_Setup):
 
         last_report = _time.monotonic()
         first = self.step_base[:-1][self.step_base[:-1] < self.step_base[1:]]
-        empty = self._start_steps(first, np.zeros(len(first)))
+        empty = self._start_steps(first, np.full(len(first), self.t0))
         self._end_steps(empty)
         self._drain()
         while len(self.f_msg):
@@ -716,7 +881,9 @@ class _Engine(_Setup):
     # ---- steps and messages -------------------------------------------------------
     def _end_steps(self, steps: np.ndarray) -> None:
         while len(steps):
-            t = self.step_tmax[steps]
+            # Done when the last op is posted and every message is done; then the adds.
+            t = np.maximum(self.step_tmax[steps], self.step_start[steps] + self.step_post[steps]) \
+                + self.step_red[steps]
             self.step_end[steps] = t
             self.ended += len(steps)
             nxt = steps + 1
@@ -743,20 +910,22 @@ class _Engine(_Setup):
         return steps[self.pending[steps] == 0]
 
     def _launch(self, msgs: np.ndarray) -> None:
-        t = np.maximum(self.step_start[self.m_sstep[msgs]], self.step_start[self.m_rstep[msgs]])
+        # Once both sides have posted their op.
+        t = np.maximum(self.step_start[self.m_sstep[msgs]] + self.m_soff[msgs],
+                       self.step_start[self.m_rstep[msgs]] + self.m_roff[msgs])
         self.m_start[msgs] = t
         fixed = self.m_fixed[msgs]
         fm, ft = msgs[fixed], t[fixed]
         if len(fm):
             arrive = ft + self.m_delay[fm]
-            self.timers.append((arrive, fm, np.zeros(len(fm), np.int8)))
+            self.timers.append((arrive, fm))
             moving = self.m_dur[fm] > 0
             if self.record and moving.any():
                 mm, dur = fm[moving], self.m_dur[fm[moving]]
                 idx, owner = _expand(self.pe_ptr, np.arange(len(self.pe_edge)),
                                      self.m_pair[mm])
                 edges = self.pe_edge[idx]
-                start = (ft[moving] + self.alpha + self.pair_lat[self.m_pair[mm]])[owner]
+                start = (ft[moving] + self.m_wait[mm])[owner]
                 self.timeline.append((start, edges, self.pe_load[idx]))
                 self.timeline.append((start + dur[owner], edges, np.zeros(len(edges))))
         dm, dt = msgs[~fixed], t[~fixed]
@@ -770,7 +939,8 @@ class _Engine(_Setup):
             self.f_path = np.concatenate([self.f_path, paths])
             # Every dynamic event before ``clock`` is done. Only with a lookahead below the
             # batch tolerance can a new flow be due earlier (by less than the tolerance).
-            act = np.maximum(dt[owner] + self.alpha + self.path_lat[paths], self.clock)
+            act = np.maximum(dt[owner] + self.pair_alpha[pair[owner]] + self.path_lat[paths],
+                             self.clock)
             self.f_act = np.concatenate([self.f_act, act])
             self.f_rem = np.concatenate([self.f_rem, self.m_bytes[sub] / npaths[owner]])
             self.f_tu = np.concatenate([self.f_tu, np.zeros(len(sub))])
@@ -778,36 +948,16 @@ class _Engine(_Setup):
             self.f_active = np.concatenate([self.f_active, np.zeros(len(sub), bool)])
 
     def _drain(self) -> None:
-        """Process every timer (arrivals, reductions), whatever its time, and what follows."""
-        rb = self.reduce_bandwidth
+        """Process every timer (arrivals), whatever its time, and what follows."""
         while self.timers:
             times = np.concatenate([x[0] for x in self.timers])
             msgs = np.concatenate([x[1] for x in self.timers])
-            kinds = np.concatenate([x[2] for x in self.timers])
             self.timers = []
-            arrived = kinds == 0
-            am, at = msgs[arrived], times[arrived]
-            self.m_end[am] = at
-            steps = [self.m_sstep[am]]
-            when = [at]
-            count = [self.m_n[am]]
-            if rb is None:
-                quick = np.ones(len(am), dtype=bool)
-            else:
-                quick = ~(self.m_reduce[am] & (self.m_bytes[am] > 0))
-                slow = am[~quick]
-                if len(slow):
-                    self.timers.append((at[~quick] + self.m_bytes[slow] / rb, slow,
-                                        np.ones(len(slow), np.int8)))
-            steps.append(self.m_rstep[am[quick]])
-            when.append(at[quick])
-            count.append(self.m_n[am[quick]])
-            red = ~arrived
-            if red.any():
-                steps.append(self.m_rstep[msgs[red]])
-                when.append(times[red])
-                count.append(self.m_n[msgs[red]])
-            self._ops_done(np.concatenate(steps), np.concatenate(when), np.concatenate(count))
+            self.m_end[msgs] = times
+            # Both sides' ops are done (a step's adds come after all of its messages).
+            self._ops_done(np.concatenate([self.m_sstep[msgs], self.m_rstep[msgs]]),
+                           np.concatenate([times, times]),
+                           np.concatenate([self.m_n[msgs], self.m_n[msgs]]))
 
     def _ops_done(self, steps: np.ndarray, times: np.ndarray, counts: np.ndarray) -> None:
         if not len(steps):
@@ -896,8 +1046,7 @@ class _Engine(_Setup):
                 um = np.unique(dm)
                 arrived = um[self.m_left[um] == 0]
                 if len(arrived):
-                    self.timers.append((self.m_tmax[arrived], arrived,
-                                        np.zeros(len(arrived), np.int8)))
+                    self.timers.append((self.m_tmax[arrived], arrived))
         # Write back; drop finished flows.
         self.f_rem[widx], self.f_tu[widx] = w_rem, w_tu
         self.f_rate[widx], self.f_active[widx] = w_rate, w_active
@@ -995,12 +1144,16 @@ class _Engine(_Setup):
                     self.m_start[self.t_msg].tolist(), self.m_end[self.t_msg].tolist(),
                     f.t_count.tolist()))
             timeline = self._link_timeline()
+        breakdown = self._breakdown(self.m_sstep, self.m_rstep, self.m_start, self.m_end,
+                                    self.m_wait, self.m_soff, self.m_roff, self.st_ptr,
+                                    self.st_msg)
         return SimReport(
             cluster=self.cluster.name, algorithm=self.schedule.algorithm, nranks=n,
             size=self.size, time_s=time_s, lower_bound_s=bound, algbw=algbw, busbw=busbw,
             link_bytes=MappingProxyType(link_bytes), link_busy_s=MappingProxyType(link_busy),
             step_times=step_times, transfers=transfers,
-            link_timeline=MappingProxyType(timeline))
+            link_timeline=MappingProxyType(timeline), profile=self.costs.name,
+            breakdown=MappingProxyType(breakdown), messages=int(self.t_live.sum()))
 
 
 class _ReferenceEngine(_Setup):
@@ -1034,12 +1187,15 @@ class _ReferenceEngine(_Setup):
                                                          table.path_len)
         self.pair_ptr, self.pair_npaths = table.pair_ptr, table.pair_npaths
         self.path_lat = table.path_lat
+        self.t_alpha = self._pair_alpha(table.pair_keys)[self.t_pair]
         pairs = range(table.npairs)
         # Bytes per link are fixed by the routes: total per pair, spread over its paths.
         pair_bytes = np.bincount(self.t_pair, weights=self.t_bytes, minlength=len(pairs))
         per_path = np.repeat(pair_bytes / np.maximum(self.pair_npaths, 1), self.pair_npaths)
         per_edge = np.repeat(per_path, self.path_len)
         self.link_bytes = np.bincount(self.path_edges, weights=per_edge, minlength=len(self.edges))
+        self.pair_lat_max = (np.maximum.reduceat(self.path_lat, self.pair_ptr[:-1])
+                             if len(self.path_lat) else np.zeros(0))
 
     # ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -1063,12 +1219,12 @@ class _ReferenceEngine(_Setup):
         self.a_rem = np.zeros(0)
         self.a_rate = np.zeros(0)
         self.loaded = np.zeros(0, np.int64)  # edges with rate > 0
-        # Reductions in progress: finish time, transfer.
-        self.r_time = np.zeros(0)
-        self.r_tr = np.zeros(0, np.int64)
+        # Steps whose ops are done, ending later (posting, adds): end time, step.
+        self.e_time = np.zeros(0)
+        self.e_step = np.zeros(0, np.int64)
         self.ended = 0
 
-        t = 0.0
+        t = self.t0
         last_report = _time.monotonic()
         first = self.step_base[:-1][self.step_base[:-1] < self.step_base[1:]]
         self._end_steps(self._start_steps(first, t), t)  # (the first engine dropped these)
@@ -1079,8 +1235,8 @@ class _ReferenceEngine(_Setup):
                 next_t = min(next_t, t + float(np.min(self.a_rem / self.a_rate)))
             if len(self.w_act):
                 next_t = min(next_t, float(self.w_act.min()))
-            if len(self.r_time):
-                next_t = min(next_t, float(self.r_time.min()))
+            if len(self.e_time):
+                next_t = min(next_t, float(self.e_time.min()))
             if next_t == math.inf:
                 break
             dt = next_t - t
@@ -1134,26 +1290,28 @@ class _ReferenceEngine(_Setup):
                 if len(arrived):
                     self.t_end[arrived] = t
                     ops_done.append(self.t_sstep[arrived])
-                    if self.reduce_bandwidth is None:
-                        ops_done.append(self.t_rstep[arrived])
-                    else:
-                        slow = self.t_reduce[arrived] & (self.t_bytes[arrived] > 0)
-                        ops_done.append(self.t_rstep[arrived[~slow]])
-                        if slow.any():
-                            red = arrived[slow]
-                            self.r_time = np.concatenate(
-                                [self.r_time, t + self.t_bytes[red] / self.reduce_bandwidth])
-                            self.r_tr = np.concatenate([self.r_tr, red])
-            if len(self.r_time):
-                due = self.r_time <= t + tol
+                    ops_done.append(self.t_rstep[arrived])
+            ending: list[np.ndarray] = []
+            if ops_done:
+                steps, counts = np.unique(np.concatenate(ops_done), return_counts=True)
+                self.pending[steps] -= counts
+                finished = steps[self.pending[steps] == 0]
+                if len(finished):
+                    # Done when the last op is posted too; then the adds.
+                    due_at = np.maximum(t, self.step_start[finished]
+                                        + self.step_post[finished]) + self.step_red[finished]
+                    later = due_at > t + tol
+                    ending.append(finished[~later])
+                    self.e_time = np.concatenate([self.e_time, due_at[later]])
+                    self.e_step = np.concatenate([self.e_step, finished[later]])
+            if len(self.e_time):
+                due = self.e_time <= t + tol
                 if due.any():
-                    ops_done.append(self.t_rstep[self.r_tr[due]])
-                    self.r_time, self.r_tr = self.r_time[~due], self.r_tr[~due]
-            if not ops_done:
+                    ending.append(self.e_step[due])
+                    self.e_time, self.e_step = self.e_time[~due], self.e_step[~due]
+            if not ending:
                 break
-            steps, counts = np.unique(np.concatenate(ops_done), return_counts=True)
-            self.pending[steps] -= counts
-            finished_steps = steps[self.pending[steps] == 0]
+            finished_steps = np.unique(np.concatenate(ending))
             if len(finished_steps):
                 self._end_steps(finished_steps, t)
         if changed:
@@ -1189,6 +1347,9 @@ class _ReferenceEngine(_Setup):
         return steps[self.pending[steps] == 0]
 
     def _launch(self, trs: np.ndarray, t: float) -> None:
+        # Once both sides have posted their op (no earlier than now: one side starts now).
+        t = np.maximum(self.step_start[self.t_sstep[trs]] + self.t_soff[trs],
+                       self.step_start[self.t_rstep[trs]] + self.t_roff[trs])
         self.t_start[trs] = t
         pair = self.t_pair[trs]
         npaths = self.pair_npaths[pair]
@@ -1198,7 +1359,10 @@ class _ReferenceEngine(_Setup):
         paths = np.repeat(self.pair_ptr[pair], npaths) + offsets
         sub_tr = np.repeat(trs, npaths)
         sub_bytes = np.repeat(self.t_bytes[trs] / npaths, npaths)
-        act = t + self.alpha + self.path_lat[paths]
+        # Zero-byte messages are not sent: done once posted.
+        wait = np.where(sub_bytes > 0, np.repeat(self.t_alpha[trs], npaths) + self.path_lat[paths],
+                        0.0)
+        act = np.repeat(t, npaths) + wait
         self.w_act = np.concatenate([self.w_act, act])
         self.w_tr = np.concatenate([self.w_tr, sub_tr])
         self.w_path = np.concatenate([self.w_path, paths])
@@ -1288,16 +1452,22 @@ class _ReferenceEngine(_Setup):
             link_busy_s=MappingProxyType({self.edges[i]: float(self.busy[i])
                                           for i in np.flatnonzero(self.busy > 0).tolist()}),
             step_times=tuple(tuple(pairs[base[r]:base[r + 1]]) for r in range(n)),
-            transfers=transfers, link_timeline=MappingProxyType(timeline))
+            transfers=transfers, link_timeline=MappingProxyType(timeline),
+            profile=self.costs.name, breakdown=MappingProxyType(self._breakdown(
+                self.t_sstep, self.t_rstep, self.t_start, self.t_end,
+                np.where(self.t_live, self.t_alpha + self.pair_lat_max[self.t_pair], 0.0),
+                self.t_soff, self.t_roff, self.st_ptr, self.st_tr)),
+            messages=int(self.t_live.sum()))
 
 
 def _simulate_reference(cluster: Cluster, schedule: Schedule, size: int, *, dtype_size: int = 4,
+                        profile: CostProfile | str | None = None,
                         reduce_bandwidth: float | None = None, alpha: float = 0.0,
                         record: bool = False) -> SimReport:
     """:func:`simulate` by :class:`_ReferenceEngine` (tests and benchmarks only)."""
     if schedule.nranks != cluster.nranks:
         raise ScheduleError("rank count differs")
-    engine = _ReferenceEngine(cluster, schedule, int(size), dtype_size, reduce_bandwidth,
-                              float(alpha), record, None)
+    engine = _ReferenceEngine(cluster, schedule, int(size), dtype_size,
+                              _costs(profile, alpha, reduce_bandwidth), record, None)
     engine.run()
     return engine.report()
