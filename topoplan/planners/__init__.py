@@ -1,8 +1,10 @@
 """Allreduce planners: one module per algorithm, one signature, and the ``plan`` facade.
 
-Every planner is ``plan_x(cluster, *, size, chunks=None, **options) -> Schedule`` and
-sets ``meta["algorithm"]`` and ``meta["cluster"]``. :data:`PLANNERS` maps the names
-the CLI shows to them; adding one is one line (or :func:`register`).
+Every planner is ``plan_x(cluster, *, size, chunks=None, profile=None, **options) ->
+Schedule`` and sets ``meta["algorithm"]``, ``meta["cluster"]`` and ``meta["profile"]``.
+``profile`` is the runtime's :class:`~topoplan.cost.CostProfile` (or a name): planners
+pick their pipelining depth, and ``mcf`` its construction, against it. :data:`PLANNERS`
+maps the names the CLI shows to them; adding one is one line (or :func:`register`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import inspect
 from typing import Any, Callable
 
 from ..cluster import Cluster
+from ..cost import CostProfile, get_profile
 from ..schedule import Schedule
 from ._common import PlannerError, topo_order
 from .hierarchical import plan_hierarchical
@@ -19,7 +22,8 @@ from .rhd import plan_rhd
 from .ring import plan_ring, plan_ring_topo
 from .tree import plan_tree
 
-__all__ = ["PLANNERS", "plan", "register", "candidates", "PlannerError", "LazyPlanner", "plan_ring",
+__all__ = ["PLANNERS", "plan", "register", "candidates", "takes", "PlannerError", "LazyPlanner",
+           "plan_ring",
            "plan_ring_topo", "plan_tree", "plan_rhd", "plan_hierarchical", "topo_order"]
 
 Planner = Callable[..., Schedule]
@@ -70,6 +74,13 @@ def candidates() -> list[str]:
     return [name for name in PLANNERS if name != "auto"]
 
 
+def takes(planner: Planner, option: str) -> bool:
+    """Whether ``planner`` accepts the keyword ``option`` (or any keyword)."""
+    params = inspect.signature(planner).parameters
+    return option in params or any(p.kind is inspect.Parameter.VAR_KEYWORD
+                                   for p in params.values())
+
+
 def _check_options(name: str, planner: Planner, options: dict[str, Any]) -> None:
     params = inspect.signature(planner).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
@@ -82,7 +93,7 @@ def _check_options(name: str, planner: Planner, options: dict[str, Any]) -> None
 
 
 def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
-         **options: Any) -> Schedule:
+         profile: CostProfile | str | None = None, **options: Any) -> Schedule:
     """Plan an allreduce of ``size`` bytes on ``cluster`` with the named algorithm.
 
     Parameters
@@ -94,8 +105,11 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
         simulates the candidates and returns the fastest (:mod:`topoplan.planners.auto`).
     size : int
         Message size in bytes.
+    profile : CostProfile or str, optional
+        The runtime's costs (:mod:`topoplan.cost`), a shipped profile's name or a YAML
+        path. Default :data:`topoplan.cost.DEFAULT_PROFILE` (``nccl``).
     **options
-        Passed to the planner (``chunks``, ``order``, ...).
+        Passed to the planner (``chunks``, ``order``, ``max_step_ops``, ...).
 
     Returns
     -------
@@ -112,4 +126,10 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
         known = ", ".join(sorted(PLANNERS))
         raise PlannerError(f"unknown algorithm {algorithm!r}; known: {known}")
     _check_options(algorithm, planner, options)
-    return planner(cluster, size=size, **options)
+    costs = get_profile(profile)
+    if takes(planner, "profile"):
+        options["profile"] = costs
+    schedule = planner(cluster, size=size, **options)
+    if "profile" not in schedule.meta:
+        schedule = schedule.with_meta(profile=costs.name)
+    return schedule

@@ -27,12 +27,14 @@ import networkx as nx
 import numpy as np
 
 from ..cluster import Box, Cluster
-from ..errors import TopoplanError
+from ..cost import CostProfile, get_profile
+from ..errors import InfeasiblePlanError, TopoplanError
 from ..schedule import Op, OpKind, RankProgram, Schedule
 
 __all__ = ["PlannerError", "Timeline", "TopoNode", "topo_tree", "topo_order", "box_order",
            "resolve_order", "check_size", "check_chunks", "ring_reduce_scatter",
-           "ring_allgather", "link_params", "pipeline_depth", "split", "no_gc", "OP_BUDGET"]
+           "ring_allgather", "link_params", "message_latency", "pipeline_depth", "split",
+           "no_gc", "check_caps", "check_cap_args", "OP_BUDGET"]
 
 # Ops a default plan may hold. A flat ring needs Theta(n^2) ops (one chunk per step),
 # about 4.2 M at 1024 ranks; pipelining only multiplies chunk counts while the plan
@@ -494,6 +496,19 @@ def link_params(cluster: Cluster, order: Sequence[int]) -> tuple[float, float]:
     return max(latency, 1e-7), bandwidth
 
 
+def message_latency(cluster: Cluster, order: Sequence[int], profile: CostProfile | str | None,
+                    ops: int = 2) -> float:
+    """Seconds one step of ``ops`` ops costs before its bytes flow, between far ranks:
+    the path latency of :func:`link_params` plus the profile's step overhead, posting
+    and alpha (the alpha of the class of that pair: network when they sit in different
+    boxes). The ``latency`` a pipelining model should trade against bandwidth."""
+    latency, _ = link_params(cluster, order)
+    costs = get_profile(profile)
+    n = len(order)
+    network = n > 1 and cluster.box_index(order[0]) != cluster.box_index(order[n // 2])
+    return latency + costs.message_cost(network=network, ops=ops)
+
+
 def pipeline_depth(size: float, fill_slots: int, latency: float, bandwidth: float,
                    cap: int) -> int:
     """Chunks that minimise ``(c + fill_slots) * (latency + size / (c * bandwidth))``.
@@ -506,6 +521,34 @@ def pipeline_depth(size: float, fill_slots: int, latency: float, bandwidth: floa
         return 1
     c = math.sqrt(fill_slots * size / (latency * bandwidth))
     return max(1, min(cap, int(round(c))))
+
+
+def check_cap_args(max_step_ops: Any, max_chunks: Any, algorithm: str) -> None:
+    """PlannerError unless each cap is None or an integer >= 1."""
+    for name, value in (("max_step_ops", max_step_ops), ("max_chunks", max_chunks)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            raise PlannerError(f"{algorithm}: {name} must be an integer >= 1 or None, "
+                               f"got {value!r}")
+
+
+def check_caps(schedule: Schedule, max_step_ops: int | None, max_chunks: int | None,
+               algorithm: str) -> Schedule:
+    """``schedule`` if it holds at most ``max_chunks`` chunks and every rank posts at most
+    ``max_step_ops`` ops in a step; else an InfeasiblePlanError saying which cap and by
+    how much (a planner lowers its pipelining depth first: this fires when even its
+    smallest plan is too big; ``auto`` then leaves the planner out)."""
+    check_cap_args(max_step_ops, max_chunks, algorithm)
+    if max_chunks is not None and schedule.nchunks > max_chunks:
+        raise InfeasiblePlanError(f"{algorithm}: the smallest plan has {schedule.nchunks} chunks, over "
+                           f"max_chunks={max_chunks}; raise the cap or pick another planner")
+    if max_step_ops is not None:
+        worst = schedule.max_step_ops
+        if worst > max_step_ops:
+            raise InfeasiblePlanError(f"{algorithm}: the smallest plan posts {worst} ops in one step, "
+                               f"over max_step_ops={max_step_ops}; raise the cap or pick "
+                               "another planner")
+    return schedule
 
 
 def empty_schedule(cluster: Cluster, algorithm: str, **meta: Any) -> Schedule:

@@ -89,12 +89,13 @@ def calibration_cases(cluster: Cluster) -> list[tuple[str, int, str, Schedule | 
     size = int(STEP_SECONDS * slowest * n * slices) // 4096 * 4096 or 4096
     cases: list[tuple[str, int, str, Schedule | None]] = [
         ("cal:reduce", REDUCE_BYTES, "reduce", None)]
-    for label, algorithm, nbytes, options in (
-            ("cal:latency", "ring", 4 << 10, {}),
-            ("cal:ring-pipelined", "ring", size, {"chunks": slices}),
-            ("cal:tree-pipelined", "tree", size, {"chunks": slices})):
+    runs: tuple[tuple[str, str, int, dict[str, Any]], ...] = (
+        ("cal:latency", "ring", 4 << 10, {}),
+        ("cal:ring-pipelined", "ring", size, {"chunks": slices}),
+        ("cal:tree-pipelined", "tree", size, {"chunks": slices}))
+    for label, algorithm, nbytes, options in runs:
         cases.append((label, nbytes, "schedule", plan(cluster, algorithm=algorithm, size=nbytes,
-                                                      **options)))
+                                                      profile="ideal", **options)))
     return cases
 
 
