@@ -334,3 +334,79 @@ boxes:
     # Planned for real: the direct grid is near the bound with pipelining.
     planned = plan_mcf(cluster, size=M)
     assert simulate(cluster, planned, M).time_s <= 1.05 * report.lower_bound_s
+
+
+# ---- under a cost profile (issue 12) ----------------------------------------------------
+def test_dgx1_ring_sets_fewest_rings_at_the_optimum():
+    from topoplan.planners._mcf_hier import box_ring_sets
+    cluster = loads_cluster(DGX1)
+    sets = box_ring_sets(cluster, cluster.boxes[0])
+    # One directed ring uses 1/6 of the NVLinks' capacity per direction: 3x slower;
+    # one cycle both ways 1.5x; two cycles both ways (the single and the double
+    # NVLinks) reach the 13-ring LP optimum.
+    assert [len(rings) for rings, _, _ in sets] == [1, 2, 4]
+    assert [round(s, 6) for _, _, s in sets] == [3.0, 1.5, 1.0]
+    for _, shares, _ in sets:
+        assert shares.sum() == pytest.approx(1.0)
+
+
+def test_dgx1_plan_is_compact_and_near_the_bound_under_nccl():
+    from topoplan.cost import get_profile
+    cluster = load_cluster(ROOT / "topologies" / "dgx1_v100.yaml")
+    nccl = get_profile("nccl")
+    schedule = plan_mcf(cluster, size=M, profile=nccl)
+    verify(schedule)
+    assert schedule.nmessages <= 2000  # NCCL's rings are of this order
+    got = simulate(cluster, schedule, M, profile=nccl)
+    latency_bound = got.lower_bound_s + 2 * nccl.alpha_box + nccl.call_overhead
+    assert got.time_s <= 1.10 * latency_bound
+    assert schedule.meta["profile"] == "nccl"
+    assert schedule.meta["estimate_s"] == pytest.approx(got.time_s, rel=0.02)
+
+
+def test_cube_mesh_without_latency_is_not_cut_into_hundreds_of_pieces():
+    """The held-out cube mesh of issue 12 (NVLinks with no latency): a single-level ring
+    gains nothing but rounding from pipeline pieces; it took 128 pieces and 186 k
+    messages, and ran 5x slower than a ring."""
+    text = DGX1.replace(", latency: 1 us", "")
+    cluster = loads_cluster(text)
+    for profile in ("ideal", "nccl"):
+        schedule = plan_mcf(cluster, size=M, profile=profile)
+        assert schedule.nmessages <= 2000, profile
+        assert schedule.meta.get("pieces", 1) == 1
+
+
+def test_dearer_ops_give_fewer_rings_and_pieces():
+    from topoplan.cost import CostProfile
+    cluster = load_cluster(ROOT / "topologies" / "dgx_a100_x4.yaml")
+    cheap = CostProfile("cheap", alpha_box=1e-6, alpha_network=2e-6, op_overhead=0.1e-6)
+    dear = cheap.with_costs(name="dear", op_overhead=20e-6, step_overhead=50e-6)
+    a = plan_mcf(cluster, size=64 << 20, profile=cheap)
+    b = plan_mcf(cluster, size=64 << 20, profile=dear)
+    assert b.nmessages < a.nmessages and b.nsteps <= a.nsteps
+    # Each is the better plan under its own profile.
+    assert simulate(cluster, a, 64 << 20, profile=cheap).time_s <= \
+        1.02 * simulate(cluster, b, 64 << 20, profile=cheap).time_s
+    assert simulate(cluster, b, 64 << 20, profile=dear).time_s <= \
+        1.02 * simulate(cluster, a, 64 << 20, profile=dear).time_s
+
+
+@pytest.mark.parametrize("topology", ["dgx_a100_x4", "aws_p2_8xlarge", "ddl_three_racks"])
+def test_plan_size_caps_always_hold(topology):
+    cluster = load_cluster(ROOT / "topologies" / f"{topology}.yaml")
+    free = plan_mcf(cluster, size=M, profile="ideal")
+    step_cap = max(2, free.max_step_ops // 2)
+    chunk_cap = max(cluster.nranks, free.nchunks // 4)
+    capped = plan_mcf(cluster, size=M, profile="ideal", max_step_ops=step_cap,
+                      max_chunks=chunk_cap)
+    verify(capped)
+    assert capped.max_step_ops <= step_cap and capped.nchunks <= chunk_cap
+    with pytest.raises(InfeasiblePlanError, match="max_chunks=1"):
+        plan_mcf(cluster, size=M, max_chunks=1)
+
+
+def test_bad_caps_are_refused():
+    from topoplan.planners import PlannerError
+    cluster = loads_cluster(_switch(4))
+    with pytest.raises(PlannerError, match="max_step_ops must be an integer >= 1"):
+        plan_mcf(cluster, size=M, max_step_ops=0)

@@ -38,14 +38,19 @@ import scipy.sparse as sp
 from scipy.optimize import linprog
 
 from ..cluster import Box, Cluster
+from ..cost import CostProfile
 from ..errors import InfeasiblePlanError
 from ..schedule import OpKind, Schedule
 from ._common import no_gc, schedule_from_arrays
 
 __all__ = ["Layout", "layouts", "Messages", "messages", "message_count", "estimate", "choose_pieces",
-           "build", "box_rings"]
+           "build", "box_rings", "box_ring_sets", "SoftCosts"]
 
 _SEND, _RECV = OpKind.SEND, OpKind.RECV
+#: The least relative gain for which choose_pieces doubles the pipeline depth.
+MIN_GAIN = 2e-3
+#: Seconds per fewest-rings MILP (over undirected cycles: ~0.03 s each on a DGX-1).
+MILP_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -110,25 +115,20 @@ def _hamiltonian_cycles(graph: nx.Graph, limit: int = 5000) -> list[tuple[int, .
     return out
 
 
-def box_rings(cluster: Cluster, box: Box) -> tuple[list[tuple[int, ...]], np.ndarray]:
-    """Rings over a box's GPUs (local indexes) and the share of data each carries.
-
-    For an NVLink mesh of up to 10 GPUs: every Hamiltonian cycle (both directions)
-    is a column of the LP ``min t : sum x = 1, sum_c x_c load_e(c) <= t cap_e``, with
-    ``load_e(c)`` the bytes cycle ``c`` puts on directed link ``e`` (along the
-    cluster's routes) per byte of ring data; on the DGX-1 mesh it finds three
-    edge-disjoint cycles used both ways (6 rings). Otherwise the index-order ring.
-    """
+def _cycle_loads(cluster: Cluster, box: Box) -> tuple[list[tuple[int, ...]], sp.csr_array,
+                                                      np.ndarray] | None:
+    """Directed Hamiltonian cycles of a box's NVLink mesh (local indexes), the bytes each
+    puts on every directed link per byte of ring data (along the cluster's routes), and
+    the links' capacities; None when the box has no such cycle."""
     g = box.gpus
-    ident = [tuple(range(g))]
     if g <= 2 or not box.gpu_links or g > 10:
-        return ident, np.ones(1)
+        return None
     links = nx.Graph()
     links.add_nodes_from(range(g))
     links.add_edges_from((l.a, l.b) for l in box.gpu_links)
     cycles = _hamiltonian_cycles(links) if nx.is_connected(links) else []
     if not cycles:
-        return ident, np.ones(1)
+        return None
     cycles = cycles + [c[:1] + c[1:][::-1] for c in cycles]
     cycles = list(dict.fromkeys(cycles))
     graph = cluster.graph
@@ -152,20 +152,138 @@ def box_rings(cluster: Cluster, box: Box) -> tuple[list[tuple[int, ...]], np.nda
                 vals.append(w)
     cap = np.array([graph.edges[e]["bandwidth"] for e in edges])
     load = sp.csr_array((vals, (rows, cols)), shape=(len(edges), len(cycles)))
-    # Variables x_1..x_K, t; minimize t.
+    return cycles, load, cap
+
+
+def _ring_lp(load: sp.csr_array, cap: np.ndarray, max_rings: int | None = None
+             ) -> tuple[np.ndarray, float] | None:
+    """``min t : sum x = 1, sum_c x_c load_e(c) <= t cap_e`` (an LP), or with at most
+    ``max_rings`` cycles used (a MILP: binary y_c >= x_c, sum y <= max_rings).
+
+    Returns the shares ``x`` and ``t`` relative to the widest link, or None.
+    """
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    nlinks, m = load.shape
     # Capacities relative to the widest link: HiGHS' tolerances are absolute.
-    a_ub = sp.hstack([sp.diags(cap.max() / cap) @ load, -np.ones((len(edges), 1))]).tocsr()
-    a_eq = np.concatenate([np.ones(len(cycles)), [0.0]])[None, :]
-    c = np.zeros(len(cycles) + 1)
+    scaled = sp.diags(cap.max() / cap) @ load
+    if max_rings is None:
+        a_ub = sp.hstack([scaled, -np.ones((nlinks, 1))]).tocsr()
+        a_eq = np.concatenate([np.ones(m), [0.0]])[None, :]
+        c = np.zeros(m + 1)
+        c[-1] = 1.0
+        res = linprog(c, A_ub=a_ub, b_ub=np.zeros(nlinks), A_eq=a_eq, b_eq=[1.0],
+                      bounds=[(0, None)] * (m + 1), method="highs")
+        return (res.x[:-1], float(res.x[-1])) if res.status == 0 else None
+    # Variables x (m), y (m), t.
+    z = sp.csr_array((nlinks, m))
+    rows = sp.vstack([
+        sp.hstack([scaled, z, -np.ones((nlinks, 1))]),
+        sp.hstack([sp.eye(m), -sp.eye(m), np.zeros((m, 1))]),
+        sp.csr_array(np.concatenate([np.zeros(m), np.ones(m), [0.0]])[None, :]),
+        sp.csr_array(np.concatenate([np.ones(m), np.zeros(m), [0.0]])[None, :])]).tocsr()
+    lo = np.concatenate([np.full(nlinks + m, -np.inf), [0.0, 1.0]])
+    hi = np.concatenate([np.zeros(nlinks + m), [float(max_rings), 1.0]])
+    c = np.zeros(2 * m + 1)
     c[-1] = 1.0
-    res = linprog(c, A_ub=a_ub, b_ub=np.zeros(len(edges)), A_eq=a_eq, b_eq=[1.0],
-                  bounds=[(0, None)] * (len(cycles) + 1), method="highs")
-    if res.status != 0:
-        return ident, np.ones(1)
-    x = res.x[:-1]
+    res = milp(c, constraints=LinearConstraint(rows, lo, hi),
+               integrality=np.concatenate([np.zeros(m), np.ones(m), [0]]),
+               bounds=Bounds(np.zeros(2 * m + 1), np.concatenate([np.ones(2 * m), [np.inf]])),
+               options={"time_limit": MILP_SECONDS})
+    if res.x is None:
+        return None
+    return res.x[:m], float(res.x[-1])
+
+
+def _keep(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     keep = np.flatnonzero(x > 1e-6 * x.max())
-    w = x[keep] / x[keep].sum()
+    return keep, x[keep] / x[keep].sum()
+
+
+def box_rings(cluster: Cluster, box: Box) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    """Rings over a box's GPUs (local indexes) and the share of data each carries.
+
+    For an NVLink mesh of up to 10 GPUs: every Hamiltonian cycle (both directions)
+    is a column of the LP ``min t : sum x = 1, sum_c x_c load_e(c) <= t cap_e``, with
+    ``load_e(c)`` the bytes cycle ``c`` puts on directed link ``e`` (along the
+    cluster's routes) per byte of ring data. The LP's own solution may use many
+    cycles (13 on a DGX-1): :func:`box_ring_sets` finds the fewest that do as well.
+    Otherwise the index-order ring.
+    """
+    ident = [tuple(range(box.gpus))]
+    problem = _cycle_loads(cluster, box)
+    if problem is None:
+        return ident, np.ones(1)
+    cycles, load, cap = problem
+    solved = _ring_lp(load, cap)
+    if solved is None:
+        return ident, np.ones(1)
+    keep, w = _keep(solved[0])
     return [cycles[k] for k in keep], w
+
+
+_RING_SETS: dict[tuple, list[tuple[list[tuple[int, ...]], np.ndarray, float]]] = {}
+
+
+def box_ring_sets(cluster: Cluster, box: Box) -> list[tuple[list[tuple[int, ...]], np.ndarray,
+                                                             float]]:
+    """Ring sets of a box with few rings, up to the fewest that reach the LP optimum:
+    ``[(rings, shares, slowdown)]``, ``slowdown`` the set's time over the optimum's (1.0
+    for the last).
+
+    More rings load more NVLinks but cost ops: every ring is a message per rank and
+    step, so the planner weighs them under the runtime's cost profile. The sets: the
+    best single directed cycle, then ``k = 1, 2, ...`` undirected cycles each run both
+    ways (links are full duplex), the best ``k`` by a MILP (``y_c`` binary,
+    ``x_c <= y_c``, ``sum y <= k``) over the undirected cycles. On a DGX-1 the
+    optimum (the LP's own solution uses 13 rings) takes 2 cycles both ways, 4 rings;
+    1 and 2 rings are 3x and 1.5x slower. 30 undirected cycles on a DGX-1: ~0.1 s in
+    all (the MILP over directed cycles takes seconds), cached per box type.
+    """
+    key = (box.signature(),)
+    cached = _RING_SETS.get(key)
+    if cached is not None:
+        return cached
+    ident = [tuple(range(box.gpus))]
+    problem = _cycle_loads(cluster, box)
+    out: list[tuple[list[tuple[int, ...]], np.ndarray, float]] = []
+    best = None if problem is None else _ring_lp(problem[1], problem[2])
+    if problem is None or best is None:
+        out.append((ident, np.ones(1), 1.0))
+    else:
+        cycles, load, cap = problem
+        t_opt = best[1]
+        scaled = sp.diags(cap.max() / cap) @ load
+        single = np.asarray(scaled.max(axis=0).todense()).ravel()
+        k = int(np.argmin(single))
+        out.append(([cycles[k]], np.ones(1), float(single[k]) / t_opt))
+        # Undirected cycles: each directed cycle with its reverse, equal shares.
+        index = {c: i for i, c in enumerate(cycles)}
+        pairs: list[tuple[int, int]] = []
+        seen: set[int] = set()
+        for i, c in enumerate(cycles):
+            j = index[c[:1] + c[1:][::-1]]
+            if i not in seen:
+                seen.update((i, j))
+                pairs.append((i, j))
+        both = sp.hstack([(load[:, [i]] + load[:, [j]]) / 2 for i, j in pairs]).tocsr()
+        last = out[0][2] * t_opt
+        for kk in range(1, len(pairs) + 1):
+            solved = _ring_lp(both, cap, max_rings=kk)
+            if solved is None or solved[1] >= last * (1 - 1e-6):
+                if solved is not None and solved[1] <= t_opt * (1 + 1e-6):
+                    break
+                continue
+            keep, w = _keep(solved[0])
+            last = solved[1]
+            rings = [cycles[x] for p in keep for x in pairs[p]]
+            out.append((rings, np.repeat(w / 2, 2), last / t_opt))
+            if last <= t_opt * (1 + 1e-6):
+                break
+        if out[-1][2] > 1 + 1e-6:  # asymmetric optimum: the LP's own set
+            keep, w = _keep(best[0])
+            out.append(([cycles[j] for j in keep], w, 1.0))
+    _RING_SETS[key] = out
+    return out
 
 
 # --------------------------------------------------------------------------------------
@@ -214,14 +332,11 @@ def layouts(cluster: Cluster) -> list[Layout]:
     if g == 1:
         inbox.append(("", (), [np.zeros((), dtype=np.int64)], np.ones(1)))
     else:
-        rings, w = box_rings(cluster, box)
-        inbox.append((f"box[{g}]x{len(rings)}", (g,), [np.array(r, dtype=np.int64) for r in rings], w))
-        if len(rings) > 2:
-            # Fewer rings, fewer chunks: the heaviest LP ring and its reverse carry
-            # everything (enough when the box is not the bottleneck).
-            top = rings[int(np.argmax(w))]
-            pair = [np.array(top, dtype=np.int64), np.array(top[:1] + top[1:][::-1], dtype=np.int64)]
-            inbox.append((f"box[{g}]x2", (g,), pair, np.full(2, 0.5)))
+        # One option per ring count up to the fewest rings at the LP optimum: more
+        # rings load more links but post more ops (the cost profile decides).
+        for rings, w, _ in box_ring_sets(cluster, box):
+            inbox.append((f"box[{g}]x{len(rings)}", (g,),
+                          [np.array(r, dtype=np.int64) for r in rings], w))
         if box.fabric is not None and box.gpu_links:
             islands = nx.Graph()
             islands.add_nodes_from(range(g))
@@ -433,6 +548,8 @@ class CostModel:
         self.index = {e: i for i, e in enumerate(self.edges)}
         self.cap = np.array([graph.edges[e]["bandwidth"] for e in self.edges])
         self.lat = np.array([graph.edges[e]["latency"] for e in self.edges])
+        self.box_of_rank = np.asarray([cluster.box_index(r) for r in range(cluster.nranks)],
+                                      dtype=np.int64)
         self._pairs: dict[int, tuple[list[int], list[float], float]] = {}
 
     def incidence(self, keys: np.ndarray) -> tuple[sp.csr_array, np.ndarray]:
@@ -464,21 +581,73 @@ class CostModel:
         return sp.csr_array((vals, (rows, cols)), shape=(len(keys), len(self.edges))), lat
 
 
-def piece_profile(model: CostModel, msgs: Messages, fractions: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray]:
+@dataclass(frozen=True)
+class SoftCosts:
+    """What a runtime pays per step of one piece beyond its bytes (a cost profile applied
+    to a layout): ``ops[s]``, the most ops any rank posts in step ``s``; the profile's
+    ``step_overhead``, ``op_overhead`` and ``call_overhead`` (seconds)."""
+
+    ops: np.ndarray
+    step: float = 0.0
+    op: float = 0.0
+    call: float = 0.0
+
+    def total(self, q: int) -> float:
+        """Seconds of software cost of ``q`` pieces, piece ``p`` ``p`` steps late: every
+        combined step pays the step overhead once and posts the ops of all its pieces
+        (serially, at the busiest rank), and the call pays its overhead."""
+        nsteps = len(self.ops) + q - 1 if len(self.ops) else 0
+        return self.call + nsteps * self.step + q * float(self.ops.sum()) * self.op
+
+    def peak_ops(self, q: int) -> int:
+        """The most ops a rank posts in one combined step of ``q`` pieces."""
+        if not len(self.ops):
+            return 0
+        return int(np.convolve(self.ops, np.ones(q, dtype=np.int64)).max())
+
+
+NO_COSTS = SoftCosts(np.zeros(0, np.int64))
+
+
+def piece_profile(model: CostModel, msgs: Messages, fractions: np.ndarray,
+                  profile: CostProfile | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, SoftCosts]:
     """Seconds each link is busy per byte of buffer in each step of one piece
-    (``(nsteps, links)``, for a piece of the whole buffer), and each step's latency."""
+    (``(nsteps, links)``, for a piece of the whole buffer), each step's latency, and the
+    software costs of its steps under ``profile``.
+
+    With a profile, a step's latency adds the worst alpha of its messages (box or
+    network class) and every link column adds the seconds the busiest rank spends
+    adding what the step's reducing recvs brought (the executor adds after the wait),
+    per byte of buffer.
+    """
     n = model.cluster.nranks
     key = msgs.src * n + msgs.dst
     pairs, inv = np.unique(key, return_inverse=True)
+    inv = inv.reshape(-1)
     inc, lat = model.incidence(pairs)
     cum = np.concatenate([[0.0], np.cumsum(fractions)])
     w = cum[msgs.chunk + msgs.count] - cum[msgs.chunk]
-    sp_steps = sp.csr_array((w, (msgs.step, inv.reshape(-1))), shape=(msgs.nsteps, len(pairs)))
+    sp_steps = sp.csr_array((w, (msgs.step, inv)), shape=(msgs.nsteps, len(pairs)))
     loads = (sp_steps @ inc).toarray() / model.cap[None, :]
+    # Ops per rank and step: a send at src, a recv at dst.
+    per_rank = np.zeros((msgs.nsteps, n), dtype=np.int64)
+    np.add.at(per_rank, (msgs.step, msgs.src), 1)
+    np.add.at(per_rank, (msgs.step, msgs.dst), 1)
+    ops = per_rank.max(axis=1) if n else np.zeros(msgs.nsteps, np.int64)
     step_lat = np.zeros(msgs.nsteps)
-    np.maximum.at(step_lat, msgs.step, lat[inv.reshape(-1)])
-    return loads, step_lat
+    if profile is None or profile.is_ideal:
+        np.maximum.at(step_lat, msgs.step, lat[inv])
+        return loads, step_lat, SoftCosts(ops)
+    box = model.box_of_rank
+    alpha = np.where(box[msgs.src] == box[msgs.dst], profile.alpha_box, profile.alpha_network)
+    np.maximum.at(step_lat, msgs.step, lat[inv] + alpha)
+    if profile.reduce_bandwidth is not None:
+        red = np.zeros((msgs.nsteps, n))
+        np.add.at(red, (msgs.step[msgs.reduce], msgs.dst[msgs.reduce]), w[msgs.reduce])
+        loads = loads + (red.max(axis=1) / profile.reduce_bandwidth)[:, None]
+    return loads, step_lat, SoftCosts(ops, profile.step_overhead, profile.op_overhead,
+                                      profile.call_overhead)
 
 
 def _window_max(step_lat: np.ndarray, q: int) -> np.ndarray:
@@ -501,33 +670,37 @@ def _link_classes(loads: np.ndarray) -> np.ndarray:
     return cols[:, np.sort(keep)]
 
 
-def estimate(loads: np.ndarray, step_lat: np.ndarray, sizes: np.ndarray, size: float) -> float:
+def estimate(loads: np.ndarray, step_lat: np.ndarray, sizes: np.ndarray, size: float,
+             soft: SoftCosts = NO_COSTS) -> float:
     """Lock-step time of pieces of ``sizes`` (fractions, piece ``p`` ``p`` steps late).
 
     ``loads[s, e]``: seconds per byte of buffer that link ``e`` is busy in step ``s``
     of a piece carrying the whole buffer. A step lasts as long as its busiest link
-    plus its worst path latency.
+    plus its worst path latency (and alpha), plus the software costs ``soft`` (step
+    overhead, and posting the ops of every piece in it).
     """
     q = len(sizes)
     s, m = loads.shape
     total = np.zeros((s + q - 1, m))
     for p, x in enumerate(sizes.tolist()):
         total[p:p + s] += x * loads
-    return float((total.max(axis=1) * size).sum() + _window_max(step_lat, q).sum())
+    return float((total.max(axis=1) * size).sum() + _window_max(step_lat, q).sum()
+                 + soft.total(q))
 
 
-def piece_sizes(loads: np.ndarray, step_lat: np.ndarray, q: int, size: float
-                ) -> tuple[np.ndarray, float]:
+def piece_sizes(loads: np.ndarray, step_lat: np.ndarray, q: int, size: float,
+                soft: SoftCosts = NO_COSTS) -> tuple[np.ndarray, float]:
     """Piece sizes that minimize the lock-step time (an LP), and that time.
 
     ``min sum_s T_s  s.t.  T_s >= sum_p x_p loads[s - p, e]  (every step s, link e),
     sum_p x_p = 1, x_p >= 1e-3 / q``. Equal pieces leave the narrow links idle while
     the first piece crosses the box and after the last one left it; small first and
-    last pieces shorten that fill. One constraint per distinct link column.
+    last pieces shorten that fill. One constraint per distinct link column. The
+    software costs do not depend on the sizes: they are added to the time.
     """
     if q == 1:
         ones = np.ones(1)
-        return ones, estimate(loads, step_lat, ones, size)
+        return ones, estimate(loads, step_lat, ones, size, soft)
     cols = _link_classes(loads)
     s, m = cols.shape
     nt = s + q - 1
@@ -561,18 +734,32 @@ def piece_sizes(loads: np.ndarray, step_lat: np.ndarray, q: int, size: float
     else:
         x = np.maximum(res.x[:q], 1e-3 / q)
         x /= x.sum()
-    return x, estimate(loads, step_lat, x, size)
+    return x, estimate(loads, step_lat, x, size, soft)
 
 
 def choose_pieces(loads: np.ndarray, step_lat: np.ndarray, size: float, ops_per_piece: int,
-                  max_ops: int, max_q: int = 256) -> tuple[np.ndarray, float]:
-    """Piece sizes (their count ``Q`` a power of two within the op budget) of least
-    lock-step time; stops doubling ``Q`` once the estimate worsens."""
-    best = piece_sizes(loads, step_lat, 1, size)
+                  max_ops: int, max_q: int = 256, soft: SoftCosts = NO_COSTS,
+                  max_step_ops: int | None = None, chunks_per_piece: int = 1,
+                  max_chunks: int | None = None) -> tuple[np.ndarray, float]:
+    """Piece sizes (their count ``Q`` a power of two within the op budget and the caps)
+    of least lock-step time; stops doubling ``Q`` once the estimate worsens.
+
+    Every piece adds a step of fill and its ops to post, so under a cost profile the
+    best ``Q`` falls as messages get smaller or dearer. A deeper pipeline must gain at
+    least :data:`MIN_GAIN` of the time: without software costs (the ``ideal`` profile)
+    a single-level ring gains only rounding from pieces, which made 8-GPU plans of
+    128 pieces and 186 k messages. ``max_step_ops`` caps the ops a
+    rank posts in one step, ``max_chunks`` the chunks (``chunks_per_piece * Q``).
+    """
+    best = piece_sizes(loads, step_lat, 1, size, soft)
     q = 2
     while q <= max_q and q * ops_per_piece <= max_ops:
-        cand = piece_sizes(loads, step_lat, q, size)
-        if cand[1] < best[1]:
+        if max_chunks is not None and q * chunks_per_piece > max_chunks:
+            break
+        if max_step_ops is not None and soft.peak_ops(q) > max_step_ops:
+            break
+        cand = piece_sizes(loads, step_lat, q, size, soft)
+        if cand[1] < best[1] * (1 - MIN_GAIN):
             best = cand
         elif cand[1] > best[1] * 1.01:
             break

@@ -24,10 +24,11 @@ from typing import Any, Callable
 import numpy as np
 
 from ..cluster import Cluster
+from ..cost import CostProfile, get_profile
 from ..errors import InfeasiblePlanError
 from ..schedule import Schedule
 from . import _mcf_hier as H
-from ._common import topo_order
+from ._common import check_cap_args, check_caps, topo_order
 from ._mcf_lp import LinkModel, Packing, price_mst, solve_exact, solve_packing
 from ._mcf_trees import Tree, btree_edges, choose_pipeline, inorder_edges, make_tree, materialize, path_edges
 
@@ -266,9 +267,11 @@ class _Candidate:
 
 
 def _grid_candidate(cluster: Cluster, model: H.CostModel, layout: H.Layout, size: int,
-                    chunks: int | None, max_ops: int, pieces: int | None = None
-                    ) -> _Candidate | None:
-    """A pipelined multi-level reduce-scatter/allgather on ``layout`` (see _mcf_hier)."""
+                    chunks: int | None, max_ops: int, pieces: int | None = None,
+                    profile: CostProfile | None = None, max_step_ops: int | None = None,
+                    max_chunks: int | None = None) -> _Candidate | None:
+    """A pipelined multi-level reduce-scatter/allgather on ``layout`` (see _mcf_hier);
+    None when even one piece is over the op budget or a cap."""
     n = cluster.nranks
     # One piece holds 2 ops per message; refuse layouts whose single piece is over budget
     # before generating anything (a flat ring: about 4 N ops per rank per piece).
@@ -276,13 +279,22 @@ def _grid_candidate(cluster: Cluster, model: H.CostModel, layout: H.Layout, size
     if ops_per_piece > max(max_ops, GRID_OPS):
         return None
     msgs = H.messages(layout)
-    loads, lat = H.piece_profile(model, msgs, H.chunk_fractions(layout, np.ones(1)))
+    if max_chunks is not None and msgs.nchunks > max_chunks:
+        return None
+    loads, lat, soft = H.piece_profile(model, msgs, H.chunk_fractions(layout, np.ones(1)),
+                                       profile)
+    if max_step_ops is not None and soft.peak_ops(1) > max_step_ops:
+        return None
     if pieces is not None:
-        sizes, est = H.piece_sizes(loads, lat, pieces, size)
+        sizes, est = H.piece_sizes(loads, lat, pieces, size, soft)
     elif chunks is not None:
-        sizes, est = H.piece_sizes(loads, lat, max(1, chunks // max(1, msgs.nchunks)), size)
+        sizes, est = H.piece_sizes(loads, lat, max(1, chunks // max(1, msgs.nchunks)), size,
+                                   soft)
     else:
-        sizes, est = H.choose_pieces(loads, lat, size, ops_per_piece, max(max_ops, ops_per_piece))
+        sizes, est = H.choose_pieces(loads, lat, size, ops_per_piece,
+                                     max(max_ops, ops_per_piece), soft=soft,
+                                     max_step_ops=max_step_ops, chunks_per_piece=msgs.nchunks,
+                                     max_chunks=max_chunks)
     q = len(sizes)
 
     def make() -> Schedule:
@@ -291,21 +303,36 @@ def _grid_candidate(cluster: Cluster, model: H.CostModel, layout: H.Layout, size
     return _Candidate(f"grid {layout.name}", est, ops_per_piece * q, make,
                       {"layout": layout.name, "dims": list(layout.dims),
                        "rings": len(layout.grids), "pieces": q,
-                       "piece_sizes": [round(float(x), 6) for x in sizes]})
+                       "piece_sizes": [round(float(x), 6) for x in sizes],
+                       "peak_step_ops": soft.peak_ops(q)})
 
 
 def _tree_candidate(cluster: Cluster, size: int, chunks: int | None, exact: bool | None,
-                    time_limit: float, max_ops: int, flat_max: int) -> _Candidate:
-    """The tree-packing LP (Blink/ForestColl style) pipelined over its trees."""
+                    time_limit: float, max_ops: int, flat_max: int,
+                    profile: CostProfile | None = None, max_chunks: int | None = None
+                    ) -> _Candidate:
+    """The tree-packing LP (Blink/ForestColl style) pipelined over its trees.
+
+    A step of the pipeline costs the slowest path's latency plus, under a profile, the
+    step overhead, alpha and posting: about two ops per tree and direction at a rank
+    (a child's partial sum up, the result down), ``4 x trees`` in all.
+    """
     n = cluster.nranks
     sol = solve_mcf(cluster, exact=exact, flat_max=flat_max, time_limit=time_limit)
     lat = _step_latency(cluster)
+    call = 0.0
+    if profile is not None:
+        network = len(cluster.boxes) > 1
+        lat += profile.message_cost(network=network, ops=4 * len(sol.trees))
+        call = profile.call_overhead
     if chunks is not None:
         q = max(1, int(chunks) // len(sol.trees))
     else:
         q = choose_pipeline(sol.trees, sol.fractions, sol.t * size, lat, max_ops, n)
+    if max_chunks is not None:
+        q = max(1, min(q, max_chunks // len(sol.trees)))
     span = max(t.span for t in sol.trees)
-    est = sol.t * size * (q + span) / q + (q + span) * lat
+    est = sol.t * size * (q + span) / q + (q + span) * lat + call
 
     def make() -> Schedule:
         return materialize(n, sol.trees, sol.fractions, q)
@@ -341,7 +368,9 @@ def _check_connected(cluster: Cluster) -> None:
 
 
 def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = None,
-             exact: bool | None = None, time_limit: float = 20.0, max_ops: int | None = None,
+             profile: CostProfile | str | None = None, max_step_ops: int | None = None,
+             max_chunks: int | None = None, exact: bool | None = None,
+             time_limit: float = 20.0, max_ops: int | None = None,
              flat_max: int = FLAT_MAX, check: bool = True, **options: Any) -> Schedule:
     """Plan an allreduce near the cut lower bound: LP-shaped, pipelined, verified.
 
@@ -363,6 +392,12 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     Each is priced by a lock-step model (every step lasts as long as its busiest
     link, plus its worst path latency) and the cheapest is built.
 
+    Under the runtime's cost profile a step also pays its alpha, the step overhead,
+    the posting of its ops at the busiest rank and the adds of its reducing recvs.
+    Rings and pipeline pieces load more links but cost ops and steps, so the profile
+    sets how many: on a DGX-1 at 256 MiB under ``nccl``, the 4 rings that reach the
+    LP optimum and one piece.
+
     Parameters
     ----------
     cluster : Cluster
@@ -370,6 +405,13 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         Message size in bytes (sets the pipeline depth: latency vs fill).
     chunks : int, optional
         Chunk budget: pipeline pieces are ``chunks // chunks_per_piece`` (at least 1).
+    profile : CostProfile or str, optional
+        The runtime's costs (default ``nccl``, :data:`topoplan.cost.DEFAULT_PROFILE`).
+    max_step_ops : int, optional
+        Cap on the ops any rank posts in one step (constructions and pipeline depths
+        over it are skipped).
+    max_chunks : int, optional
+        Cap on the plan's chunks.
     exact : bool, optional
         Exact mode of the tree LP (MILP over the generated trees). Default: on up to
         16 ranks, for the trees construction.
@@ -395,7 +437,8 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     Raises
     ------
     InfeasiblePlanError
-        Bad size, or GPUs with no route between them (names the cut).
+        Bad size, GPUs with no route between them (names the cut), or no construction
+        within the caps.
 
     References
     ----------
@@ -408,13 +451,16 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     if isinstance(size, bool) or not isinstance(size, (int, float)) or size <= 0:
         raise InfeasiblePlanError(f"size must be > 0 bytes, got {size}")
     size = int(size)
+    costs = get_profile(profile)
+    check_cap_args(max_step_ops, max_chunks, "mcf")
+    caps = {"max_step_ops": max_step_ops, "max_chunks": max_chunks}
     n = cluster.nranks
     if max_ops is None:
         max_ops = max(SOFT_OPS, min(OPS_PER_RANK * n, MAX_OPS))
     start = time.perf_counter()
     if n == 1:
         return materialize(1, [], np.ones(1), 1, algorithm="mcf", cluster=cluster.name,
-                           construction="none")
+                           construction="none", profile=costs.name)
     _check_connected(cluster)
     model = H.CostModel(cluster)
     cands: list[_Candidate] = []
@@ -442,14 +488,15 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         # The plain ring (rank order, one piece), so that mcf is never behind it.
         try:
             cand = _grid_candidate(cluster, model, H.flat_ring_layout(list(range(n)), "ring"),
-                                   size, None, max_ops, pieces=1)
+                                   size, None, max_ops, pieces=1, profile=costs, **caps)
             if cand is not None:
                 cands.append(cand)
         except InfeasiblePlanError as exc:
             failure = exc
     for layout in grids:
         try:
-            cand = _grid_candidate(cluster, model, layout, size, chunks, max_ops)
+            cand = _grid_candidate(cluster, model, layout, size, chunks, max_ops,
+                                   profile=costs, **caps)
         except InfeasiblePlanError as exc:  # e.g. a ring across rails that never meet
             failure = exc
             continue
@@ -459,14 +506,17 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
                for c in cands):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # reported below, once
-            tree = _tree_candidate(cluster, size, chunks, exact, time_limit, max_ops, flat_max)
+            tree = _tree_candidate(cluster, size, chunks, exact, time_limit, max_ops, flat_max,
+                                   profile=costs, max_chunks=max_chunks)
         cands.append(tree)
         if tree.info["status"] not in _GOOD:
             status = tree.info["status"]
     if not cands:
         if failure is not None:
             raise failure
-        raise InfeasiblePlanError(f"mcf on {cluster.name!r}: no construction fits in {max_ops} ops")
+        caps_text = ", ".join(f"{k}={v}" for k, v in caps.items() if v is not None)
+        raise InfeasiblePlanError(f"mcf on {cluster.name!r}: no construction fits in {max_ops} "
+                                  f"ops{' and ' + caps_text if caps_text else ''}")
     best_est = min(c.estimate_s for c in cands)
     # Within 1% of the best, a schedule of at most half the ops wins (faster to build,
     # verify and replay); else the best estimate.
@@ -488,9 +538,12 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         timed = []
         for c in close:
             sched = schedule if c is pick else c.make()
-            timed.append((simulate(cluster, sched, size).time_s, c.nops, id(c), c, sched))
+            timed.append((simulate(cluster, sched, size, profile=costs).time_s, c.nops, id(c),
+                          c, sched))
         _, _, _, pick, schedule = min(timed)
         pick.info["simulated_s"] = {c.name: t for t, _, _, c, _ in timed}
+    if max_step_ops is not None or max_chunks is not None:
+        check_caps(schedule, max_step_ops, max_chunks, "mcf")  # trees: checked once built
     verify_s = 0.0
     if check:
         from ..verify import verify
@@ -499,7 +552,7 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         verify_s = time.perf_counter() - v0
     meta = {
         "algorithm": "mcf", "cluster": cluster.name, "construction": pick.name,
-        "estimate_s": pick.estimate_s,
+        "profile": costs.name, "estimate_s": pick.estimate_s,
         "candidates": {c.name: c.estimate_s for c in cands}, **pick.info,
         "status": status,
         "solve_s": round(solved - start, 4), "materialize_s": round(mat_s, 4),
