@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from simhelpers import DGX1
 from topoplan.cluster import load_cluster, loads_cluster
 from topoplan.errors import InfeasiblePlanError
-from topoplan.bound import lower_bound
+from topoplan.bound import latency_bound, lower_bound
 from topoplan.planners import PLANNERS, plan
 from topoplan.planners.mcf import plan_mcf, solve_mcf
 from topoplan.simulate import simulate
@@ -358,8 +358,7 @@ def test_dgx1_plan_is_compact_and_near_the_bound_under_nccl():
     verify(schedule)
     assert schedule.nmessages <= 2000  # NCCL's rings are of this order
     got = simulate(cluster, schedule, M, profile=nccl)
-    latency_bound = got.lower_bound_s + 2 * nccl.alpha_box + nccl.call_overhead
-    assert got.time_s <= 1.10 * latency_bound
+    assert got.time_s <= 1.10 * latency_bound(cluster, M, nccl)
     assert schedule.meta["profile"] == "nccl"
     assert schedule.meta["estimate_s"] == pytest.approx(got.time_s, rel=0.02)
 

@@ -13,6 +13,8 @@ enumerating cuts, and return ``2 (M/N) / x*``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -23,7 +25,7 @@ from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
 from .cluster import Box, Cluster
 
-__all__ = ["Cut", "bottleneck", "lower_bound", "sink_classes"]
+__all__ = ["Cut", "bottleneck", "lower_bound", "latency_bound", "sink_classes"]
 
 # scipy's max-flow works on int32 capacities; the flow value must stay below 2**31.
 _INT_SCALE = float(1 << 30)
@@ -83,6 +85,34 @@ def lower_bound(cluster: Cluster, size: float) -> float:
     if n < 2:
         return 0.0
     return 2.0 * (float(size) / n) * bottleneck(cluster).ratio
+
+
+def latency_bound(cluster: Cluster, size: float, profile: Any = None) -> float:
+    """The bandwidth bound plus what the fewest steps cost under a cost profile.
+
+    A bandwidth-optimal allreduce reduces every chunk before it broadcasts it: at
+    least one reduce-scatter step and one allgather step, each posting a send and a
+    receive and paying alpha (the network class when the cluster has several boxes).
+    So ``lower_bound + call_overhead + 2 (step_overhead + 2 op_overhead + alpha)``: a
+    yardstick for plans under a profile (issue 12's "latency-aware bound"), exact for
+    a two-rank exchange; plans that trade bandwidth for fewer steps (a direct
+    all-to-all) are not bound by it.
+
+    Parameters
+    ----------
+    cluster : Cluster
+    size : float
+        Bytes per rank.
+    profile : CostProfile or str, optional
+        Default: :data:`topoplan.cost.DEFAULT_PROFILE`.
+    """
+    from .cost import get_profile
+    costs = get_profile(profile)
+    if cluster.nranks < 2:
+        return 0.0
+    network = len(cluster.boxes) > 1
+    return (lower_bound(cluster, size) + costs.call_overhead
+            + 2 * costs.message_cost(network=network, ops=2))
 
 
 def bottleneck(cluster: Cluster) -> Cut:
