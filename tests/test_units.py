@@ -101,3 +101,10 @@ def test_formatting_round_trips():
     assert format_time(0) == "0 s"
     assert format_time(2e-6) == "2 us"
     assert parse_latency(format_time(5e-7)) == pytest.approx(5e-7)
+
+
+@pytest.mark.parametrize("parse, example", [(parse_size, "256MiB"), (parse_bandwidth, "25 GB/s"),
+                                            (parse_latency, "2 us")])
+def test_unparsable_values_show_an_example(parse, example):
+    with pytest.raises(ValueError, match=f"e.g. {example}"):
+        parse("garbage")

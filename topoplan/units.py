@@ -32,11 +32,14 @@ _SIZE_UNITS = {
 _NUMBER_UNIT = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-zµ/]*)\s*$")
 
 
+_EXAMPLES = {"bandwidth": "25 GB/s", "latency": "2 us", "size": "256MiB"}
+
+
 def _split(text: str, what: str, units: dict) -> tuple[float, str]:
     match = _NUMBER_UNIT.match(text)
     if not match:
         raise ValueError(f"not a {what}: {text!r} (expected a number and a unit, e.g. "
-                         f"{next(iter(units))!s})")
+                         f"{_EXAMPLES.get(what, next(iter(units)))})")
     number, unit = match.groups()
     if unit and unit not in units:  # a bare number is allowed; the caller picks its unit
         known = ", ".join(u for u in units if u)
