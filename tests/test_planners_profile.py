@@ -144,3 +144,64 @@ def test_ring_and_rhd_do_not_slice_under_any_profile() -> None:
     for profile in ("ideal", "nccl", SLOW):
         for planner, key in (("ring", "slices"), ("ring-topo", "slices"), ("rhd", "slices")):
             assert plan(cluster, planner, size=1 << 30, profile=profile).meta[key] == 1
+
+
+def test_auto_leaves_out_candidates_that_cannot_meet_the_caps() -> None:
+    cluster = boxes_cluster()  # 16 ranks: ring, rhd and hierarchical need 16 chunks at least
+    schedule = plan(cluster, "auto", size=MiB, profile=PROFILE, max_chunks=8,
+                    candidates=["ring", "rhd", "hierarchical", "tree"])
+    assert schedule.meta["chosen"] == "tree" and schedule.nchunks <= 8
+    assert [row["algorithm"] for row in schedule.meta["comparison"]] == ["tree"]
+    assert set(schedule.meta["left_out"]) == {"ring", "rhd", "hierarchical"}
+    assert "max_chunks=8" in schedule.meta["left_out"]["rhd"]
+    with pytest.raises(InfeasiblePlanError, match="no candidate produced a plan.*max_step_ops=1"):
+        plan(cluster, "auto", size=MiB, max_step_ops=1, candidates=["ring", "tree"])
+
+
+def test_auto_checks_the_caps_of_planners_that_do_not_take_them() -> None:
+    from topoplan.planners import PLANNERS, register
+    from topoplan.planners.ring import plan_ring
+
+    def plan_sliced(cluster, *, size, chunks=None):
+        return plan_ring(cluster, size=size, chunks=4, algorithm="sliced")
+
+    register("sliced", plan_sliced)
+    try:
+        cluster = switch_cluster(4)
+        schedule = plan(cluster, "auto", size=MiB, candidates=["sliced", "ring"], max_chunks=8)
+        assert schedule.meta["chosen"] == "ring"
+        assert "sliced: the smallest plan has 16 chunks" in schedule.meta["left_out"]["sliced"]
+    finally:
+        del PLANNERS["sliced"]
+
+
+# ---- (c) auto switches plans where the alpha-beta model says ------------------------------
+def test_auto_switches_from_rhd_to_ring_at_the_predicted_size() -> None:
+    """Six one-GPU boxes on a switch: rhd folds two ranks in (2 one-op steps moving M
+    each way) and runs 4 steps among 4; the ring runs 10 steps moving M/6 each. rhd saves
+    ``6 step(2) - 2 step(1)`` of per-step costs and pays
+    ``(3.5 - 10/6) M / B + (1.75 - 5/6) M / R`` more in bytes, so the ring wins above
+    ``M* = saving / (extra per byte)`` (about 118 KiB under the test profile)."""
+    n = 6
+    cluster = switch_cluster(n)
+    saving = 6 * step(2) - 2 * step(1)
+    per_byte = (3.5 - 10 / 6) / BANDWIDTH + (1.75 - 5 / 6) / PROFILE.reduce_bandwidth
+    crossover = saving / per_byte
+    assert rhd_time(n, crossover) == pytest.approx(ring_time(n, crossover), rel=1e-12)
+    for size, winner in ((crossover / 4, "rhd"), (4 * crossover, "ring")):
+        size = int(size) // 48 * 48
+        schedule = plan(cluster, "auto", size=size, profile=PROFILE, candidates=["ring", "rhd"])
+        assert schedule.meta["chosen"] == winner, (size, schedule.meta["comparison"])
+        times = {row["algorithm"]: row["time_s"] for row in schedule.meta["comparison"]}
+        # (sixths of the buffer are cut at whole elements from float sums: a few bytes off)
+        assert times["rhd"] == pytest.approx(rhd_time(n, size), rel=1e-4)
+        assert times["ring"] == pytest.approx(ring_time(n, size), rel=1e-4)
+    # Without software costs rhd's 4 fewer steps save only path latency, so the ring takes
+    # over at a quarter of the size or so: between the two crossovers the profile decides.
+    ideal_crossover = 4 * LATENCY / ((3.5 - 10 / 6) / BANDWIDTH)
+    size = int(2 * ideal_crossover) // 48 * 48
+    assert size < crossover
+    picks = {p if isinstance(p, str) else p.name:
+             plan(cluster, "auto", size=size, profile=p, candidates=["ring", "rhd"]).meta["chosen"]
+             for p in ("ideal", PROFILE)}
+    assert picks == {"ideal": "ring", "test": "rhd"}
