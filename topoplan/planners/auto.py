@@ -28,7 +28,7 @@ from ..cluster import Cluster
 from ..cost import CostProfile, get_profile
 from ..errors import InfeasiblePlanError
 from ..schedule import Schedule
-from ._common import check_cap_args, check_caps
+from ._common import check_cap_args
 
 __all__ = ["plan_auto", "compare", "DEFAULT_CANDIDATES"]
 
@@ -112,7 +112,7 @@ def compare(cluster: Cluster, size: int, candidates: Sequence[str] | None = None
         try:
             schedule = planner(cluster, size=size, **usable)
             if caps:
-                check_caps(schedule, max_step_ops, max_chunks, name)
+                _check_plan(schedule, max_step_ops, max_chunks, name)
         except InfeasiblePlanError as exc:
             last = exc
             if left_out is not None:
@@ -138,6 +138,20 @@ def compare(cluster: Cluster, size: int, candidates: Sequence[str] | None = None
 
     rows.sort(key=key)
     return rows
+
+
+def _check_plan(schedule: Schedule, max_step_ops: int | None, max_chunks: int | None,
+                name: str) -> None:
+    """InfeasiblePlanError when a candidate's plan breaks a cap anyway (a planner that does
+    not take the caps, or ignores them)."""
+    if max_chunks is not None and schedule.nchunks > max_chunks:
+        raise InfeasiblePlanError(f"{name}: its plan has {schedule.nchunks} chunks, over "
+                                  f"max_chunks={max_chunks} (the planner does not fit its "
+                                  "plans to the caps)")
+    if max_step_ops is not None and schedule.max_step_ops > max_step_ops:
+        raise InfeasiblePlanError(f"{name}: its plan posts {schedule.max_step_ops} ops in one "
+                                  f"step, over max_step_ops={max_step_ops} (the planner does "
+                                  "not fit its plans to the caps)")
 
 
 def plan_auto(cluster: Cluster, *, size: int = 256 << 20, candidates: Sequence[str] | None = None,
