@@ -127,7 +127,7 @@ def test_bad_profiles_are_one_line_errors(tmp_path, profile, message):
     if profile == str(bad):  # every command reads the profile the same way
         plan = tmp_path / "ring.json"
         run("plan", DDL, "--candidates", "ring", "-o", str(plan))
-        commands += [("simulate", DDL, str(plan))]
+        commands += [("simulate", DDL, str(plan)), ("show", DDL, "-o", str(tmp_path / "x.png"))]
     for command in commands:
         result = run(*command, "--profile", profile, check=False)
         assert result.returncode == 1, (command, result.stderr)
