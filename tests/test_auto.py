@@ -28,7 +28,23 @@ def test_compare_sorts_by_simulated_time(ddl):
     assert {name for name, *_ in rows} == {"ring", "rhd", "mcf", "hierarchical"}
     for name, schedule, report, plan_s in rows:
         verify(schedule)
-        assert plan_s >= 0 and report.time_s == simulate(ddl, schedule, 256 << 20).time_s
+        # Simulated under the default profile (nccl), as the planners planned.
+        assert report.profile == "nccl"
+        assert plan_s >= 0 and report.time_s == \
+            simulate(ddl, schedule, 256 << 20, profile="nccl").time_s
+
+
+def test_compare_plans_and_simulates_under_the_profile(ddl):
+    rows = compare(ddl, 1 << 20, ["ring", "tree", "hierarchical"], profile="ideal")
+    for name, schedule, report, _ in rows:
+        assert report.profile == "ideal" and schedule.meta["profile"] == "ideal", name
+        assert report.time_s == simulate(ddl, schedule, 1 << 20).time_s
+    schedule = plan_auto(ddl, size=1 << 20, candidates=["ring", "tree"], profile="ideal")
+    assert schedule.meta["profile"] == "ideal"
+    for row in schedule.meta["comparison"]:
+        assert set(row["breakdown"]) == {"bandwidth", "latency", "overhead", "reduce"}
+        assert row["breakdown"]["overhead"] == 0  # ideal charges no software costs
+        assert row["messages"] > 0 and row["steps"] > 0 and row["chunks"] > 0
 
 
 def test_small_messages_go_to_a_latency_optimal_plan(ddl):

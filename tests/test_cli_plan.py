@@ -7,6 +7,7 @@ import sys
 import pytest
 
 import topoplan
+from topoplan.cost import CostProfile
 
 DDL = "topologies/ddl_two_switch.yaml"
 
@@ -76,3 +77,72 @@ def test_output_into_a_missing_folder_is_one_line_error(tmp_path):
     assert result.returncode == 1
     assert result.stderr == f"topoplan: error: {target}: cannot write schedule: No such file or directory\n"
     assert not (tmp_path / "missing").exists()
+
+
+# ---- cost profiles and caps ----------------------------------------------------------------
+def plan_json(*args):
+    return json.loads(run("plan", DDL, "--size", "1MiB", "--candidates", "ring,rhd,tree",
+                          "--json", *args).stdout)
+
+
+def test_plan_profiles_by_name_and_file(tmp_path):
+    path = tmp_path / "slow.yaml"
+    CostProfile("slow", alpha_box=50e-6, alpha_network=50e-6, op_overhead=5e-6,
+                step_overhead=20e-6, sources="a test").save(path)
+    runs = {name: plan_json("--profile", name) for name in ("ideal", "nccl", str(path))}
+    assert plan_json()["profile"]["name"] == "nccl"  # the default
+    times = {}
+    for spec, data in runs.items():
+        name = data["profile"]["name"]
+        assert name == {"ideal": "ideal", "nccl": "nccl"}.get(spec, "slow")
+        for c in data["candidates"]:
+            parts = c["breakdown"]
+            assert set(parts) == {"bandwidth", "latency", "overhead", "reduce"}
+            assert sum(parts.values()) == pytest.approx(c["time_s"], rel=1e-9)
+            assert c["messages"] > 0 and c["steps"] > 0 and c["chunks"] > 0
+            if name == "ideal":
+                assert parts["overhead"] == 0 and parts["reduce"] == 0
+            times[name, c["algorithm"]] = c["time_s"]
+    for algorithm in ("ring", "rhd", "tree"):
+        assert times["ideal", algorithm] < times["nccl", algorithm] < times["slow", algorithm]
+    table = run("plan", DDL, "--size", "1MiB", "--candidates", "ring,rhd", "--profile",
+                str(path)).stdout
+    assert "cost profile slow: alpha 50 us, op 5 us, step 20 us, call 0 us, reduce free" in table
+    for column in ("messages", "steps", "chunks", "lat+ovh"):
+        assert column in table
+
+
+@pytest.mark.parametrize("profile, message", [
+    ("ncll", "topoplan: error: unknown cost profile 'ncll': name one of ideal, nccl"),
+    ("BAD", "topoplan: error: BAD:2: op_overhead: must be >= 0, got '-1 us'"),
+    ("SYNTAX", "topoplan: error: SYNTAX:3: YAML syntax error"),
+], ids=["unknown", "bad-value", "bad-syntax"])
+def test_bad_profiles_are_one_line_errors(tmp_path, profile, message):
+    bad, syntax = tmp_path / "bad.yaml", tmp_path / "syntax.yaml"
+    bad.write_text("name: bad\nop_overhead: -1 us\n")
+    syntax.write_text("name: x\nalpha: [1\n")
+    profile = {"BAD": str(bad), "SYNTAX": str(syntax)}.get(profile, profile)
+    message = message.replace("BAD", str(bad)).replace("SYNTAX", str(syntax))
+    commands = [("plan", DDL)]
+    if profile == str(bad):  # every command reads the profile the same way
+        plan = tmp_path / "ring.json"
+        run("plan", DDL, "--candidates", "ring", "-o", str(plan))
+        commands += [("simulate", DDL, str(plan)), ("show", DDL, "-o", str(tmp_path / "x.png"))]
+    for command in commands:
+        result = run(*command, "--profile", profile, check=False)
+        assert result.returncode == 1, (command, result.stderr)
+        assert result.stderr.startswith(message), (command, result.stderr)
+        assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_plan_caps_leave_candidates_out():
+    data = plan_json("--max-chunks", "3")
+    assert [c["algorithm"] for c in data["candidates"]] == ["tree"]
+    assert data["candidates"][0]["chunks"] <= 3
+    assert set(data["left_out"]) == {"ring", "rhd"}
+    table = run("plan", DDL, "--candidates", "ring,tree", "--max-step-ops", "4").stdout
+    assert "tree" in table and "left out" not in table
+    result = run("plan", DDL, "-a", "ring", "--max-chunks", "3", check=False)
+    assert result.returncode == 1
+    assert result.stderr == ("topoplan: error: ring: the smallest plan has 4 chunks, over "
+                             "max_chunks=3; raise the cap or pick another planner\n")

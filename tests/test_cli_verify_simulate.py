@@ -89,18 +89,20 @@ def test_verify_rejects_broken_plans(case, tmp_path):
 def test_simulate_prints_one_row_per_size(tmp_path):
     plan = tmp_path / "bad-order.json"
     ring_schedule([0, 2, 1, 3], name="ring-bad").save(plan)
-    done = topoplan("simulate", DDL, str(plan), "--sizes", "1KiB:1MiB:32")
+    done = topoplan("simulate", DDL, str(plan), "--sizes", "1KiB:1MiB:32", "--profile", "ideal")
     assert done.returncode == 0, done.stderr
     out = done.stdout
     for column in ("size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "bound(us)",
-                   "% of bound"):
+                   "% of bound", "bandwidth(us)", "latency(us)", "overhead(us)", "reduce(us)"):
         assert column in out
     assert "lower-bound cut: 2 GPUs behind 10 GB/s" in out
+    assert "cost profile ideal: alpha 0 us" in out
     rows = [line for line in out.splitlines() if line.startswith("│")]
     assert [row.split("│")[1].strip() for row in rows] == ["1024", "32768", "1048576"]
     # 1 MiB: 6 steps x (2 x 256 KiB / 10 GB/s + 3 us) = 332.57 us; bound 104.86 us.
     last = [cell.strip() for cell in rows[-1].split("│")[1:-1]]
-    assert last == ["1048576", "262144", "332.57", "3.15", "4.73", "104.86", "31.5"]
+    assert last == ["1048576", "262144", "332.57", "3.15", "4.73", "104.86", "31.5",
+                    "314.57", "18.00", "0.00", "0.00"]
 
 
 def test_simulate_json(tmp_path):
@@ -117,6 +119,34 @@ def test_simulate_json(tmp_path):
         assert r["time_s"] >= r["lower_bound_s"]
         assert r["algbw_GBps"] == pytest.approx(r["size_bytes"] / r["time_s"] / 1e9)
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 1.5)
+
+
+def test_simulate_json_splits_the_time_under_the_profile(tmp_path):
+    """The good ring on DDL: 6 steps of 2 ops over the network, 256 KiB each at 10 GB/s
+    (1 MiB), 3 us of path latency a step; 3 reduce-scatter steps add 256 KiB each."""
+    plan = tmp_path / "ring.json"
+    ring_schedule([0, 1, 2, 3]).save(plan)
+    done = topoplan("simulate", DDL, str(plan), "--sizes", "1MiB", "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["profile"]["name"] == "nccl"  # the default
+    (result,) = data["results"]
+    parts = result["breakdown"]
+    assert set(parts) == {"bandwidth", "latency", "overhead", "reduce"}
+    assert sum(parts.values()) == pytest.approx(result["time_s"], rel=1e-9)
+    assert parts["bandwidth"] == pytest.approx(6 * (1 << 18) / 10e9, rel=1e-6)
+    assert parts["latency"] == pytest.approx(6 * (14e-6 + 3e-6), rel=1e-6)
+    assert parts["overhead"] == pytest.approx(8.4e-6 + 6 * (3e-6 + 2 * 1e-6), rel=1e-6)
+    assert parts["reduce"] == pytest.approx(3 * (1 << 18) / 300e9, rel=1e-6)
+    assert result["messages"] == 24
+    # --alpha overrides the profile's alpha (both classes); the name says it was changed.
+    done = topoplan("simulate", DDL, str(plan), "--sizes", "1MiB", "--json", "--profile",
+                    "ideal", "--alpha", "1 us")
+    data = json.loads(done.stdout)
+    assert data["profile"]["name"] == "ideal*" and data["profile"]["alpha"] == "1 us"
+    parts = data["results"][0]["breakdown"]
+    assert parts["latency"] == pytest.approx(6 * (1e-6 + 3e-6), rel=1e-6)
+    assert parts["overhead"] == parts["reduce"] == 0
 
 
 def test_simulate_refuses_a_plan_for_another_cluster(tmp_path):

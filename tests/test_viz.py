@@ -303,6 +303,20 @@ def test_size_sweep_lines_per_planner_and_lower_bound():
     assert overlaps(fig) == []
 
 
+def test_size_sweep_plans_and_simulates_under_the_profile():
+    need_planners()
+    from topoplan.viz.sweep import sweep_rows
+    cluster = loads_cluster(FOUR_BOXES)
+    times = {}
+    for profile in ("ideal", "nccl"):
+        rows, failed = sweep_rows(cluster, ["ring"], [1 << 20], profile=profile)
+        assert not failed and len(rows) == 1
+        times[profile] = rows[0]["time_s"]
+    assert times["ideal"] < times["nccl"]
+    fig = size_sweep(cluster, algorithms=["ring"], sizes=[1 << 20], profile="ideal")
+    assert "cost profile ideal" in fig.texts[0].get_text()
+
+
 def test_missing_matplotlib_names_the_extra():
     code = textwrap.dedent("""
         import sys

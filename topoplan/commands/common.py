@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from rich.console import Console
@@ -22,8 +23,6 @@ def table(*columns: str, title: str | None = None) -> Table:
 
 def size_arg(text: str) -> int:
     """argparse type for sizes such as 256MiB."""
-    import argparse
-
     from ..units import parse_size
     try:
         return parse_size(text)
@@ -33,13 +32,31 @@ def size_arg(text: str) -> int:
 
 def sizes_arg(text: str) -> list[int]:
     """argparse type for size ranges such as 1KiB:1GiB."""
-    import argparse
-
     from ..units import parse_size_range
     try:
         return parse_size_range(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def positive_int(text: str) -> int:
+    """argparse type for counts such as --max-chunks 64."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_profile_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--profile NAME|FILE``: the runtime's cost profile (default: DEFAULT_PROFILE)."""
+    from ..cost import DEFAULT_PROFILE, profile_names
+    parser.add_argument("--profile", default=DEFAULT_PROFILE, metavar="NAME|FILE",
+                        help=f"cost profile of the runtime {what}: "
+                             f"{', '.join(profile_names())} or a profile YAML file "
+                             f"(default {DEFAULT_PROFILE})")
 
 
 def status(message: str):

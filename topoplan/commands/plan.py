@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..cluster import load_cluster
-from ..errors import TopoplanError
+from ..cost import get_profile
+from ..errors import InfeasiblePlanError, TopoplanError
 from ..units import format_bandwidth, format_size, format_time
-from .common import console, size_arg, status, table
+from .common import add_profile_argument, console, positive_int, size_arg, status, table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,6 +28,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", metavar="PLAN.json", help="write the chosen schedule here")
     p.add_argument("--candidates", metavar="A,B,...",
                    help="planners to compare (default: all registered)")
+    add_profile_argument(p, "the planners plan against and the simulations charge")
+    p.add_argument("--max-step-ops", type=positive_int, default=None, metavar="N",
+                   help="most ops a rank may post in one step (planners pipeline less to "
+                        "fit; those that cannot are left out)")
+    p.add_argument("--max-chunks", type=positive_int, default=None, metavar="N",
+                   help="most chunks a plan may hold (as --max-step-ops)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.set_defaults(func=cmd_plan)
 
@@ -51,6 +58,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ..verify import verify
 
     cluster = load_cluster(args.cluster)
+    costs = get_profile(args.profile)
     names = candidate_names(args.candidates)
     if args.algorithm != "auto":
         named = candidate_names(args.algorithm)
@@ -59,10 +67,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
             names = named + [n for n in _default_candidates() if n not in named]
         elif args.algorithm not in names:
             names = named + names
+    left_out: dict[str, str] = {}
     with status(f"planning and simulating candidates for {cluster.nranks} ranks ..."):
-        rows = [Candidate(*row) for row in compare(cluster, args.size, names)]
+        rows = [Candidate(*row) for row in compare(
+            cluster, args.size, names, profile=costs, max_step_ops=args.max_step_ops,
+            max_chunks=args.max_chunks, left_out=left_out)]
     if args.algorithm == "auto":
         chosen = rows[0]  # compare() sorts fastest first
+    elif args.algorithm in left_out:
+        raise InfeasiblePlanError(left_out[args.algorithm])
     else:
         chosen = next(c for c in rows if c.algorithm == args.algorithm)
     with status(f"verifying the {chosen.algorithm} schedule ..."):
@@ -72,38 +85,47 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.output:
         chosen.schedule.with_meta(
             size_bytes=args.size, predicted_time_s=chosen.time_s,
-            lower_bound_s=bound).save(args.output)
+            lower_bound_s=bound, profile=costs.name).save(args.output)
 
     if args.json:
         print(json.dumps({
             "cluster": cluster.name, "nranks": cluster.nranks, "size_bytes": args.size,
-            "lower_bound_s": bound, "chosen": chosen.algorithm,
+            "lower_bound_s": bound, "chosen": chosen.algorithm, "profile": costs.to_dict(),
             "candidates": [{"algorithm": c.algorithm, "time_s": c.time_s,
                             "algbw_GBps": _finite(c.algbw(args.size, cluster.nranks)[0] / 1e9),
                             "busbw_GBps": _finite(c.algbw(args.size, cluster.nranks)[1] / 1e9),
                             "percent_of_bound": _percent(bound, c.time_s),
                             "simulated": c.report is not None,
-                            "steps": c.schedule.nsteps, "chunks": c.schedule.nchunks,
-                            "ops": c.schedule.nops, "plan_s": c.plan_s}
-                           for c in rows]}))
+                            "messages": c.messages, "steps": c.schedule.nsteps,
+                            "chunks": c.schedule.nchunks, "ops": c.schedule.nops,
+                            "breakdown": c.breakdown, "plan_s": c.plan_s}
+                           for c in rows],
+            "left_out": left_out}))
         return 0
 
     out = console()
     out.print(f"[bold]{cluster.name}[/bold]: {cluster.nranks} ranks, allreduce of "
               f"{format_size(args.size)}; lower bound {format_time(bound)}")
-    t = table("algorithm", "time", "algbw (GB/s)", "busbw (GB/s)", "% of bound", "steps", "chunks",
-              "plan time")
+    out.print(f"cost profile {costs.summary()}")
+    t = table("algorithm", "time", "algbw (GB/s)", "busbw (GB/s)", "% of bound", "messages",
+              "steps", "chunks", "lat+ovh", "plan time")
     for c in rows:
         mark = " *" if c is chosen else ""
         algbw, busbw = c.algbw(args.size, cluster.nranks)
         approx = "" if c.report is not None else "~"
         t.add_row(c.algorithm + mark, approx + format_time(c.time_s), _gbps(algbw), _gbps(busbw),
-                  f"{approx}{_percent(bound, c.time_s):.1f}",
-                  str(c.schedule.nsteps), str(c.schedule.nchunks), format_time(c.plan_s))
+                  f"{approx}{_percent(bound, c.time_s):.1f}", str(c.messages),
+                  str(c.schedule.nsteps), str(c.schedule.nchunks), c.fixed_share(),
+                  format_time(c.plan_s))
     out.print(t)
     if any(c.report is None for c in rows):
         out.print("~ estimated by the planner's own cost model: the schedule is too big to "
                   "simulate quickly")
+    out.print("lat+ovh: share of the time spent on message latency and software overhead "
+              "(the rest moves and adds bytes)")
+    for name, reason in left_out.items():
+        out.print(f"left out: {reason}" if reason.startswith(f"{name}:")
+                  else f"left out: {name}: {reason}")
     if cluster.nranks > 1:
         cut = bottleneck(cluster)
         out.print(f"bottleneck cut: {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)} out")
@@ -130,6 +152,25 @@ class Candidate:
         if self.report is not None:
             return float(self.report.time_s)
         return float(self.schedule.meta.get("estimate_s", float("nan")))
+
+    @property
+    def messages(self) -> int:
+        """Messages that move bytes (simulated), else every send of the schedule."""
+        if self.report is not None:
+            return int(self.report.messages)
+        return int(self.schedule.nmessages)
+
+    @property
+    def breakdown(self) -> dict[str, float] | None:
+        """The simulated time split into bandwidth, latency, overhead and reduce."""
+        return dict(self.report.breakdown) if self.report is not None else None
+
+    def fixed_share(self) -> str:
+        """Latency + overhead as a percentage of the simulated time (``-`` if none)."""
+        parts = self.breakdown
+        if parts is None or not self.time_s > 0:
+            return "-"
+        return f"{100 * (parts['latency'] + parts['overhead']) / self.time_s:.0f}%"
 
     def algbw(self, size: int, nranks: int) -> tuple[float, float]:
         """(algbw, busbw) in bytes/s."""

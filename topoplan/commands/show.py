@@ -5,6 +5,8 @@ others take a suffix before the extension: ``picture-timeline.png`` (per-rank Ga
 chart), ``picture-links.png`` (utilisation of the busiest links over time) and, with
 ``--figures all`` (or a list naming ``sweep``), ``picture-sweep.png`` (algbw/busbw
 against size for every planner). The extension picks the format (png, svg, pdf).
+Plans are made for, and simulated under, the runtime's cost profile (``--profile``,
+default nccl).
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import argparse
 from pathlib import Path
 
 from ..cluster import load_cluster
+from ..cost import get_profile
 from ..errors import ScheduleError, TopoplanError
 from ..units import format_size, format_time
-from .common import console, size_arg, sizes_arg
+from .common import add_profile_argument, console, size_arg, sizes_arg
 
 FIGURES = ("cluster", "timeline", "links", "sweep")
 # The sweep plans and simulates every planner at every size: seconds on a small cluster,
@@ -56,6 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show.add_argument("--sweep-algorithms", type=lambda t: [a.strip() for a in t.split(",")],
                       default=None, metavar="LIST",
                       help="planners in the sweep (default: all but auto)")
+    add_profile_argument(show, "the plans are made for and simulated under")
     show.add_argument("--color-by", choices=("bytes", "utilisation"), default="bytes",
                       help="colour the cluster's links by bytes carried or by utilisation "
                            "(bytes / bandwidth / predicted time); default bytes")
@@ -80,6 +84,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     from .. import viz
 
     cluster = load_cluster(args.cluster)
+    costs = get_profile(args.profile)
     out = console()
     output = args.output or f"{Path(args.cluster).stem}.png"
     paths = output_paths(output, args.figures)
@@ -104,16 +109,16 @@ def cmd_show(args: argparse.Namespace) -> int:
                 raise TopoplanError(f"planning needs topoplan.planners ({exc}); pass a "
                                     "PLAN.json or --figures sweep-free") from None
 
-            kwargs = {"size": args.size}
+            kwargs = {"size": args.size, "profile": costs}
             if args.algorithm:
                 kwargs["algorithm"] = args.algorithm
             schedule = plan(cluster, **kwargs)
         from ..simulate import simulate
 
-        report = simulate(cluster, schedule, args.size, record=True)
+        report = simulate(cluster, schedule, args.size, profile=costs, record=True)
         out.print(f"{cluster.name}: {report.algorithm or 'schedule'} at {format_size(args.size)}: "
-                  f"{format_time(report.time_s)} predicted, lower bound "
-                  f"{format_time(report.lower_bound_s)} "
+                  f"{format_time(report.time_s)} predicted under cost profile {costs.name}, "
+                  f"lower bound {format_time(report.lower_bound_s)} "
                   f"({report.efficiency:.0%} of optimal)")
 
     for name, path in paths.items():
@@ -126,7 +131,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         else:
             sizes = args.sizes or list(viz.sweep.DEFAULT_SIZES)
             try:
-                fig = viz.size_sweep(cluster, algorithms=args.sweep_algorithms, sizes=sizes)
+                fig = viz.size_sweep(cluster, algorithms=args.sweep_algorithms, sizes=sizes,
+                                     profile=costs)
             except ImportError as exc:
                 raise TopoplanError(f"the sweep needs topoplan.planners ({exc})") from None
             except ValueError as exc:  # an unknown planner name

@@ -6,13 +6,19 @@ import argparse
 import json
 import sys
 
+from typing import Any
+
 from ..bound import bottleneck
 from ..cluster import load_cluster
+from ..cost import get_profile
 from ..errors import ScheduleError
 from ..schedule import load_schedule
 from ..simulate import SimReport, simulate
 from ..units import format_bandwidth, parse_bandwidth, parse_latency, parse_size_range
-from .common import console, table
+from .common import add_profile_argument, console, table
+
+#: The parts of SimReport.breakdown, in the order the table and JSON show them.
+PARTS = ("bandwidth", "latency", "overhead", "reduce")
 
 
 def _sizes(text: str) -> list[int]:
@@ -46,8 +52,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "simulate", help="predict a schedule's time per message size on a cluster",
         description="Event-driven simulation of PLAN.json on CLUSTER.yaml (max-min fair links, "
-                    "path latency, rendezvous), one row per size, nccl-tests style, against "
-                    "the topology's allreduce lower bound.")
+                    "path latency, rendezvous, and the runtime's costs from a cost profile), "
+                    "one row per size, nccl-tests style, against the topology's allreduce "
+                    "lower bound, with the time split into bandwidth, latency, overhead and "
+                    "reduce.")
     parser.add_argument("cluster", help="cluster YAML file")
     parser.add_argument("plan", help="schedule JSON file (from topoplan plan -o)")
     parser.add_argument("--sizes", type=_sizes, default=parse_size_range("1KiB:1GiB"),
@@ -56,10 +64,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "(default 1KiB:1GiB)")
     parser.add_argument("--dtype-size", type=int, default=4, metavar="BYTES",
                         help="bytes per element (default 4, fp32)")
-    parser.add_argument("--alpha", type=_latency, default=0.0, metavar="LATENCY",
-                        help="software overhead per message, e.g. '5 us' (default 0)")
+    add_profile_argument(parser, "to charge")
+    parser.add_argument("--alpha", type=_latency, default=None, metavar="LATENCY",
+                        help="seconds per message before it flows, e.g. '5 us', for both link "
+                             "classes (default: the profile's)")
     parser.add_argument("--reduce-bandwidth", type=_bandwidth, default=None, metavar="BW",
-                        help="GPU reduction speed, e.g. '500 GB/s' (default: free)")
+                        help="GPU reduction speed, e.g. '500 GB/s' (default: the profile's)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     parser.set_defaults(func=cmd_simulate)
 
@@ -74,6 +84,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             f"topoplan plan {args.cluster} -o PLAN.json")
     if args.dtype_size < 1:
         raise ScheduleError(f"--dtype-size must be >= 1, got {args.dtype_size}")
+    costs = get_profile(args.profile)
+    changes: dict[str, Any] = {}
+    if args.alpha is not None:
+        changes.update(alpha_box=args.alpha, alpha_network=args.alpha)
+    if args.reduce_bandwidth is not None:
+        changes["reduce_bandwidth"] = args.reduce_bandwidth
+    if changes:
+        costs = costs.with_costs(**changes)
     progress = None
     if sys.stderr.isatty():
         def progress(fraction: float, _t: float) -> None:
@@ -81,33 +99,39 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     reports: list[SimReport] = []
     for size in args.sizes:
-        reports.append(simulate(cluster, schedule, size, dtype_size=args.dtype_size,
-                                reduce_bandwidth=args.reduce_bandwidth, alpha=args.alpha,
-                                progress=progress))
+        reports.append(simulate(cluster, schedule, size, profile=costs,
+                                dtype_size=args.dtype_size, progress=progress))
     if progress is not None:
         print("\r" + " " * 24 + "\r", end="", file=sys.stderr)
     cut = bottleneck(cluster)
     if args.json:
         print(json.dumps({
             "cluster": cluster.name, "algorithm": schedule.algorithm, "nranks": cluster.nranks,
+            "profile": costs.to_dict(),
             "bottleneck": {"gpus": cut.gpus, "bandwidth_Bps": cut.bandwidth,
                            "nodes": sorted(cut.nodes)},
             "results": [{"size_bytes": r.size, "count": r.size // args.dtype_size,
                          "time_s": r.time_s, "algbw_GBps": r.algbw / 1e9,
                          "busbw_GBps": r.busbw / 1e9, "lower_bound_s": r.lower_bound_s,
-                         "efficiency": r.efficiency} for r in reports],
+                         "efficiency": r.efficiency, "messages": r.messages,
+                         "breakdown": {part: r.breakdown.get(part, 0.0) for part in PARTS}}
+                        for r in reports],
         }))
         return 0
     out = console()
     out.print(f"[bold]{schedule.algorithm}[/bold] on {cluster.name}: {cluster.nranks} ranks, "
               f"{schedule.nchunks} chunks, {schedule.nsteps} steps")
+    out.print(f"cost profile {costs.summary()}")
     if cluster.nranks > 1:
         out.print(f"lower-bound cut: {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)}")
     rows = table("size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "bound(us)",
-                 "% of bound")
+                 "% of bound", *(f"{part}(us)" for part in PARTS))
     for r in reports:
         rows.add_row(str(r.size), str(r.size // args.dtype_size), f"{r.time_s * 1e6:.2f}",
                      f"{r.algbw / 1e9:.2f}", f"{r.busbw / 1e9:.2f}",
-                     f"{r.lower_bound_s * 1e6:.2f}", f"{100 * r.efficiency:.1f}")
+                     f"{r.lower_bound_s * 1e6:.2f}", f"{100 * r.efficiency:.1f}",
+                     *(f"{r.breakdown.get(part, 0.0) * 1e6:.2f}" for part in PARTS))
     out.print(rows)
+    out.print("bandwidth: bytes moving (contention included); latency: alpha and path "
+              "latency; overhead: call, step and posting costs; reduce: adds")
     return 0

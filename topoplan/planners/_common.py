@@ -34,7 +34,7 @@ from ..schedule import Op, OpKind, RankProgram, Schedule
 __all__ = ["PlannerError", "Timeline", "TopoNode", "topo_tree", "topo_order", "box_order",
            "resolve_order", "check_size", "check_chunks", "ring_reduce_scatter",
            "ring_allgather", "link_params", "message_latency", "pipeline_depth", "split",
-           "no_gc", "check_caps", "check_cap_args", "OP_BUDGET"]
+           "no_gc", "check_caps", "check_cap_args", "fit_depth", "OP_BUDGET"]
 
 # Ops a default plan may hold. A flat ring needs Theta(n^2) ops (one chunk per step),
 # about 4.2 M at 1024 ranks; pipelining only multiplies chunk counts while the plan
@@ -555,3 +555,59 @@ def empty_schedule(cluster: Cluster, algorithm: str, **meta: Any) -> Schedule:
     """The 1-rank allreduce: nothing to move."""
     return Timeline(cluster.nranks).build((1.0,), algorithm=algorithm, cluster=cluster.name,
                                           **meta)
+
+
+def fit_depth(build: Callable[[int], Schedule], depth: int, *, chosen: bool,
+              chunks_per_depth: int, max_step_ops: int | None, max_chunks: int | None,
+              algorithm: str) -> Schedule:
+    """``build(depth)``, with the depth lowered until the plan fits the caps.
+
+    Parameters
+    ----------
+    build : callable
+        ``build(d)``: the planner's schedule at pipelining depth ``d``.
+    depth : int
+        The depth the planner wants.
+    chosen : bool
+        True when the planner chose ``depth`` itself (``chunks=None``): it is then lowered
+        until the plan fits, first to ``max_chunks // chunks_per_depth``, then, while some
+        rank posts over ``max_step_ops`` ops in a step, in proportion to the excess (at
+        least by one). False when the caller asked for it: a plan over a cap is an error.
+    chunks_per_depth : int
+        Chunks the plan holds per unit of depth (the plan has ``depth * chunks_per_depth``).
+    max_step_ops, max_chunks : int, optional
+        The caps (:func:`check_caps`).
+    algorithm : str
+        Named in errors.
+
+    Raises
+    ------
+    InfeasiblePlanError
+        When the asked-for depth, or even depth 1, breaks a cap (naming it).
+    PlannerError
+        For a cap that is not an integer >= 1.
+    """
+    check_cap_args(max_step_ops, max_chunks, algorithm)
+    if not chosen:
+        schedule = build(depth)
+        if depth > 1 and max_chunks is not None and schedule.nchunks > max_chunks:
+            raise InfeasiblePlanError(
+                f"{algorithm}: chunks={depth} gives {schedule.nchunks} chunks, over "
+                f"max_chunks={max_chunks}; ask for fewer or leave the depth to the planner")
+        if depth > 1 and max_step_ops is not None and schedule.max_step_ops > max_step_ops:
+            raise InfeasiblePlanError(
+                f"{algorithm}: chunks={depth} posts {schedule.max_step_ops} ops in one step, "
+                f"over max_step_ops={max_step_ops}; ask for fewer chunks or leave the depth "
+                "to the planner")
+        return check_caps(schedule, max_step_ops, max_chunks, algorithm)
+    if max_chunks is not None:
+        depth = min(depth, max(1, max_chunks // max(1, chunks_per_depth)))
+    while True:
+        schedule = build(depth)
+        if depth == 1 or max_step_ops is None:
+            break
+        worst = schedule.max_step_ops
+        if worst <= max_step_ops:
+            break
+        depth = max(1, min(depth - 1, depth * max_step_ops // worst))
+    return check_caps(schedule, max_step_ops, max_chunks, algorithm)

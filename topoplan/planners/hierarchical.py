@@ -7,12 +7,18 @@ import math
 from typing import Any, Union
 
 from ..cluster import Cluster
+from ..cost import CostProfile, get_profile
 from ..schedule import Schedule, equal_chunks
-from ._common import (OP_BUDGET, Timeline, TopoNode, check_chunks, check_size, empty_schedule,
-                      link_params, no_gc, ring_allgather, ring_reduce_scatter,
-                      split, topo_order, topo_tree)
+from ._common import (OP_BUDGET, Timeline, TopoNode, check_cap_args, check_chunks, check_size,
+                      empty_schedule, fit_depth, link_params, message_latency, no_gc,
+                      ring_allgather, ring_reduce_scatter, split, topo_order, topo_tree)
 
-__all__ = ["plan_hierarchical", "hierarchy"]
+__all__ = ["plan_hierarchical", "hierarchy", "STEP_OPS"]
+
+#: Ops a rank posts per step of a pipelined plan, for the per-step cost of the depth
+#: rule: a ring step is a send and a receive, and while one part runs an in-box stage
+#: the part before it runs a network stage (2 + 2).
+STEP_OPS = 4
 
 Tree = Union[int, list]  # a rank, or a list of subtrees
 
@@ -143,24 +149,31 @@ def _pieces_per_level(tree: Tree, depth: int,
     return pieces, info
 
 
-def _default_parts(cluster: Cluster, size: int, per_part: int) -> int:
-    """Pipeline parts: split while a chunk still takes several latencies to send.
+def _default_parts(cluster: Cluster, size: int, per_part: int, profile: CostProfile) -> int:
+    """Pipeline parts: split while a chunk still takes several step latencies to send.
 
-    Each extra part costs one box stage of latency and lets box stages of one part
+    Each extra part costs one box stage of steps and lets box stages of one part
     hide under network stages of another. A chunk of ``size / (per_part * parts)``
-    bytes should take at least ``4 x`` the path latency over the bottleneck link, or
-    per-message latency eats the overlap (measured with topoplan.simulate on the
-    shipped topologies: 256 MiB gains 5-30%, 1 MiB loses with any split). At most 16
-    parts, and 1 when the plan would exceed ~2 M ops (about ``4 n`` ops per chunk).
+    bytes should take at least ``4 x`` the per-step latency over the bottleneck link:
+    path latency plus, under ``profile``, the step overhead, posting :data:`STEP_OPS`
+    ops and alpha (:func:`~topoplan.planners._common.message_latency`), or per-step
+    costs eat the overlap (measured with topoplan.simulate on the shipped topologies:
+    under ``ideal`` 256 MiB gains 5-30% and 1 MiB loses with any split; under ``nccl``
+    this picks the best depth of 1..64 or one within 2%). At most 16 parts, and 1 when
+    the plan would exceed ~2 M ops (about ``4 n`` ops per chunk).
     """
-    latency, bandwidth = link_params(cluster, topo_order(cluster))
+    order = topo_order(cluster)
+    _, bandwidth = link_params(cluster, order)
+    latency = message_latency(cluster, order, profile, ops=STEP_OPS)
     per_chunk = size / per_part / bandwidth
     budget = OP_BUDGET // max(1, 4 * cluster.nranks * per_part)
     return max(1, min(16, budget, int(per_chunk / (4 * latency))))
 
 
 @no_gc
-def plan_hierarchical(cluster: Cluster, *, size: int, chunks: int | None = None) -> Schedule:
+def plan_hierarchical(cluster: Cluster, *, size: int, chunks: int | None = None,
+                      profile: CostProfile | str | None = None, max_step_ops: int | None = None,
+                      max_chunks: int | None = None) -> Schedule:
     """Plan a hierarchical (BlueConnect) allreduce over the topology's levels.
 
     Level 0 is the box: a ring reduce-scatter over its GPUs (in NVLink ring order)
@@ -180,9 +193,19 @@ def plan_hierarchical(cluster: Cluster, *, size: int, chunks: int | None = None)
         Pipeline parts: part ``p`` runs the whole schedule on its own slice of the
         buffer, starting one box stage later than part ``p - 1``, so in-box stages of
         one part overlap network stages of another (BlueConnect's pipelining). By
-        default as many as keep each chunk's transfer >= 4 path latencies (more parts
-        for bigger messages), at most 16, and 1 when the plan would exceed ~2 M ops
-        (1024 ranks).
+        default as many as keep each chunk's transfer >= 4 step latencies under
+        ``profile`` (path latency, step overhead, posting and alpha; more parts for
+        bigger messages, fewer for costlier runtimes), at most 16, and 1 when the plan
+        would exceed ~2 M ops (1024 ranks); then lowered until the plan fits
+        ``max_chunks`` and ``max_step_ops``. Under ``ideal`` the step latency is the
+        path latency (the depth of profile-free topoplan).
+    profile : CostProfile or str, optional
+        The runtime's costs (default :data:`topoplan.cost.DEFAULT_PROFILE`); sets the
+        default number of parts; recorded in ``meta["profile"]``.
+    max_step_ops : int, optional
+        Most ops a rank may post in one step (each part in flight adds a ring step's 2).
+    max_chunks : int, optional
+        Most chunks the plan may hold (``prod(pieces)`` per part).
 
     Returns
     -------
@@ -195,7 +218,9 @@ def plan_hierarchical(cluster: Cluster, *, size: int, chunks: int | None = None)
     Raises
     ------
     PlannerError
-        For a bad ``size`` or ``chunks``.
+        For a bad ``size``, ``chunks`` or cap.
+    InfeasiblePlanError
+        When even one part (or the asked-for ``chunks``) breaks a cap, naming it.
 
     References
     ----------
@@ -203,19 +228,27 @@ def plan_hierarchical(cluster: Cluster, *, size: int, chunks: int | None = None)
     deep learning on heterogeneous network hierarchy", SysML 2019.
     """
     check_size(size, "hierarchical")
-    parts = check_chunks(chunks, "hierarchical", "pipeline parts") or 1
+    given = check_chunks(chunks, "hierarchical", "pipeline parts")
+    check_cap_args(max_step_ops, max_chunks, "hierarchical")
+    costs = get_profile(profile)
     n = cluster.nranks
     if n == 1:
-        return empty_schedule(cluster, "hierarchical", levels=[], pipeline=1)
+        return empty_schedule(cluster, "hierarchical", levels=[], pipeline=1, profile=costs.name)
     tree, depth, names = hierarchy(cluster)
     pieces, info = _pieces_per_level(tree, depth, names)
     per_part = math.prod(pieces)
     stage = max(1, max(len(g) for g in _groups_at(tree, depth, 0)) - 1)
-    if chunks is None:  # one level (one box) has no stages to overlap
-        parts = _default_parts(cluster, size, per_part) if depth > 1 else 1
-    tl = Timeline(n)
-    for p in range(parts):
-        data = list(range(p * per_part, (p + 1) * per_part))
-        _allreduce(tl, p * stage, tree, depth, data, pieces)
-    return tl.build(equal_chunks(per_part * parts), algorithm="hierarchical",
-                    cluster=cluster.name, levels=info, pipeline=parts)
+    parts = given
+    if parts is None:  # one level (one box) has no stages to overlap
+        parts = _default_parts(cluster, size, per_part, costs) if depth > 1 else 1
+
+    def build(parts: int) -> Schedule:
+        tl = Timeline(n)
+        for p in range(parts):
+            data = list(range(p * per_part, (p + 1) * per_part))
+            _allreduce(tl, p * stage, tree, depth, data, pieces)
+        return tl.build(equal_chunks(per_part * parts), algorithm="hierarchical",
+                        cluster=cluster.name, levels=info, pipeline=parts, profile=costs.name)
+
+    return fit_depth(build, parts, chosen=given is None, chunks_per_depth=per_part,
+                     max_step_ops=max_step_ops, max_chunks=max_chunks, algorithm="hierarchical")

@@ -6,15 +6,18 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..cluster import Cluster
+from ..cost import CostProfile, get_profile
 from ..schedule import Schedule, equal_chunks
-from ._common import Timeline, check_chunks, check_size, empty_schedule, no_gc, resolve_order
+from ._common import (Timeline, check_cap_args, check_chunks, check_size, empty_schedule,
+                      fit_depth, no_gc, resolve_order)
 
 __all__ = ["plan_rhd"]
 
 
 @no_gc
 def plan_rhd(cluster: Cluster, *, size: int, chunks: int | None = None,
-             order: str | Sequence[int] = "topo") -> Schedule:
+             order: str | Sequence[int] = "topo", profile: CostProfile | str | None = None,
+             max_step_ops: int | None = None, max_chunks: int | None = None) -> Schedule:
     """Plan Rabenseifner's recursive halving-doubling allreduce.
 
     With ``p`` the largest power of two <= ``n`` and ``r = n - p``: the first ``2r``
@@ -32,9 +35,21 @@ def plan_rhd(cluster: Cluster, *, size: int, chunks: int | None = None,
     chunks : int, optional
         Slices (pipelining): slice ``s`` of every segment runs the same schedule
         ``s`` slots later, so near (in-box) exchanges of one slice overlap far ones
-        of the previous. Default 1.
+        of the previous. Default 1 under every profile: rhd is the candidate with the
+        fewest steps (``2 log2 p``), for messages where the per-step cost
+        (:func:`~topoplan.planners._common.message_latency`) dominates, and each slice
+        adds a step. Large messages can gain from slices where the levels use different
+        links (simulated under nccl, 256 MiB on a DGX-1: 14.3 ms unsliced, 7.7 ms with 4
+        slices), but no depth is chosen for them yet: ask with ``chunks``.
     order : {"topo", "rank"} or sequence of int
         Virtual-rank order; ``"topo"`` makes distance-1 partners NVLink/box neighbours.
+    profile : CostProfile or str, optional
+        The runtime's costs (default :data:`topoplan.cost.DEFAULT_PROFILE`); recorded in
+        ``meta["profile"]``.
+    max_step_ops : int, optional
+        Most ops a rank may post in one step: 2 per slice in flight.
+    max_chunks : int, optional
+        Most chunks the plan may hold: ``p`` per slice.
 
     Returns
     -------
@@ -46,7 +61,10 @@ def plan_rhd(cluster: Cluster, *, size: int, chunks: int | None = None,
     Raises
     ------
     PlannerError
-        For a bad ``size``, ``chunks`` or ``order``.
+        For a bad ``size``, ``chunks``, ``order`` or cap.
+    InfeasiblePlanError
+        When the plan breaks ``max_step_ops`` or ``max_chunks`` (it needs ``p`` chunks
+        and 2 ops a step at least), naming the cap.
 
     References
     ----------
@@ -59,55 +77,62 @@ def plan_rhd(cluster: Cluster, *, size: int, chunks: int | None = None,
     ``4 p (p - 1) chunks + 4 r p chunks`` ops.
     """
     check_size(size, "rhd")
-    slices = check_chunks(chunks, "rhd", "slices")
+    given = check_chunks(chunks, "rhd", "slices")
+    check_cap_args(max_step_ops, max_chunks, "rhd")
+    costs = get_profile(profile)
     ranks, label = resolve_order(cluster, order, "rhd")
     n = cluster.nranks
     if n == 1:
-        return empty_schedule(cluster, "rhd", order=label, slices=1, power_of_two=1, folded=[])
+        return empty_schedule(cluster, "rhd", order=label, slices=1, power_of_two=1, folded=[],
+                              profile=costs.name)
     p = 1 << (n.bit_length() - 1)
     r = n - p
-    slices = slices or 1  # no default slicing: see the docstring of plan_ring
     levels = p.bit_length() - 1
     # Survivor v is ranks[2v + 1] for v < r (it absorbed ranks[2v]), then ranks[v + r].
     folded = [(ranks[2 * v], ranks[2 * v + 1]) for v in range(r)]
     survivors = [ranks[2 * v + 1] for v in range(r)] + list(ranks[2 * r:])
-    tl = Timeline(n)
     fold = 1 if r else 0
-    for s in range(slices):
-        every = [seg * slices + s for seg in range(p)]  # slice s of each segment
-        t0 = s
-        for extra, partner in folded:
-            tl.msgs(t0, extra, partner, every, True)
-        t = t0 + fold
-        # Reduce-scatter: v keeps [lo, hi) of the segments; step i halves it with v ^ 2^i.
-        lo = [0] * p
-        hi = [p] * p
-        for i in range(levels):
-            bit = 1 << i
-            new = []
-            for v in range(p):
-                mid = (lo[v] + hi[v]) // 2
-                keep_low = not (v & bit)
-                give = range(mid, hi[v]) if keep_low else range(lo[v], mid)
-                tl.msgs(t, survivors[v], survivors[v ^ bit], [every[g] for g in give], True)
-                new.append((lo[v], mid) if keep_low else (mid, hi[v]))
-            lo = [a for a, _ in new]
-            hi = [b for _, b in new]
-            t += 1
-        # Allgather: undo the halvings in reverse, each step doubling v's range.
-        for i in reversed(range(levels)):
-            bit = 1 << i
-            for v in range(p):
-                tl.msgs(t, survivors[v], survivors[v ^ bit],
-                        [every[g] for g in range(lo[v], hi[v])], False)
-            for v in range(p):
-                partner = v ^ bit
-                if v < partner:
-                    lo[v] = lo[partner] = min(lo[v], lo[partner])
-                    hi[v] = hi[partner] = max(hi[v], hi[partner])
-            t += 1
-        for extra, partner in folded:
-            tl.msgs(t, partner, extra, every, False)
-    return tl.build(equal_chunks(p * slices), algorithm="rhd", cluster=cluster.name, order=label,
-                    slices=slices, power_of_two=p,
-                    folded=[[a, b] for a, b in folded])
+
+    def build(slices: int) -> Schedule:
+        tl = Timeline(n)
+        for s in range(slices):
+            every = [seg * slices + s for seg in range(p)]  # slice s of each segment
+            t0 = s
+            for extra, partner in folded:
+                tl.msgs(t0, extra, partner, every, True)
+            t = t0 + fold
+            # Reduce-scatter: v keeps [lo, hi) of the segments; step i halves it with v ^ 2^i.
+            lo = [0] * p
+            hi = [p] * p
+            for i in range(levels):
+                bit = 1 << i
+                new = []
+                for v in range(p):
+                    mid = (lo[v] + hi[v]) // 2
+                    keep_low = not (v & bit)
+                    give = range(mid, hi[v]) if keep_low else range(lo[v], mid)
+                    tl.msgs(t, survivors[v], survivors[v ^ bit], [every[g] for g in give], True)
+                    new.append((lo[v], mid) if keep_low else (mid, hi[v]))
+                lo = [a for a, _ in new]
+                hi = [b for _, b in new]
+                t += 1
+            # Allgather: undo the halvings in reverse, each step doubling v's range.
+            for i in reversed(range(levels)):
+                bit = 1 << i
+                for v in range(p):
+                    tl.msgs(t, survivors[v], survivors[v ^ bit],
+                            [every[g] for g in range(lo[v], hi[v])], False)
+                for v in range(p):
+                    partner = v ^ bit
+                    if v < partner:
+                        lo[v] = lo[partner] = min(lo[v], lo[partner])
+                        hi[v] = hi[partner] = max(hi[v], hi[partner])
+                t += 1
+            for extra, partner in folded:
+                tl.msgs(t, partner, extra, every, False)
+        return tl.build(equal_chunks(p * slices), algorithm="rhd", cluster=cluster.name,
+                        order=label, slices=slices, power_of_two=p, profile=costs.name,
+                        folded=[[a, b] for a, b in folded])
+
+    return fit_depth(build, given or 1, chosen=given is None, chunks_per_depth=p,
+                     max_step_ops=max_step_ops, max_chunks=max_chunks, algorithm="rhd")

@@ -5,16 +5,19 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..cluster import Cluster
+from ..cost import CostProfile, get_profile
 from ..schedule import Schedule, equal_chunks
-from ._common import (Timeline, check_chunks, check_size, empty_schedule, no_gc, resolve_order,
-                      ring_allgather, ring_reduce_scatter)
+from ._common import (Timeline, check_cap_args, check_chunks, check_size, empty_schedule,
+                      fit_depth, no_gc, resolve_order, ring_allgather, ring_reduce_scatter)
 
 __all__ = ["plan_ring", "plan_ring_topo"]
 
 
 @no_gc
 def plan_ring(cluster: Cluster, *, size: int, order: str | Sequence[int] = "rank",
-              chunks: int | None = None, algorithm: str = "ring") -> Schedule:
+              chunks: int | None = None, algorithm: str = "ring",
+              profile: CostProfile | str | None = None, max_step_ops: int | None = None,
+              max_chunks: int | None = None) -> Schedule:
     """Plan a ring allreduce: reduce-scatter then allgather around one ring.
 
     Parameters
@@ -29,11 +32,21 @@ def plan_ring(cluster: Cluster, *, size: int, order: str | Sequence[int] = "rank
         permutation of the ranks.
     chunks : int, optional
         Slices per ring segment (pipelining, as NCCL's slices): slice ``p`` runs its
-        own ring ``p`` slots after slice 0. Default 1: in a step model a ring moves
-        ``M/n`` per step on every link already, so slicing only adds ``chunks - 1``
-        latency steps; it pays off when reduction can overlap transfer.
+        own ring ``p`` slots after slice 0. Default 1 under every profile: a ring step
+        already moves ``M/n`` on every link, so ``c`` slices only add ``c - 1`` steps,
+        each paying the per-step cost of :func:`~topoplan.planners._common.message_latency`
+        (step overhead, posting ``2c`` ops instead of 2, alpha), and a step adds what it
+        received after its messages (the simulator's and the executor's order), so
+        slicing hides no reduction either.
     algorithm : str
         The name written to ``meta["algorithm"]``.
+    profile : CostProfile or str, optional
+        The runtime's costs (default :data:`topoplan.cost.DEFAULT_PROFILE`); recorded in
+        ``meta["profile"]`` (the ring's shape does not depend on it, see ``chunks``).
+    max_step_ops : int, optional
+        Most ops a rank may post in one step: a ring posts 2 per slice in flight.
+    max_chunks : int, optional
+        Most chunks the plan may hold: ``n`` per slice.
 
     Returns
     -------
@@ -44,7 +57,10 @@ def plan_ring(cluster: Cluster, *, size: int, order: str | Sequence[int] = "rank
     Raises
     ------
     PlannerError
-        For a bad ``size``, ``chunks`` or ``order``.
+        For a bad ``size``, ``chunks``, ``order`` or cap.
+    InfeasiblePlanError
+        When the plan breaks ``max_step_ops`` or ``max_chunks`` (a ring of ``n`` ranks
+        needs ``n`` chunks and 2 ops a step at least), naming the cap.
 
     References
     ----------
@@ -57,22 +73,34 @@ def plan_ring(cluster: Cluster, *, size: int, order: str | Sequence[int] = "rank
     chunk, so IR v2's chunk ranges do not shrink a flat ring).
     """
     check_size(size, algorithm)
-    slices = check_chunks(chunks, algorithm, "slices per ring segment") or 1
+    given = check_chunks(chunks, algorithm, "slices per ring segment")
+    check_cap_args(max_step_ops, max_chunks, algorithm)
+    costs = get_profile(profile)
     ring, label = resolve_order(cluster, order, algorithm)
     n = cluster.nranks
     if n == 1:
-        return empty_schedule(cluster, algorithm, order=label, ring=ring, slices=1)
-    tl = Timeline(n)
-    # Chunk l * slices + p is slice p of segment l: a segment's slices stay contiguous.
-    for p in range(slices):
-        segments = [[seg * slices + p] for seg in range(n)]
-        t = ring_reduce_scatter(tl, p, ring, segments)
-        ring_allgather(tl, t, ring, segments)
-    meta: dict[str, Any] = {"order": label, "ring": ring, "slices": slices}
-    return tl.build(equal_chunks(n * slices), algorithm=algorithm, cluster=cluster.name, **meta)
+        return empty_schedule(cluster, algorithm, order=label, ring=ring, slices=1,
+                              profile=costs.name)
+
+    def build(slices: int) -> Schedule:
+        tl = Timeline(n)
+        # Chunk l * slices + p is slice p of segment l: a segment's slices stay contiguous.
+        for p in range(slices):
+            segments = [[seg * slices + p] for seg in range(n)]
+            t = ring_reduce_scatter(tl, p, ring, segments)
+            ring_allgather(tl, t, ring, segments)
+        meta: dict[str, Any] = {"order": label, "ring": ring, "slices": slices,
+                                "profile": costs.name}
+        return tl.build(equal_chunks(n * slices), algorithm=algorithm, cluster=cluster.name,
+                        **meta)
+
+    return fit_depth(build, given or 1, chosen=given is None, chunks_per_depth=n,
+                     max_step_ops=max_step_ops, max_chunks=max_chunks, algorithm=algorithm)
 
 
 def plan_ring_topo(cluster: Cluster, *, size: int, chunks: int | None = None,
-                   order: str | Sequence[int] = "topo") -> Schedule:
+                   order: str | Sequence[int] = "topo", profile: CostProfile | str | None = None,
+                   max_step_ops: int | None = None, max_chunks: int | None = None) -> Schedule:
     """:func:`plan_ring` with the topology-aware order (the ``"ring-topo"`` candidate)."""
-    return plan_ring(cluster, size=size, order=order, chunks=chunks, algorithm="ring-topo")
+    return plan_ring(cluster, size=size, order=order, chunks=chunks, algorithm="ring-topo",
+                     profile=profile, max_step_ops=max_step_ops, max_chunks=max_chunks)

@@ -6,11 +6,20 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..cluster import Cluster
+from ..cost import CostProfile, get_profile
 from ..schedule import Schedule, equal_chunks
-from ._common import (OP_BUDGET, Timeline, TopoNode, check_chunks, check_size, empty_schedule,
-                      link_params, no_gc, pipeline_depth, resolve_order, topo_tree)
+from ._common import (OP_BUDGET, Timeline, TopoNode, check_cap_args, check_chunks, check_size,
+                      empty_schedule, fit_depth, link_params, message_latency, no_gc,
+                      pipeline_depth, resolve_order, topo_tree)
 
-__all__ = ["plan_tree", "btree", "double_btree"]
+__all__ = ["plan_tree", "btree", "double_btree", "STEP_OPS"]
+
+#: Ops a rank posts per step once the pipeline is full, for the depth model's per-step
+#: cost: a rank interior to one tree (receives from two children and sends to its parent,
+#: receives from its parent and sends to two children: 6 ops) is a leaf of the other
+#: (sends up and receives down: 2 more). The plans for the shipped topologies post 8 to
+#: 10 at most, and a simulated extra chunk costs one step of 8 ops under nccl.
+STEP_OPS = 8
 
 
 def btree(n: int, rank: int) -> tuple[int, list[int]]:
@@ -139,7 +148,8 @@ def _box_nodes(node: TopoNode) -> list[TopoNode]:
 
 @no_gc
 def plan_tree(cluster: Cluster, *, size: int, chunks: int | None = None,
-              order: str | Sequence[int] = "topo") -> Schedule:
+              order: str | Sequence[int] = "topo", profile: CostProfile | str | None = None,
+              max_step_ops: int | None = None, max_chunks: int | None = None) -> Schedule:
     """Plan NCCL's double binary tree allreduce.
 
     Parameters
@@ -150,15 +160,28 @@ def plan_tree(cluster: Cluster, *, size: int, chunks: int | None = None,
     chunks : int, optional
         Pipeline depth: chunks per tree (each tree carries half of the buffer). By
         default ``sqrt(fill * M / (alpha * B))`` (the optimum of
-        ``(c + fill)(alpha + M / (c B))``, with fill the tree's depth in slots and
-        alpha, B the latency and bottleneck bandwidth between far ranks), capped so
-        the plan stays under ~2 M ops.
+        ``(c + fill)(alpha + M / (c B))``, with fill the tree's depth in slots, B the
+        bottleneck bandwidth between far ranks and alpha what one step costs before
+        its bytes flow under ``profile``: path latency, step overhead, posting
+        :data:`STEP_OPS` ops and the alpha of their link class,
+        :func:`~topoplan.planners._common.message_latency`), at most 256 and capped so
+        the plan stays under ~2 M ops; then lowered until the plan fits ``max_chunks``
+        and ``max_step_ops``. Under ``ideal`` alpha is the path latency alone (the
+        depth of profile-free topoplan); a costlier runtime gets fewer, larger chunks.
     order : {"topo", "rank"} or sequence of int
         ``"topo"`` (default): on a cluster of several boxes, NCCL's own shape, two
         complementary binary trees over the boxes (in topology order) with a chain
         of GPUs inside each box, so each tree edge crosses the network once per box;
         on one box, the two trees over its GPUs in ring order. ``"rank"`` or a
         permutation: the two trees directly over the ranks in that order.
+    profile : CostProfile or str, optional
+        The runtime's costs (default :data:`topoplan.cost.DEFAULT_PROFILE`); sets the
+        default depth; recorded in ``meta["profile"]``.
+    max_step_ops : int, optional
+        Most ops a rank may post in one step (an interior rank posts more as the
+        pipeline deepens, up to about 10).
+    max_chunks : int, optional
+        Most chunks the plan may hold (``2 * chunks``).
 
     Returns
     -------
@@ -169,7 +192,9 @@ def plan_tree(cluster: Cluster, *, size: int, chunks: int | None = None,
     Raises
     ------
     PlannerError
-        For a bad ``size``, ``chunks`` or ``order``.
+        For a bad ``size``, ``chunks``, ``order`` or cap.
+    InfeasiblePlanError
+        When even depth 1 (or the asked-for ``chunks``) breaks a cap, naming it.
 
     References
     ----------
@@ -182,7 +207,9 @@ def plan_tree(cluster: Cluster, *, size: int, chunks: int | None = None,
     ``8 (n - 1) c`` ops.
     """
     check_size(size, "tree")
-    depth = check_chunks(chunks, "tree", "chunks per tree")
+    given = check_chunks(chunks, "tree", "chunks per tree")
+    check_cap_args(max_step_ops, max_chunks, "tree")
+    costs = get_profile(profile)
     n = cluster.nranks
     if isinstance(order, str) and order == "topo" and len(cluster.boxes) > 1:
         positions, first, second = _box_trees(cluster)
@@ -192,18 +219,24 @@ def plan_tree(cluster: Cluster, *, size: int, chunks: int | None = None,
         shape = "rank trees"
         first, second = double_btree(n) if n > 1 else ([-1], [-1])
     if n == 1:
-        return empty_schedule(cluster, "tree", order=label, pipeline=1)
+        return empty_schedule(cluster, "tree", order=label, pipeline=1, profile=costs.name)
+    depth = given
     if depth is None:
-        latency, bandwidth = link_params(cluster, positions)
+        _, bandwidth = link_params(cluster, positions)
+        latency = message_latency(cluster, positions, costs, ops=STEP_OPS)
         fill = 3 * max(_height(first), _height(second))
         cap = max(1, min(256, OP_BUDGET // (16 * n)))
         depth = pipeline_depth(size, fill, latency, bandwidth, cap)
-    tl = Timeline(n)
-    _schedule_tree(tl, first, positions, range(depth))
-    _schedule_tree(tl, second, positions, range(depth, 2 * depth))
-    return tl.build(equal_chunks(2 * depth), algorithm="tree", cluster=cluster.name, order=label,
-                    shape=shape, pipeline=depth)
 
+    def build(depth: int) -> Schedule:
+        tl = Timeline(n)
+        _schedule_tree(tl, first, positions, range(depth))
+        _schedule_tree(tl, second, positions, range(depth, 2 * depth))
+        return tl.build(equal_chunks(2 * depth), algorithm="tree", cluster=cluster.name,
+                        order=label, shape=shape, pipeline=depth, profile=costs.name)
+
+    return fit_depth(build, depth, chosen=given is None, chunks_per_depth=2,
+                     max_step_ops=max_step_ops, max_chunks=max_chunks, algorithm="tree")
 
 def _height(parent: Sequence[int]) -> int:
     """Edges on the longest leaf-to-root path."""

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 import numpy as np
 
 from ..cluster import Cluster
+from ..cost import CostProfile, get_profile
 from ..errors import TopoplanError
 from ._common import matplotlib, new_figure, size_formatter
 
@@ -25,8 +26,10 @@ def _busbw_factor(nranks: int) -> float:
 
 
 def sweep_rows(cluster: Cluster, algorithms: Iterable[str] | None = None,
-               sizes: Sequence[int] = DEFAULT_SIZES) -> tuple[list[dict], dict[str, str]]:
-    """Plan and simulate every algorithm at every size.
+               sizes: Sequence[int] = DEFAULT_SIZES,
+               profile: CostProfile | str | None = None) -> tuple[list[dict], dict[str, str]]:
+    """Plan and simulate every algorithm at every size under ``profile`` (the runtime's
+    costs, default :data:`topoplan.cost.DEFAULT_PROFILE`).
 
     Returns
     -------
@@ -39,6 +42,7 @@ def sweep_rows(cluster: Cluster, algorithms: Iterable[str] | None = None,
     from ..planners import PLANNERS, plan
     from ..simulate import simulate
 
+    costs = get_profile(profile)
     names = [a for a in PLANNERS if a not in _SKIP] if algorithms is None else list(algorithms)
     unknown = [a for a in names if a not in PLANNERS]
     if unknown:
@@ -48,8 +52,8 @@ def sweep_rows(cluster: Cluster, algorithms: Iterable[str] | None = None,
     for name in names:
         for size in sizes:
             try:
-                schedule = plan(cluster, algorithm=name, size=size)
-                report = simulate(cluster, schedule, size)
+                schedule = plan(cluster, algorithm=name, size=size, profile=costs)
+                report = simulate(cluster, schedule, size, profile=costs)
             except TopoplanError as exc:
                 failed[name] = str(exc).splitlines()[0]
                 break
@@ -63,7 +67,8 @@ def sweep_rows(cluster: Cluster, algorithms: Iterable[str] | None = None,
 
 
 def size_sweep(cluster: Cluster, algorithms: Iterable[str] | None = None,
-               sizes: Sequence[int] = DEFAULT_SIZES) -> Figure:
+               sizes: Sequence[int] = DEFAULT_SIZES,
+               profile: CostProfile | str | None = None) -> Figure:
     """algbw and busbw against message size for every planner, with the lower bound.
 
     Parameters
@@ -77,6 +82,9 @@ def size_sweep(cluster: Cluster, algorithms: Iterable[str] | None = None,
     sizes
         Message sizes in bytes (default 1KiB to 1GiB by factors of 16). Each
         algorithm is planned at each size, since a planner may choose by size.
+    profile
+        The runtime's cost profile (:mod:`topoplan.cost`): the planners plan against it
+        and the simulations charge it. Default :data:`topoplan.cost.DEFAULT_PROFILE`.
 
     Returns
     -------
@@ -97,7 +105,8 @@ def size_sweep(cluster: Cluster, algorithms: Iterable[str] | None = None,
     sizes = sorted(int(s) for s in sizes)
     if not sizes or sizes[0] <= 0:
         raise ValueError(f"sizes must be positive byte counts, got {sizes}")
-    rows, failed = sweep_rows(cluster, algorithms, sizes)
+    costs = get_profile(profile)
+    rows, failed = sweep_rows(cluster, algorithms, sizes, costs)
     factor = _busbw_factor(cluster.nranks)
     fig = new_figure(11.5, 4.6)
     ax_alg, ax_bus = fig.subplots(1, 2, sharex=True)
@@ -138,6 +147,6 @@ def size_sweep(cluster: Cluster, algorithms: Iterable[str] | None = None,
         handles.append(Line2D([], [], ls="", marker="x", color="grey"))
         labels.append(f"{name}: n/a ({reason[:60]})")
     fig.legend(handles, labels, loc="outside right center", fontsize=8.5, frameon=False)
-    fig.suptitle(f"{cluster.name}: {cluster.nranks} GPUs, simulated allreduce by planner",
-                 fontsize=11)
+    fig.suptitle(f"{cluster.name}: {cluster.nranks} GPUs, simulated allreduce by planner "
+                 f"(cost profile {costs.name})", fontsize=11)
     return fig
