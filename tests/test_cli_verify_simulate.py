@@ -134,10 +134,14 @@ def test_simulate_json_splits_the_time_under_the_profile(tmp_path):
     parts = result["breakdown"]
     assert set(parts) == {"bandwidth", "latency", "overhead", "reduce"}
     assert sum(parts.values()) == pytest.approx(result["time_s"], rel=1e-9)
+    from topoplan.cost import get_profile
+    nccl = get_profile("nccl")
     assert parts["bandwidth"] == pytest.approx(6 * (1 << 18) / 10e9, rel=1e-6)
-    assert parts["latency"] == pytest.approx(6 * (14e-6 + 3e-6), rel=1e-6)
-    assert parts["overhead"] == pytest.approx(8.4e-6 + 6 * (3e-6 + 2 * 1e-6), rel=1e-6)
-    assert parts["reduce"] == pytest.approx(3 * (1 << 18) / 300e9, rel=1e-6)
+    assert parts["latency"] == pytest.approx(6 * (nccl.alpha_network + 3e-6), rel=1e-6)
+    assert parts["overhead"] == pytest.approx(
+        nccl.call_overhead + 6 * (nccl.step_overhead + 2 * nccl.op_overhead), rel=1e-6)
+    red = 0.0 if nccl.reduce_bandwidth is None else 3 * (1 << 18) / nccl.reduce_bandwidth
+    assert parts["reduce"] == pytest.approx(red, rel=1e-6, abs=1e-15)
     assert result["messages"] == 24
     # --alpha overrides the profile's alpha (both classes); the name says it was changed.
     done = topoplan("simulate", DDL, str(plan), "--sizes", "1MiB", "--json", "--profile",
