@@ -253,3 +253,12 @@ boxes:
     assert sum(fast.breakdown.values()) == pytest.approx(fast.time_s, rel=1e-9, abs=1e-15)
     assert sum(slow.breakdown.values()) == pytest.approx(slow.time_s, rel=1e-9, abs=1e-15)
     assert all(v >= -1e-15 for v in fast.breakdown.values())
+
+
+def test_save_writes_a_comment_header_and_loads_back(tmp_path):
+    path = tmp_path / "p.yaml"
+    PROFILE.save(path, header="How it was made:\n  topoplan calibrate ...\n")
+    text = path.read_text()
+    assert text.startswith("# How it was made:\n#   topoplan calibrate ...\nname: test\n")
+    assert load_profile(path) == PROFILE
+    assert [p.name for p in tmp_path.iterdir()] == ["p.yaml"]

@@ -90,19 +90,28 @@ def mpiexec(nranks: int, argv: Sequence[str], *, timeout: float | None = None,
     ------
     TopoplanError
         If the run outlasts ``timeout`` seconds (the whole process group is killed
-        first, so no rank is left behind).
+        first, so no rank is left behind). On any other exception (Ctrl-C) the process
+        group is killed too before it propagates.
     """
     command, env = mpiexec_command(nranks, argv, fault_tolerant=fault_tolerant)
     out = subprocess.PIPE if capture else None
     # A new session lets us kill mpiexec and every rank it started, and nothing else.
     proc = subprocess.Popen(command, env=env, stdout=out, stderr=out, text=True, cwd=cwd,
                             start_new_session=True)
+    import signal
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        import signal
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
         raise TopoplanError(f"mpiexec -n {nranks} did not finish within {timeout:g} s; killed it."
                             f"\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}") from None
+    except BaseException:
+        # Ctrl-C reaches only our process group: the ranks run in their own session.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        raise
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
