@@ -1,25 +1,35 @@
-"""topoplan.calibrate: the fit recovers known costs, from the simulator's own times and
-from a real run of a thread transport with injected delays.
+"""topoplan.calibrate and ``topoplan calibrate``: the fit recovers known costs, from the
+simulator's own times and from a real run of a thread transport with injected delays;
+the command writes a profile that loads back; ``bench --profile`` predicts beside it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import heapq
+import json
 import math
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections import deque
+from pathlib import Path
 
 import pytest
 
 from topoplan.calibrate import (HOST_PARAMETERS, Case, Sample, calibrate, calibration_cases,
                                 fit, fit_profile, measure)
-from topoplan.cost import CostProfile, loads_profile
+from topoplan.cli import main
+from topoplan.cost import CostProfile, load_profile, loads_profile
 from topoplan.errors import TopoplanError
 from topoplan.simulate import simulate
 from topoplan.transports.local import Local, LocalWorld, _snapshot
 from topoplan.verify import verify
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 TRUTH = CostProfile("truth", step_overhead=80e-6, op_overhead=12e-6, call_overhead=40e-6,
                     reduce_bandwidth=2e9, host_bandwidth=0.8e9, host_ranks=4)
@@ -227,3 +237,118 @@ def test_measure_refuses_one_rank_and_unknown_kinds():
         Local.launch(1, lambda t: measure(t, []))
     with pytest.raises(TopoplanError, match="unknown kind 'nap'"):
         Local.launch(2, lambda t: measure(t, [Case("x", "nap", 8)]))
+
+
+# ---- the command -------------------------------------------------------------------------
+
+def _run(*argv: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "topoplan", *argv], capture_output=True,
+                          text=True, env=ENV, cwd=ROOT, timeout=timeout)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_cli_calibrate_mpi_quick_writes_a_profile_that_loads(tmp_path):
+    pytest.importorskip("mpi4py")
+    out = tmp_path / "tmp.yaml"
+    proc = _run("calibrate", "--transport", "mpi", "-n", "4", "--quick", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    profile = load_profile(out)
+    assert profile.name == "tmp" and profile.host_ranks == 4
+    for value in (profile.alpha_box, profile.op_overhead, profile.step_overhead,
+                  profile.call_overhead, profile.reduce_bandwidth, profile.host_bandwidth):
+        assert math.isfinite(value) and value >= 0
+    record = profile.calibration
+    assert record["transport"].startswith("mpi (") and record["ranks"] == 4
+    assert len(record["samples"]) == len(calibration_cases(4))
+    text = out.read_text()
+    assert text.startswith("# Cost profile of topoplan's executor over mpi")
+    assert f"topoplan calibrate --transport mpi -n 4 --name tmp --quick -o {out}" in text
+    for column in ("measured", "fitted", "residual", "ring x4", "per-step cost", "split: alpha",
+                   f"wrote {out}"):
+        assert column in proc.stdout, column
+    assert "calibrate: repeat 5/5 done" in proc.stderr
+    assert list(tmp_path.iterdir()) == [out]  # no temporary file left beside it
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-o", "x.yaml"], "say how many ranks to calibrate with: -n N"),
+    (["-n", "1", "-o", "x.yaml"], "-n 1: calibration needs 2 or more ranks"),
+    (["-n", "4"], "say where to write the profile: -o PROFILE.yaml"),
+    (["-n", "4", "-o", "x.json"], "-o x.json: name the profile file .yaml or .yml"),
+    (["-n", "4", "-o", "nowhere/x.yaml"], "-o nowhere/x.yaml: folder 'nowhere' does not exist"),
+    (["-n", "4", "-o", "x.yaml", "--name", " "], "--name ' ': give a non-empty name"),
+    (["-n", "4", "-o", "x.yaml", "--timeout", "0"], "--timeout 0: must be > 0 seconds"),
+])
+def test_cli_calibrate_bad_arguments_are_one_line(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["calibrate", *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"topoplan: error: {message}") and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_calibrate_nccl_without_gpus_is_one_line(capsys, tmp_path):
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() >= 2:
+            pytest.skip("this machine has GPUs for NCCL")
+    except Exception:  # noqa: BLE001 - no CuPy or no device: the case under test
+        pass
+    assert main(["calibrate", "--transport", "nccl", "-n", "2", "-o",
+                 str(tmp_path / "x.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("topoplan: error: ") and err.count("\n") == 1
+    assert ("--transport nccl" in err and ("CuPy" in err or "GPU" in err)) or "mpi4py" in err
+
+
+# ---- bench --profile ---------------------------------------------------------------------
+
+def test_predict_rows_simulates_each_size_on_the_profiles_host():
+    from topoplan.commands.bench import BenchRow, flat_cluster, format_rows, predict_rows
+    from topoplan.planners import plan
+    schedule = plan(flat_cluster(4), algorithm="ring", size=1 << 20)
+    rows = [BenchRow(size, size // 4, "float32", "sum", 500.0, 0.0, 0.0, 0, 3)
+            for size in (4096, 1 << 20)]
+    predicted = predict_rows(rows, schedule, TRUTH, 4)
+    for row in predicted:
+        expected = simulate(TRUTH.host_cluster(4), schedule, row.size, profile=TRUTH).time_s
+        assert row.predicted_us == pytest.approx(expected * 1e6)
+        assert row.measured_over_predicted == pytest.approx(500.0 / row.predicted_us)
+    text = format_rows(predicted)
+    assert "pred(us)" in text and "meas/pred" in text
+    with pytest.raises(TopoplanError, match="no host bandwidth"):
+        predict_rows(rows, schedule, "nccl", 4)
+
+
+def test_bench_refuses_a_profile_without_host_bandwidth(capsys):
+    assert main(["bench", "--algorithm", "ring", "-n", "2", "--sizes", "4KiB",
+                 "--profile", "nccl"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "--profile nccl: cannot predict runs on this machine" in err
+    assert "calibrate one with topoplan calibrate --transport mpi" in err
+
+
+@pytest.mark.mpi
+def test_bench_profile_prints_predicted_and_ratio(tmp_path):
+    pytest.importorskip("mpi4py")
+    path = tmp_path / "host.yaml"
+    TRUTH.with_costs(name="host").save(path)
+    proc = _run("bench", "--algorithm", "ring", "-n", "2", "--sizes", "4KiB,64KiB",
+                "--iters", "3", "--profile", str(path))
+    assert proc.returncode == 0, proc.stderr
+    lines = [l for l in proc.stdout.splitlines() if l.strip()]
+    head = next(l for l in lines if "size(B)" in l)
+    assert head.split()[-2:] == ["pred(us)", "meas/pred"]
+    rows = [l.split() for l in lines if not l.startswith("#")]
+    assert len(rows) == 2
+    for row in rows:
+        measured, predicted, ratio = float(row[4]), float(row[-2]), float(row[-1])
+        assert predicted > 0 and ratio == pytest.approx(measured / predicted, abs=0.01)
+    js = _run("bench", "--algorithm", "ring", "-n", "2", "--sizes", "4KiB", "--iters", "2",
+              "--profile", str(path), "--json")
+    assert js.returncode == 0, js.stderr
+    row = json.loads(js.stdout)["rows"][0]
+    assert row["predicted_us"] > 0
+    assert row["measured_over_predicted"] == pytest.approx(row["time_us"] / row["predicted_us"])
