@@ -210,7 +210,7 @@ def test_calibration_recovers_injected_delays():
     slowest thread's oversleeping, on a machine shared with other jobs)."""
     n = 3
     cases = calibration_cases(n)
-    samples = _launch(n, lambda t: measure(t, cases, repeats=4, block_s=0.0))[0]
+    samples = _launch(n, lambda t: measure(t, cases, repeats=4, block_s=0.0, min_calls=1))[0]
     profile = fit_profile(samples, nranks=n, transport="delayed threads")
     record = profile.calibration
     assert profile.alpha_box == pytest.approx(ALPHA, rel=0.2), record

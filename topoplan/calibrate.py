@@ -319,7 +319,8 @@ def array_kind(transport: Any) -> str:
 
 
 def measure(transport: Any, cases: Sequence[Case], *, repeats: int = 15,
-            block_s: float = 0.04, max_calls: int = 500, timeout: float = 60.0,
+            block_s: float = 0.04, min_calls: int = 3, max_calls: int = 500,
+            timeout: float = 60.0,
             arrays: str | None = None,
             progress: Callable[[str], None] | None = None) -> list[Sample]:
     """Time every case on ``transport``; collective (every rank calls it).
@@ -333,7 +334,9 @@ def measure(transport: Any, cases: Sequence[Case], *, repeats: int = 15,
         Timed blocks per case; the cases take turns, one block each, ``repeats`` times.
     block_s : float
         Seconds a block should last: each case runs as many back-to-back calls per block
-        (at most ``max_calls``) as its warm-up time says fit.
+        as its warm-up time says fit, at least ``min_calls`` (the steady state of calls
+        in a row, as ``topoplan bench`` times them) and at most ``max_calls``; every
+        block starts with one more call, untimed, that lines the ranks up.
     timeout : float
         The executor's per-step timeout.
     arrays : str, optional
@@ -390,13 +393,18 @@ def measure(transport: Any, cases: Sequence[Case], *, repeats: int = 15,
         else:
             raise TopoplanError(f"calibration case {case.label!r}: unknown kind {case.kind!r}")
     # Warm up (first touches of fresh buffers, lazy connections) and size the blocks: the
-    # slowest rank's time of one call decides for all.
+    # slowest rank's time of one call decides for all; for the adds, which wait for no one,
+    # the fastest rank's, so that the blocks of all ranks overlap and the adds compete for
+    # the cores as the adds of a step do.
     calls = []
     for case, runner in zip(cases, runners):
         transport.barrier()
         runner(1)
-        one = _observed(runner, transport.allreduce_max(runner(1)))
-        calls.append(int(min(max_calls, max(1, block_s // max(one, 1e-9)))))
+        if case.kind == "reduce":
+            one = -transport.allreduce_max(-runner(1))
+        else:
+            one = _observed(runner, transport.allreduce_max(runner(1)))
+        calls.append(int(min(max_calls, max(min_calls, 1, block_s // max(one, 1e-9)))))
         say(f"{case.label}: {one * 1e6:.1f} us a call, {calls[-1]} "
             f"call{'s' if calls[-1] > 1 else ''} a block")
     times: list[list[float]] = [[] for _ in cases]

@@ -130,6 +130,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         os.environ["TOPOPLAN_BENCH_PORT"] = str(_free_port())
         _progress(f"launching {nranks} ranks over {args.transport}"
                   f"{' (quick)' if args.quick else ''}")
+        _warn_if_busy()
         proc = mpiexec(nranks, argv, capture=False, fault_tolerant=True)
         if proc.returncode != 0 or not result.exists():
             raise TopoplanError(f"the calibration run failed (mpiexec exit status "
@@ -147,6 +148,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _progress(text: str) -> None:
     print(f"calibrate: {text}", file=sys.stderr, flush=True)
+
+
+def _warn_if_busy() -> None:
+    """Say so when other work already keeps the CPUs busy: the timings will carry it."""
+    from ..calibrate import load_average
+    load, cpus = load_average(), os.cpu_count() or 1
+    if load > 0.5 * cpus:
+        _progress(f"warning: 1-minute load average {load:.2f} on {cpus} CPUs before the run: "
+                  "other work shares the machine and the timings will carry it (the load "
+                  "is recorded in the profile)")
 
 
 def _fit(data: dict[str, Any], nranks: int, name: str, quick: bool) -> Any:
