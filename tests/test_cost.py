@@ -7,6 +7,8 @@ random schedules with every cost switched on.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -262,3 +264,6 @@ def test_save_writes_a_comment_header_and_loads_back(tmp_path):
     assert text.startswith("# How it was made:\n#   topoplan calibrate ...\nname: test\n")
     assert load_profile(path) == PROFILE
     assert [p.name for p in tmp_path.iterdir()] == ["p.yaml"]
+    mask = os.umask(0)
+    os.umask(mask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~mask  # as open() makes it, not 0600

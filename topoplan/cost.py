@@ -200,6 +200,10 @@ class CostProfile:
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as out:
                 out.write(comment + self.dumps())
+            # mkstemp makes the file private (0600); give it the mode open() would.
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(tmp, 0o666 & ~mask)
             os.replace(tmp, path)
         except BaseException:
             try:
