@@ -29,8 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "calibrate", help="measure this machine's transport costs and write a cost profile",
         description="Run micro-benchmarks (a ping-pong, executor runs of small schedules, "
                     "adds) on N ranks of this machine, fit a cost profile through the "
-                    "simulator and write it as YAML for plan --profile, simulate --profile "
-                    "and bench --profile.")
+                    "simulator and write it as YAML: bench --profile predicts runs with it, "
+                    "topoplan.plan(..., profile=FILE) and topoplan.simulate(..., profile=FILE) "
+                    "plan and price against it.")
     p.add_argument("--transport", choices=TRANSPORTS, default="mpi",
                    help="mpi (Open MPI), torch (torch.distributed over gloo, loopback) or "
                         "nccl (CuPy; one GPU per rank) (default mpi)")
@@ -180,19 +181,28 @@ def _fit(data: dict[str, Any], nranks: int, name: str, quick: bool) -> Any:
 
 def _header(profile: Any, args: argparse.Namespace, nranks: int, output: Path,
             name: str) -> str:
+    import textwrap
     record = profile.calibration
     quick = " --quick" if args.quick else ""
-    return (f"Cost profile of topoplan's executor over {record.get('transport')}, {nranks} "
-            f"ranks on one host.\n"
-            f"Measured on {record.get('host')} ({record.get('cpus')} CPUs), {record.get('date')}, "
-            f"with:\n"
-            f"  topoplan calibrate --transport {args.transport} -n {nranks} --name {name}{quick} "
-            f"-o {output}\n"
-            f"Run the same command to measure your machine (a busy machine gives noisier "
-            f"numbers);\n"
-            f"`topoplan bench --profile {output}` then prints the predicted time beside the "
-            f"measured one.\n"
-            f"alpha and step_overhead: {record.get('rule')}.")
+    load = record.get("load_average") or ()
+    cpus = record.get("cpus")
+    lines = [
+        f"Cost profile of topoplan's executor over {record.get('transport')}, {nranks} ranks "
+        f"on one host, measured on {record.get('host')} ({cpus} CPUs), {record.get('date')}, "
+        f"1-minute load average {' -> '.join(str(x) for x in load)}, with:",
+        f"    topoplan calibrate --transport {args.transport} -n {nranks} --name {name}{quick} "
+        f"-o {output}",
+        "Run the same command to measure your machine (other work on it shows in the "
+        f"numbers); `topoplan bench --profile {output}` then prints the predicted time "
+        "beside the measured one.",
+        f"alpha and step_overhead: {record.get('rule')}.",
+    ]
+    if isinstance(cpus, int) and nranks > cpus:
+        lines.append(f"{nranks} ranks on {cpus} CPUs: the ranks take turns on the cores, and "
+                     "every cost here includes waiting for one.")
+    return "\n".join("\n".join(textwrap.wrap(line, 88, subsequent_indent="  ",
+                                             break_on_hyphens=False))
+                     if not line.startswith("    ") else line for line in lines)
 
 
 def _print(profile: Any, output: Path) -> None:
