@@ -352,3 +352,28 @@ def test_bench_profile_prints_predicted_and_ratio(tmp_path):
     row = json.loads(js.stdout)["rows"][0]
     assert row["predicted_us"] > 0
     assert row["measured_over_predicted"] == pytest.approx(row["time_us"] / row["predicted_us"])
+
+
+@pytest.mark.parametrize("outcome", ["interrupt", "ranks fail"])
+def test_cli_calibrate_leaves_the_old_file_alone_when_the_run_stops(outcome, capsys, tmp_path,
+                                                                     monkeypatch):
+    pytest.importorskip("mpi4py")
+    import topoplan._mpirun as mpirun
+    out = tmp_path / "old.yaml"
+    out.write_text("name: old\n")
+
+    def fake(nranks, argv, **kw):
+        if outcome == "interrupt":
+            raise KeyboardInterrupt
+        return subprocess.CompletedProcess(argv, 1)
+
+    monkeypatch.setattr(mpirun, "mpiexec", fake)
+    code = main(["calibrate", "-n", "2", "-o", str(out)])
+    err = capsys.readouterr().err.splitlines()
+    if outcome == "interrupt":
+        assert code == 130 and err[-1] == "topoplan: interrupted"
+    else:
+        assert code == 1
+        assert err[-1] == ("topoplan: error: the calibration run failed (mpiexec exit status 1); "
+                           "the ranks' errors are above")
+    assert out.read_text() == "name: old\n" and [p.name for p in tmp_path.iterdir()] == ["old.yaml"]
