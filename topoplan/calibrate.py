@@ -60,8 +60,9 @@ from .cost import CostProfile
 from .errors import TopoplanError
 from .schedule import Schedule, build_schedule, equal_chunks, recv, send
 
-__all__ = ["Case", "Sample", "FittedSample", "Fit", "PARAMETERS", "calibration_cases",
-           "measure", "fit", "fit_profile", "calibrate", "SPLIT_RULE"]
+__all__ = ["Case", "Sample", "FittedSample", "Fit", "PARAMETERS", "HOST_PARAMETERS",
+           "calibration_cases", "measure", "fit", "fit_profile", "calibrate", "SPLIT_RULE",
+           "array_kind", "transport_info", "load_average"]
 
 #: What :func:`fit` can fit: profile costs in seconds, and two bandwidths, fitted as their
 #: inverse (seconds per byte) so that times stay linear in every parameter.
