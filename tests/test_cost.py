@@ -7,6 +7,8 @@ random schedules with every cost switched on.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,7 +29,7 @@ PROFILE = CostProfile("test", alpha_box=2 * US, alpha_network=5 * US, op_overhea
 # ---- the YAML form ------------------------------------------------------------------
 def test_shipped_profiles_load_and_name_their_sources():
     names = profile_names()
-    assert {"ideal", "nccl"} <= set(names)
+    assert {"ideal", "nccl", "mpi", "gloo"} <= set(names)
     assert DEFAULT_PROFILE == "nccl"
     for name in names:
         profile = get_profile(name)
@@ -38,6 +40,15 @@ def test_shipped_profiles_load_and_name_their_sources():
     assert get_profile("ideal").is_ideal and get_profile("ideal") == IDEAL
     nccl = get_profile("nccl")
     assert nccl.alpha_box == pytest.approx(3.4e-6) and nccl.alpha_network == pytest.approx(14e-6)
+    # Measured on a machine by topoplan calibrate: they predict runs on it, and say how.
+    for name in ("mpi", "gloo"):
+        profile = get_profile(name)
+        assert profile.host_bandwidth and profile.host_ranks == 8
+        record = profile.calibration
+        assert record["tool"] == "topoplan calibrate" and record["samples"]
+        assert all(abs(r["residual_pct"]) < 60 for r in record["samples"]
+                   if r["residual_pct"] is not None)
+        assert profile.host_cluster().nranks == 8
 
 
 def test_profile_round_trips_through_yaml(tmp_path):
@@ -253,3 +264,15 @@ boxes:
     assert sum(fast.breakdown.values()) == pytest.approx(fast.time_s, rel=1e-9, abs=1e-15)
     assert sum(slow.breakdown.values()) == pytest.approx(slow.time_s, rel=1e-9, abs=1e-15)
     assert all(v >= -1e-15 for v in fast.breakdown.values())
+
+
+def test_save_writes_a_comment_header_and_loads_back(tmp_path):
+    path = tmp_path / "p.yaml"
+    PROFILE.save(path, header="How it was made:\n  topoplan calibrate ...\n")
+    text = path.read_text()
+    assert text.startswith("# How it was made:\n#   topoplan calibrate ...\nname: test\n")
+    assert load_profile(path) == PROFILE
+    assert [p.name for p in tmp_path.iterdir()] == ["p.yaml"]
+    mask = os.umask(0)
+    os.umask(mask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~mask  # as open() makes it, not 0600

@@ -161,6 +161,18 @@ def test_calibration_fit_recovers_alpha_and_reduce_bandwidth():
     assert predict(cluster, schedule, cases[2][1], cal) == pytest.approx(
         measured["cal:ring-pipelined"], rel=0.01)
     assert predict(cluster, schedule, cases[2][1]) < measured["cal:ring-pipelined"]
+    assert cal.note is None
+    for s in cal.samples:  # the fit's own record: fitted times and sensitivities
+        assert s.fitted_s == pytest.approx(s.measured_s, rel=0.01)
+        assert s.alphas > 0 and s.base_s < s.measured_s
+    # Runs no slower than the links alone: alpha 0, and the calibration says why.
+    quick = {label: (simulate(cluster, schedule, size=size, reduce_bandwidth=reduce_bw).time_s
+                     * 0.98 if schedule is not None else measured[label])
+             for label, size, _, schedule in cases}
+    zero = fit(cluster, cases, quick)
+    assert zero.alpha_s == 0
+    assert "no longer than the links and adds alone" in zero.note
+    assert zero.to_dict()["note"] == zero.note
 
 
 def test_mpi_launcher_maps_each_host_to_its_namespace(tmp_path):

@@ -89,6 +89,31 @@ def test_mpiexec_command_sets_what_open_mpi_needs() -> None:
     assert "oversubscribe" in env["PRTE_MCA_rmaps_default_mapping_policy"]
 
 
+def test_mpiexec_interrupted_leaves_no_rank_behind() -> None:
+    """Ctrl-C reaches the launcher's process group only; the ranks run in a session of their
+    own, so mpiexec() must end them itself before the KeyboardInterrupt propagates."""
+    import os
+    import signal
+    import time
+
+    marker = f"topoplan-test-interrupt-{os.getpid()}"
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 2.0)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            mpiexec(2, [sys.executable, "-c", "import time; time.sleep(30)", marker], timeout=60)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    time.sleep(0.2)
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
+    assert left.strip() == "", f"ranks still running: {left}"
+
+
 def _bench(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "topoplan", "bench", *args], capture_output=True,
                           text=True, timeout=timeout, cwd=HERE.parent)

@@ -22,7 +22,7 @@ from typing import Sequence
 
 from .errors import TopoplanError
 
-__all__ = ["find_mpiexec", "mpiexec_command", "mpiexec", "inside_mpi"]
+__all__ = ["find_mpiexec", "mpiexec_command", "mpiexec", "inside_mpi", "stop"]
 
 MPI_ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1",
@@ -89,8 +89,9 @@ def mpiexec(nranks: int, argv: Sequence[str], *, timeout: float | None = None,
     Raises
     ------
     TopoplanError
-        If the run outlasts ``timeout`` seconds (the whole process group is killed
-        first, so no rank is left behind).
+        If the run outlasts ``timeout`` seconds (mpiexec and every rank are ended first,
+        :func:`stop`, so no rank is left behind). On any other exception (Ctrl-C) they are
+        ended too before it propagates.
     """
     command, env = mpiexec_command(nranks, argv, fault_tolerant=fault_tolerant)
     out = subprocess.PIPE if capture else None
@@ -100,9 +101,49 @@ def mpiexec(nranks: int, argv: Sequence[str], *, timeout: float | None = None,
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        import signal
-        os.killpg(proc.pid, signal.SIGKILL)
+        stop(proc)
         stdout, stderr = proc.communicate()
         raise TopoplanError(f"mpiexec -n {nranks} did not finish within {timeout:g} s; killed it."
                             f"\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}") from None
+    except BaseException:
+        # Ctrl-C reaches only our process group: mpiexec and its ranks run in a session
+        # of their own, so they must be ended here.
+        stop(proc)
+        raise
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
+def stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """End an ``mpiexec`` started in a session of its own, and every rank it started.
+
+    SIGTERM first: mpiexec (prterun) then ends its ranks, which run in process groups of
+    their own (killing mpiexec's group alone leaves them running). Whatever is left of the
+    session after ``grace`` seconds gets SIGKILL.
+    """
+    import signal
+    try:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=grace)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    for pid in _session(proc.pid) or [proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    proc.wait()
+
+
+def _session(sid: int) -> list[int]:
+    """The processes of session ``sid`` (Linux /proc; empty elsewhere)."""
+    pids = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp session ...; comm may hold spaces and parentheses.
+        fields = text[text.rindex(")") + 2:].split()
+        if len(fields) > 3 and int(fields[3]) == sid:
+            pids.append(int(entry.name))
+    return pids

@@ -14,7 +14,7 @@ import sys
 
 from .errors import TopoplanError
 
-COMMANDS = ("topo", "plan", "verify", "simulate", "bench", "show", "testbed")
+COMMANDS = ("topo", "plan", "verify", "simulate", "bench", "calibrate", "show", "testbed")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -189,15 +189,21 @@ class CostProfile:
         import yaml
         return yaml.safe_dump(self.to_dict(), sort_keys=False, width=100)
 
-    def save(self, path: str | Path) -> None:
-        """Write the YAML form to ``path`` (atomically: a half-written file never stays)."""
+    def save(self, path: str | Path, header: str = "") -> None:
+        """Write the YAML form to ``path`` (atomically: a half-written file never stays),
+        after ``header`` as ``#`` comment lines."""
         import os
         import tempfile
         path = Path(path)
+        comment = "".join(f"# {line}".rstrip() + "\n" for line in header.splitlines())
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write(self.dumps())
+                out.write(comment + self.dumps())
+            # mkstemp makes the file private (0600); give it the mode open() would.
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(tmp, 0o666 & ~mask)
             os.replace(tmp, path)
         except BaseException:
             try:

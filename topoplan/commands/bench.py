@@ -10,7 +10,9 @@ torch.distributed (gloo) and rank 0 prints one row per size::
 ``#wrong`` comes from a real check: every size is first reduced from an
 integer-valued pattern whose sum is exact in the chosen dtype and compared
 element by element. ``--baseline native`` adds the transport's own allreduce
-(MPI_Allreduce or dist.all_reduce) on the same buffers, side by side.
+(MPI_Allreduce or dist.all_reduce) on the same buffers, side by side. ``--profile
+NAME|FILE`` (a profile written by ``topoplan calibrate``) adds the simulator's prediction
+for each size on the machine the profile was measured on, and measured/predicted.
 :func:`run_bench` returns the rows as data.
 """
 
@@ -30,7 +32,7 @@ from ..errors import TopoplanError, TransportError
 from ..schedule import Schedule
 from .common import sizes_arg
 
-__all__ = ["BenchRow", "run_bench", "format_rows", "register"]
+__all__ = ["BenchRow", "run_bench", "format_rows", "predict_rows", "register"]
 
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 _ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
@@ -53,6 +55,8 @@ class BenchRow:
     native_algbw: float | None = None
     native_busbw: float | None = None
     native_wrong: int | None = None
+    predicted_us: float | None = None
+    measured_over_predicted: float | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -193,13 +197,44 @@ def run_bench(schedule: Schedule, transport: Any, sizes: Sequence[int], *,
     return rows
 
 
+def predict_rows(rows: Sequence[BenchRow], schedule: Schedule, profile: Any,
+                 nranks: int) -> list[BenchRow]:
+    """The rows with the simulator's time for each size on the machine ``profile`` was
+    calibrated on (:meth:`~topoplan.cost.CostProfile.host_cluster` of ``nranks``), and
+    measured over predicted.
+
+    Raises
+    ------
+    ProfileError
+        When the profile has no host bandwidth (it was not measured on a machine).
+    """
+    from dataclasses import replace
+
+    from ..cost import get_profile
+    from ..simulate import simulate
+    profile = get_profile(profile)
+    host = profile.host_cluster(nranks)
+    out = []
+    for r in rows:
+        predicted = simulate(host, schedule, r.size, profile=profile,
+                             dtype_size=_ITEMSIZE[r.type]).time_s
+        out.append(replace(r, predicted_us=predicted * 1e6,
+                           measured_over_predicted=r.time_us / (predicted * 1e6)
+                           if predicted > 0 else None))
+    return out
+
+
 def format_rows(rows: Sequence[BenchRow], *, native_name: str | None = None) -> str:
-    """The rows as nccl-tests text columns (plus the native baseline and ratio, if run)."""
+    """The rows as nccl-tests text columns (plus the native baseline and ratio, if run,
+    and the predicted time and measured/predicted, if predicted)."""
     head = (f"{'size(B)':>12} {'count':>11} {'type':>8} {'redop':>5} {'time(us)':>10} "
             f"{'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>6}")
     native = any(r.native_time_us is not None for r in rows)
+    predicted = any(r.predicted_us is not None for r in rows)
     if native:
         head += f"   {'time(us)':>10} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>6} {'ratio':>6}"
+    if predicted:
+        head += f"   {'pred(us)':>10} {'meas/pred':>9}"
     lines = []
     if native:
         lines.append(f"#{'':>61}schedule   {'':>18}{native_name or 'native'}")
@@ -210,6 +245,11 @@ def format_rows(rows: Sequence[BenchRow], *, native_name: str | None = None) -> 
         if native:
             line += (f"   {r.native_time_us:>10.1f} {r.native_algbw:>11.3f} "
                      f"{r.native_busbw:>11.3f} {r.native_wrong:>6} {r.ratio or 0:>5.2f}x")
+        if predicted:
+            pred = "-" if r.predicted_us is None else f"{r.predicted_us:.1f}"
+            ratio = ("-" if r.measured_over_predicted is None
+                     else f"{r.measured_over_predicted:.2f}")
+            line += f"   {pred:>10} {ratio:>9}"
         lines.append(line)
     return "\n".join(lines)
 
@@ -242,6 +282,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds a step may wait for a peer before failing (default 60)")
+    p.add_argument("--profile", metavar="NAME|FILE",
+                   help="also print the time the simulator predicts with this calibrated cost "
+                        "profile (topoplan calibrate writes one) and measured/predicted")
     p.add_argument("--json", action="store_true", help="print one JSON object with the rows")
     p.set_defaults(func=cmd_bench)
 
@@ -286,6 +329,8 @@ def _forward_argv(args: argparse.Namespace, plan_path: str) -> list[str]:
             "--warmup", str(args.warmup), "--timeout", str(args.timeout)]
     if args.iters is not None:
         argv += ["--iters", str(args.iters)]
+    if args.profile:
+        argv += ["--profile", args.profile]
     if args.json:
         argv.append("--json")
     return argv
@@ -311,6 +356,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if nranks != schedule.nranks:
         raise TopoplanError(f"the {schedule.algorithm} schedule is for {schedule.nranks} ranks "
                             f"but -n asks for {nranks}")
+    if args.profile:
+        _check_profile(args)
     if args.transport == "mpi":
         try:
             import mpi4py  # noqa: F401
@@ -323,6 +370,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
         proc = mpiexec(nranks, _forward_argv(args, plan_path), capture=False,
                        fault_tolerant=True)
     return proc.returncode
+
+
+def _check_profile(args: argparse.Namespace) -> None:
+    """Fail before launching when ``--profile`` cannot predict runs on this machine; pass
+    the ranks a file path they can open from anywhere."""
+    from ..cost import get_profile
+    from ..errors import ProfileError
+    profile = get_profile(args.profile)
+    if profile.host_bandwidth is None:
+        raise ProfileError(f"cannot predict runs on this machine with it: it has no host "
+                           f"bandwidth (it describes a cluster's runtime, not a machine it was "
+                           f"measured on); calibrate one with topoplan calibrate --transport "
+                           f"{args.transport} -n N -o PROFILE.yaml", key=f"--profile {args.profile}")
+    if os.path.exists(args.profile):
+        args.profile = os.path.abspath(args.profile)
 
 
 def _transport(args: argparse.Namespace) -> Any:
@@ -362,6 +424,8 @@ def _run_rank(args: argparse.Namespace) -> int:
             from ..transports.mpi import leave_after_failure
             leave_after_failure(1, grace=args.timeout)
         return 1
+    if transport.rank == 0 and args.profile:
+        rows = predict_rows(rows, schedule, args.profile, transport.size)
     if transport.rank == 0:
         if args.json:
             print(json.dumps({

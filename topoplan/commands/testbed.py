@@ -226,4 +226,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         red = "-" if cal.reduce_bandwidth is None else f"{cal.reduce_bandwidth / 1e9:.1f} GB/s"
         out.print(f"calibrated: alpha {cal.alpha_s * 1e3:.2f} ms per message{lat}, reduce "
                   f"{red}; load average {report.load[0]:.1f} -> {report.load[1]:.1f}")
+        if cal.note:
+            out.print(f"note: {cal.note}")
     return 1 if any(r.wrong for r in rows) else 0

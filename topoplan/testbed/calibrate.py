@@ -8,9 +8,12 @@ steps takes far longer than its bytes alone.
 
 :func:`calibration_cases` are runs where those costs dominate: schedules with many
 steps of small messages, and the adds of a reduction alone. :func:`fit` turns their
-times into ``alpha`` (seconds per message, :func:`topoplan.simulate`'s ``alpha``) by
-least squares against the simulator's own sensitivity to ``alpha``, and a
-``reduce_bandwidth``. The calibration runs differ from the measured cases (small
+times into ``alpha`` (seconds per message, :func:`topoplan.simulate`'s ``alpha``) with
+the fitting code of ``topoplan calibrate`` (:func:`topoplan.calibrate.fit`: least
+squares through the simulator, re-linearised), and a ``reduce_bandwidth``. On the
+testbed every rank is its own namespace, so messages cross shaped links and the runs
+separate ``alpha`` from the transfers; the step, op and call overheads of the host
+profile are folded into it. The calibration runs differ from the measured cases (small
 sizes, ring and tree only), so a calibrated prediction of a large ``mcf`` run is
 still a prediction.
 """
@@ -19,16 +22,19 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..cluster import Cluster
 from ..schedule import Schedule
 
+if TYPE_CHECKING:
+    from ..cost import CostProfile
+
 __all__ = ["Calibration", "CalibrationSample", "calibration_cases", "fit", "predict",
            "PROBE_ALPHA"]
 
-#: The alpha (s) at which the simulator's sensitivity d(time)/d(alpha) is taken.
-PROBE_ALPHA = 1e-3
+#: The smallest finite-difference step (s) of the fit in alpha (10% of alpha when larger).
+PROBE_ALPHA = 1e-4
 #: Pipelined calibration runs: chunks, and seconds per message on the slowest link.
 PIPELINE_CHUNKS = 32
 STEP_SECONDS = 1.5e-3
@@ -38,8 +44,9 @@ REDUCE_BYTES = 4 << 20
 
 @dataclass(frozen=True)
 class CalibrationSample:
-    """One calibration run: measured time, the simulator's time without software costs,
-    and how many alphas its critical path holds (``d time / d alpha``)."""
+    """One calibration run: measured time, the simulator's time without per-message costs
+    (the reduce bandwidth only), how many alphas its critical path holds at the fit
+    (``d time / d alpha``), and the simulator's time with the fitted alpha."""
 
     label: str
     size: int
@@ -47,6 +54,7 @@ class CalibrationSample:
     measured_s: float
     base_s: float
     alphas: float
+    fitted_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -66,7 +74,38 @@ class Calibration:
     latency_alpha_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "note": self.note}
+
+    @property
+    def profile(self) -> CostProfile:
+        """The fitted costs as a profile for :func:`topoplan.simulate`."""
+        from ..cost import CostProfile
+        return CostProfile("testbed", alpha_box=self.alpha_s, alpha_network=self.alpha_s,
+                           reduce_bandwidth=self.reduce_bandwidth,
+                           description="software costs fitted on the testbed")
+
+    @property
+    def note(self) -> str | None:
+        """Why ``alpha_s`` is 0, when it is (``None`` otherwise)."""
+        if self.alpha_s > 0:
+            return None
+        runs = [s for s in self.samples if s.label != "cal:latency"]
+        if not runs:
+            return "alpha 0: no pipelined calibration run was measured"
+        worst = min(runs, key=lambda s: s.measured_s / s.base_s)
+        if worst.measured_s <= worst.base_s:
+            text = (f"alpha 0: {worst.label} took {worst.measured_s * 1e3:.1f} ms, no longer "
+                    f"than the links and adds alone ({worst.base_s * 1e3:.1f} ms simulated): "
+                    f"per-message costs hid behind transfers, or the emulated links ran faster "
+                    f"than shaped (bursts through the shapers)")
+        else:
+            text = ("alpha 0: the least-squares fit over the pipelined runs put it at its "
+                    "bound; their extra time over the links does not grow with their messages")
+        lone = next((s for s in self.samples if s.label == "cal:latency"), None)
+        if self.latency_alpha_s == 0 and lone is not None:
+            text += (f"; the latency-bound run too ({lone.measured_s * 1e3:.2f} ms measured, "
+                     f"{lone.base_s * 1e3:.2f} ms simulated)")
+        return text
 
 
 def calibration_cases(cluster: Cluster) -> list[tuple[str, int, str, Schedule | None]]:
@@ -105,8 +144,7 @@ def predict(cluster: Cluster, schedule: Schedule, size: int,
     from ..simulate import simulate
     if calibration is None:
         return float(simulate(cluster, schedule, size=size).time_s)
-    return float(simulate(cluster, schedule, size=size, alpha=calibration.alpha_s,
-                          reduce_bandwidth=calibration.reduce_bandwidth).time_s)
+    return float(simulate(cluster, schedule, size=size, profile=calibration.profile).time_s)
 
 
 def fit(cluster: Cluster, cases: Sequence[tuple[str, int, str, Schedule | None]],
@@ -125,37 +163,42 @@ def fit(cluster: Cluster, cases: Sequence[tuple[str, int, str, Schedule | None]]
     Returns
     -------
     Calibration
-        ``alpha`` minimises ``sum (measured - base - alpha * alphas)^2`` over the
-        pipelined runs (clamped at 0), where ``base`` is the simulated time with the
-        measured reduce bandwidth and no alpha, and ``alphas`` the simulator's
-        sensitivity to alpha.
+        ``reduce_bandwidth`` is the reduce case's bytes over its time; ``alpha`` is fitted
+        to the pipelined runs by :func:`topoplan.calibrate.fit` (the code ``topoplan
+        calibrate`` fits with): least squares, ``alpha >= 0``, through the simulator on
+        ``cluster`` with that reduce bandwidth, re-linearised until it settles.
+        ``latency_alpha_s`` is the same fit on the latency-bound run alone.
     """
+    from ..calibrate import fit as fit_costs
+    from ..cost import CostProfile
     from ..simulate import simulate
     reduce_bw = None
     for label, size, kind, _ in cases:
         if kind == "reduce" and measured.get(label, 0) > 0:
             reduce_bw = size / measured[label]
+    start = CostProfile("testbed", reduce_bandwidth=reduce_bw)
+    runs = [(label, schedule, size, measured[label]) for label, size, kind, schedule in cases
+            if kind == "schedule" and schedule is not None and label in measured]
+    pipelined = [r for r in runs if r[0] != "cal:latency"]
+    latency = [r for r in runs if r[0] == "cal:latency"]
+    steps = {"alpha": PROBE_ALPHA}
+    fitted: dict[str, tuple[float, float]] = {}  # label -> (fitted_s, d time / d alpha)
+    alpha, latency_alpha = 0.0, None
+    if pipelined:
+        result = fit_costs(pipelined, start, ("alpha",), cluster=cluster, min_steps=steps)
+        alpha = result.values["alpha"]
+        fitted.update({s.label: (s.fitted_s, s.sensitivity["alpha"]) for s in result.samples})
+    if latency:
+        result = fit_costs(latency, start, ("alpha",), cluster=cluster, min_steps=steps)
+        latency_alpha = result.values["alpha"]
+        fitted.update({s.label: (s.fitted_s, s.sensitivity["alpha"]) for s in result.samples})
     samples = []
-    for label, size, kind, schedule in cases:
-        if kind != "schedule" or schedule is None or label not in measured:
-            continue
-        base = float(simulate(cluster, schedule, size=size, reduce_bandwidth=reduce_bw).time_s)
-        probed = float(simulate(cluster, schedule, size=size, reduce_bandwidth=reduce_bw,
-                                alpha=PROBE_ALPHA).time_s)
-        steps = max(len(schedule.steps_of(r)) for r in range(schedule.nranks))
-        samples.append(CalibrationSample(label, size, steps, measured[label], base,
-                                         (probed - base) / PROBE_ALPHA))
-    pipelined = [s for s in samples if s.label != "cal:latency"]
-    latency = [s for s in samples if s.label == "cal:latency"]
-    return Calibration(_least_squares(pipelined), reduce_bw, _load(), tuple(samples),
-                       _least_squares(latency) if latency else None)
-
-
-def _least_squares(samples: Sequence[CalibrationSample]) -> float:
-    """The alpha >= 0 minimising the squared error of ``base + alpha * alphas``."""
-    num = sum(s.alphas * (s.measured_s - s.base_s) for s in samples)
-    den = sum(s.alphas ** 2 for s in samples)
-    return max(0.0, num / den) if den > 0 else 0.0
+    for label, schedule, size, seconds in runs:
+        base = float(simulate(cluster, schedule, size=size, profile=start).time_s)
+        steps_of = max(len(schedule.steps_of(r)) for r in range(schedule.nranks))
+        fit_s, alphas = fitted[label]
+        samples.append(CalibrationSample(label, size, steps_of, seconds, base, alphas, fit_s))
+    return Calibration(alpha, reduce_bw, _load(), tuple(samples), latency_alpha)
 
 
 def _load() -> float:

@@ -1,0 +1,286 @@
+"""``topoplan calibrate``: measure this machine's transport costs and write a cost profile.
+
+Started by a user, the command checks its arguments, then launches itself under
+``mpiexec -n N`` (as ``topoplan bench`` does); the ranks run the micro-benchmarks of
+:mod:`topoplan.calibrate` over MPI, torch.distributed (gloo over loopback) or NCCL, and
+rank 0 hands the timings back in a file. The command then fits the profile, prints one
+row per micro-benchmark (measured, fitted, residual) and the profile, and writes the
+YAML file atomically: an error or Ctrl-C leaves no file, or the old one untouched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import TopoplanError, TransportError
+
+__all__ = ["register"]
+
+TRANSPORTS = ("mpi", "torch", "nccl")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "calibrate", help="measure this machine's transport costs and write a cost profile",
+        description="Run micro-benchmarks (a ping-pong, executor runs of small schedules, "
+                    "adds) on N ranks of this machine, fit a cost profile through the "
+                    "simulator and write it as YAML: bench --profile predicts runs with it, "
+                    "topoplan.plan(..., profile=FILE) and topoplan.simulate(..., profile=FILE) "
+                    "plan and price against it.")
+    p.add_argument("--transport", choices=TRANSPORTS, default="mpi",
+                   help="mpi (Open MPI), torch (torch.distributed over gloo, loopback) or "
+                        "nccl (CuPy; one GPU per rank) (default mpi)")
+    p.add_argument("-n", "--nranks", type=int, default=None, help="ranks to launch (2 or more)")
+    p.add_argument("-o", "--output", default=None, metavar="PROFILE.yaml",
+                   help="where to write the profile")
+    p.add_argument("--name", default=None,
+                   help="the profile's name (default: the output file's name without .yaml)")
+    p.add_argument("--quick", action="store_true",
+                   help="5 repeats of 10 ms blocks instead of 15 of 40 ms: seconds, noisier")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds a step may wait for a peer before failing (default 60)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (the profile and where it went) instead of tables")
+    p.add_argument("--result", default=None, help=argparse.SUPPRESS)  # ranks -> parent
+    p.set_defaults(func=cmd_calibrate)
+
+
+def _check_args(args: argparse.Namespace) -> tuple[int, Path, str]:
+    if args.nranks is None:
+        raise TopoplanError("say how many ranks to calibrate with: -n N (2 or more)")
+    if args.nranks < 2:
+        raise TopoplanError(f"-n {args.nranks}: calibration needs 2 or more ranks (a ping-pong "
+                            "between ranks 0 and 1)")
+    if not args.output:
+        raise TopoplanError("say where to write the profile: -o PROFILE.yaml")
+    output = Path(args.output)
+    if output.suffix not in (".yaml", ".yml"):
+        raise TopoplanError(f"-o {args.output}: name the profile file .yaml or .yml (profiles "
+                            "are read by that suffix)")
+    folder = output.parent if str(output.parent) else Path(".")
+    if not folder.is_dir():
+        raise TopoplanError(f"-o {args.output}: folder {str(folder)!r} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise TopoplanError(f"-o {args.output}: folder {str(folder)!r} is not writable")
+    if output.is_dir():
+        raise TopoplanError(f"-o {args.output}: is a folder; name a .yaml file")
+    name = args.name if args.name is not None else output.stem
+    if not name.strip() or any(c in name for c in "\n\r\t"):
+        raise TopoplanError(f"--name {name!r}: give a non-empty name on one line")
+    if not args.timeout > 0:
+        raise TopoplanError(f"--timeout {args.timeout:g}: must be > 0 seconds")
+    return args.nranks, output, name.strip()
+
+
+def _check_transport(transport: str, nranks: int) -> None:
+    """Fail before launching anything when the transport cannot run here."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        raise TopoplanError(f"--transport {transport}: the ranks are launched with mpiexec, which "
+                            "needs mpi4py: pip install 'topoplan[mpi]'") from None
+    if transport == "torch":
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            raise TopoplanError("--transport torch needs PyTorch: pip install "
+                                "'topoplan[torch]'") from None
+        if not dist.is_available():
+            raise TopoplanError("--transport torch: this PyTorch has no torch.distributed")
+    elif transport == "nccl":
+        try:
+            import cupy
+            from cupy.cuda import nccl
+        except ImportError:
+            raise TopoplanError("--transport nccl needs CuPy with NCCL and CUDA GPUs: pip "
+                                "install 'topoplan[gpu]'") from None
+        if not getattr(nccl, "available", True):
+            raise TopoplanError("--transport nccl: this CuPy was built without NCCL")
+        try:
+            gpus = cupy.cuda.runtime.getDeviceCount()
+        except Exception:  # noqa: BLE001 - no driver, no device: CuPy raises its own kinds
+            gpus = 0
+        if gpus < nranks:
+            raise TopoplanError(f"--transport nccl -n {nranks}: needs one GPU per rank, this "
+                                f"machine has {gpus}")
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .._mpirun import inside_mpi
+    if inside_mpi():
+        return _run_rank(args)
+    nranks, output, name = _check_args(args)
+    _check_transport(args.transport, nranks)
+    import tempfile
+
+    from .._mpirun import find_mpiexec, mpiexec
+    from .bench import _free_port
+    find_mpiexec()
+    with tempfile.TemporaryDirectory(prefix="topoplan-calibrate-") as tmp:
+        result = Path(tmp, "samples.json")
+        argv = [sys.executable, "-m", "topoplan", "calibrate", "--transport", args.transport,
+                "-n", str(nranks), "-o", str(output), "--name", name, "--timeout",
+                str(args.timeout), "--result", str(result)]
+        if args.quick:
+            argv.append("--quick")
+        os.environ["TOPOPLAN_BENCH_PORT"] = str(_free_port())
+        _progress(f"launching {nranks} ranks over {args.transport}"
+                  f"{' (quick)' if args.quick else ''}")
+        _warn_if_busy()
+        proc = mpiexec(nranks, argv, capture=False, fault_tolerant=True)
+        if proc.returncode != 0 or not result.exists():
+            raise TopoplanError(f"the calibration run failed (mpiexec exit status "
+                                f"{proc.returncode}); the ranks' errors are above")
+        data = json.loads(result.read_text())
+    profile = _fit(data, nranks, name, args.quick)
+    header = _header(profile, args, nranks, output, name)
+    profile.save(output, header=header)
+    if args.json:
+        print(json.dumps({"file": str(output), "profile": profile.to_dict()}))
+    else:
+        _print(profile, output)
+    return 0
+
+
+def _progress(text: str) -> None:
+    print(f"calibrate: {text}", file=sys.stderr, flush=True)
+
+
+def _warn_if_busy() -> None:
+    """Say so when other work already keeps the CPUs busy: the timings will carry it."""
+    from ..calibrate import load_average
+    load, cpus = load_average(), os.cpu_count() or 1
+    if load > 0.5 * cpus:
+        _progress(f"warning: 1-minute load average {load:.2f} on {cpus} CPUs before the run: "
+                  "other work shares the machine and the timings will carry it (the load "
+                  "is recorded in the profile)")
+
+
+def _fit(data: dict[str, Any], nranks: int, name: str, quick: bool) -> Any:
+    from ..calibrate import Sample, calibration_cases, fit_profile
+    cases = {c.label: c for c in calibration_cases(nranks)}
+    samples = []
+    for entry in data["samples"]:
+        case = cases.get(entry["label"])
+        if case is None:
+            raise TopoplanError(f"the ranks measured a case this topoplan does not know: "
+                                f"{entry['label']!r}; run the ranks from the same install")
+        samples.append(Sample(case, entry["measured_s"], tuple(entry["repeats_s"]),
+                              entry["calls"]))
+    _progress("fitting through the simulator")
+    context = {"load_average": data["load_average"], "repeats": data["repeats"],
+               "quick": quick}
+    return fit_profile(samples, name=name, nranks=nranks, transport=data["transport"],
+                       context=context)
+
+
+def _header(profile: Any, args: argparse.Namespace, nranks: int, output: Path,
+            name: str) -> str:
+    import textwrap
+    record = profile.calibration
+    quick = " --quick" if args.quick else ""
+    load = record.get("load_average") or ()
+    cpus = record.get("cpus")
+    lines = [
+        f"Cost profile of topoplan's executor over {record.get('transport')}, {nranks} ranks "
+        f"on one host, measured on {record.get('host')} ({cpus} CPUs), {record.get('date')}, "
+        f"1-minute load average {' -> '.join(str(x) for x in load)}, with:",
+        f"    topoplan calibrate --transport {args.transport} -n {nranks} --name {name}{quick} "
+        f"-o {output}",
+        "Run the same command to measure your machine (other work on it shows in the "
+        f"numbers); `topoplan bench --profile {output}` then prints the predicted time "
+        "beside the measured one.",
+        f"alpha and step_overhead: {record.get('rule')}.",
+    ]
+    if isinstance(cpus, int) and nranks > cpus:
+        lines.append(f"{nranks} ranks on {cpus} CPUs: the ranks take turns on the cores, and "
+                     "every cost here includes waiting for one.")
+    return "\n".join("\n".join(textwrap.wrap(line, 88, subsequent_indent="  ",
+                                             break_on_hyphens=False))
+                     if not line.startswith("    ") else line for line in lines)
+
+
+def _print(profile: Any, output: Path) -> None:
+    from ..units import format_bandwidth, format_time
+    from .common import console, table
+    record = profile.calibration
+    out = console()
+    t = table("case", "what", "measured", "fitted", "residual", "spread",
+              title=f"{profile.name}: {record.get('transport')}, {record.get('ranks')} ranks, "
+                    f"median of {record.get('repeats')} repeats")
+    t.columns[1].justify = "left"
+    for row in record["samples"]:
+        fitted = row.get("fitted_us")
+        residual = row.get("residual_pct")
+        t.add_row(row["case"], row["what"], format_time(row["measured_us"] * 1e-6),
+                  "-" if fitted is None else format_time(fitted * 1e-6),
+                  "-" if residual is None else f"{residual:+.1f}%",
+                  f"{row['spread_pct']:.0f}%")
+    out.print(t)
+    per_step = record["per_step_cost_us"] * 1e-6
+    latency = record["pingpong_latency_us"] * 1e-6
+    per_message = record["pingpong_per_message_us"] * 1e-6
+    out.print(f"per-step cost {format_time(per_step)} (fitted on the executor runs); ping-pong: "
+              f"one-way latency {format_time(latency)} + {format_time(per_message)} per message "
+              f"posted")
+    out.print(f"split: alpha = the transport's latency = {format_time(profile.alpha_box)}, "
+              f"step_overhead = per-step cost - alpha = {format_time(profile.step_overhead)}")
+    for note in record.get("clamped", ()):
+        out.print(f"clamped: {note}")
+    if record.get("unidentified"):
+        out.print(f"not identified (no run depends on them): {', '.join(record['unidentified'])}")
+    host = "-" if profile.host_bandwidth is None else format_bandwidth(profile.host_bandwidth)
+    out.print(f"{profile.summary()}; host {host} per rank")
+    load = record.get("load_average") or ()
+    out.print(f"rms residual {record.get('rms_residual_pct')}% over the executor runs; 1-minute "
+              f"load average {' -> '.join(str(x) for x in load)}")
+    out.print(f"wrote {output}")
+
+
+# ---------------------------------------------------------------------------
+# Inside mpiexec
+# ---------------------------------------------------------------------------
+def _transport(args: argparse.Namespace) -> Any:
+    if args.transport == "nccl":
+        from ..transports.nccl import NCCL
+        return NCCL.from_mpi()
+    from .bench import _transport as bench_transport
+    return bench_transport(args)
+
+
+def _run_rank(args: argparse.Namespace) -> int:
+    from ..calibrate import FULL, QUICK, calibration_cases, load_average, measure, transport_info
+    if not args.result:
+        raise TopoplanError("inside mpiexec, calibrate is started by topoplan calibrate itself")
+    transport = _transport(args)
+    repeats, block = QUICK if args.quick else FULL
+    load = [load_average()]
+    try:
+        samples = measure(transport, calibration_cases(transport.size), repeats=repeats,
+                          block_s=block, timeout=args.timeout, progress=_progress)
+    except TransportError as exc:
+        print(f"topoplan: error: {exc}", file=sys.stderr, flush=True)
+        if args.transport == "mpi":
+            from ..transports.mpi import leave_after_failure
+            leave_after_failure(1, grace=args.timeout)
+        return 1
+    load.append(load_average())
+    if transport.rank == 0:
+        data = {"transport": transport_info(transport), "nranks": transport.size,
+                "load_average": load, "repeats": repeats,
+                "samples": [{"label": s.label, "measured_s": s.measured_s,
+                             "repeats_s": list(s.repeats_s), "calls": s.calls}
+                            for s in samples]}
+        path = Path(args.result)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    if args.transport == "torch":
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    return 0
