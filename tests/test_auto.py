@@ -42,7 +42,7 @@ def test_compare_plans_and_simulates_under_the_profile(ddl):
     schedule = plan_auto(ddl, size=1 << 20, candidates=["ring", "tree"], profile="ideal")
     assert schedule.meta["profile"] == "ideal"
     for row in schedule.meta["comparison"]:
-        assert set(row["breakdown"]) == {"bandwidth", "latency", "overhead", "reduce"}
+        assert set(row["breakdown"]) == {"bandwidth", "latency", "overhead", "reduce", "contention"}
         assert row["breakdown"]["overhead"] == 0  # ideal charges no software costs
         assert row["messages"] > 0 and row["steps"] > 0 and row["chunks"] > 0
 
@@ -76,3 +76,22 @@ def test_dgx1_picks_mcf_at_large_size():
 def test_unknown_candidate_is_a_clear_error(ddl):
     with pytest.raises(InfeasiblePlanError, match="unknown candidate 'nope'"):
         compare(ddl, 1024, ["nope"])
+
+
+def test_auto_ranks_candidates_on_the_machine_they_run_on():
+    """Plans for a cluster tried out on another machine (a calibrated host) are ranked by
+    their time there: on a host of equal ports every bandwidth-optimal plan ties, and
+    the fewest steps win under costly steps."""
+    from topoplan.cluster import host_cluster, load_cluster
+    from topoplan.cost import CostProfile
+    from topoplan.planners.auto import compare, plan_auto
+    cluster = load_cluster(ROOT / "topologies" / "dgx1_v100.yaml")
+    host = host_cluster("host", 8, 1e9)
+    profile = CostProfile("slow steps", step_overhead=200e-6)
+    rows = compare(cluster, 1 << 20, ["ring", "rhd", "mcf"], profile=profile, machine=host)
+    assert {r.cluster for _, _, r, _ in rows} == {"host"}
+    chosen = plan_auto(cluster, size=1 << 20, candidates=["ring", "rhd", "mcf"],
+                       profile=profile, machine=host)
+    assert chosen.meta["chosen"] == "rhd" and chosen.meta["machine"] == "host"
+    with pytest.raises(InfeasiblePlanError, match="has 4 ranks"):
+        compare(cluster, 1 << 20, ["ring"], machine=host_cluster("small", 4, 1e9))

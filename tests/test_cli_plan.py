@@ -97,7 +97,7 @@ def test_plan_profiles_by_name_and_file(tmp_path):
         assert name == {"ideal": "ideal", "nccl": "nccl"}.get(spec, "slow")
         for c in data["candidates"]:
             parts = c["breakdown"]
-            assert set(parts) == {"bandwidth", "latency", "overhead", "reduce"}
+            assert set(parts) == {"bandwidth", "latency", "overhead", "reduce", "contention"}
             assert sum(parts.values()) == pytest.approx(c["time_s"], rel=1e-9)
             assert c["messages"] > 0 and c["steps"] > 0 and c["chunks"] > 0
             if name == "ideal":
@@ -113,7 +113,7 @@ def test_plan_profiles_by_name_and_file(tmp_path):
 
 
 @pytest.mark.parametrize("profile, message", [
-    ("ncll", "topoplan: error: unknown cost profile 'ncll': name one of ideal, nccl"),
+    ("ncll", "topoplan: error: unknown cost profile 'ncll': name one of gloo, ideal, mpi, nccl"),
     ("BAD", "topoplan: error: BAD:2: op_overhead: must be >= 0, got '-1 us'"),
     ("SYNTAX", "topoplan: error: SYNTAX:3: YAML syntax error"),
 ], ids=["unknown", "bad-value", "bad-syntax"])

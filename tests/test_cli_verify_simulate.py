@@ -102,7 +102,7 @@ def test_simulate_prints_one_row_per_size(tmp_path):
     # 1 MiB: 6 steps x (2 x 256 KiB / 10 GB/s + 3 us) = 332.57 us; bound 104.86 us.
     last = [cell.strip() for cell in rows[-1].split("│")[1:-1]]
     assert last == ["1048576", "262144", "332.57", "3.15", "4.73", "104.86", "31.5",
-                    "314.57", "18.00", "0.00", "0.00"]
+                    "314.57", "18.00", "0.00", "0.00", "0.00"]
 
 
 def test_simulate_json(tmp_path):
@@ -132,7 +132,7 @@ def test_simulate_json_splits_the_time_under_the_profile(tmp_path):
     assert data["profile"]["name"] == "nccl"  # the default
     (result,) = data["results"]
     parts = result["breakdown"]
-    assert set(parts) == {"bandwidth", "latency", "overhead", "reduce"}
+    assert set(parts) == {"bandwidth", "latency", "overhead", "reduce", "contention"}
     assert sum(parts.values()) == pytest.approx(result["time_s"], rel=1e-9)
     from topoplan.cost import get_profile
     nccl = get_profile("nccl")

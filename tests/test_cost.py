@@ -51,6 +51,22 @@ def test_shipped_profiles_load_and_name_their_sources():
         assert profile.host_cluster().nranks == 8
 
 
+def test_small_messages_pay_their_own_alpha():
+    """MPI's eager sends, NCCL's LL: messages up to small_max bytes pay the small alpha."""
+    profile = loads_profile("name: two-protocols\nalpha: 20 us\n"
+                            "small_messages: {max_bytes: 4 KiB, alpha: 2 us}\n")
+    assert profile.small_max == 4096 and profile.small_alpha_box == pytest.approx(2e-6)
+    assert loads_profile(profile.dumps()) == profile
+    cluster = switch_cluster(4, bandwidth="1000 GB/s", latency="0 us")
+    schedule = ring_schedule([0, 1, 2, 3])
+    small = simulate(cluster, schedule, 4 * 4096, profile=profile)  # 4 KiB messages
+    large = simulate(cluster, schedule, 4 * 4100, profile=profile)  # just above
+    assert small.breakdown["latency"] == pytest.approx(6 * 2e-6, rel=1e-9)
+    assert large.breakdown["latency"] == pytest.approx(6 * 20e-6, rel=1e-9)
+    with pytest.raises(ProfileError, match="small_messages.max_bytes"):
+        loads_profile("name: x\nsmall_messages: {max_bytes: lots, alpha: 1 us}\n", "f.yaml")
+
+
 def test_profile_round_trips_through_yaml(tmp_path):
     path = tmp_path / "p.yaml"
     PROFILE.save(path)
@@ -254,7 +270,9 @@ boxes:
         op_overhead=data.draw(st.sampled_from([0.0, 5e-7, 3e-6])),
         step_overhead=data.draw(st.sampled_from([0.0, 2e-6])),
         call_overhead=data.draw(st.sampled_from([0.0, 7e-6])),
-        reduce_bandwidth=data.draw(st.sampled_from([None, 5e9])))
+        reduce_bandwidth=data.draw(st.sampled_from([None, 5e9])),
+        small_max=data.draw(st.sampled_from([None, 100, 4096])),
+        small_alpha_box=0.2e-6, small_alpha_network=0.5e-6)
     size = data.draw(st.sampled_from([0, 64, 4096, 1 << 20]))
     fast = simulate(cluster, schedule, size, profile=profile, record=True)
     slow = _simulate_reference(cluster, schedule, size, profile=profile, record=True)
@@ -276,3 +294,49 @@ def test_save_writes_a_comment_header_and_loads_back(tmp_path):
     mask = os.umask(0)
     os.umask(mask)
     assert path.stat().st_mode & 0o777 == 0o666 & ~mask  # as open() makes it, not 0600
+
+
+# ---- a host with fewer cores than ranks ---------------------------------------------------
+def test_ranks_working_at_once_take_turns_on_the_cores():
+    """A ring of 4 ranks whose steps are all posting (10 us each, at the same time on every
+    rank): on 2 cores two ranks wait for a core while two post, so every step takes twice
+    as long; on 4 cores nothing waits."""
+    from topoplan.cluster import host_cluster
+    profile = CostProfile("posting", step_overhead=10e-6)
+    schedule = ring_schedule([0, 1, 2, 3])
+    alone = simulate(host_cluster("h", 4, 1e12, cores=4), schedule, 64, profile=profile)
+    shared = simulate(host_cluster("h", 4, 1e12, cores=2), schedule, 64, profile=profile)
+    assert alone.time_s == pytest.approx(6 * 10e-6, rel=1e-5)
+    assert alone.breakdown["contention"] == 0.0
+    assert shared.time_s == pytest.approx(2 * 6 * 10e-6, rel=1e-3)
+    assert shared.breakdown["contention"] == pytest.approx(6 * 10e-6, rel=1e-3)
+    assert sum(shared.breakdown.values()) == pytest.approx(shared.time_s, rel=1e-9)
+    # The step times are on the stretched clock too.
+    assert max(end for steps in shared.step_times for _, end in steps) == \
+        pytest.approx(shared.time_s)
+    ref = _simulate_reference(host_cluster("h", 4, 1e12, cores=2), schedule, 64,
+                              profile=profile)
+    assert ref.time_s == pytest.approx(shared.time_s, rel=1e-9)
+
+
+def test_one_pair_at_a_time_does_not_contend():
+    """A chain (reduce up 0 -> 1 -> 2 -> 3, broadcast back): one message at a time, so at
+    most two ranks work at once, which 2 cores serve; only the start, where every rank
+    posts its first step (a receive, for most), waits for a core."""
+    from topoplan.calibrate import _chain
+    from topoplan.cluster import host_cluster
+    profile = CostProfile("posting", step_overhead=10e-6, reduce_bandwidth=1e9)
+    schedule = _chain(4, "chain")
+    on_two = simulate(host_cluster("h", 4, 1e9, cores=2), schedule, 1 << 20, profile=profile)
+    on_four = simulate(host_cluster("h", 4, 1e9, cores=4), schedule, 1 << 20, profile=profile)
+    assert on_two.time_s == pytest.approx(on_four.time_s + 10e-6, rel=1e-9)
+    assert on_two.breakdown["contention"] == pytest.approx(10e-6, rel=1e-6)
+
+
+def test_profile_host_knows_its_cores():
+    profile = loads_profile("name: h\nhost: {bandwidth: 3 GB/s, cores: 2, ranks: 8}\n")
+    host = profile.host_cluster()
+    assert host.nranks == 8 and host.cores == 2 and profile.host_cores == 2
+    assert loads_profile(profile.dumps()) == profile
+    with pytest.raises(ProfileError, match="host.cores: expected an integer >= 1"):
+        loads_profile("name: h\nhost: {bandwidth: 3 GB/s, cores: 0}\n", "f.yaml")

@@ -26,7 +26,8 @@ simulator itself: each sample's time is linearised in the parameters by finite
 differences of :func:`topoplan.simulate` on the machine as a cluster
 (:meth:`CostProfile.host_cluster`) and the fit re-linearised a few times (Gauss-Newton).
 Times are fitted relative to their size, so microsecond and millisecond cases count alike.
-Here it fits a per-step cost, ``op_overhead``, ``call_overhead`` and ``1 / host_bandwidth``;
+Here it fits a per-step cost, ``op_overhead``, ``call_overhead`` and ``1 / host_bandwidth``
+(one rank's copy rate with a core to itself; the chain of one pair at a time pins it);
 the testbed (:mod:`topoplan.testbed.calibrate`) fits its ``alpha`` with the same code.
 
 On one host every message is of one link class, and every step of a schedule pays both
@@ -62,6 +63,7 @@ from .schedule import Schedule, build_schedule, equal_chunks, recv, send
 
 __all__ = ["Case", "Sample", "FittedSample", "Fit", "PARAMETERS", "HOST_PARAMETERS",
            "calibration_cases", "measure", "fit", "fit_profile", "calibrate", "SPLIT_RULE",
+           "host_cores", "small_limit",
            "array_kind", "transport_info", "load_average"]
 
 #: What :func:`fit` can fit: profile costs in seconds, and two bandwidths, fitted as their
@@ -81,7 +83,9 @@ _GUESS_BANDWIDTH = 1e9
 SPLIT_RULE = ("on one host executor runs fix only the per-step cost (step_overhead + alpha); "
               "alpha := the transport's one-way latency from ping-pongs of 1 and 4 messages "
               "per trip (the line's value at 0 messages), clamped to [0, per-step cost]; "
-              "step_overhead := per-step cost - alpha")
+              "step_overhead := per-step cost - alpha; with a small-message protocol "
+              "(MPI's eager sends) that alpha is the small messages', and larger ones pay "
+              "it plus the extra their runs showed")
 
 #: Bytes of the bandwidth cases and of the reduce case.
 BIG = 4 << 20
@@ -162,6 +166,20 @@ def _direct(n: int, rounds: int, algorithm: str) -> Schedule:
     return build_schedule(n, equal_chunks(rounds * n), steps, algorithm=algorithm)
 
 
+def _chain(n: int, algorithm: str) -> Schedule:
+    """Reduce along the chain ``0 -> 1 -> ... -> n-1``, then broadcast back: ``2 (n - 1)``
+    steps, each moving the whole buffer between one pair while the other ranks wait (what
+    one rank's copies cost with the machine to itself)."""
+    steps: list[list[list[Any]]] = [[] for _ in range(n)]
+    for r in range(n - 1):
+        steps[r].append([send(r + 1, 0)])
+        steps[r + 1].append([recv(r, 0, reduce=True)])
+    for r in range(n - 1, 0, -1):
+        steps[r].append([send(r - 1, 0)])
+        steps[r - 1].append([recv(r, 0)])
+    return build_schedule(n, (1.0,), steps, algorithm=algorithm)
+
+
 def calibration_cases(nranks: int) -> list[Case]:
     """The micro-benchmarks of :func:`calibrate` for ``nranks`` ranks (at least 2).
 
@@ -170,7 +188,9 @@ def calibration_cases(nranks: int) -> list[Case]:
     list of Case
         ``pingpong`` and ``pingpong x4``; with 16 B messages ``ring``, ``ring x4`` (four in a row), ``rings
         x4`` (four side by side) and ``direct x2``; ``ring`` and ``direct x2`` again with
-        16 KiB messages; ``ring 4MiB`` and ``direct 4MiB``; ``reduce 4MiB``.
+        16 KiB messages; ``ring 4MiB`` and ``direct 4MiB`` (every rank moves bytes at
+        once: the machine's total copy rate); ``chain 4MiB`` (one pair at a time: one
+        rank's rate); ``reduce 4MiB``.
 
     Raises
     ------
@@ -207,6 +227,7 @@ def calibration_cases(nranks: int) -> list[Case]:
     big = BIG // (4 * n) * 4 * n  # whole float32 chunks
     add(f"ring {_bytes_text(big)}", _rings(n, 1, 1, "calibrate-ring"), big)
     add(f"direct {_bytes_text(big)}", _direct(n, 1, "calibrate-direct"), big)
+    add(f"chain {_bytes_text(BIG)}", _chain(n, "calibrate-chain"), BIG)
     cases.append(Case(f"reduce {_bytes_text(BIG)}", "reduce", BIG,
                       what="chunk += scratch alone, every rank at once"))
     return cases
@@ -708,7 +729,8 @@ def transport_info(transport: Any) -> str:
 
 def fit_profile(samples: Sequence[Sample], *, name: str = "calibrated", nranks: int,
                 transport: str = "?", context: Mapping[str, Any] | None = None,
-                iterations: int = 4) -> CostProfile:
+                iterations: int = 4, cores: int | None = None,
+                small_max: int | None = None) -> CostProfile:
     """The cost profile of this machine from the samples of :func:`measure`.
 
     Parameters
@@ -726,6 +748,14 @@ def fit_profile(samples: Sequence[Sample], *, name: str = "calibrated", nranks: 
     context : mapping, optional
         Recorded as is in ``calibration`` (``host``, ``date``, ``load_average``, ...);
         host, CPUs and date default to this machine and now.
+    small_max : int, optional
+        The transport's small-message limit (MPI's eager limit, :func:`small_limit`):
+        messages above it get their own ``alpha``, fitted on the runs of larger
+        messages; those up to it pay the ping-pong's latency.
+    cores : int, optional
+        The cores the ranks ran on, when fewer than the ranks (processes of one host):
+        the costs are then fitted as those of a rank with a core to itself, the
+        simulator stretching the time ranks work at once (the profile's ``host.cores``).
 
     Returns
     -------
@@ -749,17 +779,28 @@ def fit_profile(samples: Sequence[Sample], *, name: str = "calibrated", nranks: 
     for kind in ("pingpong", "reduce", "allreduce"):
         if not by_kind.get(kind):
             raise TopoplanError(f"cannot fit a profile without a {kind} sample")
+    contended = cores is not None and cores < nranks
     reduce = by_kind["reduce"][0]
     reduce_bandwidth = reduce.case.size / reduce.measured_s
+    if contended:
+        # Every rank added at once, ``nranks / cores`` of them to a core: one rank with a
+        # core to itself adds that much faster (the simulator shares the cores again).
+        reduce_bandwidth *= nranks / cores  # type: ignore[operator]
     latency, per_message = _pingpong_line(by_kind["pingpong"])
     runs = by_kind["allreduce"]
-    start = CostProfile(name, reduce_bandwidth=reduce_bandwidth, host_ranks=nranks)
+    start = CostProfile(name, reduce_bandwidth=reduce_bandwidth, host_ranks=nranks,
+                        host_cores=cores if contended else None, small_max=small_max)
+    parameters = HOST_PARAMETERS + (("alpha",) if small_max is not None else ())
     result = fit([(s.label, s.case.schedule, s.case.size, s.measured_s) for s in runs
-                  if s.case.schedule is not None], start, HOST_PARAMETERS, iterations=iterations)
+                  if s.case.schedule is not None], start, parameters, iterations=iterations)
     fitted = result.profile
     per_step = fitted.step_overhead
     alpha = min(max(0.0, latency), per_step)
     step = per_step - alpha
+    # With two protocols the fit gave large messages an alpha on top of the per-step
+    # cost; the split moves the small messages' alpha out of the step, so it goes back
+    # into the large messages' alpha (every message still costs what the fit found).
+    large = fitted.alpha_box + alpha if small_max is not None else alpha
     clamped = []
     if latency < 0:
         clamped.append("alpha: the ping-pongs' line crosses zero messages below 0 s")
@@ -775,7 +816,9 @@ def fit_profile(samples: Sequence[Sample], *, name: str = "calibrated", nranks: 
     if isinstance(load, (list, tuple)) and load:
         load_text = f", 1-minute load average {min(load):.2f}-{max(load):.2f}"
     profile = replace(
-        fitted, alpha_box=alpha, alpha_network=alpha, step_overhead=step,
+        fitted, alpha_box=large, alpha_network=large, step_overhead=step,
+        small_alpha_box=alpha if small_max is not None else 0.0,
+        small_alpha_network=alpha if small_max is not None else 0.0,
         description=f"topoplan's executor over {transport}, {nranks} ranks on one host "
                     f"({ctx['host']})",
         sources=f"measured by topoplan calibrate on {ctx['host']} ({ctx['cpus']} CPUs, "
@@ -887,7 +930,44 @@ def calibrate(transport: Any, *, name: str = "calibrated", quick: bool = False,
         progress("fitting")
     return fit_profile(samples, name=name, nranks=transport.size,
                        transport=transport_info(transport),
-                       context={"load_average": load, "repeats": repeats})
+                       context={"load_average": load, "repeats": repeats},
+                       cores=host_cores(transport), small_max=small_limit(transport))
+
+
+def small_limit(transport: Any) -> int | None:
+    """The transport's small-message limit in bytes: Open MPI's shared-memory eager limit
+    (``btl_sm_eager_limit``, from ``ompi_info``; 4096 when it cannot be read) for MPI;
+    None for the others (gloo sends every message the same way)."""
+    if getattr(transport, "name", "") != "mpi":
+        return None
+    import shutil
+    import subprocess
+    import sys as _sys
+    from pathlib import Path
+    tool = Path(_sys.executable).with_name("ompi_info")
+    found = str(tool) if tool.exists() else shutil.which("ompi_info")
+    if found:
+        try:
+            out = subprocess.run([found, "--param", "btl", "sm", "--level", "9", "--parsable"],
+                                 capture_output=True, text=True, timeout=30).stdout
+            for line in out.splitlines():
+                if line.startswith("mca:btl:sm:param:btl_sm_eager_limit:value:"):
+                    return int(line.rsplit(":", 1)[1])
+        except (OSError, ValueError, subprocess.SubprocessError):
+            pass
+    return 4096
+
+
+def host_cores(transport: Any) -> int | None:
+    """The cores this process may run on, for a transport of processes on one host
+    (MPI, torch.distributed); None for threads of one process (:class:`Local`), whose
+    waits are not work and whose work shares one interpreter."""
+    if getattr(transport, "name", "") == "local":
+        return None
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
 
 
 def load_average() -> float:

@@ -267,6 +267,39 @@ class Cluster:
         return sum(data["bandwidth"] for _, _, data in self.graph.out_edges(node, data=True))
 
 
+@dataclass(frozen=True)
+class HostCluster(Cluster):
+    """One machine running every rank (a CPU transport on one host): a box whose fabric
+    gives each rank ``bandwidth`` in and out (one core's copy rate), on ``cores`` cores.
+
+    When more ranks work at once than the machine has cores, they take turns: the
+    simulator stretches such stretches of time by ``busy ranks / cores``
+    (:func:`topoplan.simulate`, "contention"). Build it with :func:`host_cluster`.
+    """
+
+    cores: int | None = None
+
+
+def host_cluster(name: str, nranks: int, bandwidth: float, cores: int | None = None) -> Cluster:
+    """``nranks`` ranks on one machine of ``cores`` cores (``None``: one each), each moving
+    at most ``bandwidth`` bytes/s: a :class:`HostCluster`.
+
+    Raises
+    ------
+    ValueError
+        For a rank or core count below 1 or a bandwidth that is not positive.
+    """
+    if nranks < 1:
+        raise ValueError(f"a host needs at least 1 rank, got {nranks}")
+    if not bandwidth > 0:
+        raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth!r}")
+    if cores is not None and cores < 1:
+        raise ValueError(f"cores must be >= 1, got {cores!r}")
+    box = Box(name="host", gpus=int(nranks), first_rank=0, fabric=Fabric(float(bandwidth), 0.0))
+    return HostCluster(name=name, boxes=(box,), source=f"<host {name}>",
+                       cores=None if cores is None else int(cores))
+
+
 def _box_link_graph(box: Box) -> nx.Graph:
     graph = nx.Graph()
     graph.add_nodes_from(range(box.gpus))

@@ -45,8 +45,8 @@ DEFAULT_PROFILE = "nccl"
 
 _PROFILE_DIR = Path(__file__).with_name("profiles")
 _CLASSES = ("box", "network")
-_KEYS = ("name", "description", "sources", "alpha", "op_overhead", "step_overhead",
-         "call_overhead", "reduce_bandwidth", "host", "calibration")
+_KEYS = ("name", "description", "sources", "alpha", "small_messages", "op_overhead",
+         "step_overhead", "call_overhead", "reduce_bandwidth", "host", "calibration")
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,10 @@ class CostProfile:
     alpha_box, alpha_network : float
         Seconds per message before its first byte moves, for a message between two GPUs
         of one box and between boxes.
+    small_max : int or None
+        Messages of at most this many bytes go by the runtime's small-message protocol
+        (MPI's eager sends, NCCL's LL) and pay ``small_alpha_box`` /
+        ``small_alpha_network`` instead; ``None``: one protocol for all.
     op_overhead : float
         Seconds a rank takes to post one op (send or receive); the ops of a step are
         posted one after another.
@@ -70,9 +74,13 @@ class CostProfile:
         Bytes/s a rank adds received data at (the adds of a step run after its messages,
         one after another); ``None``: free.
     host_bandwidth : float or None
-        Bytes/s each rank moves (in and out) when all ranks of one host move data at once:
-        what ``topoplan calibrate`` measured on the machine it ran on. Used to predict runs
-        on that machine (:meth:`host_cluster`); ``None`` for profiles of real clusters.
+        Bytes/s one rank moves in and out on the machine ``topoplan calibrate`` measured
+        (with a core to itself). Used to predict runs on that machine
+        (:meth:`host_cluster`); ``None`` for profiles of real clusters.
+    host_cores : int or None
+        Cores of that machine: with more ranks than cores, the costs above are those of
+        a rank with a core to itself, and the simulator stretches the time ranks spend
+        working at once beyond the cores (contention).
     host_ranks : int or None
         Ranks of the calibration run.
     description, sources : str
@@ -84,11 +92,15 @@ class CostProfile:
     name: str = "custom"
     alpha_box: float = 0.0
     alpha_network: float = 0.0
+    small_max: int | None = None
+    small_alpha_box: float = 0.0
+    small_alpha_network: float = 0.0
     op_overhead: float = 0.0
     step_overhead: float = 0.0
     call_overhead: float = 0.0
     reduce_bandwidth: float | None = None
     host_bandwidth: float | None = None
+    host_cores: int | None = None
     host_ranks: int | None = None
     description: str = ""
     sources: str = ""
@@ -96,13 +108,18 @@ class CostProfile:
                                            compare=False)
 
     def __post_init__(self) -> None:
-        for key in ("alpha_box", "alpha_network", "op_overhead", "step_overhead",
-                    "call_overhead"):
+        for key in ("alpha_box", "alpha_network", "small_alpha_box", "small_alpha_network",
+                    "op_overhead", "step_overhead", "call_overhead"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value) or value < 0:
                 raise ProfileError(f"must be a finite number of seconds >= 0, got {value!r}",
                                    key=f"{self.name}: {key}")
+        if self.small_max is not None and (isinstance(self.small_max, bool)
+                                           or not isinstance(self.small_max, int)
+                                           or self.small_max < 0):
+            raise ProfileError(f"must be a whole number of bytes >= 0 or None, got "
+                               f"{self.small_max!r}", key=f"{self.name}: small_max")
         for key in ("reduce_bandwidth", "host_bandwidth"):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
@@ -119,8 +136,19 @@ class CostProfile:
     @property
     def is_ideal(self) -> bool:
         """True when the profile charges nothing beyond the links."""
+        small = self.small_max is None or self.small_alpha_box == self.small_alpha_network == 0
         return (self.alpha_box == self.alpha_network == self.op_overhead == self.step_overhead
-                == self.call_overhead == 0 and self.reduce_bandwidth is None)
+                == self.call_overhead == 0 and self.reduce_bandwidth is None and small)
+
+    def alphas(self, nbytes: Any, network: Any) -> Any:
+        """Alpha of messages of ``nbytes`` bytes (arrays welcome), between boxes where
+        ``network`` is true: the small-message protocol's up to ``small_max`` bytes."""
+        import numpy as np
+        large = np.where(network, self.alpha_network, self.alpha_box)
+        if self.small_max is None:
+            return large * np.ones_like(np.asarray(nbytes, dtype=np.float64))
+        small = np.where(network, self.small_alpha_network, self.small_alpha_box)
+        return np.where(np.asarray(nbytes) <= self.small_max, small, large)
 
     def message_cost(self, network: bool = True, ops: int = 2) -> float:
         """Seconds a lone step of ``ops`` ops costs before its bytes flow: the step
@@ -136,10 +164,11 @@ class CostProfile:
 
     def host_cluster(self, nranks: int | None = None) -> Any:
         """The machine this profile was calibrated on, as a cluster: one box of ``nranks``
-        GPUs (default: the calibration's) on a fabric of ``host_bandwidth`` per GPU.
+        GPUs (default: the calibration's), each moving at most ``host_bandwidth``, on
+        ``host_cores`` cores (:func:`topoplan.cluster.host_cluster`).
 
-        Predicts runs of any plan on that machine (``bench --profile``): every rank's
-        traffic shares its one port, as a CPU-driven transport's copies share the cores.
+        Predicts runs of any plan on that machine (``bench --profile``): a rank's
+        messages share its port, and ranks working at once share the cores.
 
         Raises
         ------
@@ -150,12 +179,9 @@ class CostProfile:
             raise ProfileError("has no host bandwidth: it describes a cluster's runtime, not "
                                "a machine it was measured on; calibrate one with topoplan "
                                "calibrate", key=self.name)
-        from .cluster import loads_cluster
+        from .cluster import host_cluster
         n = int(nranks or self.host_ranks or 1)
-        return loads_cluster(
-            f"name: host-{self.name}\nboxes:\n  - name: host\n    gpus: {n}\n"
-            f"    fabric: {{bandwidth: {self.host_bandwidth!r} B/s, latency: 0 us}}\n",
-            f"<host of profile {self.name}>")
+        return host_cluster(f"host-{self.name}", n, self.host_bandwidth, self.host_cores)
 
     # -- YAML -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -170,6 +196,12 @@ class CostProfile:
         else:
             out["alpha"] = {"box": _time_text(self.alpha_box),
                             "network": _time_text(self.alpha_network)}
+        if self.small_max is not None:
+            alpha: Any = (_time_text(self.small_alpha_box)
+                          if self.small_alpha_box == self.small_alpha_network else
+                          {"box": _time_text(self.small_alpha_box),
+                           "network": _time_text(self.small_alpha_network)})
+            out["small_messages"] = {"max_bytes": self.small_max, "alpha": alpha}
         out["op_overhead"] = _time_text(self.op_overhead)
         out["step_overhead"] = _time_text(self.step_overhead)
         out["call_overhead"] = _time_text(self.call_overhead)
@@ -177,6 +209,8 @@ class CostProfile:
                                    else _bandwidth_text(self.reduce_bandwidth))
         if self.host_bandwidth is not None:
             host: dict[str, Any] = {"bandwidth": _bandwidth_text(self.host_bandwidth)}
+            if self.host_cores is not None:
+                host["cores"] = self.host_cores
             if self.host_ranks is not None:
                 host["ranks"] = self.host_ranks
             out["host"] = host
@@ -220,6 +254,11 @@ class CostProfile:
             alpha = (f"alpha {_time_text(self.alpha_box)} (box) / "
                      f"{_time_text(self.alpha_network)} (network)")
         red = "free" if self.reduce_bandwidth is None else _bandwidth_text(self.reduce_bandwidth)
+        if self.small_max is not None:
+            small = (_time_text(self.small_alpha_box) if self.small_alpha_box ==
+                     self.small_alpha_network else f"{_time_text(self.small_alpha_box)} / "
+                     f"{_time_text(self.small_alpha_network)}")
+            alpha += f" ({small} up to {self.small_max} B)"
         return (f"{self.name}: {alpha}, op {_time_text(self.op_overhead)}, step "
                 f"{_time_text(self.step_overhead)}, call {_time_text(self.call_overhead)}, "
                 f"reduce {red}")
@@ -332,11 +371,11 @@ def loads_profile(text: str, file: str = "<string>") -> CostProfile:
         step_overhead: 8 us
         call_overhead: 20 us
         reduce_bandwidth: 4 GB/s         # or none
-        host: {bandwidth: 1.1 GB/s, ranks: 8}   # calibrated profiles only
+        host: {bandwidth: 3 GB/s, cores: 2, ranks: 8}   # calibrated profiles only
         calibration: {...}               # what topoplan calibrate recorded
     """
     from ._yaml import LineDict, load_yaml
-    from .units import parse_bandwidth, parse_latency
+    from .units import parse_bandwidth, parse_latency, parse_size
 
     doc = load_yaml(text, file, ProfileError)
     if doc is None:
@@ -403,6 +442,38 @@ def loads_profile(text: str, file: str = "<string>") -> CostProfile:
                 costs[f"alpha_{key}"] = seconds(alpha, key, f"alpha.{key}")
         else:
             costs["alpha_box"] = costs["alpha_network"] = seconds(doc, "alpha", "alpha")
+    if "small_messages" in doc:
+        small = doc["small_messages"]
+        if not isinstance(small, LineDict):
+            raise fail(doc, "small_messages", "expected a mapping with max_bytes and alpha")
+        for key in small:
+            if key not in ("max_bytes", "alpha"):
+                raise ProfileError("unknown key; allowed: max_bytes, alpha", file=file,
+                                   line=small.line_of(key), key=f"small_messages.{key}")
+        for key in ("max_bytes", "alpha"):
+            if key not in small:
+                raise ProfileError("missing required key", file=file, line=small.line,
+                                   key=f"small_messages.{key}")
+        try:
+            costs["small_max"] = parse_size(small["max_bytes"])
+        except ValueError as exc:
+            raise fail(small, "max_bytes", str(exc), "small_messages.max_bytes") from None
+        salpha = small["alpha"]
+        if isinstance(salpha, LineDict):
+            for key in salpha:
+                if key not in _CLASSES:
+                    raise ProfileError(f"unknown link class; use {' and '.join(_CLASSES)}",
+                                       file=file, line=salpha.line_of(key),
+                                       key=f"small_messages.alpha.{key}")
+            for key in _CLASSES:
+                if key not in salpha:
+                    raise ProfileError("missing: give alpha for both link classes, or one "
+                                       "number for both", file=file, line=salpha.line,
+                                       key=f"small_messages.alpha.{key}")
+                costs[f"small_alpha_{key}"] = seconds(salpha, key, f"small_messages.alpha.{key}")
+        else:
+            costs["small_alpha_box"] = costs["small_alpha_network"] = seconds(
+                small, "alpha", "small_messages.alpha")
     for key in ("op_overhead", "step_overhead", "call_overhead"):
         if key in doc:
             costs[key] = seconds(doc, key, key)
@@ -413,19 +484,20 @@ def loads_profile(text: str, file: str = "<string>") -> CostProfile:
         if not isinstance(host, LineDict):
             raise fail(doc, "host", "expected a mapping with bandwidth (and ranks)")
         for key in host:
-            if key not in ("bandwidth", "ranks"):
-                raise ProfileError("unknown key; allowed: bandwidth, ranks", file=file,
-                                   line=host.line_of(key), key=f"host.{key}")
+            if key not in ("bandwidth", "cores", "ranks"):
+                raise ProfileError("unknown key; allowed: bandwidth, cores, ranks",
+                                   file=file, line=host.line_of(key), key=f"host.{key}")
         if "bandwidth" not in host:
             raise ProfileError("missing required key", file=file, line=host.line,
                                key="host.bandwidth")
         costs["host_bandwidth"] = bandwidth(host, "bandwidth", "host.bandwidth", False)
-        if "ranks" in host:
-            ranks = host["ranks"]
-            if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
-                raise ProfileError(f"expected an integer >= 1, got {ranks!r}", file=file,
-                                   line=host.line_of("ranks"), key="host.ranks")
-            costs["host_ranks"] = ranks
+        for key, attr in (("ranks", "host_ranks"), ("cores", "host_cores")):
+            if key in host:
+                value = host[key]
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ProfileError(f"expected an integer >= 1, got {value!r}", file=file,
+                                       line=host.line_of(key), key=f"host.{key}")
+                costs[attr] = value
     calibration = doc.get("calibration") or {}
     if not isinstance(calibration, dict):
         raise fail(doc, "calibration", "expected a mapping")

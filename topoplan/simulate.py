@@ -18,8 +18,10 @@ runtime; docs/COST_MODEL.md states it with a worked example):
   reducing receives' bytes at ``reduce_bandwidth`` (the executor adds after the wait).
 
 The report splits the time along the critical path into bandwidth (bytes flowing,
-contention included), latency (alpha and path latency), overhead (call, step, posting)
-and reduction (``SimReport.breakdown``).
+link sharing included), latency (alpha and path latency), overhead (call, step, posting)
+and reduction (``SimReport.breakdown``). On a host with fewer cores than ranks
+(:class:`topoplan.cluster.HostCluster`, the machine a profile was calibrated on), ranks
+that work at once take turns on the cores: the stretch is the ``contention`` part.
 
 The engine works on arrays: all transfers are matched up front (and cached per
 schedule), messages that can never share a link are timers known at launch, and the
@@ -106,9 +108,10 @@ class SimReport:
     profile : str
         The cost profile's name.
     breakdown : mapping
-        ``time_s`` split along the critical path: ``bandwidth`` (bytes flowing, contention
-        included), ``latency`` (alpha and path latency), ``overhead`` (call, step and
-        posting costs) and ``reduce`` (adds); the parts sum to ``time_s``.
+        ``time_s`` split along the critical path: ``bandwidth`` (bytes flowing, link
+        sharing included), ``latency`` (alpha and path latency), ``overhead`` (call, step
+        and posting costs), ``reduce`` (adds) and ``contention`` (ranks taking turns on a
+        host with fewer cores than ranks; 0 elsewhere); the parts sum to ``time_s``.
     messages : int
         Messages that move bytes at this size.
     """
@@ -548,15 +551,70 @@ class _Setup:
             self.step_red = np.bincount(f.t_rstep[red], weights=self.t_bytes[red],
                                         minlength=nglobal) / self.reduce_bandwidth
 
-    def _pair_alpha(self, pair_keys: np.ndarray) -> np.ndarray:
-        """Alpha of each (src * n + dst) pair: ``box`` within a box, else ``network``."""
+    def _pair_network(self, pair_keys: np.ndarray) -> np.ndarray:
+        """Whether each (src * n + dst) pair crosses boxes (the ``network`` class)."""
         n = self.schedule.nranks
-        c = self.costs
-        if c.alpha_box == c.alpha_network:
-            return np.full(len(pair_keys), c.alpha_box)
+        if len(self.cluster.boxes) == 1:
+            return np.zeros(len(pair_keys), dtype=bool)
         box = np.asarray([self.cluster.box_index(r) for r in range(n)], dtype=np.int64)
         src, dst = np.divmod(pair_keys, n)
-        return np.where(box[src] == box[dst], c.alpha_box, c.alpha_network)
+        return box[src] != box[dst]
+
+    def _contention(self, m_dst: np.ndarray, m_flow: np.ndarray, m_end: np.ndarray,
+                    m_live: np.ndarray) -> Callable[[Any], Any] | None:
+        """The time map of a host with fewer cores than ranks, or None.
+
+        A rank works while it pays the call overhead, posts a step's ops, receives a
+        message (from its launch: a transport's handshake and copies need the receiver
+        on a core) and adds; otherwise it waits, and gives its core away. Where ``A`` ranks work at once on a host of ``C < A`` cores
+        (:class:`topoplan.cluster.HostCluster`), they take turns: that stretch of time
+        lasts ``A / C`` times as long (processor sharing, applied as one monotone
+        stretch of the whole timeline). Returns ``t -> t'``.
+        """
+        cores = getattr(self.cluster, "cores", None)
+        n = self.schedule.nranks
+        if not cores or n <= cores or not self.nglobal:
+            return None
+        has = self.step_ops > 0
+        post_end = self.step_start + self.step_post
+        red_start = self.step_end - self.step_red
+        busy = [(np.arange(n), np.zeros(n), np.full(n, self.t0)),
+                (self.step_rank[has], self.step_start[has], post_end[has]),
+                (self.step_rank, red_start, self.step_end),
+                (m_dst[m_live], m_flow[m_live], m_end[m_live])]
+        rank = np.concatenate([b[0] for b in busy])
+        lo = np.concatenate([b[1] for b in busy])
+        hi = np.concatenate([b[2] for b in busy])
+        keep = hi > lo
+        rank, lo, hi = rank[keep], lo[keep], hi[keep]
+        if not len(lo):
+            return None
+        # Union of each rank's intervals: sorted by (rank, start), a new run starts where
+        # the start passes every earlier end of the same rank (offset ranks apart).
+        span = float(hi.max()) + 1.0
+        order = np.lexsort((lo, rank))
+        rank, lo, hi = rank[order], lo[order] + rank[order] * span, hi[order] + rank[order] * span
+        reach = np.maximum.accumulate(hi)
+        new = np.ones(len(lo), dtype=bool)
+        new[1:] = lo[1:] > reach[:-1]
+        starts = np.flatnonzero(new)
+        u_lo = lo[starts] - rank[starts] * span
+        u_hi = np.maximum.reduceat(hi, starts) - rank[starts] * span
+        # Ranks at work over time, and the stretched clock at every change.
+        times = np.concatenate([u_lo, u_hi])
+        delta = np.concatenate([np.ones(len(u_lo)), -np.ones(len(u_hi))])
+        order = np.argsort(times, kind="stable")
+        times, working = times[order], np.cumsum(delta[order])
+        factor = np.maximum(1.0, working[:-1] / cores)
+        clock = np.concatenate([[times[0]], times[0] + np.cumsum(np.diff(times) * factor)])
+        last_t, last_c = float(times[-1]), float(clock[-1])
+
+        def warp(t: Any) -> Any:
+            t = np.asarray(t, dtype=np.float64)
+            out = np.interp(t, times, clock)
+            return np.where(t > last_t, last_c + (t - last_t), out)
+
+        return warp
 
     def _breakdown(self, m_sstep: np.ndarray, m_rstep: np.ndarray, m_launch: np.ndarray,
                    m_end: np.ndarray, m_delay: np.ndarray, m_soff: np.ndarray,
@@ -570,7 +628,8 @@ class _Setup:
         posting in the later of its two steps, whose start is the end of that rank's step
         before (or the call overhead).
         """
-        out = {"bandwidth": 0.0, "latency": 0.0, "overhead": 0.0, "reduce": 0.0}
+        out = {"bandwidth": 0.0, "latency": 0.0, "overhead": 0.0, "reduce": 0.0,
+               "contention": 0.0}
         if not self.nglobal or not np.isfinite(self.step_end).all():
             return out
         start, end = self.step_start, self.step_end
@@ -691,7 +750,7 @@ class _Engine(_Setup):
                                                          table.path_len)
         self.pair_ptr, self.pair_npaths = table.pair_ptr, table.pair_npaths
         self.path_lat = table.path_lat
-        self.pair_alpha = self._pair_alpha(table.pair_keys)
+        self.pair_network = self._pair_network(table.pair_keys)
         npairs, npaths = table.npairs, len(table.path_len)
         self.path_pair = np.repeat(np.arange(npairs), self.pair_npaths)
         # Bytes per link are fixed by the routes: total per pair, spread over its paths.
@@ -800,14 +859,17 @@ class _Engine(_Setup):
         with np.errstate(divide="ignore", invalid="ignore"):
             dur = np.where(moving, self.m_k * self.m_bytes / npth / rate, 0.0)
         self.m_dur = np.where(fixed, dur, 0.0)
-        # Alpha and path latency before the first byte; zero-byte messages are not sent.
-        self.m_wait = np.where(moving, (self.pair_alpha[self.m_pair] + self.pair_lat[self.m_pair])
+        # Alpha (by class and protocol) and path latency before the first byte; zero-byte
+        # messages are not sent.
+        self.m_alpha = (self.costs.alphas(self.m_bytes, self.pair_network[self.m_pair])
+                        if nmsg else np.zeros(0))
+        self.m_wait = np.where(moving, (self.m_alpha + self.pair_lat[self.m_pair])
                                if nmsg else 0.0, 0.0)
         self.m_delay = self.m_wait + self.m_dur
-        dyn_pairs = np.unique(self.m_pair[~fixed])
-        if len(dyn_pairs):
-            paths, owner = _expand(self.pair_ptr, np.arange(len(self.path_len)), dyn_pairs)
-            self.lookahead = float((self.pair_alpha[dyn_pairs[owner]] + self.path_lat[paths]).min())
+        dyn = np.flatnonzero(~fixed)
+        if len(dyn):
+            lat_min = np.minimum.reduceat(self.path_lat, self.pair_ptr[:-1])
+            self.lookahead = float((self.m_alpha[dyn] + lat_min[self.m_pair[dyn]]).min())
         else:
             self.lookahead = _INF
 
@@ -939,7 +1001,7 @@ class _Engine(_Setup):
             self.f_path = np.concatenate([self.f_path, paths])
             # Every dynamic event before ``clock`` is done. Only with a lookahead below the
             # batch tolerance can a new flow be due earlier (by less than the tolerance).
-            act = np.maximum(dt[owner] + self.pair_alpha[pair[owner]] + self.path_lat[paths],
+            act = np.maximum(dt[owner] + self.m_alpha[dm][owner] + self.path_lat[paths],
                              self.clock)
             self.f_act = np.concatenate([self.f_act, act])
             self.f_rem = np.concatenate([self.f_rem, self.m_bytes[sub] / npaths[owner]])
@@ -1118,6 +1180,17 @@ class _Engine(_Setup):
     def report(self) -> SimReport:
         n = self.schedule.nranks
         f = self.flat
+        breakdown = self._breakdown(self.m_sstep, self.m_rstep, self.m_start, self.m_end,
+                                    self.m_wait, self.m_soff, self.m_roff, self.st_ptr,
+                                    self.st_msg)
+        warp = self._contention(self.m_dst, self.m_start, self.m_end, self.m_bytes > 0)
+        if warp is not None:
+            stretched = float(warp(self.time_s))
+            breakdown["contention"] = stretched - self.time_s
+            self.time_s = stretched
+            self.step_start, self.step_end = warp(self.step_start), warp(self.step_end)
+            self.m_start, self.m_end = warp(self.m_start), warp(self.m_end)
+            self.timeline = [(warp(t), e, v) for t, e, v in self.timeline]
         effective = (self.size // self.dtype_size) * self.dtype_size
         bound = lower_bound(self.cluster, effective)
         time_s = self.time_s
@@ -1144,9 +1217,6 @@ class _Engine(_Setup):
                     self.m_start[self.t_msg].tolist(), self.m_end[self.t_msg].tolist(),
                     f.t_count.tolist()))
             timeline = self._link_timeline()
-        breakdown = self._breakdown(self.m_sstep, self.m_rstep, self.m_start, self.m_end,
-                                    self.m_wait, self.m_soff, self.m_roff, self.st_ptr,
-                                    self.st_msg)
         return SimReport(
             cluster=self.cluster.name, algorithm=self.schedule.algorithm, nranks=n,
             size=self.size, time_s=time_s, lower_bound_s=bound, algbw=algbw, busbw=busbw,
@@ -1187,7 +1257,8 @@ class _ReferenceEngine(_Setup):
                                                          table.path_len)
         self.pair_ptr, self.pair_npaths = table.pair_ptr, table.pair_npaths
         self.path_lat = table.path_lat
-        self.t_alpha = self._pair_alpha(table.pair_keys)[self.t_pair]
+        self.t_alpha = self.costs.alphas(self.t_bytes,
+                                         self._pair_network(table.pair_keys)[self.t_pair])
         pairs = range(table.npairs)
         # Bytes per link are fixed by the routes: total per pair, spread over its paths.
         pair_bytes = np.bincount(self.t_pair, weights=self.t_bytes, minlength=len(pairs))
@@ -1422,6 +1493,17 @@ class _ReferenceEngine(_Setup):
     def report(self) -> SimReport:
         """The same report as :class:`_Engine` (transfers and timelines included)."""
         n = self.schedule.nranks
+        delay = np.where(self.t_live, self.t_alpha + self.pair_lat_max[self.t_pair], 0.0)
+        breakdown = self._breakdown(self.t_sstep, self.t_rstep, self.t_start, self.t_end, delay,
+                                    self.t_soff, self.t_roff, self.st_ptr, self.st_tr)
+        warp = self._contention(self.t_dst, self.t_start, self.t_end, self.t_live)
+        if warp is not None:
+            stretched = float(warp(self.time_s))
+            breakdown["contention"] = stretched - self.time_s
+            self.time_s = stretched
+            self.step_start, self.step_end = warp(self.step_start), warp(self.step_end)
+            self.t_start, self.t_end = warp(self.t_start), warp(self.t_end)
+            self.timeline = [(float(warp(t)), e, v) for t, e, v in self.timeline]
         bound = lower_bound(self.cluster, (self.size // self.dtype_size) * self.dtype_size)
         algbw = self.size / self.time_s if self.time_s > 0 else math.inf
         starts, ends = self.step_start.tolist(), self.step_end.tolist()
@@ -1453,10 +1535,7 @@ class _ReferenceEngine(_Setup):
                                           for i in np.flatnonzero(self.busy > 0).tolist()}),
             step_times=tuple(tuple(pairs[base[r]:base[r + 1]]) for r in range(n)),
             transfers=transfers, link_timeline=MappingProxyType(timeline),
-            profile=self.costs.name, breakdown=MappingProxyType(self._breakdown(
-                self.t_sstep, self.t_rstep, self.t_start, self.t_end,
-                np.where(self.t_live, self.t_alpha + self.pair_lat_max[self.t_pair], 0.0),
-                self.t_soff, self.t_roff, self.st_ptr, self.st_tr)),
+            profile=self.costs.name, breakdown=MappingProxyType(breakdown),
             messages=int(self.t_live.sum()))
 
 

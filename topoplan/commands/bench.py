@@ -318,7 +318,16 @@ def _schedule(args: argparse.Namespace) -> Schedule:
         raise TopoplanError("the planners are not installed in this topoplan; pass --plan "
                             "PLAN.json") from None
     size = max(args.sizes) if args.sizes else 1 << 20
-    return plan(cluster, algorithm=algorithm, size=size)
+    options: dict[str, Any] = {}
+    if args.profile:
+        # Plan against the runtime that runs it; auto ranks its candidates by their time
+        # on the machine the profile measured (this one), where the run happens.
+        from ..cost import get_profile
+        profile = get_profile(args.profile)
+        options["profile"] = profile
+        if algorithm == "auto" and profile.host_bandwidth is not None:
+            options["machine"] = profile.host_cluster(cluster.nranks)
+    return plan(cluster, algorithm=algorithm, size=size, **options)
 
 
 def _forward_argv(args: argparse.Namespace, plan_path: str) -> list[str]:
@@ -351,13 +360,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import tempfile
 
     from .._mpirun import mpiexec
+    if args.profile:
+        _check_profile(args)
     schedule = _schedule(args)
     nranks = args.nranks if args.nranks is not None else schedule.nranks
     if nranks != schedule.nranks:
         raise TopoplanError(f"the {schedule.algorithm} schedule is for {schedule.nranks} ranks "
                             f"but -n asks for {nranks}")
-    if args.profile:
-        _check_profile(args)
     if args.transport == "mpi":
         try:
             import mpi4py  # noqa: F401

@@ -176,7 +176,8 @@ def _fit(data: dict[str, Any], nranks: int, name: str, quick: bool) -> Any:
     context = {"load_average": data["load_average"], "repeats": data["repeats"],
                "quick": quick}
     return fit_profile(samples, name=name, nranks=nranks, transport=data["transport"],
-                       context=context)
+                       context=context, cores=data.get("cores"),
+                       small_max=data.get("small_max"))
 
 
 def _header(profile: Any, args: argparse.Namespace, nranks: int, output: Path,
@@ -197,9 +198,11 @@ def _header(profile: Any, args: argparse.Namespace, nranks: int, output: Path,
         "beside the measured one.",
         f"alpha and step_overhead: {record.get('rule')}.",
     ]
-    if isinstance(cpus, int) and nranks > cpus:
-        lines.append(f"{nranks} ranks on {cpus} CPUs: the ranks take turns on the cores, and "
-                     "every cost here includes waiting for one.")
+    if profile.host_cores is not None:
+        lines.append(f"{nranks} ranks on {profile.host_cores} cores: the costs are a rank's "
+                     "with a core to itself (the adds measured all at once, scaled by ranks "
+                     "per core); the simulator stretches the time more ranks than cores "
+                     "work at once (host.cores).")
     return "\n".join("\n".join(textwrap.wrap(line, 88, subsequent_indent="  ",
                                              break_on_hyphens=False))
                      if not line.startswith("    ") else line for line in lines)
@@ -228,14 +231,21 @@ def _print(profile: Any, output: Path) -> None:
     out.print(f"per-step cost {format_time(per_step)} (fitted on the executor runs); ping-pong: "
               f"one-way latency {format_time(latency)} + {format_time(per_message)} per message "
               f"posted")
-    out.print(f"split: alpha = the transport's latency = {format_time(profile.alpha_box)}, "
-              f"step_overhead = per-step cost - alpha = {format_time(profile.step_overhead)}")
+    if profile.small_max is not None:
+        out.print(f"split: alpha of messages up to {profile.small_max} B = the transport's "
+                  f"latency = {format_time(profile.small_alpha_box)}, step_overhead = per-step "
+                  f"cost - alpha = {format_time(profile.step_overhead)}; larger messages: "
+                  f"alpha {format_time(profile.alpha_box)}")
+    else:
+        out.print(f"split: alpha = the transport's latency = {format_time(profile.alpha_box)}, "
+                  f"step_overhead = per-step cost - alpha = {format_time(profile.step_overhead)}")
     for note in record.get("clamped", ()):
         out.print(f"clamped: {note}")
     if record.get("unidentified"):
         out.print(f"not identified (no run depends on them): {', '.join(record['unidentified'])}")
     host = "-" if profile.host_bandwidth is None else format_bandwidth(profile.host_bandwidth)
-    out.print(f"{profile.summary()}; host {host} per rank")
+    cores = "" if profile.host_cores is None else f" on {profile.host_cores} cores"
+    out.print(f"{profile.summary()}; host {host} per rank{cores}")
     load = record.get("load_average") or ()
     out.print(f"rms residual {record.get('rms_residual_pct')}% over the executor runs; 1-minute "
               f"load average {' -> '.join(str(x) for x in load)}")
@@ -254,7 +264,8 @@ def _transport(args: argparse.Namespace) -> Any:
 
 
 def _run_rank(args: argparse.Namespace) -> int:
-    from ..calibrate import FULL, QUICK, calibration_cases, load_average, measure, transport_info
+    from ..calibrate import (FULL, QUICK, calibration_cases, host_cores, load_average, measure,
+                             small_limit, transport_info)
     if not args.result:
         raise TopoplanError("inside mpiexec, calibrate is started by topoplan calibrate itself")
     transport = _transport(args)
@@ -272,6 +283,7 @@ def _run_rank(args: argparse.Namespace) -> int:
     load.append(load_average())
     if transport.rank == 0:
         data = {"transport": transport_info(transport), "nranks": transport.size,
+                "cores": host_cores(transport), "small_max": small_limit(transport),
                 "load_average": load, "repeats": repeats,
                 "samples": [{"label": s.label, "measured_s": s.measured_s,
                              "repeats_s": list(s.repeats_s), "calls": s.calls}

@@ -18,7 +18,7 @@ from ..units import format_bandwidth, parse_bandwidth, parse_latency, parse_size
 from .common import add_profile_argument, console, table
 
 #: The parts of SimReport.breakdown, in the order the table and JSON show them.
-PARTS = ("bandwidth", "latency", "overhead", "reduce")
+PARTS = ("bandwidth", "latency", "overhead", "reduce", "contention")
 
 
 def _sizes(text: str) -> list[int]:
@@ -132,6 +132,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                      f"{r.lower_bound_s * 1e6:.2f}", f"{100 * r.efficiency:.1f}",
                      *(f"{r.breakdown.get(part, 0.0) * 1e6:.2f}" for part in PARTS))
     out.print(rows)
-    out.print("bandwidth: bytes moving (contention included); latency: alpha and path "
-              "latency; overhead: call, step and posting costs; reduce: adds")
+    out.print("bandwidth: bytes moving (link sharing included); latency: alpha and path "
+              "latency; overhead: call, step and posting costs; reduce: adds; contention: "
+              "ranks taking turns on a host with fewer cores than ranks")
     return 0

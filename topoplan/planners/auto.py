@@ -42,6 +42,7 @@ def compare(cluster: Cluster, size: int, candidates: Sequence[str] | None = None
             profile: CostProfile | str | None = None, max_step_ops: int | None = None,
             max_chunks: int | None = None, max_sim_ops: int = MAX_SIM_OPS,
             max_plan_ranks: int = MAX_PLAN_RANKS, left_out: dict[str, str] | None = None,
+            machine: Cluster | None = None,
             **options: Any) -> list[tuple[str, Schedule, Any, float]]:
     """Plan and simulate every candidate under ``profile``; fastest first.
 
@@ -67,6 +68,12 @@ def compare(cluster: Cluster, size: int, candidates: Sequence[str] | None = None
         ``candidates`` names others explicitly.
     left_out : dict, optional
         Filled with ``name -> reason`` for the candidates left out.
+    machine : Cluster, optional
+        Where the plan will run, when not on ``cluster`` itself: the candidates are
+        planned for ``cluster`` and simulated on ``machine`` (the host of a calibrated
+        profile, :meth:`~topoplan.cost.CostProfile.host_cluster`, when a plan for a
+        cluster is tried out on one machine, as ``topoplan bench`` does). It must have
+        as many ranks.
     **options
         Passed to the planners that take them.
 
@@ -92,6 +99,10 @@ def compare(cluster: Cluster, size: int, candidates: Sequence[str] | None = None
 
     costs = get_profile(profile)
     check_cap_args(max_step_ops, max_chunks, "auto")
+    where = cluster if machine is None else machine
+    if where.nranks != cluster.nranks:
+        raise InfeasiblePlanError(f"auto: the machine {where.name!r} has {where.nranks} ranks "
+                                  f"but cluster {cluster.name!r} has {cluster.nranks}")
     caps = {k: v for k, v in (("max_step_ops", max_step_ops), ("max_chunks", max_chunks))
             if v is not None}
     explicit = candidates is not None
@@ -121,7 +132,7 @@ def compare(cluster: Cluster, size: int, candidates: Sequence[str] | None = None
         plan_s = time.perf_counter() - t0
         report = None
         if schedule.nops <= max_sim_ops:
-            report = simulate(cluster, schedule, size, profile=costs)
+            report = simulate(where, schedule, size, profile=costs)
         rows.append((name, schedule, report, plan_s))
     if not rows:
         raise InfeasiblePlanError(f"auto on {cluster.name!r}: no candidate produced a plan "
@@ -156,7 +167,8 @@ def _check_plan(schedule: Schedule, max_step_ops: int | None, max_chunks: int | 
 
 def plan_auto(cluster: Cluster, *, size: int = 256 << 20, candidates: Sequence[str] | None = None,
               profile: CostProfile | str | None = None, max_step_ops: int | None = None,
-              max_chunks: int | None = None, **options: Any) -> Schedule:
+              max_chunks: int | None = None, machine: Cluster | None = None,
+              **options: Any) -> Schedule:
     """The fastest candidate's schedule in simulation at ``size`` under ``profile``.
 
     Parameters
@@ -171,6 +183,9 @@ def plan_auto(cluster: Cluster, *, size: int = 256 << 20, candidates: Sequence[s
         (default :data:`topoplan.cost.DEFAULT_PROFILE`).
     max_step_ops, max_chunks : int, optional
         Plan-size caps every candidate must meet (see :func:`compare`).
+    machine : Cluster, optional
+        Where the plan will run, if not on ``cluster`` (see :func:`compare`): the
+        candidates are ranked by their time there.
     **options
         Passed to :func:`compare` and the planners.
 
@@ -196,7 +211,7 @@ def plan_auto(cluster: Cluster, *, size: int = 256 << 20, candidates: Sequence[s
     costs = get_profile(profile)
     left_out: dict[str, str] = {}
     rows = compare(cluster, int(size), candidates, profile=costs, max_step_ops=max_step_ops,
-                   max_chunks=max_chunks, left_out=left_out, **options)
+                   max_chunks=max_chunks, left_out=left_out, machine=machine, **options)
     name, schedule, report, _ = rows[0]
     comparison = [{"algorithm": n, "time_s": r.time_s if r is not None else None,
                    "estimate_s": s.meta.get("estimate_s"), "simulated": r is not None,
@@ -208,6 +223,8 @@ def plan_auto(cluster: Cluster, *, size: int = 256 << 20, candidates: Sequence[s
     inner = {k: v for k, v in schedule.meta.items()
              if isinstance(v, (int, float, str, bool)) or v is None}
     extra: dict[str, Any] = {"left_out": left_out} if left_out else {}
+    if machine is not None:
+        extra["machine"] = machine.name
     return schedule.with_meta(algorithm="auto", chosen=name, cluster=cluster.name,
                               chosen_algorithm_meta=inner, comparison=comparison,
                               profile=costs.name, **extra,
