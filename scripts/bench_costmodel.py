@@ -8,7 +8,10 @@ topology under a calibrated profile (default ``mpi``, measured on this machine b
 on this machine, where they run: ``plan_auto(machine=profile.host_cluster())``); one ``mpiexec`` per topology replays all plans
 through ``topoplan.Allreduce`` over Open MPI, interleaved round by round with
 ``MPI_Allreduce`` (machine load hits all alike), after an exact check of every result.
-The prediction is ``topoplan.simulate`` of the same schedule on the machine that ran it
+Each topology is launched ``--repeat`` times (3), round robin, and the median reported
+with its spread (slowest / fastest pass): this machine's speed moves by tens of percent
+from minute to minute. The prediction is ``topoplan.simulate`` of the same schedule on the
+machine that ran it
 (``profile.host_cluster``: one box of the calibrated ranks, each moving
 ``host.bandwidth``) with the same profile. Columns: messages, steps, measured,
 predicted, measured/predicted, and measured over the fastest of ring, tree, rhd and
@@ -30,6 +33,7 @@ import argparse
 import json
 import os
 import sys
+import statistics
 import tempfile
 import time
 from typing import Any
@@ -77,7 +81,6 @@ def _measure(methods: dict, barrier: Any, agree_max: Any, seconds: float, rounds
     """The median over interleaved rounds of the slowest rank's mean time per call, per
     method. Each round runs every method for a block of calls (at least 2, the first
     untimed: it lines the ranks up after the barrier); the order rotates per round."""
-    import statistics
     import time as _t
     iters = {}
     for name, fn in methods.items():
@@ -190,33 +193,52 @@ def run_mpi(args: argparse.Namespace) -> list[dict]:
             with open(manifest, "w") as f:
                 json.dump({"sizes": sizes, "seconds": args.seconds, "rounds": args.rounds}, f)
             jobs.append((topo, n, manifest, meta))
-        for topo, n, manifest, meta in jobs:
-            print(f"# {topo}: {n} ranks, {len(args.planners)} plans x {len(args.sizes)} sizes "
-                  "under mpiexec ...", file=sys.stderr, flush=True)
-            proc = mpiexec(n, [sys.executable, os.path.abspath(__file__), "rank", manifest],
-                           timeout=3600, fault_tolerant=True)
-            found = [line for line in proc.stdout.splitlines()
-                     if line.startswith("BENCH-RECORDS ")]
-            if proc.returncode or not found:
-                print(f"# {topo}: the MPI run failed (exit {proc.returncode}); left out",
-                      file=sys.stderr)
-                print(proc.stdout[-4000:], proc.stderr[-4000:], file=sys.stderr)
+        # Every topology's launch ``repeat`` times, round robin: this machine's speed moves
+        # by tens of percent over minutes, and a launch sees one such moment.
+        measured: dict[str, list[dict]] = {}
+        for rep in range(args.repeat):
+            for topo, n, manifest, _ in jobs:
+                print(f"# {topo}: {n} ranks, {len(args.planners)} plans x {len(args.sizes)} "
+                      f"sizes under mpiexec (pass {rep + 1}/{args.repeat}) ...", file=sys.stderr,
+                      flush=True)
+                proc = mpiexec(n, [sys.executable, os.path.abspath(__file__), "rank", manifest],
+                               timeout=3600, fault_tolerant=True)
+                found = [line for line in proc.stdout.splitlines()
+                         if line.startswith("BENCH-RECORDS ")]
+                if proc.returncode or not found:
+                    print(f"# {topo}: the MPI run failed (exit {proc.returncode}); left out",
+                          file=sys.stderr)
+                    print(proc.stdout[-4000:], proc.stderr[-4000:], file=sys.stderr)
+                    continue
+                measured.setdefault(topo, []).append(
+                    {rec["size"]: rec for rec in json.loads(
+                        found[-1].removeprefix("BENCH-RECORDS "))})
+        for topo, n, _, meta in jobs:
+            passes = measured.get(topo, [])
+            if not passes:
                 continue
-            for rec in json.loads(found[-1].removeprefix("BENCH-RECORDS ")):
-                size = rec["size"]
-                best = min(rec["time_s"][b] for b in BASELINES if b in rec["time_s"])
+            for size in args.sizes:
+                recs = [p[size] for p in passes if size in p]
+                times = {name: [r["time_s"][name] for r in recs]
+                         for name in [*args.planners, "native"]}
+                median = {name: statistics.median(v) for name, v in times.items()}
+                spread = {name: max(v) / min(v) for name, v in times.items()}
+                wrong = {name: max(r["wrong"][name] for r in recs)
+                         for name in [*args.planners, "native"]}
+                best = min(median[b] for b in BASELINES if b in median)
                 for name in args.planners:
                     m = meta[(size, name)]
-                    measured = rec["time_s"][name]
                     records.append({"topology": topo, "nranks": n, "size": size,
-                                    "planner": name, **m, "measured_s": measured,
-                                    "ratio": measured / m["predicted_s"],
-                                    "vs_best_baseline": measured / best,
-                                    "wrong": rec["wrong"][name]})
+                                    "planner": name, **m, "measured_s": median[name],
+                                    "passes_s": times[name], "spread": spread[name],
+                                    "ratio": median[name] / m["predicted_s"],
+                                    "vs_best_baseline": median[name] / best,
+                                    "wrong": wrong[name]})
                 records.append({"topology": topo, "nranks": n, "size": size,
-                                "planner": "MPI_Allreduce", "measured_s": rec["time_s"]["native"],
-                                "vs_best_baseline": rec["time_s"]["native"] / best,
-                                "wrong": rec["wrong"]["native"]})
+                                "planner": "MPI_Allreduce", "measured_s": median["native"],
+                                "passes_s": times["native"], "spread": spread["native"],
+                                "vs_best_baseline": median["native"] / best,
+                                "wrong": wrong["native"]})
     return records
 
 
@@ -227,7 +249,7 @@ def report_mpi(records: list[dict], profile: Any) -> str:
     for topo in dict.fromkeys(r["topology"] for r in records):
         lines.append(f"\n## {topo}")
         lines.append(f"{'size':>7} {'planner':<14} {'msgs':>6} {'steps':>5} {'measured':>10} "
-                     f"{'predicted':>10} {'meas/pred':>9} {'/best base':>10}  ok")
+                     f"{'predicted':>10} {'meas/pred':>9} {'/best base':>10} {'spread':>6}  ok")
         for r in (x for x in records if x["topology"] == topo):
             name = r["planner"]
             if name == "auto":
@@ -237,7 +259,8 @@ def report_mpi(records: list[dict], profile: Any) -> str:
                 f"{format_size(r['size']):>7} {name:<14} {r.get('messages', ''):>6} "
                 f"{r.get('steps', ''):>5} {r['measured_s'] * 1e3:>8.2f}ms "
                 + (f"{pred * 1e3:>8.2f}ms {r['ratio']:>9.2f}" if pred else f"{'':>10} {'':>9}")
-                + f" {r['vs_best_baseline']:>9.2f}x  {'yes' if r['wrong'] == 0 else 'NO'}")
+                + f" {r['vs_best_baseline']:>9.2f}x {r.get('spread', 1.0):>6.2f}"
+                f"  {'yes' if r['wrong'] == 0 else 'NO'}")
     ratios = [r["ratio"] for r in records if "ratio" in r and r["size"] >= 1 << 20]
     autos = [r["vs_best_baseline"] for r in records if r["planner"] == "auto"]
     if ratios:
@@ -347,6 +370,9 @@ def main() -> int:
     m.add_argument("--seconds", type=float, default=2.0,
                    help="time per method and size, split over the rounds")
     m.add_argument("--rounds", type=int, default=7)
+    m.add_argument("--repeat", type=int, default=3,
+                   help="launches per topology, round robin; the median is reported and "
+                        "'spread' is the slowest over the fastest of them (default 3)")
     m.add_argument("--json", metavar="FILE")
     s = sub.add_parser("sim", help="simulated: auto vs baselines, mcf quality, plan sizes")
     s.add_argument("--profile", default="nccl")
