@@ -57,28 +57,132 @@ links:
 def test_layout_two_switch_shapes_each_link_at_scaled_rate():
     cluster = loads_cluster(TWO_SWITCH)
     layout = plan_layout(cluster, 0.5, prefix="tp-test-")
-    assert layout.namespaces == ("tp-test-core", *(f"tp-test-r{r}" for r in range(4)))
+    # A namespace per switch (routers), then one per rank; each one-GPU box's NIC is
+    # folded into its rank's link to the switch (one shaper, not two in series).
+    assert layout.namespaces == ("tp-test-n0", "tp-test-n1", *(f"tp-test-r{r}" for r in range(4)))
+    assert [node for _, node in layout.routers] == ["sw0", "sw1"]
     assert len(set(layout.addresses)) == 4 and all(a.startswith("10.200.") for a in layout.addresses)
     rates = sorted(v.rate * 8 for v in layout.veths)
     assert rates == pytest.approx([62.5e6, 250e6, 250e6, 250e6, 250e6])
-    link = next(v for v in layout.veths if v.what.startswith("link"))
+    link = next(v for v in layout.veths if "sw0" in v.what and "sw1" in v.what)
     assert link.latency == pytest.approx(100e-6)  # above the netem threshold: emulated
     assert all(v.latency == 0 for v in layout.veths if v is not link)  # default 0 latency
+    assert layout.route(0, 2).rate * 8 == pytest.approx(62.5e6)
+    assert layout.route(0, 1).rate * 8 == pytest.approx(250e6)
+    assert layout.sprays == ()  # one path per pair
 
 
-def test_layout_multi_gpu_box_gets_a_fabric_bridge():
+def test_layout_multi_gpu_box_routes_through_fabric_and_nic_namespaces():
     cluster = loads_cluster(TWO_BY_TWO)
     layout = plan_layout(cluster, 1 / 40, prefix="tp-t-")
-    assert [b for b, _ in layout.bridges] == ["s0", "bx0", "bx1"]
-    nics = [v for v in layout.veths if "NIC" in v.what]
-    assert [v.rate * 8 for v in nics] == pytest.approx([2.5e9, 2.5e9])
-    gpus = [v for v in layout.veths if "fabric" in v.what]
-    assert len(gpus) == 4 and all(v.rate == pytest.approx(0.5e9) for v in gpus)
+    # Each box's NIC serves both GPUs: a router. A two-GPU fabric and a switch with two
+    # NICs on it have two neighbours and one rate: each is folded into one veth pair.
+    assert sorted(node for _, node in layout.routers) == ["n0/nic0", "n1/nic0"]
+    fabric = [v for v in layout.veths if "gpu1" in v.what and "gpu0" in v.what]
+    assert len(fabric) == 2 and all(v.rate == pytest.approx(0.5e9) for v in fabric)
+    assert all(len(v.edges) == 4 for v in fabric)  # gpu0>fabric, fabric>gpu1, and back
+    nics = [v for v in layout.veths if "nic" in v.what]
+    assert len(nics) == 5 and all(v.rate * 8 == pytest.approx(2.5e9) for v in nics)
+    edges = [e for v in layout.veths for e in v.edges]
+    assert sorted(edges) == sorted(f"{u}>{v}" for u, v in cluster.graph.edges)
+    assert [len(p) for p in layout.route(0, 1).paths] == [1]
+    assert [len(p) for p in layout.route(0, 3).paths] == [3]  # GPU, NIC, NIC
+    assert layout.route(0, 3).rate * 8 == pytest.approx(2.5e9)
 
 
-def test_layout_refuses_loops_and_says_which_links():
-    with pytest.raises(ClusterSpecError, match="loop.*link leaf"):
-        plan_layout(loads_cluster(LEAF_SPINE), 0.1)
+def _follow(layout, src: int, dst: int, tos: int) -> list[tuple[str, str]]:
+    """Where the layout's own ``ip`` lines send a packet: (namespace, interface) hops.
+
+    A small model of Linux policy routing: rules by preference (``from`` and ``tos``
+    selectors, falling through a table without a route), then the main table.
+    """
+    lines = dict(layout.routing)
+    peer = {(v.ns_a, v.name_a): v.ns_b for v in layout.veths}
+    peer |= {(v.ns_b, v.name_b): v.ns_a for v in layout.veths}
+    saddr, daddr = layout.addresses[src], layout.addresses[dst] + "/32"
+    ns, hops = layout.rank_ns[src], []
+    while ns != layout.rank_ns[dst]:
+        tables: dict[str, dict[str, str]] = {}
+        rules = []
+        for line in lines[ns]:
+            words = line.split()
+            if words[0] == "route":
+                table = words[words.index("table") + 1] if "table" in words else "main"
+                tables.setdefault(table, {})[words[2]] = words[words.index("dev") + 1]
+            elif words[0] == "rule":
+                pref = int(words[words.index("pref") + 1])
+                rtos = int(words[words.index("tos") + 1], 16) if "tos" in words else None
+                rules.append((pref, words[words.index("from") + 1], rtos,
+                              words[words.index("table") + 1]))
+        dev = None
+        for _, frm, rtos, table in sorted(rules):
+            if frm == saddr + "/32" and (rtos is None or rtos == tos):
+                dev = tables.get(table, {}).get(daddr)
+                if dev:
+                    break
+        dev = dev or tables["main"][daddr]
+        hops.append((ns, dev))
+        ns = peer[(ns, dev)]
+        assert len(hops) < 20, hops
+    return hops
+
+
+def test_cube_mesh_every_pair_takes_the_simulators_paths():
+    """dgx1_v100: direct NVLinks between GPU namespaces, relays for the pairs without one,
+    each equal-cost path marked in the DSCP bits at the source, rates as in the graph."""
+    from topoplan.cluster import load_cluster
+    from topoplan.testbed.layout import path_tos
+    cluster = load_cluster(Path(__file__).resolve().parents[1] / "topologies/dgx1_v100.yaml")
+    layout = plan_layout(cluster, 1e-3, prefix="tp-t-", multipath="spray")
+    assert layout.routers == ()  # no fabric: the GPUs' own namespaces forward
+    assert len(layout.veths) == len(cluster.graph.edges) // 2
+    node_ns = {cluster.gpu_node(r): layout.rank_ns[r] for r in range(cluster.nranks)}
+    sprays = dict(layout.sprays)
+    relayed = 0
+    for s in range(cluster.nranks):
+        for d in range(cluster.nranks):
+            if s == d:
+                continue
+            routes = cluster.routes(s, d)
+            pair = layout.route(s, d)
+            assert len(pair.paths) == len(routes)
+            for i, route in enumerate(routes):
+                hops = _follow(layout, s, d, path_tos(i))
+                assert hops == list(pair.paths[i])
+                assert [ns for ns, _ in hops] == [node_ns[node] for node in route[:-1]]
+            rule = f"ip daddr {layout.addresses[d]} numgen inc mod {len(routes)} vmap"
+            assert (rule in sprays.get(layout.rank_ns[s], "")) == (len(routes) > 1)
+            relayed += len(routes[0]) > 2
+            # The pair's rate alone: its bytes split evenly, the slowest share sets it.
+            edges = cluster.route_edges(s, d)
+            load: dict = {}
+            for path in edges:
+                for e in path:
+                    load[e] = load.get(e, 0) + 1 / len(edges)
+            model = 1e-3 / max(w / cluster.graph.edges[e]["bandwidth"] for e, w in load.items())
+            assert pair.rate == pytest.approx(model)
+    assert relayed == 24  # the pairs without an NVLink of their own
+    # Pinned (the default): the first path only, and the cluster to simulate agrees.
+    from topoplan.testbed.layout import emulated_cluster
+    pinned = plan_layout(cluster, 1e-3, prefix="tp-t-")
+    assert pinned.sprays == () and "routed over the first" in " ".join(pinned.notes)
+    emulated = emulated_cluster(cluster, pinned)
+    for s in range(cluster.nranks):
+        for d in range(cluster.nranks):
+            if s != d:
+                assert emulated.routes(s, d) == cluster.routes(s, d)[:1]
+                assert _follow(pinned, s, d, 0) == list(pinned.route(s, d).paths[0])
+                assert pinned.route(s, d).paths == layout.route(s, d).paths[:1]
+
+
+def test_leaf_spine_is_routed_over_both_spines():
+    layout = plan_layout(loads_cluster(LEAF_SPINE), 0.1, prefix="tp-t-", multipath="spray")
+    # Each spine links just the two leaves: folded into a veth pair leaf0 - leaf1 each.
+    assert [node for _, node in layout.routers] == ["leaf0", "leaf1"]
+    paths = layout.route(0, 1).paths
+    assert len(paths) == 2 and {p[1][0] for p in paths} == {"tp-t-n0"}
+    assert len({p[1][1] for p in paths}) == 2  # leaf0 sends each path out another port
+    assert "numgen inc mod 2" in dict(layout.sprays)["tp-t-r0"]
 
 
 def test_scaled_cluster_scales_bandwidth_keeps_latency():
@@ -352,7 +456,7 @@ def test_up_removes_what_it_built_when_it_fails(state_dir, monkeypatch, failure)
 
     def flaky(veth, *args):
         calls.append(veth)
-        if len(calls) == 3:  # namespaces, bridges and two veth pairs exist by now
+        if len(calls) == 3:  # namespaces and two veth pairs exist by now
             raise failure
         real(veth, *args)
 
@@ -386,3 +490,61 @@ def test_cli_up_then_down(state_dir, tmp_path):
     assert down.returncode == 0, down.stderr
     assert not any(Path("/run/netns", ns).exists() for ns in layout.namespaces)
     assert not states[0].exists()
+
+
+DIRECT_RING = """
+name: nvlink-ring
+boxes:
+  - name: box
+    gpus: 4
+    gpu_links:
+      - {a: 0, b: 1, bandwidth: 400 Mbit/s}
+      - {a: 1, b: 2, bandwidth: 400 Mbit/s}
+      - {a: 2, b: 3, bandwidth: 200 Mbit/s}
+      - {a: 3, b: 0, bandwidth: 400 Mbit/s}
+"""
+
+
+@needs_netns
+@pytest.mark.slow
+def test_direct_link_mesh_probe_matches_the_model(state_dir):
+    """Four GPUs on a ring of direct links: opposite GPUs relay through a neighbour (the
+    GPU namespaces forward), every pair's bytes leave by the model's interfaces at the
+    model's rate, alone and with every rank sending at once."""
+    from topoplan.testbed.probe import check_pairs
+    cluster = loads_cluster(DIRECT_RING)
+    host_before = _host_links()
+    bed = Testbed.up(cluster, scale=1.0)
+    inodes = _namespace_inodes(bed.layout)
+    try:
+        assert len(bed.layout.route(0, 2).paths[0]) == 2  # relayed by rank 1 or 3
+        report = check_pairs(bed, seconds=0.3, shifts=[1, 2, 3])
+        assert len(report.checks) == 12 + 12
+        assert report.ok, [(c.src, c.dst, c.pattern, c.ratio, c.hops) for c in report.failures]
+        relayed = next(c for c in report.checks if (c.src, c.dst) == (0, 2) and not c.pattern)
+        assert [round(h[2], 2) for h in relayed.hops] == [1.0, 1.0]  # two hops, all bytes
+        # The slow link 2-3 is the model's rate for 2 -> 3 alone.
+        slow = next(c for c in report.checks if (c.src, c.dst) == (2, 3) and not c.pattern)
+        assert slow.model_rate * 8 == pytest.approx(200e6)
+    finally:
+        bed.down()
+    assert _leftovers(bed.layout, inodes) == []
+    assert _host_links() == host_before
+    assert list(state_dir.iterdir()) == []
+
+
+@needs_netns
+@pytest.mark.slow
+def test_bench_refuses_a_network_off_the_model(state_dir):
+    """A link slowed behind the model's back: the quick probe that bench runs first
+    names the pairs and no numbers are reported."""
+    from topoplan.testbed.bench import bench, check_network
+    cluster = loads_cluster(TWO_SWITCH)
+    with Testbed.up(cluster, scale=1.0) as bed:
+        assert check_network(bed).ok
+        link = next(v for v in bed.layout.veths if "sw0" in v.what and "sw1" in v.what)
+        subprocess.run(["tc", "-n", link.ns_a, "class", "change", "dev", link.name_a, "parent",
+                        "1:", "classid", "1:1", "htb", "rate", "60mbit", "ceil", "60mbit"],
+                       check=True)
+        with pytest.raises(TestbedError, match=r"does not behave as the model.*0 -> 2"):
+            bench(bed, cluster, ["ring"], [1 << 20], calibrate=False)

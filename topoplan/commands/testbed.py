@@ -1,11 +1,13 @@
 """``topoplan testbed up|down|probe|bench``: an emulated cluster on this machine.
 
-``up`` builds network namespaces, bridges and tc-shaped veth pairs for a cluster
+``up`` builds network namespaces, tc-shaped veth pairs and static routes for a cluster
 (bandwidths times ``--scale``) and leaves them up, recorded in a state file; ``down``
-removes them; ``probe`` measures shaped links with raw TCP (``--concurrent``: several
-flows at once); ``bench`` builds a testbed, runs planned schedules and the transport's
-own allreduce in it (gloo or Open MPI), compares with the simulator (raw and calibrated
-on the testbed) and tears it down. Needs root (CAP_NET_ADMIN) and iproute2.
+removes them; ``probe`` measures paths with raw TCP (``--concurrent``: several flows at
+once; ``--all-pairs``: every pair's path and rate, alone and under load, against the
+model); ``bench`` builds a testbed, checks it, runs planned schedules and the
+transport's own allreduce in it (gloo or Open MPI), compares with the simulator (raw and
+calibrated on the testbed) and tears it down. Needs root (CAP_NET_ADMIN) and iproute2
+(and nftables for clusters with equal-cost paths).
 """
 
 from __future__ import annotations
@@ -13,11 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from ..cluster import load_cluster
 from ..errors import TopoplanError
 from ..units import format_size, parse_size
 from .common import console, table
+
+
+TOLERANCE_PCT = 10
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,6 +37,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "switch link becomes 2.5 Gbit/s)")
         p.add_argument("--max-ranks", type=int, default=None,
                        help="allow more ranks than this machine's estimate")
+        p.add_argument("--multipath", choices=["pin", "spray"], default="pin",
+                       help="pairs with several equal-cost paths: route each over its first "
+                            "path, and simulate the same (pin, default), or spread its packets "
+                            "over all of them as the simulator splits bytes (spray: TCP then "
+                            "reorders, measured 0.6-0.9 of the share under load)")
 
     up = sub.add_parser("up", help="build the emulated network and leave it up")
     common(up)
@@ -42,12 +53,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     down.add_argument("--all", action="store_true", help="every testbed in the state directory")
     down.set_defaults(func=cmd_down)
 
-    probe = sub.add_parser("probe", help="measure rank-to-rank TCP throughput in a testbed")
+    probe = sub.add_parser("probe", help="measure rank-to-rank TCP throughput in a testbed "
+                                         "against the model")
     probe.add_argument("state", type=Path, help="state file printed by `up`")
     probe.add_argument("--pairs", default="0-1", help="SRC-DST[,SRC-DST...] (default 0-1)")
     probe.add_argument("--size", default="4MiB", help="bytes per transfer (default 4MiB)")
     probe.add_argument("--concurrent", action="store_true",
                        help="run the pairs at once and report each one's share")
+    probe.add_argument("--all-pairs", action="store_true",
+                       help="check every ordered pair alone (the interfaces its bytes left by, "
+                            "read from the kernel's counters, and its rate) and every shift "
+                            "pattern at once (rates), against the model; exit 1 on a "
+                            f"deviation above {int(TOLERANCE_PCT)}%%")
+    probe.add_argument("--seconds", type=float, default=0.4,
+                       help="with --all-pairs: each transfer's length at the model's rate")
+    probe.add_argument("--json", action="store_true", help="with --all-pairs: JSON report")
     probe.set_defaults(func=cmd_probe)
 
     bench = sub.add_parser("bench", help="run planned schedules and native gloo in a testbed")
@@ -67,6 +87,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                        help="skip calibrating the simulator's per-message alpha and reduce "
                             "bandwidth on the testbed (no calibrated prediction column)")
+    bench.add_argument("--no-probe", dest="probe", action="store_false",
+                       help="skip the network check run first (every pair's path and rate "
+                            f"against the model; numbers are refused beyond {TOLERANCE_PCT}%%)")
     bench.add_argument("--json", action="store_true", help="print JSON records")
     bench.set_defaults(func=cmd_bench)
 
@@ -80,11 +103,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     from ..testbed import Testbed, capable
     cluster = load_cluster(args.cluster)
     _require_capable(capable)
-    bed = Testbed.up(cluster, _scale(args.scale), state=args.state, max_ranks=args.max_ranks)
+    bed = Testbed.up(cluster, _scale(args.scale), state=args.state, max_ranks=args.max_ranks,
+                     multipath=args.multipath)
     out = console()
     layout = bed.layout
     out.print(f"testbed {layout.prefix}: {cluster.name}, {layout.nranks} ranks, scale "
-              f"{layout.scale:.6g}, {len(layout.bridges)} bridges, {len(layout.veths)} veth pairs")
+              f"{layout.scale:.6g}, {len(layout.routers)} router namespaces, "
+              f"{len(layout.veths)} veth pairs")
     t = table("veth pair", "rate", "latency", title="shaped links (each direction)")
     for v in layout.veths:
         t.add_row(v.what, "unshaped" if v.rate is None else f"{v.rate * 8 / 1e6:,.0f} Mbit/s",
@@ -114,8 +139,10 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 def cmd_probe(args: argparse.Namespace) -> int:
     from ..testbed import Testbed
-    from ..testbed.probe import measure, measure_concurrent
+    from ..testbed.probe import measure, measure_concurrent, predicted_rates
     bed = Testbed.attach(args.state)
+    if args.all_pairs:
+        return _probe_all(bed, args)
     nbytes = parse_size(args.size)
     pairs = []
     for pair in args.pairs.split(","):
@@ -126,32 +153,73 @@ def cmd_probe(args: argparse.Namespace) -> int:
         for r in (src, dst):
             if not 0 <= r < bed.layout.nranks:
                 raise TopoplanError(f"--pairs {pair}: rank {r} out of range(0, {bed.layout.nranks})")
+        if src == dst:
+            raise TopoplanError(f"--pairs {pair}: a rank does not send to itself")
         pairs.append((src, dst))
     if args.concurrent:
         rates = measure_concurrent(bed, pairs, nbytes)
+        models = predicted_rates(bed.layout, pairs)
     else:
         rates = [measure(bed, src, dst, nbytes) for src, dst in pairs]
-    t = table("pair", "shaped path", "measured", "ratio",
+        models = [bed.layout.route(src, dst).rate for src, dst in pairs]
+    t = table("pair", "model", "measured", "ratio",
               title=f"TCP {format_size(nbytes)}{', all pairs at once' if args.concurrent else ''}")
-    for (src, dst), rate in zip(pairs, rates):
-        shaped = path_rate(bed.layout, src, dst)
-        t.add_row(f"{src} -> {dst}", "-" if shaped is None else f"{shaped * 8 / 1e6:,.0f} Mbit/s",
-                  f"{rate * 8 / 1e6:,.0f} Mbit/s", "-" if shaped is None else f"{rate / shaped:.2f}")
+    for (src, dst), rate, model in zip(pairs, rates, models):
+        t.add_row(f"{src} -> {dst}", "unshaped" if model is None else f"{model * 8 / 1e6:,.0f} Mbit/s",
+                  f"{rate * 8 / 1e6:,.0f} Mbit/s", "-" if model is None else f"{rate / model:.2f}")
     console().print(t)
     return 0
 
 
-def path_rate(layout, src: int, dst: int) -> float | None:  # type: ignore[no-untyped-def]
-    """The slowest shaped link between two ranks' namespaces (``None``: all unshaped)."""
-    import networkx as nx
-    graph = nx.Graph()
-    for v in layout.veths:
-        a = v.master_a or f"ns:{v.ns_a}"
-        b = v.master_b or f"ns:{v.ns_b}"
-        graph.add_edge(a, b, rate=v.rate)
-    path = nx.shortest_path(graph, f"ns:{layout.rank_ns[src]}", f"ns:{layout.rank_ns[dst]}")
-    rates = [graph[u][v]["rate"] for u, v in zip(path, path[1:]) if graph[u][v]["rate"]]
-    return min(rates) if rates else None
+def _probe_all(bed, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    import sys
+
+    from ..testbed.probe import check_pairs
+    report = check_pairs(bed, seconds=args.seconds,
+                         progress=None if args.json else
+                         (lambda line: print(line, file=sys.stderr, flush=True)))
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=1))
+        return 0 if report.ok else 1
+    out = console()
+    alone = [c for c in report.checks if c.pattern is None]
+    loaded = [c for c in report.checks if c.pattern is not None]
+    t = table("pair", "hops", "model", "measured", "ratio", "path", title=(
+        f"{bed.layout.cluster}: every pair alone, {len(alone)} pairs"))
+    for c in alone:
+        hops = max(len(p) for p in bed.layout.route(c.src, c.dst).paths)
+        npaths = len(bed.layout.route(c.src, c.dst).paths)
+        t.add_row(f"{c.src} -> {c.dst}", f"{hops}" + (f" x{npaths} paths" if npaths > 1 else ""),
+                  _mbit(c.model_rate), _mbit(c.measured_rate),
+                  "-" if c.ratio is None else f"{c.ratio:.2f}",
+                  "ok" if c.path_ok else "DIFFERS: " + ", ".join(
+                      f"{ns.removeprefix(bed.layout.prefix)}/{dev} {want:.2f}->{got:.2f}"
+                      for ns, dev, want, got in c.hops if abs(got - want) > 0.01))
+    out.print(t)
+    if loaded:
+        worst: dict[str | None, Any] = {}
+        for c in loaded:
+            if c.ratio is not None and (c.pattern not in worst or
+                                        abs(c.ratio - 1) > abs((worst[c.pattern].ratio or 1) - 1)):
+                worst[c.pattern] = c
+        t = table("pattern", "pairs", "worst pair", "model", "measured", "ratio",
+                  title="every rank sends at once (rank r -> r + k)")
+        for pattern in dict.fromkeys(c.pattern for c in loaded):
+            group = [c for c in loaded if c.pattern == pattern]
+            w = worst.get(pattern)
+            t.add_row(str(pattern), str(len(group)), "-" if w is None else f"{w.src} -> {w.dst}",
+                      _mbit(w.model_rate if w else None), _mbit(w.measured_rate if w else None),
+                      "-" if w is None or w.ratio is None else f"{w.ratio:.2f}")
+        out.print(t)
+    bad = report.failures
+    out.print(f"{len(report.checks)} checks in {report.seconds:.0f} s; worst deviation "
+              f"{report.worst:.1%}; " + ("all within the model's tolerance" if not bad else
+                                        f"{len(bad)} outside {TOLERANCE_PCT}% (or off path)"))
+    return 0 if not bad else 1
+
+
+def _mbit(rate: float | None) -> str:
+    return "unshaped" if rate is None else f"{rate * 8 / 1e6:,.0f} Mbit/s"
 
 
 def _require_capable(capable) -> None:  # type: ignore[no-untyped-def]
@@ -187,13 +255,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         owned = False
     else:
         _require_capable(capable)
-        bed = Testbed.up(cluster, _scale(args.scale), max_ranks=args.max_ranks)
+        bed = Testbed.up(cluster, _scale(args.scale), max_ranks=args.max_ranks,
+                         multipath=args.multipath)
         owned = True
     try:
         with interrupts_raise():  # SIGTERM too: the finally below removes the testbed
             report = bench(bed, cluster, algorithms, sizes, iters=args.iters,
                            warmup=args.warmup, timeout=args.timeout,
-                           calibrate=args.calibrate, transport=args.transport)
+                           calibrate=args.calibrate, transport=args.transport,
+                           probe=args.probe)
     finally:
         if owned:
             bed.down()
@@ -220,6 +290,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                   str(r.wrong))
     out = console()
     out.print(t)
+    if report.probe is not None:
+        out.print(f"network check: {len(report.probe.checks)} probes (every pair alone, every "
+                  f"rank at once), worst deviation from the model {report.probe.worst:.1%}")
     if cal is not None:
         lat = "" if cal.latency_alpha_s is None else \
             f" (latency-bound small messages: {cal.latency_alpha_s * 1e3:.2f} ms)"

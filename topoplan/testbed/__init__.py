@@ -1,11 +1,14 @@
-"""An emulated cluster on one machine: network namespaces, bridges, veth pairs and tc.
+"""An emulated cluster on one machine: network namespaces, veth pairs, tc and routes.
 
 >>> from topoplan.testbed import Testbed                         # doctest: +SKIP
 >>> with Testbed.up(cluster, scale=1 / 320) as bed:              # doctest: +SKIP
 ...     print(bed.layout.addresses)
 
-``up`` builds the network of :func:`~topoplan.testbed.layout.plan_layout` (each link an
-HTB tree: the link rate, shared max-min fairly between rank pairs);
+``up`` builds the network of :func:`~topoplan.testbed.layout.plan_layout` (each link of
+the cluster graph a veth pair with an HTB tree: the link rate, shared max-min fairly
+between rank pairs; static routes along the simulator's paths);
+:func:`~topoplan.testbed.probe.check_pairs` checks every pair's path and rate against
+the model;
 :mod:`topoplan.testbed.bench` runs one process per rank inside it (gloo, or Open MPI
 through the launcher agent of :mod:`topoplan.testbed.mpi`) and predicts each run with
 the simulator, raw and calibrated on the testbed (:mod:`topoplan.testbed.calibrate`).
@@ -21,12 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from ..cluster import Cluster
-from .layout import Layout, auto_scale, parse_scale, plan_layout, scale_cluster
+from .layout import (Layout, auto_scale, emulated_cluster, parse_scale, plan_layout,
+                     scale_cluster)
 from .netns import (TestbedError, capable, create, destroy, load_state, namespace_exists,
                     netem_available)
 
 __all__ = ["Testbed", "TestbedError", "capable", "max_ranks", "check_fits", "Layout",
-           "plan_layout", "scale_cluster", "auto_scale", "parse_scale", "load_state", "destroy"]
+           "plan_layout", "scale_cluster", "emulated_cluster", "auto_scale", "parse_scale", "load_state", "destroy"]
 
 #: Memory one rank process needs (Python + torch + gloo buffers), for ``max_ranks``.
 RANK_MEMORY = 600 << 20
@@ -71,7 +75,8 @@ class Testbed:
 
     @classmethod
     def up(cls, cluster: Cluster, scale: float | None = None, *, prefix: str | None = None,
-           state: Path | None = None, max_ranks: int | None = None) -> Testbed:
+           state: Path | None = None, max_ranks: int | None = None,
+           multipath: str = "pin") -> Testbed:
         """Build the emulated network of ``cluster``.
 
         Parameters
@@ -84,6 +89,9 @@ class Testbed:
             Namespace name prefix and state file; unique defaults.
         max_ranks : int, optional
             Override the rank limit of :func:`max_ranks`.
+        multipath : {"pin", "spray"}
+            Pairs with several equal-cost paths: routed over the first (default), or
+            their packets spread over all (:func:`~topoplan.testbed.layout.plan_layout`).
 
         Raises
         ------
@@ -91,11 +99,12 @@ class Testbed:
             Too many ranks, no permission, or a failed ``ip``/``tc`` command. Whatever
             was built is removed first, also on KeyboardInterrupt and SIGTERM.
         ClusterSpecError
-            The network cannot be emulated with bridges (a loop).
+            A pair of ranks without a route, or with more equal-cost paths than the
+            testbed tells apart.
         """
         check_fits(cluster, max_ranks)
         scale = auto_scale(cluster) if scale is None else scale
-        layout = plan_layout(cluster, scale, prefix)
+        layout = plan_layout(cluster, scale, prefix, multipath=multipath)
         if any(v.latency for v in layout.veths) and not netem_available():
             layout = dataclasses.replace(layout, notes=(*layout.notes, (
                 "this kernel has no netem (CONFIG_NET_SCH_NETEM): link latencies are not "

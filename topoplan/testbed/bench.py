@@ -82,10 +82,12 @@ class BenchReport:
     calibration: Calibration | None
     transport: str
     load: tuple[float, float]  # 1-minute load average before and after
+    probe: Any = None  # the ProbeReport of the network check run first, if any
 
     def to_dict(self) -> dict[str, Any]:
         return {"transport": self.transport, "load": list(self.load),
                 "calibration": None if self.calibration is None else self.calibration.to_dict(),
+                "probe": None if self.probe is None else self.probe.to_dict(),
                 "rows": [r.to_dict() for r in self.rows]}
 
 
@@ -256,21 +258,33 @@ def plan_algorithm(cluster: Cluster, spec: str, size: int) -> Schedule:
 
 def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence[int], *,
           iters: int = 3, warmup: int = 1, timeout: float = 600.0,
-          calibrate: bool = True, transport: str = "gloo") -> BenchReport:
+          calibrate: bool = True, transport: str = "gloo", probe: bool = True,
+          progress: Any = None) -> BenchReport:
     """Plan, verify, simulate and run each algorithm at each size.
 
     ``native`` is the transport's own allreduce (gloo's, or ``MPI_Allreduce``).
 
     ``cluster`` is the real cluster; plans and predictions use it scaled by the
-    testbed's scale, which is what the namespaces emulate. With ``calibrate``, the
+    testbed's scale (and with its pairs pinned to one path each, unless the testbed
+    sprays them), which is what the namespaces emulate. With ``calibrate``, the
     same launch first runs :func:`~topoplan.testbed.calibrate.calibration_cases` and
-    every row also gets the prediction with the fitted software costs.
+    every row also gets the prediction with the fitted software costs. With ``probe``,
+    a quick :func:`~topoplan.testbed.probe.check_pairs` (every pair alone, one shift
+    pattern) runs before anything else, and a network off the model by more than
+    :data:`~topoplan.testbed.probe.TOLERANCE` raises :class:`TestbedError` instead of
+    reporting numbers measured on it.
+
+    Raises
+    ------
+    TestbedError
+        The probe found a pair whose path or rate is not the model's.
     """
     from ..verify import verify
     from .calibrate import calibration_cases, fit, predict
-    from .layout import scale_cluster
-    scaled = scale_cluster(cluster, bed.layout.scale)
+    from .layout import emulated_cluster
+    scaled = emulated_cluster(cluster, bed.layout)
     load_before = _load()
+    report = check_network(bed, progress=progress) if probe else None
     cases: list[Case] = []
     schedules: dict[tuple[str, int], Schedule] = {}
     cal_cases = calibration_cases(scaled) if calibrate else []
@@ -321,7 +335,34 @@ def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence
         rows.append(BenchRow(label, size, measured, pred, measured / pred if pred else None,
                              nat, nat / measured if nat else None, r["wrong"],
                              tuple(r["times_s"]), cal, measured / cal if cal else None, steps))
-    return BenchReport(rows, calibration, transport, (load_before, _load()))
+    return BenchReport(rows, calibration, transport, (load_before, _load()), report)
+
+
+#: The quick network check of :func:`bench`: seconds per transfer at the model's rate,
+#: and the concurrent pattern (every rank r sends to r + 1).
+QUICK_SECONDS = 0.15
+QUICK_SHIFTS = (1,)
+
+
+def check_network(bed: Any, progress: Any = None) -> Any:
+    """The quick probe :func:`bench` runs first; raises TestbedError on a deviation."""
+    from .netns import TestbedError
+    from .probe import TOLERANCE, check_pairs
+    report = check_pairs(bed, seconds=QUICK_SECONDS, shifts=QUICK_SHIFTS, progress=progress)
+    bad = report.failures
+    if bad:
+        worst = sorted(bad, key=lambda c: -abs((c.ratio or 1) - 1))[:5]
+        lines = "; ".join(
+            f"{c.src} -> {c.dst}{' (' + c.pattern + ')' if c.pattern else ''}: "
+            + ("path differs" if not c.path_ok else
+               f"{c.measured_rate * 8 / 1e6:,.0f} Mbit/s for {(c.model_rate or 0) * 8 / 1e6:,.0f}")
+            for c in worst)
+        raise TestbedError(
+            f"the testbed does not behave as the model ({len(bad)} of {len(report.checks)} "
+            f"checks off by more than {TOLERANCE:.0%}: {lines}); no numbers reported. "
+            "`topoplan testbed probe STATE --all-pairs` shows every pair; a busy machine "
+            "is the usual cause (--no-probe to run anyway)")
+    return report
 
 
 def _load() -> float:

@@ -24,7 +24,8 @@ from ..errors import TopoplanError
 from .layout import Layout, Veth
 
 __all__ = ["TestbedError", "capable", "create", "destroy", "state_dir", "load_state",
-           "namespace_exists", "namespace_pids", "run", "interrupts_raise", "shaping_commands"]
+           "namespace_exists", "namespace_pids", "run", "interrupts_raise", "shaping_commands",
+           "crossing_pairs"]
 
 
 class TestbedError(TopoplanError):
@@ -123,9 +124,11 @@ def _burst(rate: float) -> int:
 
 
 #: Per-flow queue depth in seconds at the link rate. Each (source, destination) pair
-#: has its own queue, so a deep one only delays that pair's own packets; 20 ms keeps
-#: tail drops rare without letting a pair's backlog grow without bound.
-QUEUE_SECONDS = 0.02
+#: has its own queue, so a deep one only delays that pair's own packets, and a TCP
+#: flow's window (tcp_wmem, 4 MiB) bounds what it holds. At 20 ms, drops cut the windows
+#: of flows sharing a link and HTB's fair split showed as 0.84/1.15 of the model's share
+#: (dgx1_v100, shift patterns); at 0.5 s no drops, and 0.93-1.07.
+QUEUE_SECONDS = 0.5
 #: TCP packets shorter than this (IP bytes, a power of two) go to one class served
 #: first: 20 B IP + 32 B TCP with timestamps, no payload, is a pure ACK...
 SMALL_PACKET = 64
@@ -135,7 +138,8 @@ SMALL_CLASS = 0xfff0
 
 
 def shaping_commands(dev: str, rate: float | None, latency: float,
-                     addresses: Sequence[str] = (), *, netem: bool = False) -> list[str]:
+                     addresses: Sequence[str] = (), *, netem: bool = False,
+                     pairs: Sequence[tuple[str, str]] | None = None) -> list[str]:
     """``tc -batch`` lines that shape ``dev``'s egress to ``rate`` bytes/s, fairly per flow.
 
     One HTB class holds the link rate; under it every ordered pair of rank addresses
@@ -155,9 +159,12 @@ def shaping_commands(dev: str, rate: float | None, latency: float,
     latency : float
         One-way delay in seconds, added with netem under each class when ``netem``.
     addresses : sequence of str
-        The ranks' IPv4 addresses.
+        The ranks' IPv4 addresses: a class for every ordered pair of them...
     netem : bool
         Whether the kernel has netem.
+    pairs : sequence of (str, str), optional
+        ... or for these (source, destination) address pairs only: those whose routes
+        cross ``dev``.
 
     Returns
     -------
@@ -172,7 +179,8 @@ def shaping_commands(dev: str, rate: float | None, latency: float,
                 "limit 100000"]
     wire = rate * WIRE_OVERHEAD
     burst = _burst(wire)
-    pairs = [(a, b) for a in addresses for b in addresses if a != b]
+    if pairs is None:
+        pairs = [(a, b) for a in addresses for b in addresses if a != b]
     share = wire * (1 - SMALL_SHARE) / (len(pairs) + 1)
     quantum = 2 * (MTU + 14)
     limit = max(int(wire * QUEUE_SECONDS), 8 * (MTU + 14))
@@ -211,44 +219,78 @@ def shaping_commands(dev: str, rate: float | None, latency: float,
 
 
 def _shape(ns: str, dev: str, rate: float | None, latency: float,
-           addresses: Sequence[str] = ()) -> None:
+           addresses: Sequence[str] = (), pairs: Sequence[tuple[str, str]] | None = None
+           ) -> None:
     """Shape ``dev``'s egress (:func:`shaping_commands`), in one ``tc -batch`` call."""
     lines = shaping_commands(dev, rate, latency, addresses,
-                             netem=latency > 0 and netem_available())
+                             netem=latency > 0 and netem_available(), pairs=pairs)
+    _batch(["tc", "-n", ns, "-batch", "-"], lines, f"shaping {dev} in {ns}")
+
+
+def _batch(argv: list[str], lines: Sequence[str], what: str) -> None:
+    """Feed ``lines`` to a ``-batch -``/``-f -`` command; failures name ``what``."""
     if not lines:
         return
     try:
-        proc = subprocess.run(["tc", "-n", ns, "-batch", "-"], input="\n".join(lines) + "\n",
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(argv, input="\n".join(lines) + "\n", capture_output=True,
+                              text=True, timeout=60)
     except FileNotFoundError:
-        raise TestbedError("tc not found: the testbed needs iproute2 (ip, tc)") from None
+        raise TestbedError(f"{argv[0]} not found: the testbed needs iproute2 (ip, tc)"
+                           + (" and nftables (nft)" if argv[0] == "nft" else "")) from None
     except subprocess.TimeoutExpired:
-        raise TestbedError(f"tc -batch for {ns} {dev} did not finish in 60 s") from None
+        raise TestbedError(f"{what} did not finish in 60 s") from None
     if proc.returncode != 0:
-        raise TestbedError(f"shaping {dev} in {ns} failed: "
-                           f"{proc.stderr.strip() or proc.returncode}")
+        raise TestbedError(f"{what} failed: {proc.stderr.strip() or proc.returncode}")
 
 
 #: Kernel settings of each rank namespace. A testbed link should deliver its rate from
 #: the first byte of every step: TCP's restart from a small window after 1 RTO of idle
 #: (between a schedule's steps) would make short steps look slow.
-RANK_SYSCTLS = {"net.ipv4.tcp_slow_start_after_idle": "0"}
+#: Reno, a loss-based congestion control, keeps every pair's queue backlogged, so HTB's
+#: fair scheduling alone decides the shares, as the max-min model does; BBR (this
+#: kernel's default) paces below the queue, leaves it empty at times, and lets the other
+#: pairs borrow: flows sharing a link measured 0.87-1.13 of their share with BBR,
+#: 0.985-1.015 with Reno (dgx1_v100, every shift pattern).
+RANK_SYSCTLS = {"net.ipv4.tcp_slow_start_after_idle": "0",
+                "net.ipv4.tcp_congestion_control": "reno"}
+#: Kernel settings of every namespace of a routed layout: forward packets (GPUs relay
+#: for pairs without a link, as the simulator routes them), and accept them whichever
+#: interface they come in on (a pair's paths and its reverse paths may differ).
+ROUTER_SYSCTLS = {"net.ipv4.ip_forward": "1", "net.ipv4.conf.all.rp_filter": "0",
+                  "net.ipv4.conf.default.rp_filter": "0",
+                  "net.ipv4.conf.all.send_redirects": "0",
+                  "net.ipv4.conf.default.send_redirects": "0"}
 
 
-def _tune(ns: str) -> None:
-    for key, value in RANK_SYSCTLS.items():
-        run("ip", "netns", "exec", ns, "sysctl", "-qw", f"{key}={value}")
+def _tune(ns: str, settings: dict[str, str]) -> None:
+    run("ip", "netns", "exec", ns, "sysctl", "-qw",
+        *(f"{key}={value}" for key, value in settings.items()))
 
 
-def _make_veth(v: Veth, addresses: Sequence[str] = ()) -> None:
-    run("ip", "-n", v.ns_a, "link", "add", v.name_a, "type", "veth",
-        "peer", "name", v.name_b, "netns", v.ns_b)
-    for ns, dev, master in ((v.ns_a, v.name_a, v.master_a), (v.ns_b, v.name_b, v.master_b)):
+def _make_veth(v: Veth, addresses: Sequence[str],
+               pairs: dict[tuple[str, str], list[tuple[str, str]]]) -> None:
+    mac_a = ("address", v.mac_a) if v.mac_a else ()
+    mac_b = ("address", v.mac_b) if v.mac_b else ()
+    run("ip", "-n", v.ns_a, "link", "add", v.name_a, *mac_a, "type", "veth",
+        "peer", "name", v.name_b, *mac_b, "netns", v.ns_b)
+    back = v.latency if v.latency_back is None else v.latency_back
+    for ns, dev, latency in ((v.ns_a, v.name_a, v.latency), (v.ns_b, v.name_b, back)):
         run("ip", "-n", ns, "link", "set", dev, "mtu", str(MTU))
-        if master:
-            run("ip", "-n", ns, "link", "set", dev, "master", master)
-        _shape(ns, dev, v.rate, v.latency, addresses)
+        _shape(ns, dev, v.rate, latency, addresses, pairs.get((ns, dev), []))
         run("ip", "-n", ns, "link", "set", dev, "up")
+
+
+def crossing_pairs(layout: Layout) -> dict[tuple[str, str], list[tuple[str, str]]]:
+    """(namespace, interface) -> the (source, destination) address pairs it transmits."""
+    out: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for pair in layout.pairs:
+        key = (layout.addresses[pair.src], layout.addresses[pair.dst])
+        for path in pair.paths:
+            for hop in path:
+                found = out.setdefault(tuple(hop), [])  # type: ignore[arg-type]
+                if key not in found:
+                    found.append(key)
+    return out
 
 
 @contextlib.contextmanager
@@ -309,25 +351,41 @@ def create(layout: Layout, state: Path | None = None) -> Path:
     with interrupts_raise():
         write_state(layout, state)
         try:
+            if layout.bridges:
+                raise TestbedError("this state file holds a bridged layout of an older "
+                                   "version: it can only be removed (testbed down)")
+            if layout.sprays and shutil.which("nft") is None:
+                raise TestbedError(
+                    "this cluster has pairs of ranks with several equal-cost paths, and the "
+                    "testbed spreads their packets over them with nftables: install it "
+                    "(e.g. apt install nftables)")
             for ns in layout.namespaces:
                 if namespace_exists(ns):
                     raise TestbedError(f"namespace {ns} already exists; remove it with "
                                        f"`ip netns del {ns}` or pick another prefix")
                 run("ip", "netns", "add", ns)
                 run("ip", "-n", ns, "link", "set", "lo", "up")
-            for ns in layout.rank_ns:
-                _tune(ns)
-            for bridge, _ in layout.bridges:
-                # No STP (the layout is a tree) and no forwarding delay: ports forward at once.
-                run("ip", "-n", layout.core, "link", "add", bridge, "type", "bridge",
-                    "stp_state", "0", "forward_delay", "0")
-                run("ip", "-n", layout.core, "link", "set", bridge, "up")
-            for veth in layout.veths:
-                _make_veth(veth, layout.addresses)
+                _tune(ns, {**ROUTER_SYSCTLS,
+                           **(RANK_SYSCTLS if ns in layout.rank_ns else {})})
             for ns, address in zip(layout.rank_ns, layout.addresses):
-                if not any(v.ns_a == ns or v.ns_b == ns for v in layout.veths):
-                    continue  # a lone rank (one-box cluster of one GPU)
-                run("ip", "-n", ns, "addr", "add", f"{address}/16", "dev", "eth0")
+                # The rank's address sits on eth0 (what gloo and Open MPI are told to
+                # use), one end of a veth pair whose other end stays in the namespace
+                # (many VM kernels have no dummy device); the routes to every other rank
+                # leave by the link veths.
+                run("ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name",
+                    "eth0-stub")
+                run("ip", "-n", ns, "link", "set", "eth0-stub", "up")
+                run("ip", "-n", ns, "link", "set", "eth0", "mtu", str(MTU), "up")
+                run("ip", "-n", ns, "addr", "add", f"{address}/16", "dev", "eth0",
+                    "noprefixroute")
+            crossing = crossing_pairs(layout)
+            for veth in layout.veths:
+                _make_veth(veth, layout.addresses, crossing)
+            for ns, lines in layout.routing:
+                _batch(["ip", "-n", ns, "-batch", "-"], lines, f"routes of {ns}")
+            for ns, ruleset in layout.sprays:
+                _batch(["ip", "netns", "exec", ns, "nft", "-f", "-"], [ruleset],
+                       f"nftables rules of {ns}")
         except BaseException:
             destroy(state)
             raise
