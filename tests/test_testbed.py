@@ -290,11 +290,14 @@ def test_mpi_launcher_maps_each_host_to_its_namespace(tmp_path):
     # An unknown host is refused, as ssh would fail, with a message.
     proc = subprocess.run([str(agent), "-x", "10.9.9.9", "true"], capture_output=True, text=True)
     assert proc.returncode == 255 and "not a host of this testbed" in proc.stderr
-    command, env = mpiexec_command(layout, tmp_path, ["python", "-c", "pass"])
+    command, env = mpiexec_command(layout, tmp_path, ["python", "-c", "pass"],
+                                   largest_message=32 << 20)
     assert command[:4] == ["ip", "netns", "exec", "tp-t-r0"]
     flags = " ".join(command)
     for flag in ("plm_ssh_agent", "plm_ssh_no_tree_spawn 1", "btl tcp,self",
-                 "btl_tcp_if_include eth0", "oob_tcp_if_include eth0", "mpi_yield_when_idle 1"):
+                 "btl_tcp_if_include eth0", "oob_tcp_if_include eth0", "mpi_yield_when_idle 1",
+                 # every message eager: no rendezvous round trip stuck behind bulk data
+                 f"btl_tcp_eager_limit {64 << 20}", f"btl_tcp_max_send_size {64 << 20}"):
         assert flag in flags
     assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
 

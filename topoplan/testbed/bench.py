@@ -157,7 +157,8 @@ def run_cases(bed: Any, cases: Sequence[Case], *, timeout: float = 300.0,
         try:
             if transport == "mpi":
                 from .mpi import mpiexec_command
-                command, mpi_env = mpiexec_command(layout, Path(tmp), worker)
+                command, mpi_env = mpiexec_command(layout, Path(tmp), worker,
+                                                   max((c.size for c in cases), default=0))
                 launcher_log = Path(tmp, "mpiexec.log")
                 with open(launcher_log, "w") as log:
                     # Its own session: a timeout kills mpiexec and everything it started.
@@ -236,8 +237,10 @@ def _tail(path: Path, lines: int = 12) -> str:
         return "(no output)"
 
 
-def plan_algorithm(cluster: Cluster, spec: str, size: int) -> Schedule:
-    """Plan ``spec``: a planner name, or ``ring:ORDER`` with ORDER like ``0,2,1,3``."""
+def plan_algorithm(cluster: Cluster, spec: str, size: int, profile: Any = None) -> Schedule:
+    """Plan ``spec``: a planner name, or ``ring:ORDER`` with ORDER like ``0,2,1,3``,
+    priced with ``profile`` (a :class:`~topoplan.cost.CostProfile`; the planners' default
+    when ``None``)."""
     try:
         from ..planners import plan
     except ImportError:
@@ -253,6 +256,8 @@ def plan_algorithm(cluster: Cluster, spec: str, size: int) -> Schedule:
         except ValueError:
             raise TopoplanError(f"algorithm {spec!r}: the ring order is rank numbers separated "
                                 "by commas, e.g. ring:0,2,1,3") from None
+    if profile is not None:
+        kwargs["profile"] = profile
     return plan(cluster, algorithm=name, size=size, **kwargs)
 
 
@@ -266,9 +271,10 @@ def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence
 
     ``cluster`` is the real cluster; plans and predictions use it scaled by the
     testbed's scale (and with its pairs pinned to one path each, unless the testbed
-    sprays them), which is what the namespaces emulate. With ``calibrate``, the
-    same launch first runs :func:`~topoplan.testbed.calibrate.calibration_cases` and
-    every row also gets the prediction with the fitted software costs. With ``probe``,
+    sprays them), which is what the namespaces emulate. With ``calibrate``, a launch of
+    its own first runs :func:`~topoplan.testbed.calibrate.calibration_cases`; the plans
+    are then priced with the fitted software costs (the planners' ``profile``: pipeline
+    depth, and ``auto``'s choice), and every row also gets the prediction with them. With ``probe``,
     a quick :func:`~topoplan.testbed.probe.check_pairs` (every pair alone, one shift
     pattern) runs before anything else, and a network off the model by more than
     :data:`~topoplan.testbed.probe.TOLERANCE` raises :class:`TestbedError` instead of
@@ -285,17 +291,28 @@ def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence
     scaled = emulated_cluster(cluster, bed.layout)
     load_before = _load()
     report = check_network(bed, progress=progress) if probe else None
+    calibration = None
+    if calibrate:
+        # A launch of its own first: the plans are then priced with what it measured.
+        cal_cases = calibration_cases(scaled)
+        results = run_cases(bed, [Case(label, size, kind=kind, schedule=schedule, warmup=2,
+                                       iters=5) for label, size, kind, schedule in cal_cases],
+                            timeout=timeout, transport=transport)
+        bad = [r for r in results if r["wrong"]]
+        if bad:  # calibration runs are checked like every other run
+            raise TransportError(f"calibration run {bad[0]['label']} computed "
+                                 f"{bad[0]['wrong']} wrong elements")
+        times = {r["label"]: statistics.median(r["times_s"]) for r in results}
+        calibration = fit(scaled, cal_cases, times)
+    profile = None if calibration is None else calibration.profile
     cases: list[Case] = []
     schedules: dict[tuple[str, int], Schedule] = {}
-    cal_cases = calibration_cases(scaled) if calibrate else []
-    for label, size, kind, schedule in cal_cases:
-        cases.append(Case(label, size, kind=kind, schedule=schedule, warmup=2, iters=5))
     for size in sizes:
         cases.append(Case("native", size, kind="native", warmup=warmup, iters=iters))
         for spec in algorithms:
             if spec == "native":
                 continue
-            schedule = plan_algorithm(scaled, spec, size)
+            schedule = plan_algorithm(scaled, spec, size, profile)
             verify(schedule)
             schedules[(spec, size)] = schedule
             cases.append(Case(spec, size, schedule=schedule, warmup=warmup, iters=iters))
@@ -306,31 +323,21 @@ def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence
         except ImportError as exc:
             raise TopoplanError(f"cannot run schedules: {exc}; only 'native' can run") from None
     results = run_cases(bed, cases, timeout=timeout, transport=transport)
-    wrong = [r for r in results if r["wrong"]]
-    if wrong:  # calibration runs are checked like every other run
-        bad = [r for r in wrong if r["label"].startswith("cal:")]
-        if bad:
-            raise TransportError(f"calibration run {bad[0]['label']} computed {bad[0]['wrong']} "
-                                 "wrong elements")
     median = {(r["label"], r["size"]): statistics.median(r["times_s"]) for r in results}
-    calibration = None
-    if cal_cases:
-        calibration = fit(scaled, cal_cases, {label: median[(label, size)]
-                                              for label, size, _, _ in cal_cases})
     native = {size: t for (label, size), t in median.items() if label == "native"}
     rows = []
     for r in results:
         label, size = r["label"], r["size"]
-        if label.startswith("cal:") or (label == "native" and "native" not in algorithms):
+        if label == "native" and "native" not in algorithms:
             continue
         measured = median[(label, size)]
-        schedule = schedules.get((label, size))
+        planned = schedules.get((label, size))
         pred = cal = None
         steps = None
-        if schedule is not None:
-            pred = predict(scaled, schedule, size)
-            cal = predict(scaled, schedule, size, calibration) if calibration else None
-            steps = max(len(schedule.steps_of(q)) for q in range(schedule.nranks))
+        if planned is not None:
+            pred = predict(scaled, planned, size)
+            cal = predict(scaled, planned, size, calibration) if calibration else None
+            steps = max(len(planned.steps_of(q)) for q in range(planned.nranks))
         nat = native.get(size)
         rows.append(BenchRow(label, size, measured, pred, measured / pred if pred else None,
                              nat, nat / measured if nat else None, r["wrong"],
