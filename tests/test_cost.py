@@ -19,7 +19,8 @@ from topoplan.cost import (DEFAULT_PROFILE, IDEAL, CostProfile, get_profile, loa
                            loads_profile, profile_names)
 from topoplan.errors import ProfileError
 from topoplan.schedule import build_schedule, equal_chunks, recv, send
-from topoplan.simulate import _simulate_reference, simulate
+from topoplan.sim.reference import simulate_reference as _simulate_reference
+from topoplan.simulate import simulate
 
 US = 1e-6
 PROFILE = CostProfile("test", alpha_box=2 * US, alpha_network=5 * US, op_overhead=1 * US,

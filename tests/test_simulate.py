@@ -213,10 +213,10 @@ def test_simulated_time_never_beats_the_lower_bound(case, size):
 
 
 # ---- the fast engine against the reference engine -------------------------------------
-# topoplan.simulate._simulate_reference is the first engine (every event batch in global
+# topoplan.sim.reference.simulate_reference is the first engine (every event batch in global
 # time order, global progressive filling): the fast engine must give the same answers.
 
-from topoplan.simulate import _simulate_reference  # noqa: E402
+from topoplan.sim.reference import simulate_reference as _simulate_reference  # noqa: E402
 from simhelpers import hierarchical_schedule, leaf_spine_cluster  # noqa: E402
 
 
@@ -396,7 +396,7 @@ def test_mcf_pipelined_multi_level_plan_matches_the_reference(size):
     pipeline pieces): many flows on shared NICs and spines at once, one big component."""
     import topoplan
     from topoplan.cost import IDEAL
-    from topoplan.simulate import _Engine
+    from topoplan.sim.engine import Engine as _Engine
 
     cluster = leaf_spine_cluster(8, boxes_per_leaf=2, spines=2, gpus=4)
     # Under the ideal profile (free messages) mcf pipelines even 1 MiB.
@@ -408,3 +408,71 @@ def test_mcf_pipelined_multi_level_plan_matches_the_reference(size):
     # Each GPU's edges to and from its NIC carry the same paths: one link class each.
     engine = _Engine(cluster, schedule, size, 4, IDEAL, False, None)
     assert (engine.edge_rep != np.arange(len(engine.edges))).sum() >= 2 * cluster.nranks
+
+
+def progressive_filling(weight: list[int], links: list[list[int]], cap: list[float]) -> list[float]:
+    """Max-min fair rates the textbook way (Bertsekas and Gallager, 6.5.2): raise every
+    unfrozen flow's rate together until a link fills, freeze that link's flows, repeat."""
+    rate = [0.0] * len(weight)
+    frozen = [False] * len(weight)
+    remaining = list(cap)
+    while not all(frozen):
+        users = [[f for f in range(len(weight)) if not frozen[f] and e in links[f]]
+                 for e in range(len(cap))]
+        shares = [remaining[e] / sum(weight[f] for f in users[e])
+                  for e in range(len(cap)) if users[e]]
+        level = min(shares)
+        tight = [e for e in range(len(cap))
+                 if users[e] and remaining[e] / sum(weight[f] for f in users[e]) <= level * (1 + 1e-12)]
+        for f in sorted({f for e in tight for f in users[e]}):
+            frozen[f] = True
+            rate[f] = level
+            for e in links[f]:
+                remaining[e] -= weight[f] * level
+    return rate
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 5).flatmap(lambda nlinks: st.tuples(
+    st.lists(st.floats(1.0, 100.0), min_size=nlinks, max_size=nlinks),
+    st.lists(st.tuples(st.integers(1, 3), st.sets(st.integers(0, nlinks - 1), min_size=1)),
+             min_size=1, max_size=8))))
+def test_parallel_water_filling_gives_the_textbook_max_min_rates(case):
+    """Both engines share :func:`topoplan.sim.base.maxmin`; here it meets the textbook
+    algorithm, one bottleneck at a time."""
+    from topoplan.sim.base import maxmin
+
+    cap, flows = case
+    weight = [w for w, _ in flows]
+    links = [sorted(ls) for _, ls in flows]
+    pf = np.array([f for f, ls in enumerate(links) for _ in ls], dtype=np.int64)
+    pe = np.array([e for ls in links for e in ls], dtype=np.int64)
+    got = maxmin(len(flows), np.array(weight, dtype=np.float64), pf, pe, np.array(cap))
+    assert got.tolist() == pytest.approx(progressive_filling(weight, links, cap), rel=1e-9)
+
+
+def test_simulating_or_verifying_a_schedule_does_not_keep_it_alive():
+    import gc
+    import weakref
+
+    schedule = ring_schedule([0, 1, 2, 3])
+    simulate(switch_cluster(4), schedule, M)
+    verify(schedule)
+    ref = weakref.ref(schedule)
+    del schedule
+    gc.collect()
+    assert ref() is None
+
+
+def test_verify_and_simulate_name_a_deadlock_in_the_same_words():
+    deadlock = build_schedule(2, [1.0], [[[recv(1, 0)], [send(1, 0)]],
+                                         [[recv(0, 0)], [send(0, 0)]]])
+    messages = []
+    for check in (lambda: verify(deadlock), lambda: simulate(switch_cluster(2), deadlock, M),
+                  lambda: _simulate_reference(switch_cluster(2), deadlock, M)):
+        with pytest.raises(ScheduleError) as info:
+            check()
+        messages.append(str(info.value))
+    assert messages[0] == messages[1] == messages[2]
+    assert "waits to recv chunk 0 with rank 1, which is stuck at step 0 before its " \
+           "matching step 1" in messages[0]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .errors import TopoplanError, TransportError
-from .schedule import OpKind, Schedule
+from .schedule import OpKind, Schedule, chunk_text
 from .transports.base import TAG_LIMIT, Message, PeerFailure, Transport
 
 __all__ = ["Allreduce", "array_ops"]
@@ -192,8 +192,7 @@ class _MsgPlan:
     slot: tuple[int, int] | None  # scratch [start, end) when not the span itself
 
     def what(self) -> str:
-        chunks = (f"chunk {self.chunk}" if self.count == 1
-                  else f"chunks {self.chunk}..{self.chunk + self.count - 1}")
+        chunks = chunk_text(self.chunk, self.count)
         return f"send of {chunks} to" if self.send else f"recv of {chunks} from"
 
 
