@@ -146,3 +146,17 @@ def small_clusters(draw):
 def test_max_flow_matches_brute_force(cluster):
     assert len(cluster.graph) <= 11
     assert bottleneck(cluster).ratio == pytest.approx(_brute_force_ratio(cluster), rel=1e-9)
+
+
+def test_the_bottleneck_is_cached_per_cluster_without_touching_it():
+    import gc
+    import weakref
+
+    cluster = switch_cluster(4)
+    first = bottleneck(cluster)
+    assert bottleneck(cluster) is first  # computed once per cluster object
+    assert not any("bottleneck" in key for key in vars(cluster))
+    ref = weakref.ref(cluster)
+    del cluster
+    gc.collect()
+    assert ref() is None
