@@ -12,7 +12,7 @@ import re
 
 __all__ = [
     "parse_bandwidth", "parse_latency", "parse_size", "parse_size_range",
-    "format_size", "format_bandwidth", "format_time",
+    "format_size", "format_bandwidth", "format_time", "bus_factor",
 ]
 
 _BANDWIDTH_UNITS = {
@@ -142,3 +142,13 @@ def format_time(seconds: float) -> str:
         if abs(seconds) >= scale:
             return f"{seconds / scale:.4g} {unit}"
     return f"{seconds / 1e-9:.3g} ns"
+
+
+def bus_factor(nranks: int) -> float:
+    """busbw / algbw of an allreduce over ``nranks`` ranks: ``2(n-1)/n``.
+
+    nccl-tests' convention (its PERFORMANCE.md): the bus bandwidth a ring would need,
+    comparable across rank counts with the links' own speed. 0 for one rank, which
+    moves nothing.
+    """
+    return 2 * (nranks - 1) / nranks if nranks > 1 else 0.0

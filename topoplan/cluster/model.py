@@ -80,6 +80,18 @@ class Box:
     def fabric_node(self) -> str:
         return f"{self.name}/fabric"
 
+    def in_box_bandwidth(self) -> float:
+        """What one GPU can send to the rest of its box: its fabric port plus its direct
+        GPU links (NVLink, on-board PCIe switches), the most over the box's GPUs."""
+        if self.gpus == 1:
+            return 0.0
+        fabric = self.fabric.bandwidth if self.fabric is not None else 0.0
+        per_gpu = [fabric] * self.gpus
+        for link in self.gpu_links:
+            per_gpu[link.a] += link.bandwidth
+            per_gpu[link.b] += link.bandwidth
+        return max(per_gpu)
+
     def signature(self) -> tuple:
         """What makes two boxes interchangeable for planning (all but name and switches)."""
         return (self.gpus, self.fabric, self.gpu_links,
@@ -254,6 +266,22 @@ class Cluster:
         """Bytes/s one GPU can push out over all its edges (fabric, NVLink, NICs)."""
         node = self.gpu_node(rank)
         return sum(data["bandwidth"] for _, _, data in self.graph.out_edges(node, data=True))
+
+    def bisection_bandwidth(self) -> float:
+        """Max flow (bytes/s) from the first half of the ranks to the second half, in rank
+        order; 0 for one rank."""
+        n = self.nranks
+        if n < 2:
+            return 0.0
+        graph = self.graph.copy()
+        for rank in range(n):
+            node = self.gpu_node(rank)
+            if rank < n // 2:
+                graph.add_edge("__source__", node)
+            else:
+                graph.add_edge(node, "__sink__")
+        value, _ = nx.maximum_flow(graph, "__source__", "__sink__", capacity="bandwidth")
+        return float(value)
 
 
 @dataclass(frozen=True)

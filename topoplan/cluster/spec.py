@@ -17,7 +17,7 @@ from ..errors import ClusterSpecError
 from ..units import parse_bandwidth, parse_latency
 from .model import Box, Cluster, Fabric, GpuLink, Nic, SwitchLink
 
-__all__ = ["load_cluster", "loads_cluster", "MAX_COUNT"]
+__all__ = ["load_cluster", "loads_cluster", "flat_cluster", "MAX_COUNT"]
 
 MAX_COUNT = 100_000  # instances one `count` may stamp out
 
@@ -204,6 +204,15 @@ def loads_cluster(text: str, file: str = "<string>") -> Cluster:
                       source=file)
     _check_connected(reader, cluster, doc, box_lines, switch_lines)
     return cluster
+
+
+def flat_cluster(nranks: int) -> Cluster:
+    """``nranks`` one-GPU boxes on one switch (100 Gbit/s, 2 us NICs): the cluster that
+    ``topoplan bench --algorithm`` plans for when no cluster file is given."""
+    nics = "\n    nics: [{switch: sw0, bandwidth: 100 Gbit/s, latency: 2 us}]" if nranks > 1 else ""
+    return loads_cluster(f"name: flat-{nranks}\nswitches: [{{name: sw0}}]\nboxes:\n"
+                         f"  - name: \"node{{i}}\"\n    count: {nranks}\n    gpus: 1{nics}\n",
+                         f"<flat cluster of {nranks} ranks>")
 
 
 def _read_switches(reader: _Reader, doc: LineDict) -> tuple[list[str], dict[str, int]]:

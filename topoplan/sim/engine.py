@@ -49,6 +49,7 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
 from ..bound import lower_bound
+from ..units import bus_factor
 from .base import EPS_T, Setup, expand, maxmin, route_table
 from .report import Edge, SimReport, TransferRecord
 
@@ -555,7 +556,7 @@ class Engine(Setup):
         bound = lower_bound(self.cluster, effective)
         time_s = self.time_s
         algbw = self.size / time_s if time_s > 0 else math.inf
-        busbw = algbw * 2 * (n - 1) / n if n > 1 else 0.0
+        busbw = algbw * bus_factor(n) if n > 1 else 0.0  # not inf x 0
         used = np.flatnonzero(self.link_bytes > 0)
         busy_edges = np.flatnonzero(self.busy > 0)
         link_bytes = {self.edges[i]: float(self.link_bytes[i]) for i in used.tolist()}

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..bound import lower_bound
+from ..units import bus_factor
 from ..cost import CostProfile
 from ..errors import ScheduleError
 from ..schedule import Schedule
@@ -304,7 +305,7 @@ class ReferenceEngine(Setup):
         return SimReport(
             cluster=self.cluster.name, algorithm=self.schedule.algorithm, nranks=n,
             size=self.size, time_s=self.time_s, lower_bound_s=bound, algbw=algbw,
-            busbw=algbw * 2 * (n - 1) / n if n > 1 else 0.0,
+            busbw=algbw * bus_factor(n) if n > 1 else 0.0,
             link_bytes=MappingProxyType({self.edges[i]: float(self.link_bytes[i])
                                          for i in np.flatnonzero(self.link_bytes > 0).tolist()}),
             link_busy_s=MappingProxyType({self.edges[i]: float(self.busy[i])
