@@ -102,8 +102,22 @@ def test_single_gpu_is_an_empty_schedule():
 
 
 def test_bad_size_is_a_clear_error():
-    with pytest.raises(InfeasiblePlanError, match="size must be > 0"):
+    from topoplan.errors import PlannerError
+
+    with pytest.raises(PlannerError, match="mcf: size must be a positive number of bytes, got 0"):
         plan_mcf(loads_cluster(_switch(2)), size=0)
+
+
+def test_a_misspelled_option_names_the_option_and_the_valid_ones():
+    from topoplan.errors import PlannerError
+    from topoplan.planners import plan
+
+    with pytest.raises(PlannerError, match="planner 'mcf' takes no option 'tim_limit' "
+                                           r"\(did you mean 'time_limit'\?\); its options: "
+                                           ".*time_limit"):
+        plan(loads_cluster(_switch(2)), "mcf", size=M, tim_limit=1.0)
+    with pytest.raises(TypeError, match="tim_limit"):  # called directly: Python's own check
+        plan_mcf(loads_cluster(_switch(2)), size=M, tim_limit=1.0)
 
 
 def test_gpu_without_any_route_names_the_cut():

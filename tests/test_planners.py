@@ -390,6 +390,32 @@ def test_bad_options_are_planner_errors(bad: dict, message: str) -> None:
         plan(c, "ring", **kwargs)
 
 
+@pytest.mark.parametrize("size", [0, -5, float("nan"), "1MiB", True])
+def test_every_planner_checks_the_size_the_same_way(size: object) -> None:
+    c = cluster("single-switch", 4)
+    for name, planner in PLANNERS.items():
+        for call in (lambda: plan(c, name, size=size), lambda: planner(c, size=size)):
+            with pytest.raises(PlannerError,
+                               match=f"^{name}: size must be a positive number of bytes, got "):
+                call()
+
+
+def test_auto_refuses_an_option_no_candidate_takes() -> None:
+    c = cluster("single-switch", 4)
+    with pytest.raises(PlannerError, match="planner 'auto' takes no option 'ordr' "
+                                           r"\(did you mean 'order'\?\)"):
+        plan(c, "auto", size=MiB, ordr="topo")
+
+
+def test_planner_error_is_exported() -> None:
+    import topoplan
+    import topoplan.errors
+    import topoplan.planners
+
+    assert topoplan.PlannerError is topoplan.errors.PlannerError is topoplan.planners.PlannerError
+    assert issubclass(topoplan.PlannerError, (topoplan.TopoplanError, ValueError))
+
+
 def test_registry_is_open() -> None:
     from topoplan.planners import register
     from topoplan.planners.ring import plan_ring

@@ -14,8 +14,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .errors import (ClusterSpecError, InfeasiblePlanError, ScheduleError, TopoplanError,
-                     TransportError)
+from .errors import (ClusterSpecError, InfeasiblePlanError, PlannerError, ProfileError,
+                     ScheduleError, SpecError, TopoplanError, TransportError)
 
 # These functions share their module's name: importing the submodule anywhere would
 # rebind ``topoplan.verify`` to the module, so they are bound eagerly here.
@@ -38,8 +38,9 @@ _LAZY = {
 }
 _SUBMODULES = {"transports", "planners", "viz", "torch", "testbed", "units"}
 
-__all__ = ["TopoplanError", "ClusterSpecError", "ScheduleError", "InfeasiblePlanError",
-           "TransportError", "verify", "simulate", "SimReport", *_LAZY]
+__all__ = ["TopoplanError", "SpecError", "ClusterSpecError", "ProfileError", "ScheduleError",
+           "PlannerError", "InfeasiblePlanError", "TransportError", "verify", "simulate",
+           "SimReport", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
