@@ -8,7 +8,7 @@ views (cached per buffer address), and a call runs, per step: copy the few send
 snapshots, post every receive and send at once, wait with a deadline, and add the
 received partial sums in place. No copy of the user's buffer is made.
 
-Semantics (DESIGN.md, "Schedule JSON"): a send carries the chunk as it was when
+Semantics (docs/SCHEDULE.md): a send carries the chunk as it was when
 its step started; a ``reduce`` receive adds into the chunk and a plain receive
 overwrites it when the step ends. Reduce receives always land in scratch and
 are added after the wait, so they never race a send of the same chunk; a plain

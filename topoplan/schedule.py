@@ -1,4 +1,4 @@
-"""The schedule IR: frozen dataclasses and their JSON form (DESIGN.md, docs/SCHEDULE.md).
+"""The schedule IR: frozen dataclasses and their JSON form (docs/SCHEDULE.md).
 
 A :class:`Schedule` says, for every rank, a list of steps; each step is a set of
 point-to-point ops (``send``/``recv``) on numbered chunks of the buffer. The IR
@@ -106,7 +106,7 @@ def chunk_bounds(chunks: Sequence[float], n: int) -> list[tuple[int, int]]:
     """Element ranges ``[start, end)`` of each chunk for a buffer of ``n`` elements.
 
     Piece ``k`` covers ``[floor(C_k * n), floor(C_{k+1} * n))`` with ``C_k`` the sum
-    of the first ``k`` fractions; the last boundary is ``n`` exactly (DESIGN.md).
+    of the first ``k`` fractions; the last boundary is ``n`` exactly (docs/SCHEDULE.md).
     """
     cuts = [0] + [math.floor(c * n) for c in accumulate(chunks)][:-1] + [n]
     for k in range(1, len(cuts)):  # guard against float round-off past n

@@ -1,7 +1,7 @@
 """Units of bandwidth, latency and size, as written in cluster files and on the CLI.
 
 Internally topoplan works in bytes, bytes per second and seconds. A bare number
-is GB/s for a bandwidth and microseconds for a latency (DESIGN.md). GB, MB, TB are
+is GB/s for a bandwidth and microseconds for a latency (docs/CLUSTER.md). GB, MB, TB are
 decimal (1 GB/s = 1e9 bytes/s, as nccl-tests reports); KiB, MiB, GiB are binary.
 """
 

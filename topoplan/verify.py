@@ -2,11 +2,12 @@
 
 Each (rank, chunk) holds the set of ranks whose contribution it contains, as a
 bitmask; a rank's chunks are kept as runs of equal bitmasks (:class:`_Chunks`), so
-an op over a range of chunks (IR v2) costs the runs it touches, not its length. Steps run with the semantics of DESIGN.md: sends snapshot the chunk when
-their step starts, recvs overwrite or reduce when their step ends, messages
-between an ordered pair match in order. A send completes only once the receiver
-has started the matching step (rendezvous), so a schedule that verifies cannot
-deadlock on any transport.
+an op over a range of chunks (IR v2) costs the runs it touches, not its length.
+Steps run with the semantics of docs/SCHEDULE.md: sends snapshot the chunk when
+their step starts, recvs overwrite or reduce when their step ends, messages between
+an ordered pair match in order (:mod:`topoplan.matching`). A send completes only once
+the receiver has started the matching step (rendezvous), so a schedule that verifies
+cannot deadlock on any transport.
 """
 
 from __future__ import annotations

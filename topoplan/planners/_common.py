@@ -2,7 +2,7 @@
 
 - :class:`Timeline`: a lock-step builder. Every message puts its ``send`` and its
   ``recv`` in the same global slot, so any schedule built with it is free of
-  deadlock under the rendezvous semantics of DESIGN.md, and phases compose by
+  deadlock under the rendezvous rule of docs/SCHEDULE.md, and phases compose by
   slot offsets (pipelining = running copies on disjoint chunks at staggered
   offsets). Empty slots are dropped when the schedule is built.
 - :func:`topo_tree` / :func:`topo_order`: the cluster as a tree of groups (GPUs
@@ -171,7 +171,7 @@ class Timeline:
     Lock-step by construction: at slot ``t`` every op pairs with an op of slot ``t``
     of its peer, so a rank never waits on a peer that waits on it. Ops of one pair
     within a slot are appended to both sides in the same order, so the in-order
-    matching of DESIGN.md pairs them as intended.
+    matching of docs/SCHEDULE.md pairs them as intended.
     """
 
     __slots__ = ("nranks", "slots")
