@@ -12,7 +12,8 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from simhelpers import ring_schedule, switch_cluster
+from tests.support.clusters import switch_cluster
+from tests.support.schedules import ring_schedule
 
 from topoplan.cluster import loads_cluster
 from topoplan.cost import (DEFAULT_PROFILE, IDEAL, CostProfile, get_profile, load_profile,

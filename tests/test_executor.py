@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-import _schedules as S
+from tests.support import schedules as S
 from topoplan.errors import TopoplanError, TransportError
 from topoplan.executor import Allreduce, _compile
 from topoplan.schedule import build_schedule, recv, send

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from simhelpers import ring_schedule, switch_cluster
+from tests.support.clusters import leaf_spine_cluster, switch_cluster
+from tests.support.schedules import hierarchical_schedule, ring_schedule
 from topoplan.cluster import loads_cluster
 from topoplan.errors import ScheduleError
 from topoplan.schedule import build_schedule, coalesce, recv, send
@@ -16,17 +17,6 @@ from topoplan.simulate import SimReport, simulate
 from topoplan.verify import verify
 
 M = 1 << 20
-DDL = """
-name: ddl-two-switch
-switches: [switch0, switch1]
-boxes:
-  - {name: A, gpus: 1, nics: [{switch: switch0, bandwidth: 100 GB/s, latency: 1 us}]}
-  - {name: B, gpus: 1, nics: [{switch: switch0, bandwidth: 100 GB/s, latency: 1 us}]}
-  - {name: C, gpus: 1, nics: [{switch: switch1, bandwidth: 100 GB/s, latency: 1 us}]}
-  - {name: D, gpus: 1, nics: [{switch: switch1, bandwidth: 100 GB/s, latency: 1 us}]}
-links:
-  - {a: switch0, b: switch1, bandwidth: 10 GB/s, latency: 1 us}
-"""
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 8])
@@ -52,8 +42,8 @@ def test_ring_on_one_switch_matches_hand_computation(n):
             assert end == pytest.approx((s + 1) * step, abs=1e-15)
 
 
-def test_ddl_two_switch_bad_ring_order_is_twice_as_slow():
-    cluster = loads_cluster(DDL)
+def test_ddl_two_switch_bad_ring_order_is_twice_as_slow(topology):
+    cluster = topology("ddl_two_switch")
     size = 4 * (1 << 20)
     good = simulate(cluster, ring_schedule([0, 1, 2, 3]), size)
     bad = simulate(cluster, ring_schedule([0, 2, 1, 3]), size)
@@ -67,8 +57,8 @@ def test_ddl_two_switch_bad_ring_order_is_twice_as_slow():
     assert bad.link_bytes[("switch0", "switch1")] == pytest.approx(2 * good.link_bytes[("switch0", "switch1")])
 
 
-def test_link_bytes_add_up_to_bytes_times_hops():
-    cluster = loads_cluster(DDL)
+def test_link_bytes_add_up_to_bytes_times_hops(topology):
+    cluster = topology("ddl_two_switch")
     schedule = ring_schedule([0, 2, 1, 3])
     size = 3 * 1000 * 4  # 3000 elements: chunks of 750
     report = simulate(cluster, schedule, size, record=True)
@@ -217,7 +207,6 @@ def test_simulated_time_never_beats_the_lower_bound(case, size):
 # time order, global progressive filling): the fast engine must give the same answers.
 
 from topoplan.sim.reference import simulate_reference as _simulate_reference  # noqa: E402
-from simhelpers import hierarchical_schedule, leaf_spine_cluster  # noqa: E402
 
 
 def exchange_schedule(n: int, rounds: list[list[list[int]]], nchunks: int,
