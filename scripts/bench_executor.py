@@ -14,7 +14,7 @@ then the same for gloo: the replayed ring over ``topoplan.transports.Torch``
 against ``dist.all_reduce``. It prints busbw per method (the slowest rank's mean
 over the interleaved rounds), the ratios replay/native and replay/hand, the time
 per step of the replay and of the hand ring (call time / steps: at small sizes,
-the per-step overhead of each) and their difference. Targets (issue 5): replay >=
+the per-step overhead of each) and their difference. Targets: replay >=
 native at 64 MiB and above, replay >= 0.9 x hand at every size.
 """
 

@@ -6,7 +6,7 @@ topology it builds the testbed (bandwidths scaled down so this machine can carry
 runs each algorithm with one process per rank inside its namespace (gloo, or Open MPI
 with --transport mpi), and prints measured time, the simulator's prediction for the
 scaled cluster (raw, and calibrated on the testbed), their ratios and the transport's
-native allreduce. Then it checks the issue's targets:
+native allreduce. Then it checks these targets:
 
 * ddl_two_switch: the best planned schedule >= 1.8x faster than the bad ring order
   A->C->B->D (``ring:0,2,1,3``), and faster than native gloo;

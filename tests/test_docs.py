@@ -66,3 +66,23 @@ def test_the_schedule_examples_load_and_verify(version):
     schedule = loads_schedule(text, f"docs/SCHEDULE.md (version {version})")
     assert schedule.version == version
     assert verify(schedule).nranks == 2
+
+
+def test_the_code_speaks_of_the_code_not_of_the_work_behind_it():
+    """No references to the tracker entries the work came from (a number, or the entry
+    itself as an authority): a reader of the repository cannot look them up. Upstream
+    bug reports cited as sources (nccl-tests' numbered reports) are fine."""
+    process = re.compile(r"(\S*)\s+(?:issues?\s+\d+|issue's)|\bthe issue\b", re.I)
+    offenders = []
+    for path in tracked_files():
+        if path.suffix not in {".py", ".md", ".yaml", ".ipynb", ".toml", ""}:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        for match in process.finditer(text):
+            if "nccl" in (match.group(1) or "").lower():
+                continue
+            offenders.append(f"{path.relative_to(ROOT)}: {match.group(0)!r}")
+    assert not offenders

@@ -346,7 +346,7 @@ boxes:
     assert simulate(cluster, planned, M).time_s <= 1.05 * report.lower_bound_s
 
 
-# ---- under a cost profile (issue 12) ----------------------------------------------------
+# ---- under a cost profile ---------------------------------------------------------------
 def test_dgx1_ring_sets_fewest_rings_at_the_optimum():
     from topoplan.planners._mcf_hier import box_ring_sets
     cluster = load_topology("dgx1_v100")
@@ -374,7 +374,7 @@ def test_dgx1_plan_is_compact_and_near_the_bound_under_nccl():
 
 
 def test_cube_mesh_without_latency_is_not_cut_into_hundreds_of_pieces():
-    """The held-out cube mesh of issue 12 (NVLinks with no latency): a single-level ring
+    """A held-out cube mesh (NVLinks with no latency): a single-level ring
     gains nothing but rounding from pipeline pieces; it took 128 pieces and 186 k
     messages, and ran 5x slower than a ring."""
     text = topology_text("dgx1_v100").replace(", latency: 1 us", "")

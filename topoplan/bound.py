@@ -95,7 +95,7 @@ def latency_bound(cluster: Cluster, size: float, profile: Any = None) -> float:
     least one reduce-scatter step and one allgather step, each posting a send and a
     receive and paying alpha (the network class when the cluster has several boxes).
     So ``lower_bound + call_overhead + 2 (step_overhead + 2 op_overhead + alpha)``: a
-    yardstick for plans under a profile (issue 12's "latency-aware bound"), exact for
+    yardstick for plans under a profile (a latency-aware bound), exact for
     a two-rank exchange; plans that trade bandwidth for fewer steps (a direct
     all-to-all) are not bound by it.
 
