@@ -77,7 +77,7 @@ def test_auto_ranks_candidates_on_the_machine_they_run_on():
     """Plans for a cluster tried out on another machine (a calibrated host) are ranked by
     their time there: on a host of equal ports every bandwidth-optimal plan ties, and
     the fewest steps win under costly steps."""
-    from topoplan.cluster import host_cluster, load_cluster
+    from topoplan.cluster import host_cluster
     from topoplan.cost import CostProfile
     from topoplan.planners.auto import compare, plan_auto
     cluster = load_topology("dgx1_v100")

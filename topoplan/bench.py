@@ -54,10 +54,11 @@ class BenchRow:
 
     @property
     def ratio(self) -> float | None:
-        """busbw of the schedule over busbw of the native allreduce."""
-        if self.native_busbw is None or not self.native_busbw:
+        """The schedule's bandwidth over the native allreduce's (algbw and busbw give the
+        same ratio; algbw's holds for one rank too, where busbw is 0)."""
+        if self.native_algbw is None or not self.native_algbw:
             return None
-        return self.busbw / self.native_busbw
+        return self.algbw / self.native_algbw
 
 
 def pattern(index: Any, rank: int) -> Any:
