@@ -1,4 +1,4 @@
-"""The cost model against reality (issue 12): predicted vs measured, and auto's choices.
+"""The cost model against reality: predicted vs measured, and auto's choices.
 
 Two parts, both print tables and (``--json``) records:
 

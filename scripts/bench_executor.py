@@ -14,7 +14,7 @@ then the same for gloo: the replayed ring over ``topoplan.transports.Torch``
 against ``dist.all_reduce``. It prints busbw per method (the slowest rank's mean
 over the interleaved rounds), the ratios replay/native and replay/hand, the time
 per step of the replay and of the hand ring (call time / steps: at small sizes,
-the per-step overhead of each) and their difference. Targets (issue 5): replay >=
+the per-step overhead of each) and their difference. Targets: replay >=
 native at 64 MiB and above, replay >= 0.9 x hand at every size.
 """
 
@@ -33,13 +33,12 @@ sys.path.insert(0, ROOT)
 def ring_schedule(n: int):
     """The ring planner's schedule when it exists, else the test suite's ring."""
     try:
-        from topoplan.commands.bench import flat_cluster
+        from topoplan.cluster import flat_cluster
         from topoplan.planners import plan
         return plan(flat_cluster(n), algorithm="ring", size=256 << 20)
     except ImportError:
-        sys.path.insert(0, os.path.join(ROOT, "tests"))
-        import _schedules
-        return _schedules.ring(n)
+        from tests.support import schedules
+        return schedules.ring(n)
 
 
 def hand_ring(comm, mpi, buf, scratch):
@@ -90,6 +89,7 @@ def rank_main(args) -> None:
     import numpy as np
     from mpi4py import MPI as mpi
 
+    from topoplan.bench import expected_sum, pattern
     from topoplan.executor import Allreduce
     from topoplan.transports.mpi import MPI
 
@@ -107,12 +107,11 @@ def rank_main(args) -> None:
         scratch = np.empty(count // n + 1, dtype=np.float32)
         # One correctness pass each: the three must agree exactly on integer data.
         for k, b in bufs.items():
-            b[...] = np.arange(count) % 7 + rank
+            b[...] = pattern(np.arange(count), rank)
         replay(bufs["replay"])
         comm.Allreduce(mpi.IN_PLACE, bufs["native"], op=mpi.SUM)
         hand_ring(hand_comm, mpi, bufs["hand"], scratch)
-        ok = all(np.array_equal(b, (np.arange(count) % 7) * n + sum(range(n)))
-                 for b in bufs.values())
+        ok = all(np.array_equal(b, expected_sum(np.arange(count), n)) for b in bufs.values())
         for b in bufs.values():
             b[...] = 0
         methods = {
@@ -138,6 +137,7 @@ def torch_part(args, comm, mpi, n, rank, schedule):
     import torch
     import torch.distributed as dist
 
+    from topoplan.bench import expected_sum, pattern
     from topoplan.executor import Allreduce
     from topoplan.transports.torch import Torch
 
@@ -150,11 +150,11 @@ def torch_part(args, comm, mpi, n, rank, schedule):
     for size in args.sizes:
         count = size // 4
         # Integer arange first: a float32 arange is inexact above 2**24 elements.
-        a = (torch.arange(count) % 7 + rank).to(torch.float32)
+        a = pattern(torch.arange(count), rank).to(torch.float32)
         b = a.clone()
         replay(a)
         dist.all_reduce(b)
-        want = (torch.arange(count) % 7) * n + sum(range(n))
+        want = expected_sum(torch.arange(count), n)
         ok = bool(torch.equal(a, want.float()) and torch.equal(b, want.float()))
         a.zero_()
         b.zero_()
@@ -178,12 +178,12 @@ def _free_port() -> int:
 
 
 def report(records) -> str:
-    from topoplan.units import format_size
+    from topoplan.units import bus_factor, format_size
     lines = []
     for transport in ("mpi", "gloo"):
         for n in sorted({r["nranks"] for r in records if r["transport"] == transport}):
             rows = [r for r in records if r["transport"] == transport and r["nranks"] == n]
-            factor = 2 * (n - 1) / n
+            factor = bus_factor(n)
             native = "MPI_Allreduce" if transport == "mpi" else "dist.all_reduce"
             head = f"{'size':>8} {'replay':>9} {'native':>9}"
             head += f" {'hand':>9}" if transport == "mpi" else ""

@@ -6,7 +6,7 @@ For every planner and every shipped topology (topologies/*.yaml) at 1 MiB and
 time divided by the topology's lower bound (ForestColl's cut bound), one row per
 topology. 1.00 is optimal; lower is better. Also prints how long planning took.
 
-    python scripts/bench_planners.py                  # the table
+    python scripts/bench_planners.py                  # every topology, both sizes
     python scripts/bench_planners.py --max-ranks 256  # skip the 1024-rank cluster
     python scripts/bench_planners.py --json out.json  # the rows as data too
     python scripts/bench_planners.py --plan-times 64,1024   # planning time only

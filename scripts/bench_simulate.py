@@ -1,13 +1,13 @@
 """Simulator speed: the event engine of topoplan.simulate against the first engine.
 
 Ring, a two-level hierarchical allreduce (in-box ring reduce-scatter, one ring per
-rail across boxes, in-box allgather; ``tests/simhelpers.py``) and the mcf planner's plan
+rail across boxes, in-box allgather; ``tests/support/schedules.py``) and the mcf planner's plan
 (pipelined multi-level grid, IR v2 ranges; planning time not counted) of 256 MiB on a
 leaf-spine fabric of 8-GPU boxes: ``topologies/leaf_spine_1024.yaml`` at 1024 ranks, the
 same shape scaled down below. "old" is the engine as first merged (commit cbb8359, loaded
 from git history, with its own op flattening); where git is missing, and for the mcf plan
 (version 2 schedules, which that engine predates), the in-module reference
-(:func:`topoplan.simulate._simulate_reference`) stands in. Both run in the
+(:func:`topoplan.sim.reference.simulate_reference`) stands in. Both run in the
 same process, one after the other; wall and CPU seconds are reported (CPU time is the
 fairer figure on a shared machine). The old engine is skipped above ``--old-max`` ranks
 (it takes minutes at 1024).
@@ -28,12 +28,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path.insert(0, str(ROOT))
 
-from simhelpers import hierarchical_schedule, leaf_spine_cluster, ring_schedule  # noqa: E402
+from tests.support.clusters import leaf_spine_cluster  # noqa: E402
+from tests.support.schedules import hierarchical_schedule, ring_schedule  # noqa: E402
 from topoplan import plan  # noqa: E402
 from topoplan.cluster import load_cluster  # noqa: E402
-from topoplan.simulate import _simulate_reference, simulate  # noqa: E402
+from topoplan.sim.reference import simulate_reference as _simulate_reference  # noqa: E402
+from topoplan.simulate import simulate  # noqa: E402
 
 OLD_COMMIT = "cbb8359"
 SIZE = 256 << 20

@@ -1,4 +1,5 @@
-"""Executor correctness under real MPI: run as ``mpiexec -n N python tests/mpi_cases.py``.
+"""Executor correctness under real MPI: ``mpiexec -n N python -m tests.mpi_cases``, from the
+repository root.
 
 One launch runs every case (every test schedule and planner, uneven sizes,
 dtypes, array kinds, snapshot semantics, refusal of a wrong rank count) and then,
@@ -11,20 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import traceback
 
-sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                os.path.dirname(os.path.abspath(__file__))]
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import _schedules as S  # noqa: E402
-import cases_common as C  # noqa: E402
-from topoplan.executor import BOUND_CACHE, Allreduce  # noqa: E402
-from topoplan.transports import MPI  # noqa: E402
-from topoplan.transports.mpi import leave_after_failure  # noqa: E402
+from tests.support import schedules as S
+from tests.support import transport_cases as C
+from topoplan.executor import BOUND_CACHE, Allreduce
+from topoplan.transports import MPI
+from topoplan.transports.mpi import leave_after_failure
 
 
 def mpi_cases(t: MPI) -> tuple[list[str], int]:

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from topoplan.cluster import load_cluster
+from tests.support.clusters import load_topology
 from topoplan.errors import InfeasiblePlanError
 from topoplan.planners import plan
 from topoplan.planners.auto import compare, plan_auto
 from topoplan.simulate import simulate
 from topoplan.verify import verify
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
 @pytest.fixture(scope="module")
 def ddl():
-    return load_cluster(ROOT / "topologies" / "ddl_two_switch.yaml")
+    return load_topology("ddl_two_switch")
 
 
 def test_compare_sorts_by_simulated_time(ddl):
@@ -68,7 +63,7 @@ def test_large_messages_go_to_a_bandwidth_optimal_plan(ddl):
 
 
 def test_dgx1_picks_mcf_at_large_size():
-    cluster = load_cluster(ROOT / "topologies" / "dgx1_v100.yaml")
+    cluster = load_topology("dgx1_v100")
     schedule = plan(cluster, "auto", size=256 << 20)
     assert schedule.meta["chosen"] == "mcf"
 
@@ -82,10 +77,10 @@ def test_auto_ranks_candidates_on_the_machine_they_run_on():
     """Plans for a cluster tried out on another machine (a calibrated host) are ranked by
     their time there: on a host of equal ports every bandwidth-optimal plan ties, and
     the fewest steps win under costly steps."""
-    from topoplan.cluster import host_cluster, load_cluster
+    from topoplan.cluster import host_cluster
     from topoplan.cost import CostProfile
     from topoplan.planners.auto import compare, plan_auto
-    cluster = load_cluster(ROOT / "topologies" / "dgx1_v100.yaml")
+    cluster = load_topology("dgx1_v100")
     host = host_cluster("host", 8, 1e9)
     profile = CostProfile("slow steps", step_overhead=200e-6)
     rows = compare(cluster, 1 << 20, ["ring", "rhd", "mcf"], profile=profile, machine=host)

@@ -8,24 +8,11 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from simhelpers import DGX1, switch_cluster
+from tests.support.clusters import switch_cluster
 from topoplan.bound import _bottleneck, bottleneck, lower_bound, sink_classes
 from topoplan.cluster import loads_cluster
 
 M = 256 << 20
-
-
-DDL = """
-name: ddl-two-switch
-switches: [switch0, switch1]
-boxes:
-  - {name: A, gpus: 1, nics: [{switch: switch0, bandwidth: 100 GB/s, latency: 1 us}]}
-  - {name: B, gpus: 1, nics: [{switch: switch0, bandwidth: 100 GB/s, latency: 1 us}]}
-  - {name: C, gpus: 1, nics: [{switch: switch1, bandwidth: 100 GB/s, latency: 1 us}]}
-  - {name: D, gpus: 1, nics: [{switch: switch1, bandwidth: 100 GB/s, latency: 1 us}]}
-links:
-  - {a: switch0, b: switch1, bandwidth: 10 GB/s, latency: 1 us}
-"""
 
 
 @pytest.mark.parametrize("n", [2, 3, 5, 8, 16])
@@ -38,8 +25,8 @@ def test_single_switch_is_the_ring_bound(n):
     assert cut.ratio == pytest.approx((n - 1) / 12.5e9)
 
 
-def test_dgx1_hybrid_cube_mesh_algbw_is_85_7_GBps():
-    cluster = loads_cluster(DGX1)
+def test_dgx1_hybrid_cube_mesh_algbw_is_85_7_GBps(topology):
+    cluster = topology("dgx1_v100")
     assert all(cluster.gpu_bandwidth(r) == 150e9 for r in range(8))
     algbw = M / lower_bound(cluster, M)
     assert algbw == pytest.approx(600e9 / 7, rel=1e-12)  # 85.714 GB/s
@@ -47,8 +34,8 @@ def test_dgx1_hybrid_cube_mesh_algbw_is_85_7_GBps():
     assert bottleneck(cluster).gpus == 7
 
 
-def test_ddl_two_switch_narrow_link_sets_the_bound():
-    cluster = loads_cluster(DDL)
+def test_ddl_two_switch_narrow_link_sets_the_bound(topology):
+    cluster = topology("ddl_two_switch")
     # Hand: S = {A, B, their NICs, switch0}: 2 GPUs behind 10 GB/s -> T = 2 (M/4) 2 / 10 GB/s.
     assert lower_bound(cluster, M) == pytest.approx(M / 10e9, rel=1e-12)
     cut = bottleneck(cluster)
@@ -62,8 +49,8 @@ def test_one_gpu_needs_no_time():
     assert bottleneck(cluster).ratio == 0.0
 
 
-def test_bound_scales_linearly_with_size():
-    cluster = loads_cluster(DDL)
+def test_bound_scales_linearly_with_size(topology):
+    cluster = topology("ddl_two_switch")
     assert lower_bound(cluster, 2 * M) == pytest.approx(2 * lower_bound(cluster, M))
 
 
@@ -98,9 +85,9 @@ def test_symmetry_classes_give_the_all_sinks_answer(uplink, monkeypatch):
     assert fast.ratio == pytest.approx(slow.ratio, rel=1e-12)
 
 
-def test_asymmetric_gpus_are_their_own_class():
-    assert sink_classes(loads_cluster(DGX1)) == list(range(8))
-    assert sink_classes(loads_cluster(DDL)) == [0]  # A<->B and switch0<->switch1 are swaps
+def test_asymmetric_gpus_are_their_own_class(topology):
+    assert sink_classes(topology("dgx1_v100")) == list(range(8))
+    assert sink_classes(topology("ddl_two_switch")) == [0]  # A<->B and switch0<->switch1 are swaps
 
 
 def _brute_force_ratio(cluster) -> float:
@@ -146,3 +133,17 @@ def small_clusters(draw):
 def test_max_flow_matches_brute_force(cluster):
     assert len(cluster.graph) <= 11
     assert bottleneck(cluster).ratio == pytest.approx(_brute_force_ratio(cluster), rel=1e-9)
+
+
+def test_the_bottleneck_is_cached_per_cluster_without_touching_it():
+    import gc
+    import weakref
+
+    cluster = switch_cluster(4)
+    first = bottleneck(cluster)
+    assert bottleneck(cluster) is first  # computed once per cluster object
+    assert not any("bottleneck" in key for key in vars(cluster))
+    ref = weakref.ref(cluster)
+    del cluster
+    gc.collect()
+    assert ref() is None

@@ -307,7 +307,8 @@ def test_cli_calibrate_nccl_without_gpus_is_one_line(capsys, tmp_path):
 # ---- bench --profile ---------------------------------------------------------------------
 
 def test_predict_rows_simulates_each_size_on_the_profiles_host():
-    from topoplan.commands.bench import BenchRow, flat_cluster, format_rows, predict_rows
+    from topoplan.bench import BenchRow, format_rows, predict_rows
+    from topoplan.cluster import flat_cluster
     from topoplan.planners import plan
     schedule = plan(flat_cluster(4), algorithm="ring", size=1 << 20)
     rows = [BenchRow(size, size // 4, "float32", "sum", 500.0, 0.0, 0.0, 0, 3)

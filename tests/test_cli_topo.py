@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.support.clusters import ROOT, topology_path
+from tests.support.clusters import SHIPPED as SHIPPED_NAMES
 from topoplan.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
-SHIPPED = sorted((ROOT / "topologies").glob("*.yaml"))
+SHIPPED = [topology_path(name) for name in SHIPPED_NAMES]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -43,7 +43,7 @@ def test_show_is_readable(path, capsys):
     ("leaf_spine_1024", 1024, "6.4 TB/s"),   # 8 leaves x 4 x 200 GB/s uplinks
 ])
 def test_show_numbers(name, ranks, bisection, capsys):
-    assert main(["topo", "show", str(ROOT / "topologies" / f"{name}.yaml")]) == 0
+    assert main(["topo", "show", str(topology_path(name))]) == 0
     out = capsys.readouterr().out
     assert f"{ranks} ranks in " in out
     row = next(line for line in out.splitlines() if "bisection" in line)
@@ -51,7 +51,7 @@ def test_show_numbers(name, ranks, bisection, capsys):
 
 
 def test_show_lists_box_groups_and_truncates_links(capsys):
-    assert main(["topo", "show", "--links", "3", str(ROOT / "topologies/dgx_a100_x4.yaml")]) == 0
+    assert main(["topo", "show", "--links", "3", str(topology_path("dgx_a100_x4"))]) == 0
     out = capsys.readouterr().out
     assert "dgx0 .. dgx3" in out and "8 x 25 GB/s" in out and "300 GB/s" in out
     assert "... 13 more" in out

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from simhelpers import ring_schedule
+from tests.support.schedules import ring_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 DDL = str(ROOT / "topologies" / "ddl_two_switch.yaml")

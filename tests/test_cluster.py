@@ -1,7 +1,7 @@
 """The cluster layer: YAML v1 -> frozen model -> DiGraph -> routes, and every user mistake.
 
 Each error kind has one test that asserts the exact one-line message
-(``file:line: key: message``, DESIGN.md "Cluster YAML, version 1").
+(``file:line: key: message``, docs/CLUSTER.md).
 """
 
 from __future__ import annotations

@@ -12,14 +12,16 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from simhelpers import ring_schedule, switch_cluster
+from tests.support.clusters import switch_cluster
+from tests.support.schedules import ring_schedule
 
 from topoplan.cluster import loads_cluster
 from topoplan.cost import (DEFAULT_PROFILE, IDEAL, CostProfile, get_profile, load_profile,
                            loads_profile, profile_names)
 from topoplan.errors import ProfileError
 from topoplan.schedule import build_schedule, equal_chunks, recv, send
-from topoplan.simulate import _simulate_reference, simulate
+from topoplan.sim.reference import simulate_reference as _simulate_reference
+from topoplan.simulate import simulate
 
 US = 1e-6
 PROFILE = CostProfile("test", alpha_box=2 * US, alpha_network=5 * US, op_overhead=1 * US,

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-import _schedules as S
+from tests.support import schedules as S
 from topoplan.errors import TopoplanError, TransportError
 from topoplan.executor import Allreduce, _compile
 from topoplan.schedule import build_schedule, recv, send
@@ -242,7 +242,7 @@ def test_local_launch_helpers() -> None:
 
 
 def test_run_bench_returns_rows_with_a_real_check() -> None:
-    from topoplan.commands.bench import format_rows, run_bench
+    from topoplan.bench import format_rows, run_bench
 
     rows = Local.launch(3, lambda t: run_bench(S.direct(3), t, [1024, 40_000], baseline=True,
                                                iters=2))
@@ -255,12 +255,29 @@ def test_run_bench_returns_rows_with_a_real_check() -> None:
 
 
 def test_run_bench_counts_wrong_elements() -> None:
-    from topoplan.commands.bench import run_bench
+    from topoplan.bench import run_bench
 
     # A schedule that is not an allreduce: the check must notice.
     rows = Local.launch(2, lambda t: run_bench(S.swap(2), t, [4096], iters=1))
-    # The pattern is i % 5 + rank % 3, so the sum is 2 (i % 5) + 1. After the swap rank 0
-    # holds rank 1's i % 5 + 1, right only where i % 5 == 0; rank 1 holds i % 5, never
+    # The pattern is i % 7 + rank % 3, so the sum is 2 (i % 7) + 1. After the swap rank 0
+    # holds rank 1's i % 7 + 1, right only where i % 7 == 0; rank 1 holds i % 7, never
     # right. #wrong sums both ranks, as nccl-tests does.
     count = 4096 // 4
-    assert rows[0][0].wrong == sum(1 for i in range(count) if i % 5) + count
+    assert rows[0][0].wrong == sum(1 for i in range(count) if i % 7) + count
+
+
+def test_benchmarks_and_the_simulator_share_one_bus_bandwidth_convention() -> None:
+    """busbw = algbw x 2(n-1)/n (nccl-tests), which is 0 for one rank, everywhere."""
+    from topoplan.bench import run_bench
+    from topoplan.cluster import loads_cluster
+    from topoplan.simulate import simulate
+    from topoplan.units import bus_factor
+
+    assert bus_factor(1) == 0.0 and bus_factor(4) == 1.5
+    alone = build_schedule(1, [1.0], [[]], algorithm="none")
+    row = Local.launch(1, lambda t: run_bench(alone, t, [4096], iters=1))[0][0]
+    assert row.algbw > 0 and row.busbw == 0.0
+    report = simulate(loads_cluster("name: one\nboxes: [{name: a, gpus: 1}]\n"), alone, 4096)
+    assert report.busbw == 0.0
+    rows = Local.launch(4, lambda t: run_bench(S.ring(4), t, [4096], iters=1))[0]
+    assert rows[0].busbw == pytest.approx(rows[0].algbw * 1.5)

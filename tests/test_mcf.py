@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from simhelpers import DGX1
-from topoplan.cluster import load_cluster, loads_cluster
+from tests.support.clusters import SHIPPED, load_topology, topology_text
+from topoplan.cluster import loads_cluster
 from topoplan.errors import InfeasiblePlanError
 from topoplan.bound import latency_bound, lower_bound
 from topoplan.planners import PLANNERS, plan
@@ -17,9 +15,7 @@ from topoplan.planners.mcf import plan_mcf, solve_mcf
 from topoplan.simulate import simulate
 from topoplan.verify import verify
 
-ROOT = Path(__file__).resolve().parent.parent
 M = 256 << 20
-
 
 
 def _switch(n: int, bw: float = 10.0) -> str:
@@ -34,7 +30,7 @@ boxes:
 def test_ddl_two_switch_reaches_the_cut_bound_exactly():
     # Hand-solved: the 10 GB/s switch link is the cut {A,B}|{C,D}; the bound is
     # 2 (M/4) * 2 / 10 GB/s = M / 10 GB/s, and one tree crossing it once meets it.
-    cluster = load_cluster(ROOT / "topologies" / "ddl_two_switch.yaml")
+    cluster = load_topology("ddl_two_switch")
     sol = solve_mcf(cluster)
     assert sol.t * M == pytest.approx(M / 10e9, rel=1e-6)
     assert "switch0->switch1" in sol.bottleneck
@@ -52,14 +48,14 @@ def test_single_switch_matches_the_ring_bound(n):
 
 def test_dgx1_hybrid_cube_mesh_algbw_is_85_7():
     # Nash-Williams: 600 GB/s of NVLink over 7 = 85.7 GB/s; the LP finds it by MST pricing.
-    sol = solve_mcf(loads_cluster(DGX1), exact=False)
+    sol = solve_mcf(load_topology("dgx1_v100"), exact=False)
     assert 1e-9 / sol.t == pytest.approx(600 / 7, rel=1e-6)
-    schedule = plan_mcf(loads_cluster(DGX1), size=M, chunks=64)
+    schedule = plan_mcf(load_topology("dgx1_v100"), size=M, chunks=64)
     verify(schedule)
 
 
 def test_exact_mode_keeps_the_optimum_with_fewer_or_equal_trees():
-    cluster = loads_cluster(DGX1)
+    cluster = load_topology("dgx1_v100")
     lp = solve_mcf(cluster, exact=False)
     ex = solve_mcf(cluster, exact=True)
     assert ex.t == pytest.approx(lp.t, rel=1e-5)
@@ -102,8 +98,22 @@ def test_single_gpu_is_an_empty_schedule():
 
 
 def test_bad_size_is_a_clear_error():
-    with pytest.raises(InfeasiblePlanError, match="size must be > 0"):
+    from topoplan.errors import PlannerError
+
+    with pytest.raises(PlannerError, match="mcf: size must be a positive number of bytes, got 0"):
         plan_mcf(loads_cluster(_switch(2)), size=0)
+
+
+def test_a_misspelled_option_names_the_option_and_the_valid_ones():
+    from topoplan.errors import PlannerError
+    from topoplan.planners import plan
+
+    with pytest.raises(PlannerError, match="planner 'mcf' takes no option 'tim_limit' "
+                                           r"\(did you mean 'time_limit'\?\); its options: "
+                                           ".*time_limit"):
+        plan(loads_cluster(_switch(2)), "mcf", size=M, tim_limit=1.0)
+    with pytest.raises(TypeError, match="tim_limit"):  # called directly: Python's own check
+        plan_mcf(loads_cluster(_switch(2)), size=M, tim_limit=1.0)
 
 
 def test_gpu_without_any_route_names_the_cut():
@@ -189,13 +199,13 @@ def test_random_clusters_verify_and_respect_the_cut_bound(text):
 # The planner as shipped: simulated against the bound and the baselines
 # --------------------------------------------------------------------------------------
 
-SHIPPED = sorted(p.stem for p in (ROOT / "topologies").glob("*.yaml")
-                 if p.stem not in ("leaf_spine_1024", "ddl_three_racks"))  # big: in the bench
+SMALL = [name for name in SHIPPED
+         if name not in ("leaf_spine_1024", "ddl_three_racks")]  # big: in the bench
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", SMALL)
 def test_shipped_topologies_verify_and_never_beat_the_bound(name):
-    cluster = load_cluster(ROOT / "topologies" / f"{name}.yaml")
+    cluster = load_topology(name)
     schedule = plan_mcf(cluster, size=M, max_ops=60_000)  # check=True: verified inside
     assert schedule.meta["algorithm"] == "mcf"
     assert schedule.meta["construction"] in schedule.meta["candidates"]
@@ -211,14 +221,14 @@ def test_hand_solved_cases_reach_the_bound_in_simulation(name, within):
     # switch-level reduce-scatter first. dgx1_v100: 7 GPUs behind 150 GB/s, met by
     # LP-weighted Hamiltonian rings (3 disjoint cycles both ways reach it exactly).
     # aws_p2_8xlarge: board pairs then the 8 GB/s PCIe fabric among the 4 boards.
-    cluster = load_cluster(ROOT / "topologies" / f"{name}.yaml")
+    cluster = load_topology(name)
     size = 1 << 30
     got = simulate(cluster, plan_mcf(cluster, size=size), size)
     assert got.lower_bound_s <= got.time_s <= within * got.lower_bound_s
 
 
 def test_ddl_two_switch_bound_by_hand():
-    cluster = load_cluster(ROOT / "topologies" / "ddl_two_switch.yaml")
+    cluster = load_topology("ddl_two_switch")
     assert lower_bound(cluster, M) == pytest.approx(M / 10e9, rel=1e-9)
     got = simulate(cluster, plan_mcf(cluster, size=M), M)
     assert got.time_s == pytest.approx(M / 10e9, rel=0.01)
@@ -226,7 +236,7 @@ def test_ddl_two_switch_bound_by_hand():
 
 def test_dgx1_rings_carry_85_7_GBps():
     from topoplan.planners._mcf_hier import box_rings
-    cluster = loads_cluster(DGX1)
+    cluster = load_topology("dgx1_v100")
     rings, w = box_rings(cluster, cluster.boxes[0])
     # Ring allreduce time at unit bandwidth: each ring link carries its share; the LP
     # value is 600/7 GB/s of algorithm bandwidth when every NVLink is saturated.
@@ -336,10 +346,10 @@ boxes:
     assert simulate(cluster, planned, M).time_s <= 1.05 * report.lower_bound_s
 
 
-# ---- under a cost profile (issue 12) ----------------------------------------------------
+# ---- under a cost profile ---------------------------------------------------------------
 def test_dgx1_ring_sets_fewest_rings_at_the_optimum():
     from topoplan.planners._mcf_hier import box_ring_sets
-    cluster = loads_cluster(DGX1)
+    cluster = load_topology("dgx1_v100")
     sets = box_ring_sets(cluster, cluster.boxes[0])
     # One directed ring uses 1/6 of the NVLinks' capacity per direction: 3x slower;
     # one cycle both ways 1.5x; two cycles both ways (the single and the double
@@ -352,7 +362,7 @@ def test_dgx1_ring_sets_fewest_rings_at_the_optimum():
 
 def test_dgx1_plan_is_compact_and_near_the_bound_under_nccl():
     from topoplan.cost import get_profile
-    cluster = load_cluster(ROOT / "topologies" / "dgx1_v100.yaml")
+    cluster = load_topology("dgx1_v100")
     nccl = get_profile("nccl")
     schedule = plan_mcf(cluster, size=M, profile=nccl)
     verify(schedule)
@@ -364,10 +374,10 @@ def test_dgx1_plan_is_compact_and_near_the_bound_under_nccl():
 
 
 def test_cube_mesh_without_latency_is_not_cut_into_hundreds_of_pieces():
-    """The held-out cube mesh of issue 12 (NVLinks with no latency): a single-level ring
+    """A held-out cube mesh (NVLinks with no latency): a single-level ring
     gains nothing but rounding from pipeline pieces; it took 128 pieces and 186 k
     messages, and ran 5x slower than a ring."""
-    text = DGX1.replace(", latency: 1 us", "")
+    text = topology_text("dgx1_v100").replace(", latency: 1 us", "")
     cluster = loads_cluster(text)
     for profile in ("ideal", "nccl"):
         schedule = plan_mcf(cluster, size=M, profile=profile)
@@ -377,7 +387,7 @@ def test_cube_mesh_without_latency_is_not_cut_into_hundreds_of_pieces():
 
 def test_dearer_ops_give_fewer_rings_and_pieces():
     from topoplan.cost import CostProfile
-    cluster = load_cluster(ROOT / "topologies" / "dgx_a100_x4.yaml")
+    cluster = load_topology("dgx_a100_x4")
     cheap = CostProfile("cheap", alpha_box=1e-6, alpha_network=2e-6, op_overhead=0.1e-6)
     dear = cheap.with_costs(name="dear", op_overhead=20e-6, step_overhead=50e-6)
     a = plan_mcf(cluster, size=64 << 20, profile=cheap)
@@ -392,7 +402,7 @@ def test_dearer_ops_give_fewer_rings_and_pieces():
 
 @pytest.mark.parametrize("topology", ["dgx_a100_x4", "aws_p2_8xlarge", "ddl_three_racks"])
 def test_plan_size_caps_always_hold(topology):
-    cluster = load_cluster(ROOT / "topologies" / f"{topology}.yaml")
+    cluster = load_topology(topology)
     free = plan_mcf(cluster, size=M, profile="ideal")
     step_cap = max(2, free.max_step_ops // 2)
     chunk_cap = max(cluster.nranks, free.nchunks // 4)

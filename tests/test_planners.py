@@ -9,10 +9,10 @@ cluster and the rank count.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
+from tests.support.clusters import SHIPPED, load_topology
 from topoplan.cluster import Cluster, loads_cluster
 from topoplan.errors import ScheduleError, TopoplanError
 from topoplan.planners import PLANNERS, PlannerError, plan, topo_order
@@ -21,7 +21,6 @@ from topoplan.planners.tree import double_btree
 from topoplan.schedule import OpKind, Schedule
 from topoplan.verify import verify
 
-ROOT = Path(__file__).resolve().parents[1]
 BASELINES = ("ring", "ring-topo", "tree", "rhd", "hierarchical")
 MiB = 1 << 20
 
@@ -151,12 +150,11 @@ def test_pipelined_plans_verify(planner: str, chunks: int) -> None:
 @pytest.mark.parametrize("planner", BASELINES)
 def test_shipped_topologies_verify(planner: str) -> None:
     # Only the small shipped files: the 1024-rank one is for scripts/bench_planners.py.
-    for path in sorted((ROOT / "topologies").glob("*.yaml")):
-        from topoplan.cluster import load_cluster
-        c = load_cluster(path)
+    for name in SHIPPED:
+        c = load_topology(name)
         if c.nranks > 256:
             continue
-        checked(plan(c, planner, size=MiB), planner, path.name)
+        checked(plan(c, planner, size=MiB), planner, f"{name}.yaml")
 
 
 # --------------------------------------------------------------------------------------
@@ -190,8 +188,7 @@ def _crossings(c: Cluster, ring: list[int], a: str, b: str) -> int:
 
 
 def test_ddl_two_switch_ring_topo_is_abcd() -> None:
-    from topoplan.cluster import load_cluster
-    c = load_cluster(ROOT / "topologies" / "ddl_two_switch.yaml")
+    c = load_topology("ddl_two_switch")
     ring = plan(c, "ring-topo", size=256 * MiB).meta["ring"]
     names = "".join(c.box_of(r).name for r in ring)
     good = {"ABCD"[i:] + "ABCD"[:i] for i in range(4)}
@@ -390,6 +387,32 @@ def test_bad_options_are_planner_errors(bad: dict, message: str) -> None:
         plan(c, "ring", **kwargs)
 
 
+@pytest.mark.parametrize("size", [0, -5, float("nan"), "1MiB", True])
+def test_every_planner_checks_the_size_the_same_way(size: object) -> None:
+    c = cluster("single-switch", 4)
+    for name, planner in PLANNERS.items():
+        for call in (lambda: plan(c, name, size=size), lambda: planner(c, size=size)):
+            with pytest.raises(PlannerError,
+                               match=f"^{name}: size must be a positive number of bytes, got "):
+                call()
+
+
+def test_auto_refuses_an_option_no_candidate_takes() -> None:
+    c = cluster("single-switch", 4)
+    with pytest.raises(PlannerError, match="planner 'auto' takes no option 'ordr' "
+                                           r"\(did you mean 'order'\?\)"):
+        plan(c, "auto", size=MiB, ordr="topo")
+
+
+def test_planner_error_is_exported() -> None:
+    import topoplan
+    import topoplan.errors
+    import topoplan.planners
+
+    assert topoplan.PlannerError is topoplan.errors.PlannerError is topoplan.planners.PlannerError
+    assert issubclass(topoplan.PlannerError, (topoplan.TopoplanError, ValueError))
+
+
 def test_registry_is_open() -> None:
     from topoplan.planners import register
     from topoplan.planners.ring import plan_ring
@@ -460,9 +483,8 @@ def test_ring_on_one_switch_matches_the_hand_computed_time(n: int) -> None:
 def test_ddl_good_ring_order_beats_the_bad_one_by_two() -> None:
     """DDL's example: A->B->C->D sends M/4 per step over the 10 GB/s link once per
     direction; A->C->B->D twice, so its 6 steps take twice as long."""
-    from topoplan.cluster import load_cluster
     from topoplan.simulate import simulate
-    c = load_cluster(ROOT / "topologies" / "ddl_two_switch.yaml")
+    c = load_topology("ddl_two_switch")
     size = 256 * MiB
     good = simulate(c, plan(c, "ring-topo", size=size), size=size)
     bad = simulate(c, plan(c, "ring", size=size, order=[0, 2, 1, 3]), size=size)

@@ -9,7 +9,7 @@ its bytes flow, a reducing step then adds what it received at ``R``).
 from __future__ import annotations
 
 import pytest
-from simhelpers import switch_cluster
+from tests.support.clusters import switch_cluster
 
 from topoplan.cluster import Cluster, loads_cluster
 from topoplan.cost import CostProfile

@@ -34,7 +34,7 @@ def test_round_trip_through_file(tmp_path):
 
 
 def test_ranges_round_trip_as_version_2(tmp_path):
-    import _schedules as S
+    from tests.support import schedules as S
     schedule = S.halving_ranges(8)
     assert schedule.version == 2
     path = tmp_path / "plan.json"
@@ -48,7 +48,7 @@ def test_ranges_round_trip_as_version_2(tmp_path):
 
 
 def test_several_reducing_recvs_need_version_2():
-    import _schedules as S
+    from tests.support import schedules as S
     data = S.all_to_all(3).to_dict()
     assert data["version"] == 2
     assert loads_schedule(json.dumps(data)) == S.all_to_all(3)

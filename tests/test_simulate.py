@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from simhelpers import ring_schedule, switch_cluster
+from tests.support.clusters import leaf_spine_cluster, switch_cluster
+from tests.support.schedules import hierarchical_schedule, ring_schedule
 from topoplan.cluster import loads_cluster
 from topoplan.errors import ScheduleError
 from topoplan.schedule import build_schedule, coalesce, recv, send
@@ -16,17 +17,6 @@ from topoplan.simulate import SimReport, simulate
 from topoplan.verify import verify
 
 M = 1 << 20
-DDL = """
-name: ddl-two-switch
-switches: [switch0, switch1]
-boxes:
-  - {name: A, gpus: 1, nics: [{switch: switch0, bandwidth: 100 GB/s, latency: 1 us}]}
-  - {name: B, gpus: 1, nics: [{switch: switch0, bandwidth: 100 GB/s, latency: 1 us}]}
-  - {name: C, gpus: 1, nics: [{switch: switch1, bandwidth: 100 GB/s, latency: 1 us}]}
-  - {name: D, gpus: 1, nics: [{switch: switch1, bandwidth: 100 GB/s, latency: 1 us}]}
-links:
-  - {a: switch0, b: switch1, bandwidth: 10 GB/s, latency: 1 us}
-"""
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 8])
@@ -52,8 +42,8 @@ def test_ring_on_one_switch_matches_hand_computation(n):
             assert end == pytest.approx((s + 1) * step, abs=1e-15)
 
 
-def test_ddl_two_switch_bad_ring_order_is_twice_as_slow():
-    cluster = loads_cluster(DDL)
+def test_ddl_two_switch_bad_ring_order_is_twice_as_slow(topology):
+    cluster = topology("ddl_two_switch")
     size = 4 * (1 << 20)
     good = simulate(cluster, ring_schedule([0, 1, 2, 3]), size)
     bad = simulate(cluster, ring_schedule([0, 2, 1, 3]), size)
@@ -67,8 +57,8 @@ def test_ddl_two_switch_bad_ring_order_is_twice_as_slow():
     assert bad.link_bytes[("switch0", "switch1")] == pytest.approx(2 * good.link_bytes[("switch0", "switch1")])
 
 
-def test_link_bytes_add_up_to_bytes_times_hops():
-    cluster = loads_cluster(DDL)
+def test_link_bytes_add_up_to_bytes_times_hops(topology):
+    cluster = topology("ddl_two_switch")
     schedule = ring_schedule([0, 2, 1, 3])
     size = 3 * 1000 * 4  # 3000 elements: chunks of 750
     report = simulate(cluster, schedule, size, record=True)
@@ -213,11 +203,10 @@ def test_simulated_time_never_beats_the_lower_bound(case, size):
 
 
 # ---- the fast engine against the reference engine -------------------------------------
-# topoplan.simulate._simulate_reference is the first engine (every event batch in global
+# topoplan.sim.reference.simulate_reference is the first engine (every event batch in global
 # time order, global progressive filling): the fast engine must give the same answers.
 
-from topoplan.simulate import _simulate_reference  # noqa: E402
-from simhelpers import hierarchical_schedule, leaf_spine_cluster  # noqa: E402
+from topoplan.sim.reference import simulate_reference as _simulate_reference  # noqa: E402
 
 
 def exchange_schedule(n: int, rounds: list[list[list[int]]], nchunks: int,
@@ -396,7 +385,7 @@ def test_mcf_pipelined_multi_level_plan_matches_the_reference(size):
     pipeline pieces): many flows on shared NICs and spines at once, one big component."""
     import topoplan
     from topoplan.cost import IDEAL
-    from topoplan.simulate import _Engine
+    from topoplan.sim.engine import Engine as _Engine
 
     cluster = leaf_spine_cluster(8, boxes_per_leaf=2, spines=2, gpus=4)
     # Under the ideal profile (free messages) mcf pipelines even 1 MiB.
@@ -408,3 +397,71 @@ def test_mcf_pipelined_multi_level_plan_matches_the_reference(size):
     # Each GPU's edges to and from its NIC carry the same paths: one link class each.
     engine = _Engine(cluster, schedule, size, 4, IDEAL, False, None)
     assert (engine.edge_rep != np.arange(len(engine.edges))).sum() >= 2 * cluster.nranks
+
+
+def progressive_filling(weight: list[int], links: list[list[int]], cap: list[float]) -> list[float]:
+    """Max-min fair rates the textbook way (Bertsekas and Gallager, 6.5.2): raise every
+    unfrozen flow's rate together until a link fills, freeze that link's flows, repeat."""
+    rate = [0.0] * len(weight)
+    frozen = [False] * len(weight)
+    remaining = list(cap)
+    while not all(frozen):
+        users = [[f for f in range(len(weight)) if not frozen[f] and e in links[f]]
+                 for e in range(len(cap))]
+        shares = [remaining[e] / sum(weight[f] for f in users[e])
+                  for e in range(len(cap)) if users[e]]
+        level = min(shares)
+        tight = [e for e in range(len(cap))
+                 if users[e] and remaining[e] / sum(weight[f] for f in users[e]) <= level * (1 + 1e-12)]
+        for f in sorted({f for e in tight for f in users[e]}):
+            frozen[f] = True
+            rate[f] = level
+            for e in links[f]:
+                remaining[e] -= weight[f] * level
+    return rate
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 5).flatmap(lambda nlinks: st.tuples(
+    st.lists(st.floats(1.0, 100.0), min_size=nlinks, max_size=nlinks),
+    st.lists(st.tuples(st.integers(1, 3), st.sets(st.integers(0, nlinks - 1), min_size=1)),
+             min_size=1, max_size=8))))
+def test_parallel_water_filling_gives_the_textbook_max_min_rates(case):
+    """Both engines share :func:`topoplan.sim.base.maxmin`; here it meets the textbook
+    algorithm, one bottleneck at a time."""
+    from topoplan.sim.base import maxmin
+
+    cap, flows = case
+    weight = [w for w, _ in flows]
+    links = [sorted(ls) for _, ls in flows]
+    pf = np.array([f for f, ls in enumerate(links) for _ in ls], dtype=np.int64)
+    pe = np.array([e for ls in links for e in ls], dtype=np.int64)
+    got = maxmin(len(flows), np.array(weight, dtype=np.float64), pf, pe, np.array(cap))
+    assert got.tolist() == pytest.approx(progressive_filling(weight, links, cap), rel=1e-9)
+
+
+def test_simulating_or_verifying_a_schedule_does_not_keep_it_alive():
+    import gc
+    import weakref
+
+    schedule = ring_schedule([0, 1, 2, 3])
+    simulate(switch_cluster(4), schedule, M)
+    verify(schedule)
+    ref = weakref.ref(schedule)
+    del schedule
+    gc.collect()
+    assert ref() is None
+
+
+def test_verify_and_simulate_name_a_deadlock_in_the_same_words():
+    deadlock = build_schedule(2, [1.0], [[[recv(1, 0)], [send(1, 0)]],
+                                         [[recv(0, 0)], [send(0, 0)]]])
+    messages = []
+    for check in (lambda: verify(deadlock), lambda: simulate(switch_cluster(2), deadlock, M),
+                  lambda: _simulate_reference(switch_cluster(2), deadlock, M)):
+        with pytest.raises(ScheduleError) as info:
+            check()
+        messages.append(str(info.value))
+    assert messages[0] == messages[1] == messages[2]
+    assert "waits to recv chunk 0 with rank 1, which is stuck at step 0 before its " \
+           "matching step 1" in messages[0]

@@ -3,15 +3,12 @@ bandwidths its header comment promises (bytes/s)."""
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
 import networkx as nx
 import pytest
 
-from topoplan.cluster import Cluster, load_cluster
-
-TOPOLOGIES = Path(__file__).resolve().parent.parent / "topologies"
+from tests.support.clusters import SHIPPED, TOPOLOGIES
+from tests.support.clusters import load_topology as cluster
+from topoplan.cluster import Cluster
 
 RANKS = {
     "ddl_two_switch": 4,
@@ -35,13 +32,8 @@ DGX1V_NVLINKS = {
 }
 
 
-@functools.cache
-def cluster(name: str) -> Cluster:
-    return load_cluster(TOPOLOGIES / f"{name}.yaml")
-
-
 def test_the_shipped_set_is_the_expected_one():
-    assert sorted(p.stem for p in TOPOLOGIES.glob("*.yaml")) == sorted(RANKS)
+    assert sorted(SHIPPED) == sorted(RANKS)
 
 
 @pytest.mark.parametrize("name", sorted(RANKS))

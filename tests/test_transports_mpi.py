@@ -1,6 +1,6 @@
 """The executor over real MPI processes (mpiexec -n 2, 3, 4).
 
-Each launch runs every case of tests/cases_common.py on every rank, then kills
+Each launch runs every case of tests/support/transport_cases.py on every rank, then kills
 one rank mid-allreduce and checks that every survivor raised a TransportError
 naming itself, the step, the peer and the chunk, within the timeout.
 """
@@ -18,7 +18,7 @@ pytest.importorskip("mpi4py")
 
 from topoplan._mpirun import MPI_ENV, find_mpiexec, mpiexec, mpiexec_command  # noqa: E402
 
-HERE = Path(__file__).parent
+ROOT = Path(__file__).resolve().parents[1]  # ranks run ``python -m tests.mpi_cases`` here
 TIMEOUT = 2.0  # the executor's step timeout in the killed-peer run
 
 pytestmark = pytest.mark.mpi
@@ -47,13 +47,13 @@ def _results(stdout: str) -> dict[int, dict]:
 @pytest.mark.parametrize("nranks, victim, with_torch", [(2, None, False), (3, 2, True), (4, 1, False)])
 def test_mpi_cases_and_killed_peer(nranks: int, victim: int | None, with_torch: bool,
                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    argv = [sys.executable, str(HERE / "mpi_cases.py"), "--timeout", str(TIMEOUT)]
+    argv = [sys.executable, "-m", "tests.mpi_cases", "--timeout", str(TIMEOUT)]
     argv += (["--kill", str(victim)] if victim is not None else [])
     argv += (["--torch"] if with_torch else [])
-    import cases_common
-    cases_common.save_planner_schedules(nranks, str(tmp_path))
+    from tests.support import transport_cases
+    transport_cases.save_planner_schedules(nranks, str(tmp_path))
     monkeypatch.setenv("TOPOPLAN_TEST_PLANS", str(tmp_path))
-    proc = mpiexec(nranks, argv, timeout=240, fault_tolerant=victim is not None)
+    proc = mpiexec(nranks, argv, timeout=240, fault_tolerant=victim is not None, cwd=ROOT)
     results = _results(proc.stdout)
     survivors = [r for r in range(nranks) if r != victim]
     assert sorted(results) == survivors, (
@@ -116,11 +116,11 @@ def test_mpiexec_interrupted_leaves_no_rank_behind() -> None:
 
 def _bench(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "topoplan", "bench", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=HERE.parent)
+                          text=True, timeout=timeout, cwd=ROOT)
 
 
 def test_bench_cli_runs_a_plan_under_mpiexec(tmp_path: Path) -> None:
-    import _schedules as S
+    from tests.support import schedules as S
     plan = tmp_path / "ring3.json"
     S.ring(3).save(plan)
     proc = _bench("--plan", str(plan), "--sizes", "1KiB,100KiB", "--baseline", "native",
@@ -146,7 +146,7 @@ def test_bench_cli_runs_a_plan_under_mpiexec(tmp_path: Path) -> None:
 
 
 def test_bench_cli_refuses_a_rank_count_mismatch(tmp_path: Path) -> None:
-    import _schedules as S
+    from tests.support import schedules as S
     plan = tmp_path / "ring3.json"
     S.ring(3).save(plan)
     proc = _bench("--plan", str(plan), "-n", "2", "--sizes", "1KiB")

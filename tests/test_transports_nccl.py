@@ -20,7 +20,7 @@ if NGPUS == 0:
     pytest.skip("no CUDA device", allow_module_level=True)
 nccl = pytest.importorskip("cupy.cuda.nccl")
 
-import _schedules as S  # noqa: E402
+from tests.support import schedules as S  # noqa: E402
 from topoplan.executor import Allreduce  # noqa: E402
 from topoplan.transports import NCCL, Local  # noqa: E402
 

@@ -1,6 +1,6 @@
 """The executor over torch.distributed (gloo) in real processes.
 
-One launch of 3 processes runs every case of tests/cases_common.py, then one
+One launch of 3 processes runs every case of tests/support/transport_cases.py, then one
 rank exits mid-allreduce and the others must raise TransportError in time.
 """
 
@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-import cases_common  # noqa: E402
+from tests.support import transport_cases  # noqa: E402
 from topoplan.errors import TopoplanError, TransportError  # noqa: E402
 from topoplan.transports import Torch  # noqa: E402
 
@@ -31,9 +31,9 @@ def _planner_names() -> list[str]:
 
 def test_gloo_cases_and_killed_peer(tmp_path, monkeypatch) -> None:
     nranks, victim = 3, 1
-    cases_common.save_planner_schedules(nranks, str(tmp_path))
+    transport_cases.save_planner_schedules(nranks, str(tmp_path))
     monkeypatch.setenv("TOPOPLAN_TEST_PLANS", str(tmp_path))
-    results = Torch.launch(nranks, cases_common.torch_rank_main, victim, TIMEOUT,
+    results = Torch.launch(nranks, transport_cases.torch_rank_main, victim, TIMEOUT,
                            backend="gloo", timeout=200, return_exceptions=True)
     assert isinstance(results[victim], TransportError)
     assert f"rank {victim} exited with code 9" in str(results[victim])
@@ -66,7 +66,7 @@ def test_bench_cli_over_gloo(tmp_path) -> None:
     from pathlib import Path
 
     pytest.importorskip("mpi4py")  # bench launches its ranks with mpiexec
-    import _schedules as S
+    from tests.support import schedules as S
     plan = tmp_path / "ring2.json"
     S.ring(2).save(plan)
     proc = subprocess.run([sys.executable, "-m", "topoplan", "bench", "--plan", str(plan),

@@ -1,4 +1,5 @@
-"""Units of bandwidth, latency and size (DESIGN.md: "A bare number is GB/s ... or microseconds")."""
+"""Units of bandwidth, latency and size (docs/CLUSTER.md: a bare number is GB/s for a bandwidth
+and microseconds for a latency)."""
 
 import math
 

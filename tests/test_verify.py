@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import _schedules as S
-from simhelpers import ring_schedule
+from tests.support import schedules as S
+from tests.support.schedules import ring_schedule
 from topoplan.errors import ScheduleError
 from topoplan.schedule import build_schedule, coalesce, equal_chunks, recv, send
 from topoplan.verify import _Chunks, verify

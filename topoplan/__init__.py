@@ -5,8 +5,10 @@
 >>> schedule = topoplan.plan(cluster, algorithm="ring", size=256 << 20)
 >>> topoplan.verify(schedule)  # doctest: +SKIP
 
-Names load lazily so ``import topoplan`` stays cheap and optional dependencies
-(torch, mpi4py, cupy, matplotlib) are touched only when used.
+Names load lazily (a module ``__getattr__``): ``import topoplan`` loads the exceptions,
+the schedule IR and the light front doors of :func:`verify` and :func:`simulate`, and
+nothing else. numpy, scipy, networkx, PyYAML and the optional dependencies (torch,
+mpi4py, cupy, matplotlib, highspy) load when a name that needs them is first used.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .errors import (ClusterSpecError, InfeasiblePlanError, ScheduleError, TopoplanError,
-                     TransportError)
+from .errors import (ClusterSpecError, InfeasiblePlanError, PlannerError, ProfileError,
+                     ScheduleError, SpecError, TopoplanError, TransportError)
 
 # These functions share their module's name: importing the submodule anywhere would
-# rebind ``topoplan.verify`` to the module, so they are bound eagerly here.
+# rebind ``topoplan.verify`` to the module, so they are bound eagerly here. Both modules
+# are cheap to import (their engines load on the first call).
 from .simulate import SimReport, simulate  # noqa: E402
 from .verify import verify  # noqa: E402
 
@@ -35,11 +38,16 @@ _LAZY = {
     "plan": "topoplan.planners",
     "PLANNERS": "topoplan.planners",
     "Allreduce": "topoplan.executor",
+    "CostProfile": "topoplan.cost",
+    "get_profile": "topoplan.cost",
+    "run_bench": "topoplan.bench",
 }
-_SUBMODULES = {"transports", "planners", "viz", "torch", "testbed", "units"}
+_SUBMODULES = {"bench", "bound", "calibrate", "cluster", "cost", "executor", "matching",
+               "planners", "schedule", "sim", "testbed", "torch", "transports", "units", "viz"}
 
-__all__ = ["TopoplanError", "ClusterSpecError", "ScheduleError", "InfeasiblePlanError",
-           "TransportError", "verify", "simulate", "SimReport", *_LAZY]
+__all__ = ["TopoplanError", "SpecError", "ClusterSpecError", "ProfileError", "ScheduleError",
+           "PlannerError", "InfeasiblePlanError", "TransportError", "verify", "simulate",
+           "SimReport", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -23,6 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
+from ._cache import ObjectCache
 from .cluster import Box, Cluster
 
 __all__ = ["Cut", "bottleneck", "lower_bound", "latency_bound", "sink_classes"]
@@ -94,7 +95,7 @@ def latency_bound(cluster: Cluster, size: float, profile: Any = None) -> float:
     least one reduce-scatter step and one allgather step, each posting a send and a
     receive and paying alpha (the network class when the cluster has several boxes).
     So ``lower_bound + call_overhead + 2 (step_overhead + 2 op_overhead + alpha)``: a
-    yardstick for plans under a profile (issue 12's "latency-aware bound"), exact for
+    yardstick for plans under a profile (a latency-aware bound), exact for
     a two-rank exchange; plans that trade bandwidth for fewer steps (a direct
     all-to-all) are not bound by it.
 
@@ -149,10 +150,7 @@ def bottleneck(cluster: Cluster) -> Cut:
     Cost: (#classes + #improvements) max-flows on the topology graph, O(V^2 E) each
     (Dinic) but close to linear on these shallow graphs.
     """
-    cache = cluster.__dict__  # Cluster is frozen; its cached_property slots live here too
-    if "_topoplan_bottleneck" not in cache:
-        cache["_topoplan_bottleneck"] = _bottleneck(cluster)
-    return cache["_topoplan_bottleneck"]
+    return _BOTTLENECKS(cluster)
 
 
 class _FlowGraph:
@@ -250,6 +248,11 @@ def _bottleneck(cluster: Cluster) -> Cut:
     bandwidth, gpus = fg.price(best_mask)
     nodes = frozenset(fg.names[i] for i in np.flatnonzero(best_mask[:fg.source]))
     return Cut(gpus=gpus, bandwidth=bandwidth, nodes=nodes, ratio=gpus / bandwidth)
+
+
+# One cut per cluster object; an entry goes with its cluster (Cluster is frozen: no
+# attribute of its own can hold it).
+_BOTTLENECKS: ObjectCache[Cluster, Cut] = ObjectCache(_bottleneck)
 
 
 def sink_classes(cluster: Cluster) -> list[int]:

@@ -57,6 +57,8 @@ from functools import partial
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
+from .bench import expected_sum
+from .bench import pattern as check_pattern
 from .cost import CostProfile
 from .errors import TopoplanError
 from .schedule import Schedule, build_schedule, equal_chunks, recv, send
@@ -297,12 +299,12 @@ class _Arrays:
         return self.lib.zeros(count, dtype=self.lib.float32, device=device)
 
     def pattern(self, buf: Any, rank: int) -> None:
-        """Small integers, so that sums in float32 are exact."""
+        """The benchmarks' check data (:func:`topoplan.bench.pattern`)."""
         count = buf.shape[0]
         if self.kind in ("torch", "torch-cuda"):
-            buf.copy_(self.lib.arange(count, device=buf.device) % 7 + rank % 3)
+            buf.copy_(check_pattern(self.lib.arange(count, device=buf.device), rank))
         else:
-            buf[...] = self.lib.arange(count) % 7 + rank % 3
+            buf[...] = check_pattern(self.lib.arange(count), rank)
 
     def wrong(self, buf: Any, nranks: int) -> int:
         import numpy as np
@@ -313,7 +315,7 @@ class _Arrays:
         else:
             values = buf
         count = values.shape[0]
-        expected = (np.arange(count) % 7) * nranks + sum(r % 3 for r in range(nranks))
+        expected = expected_sum(np.arange(count), nranks)
         return int(np.count_nonzero(values != expected))
 
     def add(self, dst: Any, src: Any) -> None:

@@ -1,5 +1,12 @@
 """The exception tree. Every error a user can cause is a :class:`TopoplanError`.
 
+- :class:`SpecError`: a YAML input is malformed (:class:`ClusterSpecError`,
+  :class:`ProfileError`);
+- :class:`ScheduleError`: a schedule is malformed or is not an allreduce;
+- :class:`PlannerError`: a planner was asked for something it cannot do;
+- :class:`InfeasiblePlanError`: no schedule exists under the constraints given;
+- :class:`TransportError`: a transfer failed or timed out while running.
+
 The CLI turns any of them into ``topoplan: error: <message>`` and a non-zero
 exit; the library never prints or exits on user input.
 """
@@ -48,6 +55,15 @@ class ScheduleError(TopoplanError, ValueError):
     Raised by :func:`topoplan.load_schedule` for files that break the format and by
     :func:`topoplan.verify` for schedules that deadlock, leave messages unmatched or
     end with a wrong sum; the message names the rank, step and chunk.
+    """
+
+
+class PlannerError(TopoplanError, ValueError):
+    """A planner was asked for something it cannot do.
+
+    An unknown algorithm name, a bad option (``order`` that is not a permutation of the
+    ranks, ``chunks < 1``, a non-positive ``size``, an option the planner does not take);
+    the message names the option and what is allowed.
     """
 
 

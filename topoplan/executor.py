@@ -8,7 +8,7 @@ views (cached per buffer address), and a call runs, per step: copy the few send
 snapshots, post every receive and send at once, wait with a deadline, and add the
 received partial sums in place. No copy of the user's buffer is made.
 
-Semantics (DESIGN.md, "Schedule JSON"): a send carries the chunk as it was when
+Semantics (docs/SCHEDULE.md): a send carries the chunk as it was when
 its step started; a ``reduce`` receive adds into the chunk and a plain receive
 overwrites it when the step ends. Reduce receives always land in scratch and
 are added after the wait, so they never race a send of the same chunk; a plain
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .errors import TopoplanError, TransportError
-from .schedule import OpKind, Schedule
+from .schedule import OpKind, Schedule, chunk_text
 from .transports.base import TAG_LIMIT, Message, PeerFailure, Transport
 
 __all__ = ["Allreduce", "array_ops"]
@@ -192,8 +192,7 @@ class _MsgPlan:
     slot: tuple[int, int] | None  # scratch [start, end) when not the span itself
 
     def what(self) -> str:
-        chunks = (f"chunk {self.chunk}" if self.count == 1
-                  else f"chunks {self.chunk}..{self.chunk + self.count - 1}")
+        chunks = chunk_text(self.chunk, self.count)
         return f"send of {chunks} to" if self.send else f"recv of {chunks} from"
 
 

@@ -1,4 +1,4 @@
-"""The schedule IR: frozen dataclasses and their JSON form (DESIGN.md, docs/SCHEDULE.md).
+"""The schedule IR: frozen dataclasses and their JSON form (docs/SCHEDULE.md).
 
 A :class:`Schedule` says, for every rank, a list of steps; each step is a set of
 point-to-point ops (``send``/``recv``) on numbered chunks of the buffer. The IR
@@ -29,7 +29,8 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 from .errors import ScheduleError, TopoplanError
 
 __all__ = ["OpKind", "Op", "send", "recv", "RankProgram", "Schedule", "load_schedule",
-           "loads_schedule", "chunk_bounds", "recv_clash", "coalesce", "FORMAT", "VERSION", "VERSIONS"]
+           "loads_schedule", "chunk_bounds", "chunk_text", "recv_clash", "coalesce", "FORMAT",
+           "VERSION", "VERSIONS"]
 
 FORMAT = "topoplan-schedule"
 VERSION = 2  #: the newest version written and read; version 1 is read too
@@ -74,9 +75,12 @@ class Op:
 
     def chunk_text(self) -> str:
         """``"chunk 3"`` or ``"chunks 3..6"`` for messages."""
-        if self.count == 1:
-            return f"chunk {self.chunk}"
-        return f"chunks {self.chunk}..{self.end - 1}"
+        return chunk_text(self.chunk, self.count)
+
+
+def chunk_text(first: int, count: int = 1) -> str:
+    """Chunks ``first .. first + count - 1`` in messages: ``"chunk 3"`` or ``"chunks 3..6"``."""
+    return f"chunk {first}" if count == 1 else f"chunks {first}..{first + count - 1}"
 
 
 def send(peer: int, chunk: int, count: int = 1) -> Op:
@@ -102,7 +106,7 @@ def chunk_bounds(chunks: Sequence[float], n: int) -> list[tuple[int, int]]:
     """Element ranges ``[start, end)`` of each chunk for a buffer of ``n`` elements.
 
     Piece ``k`` covers ``[floor(C_k * n), floor(C_{k+1} * n))`` with ``C_k`` the sum
-    of the first ``k`` fractions; the last boundary is ``n`` exactly (DESIGN.md).
+    of the first ``k`` fractions; the last boundary is ``n`` exactly (docs/SCHEDULE.md).
     """
     cuts = [0] + [math.floor(c * n) for c in accumulate(chunks)][:-1] + [n]
     for k in range(1, len(cuts)):  # guard against float round-off past n
@@ -360,7 +364,7 @@ def _parse_step(step: list, rank: int, nranks: int, nchunks: int, version: int, 
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise fail_op(j, f"count must be an integer >= 1, got {count!r}")
         if chunk + count > nchunks:
-            raise fail_op(j, f"chunks {chunk}..{chunk + count - 1} run past the last chunk "
+            raise fail_op(j, f"{chunk_text(chunk, count)} run past the last chunk "
                              f"{nchunks - 1}")
         reduce = raw.get("reduce", False)
         if not isinstance(reduce, bool):

@@ -1,7 +1,7 @@
 """Units of bandwidth, latency and size, as written in cluster files and on the CLI.
 
 Internally topoplan works in bytes, bytes per second and seconds. A bare number
-is GB/s for a bandwidth and microseconds for a latency (DESIGN.md). GB, MB, TB are
+is GB/s for a bandwidth and microseconds for a latency (docs/CLUSTER.md). GB, MB, TB are
 decimal (1 GB/s = 1e9 bytes/s, as nccl-tests reports); KiB, MiB, GiB are binary.
 """
 
@@ -12,7 +12,7 @@ import re
 
 __all__ = [
     "parse_bandwidth", "parse_latency", "parse_size", "parse_size_range",
-    "format_size", "format_bandwidth", "format_time",
+    "format_size", "format_bandwidth", "format_time", "bus_factor",
 ]
 
 _BANDWIDTH_UNITS = {
@@ -142,3 +142,13 @@ def format_time(seconds: float) -> str:
         if abs(seconds) >= scale:
             return f"{seconds / scale:.4g} {unit}"
     return f"{seconds / 1e-9:.3g} ns"
+
+
+def bus_factor(nranks: int) -> float:
+    """busbw / algbw of an allreduce over ``nranks`` ranks: ``2(n-1)/n``.
+
+    nccl-tests' convention (its PERFORMANCE.md): the bus bandwidth a ring would need,
+    comparable across rank counts with the links' own speed. 0 for one rank, which
+    moves nothing.
+    """
+    return 2 * (nranks - 1) / nranks if nranks > 1 else 0.0

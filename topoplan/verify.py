@@ -2,21 +2,22 @@
 
 Each (rank, chunk) holds the set of ranks whose contribution it contains, as a
 bitmask; a rank's chunks are kept as runs of equal bitmasks (:class:`_Chunks`), so
-an op over a range of chunks (IR v2) costs the runs it touches, not its length. Steps run with the semantics of DESIGN.md: sends snapshot the chunk when
-their step starts, recvs overwrite or reduce when their step ends, messages
-between an ordered pair match in order. A send completes only once the receiver
-has started the matching step (rendezvous), so a schedule that verifies cannot
-deadlock on any transport.
+an op over a range of chunks (IR v2) costs the runs it touches, not its length.
+Steps run with the semantics of docs/SCHEDULE.md: sends snapshot the chunk when
+their step starts, recvs overwrite or reduce when their step ends, messages between
+an ordered pair match in order (:mod:`topoplan.matching`). A send completes only once
+the receiver has started the matching step (rendezvous), so a schedule that verifies
+cannot deadlock on any transport.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import defaultdict, deque
+from collections import deque
 from dataclasses import dataclass
 
 from .errors import ScheduleError
-from .schedule import Op, OpKind, Schedule, recv_clash
+from .schedule import OpKind, Schedule, recv_clash
 
 __all__ = ["verify", "VerifyReport"]
 
@@ -142,67 +143,38 @@ def verify(schedule: Schedule) -> VerifyReport:
     operations; memory O(ops + runs). A v1 ring at 1024 ranks (4 M ops) and a
     multi-level v2 plan for 8192 ranks both take seconds.
     """
+    # numpy comes in here, on first use, not with ``import topoplan``.
+    import numpy as np
+
+    from .matching import deadlock_error, messages, wait_text
+
     n, nchunks = schedule.nranks, schedule.nchunks
     name = f"{schedule.algorithm} schedule"
 
     def fail(message: str) -> ScheduleError:
         return ScheduleError(f"{name}: {message}")
 
-    if len(schedule.ranks) != n or any(p.rank != r for r, p in enumerate(schedule.ranks)):
-        raise fail(f"expected programs for ranks 0..{n - 1} in order")
-
-    # Static matching: the k-th send src->dst pairs with the k-th recv at dst from src.
-    sends: dict[tuple[int, int], list[tuple[int, int, Op]]] = defaultdict(list)
-    recvs: dict[tuple[int, int], list[tuple[int, int, Op]]] = defaultdict(list)
-    for program in schedule.ranks:
-        r = program.rank
-        for s, step in enumerate(program.steps):
-            received: list[tuple[int, int, bool]] = []
-            for j, op in enumerate(step):
-                if not 0 <= op.peer < n or op.peer == r:
-                    raise fail(f"rank {r} step {s}: bad peer {op.peer}")
-                if not (0 <= op.chunk and op.count >= 1 and op.end <= nchunks):
-                    raise fail(f"rank {r} step {s}: {op.chunk_text()} out of range({nchunks})")
-                if op.kind is OpKind.SEND:
-                    sends[(r, op.peer)].append((s, j, op))
-                else:
-                    received.append((op.chunk, op.end, op.reduce))
-                    recvs[(op.peer, r)].append((s, j, op))
-            twice = recv_clash(received)
-            if twice is not None:
-                raise fail(f"rank {r} step {s}: two recvs into chunk {twice} in one step")
-
-    # For every op, aligned with the steps: the message id (an index into the snapshot
-    # list) and the step its peer must have reached for the message to complete.
-    programs = [p.steps for p in schedule.ranks]
-    mid = [[[0] * len(step) for step in steps] for steps in programs]
-    need = [[[0] * len(step) for step in steps] for steps in programs]
-    nmessages = 0
-    for pair in set(sends) | set(recvs):
-        src, dst = pair
-        out, into = sends.get(pair, []), recvs.get(pair, [])
-        for k in range(min(len(out), len(into))):
-            (ss, sj, so), (rs, rj, ro) = out[k], into[k]
-            if so.chunk != ro.chunk or so.count != ro.count:
-                raise fail(f"message {k} from rank {src} to rank {dst}: rank {src} step {ss} sends "
-                           f"{so.chunk_text()} but rank {dst} step {rs} receives it as "
-                           f"{ro.chunk_text()}")
-            mid[src][ss][sj] = mid[dst][rs][rj] = nmessages + k
-            need[src][ss][sj] = rs
-            need[dst][rs][rj] = ss
-        if len(out) != len(into):
-            if len(out) > len(into):
-                s, _, op = out[len(into)]
-                raise fail(f"unmatched send: rank {src} step {s} sends {op.chunk_text()} to rank "
-                           f"{dst}, which receives only {len(into)} of {len(out)} messages from "
-                           f"rank {src}")
-            s, _, op = into[len(out)]
-            raise fail(f"unmatched recv: rank {dst} step {s} waits for {op.chunk_text()} from rank "
-                       f"{src}, which sends only {len(out)} of {len(into)} messages to rank {dst}")
-        nmessages += len(out)
-    del sends, recvs
+    # Bad peers and chunks, then the static matching: the k-th send src->dst pairs with
+    # the k-th recv at dst from src (shared with the simulator).
+    found = messages(schedule)
+    step_base, op_ptr = found.step_base.tolist(), found.op_ptr.tolist()
+    recvs_per_step = np.bincount(found.t_rstep, minlength=found.nglobal)
+    for g in np.flatnonzero(recvs_per_step > 1).tolist():
+        r = int(found.step_rank[g])
+        s = g - step_base[r]
+        step = schedule.ranks[r].steps[s]
+        twice = recv_clash([(op.chunk, op.end, op.reduce) for op in step
+                            if op.kind is not OpKind.SEND])
+        if twice is not None:
+            raise fail(f"rank {r} step {s}: two recvs into chunk {twice} in one step")
+    # For every op (in program order): its message (an index into the snapshot list)
+    # and the step its peer must have reached for the message to complete.
+    mid, need = found.op_messages()
+    nmessages = len(found.t_src)
+    del found, recvs_per_step
 
     # Dynamic execution.
+    programs = [p.steps for p in schedule.ranks]
     state = [_Chunks(nchunks, 1 << r) for r in range(n)]
     pc = [0] * n  # the step each rank is in (== len(steps) when done)
     snapshot: list = [None] * nmessages  # a send's value, from its step's start to its recv
@@ -212,9 +184,10 @@ def verify(schedule: Schedule) -> VerifyReport:
         s = pc[r]
         if s < len(programs[r]):
             read = state[r].read
-            for op, m in zip(programs[r][s], mid[r][s]):
+            lo = op_ptr[step_base[r] + s]
+            for j, op in enumerate(programs[r][s]):
                 if op.kind is _send:
-                    snapshot[m] = read(op.chunk, op.chunk + op.count)
+                    snapshot[mid[lo + j]] = read(op.chunk, op.chunk + op.count)
 
     for r in range(n):
         enter(r)
@@ -223,17 +196,19 @@ def verify(schedule: Schedule) -> VerifyReport:
     while queue:
         r = queue.popleft()
         queued[r] = False
-        steps_r, need_r, mid_r, chunks_r = programs[r], need[r], mid[r], state[r]
+        steps_r, base_r, chunks_r = programs[r], step_base[r], state[r]
         while pc[r] < len(steps_r):
             s = pc[r]
             step = steps_r[s]
-            if any(pc[op.peer] < t for op, t in zip(step, need_r[s])):
+            lo = op_ptr[base_r + s]
+            if any(pc[op.peer] < need[lo + j] for j, op in enumerate(step)):
                 break  # some peer has not reached the matching step yet
             # A step's overwriting recvs overlap no other recv, and adds commute, so
             # applying its recvs one by one is the same as applying them together when
             # the step ends (several reducing recvs of one chunk all add: IR v2).
-            for op, m in zip(step, mid_r[s]):
+            for j, op in enumerate(step):
                 if op.kind is not _send:
+                    m = mid[lo + j]
                     value = snapshot[m]
                     snapshot[m] = None
                     if op.reduce:
@@ -261,14 +236,10 @@ def verify(schedule: Schedule) -> VerifyReport:
     if blocked:
         r = blocked[0]
         s = pc[r]
-        waits = []
-        for op, peer_step in zip(programs[r][s], need[r][s]):
-            peer = op.peer
-            if pc[peer] < peer_step:
-                waits.append(f"{op.kind.value} {op.chunk_text()} with rank {peer}, which is stuck "
-                             f"at step {pc[peer]} before its matching step {peer_step}")
-        raise fail(f"deadlock: {len(blocked)} ranks cannot finish; rank {r} step {s} waits to "
-                   + "; ".join(waits[:3]))
+        lo = op_ptr[step_base[r] + s]
+        waits = [wait_text(op.kind, op.chunk, op.count, op.peer, pc[op.peer], need[lo + j])
+                 for j, op in enumerate(programs[r][s]) if pc[op.peer] < need[lo + j]]
+        raise deadlock_error(name, len(blocked), r, s, waits)
 
     full = (1 << n) - 1
     for r in range(n):

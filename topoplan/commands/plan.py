@@ -10,7 +10,7 @@ from typing import Any
 from ..cluster import load_cluster
 from ..cost import get_profile
 from ..errors import InfeasiblePlanError, TopoplanError
-from ..units import format_bandwidth, format_size, format_time
+from ..units import bus_factor, format_bandwidth, format_size, format_time
 from .common import add_profile_argument, console, positive_int, size_arg, status, table
 
 
@@ -179,7 +179,7 @@ class Candidate:
         if not self.time_s > 0:
             return float("inf"), float("inf")
         algbw = size / self.time_s
-        return algbw, algbw * 2 * (nranks - 1) / nranks
+        return algbw, algbw * bus_factor(nranks)
 
 
 def _default_candidates() -> list[str]:

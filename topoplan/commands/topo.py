@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 from itertools import groupby
 
-import networkx as nx
-
-from ..cluster import Box, Cluster, load_cluster
+from ..cluster import load_cluster
 from ..units import format_bandwidth, format_time
 from .common import console, table
 
@@ -23,36 +21,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     lint = sub.add_parser("lint", help="validate a cluster file; exit 0 when it is good")
     lint.add_argument("cluster", nargs="+", help="cluster YAML file(s)")
     lint.set_defaults(func=cmd_lint)
-
-
-def in_box_bandwidth(box: Box) -> float:
-    """What one GPU can send to the rest of its box: its fabric port plus its direct GPU
-    links (NVLink, on-board PCIe switches), the most over the box's GPUs."""
-    if box.gpus == 1:
-        return 0.0
-    fabric = box.fabric.bandwidth if box.fabric is not None else 0.0
-    per_gpu = [fabric] * box.gpus
-    for link in box.gpu_links:
-        per_gpu[link.a] += link.bandwidth
-        per_gpu[link.b] += link.bandwidth
-    return max(per_gpu)
-
-
-def bisection_bandwidth(cluster: Cluster) -> float:
-    """Max flow from the first half of the ranks to the second half (rank order)."""
-    n = cluster.nranks
-    if n < 2:
-        return 0.0
-    graph = cluster.graph.copy()
-    for rank in range(n):
-        side = "__source__" if rank < n // 2 else "__sink__"
-        node = cluster.gpu_node(rank)
-        if side == "__source__":
-            graph.add_edge(side, node)
-        else:
-            graph.add_edge(node, side)
-    value, _ = nx.maximum_flow(graph, "__source__", "__sink__", capacity="bandwidth")
-    return float(value)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -73,7 +41,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         nic_bw = sorted({nic.bandwidth for nic in first.nics})
         nics = (f"{len(first.nics)} x " + "/".join(format_bandwidth(b) for b in nic_bw)
                 if first.nics else "-")
-        inbox = in_box_bandwidth(first)
+        inbox = first.in_box_bandwidth()
         boxes.add_row(label, str(len(members)), f"{first.first_rank}..{last.ranks[-1]}",
                       str(first.gpus), format_bandwidth(inbox) if inbox else "-", nics,
                       format_bandwidth(cluster.injection_bandwidth(first)) if first.nics else "-")
@@ -92,7 +60,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         inj = [cluster.injection_bandwidth(b) for b in cluster.boxes]
         summary.add_row("per-box injection (min .. max)",
                         f"{format_bandwidth(min(inj))} .. {format_bandwidth(max(inj))}")
-    per_gpu = [in_box_bandwidth(b) for b in cluster.boxes if b.gpus > 1]
+    per_gpu = [b.in_box_bandwidth() for b in cluster.boxes if b.gpus > 1]
     if per_gpu:
         summary.add_row("in-box per GPU (min)", format_bandwidth(min(per_gpu)))
     if cluster.nranks < 2:
@@ -101,7 +69,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         summary.add_row("bottleneck cut (lower-bound cut)", "none: one GPU, nothing to move")
         out.print(summary)
         return 0
-    summary.add_row("bisection (rank-order halves)", format_bandwidth(bisection_bandwidth(cluster)))
+    summary.add_row("bisection (rank-order halves)", format_bandwidth(cluster.bisection_bandwidth()))
     try:
         from ..bound import bottleneck
         cut = bottleneck(cluster)

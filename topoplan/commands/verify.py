@@ -13,8 +13,9 @@ from .common import console
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "verify", help="check a schedule JSON: exit 0 when it computes an allreduce",
-        description="Symbolically execute schedule(s) (DESIGN.md semantics). Exit 0 and print "
-                    "one line per file when correct; otherwise name the first violation.")
+        description="Symbolically execute schedule(s) (the semantics of docs/SCHEDULE.md). Exit 0 "
+                    "and print one line per file when correct; otherwise name the first "
+                    "violation.")
     parser.add_argument("plan", nargs="+", help="schedule JSON file(s)")
     parser.set_defaults(func=cmd_verify)
 

@@ -16,13 +16,15 @@ from typing import Any, Callable
 from ..cluster import Cluster
 from ..cost import CostProfile, get_profile
 from ..schedule import Schedule
-from ._common import PlannerError, topo_order
+from ..errors import PlannerError
+from ._common import check_size, topo_order, unknown_options
 from .hierarchical import plan_hierarchical
 from .rhd import plan_rhd
 from .ring import plan_ring, plan_ring_topo
 from .tree import plan_tree
 
-__all__ = ["PLANNERS", "plan", "register", "candidates", "takes", "PlannerError", "LazyPlanner",
+__all__ = ["PLANNERS", "plan", "register", "candidates", "takes", "options_of", "PlannerError",
+           "LazyPlanner",
            "plan_ring",
            "plan_ring_topo", "plan_tree", "plan_rhd", "plan_hierarchical", "topo_order"]
 
@@ -81,15 +83,20 @@ def takes(planner: Planner, option: str) -> bool:
                                    for p in params.values())
 
 
+def options_of(planner: Planner) -> list[str]:
+    """The keyword options ``planner`` takes, in signature order."""
+    params = inspect.signature(planner).parameters
+    return [p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY]
+
+
 def _check_options(name: str, planner: Planner, options: dict[str, Any]) -> None:
     params = inspect.signature(planner).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
-    known = [p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY]
+    known = options_of(planner)
     unknown = sorted(set(options) - set(known))
     if unknown:
-        raise PlannerError(f"planner {name!r} takes no option {', '.join(map(repr, unknown))}; "
-                           f"its options: {', '.join(known)}")
+        raise unknown_options(name, unknown, known)
 
 
 def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
@@ -118,14 +125,16 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
     Raises
     ------
     PlannerError
-        Unknown algorithm (the message lists the known ones) or an option the planner
-        does not take.
+        Unknown algorithm (the message lists the known ones), an option the planner does
+        not take (the message lists those it takes), or a size that is not a positive
+        number of bytes.
     """
     planner = PLANNERS.get(algorithm)
     if planner is None:
         known = ", ".join(sorted(PLANNERS))
         raise PlannerError(f"unknown algorithm {algorithm!r}; known: {known}")
     _check_options(algorithm, planner, options)
+    size = check_size(size, algorithm)
     costs = get_profile(profile)
     if takes(planner, "profile"):
         options["profile"] = costs

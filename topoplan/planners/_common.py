@@ -2,7 +2,7 @@
 
 - :class:`Timeline`: a lock-step builder. Every message puts its ``send`` and its
   ``recv`` in the same global slot, so any schedule built with it is free of
-  deadlock under the rendezvous semantics of DESIGN.md, and phases compose by
+  deadlock under the rendezvous rule of docs/SCHEDULE.md, and phases compose by
   slot offsets (pipelining = running copies on disjoint chunks at staggered
   offsets). Empty slots are dropped when the schedule is built.
 - :func:`topo_tree` / :func:`topo_order`: the cluster as a tree of groups (GPUs
@@ -28,11 +28,11 @@ import numpy as np
 
 from ..cluster import Box, Cluster
 from ..cost import CostProfile, get_profile
-from ..errors import InfeasiblePlanError, TopoplanError
+from ..errors import InfeasiblePlanError, PlannerError
 from ..schedule import Op, OpKind, RankProgram, Schedule
 
 __all__ = ["PlannerError", "Timeline", "TopoNode", "topo_tree", "topo_order", "box_order",
-           "resolve_order", "check_size", "check_chunks", "ring_reduce_scatter",
+           "resolve_order", "check_size", "check_chunks", "unknown_options", "ring_reduce_scatter",
            "ring_allgather", "link_params", "message_latency", "pipeline_depth", "split",
            "no_gc", "check_caps", "check_cap_args", "fit_depth", "OP_BUDGET"]
 
@@ -40,15 +40,6 @@ __all__ = ["PlannerError", "Timeline", "TopoNode", "topo_tree", "topo_order", "b
 # about 4.2 M at 1024 ranks; pipelining only multiplies chunk counts while the plan
 # stays under this budget. (Multi-level plans send segments as chunk ranges, IR v2.)
 OP_BUDGET = 1 << 21
-
-
-class PlannerError(TopoplanError, ValueError):
-    """A planner was asked for something it cannot do.
-
-    An unknown algorithm name, a bad option (``order`` that is not a permutation of the
-    ranks, ``chunks < 1``, a non-positive ``size``); the message names the option and
-    what is allowed.
-    """
 
 
 # --------------------------------------------------------------------------------------
@@ -61,6 +52,19 @@ def check_size(size: Any, algorithm: str) -> int:
             or not math.isfinite(size):
         raise PlannerError(f"{algorithm}: size must be a positive number of bytes, got {size!r}")
     return int(size)
+
+
+def unknown_options(algorithm: str, unknown: Sequence[str],
+                    known: Sequence[str]) -> PlannerError:
+    """The error for options ``algorithm`` does not take: names them, the closest known
+    option to the first, and every option it takes."""
+    import difflib
+
+    close = difflib.get_close_matches(unknown[0], list(known), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return PlannerError(f"planner {algorithm!r} takes no option "
+                        f"{', '.join(map(repr, unknown))}{hint}; its options: "
+                        f"{', '.join(known)}")
 
 
 def check_chunks(chunks: Any, algorithm: str, what: str = "pipeline depth") -> int | None:
@@ -167,7 +171,7 @@ class Timeline:
     Lock-step by construction: at slot ``t`` every op pairs with an op of slot ``t``
     of its peer, so a rank never waits on a peer that waits on it. Ops of one pair
     within a slot are appended to both sides in the same order, so the in-order
-    matching of DESIGN.md pairs them as intended.
+    matching of docs/SCHEDULE.md pairs them as intended.
     """
 
     __slots__ = ("nranks", "slots")

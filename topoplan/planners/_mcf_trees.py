@@ -7,7 +7,7 @@ follows one step behind (a pipeline). All trees share one step clock, so in the
 steady state every step moves ``1/Q`` of every tree's fraction and the link
 loads per step are the LP's loads divided by ``Q``.
 
-Because a chunk may be received at most once per step (DESIGN.md), the children
+Because a chunk may be received at most once per step (docs/SCHEDULE.md), the children
 of a node send the same chunk in distinct steps ("slots"); a node is ready to
 send its partial sum the step after its last child's slot.
 """

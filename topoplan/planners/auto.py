@@ -28,7 +28,7 @@ from ..cluster import Cluster
 from ..cost import CostProfile, get_profile
 from ..errors import InfeasiblePlanError
 from ..schedule import Schedule
-from ._common import check_cap_args
+from ._common import check_cap_args, check_size, unknown_options
 
 __all__ = ["plan_auto", "compare", "DEFAULT_CANDIDATES"]
 
@@ -94,7 +94,7 @@ def compare(cluster: Cluster, size: int, candidates: Sequence[str] | None = None
     ProfileError
         For an unknown profile name or a bad profile file.
     """
-    from . import PLANNERS, takes
+    from . import PLANNERS, options_of, takes
     from ..simulate import simulate
 
     costs = get_profile(profile)
@@ -110,13 +110,21 @@ def compare(cluster: Cluster, size: int, candidates: Sequence[str] | None = None
         c for c in DEFAULT_CANDIDATES if c in PLANNERS]
     if not explicit and cluster.nranks > max_plan_ranks:
         names = [c for c in names if c in _LARGE]
-    rows: list[tuple[str, Schedule, Any, float]] = []
-    last: Exception | None = None
+    planners = {}
     for name in names:
         planner = PLANNERS.get(name)
         if planner is None or name == "auto":
             raise InfeasiblePlanError(f"auto: unknown candidate {name!r}; known: "
                                       f"{', '.join(sorted(set(PLANNERS) - {'auto'}))}")
+        planners[name] = planner
+    # An option no candidate takes is a mistake (a misspelling), not one to drop.
+    unused = sorted(k for k in options if not any(takes(p, k) for p in planners.values()))
+    if unused:
+        known = sorted({o for p in planners.values() for o in options_of(p)} - {"size"})
+        raise unknown_options("auto", unused, known)
+    rows: list[tuple[str, Schedule, Any, float]] = []
+    last: Exception | None = None
+    for name, planner in planners.items():
         usable = {k: v for k, v in {**options, **caps, "profile": costs}.items()
                   if takes(planner, k)}
         t0 = time.perf_counter()
@@ -204,13 +212,14 @@ def plan_auto(cluster: Cluster, *, size: int = 256 << 20, candidates: Sequence[s
     Raises
     ------
     InfeasiblePlanError
-        If no candidate produced a plan, or ``size`` is not positive.
+        If no candidate produced a plan.
+    PlannerError
+        If ``size`` is not a positive number of bytes, or an option no candidate takes.
     """
-    if isinstance(size, bool) or not isinstance(size, (int, float)) or size <= 0:
-        raise InfeasiblePlanError(f"auto: size must be > 0 bytes, got {size!r}")
+    size = check_size(size, "auto")
     costs = get_profile(profile)
     left_out: dict[str, str] = {}
-    rows = compare(cluster, int(size), candidates, profile=costs, max_step_ops=max_step_ops,
+    rows = compare(cluster, size, candidates, profile=costs, max_step_ops=max_step_ops,
                    max_chunks=max_chunks, left_out=left_out, machine=machine, **options)
     name, schedule, report, _ = rows[0]
     comparison = [{"algorithm": n, "time_s": r.time_s if r is not None else None,

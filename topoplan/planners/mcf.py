@@ -28,7 +28,7 @@ from ..cost import CostProfile, get_profile
 from ..errors import InfeasiblePlanError
 from ..schedule import Schedule
 from . import _mcf_hier as H
-from ._common import check_cap_args, check_caps, topo_order
+from ._common import check_cap_args, check_caps, check_size, topo_order
 from ._mcf_lp import LinkModel, Packing, price_mst, solve_exact, solve_packing
 from ._mcf_trees import Tree, btree_edges, choose_pipeline, inorder_edges, make_tree, materialize, path_edges
 
@@ -371,7 +371,7 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
              profile: CostProfile | str | None = None, max_step_ops: int | None = None,
              max_chunks: int | None = None, exact: bool | None = None,
              time_limit: float = 20.0, max_ops: int | None = None,
-             flat_max: int = FLAT_MAX, check: bool = True, **options: Any) -> Schedule:
+             flat_max: int = FLAT_MAX, check: bool = True) -> Schedule:
     """Plan an allreduce near the cut lower bound: LP-shaped, pipelined, verified.
 
     Constructions (each a reduce-scatter + allgather in which every data shard is
@@ -436,9 +436,12 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
 
     Raises
     ------
+    PlannerError
+        A size that is not a positive number of bytes, or a cap that is not an integer
+        >= 1.
     InfeasiblePlanError
-        Bad size, GPUs with no route between them (names the cut), or no construction
-        within the caps.
+        GPUs with no route between them (names the cut), or no construction within the
+        caps.
 
     References
     ----------
@@ -447,10 +450,7 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     LP sizes: ring LP, (box links) x (Hamiltonian cycles, <= 10000); piece LP,
     (steps x distinct link loads) x (pieces + steps).
     """
-    del options
-    if isinstance(size, bool) or not isinstance(size, (int, float)) or size <= 0:
-        raise InfeasiblePlanError(f"size must be > 0 bytes, got {size}")
-    size = int(size)
+    size = check_size(size, "mcf")
     costs = get_profile(profile)
     check_cap_args(max_step_ops, max_chunks, "mcf")
     caps = {"max_step_ops": max_step_ops, "max_chunks": max_chunks}

@@ -25,12 +25,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-
-def _expected(n: int, nranks: int, torch: Any) -> Any:
-    # Rank r contributes (r + 1) + (i % 13): small integers, so float32 sums are exact
-    # and any lost, doubled or misplaced piece shows up as a wrong element.
-    pattern = torch.arange(n, dtype=torch.float32) % 13
-    return pattern * nranks + nranks * (nranks + 1) / 2
+from topoplan.bench import expected_sum, pattern
 
 
 class _Gloo:
@@ -106,8 +101,9 @@ class _Mpi:
 
 def _run_case(case: dict[str, Any], rank: int, nranks: int, comm: Any, torch: Any) -> dict[str, Any]:
     n = max(1, case["size"] // 4)
-    initial = (torch.arange(n, dtype=torch.float32) % 13) + (rank + 1)
-    expected = _expected(n, nranks, torch)
+    index = torch.arange(n)
+    initial = pattern(index, rank).to(torch.float32)
+    expected = expected_sum(index, nranks).to(torch.float32)
     marks: list[float] = []
     if case["kind"] == "reduce":
         # What the executor does after a reducing recv: chunk += scratch. All ranks at

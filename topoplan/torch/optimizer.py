@@ -68,7 +68,7 @@ class DistributedOptimizer:
     named_parameters : iterable of (str, Parameter), optional
         Names for messages and the order of fusion; default: the optimizer's params.
     compression : Compressor
-        ``Compression.fp16`` (default, as the issue specifies) sends fp16 and restores
+        ``Compression.fp16`` (the default) sends fp16 and restores
         the gradient dtype; ``Compression.none`` sends the gradients as they are.
         Gradients are divided by the world size *before* compression, so the fp16 sum
         on the wire is already the mean and stays in range.

@@ -9,6 +9,7 @@ import numpy as np
 from ..cluster import Cluster
 from ..cost import CostProfile, get_profile
 from ..errors import TopoplanError
+from ..units import bus_factor
 from ._common import matplotlib, new_figure, size_formatter
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -18,11 +19,6 @@ __all__ = ["size_sweep", "DEFAULT_SIZES", "sweep_rows"]
 
 DEFAULT_SIZES = tuple(1 << p for p in range(10, 31, 4))  # 1KiB .. 1GiB, factor 16
 _SKIP = {"auto"}  # auto picks one of the others; plotting it would draw a line twice
-
-
-def _busbw_factor(nranks: int) -> float:
-    # nccl-tests' allreduce bus bandwidth: algbw * 2(n-1)/n.
-    return 2.0 * (nranks - 1) / nranks if nranks > 1 else 1.0
 
 
 def sweep_rows(cluster: Cluster, algorithms: Iterable[str] | None = None,
@@ -107,7 +103,7 @@ def size_sweep(cluster: Cluster, algorithms: Iterable[str] | None = None,
         raise ValueError(f"sizes must be positive byte counts, got {sizes}")
     costs = get_profile(profile)
     rows, failed = sweep_rows(cluster, algorithms, sizes, costs)
-    factor = _busbw_factor(cluster.nranks)
+    factor = bus_factor(cluster.nranks)
     fig = new_figure(11.5, 4.6)
     ax_alg, ax_bus = fig.subplots(1, 2, sharex=True)
     bound = np.array([s / lower_bound(cluster, s) for s in sizes]) / 1e9

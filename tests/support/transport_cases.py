@@ -1,6 +1,6 @@
 """Transport-agnostic executor cases, run inside real multi-process launches.
 
-Used by tests/mpi_cases.py (under mpiexec) and tests/torch_cases.py (under
+Used by tests/mpi_cases.py (under mpiexec) and tests/test_transports_torch.py (under
 torch multiprocessing with gloo). Each function returns plain data (lists of
 failure strings) so the launching test can assert on every rank's outcome.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-import _schedules as S
+from . import schedules as S
 from topoplan.errors import TopoplanError, TransportError
 from topoplan.executor import Allreduce
 

@@ -1,352 +1,25 @@
-"""Cluster YAML v1 -> a frozen cluster model -> a ``networkx.DiGraph``.
+"""Reading a cluster YAML file (docs/CLUSTER.md) into a :class:`Cluster`.
 
-The format is fixed by DESIGN.md ("Cluster YAML, version 1"). Every mistake a
-user can make is reported as :class:`ClusterSpecError` naming ``file:line: key``.
-
-Graph nodes are strings: ``"<box>/gpu<j>"`` (kind ``gpu``, with its ``rank``),
-``"<box>/nic<k>"`` (kind ``nic``), ``"<box>/fabric"`` (kind ``fabric``) and the
-switch names (kind ``switch``). Every edge carries ``bandwidth`` (bytes/s) and
-``latency`` (s); full-duplex links become two directed edges.
+Every mistake a user can make is reported as :class:`ClusterSpecError` naming
+``file:line: key`` and what to do; nothing is half-loaded.
 """
 
 from __future__ import annotations
 
-import itertools
 import re
-from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import networkx as nx
 
-from ._yaml import LineDict, LineList, load_yaml
-from .errors import ClusterSpecError
-from .units import parse_bandwidth, parse_latency
+from .._yaml import LineDict, LineList, load_yaml
+from ..errors import ClusterSpecError
+from ..units import parse_bandwidth, parse_latency
+from .model import Box, Cluster, Fabric, GpuLink, Nic, SwitchLink
 
-__all__ = [
-    "Fabric", "GpuLink", "Nic", "Box", "SwitchLink", "Cluster",
-    "load_cluster", "loads_cluster",
-]
+__all__ = ["load_cluster", "loads_cluster", "flat_cluster", "MAX_COUNT"]
 
-MAX_ROUTES = 16  # equal-cost paths kept per GPU pair (ECMP / multi-rail spreading)
 MAX_COUNT = 100_000  # instances one `count` may stamp out
-
-
-@dataclass(frozen=True, slots=True)
-class Fabric:
-    """An in-box switch (NVSwitch, PCIe switch): every GPU attaches at ``bandwidth``."""
-
-    bandwidth: float  # bytes/s per GPU, per direction
-    latency: float  # seconds
-
-
-@dataclass(frozen=True, slots=True)
-class GpuLink:
-    """A direct GPU<->GPU link inside a box (NVLink); ``a``, ``b`` are box-local indexes."""
-
-    a: int
-    b: int
-    bandwidth: float
-    latency: float
-
-
-@dataclass(frozen=True, slots=True)
-class Nic:
-    """A network interface: plugs into ``switch``, serves the box-local ``gpus``."""
-
-    switch: str
-    bandwidth: float
-    latency: float
-    gpus: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Box:
-    """A host with ``gpus`` GPUs, ranks ``first_rank .. first_rank + gpus - 1``.
-
-    ``template`` is the YAML entry's name template; boxes stamped from one entry
-    share it, which is what "one box type" means to hierarchical planners.
-    """
-
-    name: str
-    gpus: int
-    first_rank: int
-    fabric: Fabric | None = None
-    gpu_links: tuple[GpuLink, ...] = ()
-    nics: tuple[Nic, ...] = ()
-    template: str = ""
-
-    @property
-    def ranks(self) -> range:
-        return range(self.first_rank, self.first_rank + self.gpus)
-
-    def gpu_node(self, local: int) -> str:
-        return f"{self.name}/gpu{local}"
-
-    def nic_node(self, index: int) -> str:
-        return f"{self.name}/nic{index}"
-
-    @property
-    def fabric_node(self) -> str:
-        return f"{self.name}/fabric"
-
-    def signature(self) -> tuple:
-        """What makes two boxes interchangeable for planning (all but name and switches)."""
-        return (self.gpus, self.fabric, self.gpu_links,
-                tuple((n.bandwidth, n.latency, n.gpus) for n in self.nics))
-
-
-@dataclass(frozen=True, slots=True)
-class SwitchLink:
-    """A full-duplex switch<->switch link; parallel links are summed into one."""
-
-    a: str
-    b: str
-    bandwidth: float
-    latency: float
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """A cluster: switches, boxes of GPUs, and the links between them.
-
-    Build it with :func:`load_cluster`. ``graph`` is the ``networkx.DiGraph`` the
-    planners and the simulator work on; ranks are numbered in file order.
-    """
-
-    name: str
-    boxes: tuple[Box, ...]
-    switches: tuple[str, ...] = ()
-    links: tuple[SwitchLink, ...] = ()
-    source: str | None = field(default=None, compare=False)
-
-    # ---- ranks -------------------------------------------------------------
-    @property
-    def nranks(self) -> int:
-        return sum(box.gpus for box in self.boxes)
-
-    @cached_property
-    def _rank_box(self) -> tuple[int, ...]:
-        return tuple(b for b, box in enumerate(self.boxes) for _ in range(box.gpus))
-
-    def box_of(self, rank: int) -> Box:
-        """The box holding ``rank``."""
-        self._check_rank(rank)
-        return self.boxes[self._rank_box[rank]]
-
-    def box_index(self, rank: int) -> int:
-        self._check_rank(rank)
-        return self._rank_box[rank]
-
-    def local_index(self, rank: int) -> int:
-        """The GPU index of ``rank`` inside its box."""
-        return rank - self.box_of(rank).first_rank
-
-    def gpu_node(self, rank: int) -> str:
-        """The graph node of ``rank``."""
-        box = self.box_of(rank)
-        return box.gpu_node(rank - box.first_rank)
-
-    def _check_rank(self, rank: int) -> None:
-        if not 0 <= rank < self.nranks:
-            raise IndexError(f"rank {rank} out of range(0, {self.nranks})")
-
-    # ---- graph -------------------------------------------------------------
-    @cached_property
-    def graph(self) -> nx.DiGraph:
-        """The topology as a DiGraph with ``bandwidth`` (bytes/s) and ``latency`` (s) on edges."""
-        return _build_graph(self)
-
-    @cached_property
-    def _switch_graph(self) -> nx.Graph:
-        graph = nx.Graph()
-        graph.add_nodes_from(self.switches)
-        graph.add_edges_from((link.a, link.b) for link in self.links)
-        return graph
-
-    @cached_property
-    def _route_cache(self) -> dict:
-        return {}
-
-    def routes(self, src: int, dst: int) -> tuple[tuple[str, ...], ...]:
-        """The equal-cost paths data takes from rank ``src`` to rank ``dst``.
-
-        Inside a box: the direct GPU link if there is one, else the fabric, else the
-        fewest NVLink hops (relaying through GPUs). Between boxes: out through every
-        NIC serving ``src``, across the fewest switch hops, in through every NIC
-        serving ``dst`` (GPUs without a NIC first hop to the nearest GPU with one).
-        At most ``MAX_ROUTES`` paths, in a deterministic order. Each path is a tuple
-        of graph nodes from ``gpu_node(src)`` to ``gpu_node(dst)``.
-        """
-        key = (src, dst)
-        cache = self._route_cache
-        if key not in cache:
-            cache[key] = self._compute_routes(src, dst)
-        return cache[key]
-
-    def route_edges(self, src: int, dst: int) -> tuple[tuple[tuple[str, str], ...], ...]:
-        """``routes`` as tuples of directed edges."""
-        return tuple(tuple(zip(path, path[1:])) for path in self.routes(src, dst))
-
-    def _compute_routes(self, src: int, dst: int) -> tuple[tuple[str, ...], ...]:
-        if src == dst:
-            node = self.gpu_node(src)
-            return ((node,),)
-        box_s, box_d = self.box_of(src), self.box_of(dst)
-        ls, ld = src - box_s.first_rank, dst - box_d.first_rank
-        if box_s is box_d:
-            return tuple(itertools.islice(self._in_box_paths(box_s, ls, ld), MAX_ROUTES))
-        paths: list[tuple[str, ...]] = []
-        out_legs = self._nic_legs(box_s, ls, outbound=True)
-        in_legs = self._nic_legs(box_d, ld, outbound=False)
-        for (head, sw_a), (tail, sw_b) in itertools.product(out_legs, in_legs):
-            for middle in self._switch_paths(sw_a, sw_b):
-                paths.append(head + middle + tail)
-                if len(paths) >= MAX_ROUTES:
-                    return tuple(paths)
-        return tuple(paths)
-
-    def _in_box_paths(self, box: Box, a: int, b: int) -> Iterable[tuple[str, ...]]:
-        if any({link.a, link.b} == {a, b} for link in box.gpu_links):
-            yield (box.gpu_node(a), box.gpu_node(b))
-            return
-        if box.fabric is not None:
-            yield (box.gpu_node(a), box.fabric_node, box.gpu_node(b))
-            return
-        links = _box_link_graph(box)
-        for path in nx.all_shortest_paths(links, a, b):
-            yield tuple(box.gpu_node(j) for j in path)
-
-    def _nic_legs(self, box: Box, local: int, outbound: bool) -> list[tuple[tuple[str, ...], str]]:
-        """(path from the GPU to its NIC, switch) pairs, or reversed for inbound."""
-        direct = [k for k, nic in enumerate(box.nics) if local in nic.gpus]
-        legs: list[tuple[tuple[str, ...], str]] = []
-        if direct:
-            for k in direct:
-                legs.append(((box.gpu_node(local), box.nic_node(k)), box.nics[k].switch))
-        else:  # hop inside the box to the nearest GPUs that have a NIC
-            candidates = sorted({g for nic in box.nics for g in nic.gpus},
-                                key=lambda g: (len(next(iter(self._in_box_paths(box, local, g)))), g))
-            if candidates:
-                best = len(next(iter(self._in_box_paths(box, local, candidates[0]))))
-                for g in candidates:
-                    hop = next(iter(self._in_box_paths(box, local, g)))
-                    if len(hop) > best:
-                        break
-                    for k, nic in enumerate(box.nics):
-                        if g in nic.gpus:
-                            legs.append((hop + (box.nic_node(k),), nic.switch))
-        if outbound:
-            return legs
-        return [(tuple(reversed(path)), switch) for path, switch in legs]
-
-    def _switch_paths(self, a: str, b: str) -> list[tuple[str, ...]]:
-        cache = self._route_cache
-        key = ("sw", a, b)
-        if key not in cache:
-            if a == b:
-                cache[key] = [(a,)]
-            else:
-                try:
-                    found = itertools.islice(nx.all_shortest_paths(self._switch_graph, a, b),
-                                             MAX_ROUTES)
-                    cache[key] = [tuple(p) for p in found]
-                except nx.NetworkXNoPath:
-                    cache[key] = []
-        return cache[key]
-
-    # ---- summaries ---------------------------------------------------------
-    def injection_bandwidth(self, box: Box) -> float:
-        """Bytes/s a box can push into the network (sum of its NICs)."""
-        return sum(nic.bandwidth for nic in box.nics)
-
-    def gpu_bandwidth(self, rank: int) -> float:
-        """Bytes/s one GPU can push out over all its edges (fabric, NVLink, NICs)."""
-        node = self.gpu_node(rank)
-        return sum(data["bandwidth"] for _, _, data in self.graph.out_edges(node, data=True))
-
-
-@dataclass(frozen=True)
-class HostCluster(Cluster):
-    """One machine running every rank (a CPU transport on one host): a box whose fabric
-    gives each rank ``bandwidth`` in and out (one core's copy rate), on ``cores`` cores.
-
-    When more ranks work at once than the machine has cores, they take turns: the
-    simulator stretches such stretches of time by ``busy ranks / cores``
-    (:func:`topoplan.simulate`, "contention"). Build it with :func:`host_cluster`.
-    """
-
-    cores: int | None = None
-
-
-def host_cluster(name: str, nranks: int, bandwidth: float, cores: int | None = None) -> Cluster:
-    """``nranks`` ranks on one machine of ``cores`` cores (``None``: one each), each moving
-    at most ``bandwidth`` bytes/s: a :class:`HostCluster`.
-
-    Raises
-    ------
-    ValueError
-        For a rank or core count below 1 or a bandwidth that is not positive.
-    """
-    if nranks < 1:
-        raise ValueError(f"a host needs at least 1 rank, got {nranks}")
-    if not bandwidth > 0:
-        raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth!r}")
-    if cores is not None and cores < 1:
-        raise ValueError(f"cores must be >= 1, got {cores!r}")
-    box = Box(name="host", gpus=int(nranks), first_rank=0, fabric=Fabric(float(bandwidth), 0.0))
-    return HostCluster(name=name, boxes=(box,), source=f"<host {name}>",
-                       cores=None if cores is None else int(cores))
-
-
-def _box_link_graph(box: Box) -> nx.Graph:
-    graph = nx.Graph()
-    graph.add_nodes_from(range(box.gpus))
-    graph.add_edges_from((link.a, link.b) for link in box.gpu_links)
-    return graph
-
-
-def _add_duplex(graph: nx.DiGraph, u: str, v: str, bandwidth: float, latency: float,
-                kind: str, latency_back: float | None = None) -> None:
-    for a, b, lat in ((u, v, latency), (v, u, latency if latency_back is None else latency_back)):
-        if graph.has_edge(a, b):  # parallel links add up
-            graph[a][b]["bandwidth"] += bandwidth
-        else:
-            graph.add_edge(a, b, bandwidth=bandwidth, latency=lat, kind=kind)
-
-
-def _build_graph(cluster: Cluster) -> nx.DiGraph:
-    graph = nx.DiGraph(name=cluster.name)
-    for switch in cluster.switches:
-        graph.add_node(switch, kind="switch")
-    for b, box in enumerate(cluster.boxes):
-        for j in range(box.gpus):
-            graph.add_node(box.gpu_node(j), kind="gpu", rank=box.first_rank + j, box=b, local=j)
-        if box.fabric is not None:
-            graph.add_node(box.fabric_node, kind="fabric", box=b)
-            for j in range(box.gpus):
-                # The latency is paid once per GPU->fabric->GPU crossing.
-                _add_duplex(graph, box.gpu_node(j), box.fabric_node, box.fabric.bandwidth,
-                            box.fabric.latency, "fabric", latency_back=0.0)
-        for link in box.gpu_links:
-            _add_duplex(graph, box.gpu_node(link.a), box.gpu_node(link.b), link.bandwidth,
-                        link.latency, "nvlink")
-        for k, nic in enumerate(box.nics):
-            node = box.nic_node(k)
-            graph.add_node(node, kind="nic", box=b, switch=nic.switch)
-            for j in nic.gpus:
-                _add_duplex(graph, box.gpu_node(j), node, nic.bandwidth, 0.0, "pcie")
-            _add_duplex(graph, node, nic.switch, nic.bandwidth, nic.latency, "nic")
-    for switch_link in cluster.links:
-        _add_duplex(graph, switch_link.a, switch_link.b, switch_link.bandwidth,
-                    switch_link.latency, "switch")
-    return graph
-
-
-# --------------------------------------------------------------------------------------
-# Loading and validation
-# --------------------------------------------------------------------------------------
 
 _TEMPLATE = re.compile(r"\{([^{}]*)\}")
 _TEMPLATE_EXPR = re.compile(r"^\s*i\s*(?:(//|%|\+|-|\*)\s*(\d+)\s*)?$")
@@ -477,16 +150,13 @@ def _closest(key: str, allowed: Iterable[str]) -> str:
     return f" {key!r} (did you mean {match[0]!r}?)" if match else f" {key!r}"
 
 
-_TOP_KEYS = ("name",), ("version", "switches", "boxes", "links", "description")
-
-
 def load_cluster(path: str | Path) -> Cluster:
     """Load and validate a cluster YAML file.
 
     Parameters
     ----------
     path : str or Path
-        The YAML file (format: DESIGN.md, "Cluster YAML, version 1").
+        The YAML file (format: docs/CLUSTER.md).
 
     Returns
     -------
@@ -534,6 +204,15 @@ def loads_cluster(text: str, file: str = "<string>") -> Cluster:
                       source=file)
     _check_connected(reader, cluster, doc, box_lines, switch_lines)
     return cluster
+
+
+def flat_cluster(nranks: int) -> Cluster:
+    """``nranks`` one-GPU boxes on one switch (100 Gbit/s, 2 us NICs): the cluster that
+    ``topoplan bench --algorithm`` plans for when no cluster file is given."""
+    nics = "\n    nics: [{switch: sw0, bandwidth: 100 Gbit/s, latency: 2 us}]" if nranks > 1 else ""
+    return loads_cluster(f"name: flat-{nranks}\nswitches: [{{name: sw0}}]\nboxes:\n"
+                         f"  - name: \"node{{i}}\"\n    count: {nranks}\n    gpus: 1{nics}\n",
+                         f"<flat cluster of {nranks} ranks>")
 
 
 def _read_switches(reader: _Reader, doc: LineDict) -> tuple[list[str], dict[str, int]]:
@@ -757,3 +436,4 @@ def _check_connected(reader: _Reader, cluster: Cluster, doc: LineDict, box_lines
                               f"no network path between box {first.name!r} (switches {switches_a}) "
                               f"and box {box.name!r} (switches {switches_b}); add links between "
                               "their switches")
+

@@ -1,14 +1,19 @@
-"""Small hand-built schedules for executor and transport tests.
+"""Small hand-built schedules for the executor, transport, verifier and simulator tests.
 
-Planners live in topoplan.planners; these builders stay independent of them so
-the executor is tested even where a planner is wrong, and they cover shapes the
-planners do not emit (empty steps, many messages to one peer in a step, a step
-that sends a chunk while overwriting it).
+Planners live in topoplan.planners; these builders stay independent of them so the
+executor, the verifier and the simulator are tested even where a planner is wrong, and
+they cover shapes the planners do not emit (empty steps, many messages to one peer in a
+step, a step that sends a chunk while overwriting it). The rings are written out from
+their textbook definition (Patarasuk and Yuan, 2009).
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from topoplan.schedule import Schedule, build_schedule, equal_chunks, recv, send
+
+from .clusters import flat_cluster_yaml
 
 
 def ring(n: int) -> Schedule:
@@ -140,15 +145,6 @@ def builders(n: int) -> dict[str, Schedule]:
     return out
 
 
-def flat_cluster_yaml(n: int, gpus_per_box: int = 1) -> str:
-    """A cluster of ``n`` ranks: boxes of ``gpus_per_box`` GPUs on one switch."""
-    boxes = n // gpus_per_box
-    fabric = "\n    fabric: {bandwidth: 300 GB/s, latency: 1 us}" if gpus_per_box > 1 else ""
-    nics = "\n    nics: [{switch: sw0, bandwidth: 100 Gbit/s, latency: 2 us}]" if boxes > 1 else ""
-    return (f"name: flat-{boxes}x{gpus_per_box}\nswitches: [{{name: sw0}}]\nboxes:\n"
-            f"  - name: \"box{{i}}\"\n    count: {boxes}\n    gpus: {gpus_per_box}{fabric}{nics}\n")
-
-
 def planner_schedules(n: int, size: int = 1 << 20) -> dict[str, Schedule]:
     """Every planner in topoplan.planners.PLANNERS on small clusters of ``n`` ranks.
 
@@ -172,3 +168,71 @@ def planner_schedules(n: int, size: int = 1 << 20) -> dict[str, Schedule]:
             except InfeasiblePlanError:
                 continue
     return out
+
+
+def ring_schedule(order: Sequence[int], *, name: str = "ring") -> Schedule:
+    """Ring allreduce over ``order`` (ring positions -> ranks), one chunk per rank.
+
+    Reduce-scatter: in step k, position p sends chunk (p - k) mod n to p + 1 and reduces
+    chunk (p - k - 1) mod n from p - 1. Allgather: n - 1 more steps forwarding the
+    finished chunks. 2(n - 1) steps, each moving M/n bytes per rank.
+    """
+    n = len(order)
+    steps: list[list[list]] = [[] for _ in range(n)]
+    for p, rank in enumerate(order):
+        nxt, prv = order[(p + 1) % n], order[(p - 1) % n]
+        for k in range(n - 1):
+            steps[rank].append([send(nxt, (p - k) % n), recv(prv, (p - k - 1) % n, reduce=True)])
+        for k in range(n - 1):
+            steps[rank].append([send(nxt, (p + 1 - k) % n), recv(prv, (p - k) % n)])
+    return build_schedule(n, equal_chunks(n), steps, algorithm=name)
+
+
+def hierarchical_schedule(nranks: int, gpus_per_box: int, *,
+                          name: str = "hierarchical") -> Schedule:
+    """Two-level BlueConnect-style allreduce: in-box ring reduce-scatter, a ring allreduce
+    across boxes among the GPUs with the same local index (one ring per rail), in-box
+    ring allgather.
+
+    Chunk ``l * B + b`` (``B`` boxes) is piece ``l`` (owned by local GPU ``l`` after the
+    in-box phase), sub-piece ``b`` (owned by box ``b`` after the cross-box reduce-scatter),
+    so an in-box op set moves ``B`` chunks to one peer: ``Theta(n^2 / g)`` ops in all,
+    like the real hierarchical planners.
+    """
+    g = gpus_per_box
+    nboxes = nranks // g
+    if nboxes * g != nranks:
+        raise ValueError(f"{nranks} ranks are not whole boxes of {g}")
+    steps: list[list[list]] = [[] for _ in range(nranks)]
+
+    def piece(l: int) -> range:
+        return range(l * nboxes, (l + 1) * nboxes)
+
+    for box in range(nboxes):
+        ranks = [box * g + l for l in range(g)]
+        for p, rank in enumerate(ranks):
+            nxt, prv = ranks[(p + 1) % g], ranks[(p - 1) % g]
+            for k in range(g - 1):  # in-box reduce-scatter: ends owning piece p
+                sp, rp = (p - k - 1) % g, (p - k - 2) % g
+                steps[rank].append([send(nxt, c) for c in piece(sp)]
+                                   + [recv(prv, c, reduce=True) for c in piece(rp)])
+    for l in range(g):  # one ring per rail over the boxes, on piece l
+        rail = [b * g + l for b in range(nboxes)]
+        for p, rank in enumerate(rail):
+            nxt, prv = rail[(p + 1) % nboxes], rail[(p - 1) % nboxes]
+            base = l * nboxes
+            for k in range(nboxes - 1):
+                steps[rank].append([send(nxt, base + (p - k) % nboxes),
+                                    recv(prv, base + (p - k - 1) % nboxes, reduce=True)])
+            for k in range(nboxes - 1):
+                steps[rank].append([send(nxt, base + (p + 1 - k) % nboxes),
+                                    recv(prv, base + (p - k) % nboxes)])
+    for box in range(nboxes):
+        ranks = [box * g + l for l in range(g)]
+        for p, rank in enumerate(ranks):
+            nxt, prv = ranks[(p + 1) % g], ranks[(p - 1) % g]
+            for k in range(g - 1):  # in-box allgather of the finished pieces
+                sp, rp = (p - k) % g, (p - k - 1) % g
+                steps[rank].append([send(nxt, c) for c in piece(sp)]
+                                   + [recv(prv, c) for c in piece(rp)])
+    return build_schedule(nranks, equal_chunks(nranks), steps, algorithm=name)

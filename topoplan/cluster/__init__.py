@@ -1,0 +1,19 @@
+"""Clusters: the YAML spec (docs/CLUSTER.md) -> a frozen model -> a ``networkx.DiGraph``.
+
+- :mod:`~topoplan.cluster.model`: :class:`Cluster`, its boxes, NICs and links (frozen
+  dataclasses), and the routes data takes between two ranks;
+- :mod:`~topoplan.cluster.graph`: the topology graph (``Cluster.graph``);
+- :mod:`~topoplan.cluster.spec`: :func:`load_cluster` / :func:`loads_cluster`, the YAML
+  reader, whose errors name ``file:line: key``, and :func:`flat_cluster`.
+"""
+
+from __future__ import annotations
+
+from .model import (MAX_ROUTES, Box, Cluster, Fabric, GpuLink, HostCluster, Nic, SwitchLink,
+                    host_cluster)
+from .spec import MAX_COUNT, flat_cluster, load_cluster, loads_cluster
+
+__all__ = [
+    "Fabric", "GpuLink", "Nic", "Box", "SwitchLink", "Cluster", "HostCluster", "host_cluster",
+    "load_cluster", "loads_cluster", "flat_cluster", "MAX_ROUTES", "MAX_COUNT",
+]

@@ -1,0 +1,318 @@
+"""The cluster model: frozen dataclasses for boxes, NICs and links, and the routes data
+takes between two ranks.
+
+Build a :class:`Cluster` with :func:`topoplan.cluster.load_cluster` (the YAML spec,
+docs/CLUSTER.md) or :func:`host_cluster` (one machine running every rank).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Iterable
+
+import networkx as nx
+
+from .graph import box_link_graph, build_graph
+
+__all__ = ["Fabric", "GpuLink", "Nic", "Box", "SwitchLink", "Cluster", "HostCluster",
+           "host_cluster", "MAX_ROUTES"]
+
+MAX_ROUTES = 16  # equal-cost paths kept per GPU pair (ECMP / multi-rail spreading)
+
+
+@dataclass(frozen=True, slots=True)
+class Fabric:
+    """An in-box switch (NVSwitch, PCIe switch): every GPU attaches at ``bandwidth``."""
+
+    bandwidth: float  # bytes/s per GPU, per direction
+    latency: float  # seconds
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLink:
+    """A direct GPU<->GPU link inside a box (NVLink); ``a``, ``b`` are box-local indexes."""
+
+    a: int
+    b: int
+    bandwidth: float
+    latency: float
+
+
+@dataclass(frozen=True, slots=True)
+class Nic:
+    """A network interface: plugs into ``switch``, serves the box-local ``gpus``."""
+
+    switch: str
+    bandwidth: float
+    latency: float
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Box:
+    """A host with ``gpus`` GPUs, ranks ``first_rank .. first_rank + gpus - 1``.
+
+    ``template`` is the YAML entry's name template; boxes stamped from one entry
+    share it, which is what "one box type" means to hierarchical planners.
+    """
+
+    name: str
+    gpus: int
+    first_rank: int
+    fabric: Fabric | None = None
+    gpu_links: tuple[GpuLink, ...] = ()
+    nics: tuple[Nic, ...] = ()
+    template: str = ""
+
+    @property
+    def ranks(self) -> range:
+        return range(self.first_rank, self.first_rank + self.gpus)
+
+    def gpu_node(self, local: int) -> str:
+        return f"{self.name}/gpu{local}"
+
+    def nic_node(self, index: int) -> str:
+        return f"{self.name}/nic{index}"
+
+    @property
+    def fabric_node(self) -> str:
+        return f"{self.name}/fabric"
+
+    def in_box_bandwidth(self) -> float:
+        """What one GPU can send to the rest of its box: its fabric port plus its direct
+        GPU links (NVLink, on-board PCIe switches), the most over the box's GPUs."""
+        if self.gpus == 1:
+            return 0.0
+        fabric = self.fabric.bandwidth if self.fabric is not None else 0.0
+        per_gpu = [fabric] * self.gpus
+        for link in self.gpu_links:
+            per_gpu[link.a] += link.bandwidth
+            per_gpu[link.b] += link.bandwidth
+        return max(per_gpu)
+
+    def signature(self) -> tuple:
+        """What makes two boxes interchangeable for planning (all but name and switches)."""
+        return (self.gpus, self.fabric, self.gpu_links,
+                tuple((n.bandwidth, n.latency, n.gpus) for n in self.nics))
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchLink:
+    """A full-duplex switch<->switch link; parallel links are summed into one."""
+
+    a: str
+    b: str
+    bandwidth: float
+    latency: float
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A cluster: switches, boxes of GPUs, and the links between them.
+
+    Build it with :func:`load_cluster`. ``graph`` is the ``networkx.DiGraph`` the
+    planners and the simulator work on; ranks are numbered in file order.
+    """
+
+    name: str
+    boxes: tuple[Box, ...]
+    switches: tuple[str, ...] = ()
+    links: tuple[SwitchLink, ...] = ()
+    source: str | None = field(default=None, compare=False)
+
+    # ---- ranks -------------------------------------------------------------
+    @property
+    def nranks(self) -> int:
+        return sum(box.gpus for box in self.boxes)
+
+    @cached_property
+    def _rank_box(self) -> tuple[int, ...]:
+        return tuple(b for b, box in enumerate(self.boxes) for _ in range(box.gpus))
+
+    def box_of(self, rank: int) -> Box:
+        """The box holding ``rank``."""
+        self._check_rank(rank)
+        return self.boxes[self._rank_box[rank]]
+
+    def box_index(self, rank: int) -> int:
+        self._check_rank(rank)
+        return self._rank_box[rank]
+
+    def local_index(self, rank: int) -> int:
+        """The GPU index of ``rank`` inside its box."""
+        return rank - self.box_of(rank).first_rank
+
+    def gpu_node(self, rank: int) -> str:
+        """The graph node of ``rank``."""
+        box = self.box_of(rank)
+        return box.gpu_node(rank - box.first_rank)
+
+    def _check_rank(self, rank: int) -> None:
+        if not 0 <= rank < self.nranks:
+            raise IndexError(f"rank {rank} out of range(0, {self.nranks})")
+
+    # ---- graph -------------------------------------------------------------
+    @cached_property
+    def graph(self) -> nx.DiGraph:
+        """The topology as a DiGraph with ``bandwidth`` (bytes/s) and ``latency`` (s) on edges."""
+        return build_graph(self)
+
+    @cached_property
+    def _switch_graph(self) -> nx.Graph:
+        graph = nx.Graph()
+        graph.add_nodes_from(self.switches)
+        graph.add_edges_from((link.a, link.b) for link in self.links)
+        return graph
+
+    @cached_property
+    def _route_cache(self) -> dict:
+        return {}
+
+    def routes(self, src: int, dst: int) -> tuple[tuple[str, ...], ...]:
+        """The equal-cost paths data takes from rank ``src`` to rank ``dst``.
+
+        Inside a box: the direct GPU link if there is one, else the fabric, else the
+        fewest NVLink hops (relaying through GPUs). Between boxes: out through every
+        NIC serving ``src``, across the fewest switch hops, in through every NIC
+        serving ``dst`` (GPUs without a NIC first hop to the nearest GPU with one).
+        At most ``MAX_ROUTES`` paths, in a deterministic order. Each path is a tuple
+        of graph nodes from ``gpu_node(src)`` to ``gpu_node(dst)``.
+        """
+        key = (src, dst)
+        cache = self._route_cache
+        if key not in cache:
+            cache[key] = self._compute_routes(src, dst)
+        return cache[key]
+
+    def route_edges(self, src: int, dst: int) -> tuple[tuple[tuple[str, str], ...], ...]:
+        """``routes`` as tuples of directed edges."""
+        return tuple(tuple(zip(path, path[1:])) for path in self.routes(src, dst))
+
+    def _compute_routes(self, src: int, dst: int) -> tuple[tuple[str, ...], ...]:
+        if src == dst:
+            node = self.gpu_node(src)
+            return ((node,),)
+        box_s, box_d = self.box_of(src), self.box_of(dst)
+        ls, ld = src - box_s.first_rank, dst - box_d.first_rank
+        if box_s is box_d:
+            return tuple(itertools.islice(self._in_box_paths(box_s, ls, ld), MAX_ROUTES))
+        paths: list[tuple[str, ...]] = []
+        out_legs = self._nic_legs(box_s, ls, outbound=True)
+        in_legs = self._nic_legs(box_d, ld, outbound=False)
+        for (head, sw_a), (tail, sw_b) in itertools.product(out_legs, in_legs):
+            for middle in self._switch_paths(sw_a, sw_b):
+                paths.append(head + middle + tail)
+                if len(paths) >= MAX_ROUTES:
+                    return tuple(paths)
+        return tuple(paths)
+
+    def _in_box_paths(self, box: Box, a: int, b: int) -> Iterable[tuple[str, ...]]:
+        if any({link.a, link.b} == {a, b} for link in box.gpu_links):
+            yield (box.gpu_node(a), box.gpu_node(b))
+            return
+        if box.fabric is not None:
+            yield (box.gpu_node(a), box.fabric_node, box.gpu_node(b))
+            return
+        links = box_link_graph(box)
+        for path in nx.all_shortest_paths(links, a, b):
+            yield tuple(box.gpu_node(j) for j in path)
+
+    def _nic_legs(self, box: Box, local: int, outbound: bool) -> list[tuple[tuple[str, ...], str]]:
+        """(path from the GPU to its NIC, switch) pairs, or reversed for inbound."""
+        direct = [k for k, nic in enumerate(box.nics) if local in nic.gpus]
+        legs: list[tuple[tuple[str, ...], str]] = []
+        if direct:
+            for k in direct:
+                legs.append(((box.gpu_node(local), box.nic_node(k)), box.nics[k].switch))
+        else:  # hop inside the box to the nearest GPUs that have a NIC
+            candidates = sorted({g for nic in box.nics for g in nic.gpus},
+                                key=lambda g: (len(next(iter(self._in_box_paths(box, local, g)))), g))
+            if candidates:
+                best = len(next(iter(self._in_box_paths(box, local, candidates[0]))))
+                for g in candidates:
+                    hop = next(iter(self._in_box_paths(box, local, g)))
+                    if len(hop) > best:
+                        break
+                    for k, nic in enumerate(box.nics):
+                        if g in nic.gpus:
+                            legs.append((hop + (box.nic_node(k),), nic.switch))
+        if outbound:
+            return legs
+        return [(tuple(reversed(path)), switch) for path, switch in legs]
+
+    def _switch_paths(self, a: str, b: str) -> list[tuple[str, ...]]:
+        cache = self._route_cache
+        key = ("sw", a, b)
+        if key not in cache:
+            if a == b:
+                cache[key] = [(a,)]
+            else:
+                try:
+                    found = itertools.islice(nx.all_shortest_paths(self._switch_graph, a, b),
+                                             MAX_ROUTES)
+                    cache[key] = [tuple(p) for p in found]
+                except nx.NetworkXNoPath:
+                    cache[key] = []
+        return cache[key]
+
+    # ---- summaries ---------------------------------------------------------
+    def injection_bandwidth(self, box: Box) -> float:
+        """Bytes/s a box can push into the network (sum of its NICs)."""
+        return sum(nic.bandwidth for nic in box.nics)
+
+    def gpu_bandwidth(self, rank: int) -> float:
+        """Bytes/s one GPU can push out over all its edges (fabric, NVLink, NICs)."""
+        node = self.gpu_node(rank)
+        return sum(data["bandwidth"] for _, _, data in self.graph.out_edges(node, data=True))
+
+    def bisection_bandwidth(self) -> float:
+        """Max flow (bytes/s) from the first half of the ranks to the second half, in rank
+        order; 0 for one rank."""
+        n = self.nranks
+        if n < 2:
+            return 0.0
+        graph = self.graph.copy()
+        for rank in range(n):
+            node = self.gpu_node(rank)
+            if rank < n // 2:
+                graph.add_edge("__source__", node)
+            else:
+                graph.add_edge(node, "__sink__")
+        value, _ = nx.maximum_flow(graph, "__source__", "__sink__", capacity="bandwidth")
+        return float(value)
+
+
+@dataclass(frozen=True)
+class HostCluster(Cluster):
+    """One machine running every rank (a CPU transport on one host): a box whose fabric
+    gives each rank ``bandwidth`` in and out (one core's copy rate), on ``cores`` cores.
+
+    When more ranks work at once than the machine has cores, they take turns: the
+    simulator stretches such stretches of time by ``busy ranks / cores``
+    (:func:`topoplan.simulate`, "contention"). Build it with :func:`host_cluster`.
+    """
+
+    cores: int | None = None
+
+
+def host_cluster(name: str, nranks: int, bandwidth: float, cores: int | None = None) -> Cluster:
+    """``nranks`` ranks on one machine of ``cores`` cores (``None``: one each), each moving
+    at most ``bandwidth`` bytes/s: a :class:`HostCluster`.
+
+    Raises
+    ------
+    ValueError
+        For a rank or core count below 1 or a bandwidth that is not positive.
+    """
+    if nranks < 1:
+        raise ValueError(f"a host needs at least 1 rank, got {nranks}")
+    if not bandwidth > 0:
+        raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth!r}")
+    if cores is not None and cores < 1:
+        raise ValueError(f"cores must be >= 1, got {cores!r}")
+    box = Box(name="host", gpus=int(nranks), first_rank=0, fabric=Fabric(float(bandwidth), 0.0))
+    return HostCluster(name=name, boxes=(box,), source=f"<host {name}>",
+                       cores=None if cores is None else int(cores))
+
