@@ -246,7 +246,7 @@ def test_calibration_fit_recovers_alpha_and_reduce_bandwidth():
     cluster = scale_cluster(loads_cluster(TWO_SWITCH), 0.5)
     cases = calibration_cases(cluster)
     assert [c[0] for c in cases] == ["cal:reduce", "cal:latency", "cal:ring-pipelined",
-                                     "cal:tree-pipelined"]
+                                     "cal:tree-pipelined", "cal:direct"]
     alpha, reduce_bw = 0.7e-3, 3e9
     from topoplan.simulate import simulate
     measured = {"cal:reduce": cases[0][1] / reduce_bw}
@@ -260,7 +260,8 @@ def test_calibration_fit_recovers_alpha_and_reduce_bandwidth():
     assert cal.reduce_bandwidth == pytest.approx(reduce_bw)
     assert cal.alpha_s == pytest.approx(alpha, rel=0.05)
     assert cal.latency_alpha_s == pytest.approx(5 * alpha, rel=0.05)
-    assert all(s.steps > 30 for s in cal.samples if s.label != "cal:latency")
+    assert all(s.steps > 30 for s in cal.samples if s.label not in ("cal:latency", "cal:direct"))
+    assert cal.op_overhead_s == pytest.approx(0, abs=alpha * 0.05)  # none in these runs
     schedule = cases[2][3]
     assert predict(cluster, schedule, cases[2][1], cal) == pytest.approx(
         measured["cal:ring-pipelined"], rel=0.01)

@@ -38,6 +38,8 @@ PROBE_ALPHA = 1e-4
 #: Pipelined calibration runs: chunks, and seconds per message on the slowest link.
 PIPELINE_CHUNKS = 32
 STEP_SECONDS = 1.5e-3
+#: Direct all-to-all allreduces one after another in the many-ops case.
+DIRECT_ROUNDS = 4
 #: Bytes of the reduce-only case: large enough to time, small enough for any cache.
 REDUCE_BYTES = 4 << 20
 
@@ -61,9 +63,9 @@ class CalibrationSample:
 class Calibration:
     """Software costs of the testbed's transport, for :func:`topoplan.simulate`.
 
-    ``alpha_s`` is per message, fitted on pipelined runs (the regime of large
-    sizes); ``latency_alpha_s`` the same fitted on a latency-bound run of small
-    messages, for information; ``reduce_bandwidth`` in bytes/s (``None``: not
+    ``alpha_s`` is per message and ``op_overhead_s`` per op a rank posts, fitted on
+    pipelined runs (the regime of large sizes); ``latency_alpha_s`` the alpha fitted on
+    a latency-bound run of small messages, for information; ``reduce_bandwidth`` in bytes/s (``None``: not
     measured); ``load`` the 1-minute load average when it was measured.
     """
 
@@ -72,6 +74,7 @@ class Calibration:
     load: float
     samples: tuple[CalibrationSample, ...] = ()
     latency_alpha_s: float | None = None
+    op_overhead_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "note": self.note}
@@ -81,6 +84,7 @@ class Calibration:
         """The fitted costs as a profile for :func:`topoplan.simulate`."""
         from ..cost import CostProfile
         return CostProfile("testbed", alpha_box=self.alpha_s, alpha_network=self.alpha_s,
+                           op_overhead=self.op_overhead_s,
                            reduce_bandwidth=self.reduce_bandwidth,
                            description="software costs fitted on the testbed")
 
@@ -135,6 +139,13 @@ def calibration_cases(cluster: Cluster) -> list[tuple[str, int, str, Schedule | 
     for label, algorithm, nbytes, options in runs:
         cases.append((label, nbytes, "schedule", plan(cluster, algorithm=algorithm, size=nbytes,
                                                       profile="ideal", **options)))
+    if n > 2:
+        # Every rank exchanging with every other at once, DIRECT_ROUNDS times: steps of
+        # 2 (n - 1) ops, which the ring and tree (2 and 3 ops a step) cannot tell from alpha.
+        from ..calibrate import _direct
+        direct = _direct(n, DIRECT_ROUNDS, "calibrate-direct")
+        nbytes = int(STEP_SECONDS * slowest * n * DIRECT_ROUNDS) // 4096 * 4096 or 4096
+        cases.append(("cal:direct", nbytes, "schedule", direct))
     return cases
 
 
@@ -181,12 +192,17 @@ def fit(cluster: Cluster, cases: Sequence[tuple[str, int, str, Schedule | None]]
             if kind == "schedule" and schedule is not None and label in measured]
     pipelined = [r for r in runs if r[0] != "cal:latency"]
     latency = [r for r in runs if r[0] == "cal:latency"]
-    steps = {"alpha": PROBE_ALPHA}
+    steps = {"alpha": PROBE_ALPHA, "op_overhead": PROBE_ALPHA / 10}
     fitted: dict[str, tuple[float, float]] = {}  # label -> (fitted_s, d time / d alpha)
-    alpha, latency_alpha = 0.0, None
+    alpha, latency_alpha, op = 0.0, None, 0.0
     if pipelined:
-        result = fit_costs(pipelined, start, ("alpha",), cluster=cluster, min_steps=steps)
+        # The op cost only where a run has steps of many ops to tell it from alpha.
+        names = ("alpha", "op_overhead") if any(r[0] == "cal:direct" for r in pipelined) \
+            else ("alpha",)
+        result = fit_costs(pipelined, start, names, cluster=cluster,
+                           min_steps={k: steps[k] for k in names})
         alpha = result.values["alpha"]
+        op = result.values.get("op_overhead", 0.0)
         fitted.update({s.label: (s.fitted_s, s.sensitivity["alpha"]) for s in result.samples})
     if latency:
         result = fit_costs(latency, start, ("alpha",), cluster=cluster, min_steps=steps)
@@ -198,7 +214,7 @@ def fit(cluster: Cluster, cases: Sequence[tuple[str, int, str, Schedule | None]]
         steps_of = max(len(schedule.steps_of(r)) for r in range(schedule.nranks))
         fit_s, alphas = fitted[label]
         samples.append(CalibrationSample(label, size, steps_of, seconds, base, alphas, fit_s))
-    return Calibration(alpha, reduce_bw, _load(), tuple(samples), latency_alpha)
+    return Calibration(alpha, reduce_bw, _load(), tuple(samples), latency_alpha, op)
 
 
 def _load() -> float:
