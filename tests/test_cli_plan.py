@@ -146,3 +146,21 @@ def test_plan_caps_leave_candidates_out():
     assert result.returncode == 1
     assert result.stderr == ("topoplan: error: ring: the smallest plan has 4 chunks, over "
                              "max_chunks=3; raise the cap or pick another planner\n")
+
+
+@pytest.mark.parametrize("argv", [["--size", "garbage"], ["--size", "0"], ["--size=-5MiB"],
+                                  ["--size", "1.5"]])
+def test_every_bad_size_gets_one_message_naming_the_option(argv):
+    result = run("plan", DDL, *argv, check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    message = result.stderr.splitlines()[-1]
+    assert message == ("topoplan plan: error: argument -s/--size: expected a whole number of "
+                       f"bytes > 0, e.g. 256MiB, 64KiB or 4096; got {argv[-1].split('=')[-1]!r}")
+
+
+def test_zero_in_a_size_range_names_the_option():
+    result = run("simulate", DDL, "plan.json", "--sizes", "0,4", check=False)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        "topoplan simulate: error: argument --sizes: sizes must be > 0 bytes, got '0,4'; "
+        "e.g. 1KiB:64MiB or 4096,1MiB")

@@ -14,18 +14,11 @@ from ..cost import get_profile
 from ..errors import ScheduleError
 from ..schedule import load_schedule
 from ..simulate import SimReport, simulate
-from ..units import format_bandwidth, parse_bandwidth, parse_latency, parse_size_range
-from .common import add_profile_argument, console, table
+from ..units import format_bandwidth, parse_bandwidth, parse_latency
+from .common import add_profile_argument, console, sizes_arg, table
 
 #: The parts of SimReport.breakdown, in the order the table and JSON show them.
 PARTS = ("bandwidth", "latency", "overhead", "reduce", "contention")
-
-
-def _sizes(text: str) -> list[int]:
-    try:
-        return parse_size_range(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _bandwidth(text: str) -> float:
@@ -58,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "reduce.")
     parser.add_argument("cluster", help="cluster YAML file")
     parser.add_argument("plan", help="schedule JSON file (from topoplan plan -o)")
-    parser.add_argument("--sizes", type=_sizes, default=parse_size_range("1KiB:1GiB"),
+    parser.add_argument("--sizes", type=sizes_arg, default=sizes_arg("1KiB:1GiB"),
                         metavar="RANGE",
                         help="bytes per rank: MIN:MAX (powers of two), MIN:MAX:FACTOR or a,b,c "
                              "(default 1KiB:1GiB)")
