@@ -35,6 +35,8 @@ _LAZY = {
     "plan": "topoplan.planners",
     "PLANNERS": "topoplan.planners",
     "Allreduce": "topoplan.executor",
+    "cluster_fingerprint": "topoplan.fingerprint",
+    "check_fingerprint": "topoplan.fingerprint",
 }
 _SUBMODULES = {"transports", "planners", "viz", "torch", "testbed", "units"}
 

@@ -267,7 +267,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--algorithm", metavar="ALG",
                         help="plan with this algorithm (ring, tree, rhd, ...) on --cluster")
     p.add_argument("--cluster", metavar="CLUSTER.yaml",
-                   help="cluster for --algorithm (default: N one-GPU boxes on one switch)")
+                   help="cluster for --algorithm (default: N one-GPU boxes on one switch); "
+                        "with --plan, the cluster the plan must have been made for")
+    p.add_argument("--force", action="store_true",
+                   help="run a --plan made for another cluster than --cluster (its recorded "
+                        "cluster fingerprint differs)")
     p.add_argument("-n", "--nranks", type=int, default=None,
                    help="processes to launch (default: the schedule's rank count)")
     p.add_argument("--sizes", type=sizes_arg, default=sizes_arg("1KiB:64MiB"),
@@ -301,9 +305,18 @@ def flat_cluster(nranks: int) -> Any:
 def _schedule(args: argparse.Namespace) -> Schedule:
     from ..schedule import load_schedule
     if args.plan:
+        schedule = load_schedule(args.plan)
         if args.cluster:
-            raise TopoplanError("--cluster goes with --algorithm, not with --plan")
-        return load_schedule(args.plan)
+            from ..cluster import load_cluster
+            from ..fingerprint import check_fingerprint
+            cluster = load_cluster(args.cluster)
+            if schedule.nranks != cluster.nranks and not args.force:
+                raise TopoplanError(f"{args.plan} has {schedule.nranks} ranks but "
+                                    f"{args.cluster} has {cluster.nranks} GPUs; plan it for "
+                                    f"this cluster: topoplan plan {args.cluster} -o PLAN.json")
+            check_fingerprint(schedule, cluster, plan=args.plan, cluster_file=args.cluster,
+                              force=args.force)
+        return schedule
     algorithm = args.algorithm or "ring"
     if args.cluster:
         from ..cluster import load_cluster

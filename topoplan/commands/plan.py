@@ -10,6 +10,7 @@ from typing import Any
 from ..cluster import load_cluster
 from ..cost import get_profile
 from ..errors import InfeasiblePlanError, TopoplanError
+from ..fingerprint import cluster_fingerprint
 from ..units import format_bandwidth, format_size, format_time
 from .common import add_profile_argument, console, positive_int, size_arg, status, table
 
@@ -85,7 +86,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.output:
         chosen.schedule.with_meta(
             size_bytes=args.size, predicted_time_s=chosen.time_s,
-            lower_bound_s=bound, profile=costs.name).save(args.output)
+            lower_bound_s=bound, profile=costs.name,
+            cluster_fingerprint=cluster_fingerprint(cluster)).save(args.output)
 
     if args.json:
         print(json.dumps({

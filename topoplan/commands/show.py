@@ -66,6 +66,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show.add_argument("--top", type=int, default=8, metavar="K",
                       help="busiest links in the utilisation figure (default 8)")
     show.add_argument("--dpi", type=int, default=110, help="resolution of raster images (default 110)")
+    show.add_argument("--force", action="store_true",
+                      help="draw a PLAN.json made for another cluster (its recorded cluster "
+                           "fingerprint differs)")
     show.set_defaults(func=cmd_show)
 
 
@@ -102,6 +105,9 @@ def cmd_show(args: argparse.Namespace) -> int:
             if schedule.nranks != cluster.nranks:
                 raise ScheduleError(f"{args.plan}: the schedule has {schedule.nranks} ranks but "
                                     f"{args.cluster} has {cluster.nranks}; plan it for this cluster")
+            from ..fingerprint import check_fingerprint
+            check_fingerprint(schedule, cluster, plan=args.plan, cluster_file=args.cluster,
+                              force=args.force)
         else:
             try:
                 from ..planners import plan

@@ -12,6 +12,7 @@ from ..bound import bottleneck
 from ..cluster import load_cluster
 from ..cost import get_profile
 from ..errors import ScheduleError
+from ..fingerprint import check_fingerprint
 from ..schedule import load_schedule
 from ..simulate import SimReport, simulate
 from ..units import format_bandwidth, parse_bandwidth, parse_latency
@@ -63,6 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "classes (default: the profile's)")
     parser.add_argument("--reduce-bandwidth", type=_bandwidth, default=None, metavar="BW",
                         help="GPU reduction speed, e.g. '500 GB/s' (default: the profile's)")
+    parser.add_argument("--force", action="store_true",
+                        help="simulate a plan made for another cluster (its recorded cluster "
+                             "fingerprint differs)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     parser.set_defaults(func=cmd_simulate)
 
@@ -75,6 +79,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             f"{args.plan} has {schedule.nranks} ranks but {args.cluster} (cluster "
             f"{cluster.name!r}) has {cluster.nranks} GPUs; plan it for this cluster: "
             f"topoplan plan {args.cluster} -o PLAN.json")
+    check_fingerprint(schedule, cluster, plan=args.plan, cluster_file=args.cluster,
+                      force=args.force)
     if args.dtype_size < 1:
         raise ScheduleError(f"--dtype-size must be >= 1, got {args.dtype_size}")
     costs = get_profile(args.profile)
