@@ -155,6 +155,26 @@ def test_bench_cli_refuses_a_rank_count_mismatch(tmp_path: Path) -> None:
     assert "3 ranks" in proc.stderr and "2" in proc.stderr
 
 
+def test_bench_cli_refuses_a_plan_that_does_not_verify(tmp_path: Path) -> None:
+    """Rank 0 overwrites chunk 0 instead of adding to it: a wrong sum, but chunk 0 is
+    0.1% of the buffer, empty at 1 KiB, where the run's own check would find nothing."""
+    from topoplan.schedule import Schedule, load_schedule, recv, send, RankProgram
+    steps = {0: [(send(1, 1), recv(1, 0, reduce=False)), (send(1, 0), recv(1, 1))],
+             1: [(send(0, 0), recv(0, 1, reduce=True)), (send(0, 1), recv(0, 0))]}
+    broken = Schedule(2, (0.001, 0.999), tuple(RankProgram(r, tuple(steps[r])) for r in (0, 1)),
+                      meta={"algorithm": "broken"})
+    plan = tmp_path / "broken.json"
+    broken.save(plan)
+    verdict = subprocess.run([sys.executable, "-m", "topoplan", "verify", str(plan)],
+                             capture_output=True, text=True, cwd=HERE.parent)
+    assert verdict.returncode == 1
+    proc = _bench("--plan", str(plan), "--sizes", "1KiB")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr == (verdict.stderr.rstrip("\n")
+                           + "; bench runs only plans that verify\n")
+    assert load_schedule(plan).chunk_bounds(256)[0] == (0, 0)
+
+
 def test_bench_cli_plans_with_an_algorithm() -> None:
     try:
         from topoplan.planners import plan  # noqa: F401
