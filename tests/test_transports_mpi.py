@@ -78,6 +78,24 @@ def test_mpi_cases_and_killed_peer(nranks: int, victim: int | None, with_torch: 
         assert kill["elapsed"] < TIMEOUT + 3.0, kill
 
 
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_a_retry_after_a_timeout_sums_its_own_inputs(nranks: int) -> None:
+    """tests/mpi_retry.py: the late messages of a failed call neither match the retry
+    nor the call four later that reuses its epoch, and are drained (Iprobe finds none)."""
+    proc = mpiexec(nranks, [sys.executable, str(HERE / "mpi_retry.py")], timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    records = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("TOPOPLAN-RETRY "):
+            record = json.loads(line.removeprefix("TOPOPLAN-RETRY "))
+            records[record["rank"]] = record
+    assert sorted(records) == list(range(nranks)), proc.stdout + proc.stderr
+    want = [float(sum(r + 1 + 100 * call for r in range(nranks))) for call in range(1, 6)]
+    for rank, record in records.items():
+        assert record["outcomes"] == ["failed", *want], (rank, record)
+        assert not record["left_over"], rank
+
+
 def test_mpiexec_command_sets_what_open_mpi_needs() -> None:
     command, env = mpiexec_command(3, ["python", "x.py"], fault_tolerant=True)
     assert command[0] == find_mpiexec()
