@@ -122,10 +122,12 @@ def cmd_show(args: argparse.Namespace) -> int:
         from ..simulate import simulate
 
         report = simulate(cluster, schedule, args.size, profile=costs, record=True)
+        from ..bound import rsag_bound
         out.print(f"{cluster.name}: {report.algorithm or 'schedule'} at {format_size(args.size)}: "
                   f"{format_time(report.time_s)} predicted under cost profile {costs.name}, "
                   f"lower bound {format_time(report.lower_bound_s)} "
-                  f"({report.efficiency:.0%} of optimal)")
+                  f"({report.efficiency:.0%} of it; RS+AG cut bound "
+                  f"{format_time(rsag_bound(cluster, args.size))})")
 
     for name, path in paths.items():
         if name == "cluster":
