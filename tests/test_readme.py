@@ -68,3 +68,14 @@ def test_readme_training_commands_run_as_typed():
                               env=env)
         assert done.returncode == 0, f"{argv}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
         assert want in done.stdout, f"{argv}:\n{done.stdout[-2000:]}"
+
+
+def test_readme_shell_commands_need_nothing_on_path():
+    """A fresh clone has make and the virtualenv that make builds, nothing else on PATH:
+    every shell command of the README starts with make or .venv/bin/."""
+    text = (ROOT / "README.md").read_text()
+    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+        lines = block.replace("\\\n", " ").splitlines()
+        for line in (ln.split("#")[0].strip() for ln in lines):
+            if line:
+                assert line.startswith(("make ", ".venv/bin/")), line
