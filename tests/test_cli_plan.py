@@ -164,3 +164,19 @@ def test_zero_in_a_size_range_names_the_option():
     assert result.stderr.splitlines()[-1] == (
         "topoplan simulate: error: argument --sizes: sizes must be > 0 bytes, got '0,4'; "
         "e.g. 1KiB:64MiB or 4096,1MiB")
+
+
+def test_json_output_stays_json_when_the_solver_talks(tmp_path):
+    """On 6 + 3 GPUs mcf's ring MILP runs HiGHS' MIP solver, which prints a line of its own
+    with C's printf; stdout must still be exactly one JSON object."""
+    cluster = tmp_path / "het9.yaml"
+    cluster.write_text("name: het9\nswitches: [sw0]\nboxes:\n"
+                       "  - {name: big, gpus: 6, fabric: {bandwidth: 100 GB/s},\n"
+                       "     nics: [{switch: sw0, bandwidth: 50 Gbit/s, latency: 2 us}]}\n"
+                       "  - {name: small, gpus: 3, fabric: {bandwidth: 100 GB/s},\n"
+                       "     nics: [{switch: sw0, bandwidth: 50 Gbit/s, latency: 2 us}]}\n")
+    result = run("plan", str(cluster), "--json", "--candidates", "mcf")
+    data = json.loads(result.stdout)
+    assert data["chosen"] == "mcf"
+    assert data["lower_bound_s"] == pytest.approx((256 << 20) / 6.25e9)
+    assert data["candidates"][0]["percent_of_bound"] <= 100
