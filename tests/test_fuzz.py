@@ -23,7 +23,7 @@ from topoplan.errors import ClusterSpecError, ScheduleError
 ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGIES = sorted((ROOT / "topologies").glob("*.yaml"))
 SMALL = [p for p in TOPOLOGIES if p.stem != "leaf_spine_1024"]  # fast to load many times
-FUZZ = settings(max_examples=60, deadline=None,
+FUZZ = settings(max_examples=40, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 # Errors that cannot point at a line: the file as a whole is wrong.
