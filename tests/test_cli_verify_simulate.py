@@ -95,7 +95,10 @@ def test_simulate_prints_one_row_per_size(tmp_path):
     for column in ("size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "bound(us)",
                    "% of bound", "bandwidth(us)", "latency(us)", "overhead(us)", "reduce(us)"):
         assert column in out
-    assert "lower-bound cut: 2 GPUs behind 10 GB/s" in out
+    assert ("lower bound (any schedule, bound(us) below): 2 groups (switch level 1), 20 GB/s "
+            "out of them in all") in out
+    assert ("RS+AG cut bound (reduce-scatter + allgather schedules): 1 x bound(us), 2 GPUs "
+            "behind 10 GB/s") in out
     assert "cost profile ideal: alpha 0 us" in out
     rows = [line for line in out.splitlines() if line.startswith("│")]
     assert [row.split("│")[1].strip() for row in rows] == ["1024", "32768", "1048576"]
@@ -114,9 +117,12 @@ def test_simulate_json(tmp_path):
     data = json.loads(done.stdout)
     assert (data["cluster"], data["algorithm"], data["nranks"]) == ("ddl-two-switch", "ring", 4)
     assert data["bottleneck"]["gpus"] == 2
+    assert data["bound_partition"] == {"name": "switch level 1", "groups": 2,
+                                       "bandwidth_Bps": 20e9}
     assert [r["size_bytes"] for r in data["results"]] == [1 << 20, 4 << 20]
     for r in data["results"]:
         assert r["time_s"] >= r["lower_bound_s"]
+        assert r["rsag_bound_s"] == pytest.approx(r["lower_bound_s"])  # balanced cut
         assert r["algbw_GBps"] == pytest.approx(r["size_bytes"] / r["time_s"] / 1e9)
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 1.5)
 

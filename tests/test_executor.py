@@ -6,6 +6,7 @@ tests/test_transports_mpi.py and tests/test_transports_torch.py.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -158,6 +159,72 @@ def test_silent_peer_times_out_on_every_waiting_rank() -> None:
     assert results[0][0].peer == 2 and "timed out after 0.5 s" in str(results[0][0])
     assert ("timed out" in str(results[1][0])
             or "peer 0 finished without sending" in str(results[1][0]))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_retry_after_a_timeout_never_takes_the_failed_calls_messages(n: int) -> None:
+    """Rank n-1 starts late: every other rank times out in call 0 and retries; rank n-1
+    then runs call 0 on its own, sending messages nobody waits for any more, and fails
+    too. Calls 1..5 must each sum their own inputs: the stale messages (call 0's tags)
+    neither match the retry nor, four calls on, the call that reuses call 0's epoch."""
+    late = n - 1
+    others_failed = threading.Barrier(n)
+
+    def rank_fn(t: Local):
+        run = Allreduce(S.ring(n), t, timeout=0.3)
+        outcomes = []
+        if t.rank == late:
+            others_failed.wait(timeout=30)
+        try:
+            run(np.full(16, 1000.0 + t.rank))
+            outcomes.append("ok")
+        except TransportError:
+            outcomes.append("failed")
+        if t.rank != late:
+            others_failed.wait(timeout=30)
+        run.timeout = 30  # every rank retries together now
+        for call in range(1, 6):
+            x = np.full(16, float(t.rank + 1 + 100 * call))
+            run(x)
+            outcomes.append(x[0])
+        return outcomes
+
+    results = Local.launch(n, rank_fn, timeout=60)
+    for rank, outcome in enumerate(results):
+        assert outcome[0] == "failed", (rank, outcome)
+        assert outcome[1:] == [sum(r + 1 + 100 * call for r in range(n)) for call in range(1, 6)]
+
+
+def test_late_messages_of_a_failed_call_are_dropped_from_the_mailbox() -> None:
+    """What the retry test relies on, seen in the mailboxes: nothing is left over."""
+    world = LocalWorld(2)
+    gate = threading.Event()
+
+    def run_rank(rank: int, out: list) -> None:
+        t = Local(world, rank, timeout=30)
+        run = Allreduce(S.ring(2), t, timeout=0.3)
+        if rank == 1:
+            gate.wait(30)
+        try:
+            run(np.ones(8))
+        except TransportError:
+            pass
+        if rank == 0:
+            gate.set()
+        run.timeout = 30
+        for _ in range(4):
+            x = np.ones(8)
+            run(x)
+            out.append(float(x[0]))
+
+    outs: list[list] = [[], []]
+    threads = [threading.Thread(target=run_rank, args=(r, outs[r])) for r in (0, 1)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert outs == [[2.0] * 4, [2.0] * 4]
+    assert all(not box for box in world.mail.values()), world.mail
 
 
 @pytest.mark.parametrize("n, victim", [(2, 1), (4, 2)])

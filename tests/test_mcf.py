@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from tests.support.clusters import SHIPPED, load_topology, topology_text
 from topoplan.cluster import loads_cluster
 from topoplan.errors import InfeasiblePlanError
-from topoplan.bound import latency_bound, lower_bound
+from topoplan.bound import latency_bound, lower_bound, rsag_bound
 from topoplan.planners import PLANNERS, plan
 from topoplan.planners.mcf import plan_mcf, solve_mcf
 from topoplan.simulate import simulate
@@ -221,10 +221,12 @@ def test_hand_solved_cases_reach_the_bound_in_simulation(name, within):
     # switch-level reduce-scatter first. dgx1_v100: 7 GPUs behind 150 GB/s, met by
     # LP-weighted Hamiltonian rings (3 disjoint cycles both ways reach it exactly).
     # aws_p2_8xlarge: board pairs then the 8 GB/s PCIe fabric among the 4 boards.
+    # mcf reduce-scatters then allgathers, so the bound it reaches is the RS+AG one (on
+    # aws_p2_8xlarge 1.29x the allreduce bound, which every schedule respects).
     cluster = load_topology(name)
     size = 1 << 30
     got = simulate(cluster, plan_mcf(cluster, size=size), size)
-    assert got.lower_bound_s <= got.time_s <= within * got.lower_bound_s
+    assert got.lower_bound_s <= got.time_s <= within * rsag_bound(cluster, size)
 
 
 def test_ddl_two_switch_bound_by_hand():

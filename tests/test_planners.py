@@ -434,15 +434,9 @@ def test_registry_is_open() -> None:
 
 @pytest.mark.parametrize("kind", ["single-switch", "two-switch", "fabric4", "nvlink-box"])
 def test_simulated_time_is_never_below_the_lower_bound(kind: str) -> None:
-    """On clusters whose cuts are balanced (every cut S has |S| <= N/2 GPUs on its
-    narrow side), no planner beats the bound.
-
-    The bound is for allreduce as reduce-scatter + allgather (ForestColl). Planners
-    that pre-reduce inside a group before crossing a cut (tree, rhd's fold,
-    hierarchical on uneven boxes) move only M per direction across a cut with
-    |S| > N/2 GPUs behind it, less than the bound's 2 |S| M / N, and can beat it
-    there: see test_pre_reducing_planners_beat_the_rs_ag_bound_on_an_uneven_cut.
-    """
+    """No planner beats the allreduce bound (valid for every schedule; uneven clusters
+    in tests/test_bound.py). The RS+AG cut bound is for reduce-scatter + allgather only:
+    see test_pre_reducing_planners_beat_the_rs_ag_bound_on_an_uneven_cut."""
     from topoplan.simulate import simulate
     for n in (2, 4, 8, 12):
         c = cluster(kind, n)
@@ -456,13 +450,15 @@ def test_simulated_time_is_never_below_the_lower_bound(kind: str) -> None:
 
 def test_pre_reducing_planners_beat_the_rs_ag_bound_on_an_uneven_cut() -> None:
     """2 GPUs | 1 GPU over a 10 GB/s link: the RS+AG bound charges 2 * (2/3) M across
-    it; reduce + broadcast needs only M each way."""
+    it; reduce + broadcast needs only M each way, which is the allreduce bound."""
+    from topoplan.bound import rsag_bound
     from topoplan.simulate import simulate
     c = cluster("two-switch", 3)
     size = 64 * MiB
     for planner in ("tree", "rhd"):
         report = simulate(c, plan(c, planner, size=size), size=size)
-        assert size / 10e9 <= report.time_s < report.lower_bound_s, planner
+        assert report.lower_bound_s == pytest.approx(size / 10e9, rel=1e-12)
+        assert report.lower_bound_s <= report.time_s < rsag_bound(c, size), planner
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])

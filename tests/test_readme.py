@@ -1,9 +1,14 @@
-"""The README's Python example runs as written (docs that match the code)."""
+"""The README's Python example and training commands run as written (docs that match the code)."""
 
+import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,3 +31,51 @@ def test_readme_first_two_commands_are_make_targets():
     assert commands == ["make demo", "make test"]
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test" in ci
+
+
+def _training_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    block = next(b for b in re.findall(r"```sh\n(.*?)```", text, re.S) if "scripts/train.py" in b)
+    return [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def test_readme_training_commands_run_as_typed():
+    """Every training command of the README, from the repository root, as typed: the only
+    changes are where the virtualenv is (``.venv/`` is the one running this test) and one
+    epoch instead of twelve. ``make train`` runs the second line (``make -n`` shows it), so
+    that line runs once, through make; make must not rebuild the virtualenv here."""
+    pytest.importorskip("torch")
+    pytest.importorskip("mpi4py")
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    venv = Path(sys.executable).parent.parent
+    commands = _training_commands()
+    assert commands == [
+        "make train",
+        ".venv/bin/topoplan launch -n 4 -- .venv/bin/python scripts/train.py "
+        "--fp16-allreduce --double-buffering",
+        ".venv/bin/topoplan launch -n 2 --transport torch -- .venv/bin/python scripts/train.py"]
+    make = ["make", "--no-print-directory", "-o", f"{venv}/.installed", f"VENV={venv}", "train"]
+    shown = subprocess.run([*make, "-n"], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert shown.stdout.strip() == commands[1].replace(".venv/", f"{venv}/")
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    runs = [([*make, "EPOCHS=1"], "train: 4 ranks mpi/optimizer ring fp16 dbuf"),
+            (shlex.split(commands[2].replace(".venv/", f"{venv}/")) + ["--epochs", "1"],
+             "train: 2 ranks torch/ddp ring fp32")]
+    for argv, want in runs:
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                              env=env)
+        assert done.returncode == 0, f"{argv}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+        assert want in done.stdout, f"{argv}:\n{done.stdout[-2000:]}"
+
+
+def test_readme_shell_commands_need_nothing_on_path():
+    """A fresh clone has make and the virtualenv that make builds, nothing else on PATH:
+    every shell command of the README starts with make or .venv/bin/."""
+    text = (ROOT / "README.md").read_text()
+    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+        lines = block.replace("\\\n", " ").splitlines()
+        for line in (ln.split("#")[0].strip() for ln in lines):
+            if line:
+                assert line.startswith(("make ", ".venv/bin/")), line

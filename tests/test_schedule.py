@@ -138,6 +138,36 @@ def test_not_json(tmp_path):
         load_schedule(path)
 
 
+@pytest.mark.parametrize("text, message", [
+    ('{"format": "topoplan-schedule", "nranks', "plan.json:1: not valid JSON: unterminated "
+     "string starting at column 33; the text ends before its brackets close: a truncated file?"),
+    ('{"format": "topoplan-schedule", "ranks": [tru', "plan.json:1: not valid JSON: expecting "
+     "value at column 43; the text ends before its brackets close: a truncated file?"),
+    ('{"a": 1,}', "plan.json:1: not valid JSON: expecting property name enclosed in double "
+     "quotes at column 9"),
+    (" \n", "plan.json: empty file; a schedule is a JSON object (topoplan plan CLUSTER.yaml -o "
+     "PLAN.json writes one)"),
+    ("[" * 100000, "plan.json: not a schedule: JSON nested too deeply"),
+])
+def test_broken_json_is_named_in_whole_sentences(text, message):
+    with pytest.raises(ScheduleError) as info:
+        loads_schedule(text, "plan.json")
+    assert str(info.value) == message
+
+
+def test_fractions_too_big_for_a_float(tmp_path):
+    with pytest.raises(ScheduleError, match="chunks: fractions must sum to 1, got inf"):
+        loads_schedule(_mutate(lambda d: d.update(chunks=[10**400])), "plan.json")
+
+
+def test_not_utf8(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_bytes(b'{"format":\n "\xff"}')
+    with pytest.raises(ScheduleError) as info:
+        load_schedule(path)
+    assert str(info.value) == f"{path}:2: not a text file (UTF-8 expected, byte 0xff)"
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ScheduleError, match="cannot read schedule: No such file"):
         load_schedule(tmp_path / "nope.json")

@@ -78,6 +78,24 @@ def test_mpi_cases_and_killed_peer(nranks: int, victim: int | None, with_torch: 
         assert kill["elapsed"] < TIMEOUT + 3.0, kill
 
 
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_a_retry_after_a_timeout_sums_its_own_inputs(nranks: int) -> None:
+    """tests/mpi_retry.py: the late messages of a failed call neither match the retry
+    nor the call four later that reuses its epoch, and are drained (Iprobe finds none)."""
+    proc = mpiexec(nranks, [sys.executable, str(HERE / "mpi_retry.py")], timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    records = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("TOPOPLAN-RETRY "):
+            record = json.loads(line.removeprefix("TOPOPLAN-RETRY "))
+            records[record["rank"]] = record
+    assert sorted(records) == list(range(nranks)), proc.stdout + proc.stderr
+    want = [float(sum(r + 1 + 100 * call for r in range(nranks))) for call in range(1, 6)]
+    for rank, record in records.items():
+        assert record["outcomes"] == ["failed", *want], (rank, record)
+        assert not record["left_over"], rank
+
+
 def test_mpiexec_command_sets_what_open_mpi_needs() -> None:
     command, env = mpiexec_command(3, ["python", "x.py"], fault_tolerant=True)
     assert command[0] == find_mpiexec()
@@ -153,6 +171,26 @@ def test_bench_cli_refuses_a_rank_count_mismatch(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert proc.stderr.startswith("topoplan: error: ") and "Traceback" not in proc.stderr
     assert "3 ranks" in proc.stderr and "2" in proc.stderr
+
+
+def test_bench_cli_refuses_a_plan_that_does_not_verify(tmp_path: Path) -> None:
+    """Rank 0 overwrites chunk 0 instead of adding to it: a wrong sum, but chunk 0 is
+    0.1% of the buffer, empty at 1 KiB, where the run's own check would find nothing."""
+    from topoplan.schedule import Schedule, load_schedule, recv, send, RankProgram
+    steps = {0: [(send(1, 1), recv(1, 0, reduce=False)), (send(1, 0), recv(1, 1))],
+             1: [(send(0, 0), recv(0, 1, reduce=True)), (send(0, 1), recv(0, 0))]}
+    broken = Schedule(2, (0.001, 0.999), tuple(RankProgram(r, tuple(steps[r])) for r in (0, 1)),
+                      meta={"algorithm": "broken"})
+    plan = tmp_path / "broken.json"
+    broken.save(plan)
+    verdict = subprocess.run([sys.executable, "-m", "topoplan", "verify", str(plan)],
+                             capture_output=True, text=True, cwd=HERE.parent)
+    assert verdict.returncode == 1
+    proc = _bench("--plan", str(plan), "--sizes", "1KiB")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr == (verdict.stderr.rstrip("\n")
+                           + "; bench runs only plans that verify\n")
+    assert load_schedule(plan).chunk_bounds(256)[0] == (0, 0)
 
 
 def test_bench_cli_plans_with_an_algorithm() -> None:

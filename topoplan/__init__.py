@@ -41,6 +41,8 @@ _LAZY = {
     "CostProfile": "topoplan.cost",
     "get_profile": "topoplan.cost",
     "run_bench": "topoplan.bench",
+    "cluster_fingerprint": "topoplan.fingerprint",
+    "check_fingerprint": "topoplan.fingerprint",
 }
 _SUBMODULES = {"bench", "bound", "calibrate", "cluster", "cost", "executor", "matching",
                "planners", "schedule", "sim", "testbed", "torch", "transports", "units", "viz"}

@@ -33,14 +33,31 @@ class LineList(list):
         return self.item_lines[index] if index < len(self.item_lines) else self.line
 
 
-def _build(loader: yaml.SafeLoader, node: yaml.Node, file: str, error: type[SpecError]) -> Any:
+#: Nodes one document may build, aliases counted each time they are used: a few lines
+#: of nested aliases ("billion laughs") would otherwise take forever to walk.
+MAX_NODES = 500_000
+
+
+class _Budget:
+    __slots__ = ("left",)
+
+    def __init__(self) -> None:
+        self.left = MAX_NODES
+
+
+def _build(loader: yaml.SafeLoader, node: yaml.Node, file: str, error: type[SpecError],
+           budget: _Budget) -> Any:
+    budget.left -= 1
+    if budget.left < 0:
+        raise error(f"more than {MAX_NODES} values once aliases are expanded; write the "
+                    "values out, or use count", file=file, line=node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
         loader.flatten_mapping(node)
         mapping = LineDict()
         mapping.line = node.start_mark.line + 1
         mapping.key_lines = {}
         for key_node, value_node in node.value:
-            key = loader.construct_object(key_node, deep=True)
+            key = _construct(loader, key_node, file, error)
             line = key_node.start_mark.line + 1
             if not isinstance(key, str):
                 raise error(f"keys must be strings, got {key!r}", file=file, line=line)
@@ -48,7 +65,7 @@ def _build(loader: yaml.SafeLoader, node: yaml.Node, file: str, error: type[Spec
                 raise error(
                     f"duplicate key {key!r} (first on line {mapping.key_lines[key]})",
                     file=file, line=line)
-            mapping[key] = _build(loader, value_node, file, error)
+            mapping[key] = _build(loader, value_node, file, error, budget)
             mapping.key_lines[key] = line
         return mapping
     if isinstance(node, yaml.SequenceNode):
@@ -56,10 +73,23 @@ def _build(loader: yaml.SafeLoader, node: yaml.Node, file: str, error: type[Spec
         sequence.line = node.start_mark.line + 1
         sequence.item_lines = []
         for item in node.value:
-            sequence.append(_build(loader, item, file, error))
+            sequence.append(_build(loader, item, file, error, budget))
             sequence.item_lines.append(item.start_mark.line + 1)
         return sequence
-    return loader.construct_object(node, deep=True)
+    return _construct(loader, node, file, error)
+
+
+def _construct(loader: yaml.SafeLoader, node: yaml.Node, file: str,
+               error: type[SpecError]) -> Any:
+    try:
+        return loader.construct_object(node, deep=True)
+    except (ValueError, TypeError, OverflowError) as exc:
+        # PyYAML's constructors check less than they parse: 2001-13-45 matches the
+        # timestamp pattern and then fails in datetime.
+        raise error(f"cannot read the value {node.value!r}: {' '.join(str(exc).split())}"
+                    if isinstance(node, yaml.ScalarNode) else
+                    f"cannot read a value: {' '.join(str(exc).split())}",
+                    file=file, line=node.start_mark.line + 1) from None
 
 
 def load_yaml(text: str, file: str, error: type[SpecError] = ClusterSpecError) -> Any:
@@ -78,13 +108,15 @@ def load_yaml(text: str, file: str, error: type[SpecError] = ClusterSpecError) -
         node = loader.get_single_node()
         if node is None:
             return None
-        return _build(loader, node, file, error)
+        return _build(loader, node, file, error, _Budget())
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = mark.line + 1 if mark is not None else None
-        problem = exc.problem or exc.context or "invalid YAML"
+        problem = " ".join((exc.problem or exc.context or "invalid YAML").split())
         raise error(f"YAML syntax error: {problem}", file=file, line=where) from None
     except yaml.YAMLError as exc:
-        raise error(f"YAML error: {exc}", file=file) from None
+        raise error(f"YAML error: {' '.join(str(exc).split())}", file=file) from None
+    except RecursionError:
+        raise error("nested too deeply (or an alias that contains itself)", file=file) from None
     finally:
         loader.dispose()

@@ -1,14 +1,36 @@
-"""The bandwidth lower bound for allreduce on any topology, and the cut that sets it.
+"""Bandwidth lower bounds for allreduce on any topology, and the cuts that set them.
 
-Allreduce done as reduce-scatter + allgather needs at least
+Two bounds, for ``M`` bytes per rank on ``N`` GPUs (latency not counted):
+
+**The allreduce bound** (:func:`lower_bound`) holds for every allreduce schedule. Split
+the GPUs into ``m`` groups, each a set ``P`` of graph nodes (nodes in no group are
+allowed). Seen from the groups, every element must be summed over ``m`` inputs and the
+sum delivered to all ``m``: an allreduce among ``m`` super-nodes, which needs at least
+``2 (m - 1)`` messages per element between groups (the one-way gossip bound), and every
+group must send at least one of them (its input must get out) and receive one. Each
+such message leaves its group over an edge out of it and enters the other over an edge
+into it, and group ``P`` sends at most ``B_out(P)`` and receives at most ``B_in(P)``
+bytes/s, so
+
+    T >= 2 (m - 1) M / sum over P of B_out(P)      (and the same with B_in)
+    T >= M / B_out(P) and T >= M / B_in(P) for every group P.
+
+Any partition gives a valid bound; :func:`partitions` tries the ones that bind on
+real clusters (every GPU alone, every box, every level of the switch hierarchy, the
+minimum 2-cut, and the reduce-scatter + allgather cut below) and the largest wins.
+
+**The RS+AG cut bound** (:func:`rsag_bound`) holds for schedules that reduce-scatter
+and then allgather (ring, mcf's trees, hierarchical on even boxes):
 
     T >= 2 * (M / N) * max_S |S ∩ GPUs| / B_out(S)
 
-seconds, the maximum over node sets ``S`` of the topology graph that hold at least one
-GPU but not every GPU, with ``B_out(S)`` the total bandwidth of the directed edges
-leaving ``S`` (ForestColl, Zhao et al., arXiv 2402.06787, Theorem 1). We compute
+the maximum over node sets ``S`` that hold at least one GPU but not every GPU
+(ForestColl, Zhao et al., arXiv 2402.06787, Theorem 1). We compute
 ``x* = min_S B_out(S) / |S ∩ GPUs|`` (bytes/s per GPU) with max-flow, never by
-enumerating cuts, and return ``2 (M/N) / x*``.
+enumerating cuts, and return ``2 (M/N) / x*``. It is not a bound for schedules that
+reduce inside a group before crossing a cut that holds more than half of the GPUs
+(tree, rhd's fold): those move ``M``, not ``2 |S| M / N``, each way across it. Where every
+cut is balanced the two bounds agree.
 """
 
 from __future__ import annotations
@@ -16,17 +38,19 @@ from __future__ import annotations
 from typing import Any
 
 import math
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.sparse.csgraph import breadth_first_order, maximum_flow
+from scipy.sparse.csgraph import breadth_first_order, connected_components, maximum_flow
 
 from ._cache import ObjectCache
 from .cluster import Box, Cluster
 
-__all__ = ["Cut", "bottleneck", "lower_bound", "latency_bound", "sink_classes"]
+__all__ = ["Cut", "Partition", "bottleneck", "best_partition", "partitions", "lower_bound",
+           "rsag_bound", "latency_bound", "sink_classes"]
 
 # scipy's max-flow works on int32 capacities; the flow value must stay below 2**31.
 _INT_SCALE = float(1 << 30)
@@ -61,8 +85,38 @@ class Cut:
                 f"({len(self.nodes)} nodes)")
 
 
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """Groups of GPUs (node sets of the topology graph) and what leaves them.
+
+    Attributes
+    ----------
+    name : str
+        How the groups were formed: ``"every GPU"``, ``"boxes"``, ``"switch level 1"``,
+        ``"minimum 2-cut"``, ``"RS+AG cut"``.
+    groups : tuple of frozenset of str
+        The graph nodes of each group (``m = len(groups)``).
+    bandwidth : float
+        ``sum over P of B_out(P)``, bytes/s on the directed edges leaving the groups.
+    ratio : float
+        Seconds per byte: the allreduce bound is ``M * ratio``, with ``ratio`` the
+        largest of ``2 (m - 1) / sum B_out(P)``, ``2 (m - 1) / sum B_in(P)`` and
+        ``1 / B_out(P)``, ``1 / B_in(P)`` for each group. 0 for a one-GPU cluster.
+    """
+
+    name: str
+    groups: tuple[frozenset[str], ...]
+    bandwidth: float
+    ratio: float
+
+    def __str__(self) -> str:
+        from .units import format_bandwidth
+        return (f"{len(self.groups)} groups ({self.name}), "
+                f"{format_bandwidth(self.bandwidth)} out of them in all")
+
+
 def lower_bound(cluster: Cluster, size: float) -> float:
-    """Seconds an allreduce of ``size`` bytes needs at least on ``cluster``.
+    """Seconds any allreduce of ``size`` bytes needs at least on ``cluster``.
 
     Parameters
     ----------
@@ -73,9 +127,40 @@ def lower_bound(cluster: Cluster, size: float) -> float:
     Returns
     -------
     float
-        ``2 * (M / N) * max_S |S ∩ GPUs| / B_out(S)``; 0 for a one-GPU cluster. On a
-        single switch with N NICs of bandwidth B it is ``2 (N-1)/N * M / B`` (Patarasuk
-        and Yuan, 2009). Latency is not counted.
+        ``2 (m - 1) M / sum over P of B_out(P)`` (or what one group can send or receive,
+        see the module docstring) for the best partition of the GPUs into ``m`` groups
+        that :func:`partitions` finds; 0 for a one-GPU cluster. On a
+        single switch with N NICs of bandwidth B (every GPU alone) it is
+        ``2 (N-1)/N * M / B`` (Patarasuk and Yuan, 2009), as the RS+AG bound. Latency
+        is not counted. Valid for every schedule, whatever it reduces where.
+
+    References
+    ----------
+    P. Patarasuk and X. Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
+    workstations", J. Parallel Distrib. Comput. 69 (2009). The message count is the
+    one-way gossip bound, 2n - 2 (S. Hedetniemi et al., "A survey of gossiping and
+    broadcasting in communication networks", Networks 18, 1988).
+    """
+    if cluster.nranks < 2:
+        return 0.0
+    return float(size) * best_partition(cluster).ratio
+
+
+def rsag_bound(cluster: Cluster, size: float) -> float:
+    """Seconds a reduce-scatter + allgather allreduce of ``size`` bytes needs at least.
+
+    Parameters
+    ----------
+    cluster : Cluster
+    size : float
+        Bytes per rank (``M``).
+
+    Returns
+    -------
+    float
+        ``2 * (M / N) * max_S |S ∩ GPUs| / B_out(S)`` (:func:`bottleneck`); 0 for a
+        one-GPU cluster. At least :func:`lower_bound`'s value where every cut is
+        balanced; schedules that reduce before they cross an unbalanced cut can beat it.
 
     References
     ----------
@@ -151,6 +236,178 @@ def bottleneck(cluster: Cluster) -> Cut:
     (Dinic) but close to linear on these shallow graphs.
     """
     return _BOTTLENECKS(cluster)
+
+
+_PARTITIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: Sinks tried for the minimum 2-cut: the source GPU's box mates and one GPU of at most
+#: this many other boxes. Any cut gives a valid bound; more sinks only tighten it.
+MAX_CUT_SINKS = 64
+
+
+def best_partition(cluster: Cluster) -> Partition:
+    """The partition of :func:`partitions` with the largest bound (cached per cluster)."""
+    found = _PARTITIONS.get(cluster)
+    if found is None:
+        found = _PARTITIONS[cluster] = max(partitions(cluster), key=lambda p: p.ratio)
+    return found
+
+
+def partitions(cluster: Cluster) -> list[Partition]:
+    """The partitions of the GPUs the allreduce bound tries, each with its bound.
+
+    Parameters
+    ----------
+    cluster : Cluster
+
+    Returns
+    -------
+    list of Partition
+        In this order, those with at least two groups: every GPU alone (its own node);
+        every box (all its nodes: GPUs, fabric, NICs); each level ``L`` of the switch
+        hierarchy (the connected pieces of the boxes and the switches at most ``L - 1``
+        switch hops from a NIC, joined by links between switches of different levels;
+        the rest in no group); the minimum 2-cut (two sides of
+        least bandwidth between them in both directions, by max-flow from rank 0 to its
+        box mates and to one GPU of up to ``MAX_CUT_SINKS`` other boxes); and the RS+AG
+        cut of :func:`bottleneck` with the rest of the graph. A one-GPU cluster gives one
+        partition of ratio 0.
+
+    Notes
+    -----
+    Cost: one pass over the edges per partition, plus up to ``MAX_CUT_SINKS`` + box
+    size max-flows for the 2-cut and the RS+AG cut's own.
+    """
+    n = cluster.nranks
+    if n < 2:
+        node = cluster.gpu_node(0)
+        return [Partition("one GPU", (frozenset({node}),), math.inf, 0.0)]
+    fg = _FlowGraph(cluster)
+    graph = cluster.graph
+    nodes = fg.names
+    found: list[Partition] = []
+
+    def add(name: str, labels: np.ndarray) -> None:
+        labels = labels.copy()
+        ids = np.unique(labels[fg.gpus])
+        if (ids < 0).any():
+            raise AssertionError(f"{name}: a GPU in no group")
+        if len(ids) < 2:
+            return
+        labels[~np.isin(labels, ids)] = -1  # groups without a GPU are no groups
+        dense = np.searchsorted(ids, labels)  # group g -> 0..m-1 (meaningless for -1)
+        lu, lv = labels[fg.u], labels[fg.v]
+        out = (lu >= 0) & (lu != lv)
+        into = (lv >= 0) & (lu != lv)
+        m = len(ids)
+        sent = np.bincount(dense[fg.u[out]], weights=fg.bw[out], minlength=m)
+        received = np.bincount(dense[fg.v[into]], weights=fg.bw[into], minlength=m)
+        bandwidth = math.fsum(sent)
+        ratio = max(2.0 * (m - 1) / bandwidth, 2.0 * (m - 1) / math.fsum(received),
+                    1.0 / float(sent.min()), 1.0 / float(received.min()))
+        groups = tuple(frozenset(nodes[i] for i in np.flatnonzero(labels[:fg.source] == g))
+                       for g in ids)
+        found.append(Partition(name, groups, bandwidth, ratio))
+
+    size = fg.source
+    alone = np.full(size, -1)
+    alone[fg.gpus] = np.arange(n)
+    add("every GPU", alone)
+
+    box_of = np.full(size, -1)
+    for i, name in enumerate(nodes):
+        box = graph.nodes[name].get("box")
+        if box is not None:
+            box_of[i] = box
+    add("boxes", box_of)
+
+    for level, labels in enumerate(_switch_levels(cluster, fg, box_of), start=1):
+        add(f"switch level {level}", labels)
+
+    cut = _min_two_cut(cluster, fg)
+    if cut is not None:
+        add("minimum 2-cut", cut.astype(int))
+    rsag = bottleneck(cluster)
+    add("RS+AG cut", np.array([name in rsag.nodes for name in nodes], dtype=int))
+    return found
+
+
+def _switch_levels(cluster: Cluster, fg: _FlowGraph, box_of: np.ndarray) -> list[np.ndarray]:
+    """Group labels per level of the switch hierarchy, lowest first, distinct ones only."""
+    if not cluster.switches:
+        return []
+    index = {name: i for i, name in enumerate(fg.names)}
+    neighbours: dict[str, set[str]] = {s: set() for s in cluster.switches}
+    for link in cluster.links:
+        neighbours[link.a].add(link.b)
+        neighbours[link.b].add(link.a)
+    tier: dict[str, int] = {}
+    frontier = sorted({nic.switch for box in cluster.boxes for nic in box.nics})
+    level = 1
+    while frontier:
+        for switch in frontier:
+            tier[switch] = level
+        frontier = sorted({w for s in frontier for w in neighbours[s] if w not in tier})
+        level += 1
+    out: list[np.ndarray] = []
+    seen: set[bytes] = set()
+    undirected_u = np.concatenate([fg.u, fg.v])
+    undirected_v = np.concatenate([fg.v, fg.u])
+    node_tier = np.zeros(fg.source, dtype=int)  # 0: not a switch
+    for switch, t in tier.items():
+        node_tier[index[switch]] = t
+    tier_u, tier_v = node_tier[undirected_u], node_tier[undirected_v]
+    # Links between two switches of one tier (switch0 <-> switch1 of two racks) join
+    # nothing: a level groups what hangs below each switch of that level.
+    peers = (tier_u > 0) & (tier_u == tier_v)
+    for top in range(1, max(tier.values(), default=0) + 1):
+        keep = box_of >= 0
+        for switch, t in tier.items():
+            if t <= top:
+                keep[index[switch]] = True
+        both = keep[undirected_u] & keep[undirected_v] & ~peers
+        matrix = sp.csr_array((np.ones(int(both.sum()), dtype=np.int8),
+                               (undirected_u[both], undirected_v[both])),
+                              shape=(fg.source, fg.source))
+        _, parts = connected_components(matrix, directed=False)
+        labels = np.where(keep, parts, -1)
+        key = labels.tobytes()
+        if key not in seen:
+            seen.add(key)
+            out.append(labels)
+    return out
+
+
+def _min_two_cut(cluster: Cluster, fg: _FlowGraph) -> np.ndarray | None:
+    """The side of rank 0 of the least two-way cut found that separates GPUs, or None."""
+    size = fg.source
+    both_ways = np.concatenate([fg.bw, fg.bw])
+    rows, cols = np.concatenate([fg.u, fg.v]), np.concatenate([fg.v, fg.u])
+    quantum = math.fsum(fg.bw) * 2 / float(1 << 30)
+    cap = np.maximum(1, np.rint(both_ways / quantum)).astype(np.int32)
+    matrix = sp.csr_array((cap, (rows, cols)), shape=(size, size))
+    matrix.sum_duplicates()
+    first = cluster.boxes[0]
+    sinks = list(range(1, first.gpus))
+    others = cluster.boxes[1:]
+    stride = max(1, math.ceil(len(others) / MAX_CUT_SINKS))
+    sinks += [box.first_rank for box in others[::stride]]
+    source = int(fg.gpus[0])
+    best, best_side = math.inf, None
+    for rank in sinks:
+        sink = int(fg.gpus[rank])
+        result = maximum_flow(matrix, source, sink, method="dinic")
+        residual = (matrix - result.flow).tocsr()
+        residual.data = (residual.data > 0).astype(np.int8)
+        residual.eliminate_zeros()
+        reached = breadth_first_order(residual, source, directed=True,
+                                      return_predecessors=False)
+        side = np.zeros(size, dtype=bool)
+        side[reached] = True
+        crossing = side[fg.u] != side[fg.v]
+        value = math.fsum(fg.bw[crossing])
+        if value < best:
+            best, best_side = value, side
+    return best_side
 
 
 class _FlowGraph:

@@ -14,7 +14,8 @@ import sys
 
 from .errors import TopoplanError
 
-COMMANDS = ("topo", "plan", "verify", "simulate", "bench", "calibrate", "show", "testbed")
+COMMANDS = ("topo", "plan", "verify", "simulate", "bench", "calibrate", "show", "launch",
+            "testbed")
 
 
 def build_parser() -> argparse.ArgumentParser:

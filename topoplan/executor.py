@@ -14,13 +14,23 @@ overwrites it when the step ends. Reduce receives always land in scratch and
 are added after the wait, so they never race a send of the same chunk; a plain
 receive lands in the chunk itself unless the same step also sends that chunk,
 and only then is the chunk copied to a send snapshot first.
+
+Tags: every message of a call is tagged with its sequence number on its pair of ranks,
+offset by the call's *epoch*. Calls take the epochs ``0 .. EPOCHS - 1`` in turn (every
+rank makes the same calls, so they agree without talking), so a message that a call
+which failed left in flight cannot match a receive of the next ``EPOCHS - 1`` calls:
+the retry after a timeout, in particular. Before each call the executor drops, with
+:meth:`Transport.discard`, the messages a failed call left behind that have arrived since:
+a peer is never more than one call ahead of this rank (an allreduce cannot finish
+without every rank's data), so a message still tagged with a failed call's epoch is
+stale, never one of the calls still to come.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from .errors import TopoplanError, TransportError
@@ -31,6 +41,10 @@ __all__ = ["Allreduce", "array_ops"]
 
 #: How many bound buffers an Allreduce keeps views for (a training loop alternates few).
 BOUND_CACHE = 8
+#: Calls take turns through this many tag epochs (see the module docstring). A failed
+#: call's late messages are dropped by the start of the next EPOCHS - 1 calls, and the
+#: transport keeps a set of per-step requests per epoch (MPI's persistent ones).
+EPOCHS = 4
 
 
 # ---------------------------------------------------------------------------
@@ -219,7 +233,7 @@ class _BoundStep:
     messages: list[Message]
     plans: list[_MsgPlan]
     reduces: list[tuple[Any, Any]]    # (chunk view, scratch view)
-    batch: Any = None                 # transport.batch(messages), made on the first run
+    batches: list[Any] = field(default_factory=list)  # per epoch: transport.batch(...)
 
 
 @dataclass(slots=True)
@@ -229,6 +243,16 @@ class _Bound:
     work: Any            # what the steps run on: the flat buffer, or its fp32 shadow
     scratch: Any
     shadow: bool         # work is a float32 copy (accumulate_fp32 on a 16-bit buffer)
+
+
+def _pair_span(schedule: Schedule) -> int:
+    """The most messages one ordered pair of ranks exchanges in a call (at least 1)."""
+    counts: dict[tuple[int, int], int] = {}
+    for rank, _, op in schedule.ops():
+        if op.kind is OpKind.SEND:
+            key = (rank, op.peer)
+            counts[key] = counts.get(key, 0) + 1
+    return max(counts.values(), default=1)
 
 
 def _compile(schedule: Schedule, rank: int, n: int) -> _Compiled:
@@ -332,6 +356,14 @@ class Allreduce:
         self.rank = transport.rank
         self.timeout = float(timeout)
         self.accumulate_fp32 = accumulate_fp32
+        span = _pair_span(schedule)
+        # Epochs must not share tags: with more messages per pair than TAG_LIMIT / EPOCHS
+        # in one call, every call uses the same tags (and nothing is drained).
+        self._epochs = EPOCHS if span * EPOCHS <= TAG_LIMIT else 1
+        self._tag_shift = span
+        self._calls = 0
+        # (call, peer, tag) of receives a failed call left posted or never posted.
+        self._stale: list[tuple[int, int, int]] = []
         self._compiled: dict[int, _Compiled] = {}
         self._bound: OrderedDict[tuple, _Bound] = OrderedDict()
         self._scratch: dict[tuple, Any] = {}
@@ -400,7 +432,8 @@ class Allreduce:
                 index,
                 [(scratch[a:b], view_of(c)) for c, (a, b) in sp.snapshots],
                 messages, sp.messages,
-                [(view_of(c), scratch[a:b]) for c, (a, b) in sp.reduces]))
+                [(view_of(c), scratch[a:b]) for c, (a, b) in sp.reduces],
+                [None] * self._epochs))
         bound = _Bound(steps, buffer, work, scratch, shadow)
         self._bound[key] = bound
         while len(self._bound) > BOUND_CACHE:
@@ -435,30 +468,67 @@ class Allreduce:
     allreduce = __call__
 
     def _run(self, bound: _Bound, ops: ArrayOps, buffer: Any) -> None:
+        call = self._calls
+        self._calls = call + 1
+        if self._stale:
+            self._drain(call)
+        epoch = call % self._epochs
         work = bound.work
         if bound.shadow:
             ops.copy(work, ops.flat(buffer))
         add, copy = ops.add, ops.copy
         transport, timeout = self.transport, self.timeout
-        for step in bound.steps:
+        for s, step in enumerate(bound.steps):
             for dst, src in step.snapshots:
                 copy(dst, src)
-            batch = step.batch
+            batch = step.batches[epoch]
             if batch is None:
-                batch = step.batch = transport.batch(step.messages)
+                batch = step.batches[epoch] = transport.batch(self._messages(step, epoch))
             handle = transport.start(batch)
             try:
                 pending = transport.wait(handle, timeout)
             except PeerFailure as exc:
                 transport.abort(handle)
+                self._leave_behind(bound.steps[s:], call, epoch)
                 raise self._error(step, [exc.index], exc.reason) from None
             if pending:
                 transport.abort(handle)
+                self._leave_behind(bound.steps[s:], call, epoch)
                 raise self._error(step, pending, None)
             for dst, src in step.reduces:
                 add(dst, src)
         if bound.shadow:
             ops.copy(ops.flat(buffer), work)
+
+    # -- epochs -------------------------------------------------------------------
+    def _messages(self, step: _BoundStep, epoch: int) -> list[Message]:
+        """The step's messages with the tags of ``epoch``."""
+        if epoch == 0:
+            return step.messages
+        shift = epoch * self._tag_shift
+        return [Message(m.send, m.wire, m.peer, (m.tag + shift) % TAG_LIMIT)
+                for m in step.messages]
+
+    def _leave_behind(self, steps: Sequence[_BoundStep], call: int, epoch: int) -> None:
+        """Note the receives of a failed call from its failed step on: their messages may
+        still come, and must be dropped before their tags come round again."""
+        if self._epochs == 1:
+            return
+        shift = epoch * self._tag_shift
+        self._stale += [(call, m.peer, (m.tag + shift) % TAG_LIMIT)
+                        for step in steps for m in step.messages if not m.send]
+
+    def _drain(self, call: int) -> None:
+        """Drop the failed calls' messages that have arrived since (see the module
+        docstring); forget those that can no longer be told from live ones."""
+        keep = []
+        for made, peer, tag in self._stale:
+            age = call - made
+            if age < self._epochs and self.transport.discard(peer, tag, self.timeout):
+                continue
+            if age < self._epochs - 1:
+                keep.append((made, peer, tag))
+        self._stale = keep
 
     def _error(self, step: _BoundStep, indices: Sequence[int], reason: str | None) -> TransportError:
         # Blame a receive first: a dead peer's sends never arrive, while our own

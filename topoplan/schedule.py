@@ -264,16 +264,55 @@ def load_schedule(path: str | os.PathLike) -> Schedule:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ScheduleError(f"{source}: cannot read schedule: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        line = Path(path).read_bytes().count(b"\n", 0, exc.start) + 1
+        raise ScheduleError(f"{source}:{line}: not a text file (UTF-8 expected, byte "
+                            f"0x{exc.object[exc.start]:02x})") from None
     return loads_schedule(text, source)
 
 
 def loads_schedule(text: str, source: str = "<string>") -> Schedule:
     """Parse schedule JSON text; see :func:`load_schedule`."""
+    if not text.strip():
+        raise ScheduleError(f"{source}: empty file; a schedule is a JSON object "
+                            "(topoplan plan CLUSTER.yaml -o PLAN.json writes one)")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ScheduleError(f"{source}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+        raise ScheduleError(f"{source}:{exc.lineno}: {_json_problem(text, exc)}") from None
+    except RecursionError:
+        raise ScheduleError(f"{source}: not a schedule: JSON nested too deeply") from None
     return _parse(data, source)
+
+
+def _json_problem(text: str, exc: json.JSONDecodeError) -> str:
+    """json's message as a whole sentence, saying when the text stops too early."""
+    # Some of json's messages end in "at" and expect the position after them.
+    reason = exc.msg.removesuffix(" at")
+    message = f"not valid JSON: {reason[:1].lower()}{reason[1:]} at column {exc.colno}"
+    if _ends_open(text):
+        message += "; the text ends before its brackets close: a truncated file?"
+    return message
+
+
+def _ends_open(text: str) -> bool:
+    """Whether ``text`` ends inside a string or an unclosed ``[`` or ``{``."""
+    depth, in_string, escaped = 0, False, False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+    return in_string or depth > 0
 
 
 def _parse(data: Any, source: str) -> Schedule:
@@ -300,7 +339,10 @@ def _parse(data: Any, source: str) -> Schedule:
     for k, c in enumerate(chunks):
         if isinstance(c, bool) or not isinstance(c, (int, float)) or not c > 0:
             raise fail(f"chunks[{k}]", f"fractions must be positive numbers, got {c!r}")
-    total = math.fsum(chunks)
+    try:
+        total = math.fsum(chunks)
+    except OverflowError:  # an integer beyond any float
+        total = math.inf
     if abs(total - 1.0) > FRACTION_TOLERANCE:
         raise fail("chunks", f"fractions must sum to 1, got {total!r}")
     nchunks = len(chunks)

@@ -54,9 +54,14 @@ def _number(value: object, what: str) -> float | None:
     if isinstance(value, bool):
         raise ValueError(f"expected a {what}, got {value!r}")
     if isinstance(value, (int, float)):
-        if not math.isfinite(value):  # YAML's .inf / .nan would poison every sum downstream
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond any float
+            raise ValueError(f"expected a finite {what}, got a {len(str(value))}-digit "
+                             "number") from None
+        if not math.isfinite(number):  # YAML's .inf / .nan would poison every sum downstream
             raise ValueError(f"expected a finite {what}, got {value!r}")
-        return float(value)
+        return number
     if not isinstance(value, str):
         raise ValueError(f"expected a {what}, got {type(value).__name__} {value!r}")
     return None

@@ -1,7 +1,8 @@
 """``topoplan bench``: run a schedule for real and print nccl-tests columns.
 
-Started by a user, the command checks its arguments, builds the schedule, then
-launches itself under ``mpiexec -n N`` (with the settings of
+Started by a user, the command checks its arguments, builds the schedule, checks it
+with :func:`topoplan.verify` (a ``--plan`` file that fails is refused with the
+verifier's message), then launches itself under ``mpiexec -n N`` (with the settings of
 :mod:`topoplan._mpirun`); each rank replays the schedule over MPI or
 torch.distributed (gloo) with :func:`topoplan.bench.run_bench` and rank 0 prints one
 row per size::
@@ -42,7 +43,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--algorithm", metavar="ALG",
                         help="plan with this algorithm (ring, tree, rhd, ...) on --cluster")
     p.add_argument("--cluster", metavar="CLUSTER.yaml",
-                   help="cluster for --algorithm (default: N one-GPU boxes on one switch)")
+                   help="cluster for --algorithm (default: N one-GPU boxes on one switch); "
+                        "with --plan, the cluster the plan must have been made for")
+    p.add_argument("--force", action="store_true",
+                   help="run a --plan made for another cluster than --cluster (its recorded "
+                        "cluster fingerprint differs)")
     p.add_argument("-n", "--nranks", type=int, default=None,
                    help="processes to launch (default: the schedule's rank count)")
     p.add_argument("--sizes", type=sizes_arg, default=sizes_arg("1KiB:64MiB"),
@@ -61,15 +66,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="also print the time the simulator predicts with this calibrated cost "
                         "profile (topoplan calibrate writes one) and measured/predicted")
     p.add_argument("--json", action="store_true", help="print one JSON object with the rows")
+    # The launcher verified the plan already; its ranks need not do it again.
+    p.add_argument("--verified", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_bench)
 
 
 def _schedule(args: argparse.Namespace) -> Schedule:
     from ..schedule import load_schedule
     if args.plan:
+        schedule = load_schedule(args.plan)
         if args.cluster:
-            raise TopoplanError("--cluster goes with --algorithm, not with --plan")
-        return load_schedule(args.plan)
+            from ..cluster import load_cluster
+            from ..fingerprint import check_fingerprint
+            cluster = load_cluster(args.cluster)
+            if schedule.nranks != cluster.nranks and not args.force:
+                raise TopoplanError(f"{args.plan} has {schedule.nranks} ranks but "
+                                    f"{args.cluster} has {cluster.nranks} GPUs; plan it for "
+                                    f"this cluster: topoplan plan {args.cluster} -o PLAN.json")
+            check_fingerprint(schedule, cluster, plan=args.plan, cluster_file=args.cluster,
+                              force=args.force)
+        return schedule
     algorithm = args.algorithm or "ring"
     if args.cluster:
         from ..cluster import load_cluster
@@ -99,7 +115,7 @@ def _schedule(args: argparse.Namespace) -> Schedule:
 
 def _forward_argv(args: argparse.Namespace, plan_path: str) -> list[str]:
     """The rank command line: always from a plan file, so ranks never re-plan."""
-    argv = [sys.executable, "-m", "topoplan", "bench", "--plan", plan_path,
+    argv = [sys.executable, "-m", "topoplan", "bench", "--plan", plan_path, "--verified",
             "--sizes", ",".join(str(s) for s in args.sizes), "--dtype", args.dtype,
             "--transport", args.transport, "--baseline", args.baseline,
             "--warmup", str(args.warmup), "--timeout", str(args.timeout)]
@@ -130,6 +146,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.profile:
         _check_profile(args)
     schedule = _schedule(args)
+    _verify(schedule, args.plan or f"the {schedule.algorithm} plan")
     nranks = args.nranks if args.nranks is not None else schedule.nranks
     if nranks != schedule.nranks:
         raise TopoplanError(f"the {schedule.algorithm} schedule is for {schedule.nranks} ranks "
@@ -146,6 +163,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         proc = mpiexec(nranks, _forward_argv(args, plan_path), capture=False,
                        fault_tolerant=True)
     return proc.returncode
+
+
+def _verify(schedule: Schedule, path: str) -> None:
+    """Refuse a plan file that does not compute an allreduce, with the verifier's message
+    (a wrong plan can still come out right on the check pattern of a small size)."""
+    from ..errors import ScheduleError
+    from ..verify import verify
+    try:
+        verify(schedule)
+    except ScheduleError as exc:
+        raise ScheduleError(f"{path}: {exc}; bench runs only plans that verify") from None
 
 
 def _check_profile(args: argparse.Namespace) -> None:
@@ -188,6 +216,8 @@ def _run_rank(args: argparse.Namespace) -> int:
     if not args.plan:
         raise TopoplanError("inside mpiexec, bench runs a --plan file (started by topoplan bench)")
     schedule = load_schedule(args.plan)
+    if not args.verified:  # started by hand under mpiexec: each rank checks the plan
+        _verify(schedule, args.plan)
     transport = _transport(args)
     try:
         rows = run_bench(schedule, transport, args.sizes, dtype=args.dtype,

@@ -21,22 +21,46 @@ def table(*columns: str, title: str | None = None) -> Table:
     return t
 
 
+#: What the size options' messages show as an example.
+SIZE_EXAMPLE = "e.g. 256MiB, 64KiB or 4096"
+
+
 def size_arg(text: str) -> int:
-    """argparse type for sizes such as 256MiB."""
+    """argparse type for a message size such as 256MiB: a whole number of bytes > 0.
+
+    Every mistake gets one message; argparse puts the option's name in front of it
+    (``argument -s/--size: ...``).
+    """
     from ..units import parse_size
     try:
-        return parse_size(text)
+        value = parse_size(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise argparse.ArgumentTypeError(_size_reason(text, exc)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(_size_reason(text, None))
+    return value
 
 
 def sizes_arg(text: str) -> list[int]:
-    """argparse type for size ranges such as 1KiB:1GiB."""
+    """argparse type for size ranges such as 1KiB:1GiB (every size > 0 bytes)."""
     from ..units import parse_size_range
     try:
-        return parse_size_range(text)
+        sizes = parse_size_range(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        message = str(exc)
+        if not message.startswith("not a size range"):
+            message += "; a range reads MIN:MAX, MIN:MAX:FACTOR or A,B,C, e.g. 1KiB:64MiB"
+        raise argparse.ArgumentTypeError(message) from None
+    if any(size <= 0 for size in sizes):
+        raise argparse.ArgumentTypeError(f"sizes must be > 0 bytes, got {text!r}; "
+                                         "e.g. 1KiB:64MiB or 4096,1MiB")
+    return sizes
+
+
+def _size_reason(text: str, exc: ValueError | None) -> str:
+    if exc is not None and str(exc).startswith("unknown unit"):
+        return f"{exc} ({SIZE_EXAMPLE})"
+    return f"expected a whole number of bytes > 0, {SIZE_EXAMPLE}; got {text!r}"
 
 
 def positive_int(text: str) -> int:

@@ -10,6 +10,7 @@ from typing import Any
 from ..cluster import load_cluster
 from ..cost import get_profile
 from ..errors import InfeasiblePlanError, TopoplanError
+from ..fingerprint import cluster_fingerprint
 from ..units import bus_factor, format_bandwidth, format_size, format_time
 from .common import add_profile_argument, console, positive_int, size_arg, status, table
 
@@ -52,7 +53,7 @@ def candidate_names(requested: str | None) -> list[str] | None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from ..bound import bottleneck, lower_bound
+    from ..bound import best_partition, bottleneck, lower_bound, rsag_bound
 
     from ..planners.auto import compare
     from ..verify import verify
@@ -81,16 +82,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
     with status(f"verifying the {chosen.algorithm} schedule ..."):
         verify(chosen.schedule)
     bound = lower_bound(cluster, args.size)
+    rsag = rsag_bound(cluster, args.size)
 
     if args.output:
         chosen.schedule.with_meta(
             size_bytes=args.size, predicted_time_s=chosen.time_s,
-            lower_bound_s=bound, profile=costs.name).save(args.output)
+            lower_bound_s=bound, profile=costs.name,
+            cluster_fingerprint=cluster_fingerprint(cluster)).save(args.output)
 
     if args.json:
         print(json.dumps({
             "cluster": cluster.name, "nranks": cluster.nranks, "size_bytes": args.size,
-            "lower_bound_s": bound, "chosen": chosen.algorithm, "profile": costs.to_dict(),
+            "lower_bound_s": bound, "rsag_bound_s": rsag,
+            "bound_partition": _partition_json(cluster),
+            "chosen": chosen.algorithm, "profile": costs.to_dict(),
             "candidates": [{"algorithm": c.algorithm, "time_s": c.time_s,
                             "algbw_GBps": _finite(c.algbw(args.size, cluster.nranks)[0] / 1e9),
                             "busbw_GBps": _finite(c.algbw(args.size, cluster.nranks)[1] / 1e9),
@@ -128,10 +133,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   else f"left out: {name}: {reason}")
     if cluster.nranks > 1:
         cut = bottleneck(cluster)
-        out.print(f"bottleneck cut: {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)} out")
+        out.print(f"lower bound (any schedule; % of bound): {best_partition(cluster)}")
+        out.print(f"RS+AG cut bound (reduce-scatter + allgather schedules): "
+                  f"{format_time(rsag)}, bottleneck cut: {cut.gpus} GPUs behind "
+                  f"{format_bandwidth(cut.bandwidth)} out")
     out.print(f"chosen: {chosen.algorithm}" + (f" -> {args.output}" if args.output else
                                                " (write it with -o PLAN.json)"))
     return 0
+
+
+def _partition_json(cluster: Any) -> dict[str, Any] | None:
+    """The partition that sets the lower bound, for --json (None for one GPU)."""
+    from ..bound import best_partition
+    if cluster.nranks < 2:
+        return None
+    part = best_partition(cluster)
+    return {"name": part.name, "groups": len(part.groups), "bandwidth_Bps": part.bandwidth}
 
 
 def _percent(bound: float, time_s: float) -> float:

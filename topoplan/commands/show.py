@@ -66,6 +66,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show.add_argument("--top", type=int, default=8, metavar="K",
                       help="busiest links in the utilisation figure (default 8)")
     show.add_argument("--dpi", type=int, default=110, help="resolution of raster images (default 110)")
+    show.add_argument("--force", action="store_true",
+                      help="draw a PLAN.json made for another cluster (its recorded cluster "
+                           "fingerprint differs)")
     show.set_defaults(func=cmd_show)
 
 
@@ -102,6 +105,9 @@ def cmd_show(args: argparse.Namespace) -> int:
             if schedule.nranks != cluster.nranks:
                 raise ScheduleError(f"{args.plan}: the schedule has {schedule.nranks} ranks but "
                                     f"{args.cluster} has {cluster.nranks}; plan it for this cluster")
+            from ..fingerprint import check_fingerprint
+            check_fingerprint(schedule, cluster, plan=args.plan, cluster_file=args.cluster,
+                              force=args.force)
         else:
             try:
                 from ..planners import plan
@@ -116,10 +122,12 @@ def cmd_show(args: argparse.Namespace) -> int:
         from ..simulate import simulate
 
         report = simulate(cluster, schedule, args.size, profile=costs, record=True)
+        from ..bound import rsag_bound
         out.print(f"{cluster.name}: {report.algorithm or 'schedule'} at {format_size(args.size)}: "
                   f"{format_time(report.time_s)} predicted under cost profile {costs.name}, "
                   f"lower bound {format_time(report.lower_bound_s)} "
-                  f"({report.efficiency:.0%} of optimal)")
+                  f"({report.efficiency:.0%} of it; RS+AG cut bound "
+                  f"{format_time(rsag_bound(cluster, args.size))})")
 
     for name, path in paths.items():
         if name == "cluster":

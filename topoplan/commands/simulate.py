@@ -8,24 +8,18 @@ import sys
 
 from typing import Any
 
-from ..bound import bottleneck
+from ..bound import best_partition, bottleneck, lower_bound, rsag_bound
 from ..cluster import load_cluster
 from ..cost import get_profile
 from ..errors import ScheduleError
+from ..fingerprint import check_fingerprint
 from ..schedule import load_schedule
 from ..simulate import SimReport, simulate
-from ..units import format_bandwidth, parse_bandwidth, parse_latency, parse_size_range
-from .common import add_profile_argument, console, table
+from ..units import format_bandwidth, parse_bandwidth, parse_latency
+from .common import add_profile_argument, console, sizes_arg, table
 
 #: The parts of SimReport.breakdown, in the order the table and JSON show them.
 PARTS = ("bandwidth", "latency", "overhead", "reduce", "contention")
-
-
-def _sizes(text: str) -> list[int]:
-    try:
-        return parse_size_range(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _bandwidth(text: str) -> float:
@@ -48,17 +42,23 @@ def _latency(text: str) -> float:
     return value
 
 
+def _rsag(cluster: Any, size: int, dtype_size: int) -> float:
+    """The RS+AG cut bound for the bytes the simulation moves (whole elements)."""
+    return rsag_bound(cluster, (size // dtype_size) * dtype_size)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "simulate", help="predict a schedule's time per message size on a cluster",
         description="Event-driven simulation of PLAN.json on CLUSTER.yaml (max-min fair links, "
                     "path latency, rendezvous, and the runtime's costs from a cost profile), "
                     "one row per size, nccl-tests style, against the topology's allreduce "
-                    "lower bound, with the time split into bandwidth, latency, overhead and "
-                    "reduce.")
+                    "lower bound (valid for any schedule; the RS+AG cut bound, for "
+                    "reduce-scatter + allgather schedules, beside it), with the time split "
+                    "into bandwidth, latency, overhead and reduce.")
     parser.add_argument("cluster", help="cluster YAML file")
     parser.add_argument("plan", help="schedule JSON file (from topoplan plan -o)")
-    parser.add_argument("--sizes", type=_sizes, default=parse_size_range("1KiB:1GiB"),
+    parser.add_argument("--sizes", type=sizes_arg, default=sizes_arg("1KiB:1GiB"),
                         metavar="RANGE",
                         help="bytes per rank: MIN:MAX (powers of two), MIN:MAX:FACTOR or a,b,c "
                              "(default 1KiB:1GiB)")
@@ -70,6 +70,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "classes (default: the profile's)")
     parser.add_argument("--reduce-bandwidth", type=_bandwidth, default=None, metavar="BW",
                         help="GPU reduction speed, e.g. '500 GB/s' (default: the profile's)")
+    parser.add_argument("--force", action="store_true",
+                        help="simulate a plan made for another cluster (its recorded cluster "
+                             "fingerprint differs)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     parser.set_defaults(func=cmd_simulate)
 
@@ -82,6 +85,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             f"{args.plan} has {schedule.nranks} ranks but {args.cluster} (cluster "
             f"{cluster.name!r}) has {cluster.nranks} GPUs; plan it for this cluster: "
             f"topoplan plan {args.cluster} -o PLAN.json")
+    check_fingerprint(schedule, cluster, plan=args.plan, cluster_file=args.cluster,
+                      force=args.force)
     if args.dtype_size < 1:
         raise ScheduleError(f"--dtype-size must be >= 1, got {args.dtype_size}")
     costs = get_profile(args.profile)
@@ -104,15 +109,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if progress is not None:
         print("\r" + " " * 24 + "\r", end="", file=sys.stderr)
     cut = bottleneck(cluster)
+    part = best_partition(cluster) if cluster.nranks > 1 else None
     if args.json:
         print(json.dumps({
             "cluster": cluster.name, "algorithm": schedule.algorithm, "nranks": cluster.nranks,
             "profile": costs.to_dict(),
             "bottleneck": {"gpus": cut.gpus, "bandwidth_Bps": cut.bandwidth,
                            "nodes": sorted(cut.nodes)},
+            "bound_partition": ({"name": part.name, "groups": len(part.groups),
+                                 "bandwidth_Bps": part.bandwidth} if part else None),
             "results": [{"size_bytes": r.size, "count": r.size // args.dtype_size,
                          "time_s": r.time_s, "algbw_GBps": r.algbw / 1e9,
                          "busbw_GBps": r.busbw / 1e9, "lower_bound_s": r.lower_bound_s,
+                         "rsag_bound_s": _rsag(cluster, r.size, args.dtype_size),
                          "efficiency": r.efficiency, "messages": r.messages,
                          "breakdown": {part: r.breakdown.get(part, 0.0) for part in PARTS}}
                         for r in reports],
@@ -122,15 +131,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     out.print(f"[bold]{schedule.algorithm}[/bold] on {cluster.name}: {cluster.nranks} ranks, "
               f"{schedule.nchunks} chunks, {schedule.nsteps} steps")
     out.print(f"cost profile {costs.summary()}")
-    if cluster.nranks > 1:
-        out.print(f"lower-bound cut: {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)}")
+    if part is not None:
+        # Both bounds grow linearly with the size: one factor says where the other is.
+        factor = rsag_bound(cluster, 1 << 20) / lower_bound(cluster, 1 << 20)
+        out.print(f"lower bound (any schedule, bound(us) below): {part}")
+        out.print(f"RS+AG cut bound (reduce-scatter + allgather schedules): {factor:.3g} x "
+                  f"bound(us), {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)}")
     rows = table("size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "bound(us)",
-                 "% of bound", *(f"{part}(us)" for part in PARTS))
+                 "% of bound", *(f"{name}(us)" for name in PARTS))
     for r in reports:
         rows.add_row(str(r.size), str(r.size // args.dtype_size), f"{r.time_s * 1e6:.2f}",
                      f"{r.algbw / 1e9:.2f}", f"{r.busbw / 1e9:.2f}",
                      f"{r.lower_bound_s * 1e6:.2f}", f"{100 * r.efficiency:.1f}",
-                     *(f"{r.breakdown.get(part, 0.0) * 1e6:.2f}" for part in PARTS))
+                     *(f"{r.breakdown.get(name, 0.0) * 1e6:.2f}" for name in PARTS))
     out.print(rows)
     out.print("bandwidth: bytes moving (link sharing included); latency: alpha and path "
               "latency; overhead: call, step and posting costs; reduce: adds; contention: "

@@ -66,14 +66,15 @@ def cmd_show(args: argparse.Namespace) -> int:
     if cluster.nranks < 2:
         # One GPU: no cut separates GPUs and an allreduce moves nothing.
         summary.add_row("bisection (rank-order halves)", "- (one GPU)")
-        summary.add_row("bottleneck cut (lower-bound cut)", "none: one GPU, nothing to move")
+        summary.add_row("lower bound partition", "none: one GPU, nothing to move")
         out.print(summary)
         return 0
     summary.add_row("bisection (rank-order halves)", format_bandwidth(cluster.bisection_bandwidth()))
     try:
-        from ..bound import bottleneck
+        from ..bound import best_partition, bottleneck
+        summary.add_row("lower bound partition (any schedule)", str(best_partition(cluster)))
         cut = bottleneck(cluster)
-        summary.add_row("bottleneck cut (lower-bound cut)",
+        summary.add_row("RS+AG bottleneck cut",
                         f"{cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)} "
                         f"({format_bandwidth(cut.bandwidth / cut.gpus)} per GPU)")
     except ImportError:

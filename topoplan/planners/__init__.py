@@ -1,7 +1,8 @@
 """Allreduce planners: one module per algorithm, one signature, and the ``plan`` facade.
 
 Every planner is ``plan_x(cluster, *, size, chunks=None, profile=None, **options) ->
-Schedule`` and sets ``meta["algorithm"]``, ``meta["cluster"]`` and ``meta["profile"]``.
+Schedule`` and sets ``meta["algorithm"]``, ``meta["cluster"]`` and ``meta["profile"]``;
+:func:`plan` adds ``meta["cluster_fingerprint"]`` (:mod:`topoplan.fingerprint`).
 ``profile`` is the runtime's :class:`~topoplan.cost.CostProfile` (or a name): planners
 pick their pipelining depth, and ``mcf`` its construction, against it. :data:`PLANNERS`
 maps the names the CLI shows to them; adding one is one line (or :func:`register`).
@@ -15,6 +16,7 @@ from typing import Any, Callable
 
 from ..cluster import Cluster
 from ..cost import CostProfile, get_profile
+from ..fingerprint import META_KEY, cluster_fingerprint
 from ..schedule import Schedule
 from ..errors import PlannerError
 from ._common import check_size, topo_order, unknown_options
@@ -121,6 +123,8 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
     Returns
     -------
     Schedule
+        With ``meta["cluster_fingerprint"]``, the cluster's
+        :func:`~topoplan.fingerprint.cluster_fingerprint`.
 
     Raises
     ------
@@ -139,6 +143,7 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
     if takes(planner, "profile"):
         options["profile"] = costs
     schedule = planner(cluster, size=size, **options)
+    extra: dict[str, Any] = {META_KEY: cluster_fingerprint(cluster)}
     if "profile" not in schedule.meta:
-        schedule = schedule.with_meta(profile=costs.name)
-    return schedule
+        extra["profile"] = costs.name
+    return schedule.with_meta(**extra)

@@ -162,7 +162,9 @@ def _ring_lp(load: sp.csr_array, cap: np.ndarray, max_rings: int | None = None
 
     Returns the shares ``x`` and ``t`` relative to the widest link, or None.
     """
-    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.optimize import Bounds, LinearConstraint
+
+    from ._mcf_lp import quiet_milp
     nlinks, m = load.shape
     # Capacities relative to the widest link: HiGHS' tolerances are absolute.
     scaled = sp.diags(cap.max() / cap) @ load
@@ -185,10 +187,11 @@ def _ring_lp(load: sp.csr_array, cap: np.ndarray, max_rings: int | None = None
     hi = np.concatenate([np.zeros(nlinks + m), [float(max_rings), 1.0]])
     c = np.zeros(2 * m + 1)
     c[-1] = 1.0
-    res = milp(c, constraints=LinearConstraint(rows, lo, hi),
-               integrality=np.concatenate([np.zeros(m), np.ones(m), [0]]),
-               bounds=Bounds(np.zeros(2 * m + 1), np.concatenate([np.ones(2 * m), [np.inf]])),
-               options={"time_limit": MILP_SECONDS})
+    res = quiet_milp(c, constraints=LinearConstraint(rows, lo, hi),
+                     integrality=np.concatenate([np.zeros(m), np.ones(m), [0]]),
+                     bounds=Bounds(np.zeros(2 * m + 1),
+                                   np.concatenate([np.ones(2 * m), [np.inf]])),
+                     options={"time_limit": MILP_SECONDS})
     if res.x is None:
         return None
     return res.x[:m], float(res.x[-1])

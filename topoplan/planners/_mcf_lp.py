@@ -25,9 +25,12 @@ clusters small enough to price every GPU pair).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
 from dataclasses import dataclass, field, replace
-from typing import Literal, NoReturn, overload
+from typing import Any, Iterator, Literal, NoReturn, overload
 
 import numpy as np
 import scipy.sparse as sp
@@ -37,7 +40,44 @@ from scipy.sparse.csgraph import connected_components, minimum_spanning_tree
 from ..cluster import Box, Cluster
 from ..errors import InfeasiblePlanError
 
-__all__ = ["LinkModel", "Packing", "solve_packing", "price_mst"]
+__all__ = ["LinkModel", "Packing", "solve_packing", "price_mst", "quiet_milp"]
+
+
+@contextlib.contextmanager
+def _stdout_muted() -> Iterator[None]:
+    """Point file descriptor 1 at /dev/null: HiGHS' MIP solver (inside scipy's milp) can
+    print lines of its own with C's printf, which would land in the middle of
+    ``topoplan plan --json``."""
+    try:
+        fd = sys.__stdout__.fileno() if sys.__stdout__ is not None else -1
+    except (OSError, ValueError):
+        fd = -1
+    if fd < 0:
+        yield
+        return
+    for stream in (sys.stdout, sys.__stdout__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+    saved = os.dup(fd)
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, fd)
+        finally:
+            os.close(null)
+        yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+
+
+def quiet_milp(*args: Any, **kwargs: Any) -> Any:
+    """``scipy.optimize.milp`` with HiGHS' own printing kept off standard output."""
+    with _stdout_muted():
+        return milp(*args, **kwargs)
 
 # (side, position-or-global-index, weight, [count]) arrays of one pair class's route loads.
 _Template = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -351,9 +391,9 @@ def solve_exact(packing: Packing, load_of, cap: np.ndarray, *, time_limit: float
     hi = np.concatenate([np.full(len(used), t_lp * (1 + slack)), np.zeros(k), [1.0]])
     c = np.concatenate([np.zeros(k), np.ones(k)])
     integrality = np.concatenate([np.zeros(k), np.ones(k)])
-    res = milp(c, constraints=LinearConstraint(sp.csr_matrix(np.vstack(rows)), lo, hi),
-               integrality=integrality, bounds=Bounds(np.zeros(2 * k), np.ones(2 * k)),
-               options={"time_limit": time_limit})
+    res = quiet_milp(c, constraints=LinearConstraint(sp.csr_matrix(np.vstack(rows)), lo, hi),
+                     integrality=integrality, bounds=Bounds(np.zeros(2 * k), np.ones(2 * k)),
+                     options={"time_limit": time_limit})
     if res.x is None:
         return replace(packing, status="exact-mode time limit (no incumbent; LP packing)"), False
     phi = np.where(res.x[:k] > 1e-9, res.x[:k], 0.0)

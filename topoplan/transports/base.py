@@ -9,9 +9,10 @@ with :meth:`Transport.prepare`), turns each step's list once into a batch with
 deadline. Reductions are the executor's job, not the transport's.
 
 Ordering contract: messages between an ordered pair of ranks that carry the same
-``tag`` match in the order they were started (MPI's non-overtaking rule). The
-executor also gives every message on a pair its own sequence tag, so a transport
-that matches by tag is doubly safe.
+``tag`` match in the order they were started (MPI's non-overtaking rule), and a
+receive matches only a message with its tag. The executor gives every message of a
+call its own tag on its pair, shifted by the call's epoch, so that a failed call's
+late messages cannot match a later call (:mod:`topoplan.executor`).
 """
 
 from __future__ import annotations
@@ -145,6 +146,15 @@ class Transport(abc.ABC):
 
         The step's batch must stay usable: a caller may retry the allreduce.
         """
+
+    def discard(self, peer: int, tag: int, timeout: float) -> bool:
+        """Receive and drop one message from ``peer`` with ``tag`` if it has arrived.
+
+        The executor calls it for the messages a failed call may have left in flight.
+        Returns False when none has arrived, or when the transport cannot look (the
+        default; a late message then waits until its tag comes round again).
+        """
+        return False
 
     def compute_context(self) -> ContextManager[Any]:
         """Context the executor runs a whole call in: its copies and reductions

@@ -23,6 +23,16 @@ def _snapshot(view: Any) -> Any:
     return view.clone() if hasattr(view, "clone") else view.copy()
 
 
+def _take(box: deque | None, tag: int) -> Any:
+    """Remove and return the payload of the first message in ``box`` with ``tag``, or None."""
+    if box:
+        for k, (t, data) in enumerate(box):
+            if t == tag:
+                del box[k]
+                return data
+    return None
+
+
 class LocalWorld:
     """The shared state of ``nranks`` thread ranks: mailboxes, barrier, reductions."""
 
@@ -104,19 +114,15 @@ class Local(Transport):
             waiting: list[tuple[int, Message]] = []
             with world.cond:
                 for i, m in pending:
-                    box = world.mail.get((m.peer, self.rank))
-                    # Recvs from one peer are listed in posting order: take in that order.
-                    if box and not any(w[1].peer == m.peer for w in waiting):
-                        tag, data = box.popleft()
-                        if tag != m.tag:
-                            raise PeerFailure(i, f"message order broken: expected tag {m.tag} "
-                                                 f"from rank {m.peer}, got tag {tag}")
+                    # As MPI matches: the first message from the peer with the tag.
+                    data = _take(world.mail.get((m.peer, self.rank)), m.tag)
+                    if data is not None:
                         ready.append((m, data))
                     else:
                         waiting.append((i, m))
                 if waiting and not ready:
                     for i, m in waiting:
-                        if m.peer in world.gone and not world.mail.get((m.peer, self.rank)):
+                        if m.peer in world.gone:
                             raise PeerFailure(i, f"peer {m.peer} {world.gone[m.peer]} "
                                                  "without sending")
                     left = deadline.left()
@@ -131,6 +137,10 @@ class Local(Transport):
                 m.wire[...] = data
             pending = waiting
         return []
+
+    def discard(self, peer: int, tag: int, timeout: float) -> bool:
+        with self.world.cond:
+            return _take(self.world.mail.get((peer, self.rank)), tag) is not None
 
     # -- collectives -----------------------------------------------------------------
     def barrier(self) -> None:

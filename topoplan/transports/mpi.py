@@ -246,6 +246,27 @@ class MPI(Transport):
         except Exception:  # noqa: BLE001 - best effort; the next start reports the failure
             pass
 
+    def discard(self, peer: int, tag: int, timeout: float) -> bool:
+        # Iprobe sees a message once its envelope is here; the receive then takes it
+        # whole (a rendezvous send completes on the sender's side too). A peer that
+        # dies mid-message leaves the receive cancelled, as abort() does.
+        mpi = self._mpi
+        try:
+            status = mpi.Status()
+            if not self.comm.Iprobe(peer, tag, status):
+                return False
+            sink = bytearray(max(1, status.Get_count(mpi.BYTE)))
+            request = self.comm.Irecv(sink, peer, tag)
+            deadline = time.monotonic() + timeout
+            while not request.Test():
+                if time.monotonic() >= deadline:
+                    request.Cancel()
+                    return False
+                self._pause()
+            return True
+        except mpi.Exception:  # a dead peer: nothing to drop
+            return False
+
     def native_allreduce(self, buffer: Any) -> None:
         mpi = self._mpi
         flat = buffer.reshape(-1) if hasattr(buffer, "reshape") else buffer

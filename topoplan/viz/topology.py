@@ -257,8 +257,8 @@ def draw_cluster(cluster: Cluster, report: Any = None, *, color_by: str = "bytes
     title
         Replaces the default title (cluster name, algorithm, size, predicted time).
     show_cut
-        Mark the links of the bottleneck cut that sets the lower bound
-        (:func:`topoplan.bound.bottleneck`) with a blue halo.
+        Mark the links of the RS+AG bottleneck cut (:func:`topoplan.bound.bottleneck`)
+        with a blue halo.
 
     Returns
     -------

