@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tests.support.clusters import switch_cluster
+from tests.support.clusters import switch_cluster, topology_text
 from topoplan.bound import (_bottleneck, best_partition, bottleneck, lower_bound, partitions,
                             rsag_bound, sink_classes)
 from topoplan.cluster import loads_cluster
@@ -200,7 +200,8 @@ def test_partitions_price_their_groups():
     """Every partition's groups are disjoint, hold every GPU, and its ratio is the largest
     of 2 (m - 1) / sum B_out, 2 (m - 1) / sum B_in and 1 / B_out, 1 / B_in per group,
     recomputed here edge by edge."""
-    for text in (HET9, WEAK, DDL, LEAF_SPINE.replace("UPLINK", "10 GB/s")):
+    for text in (HET9, WEAK, topology_text("ddl_two_switch"),
+                 LEAF_SPINE.replace("UPLINK", "10 GB/s")):
         cluster = loads_cluster(text)
         gpus = {cluster.gpu_node(r) for r in range(cluster.nranks)}
         for part in partitions(cluster):
@@ -224,7 +225,7 @@ def test_partitions_price_their_groups():
 
 
 def test_switch_levels_group_what_hangs_below_each_switch():
-    cluster = loads_cluster(DDL)
+    cluster = loads_cluster(topology_text("ddl_two_switch"))
     level = next(p for p in partitions(cluster) if p.name == "switch level 1")
     assert sorted(sorted(g & {"switch0", "switch1"}) for g in level.groups) == [
         ["switch0"], ["switch1"]]

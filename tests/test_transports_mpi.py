@@ -82,7 +82,7 @@ def test_mpi_cases_and_killed_peer(nranks: int, victim: int | None, with_torch: 
 def test_a_retry_after_a_timeout_sums_its_own_inputs(nranks: int) -> None:
     """tests/mpi_retry.py: the late messages of a failed call neither match the retry
     nor the call four later that reuses its epoch, and are drained (Iprobe finds none)."""
-    proc = mpiexec(nranks, [sys.executable, str(HERE / "mpi_retry.py")], timeout=180)
+    proc = mpiexec(nranks, [sys.executable, str(ROOT / "tests" / "mpi_retry.py")], timeout=180)
     assert proc.returncode == 0, proc.stderr
     records = {}
     for line in proc.stdout.splitlines():
@@ -184,7 +184,7 @@ def test_bench_cli_refuses_a_plan_that_does_not_verify(tmp_path: Path) -> None:
     plan = tmp_path / "broken.json"
     broken.save(plan)
     verdict = subprocess.run([sys.executable, "-m", "topoplan", "verify", str(plan)],
-                             capture_output=True, text=True, cwd=HERE.parent)
+                             capture_output=True, text=True, cwd=ROOT)
     assert verdict.returncode == 1
     proc = _bench("--plan", str(plan), "--sizes", "1KiB")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
