@@ -119,6 +119,14 @@ def overlaps(fig: Figure, tolerance: float = 0.5) -> list[tuple[str, str]]:
     return bad
 
 
+def cropped(fig: Figure, tolerance: float = 0.5) -> list[str]:
+    """The drawn texts whose box reaches past the figure's edges (cut off when saved)."""
+    box = fig.bbox
+    return [text for text, ext in drawn_texts(fig)
+            if ext.x0 < box.x0 - tolerance or ext.x1 > box.x1 + tolerance
+            or ext.y0 < box.y0 - tolerance or ext.y1 > box.y1 + tolerance]
+
+
 def texts_of(fig: Figure) -> set[str]:
     return {text for text, _bbox in drawn_texts(fig)}
 
@@ -430,6 +438,52 @@ def test_every_shipped_topology_draws_without_overlap(path):
     shown = texts_of(fig)
     if cluster.nranks <= 64:
         assert {str(r) for r in range(cluster.nranks)} <= shown
+
+
+SHIPPED = sorted((ROOT / "topologies").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_every_shipped_topology_keeps_its_texts_inside_the_figure(path):
+    """Title, subtitle, legend and labels of the cluster picture, with a simulated run
+    (the longest title), lie inside the figure: nothing is cut off when saved."""
+    from topoplan.cluster import load_cluster
+
+    planners = need_planners()
+    simulate = pytest.importorskip("topoplan.simulate").simulate
+    cluster = load_cluster(path)
+    report = None
+    if cluster.nranks <= 256:  # planning the 1024-GPU cluster takes longer than the check
+        size = 256 << 20
+        schedule = planners.plan(cluster, algorithm="hierarchical", size=size)
+        report = simulate(cluster, schedule, size)
+    fig = draw_cluster(cluster, report)
+    assert cropped(fig) == []
+    assert overlaps(fig) == []
+
+
+def test_a_title_wider_than_the_figure_is_wrapped_not_cut():
+    cluster = loads_cluster(NVLINK_BOX)
+    title = "a title far wider than this figure " * 6
+    fig = draw_cluster(cluster, title=title.strip())
+    assert cropped(fig) == []
+    assert fig._suptitle.get_text().count("\n") >= 1
+
+
+def test_timeline_keeps_its_texts_inside_the_figure():
+    cluster = loads_cluster(FOUR_BOXES)
+    schedule, report = simulated(cluster)
+    fig = timeline(report, schedule)
+    assert cropped(fig) == []
+
+
+def test_cropping_check_can_fail():
+    from topoplan.viz._common import new_figure
+
+    fig = new_figure(3, 2)
+    fig.text(0.98, 0.5, "runs off the right edge")
+    fig.text(0.5, 0.5, "inside")
+    assert cropped(fig) == ["runs off the right edge"]
 
 
 def test_timeline_samples_ranks_beyond_the_limit():

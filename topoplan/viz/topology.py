@@ -18,7 +18,8 @@ import numpy as np
 
 from ..cluster import Box, Cluster
 from ..units import format_bandwidth, format_size, format_time
-from ._common import byte_unit, edge_name, fit_text, matplotlib, new_figure, renderer
+from ._common import (byte_unit, edge_name, fit_text, fitted_legend, keep_titles_inside,
+                      matplotlib, new_figure, renderer)
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -442,8 +443,8 @@ def draw_cluster(cluster: Cluster, report: Any = None, *, color_by: str = "bytes
                      f"{format_bandwidth(graph.edges[top]['bandwidth'])} = "
                      f"{format_time(loads[top])}, {loads[top] / report.time_s:.0%} of the run",
                      fontsize=9, color="#444444")
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6),
-               fontsize=8.5, frameon=False)
+    fitted_legend(fig, handles, ncol=6, fontsize=8.5)
+    keep_titles_inside(fig)
 
     # Fit labels to their room once the layout has fixed the axes' size; the labels
     # stay out of the layout so shrinking them cannot move the axes again.
