@@ -210,14 +210,40 @@ def test_cluster_draws_every_link_once_by_level():
     assert max(gpu_y) < min(nic_y) < min(p.get_y() for p in plates)
 
 
-def test_cluster_nvlink_mesh_is_drawn_as_arcs():
-    cluster = loads_cluster(NVLINK_BOX)
+def test_cluster_nvlink_mesh_is_drawn_as_straight_chords_of_a_ring():
+    import numpy as np
+
+    from topoplan.cluster import load_cluster
+
+    cluster = load_cluster(ROOT / "topologies" / "dgx1_v100.yaml")  # hybrid cube mesh
     fig = draw_cluster(cluster)
     links = collection(fig, "links")
     assert len(links.get_paths()) == 16
-    # Arcs dip below the GPU row so they do not run through the GPUs between their ends.
-    assert all(path.vertices[:, 1].min() < 0 for path in links.get_paths())
-    assert overlaps(fig) == []
+    assert all(len(path.vertices) == 2 for path in links.get_paths()), "straight lines"
+    gpus = collection(fig, "gpus").get_offsets()
+    # No chord runs through a GPU other than its two ends.
+    for path in links.get_paths():
+        a, b = path.vertices
+        for g in gpus:
+            if np.allclose(g, a) or np.allclose(g, b):
+                continue
+            t = np.clip(np.dot(g - a, b - a) / np.dot(b - a, b - a), 0, 1)
+            assert np.linalg.norm(a + t * (b - a) - g) > 0.2, (a, b, g)
+    # The quads face each other: GPU j + 4 right below GPU j, so their links are vertical.
+    for j in range(4):
+        assert gpus[j][0] == pytest.approx(gpus[j + 4][0]) and gpus[j][1] > gpus[j + 4][1]
+    # Double links (two NVLinks, 50 GB/s) are thicker than single ones.
+    widths = sorted(set(np.round(links.get_linewidths(), 6)))
+    assert len(widths) == 2 and widths[1] > widths[0]
+    assert overlaps(fig) == [] and cropped(fig) == []
+
+
+def test_cluster_links_between_row_neighbours_stay_in_the_row():
+    # Links only between neighbours (a chain, or aws_p2_8xlarge's pairs) need no ring.
+    chain = "".join(f"      - {{a: {j}, b: {j + 1}, bandwidth: 25 GB/s}}\n" for j in range(7))
+    cluster = loads_cluster(NVLINK_BOX.split("    gpu_links:")[0] + "    gpu_links:\n" + chain)
+    fig = draw_cluster(cluster)
+    assert {y for _x, y in collection(fig, "gpus").get_offsets()} == {0.0}
 
 
 def test_cluster_1024_gpus_is_bundled_and_readable():
