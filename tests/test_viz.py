@@ -293,7 +293,27 @@ def test_timeline_one_bar_per_step_labelled_with_peers():
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert any(t.startswith("lower bound") for t in legend)
     assert any(t.startswith("predicted") for t in legend)
+    # Coloured by what each step does: a ring reduces for n-1 steps, then copies.
+    assert "receives and adds (reduce)" in legend and "receives finished chunks (copy)" in legend
     assert overlaps(fig) == []
+
+
+def test_timeline_of_many_steps_numbers_them_on_top_and_colours_the_phases():
+    from topoplan.viz.schedule_plots import STEP_KINDS
+
+    cluster = loads_cluster(THIRTY_TWO_SINGLES)
+    schedule, report = simulated(cluster, size=1 << 20)  # 62 steps
+    fig = timeline(report, schedule)
+    ax = fig.axes[0]
+    (top,) = [child for child in ax.child_axes]
+    steps = [int(t.get_text()) for t in top.get_xticklabels()]
+    assert 3 <= len(steps) <= 12 and steps[0] == 0 and steps == sorted(steps)
+    assert "step" in top.get_xlabel()
+    bars = collection(fig, "steps")
+    colours = {tuple(c) for c in bars.get_facecolors()}
+    assert len(colours) == 2  # reduce-scatter, then allgather
+    assert STEP_KINDS["reduce"][0] in [t.get_text() for t in fig.legends[0].get_texts()]
+    assert overlaps(fig) == [] and cropped(fig) == []
 
 
 def test_link_utilisation_strips_for_the_busiest_links():
