@@ -119,6 +119,14 @@ def overlaps(fig: Figure, tolerance: float = 0.5) -> list[tuple[str, str]]:
     return bad
 
 
+def cropped(fig: Figure, tolerance: float = 0.5) -> list[str]:
+    """The drawn texts whose box reaches past the figure's edges (cut off when saved)."""
+    box = fig.bbox
+    return [text for text, ext in drawn_texts(fig)
+            if ext.x0 < box.x0 - tolerance or ext.x1 > box.x1 + tolerance
+            or ext.y0 < box.y0 - tolerance or ext.y1 > box.y1 + tolerance]
+
+
 def texts_of(fig: Figure) -> set[str]:
     return {text for text, _bbox in drawn_texts(fig)}
 
@@ -202,14 +210,40 @@ def test_cluster_draws_every_link_once_by_level():
     assert max(gpu_y) < min(nic_y) < min(p.get_y() for p in plates)
 
 
-def test_cluster_nvlink_mesh_is_drawn_as_arcs():
-    cluster = loads_cluster(NVLINK_BOX)
+def test_cluster_nvlink_mesh_is_drawn_as_straight_chords_of_a_ring():
+    import numpy as np
+
+    from topoplan.cluster import load_cluster
+
+    cluster = load_cluster(ROOT / "topologies" / "dgx1_v100.yaml")  # hybrid cube mesh
     fig = draw_cluster(cluster)
     links = collection(fig, "links")
     assert len(links.get_paths()) == 16
-    # Arcs dip below the GPU row so they do not run through the GPUs between their ends.
-    assert all(path.vertices[:, 1].min() < 0 for path in links.get_paths())
-    assert overlaps(fig) == []
+    assert all(len(path.vertices) == 2 for path in links.get_paths()), "straight lines"
+    gpus = collection(fig, "gpus").get_offsets()
+    # No chord runs through a GPU other than its two ends.
+    for path in links.get_paths():
+        a, b = path.vertices
+        for g in gpus:
+            if np.allclose(g, a) or np.allclose(g, b):
+                continue
+            t = np.clip(np.dot(g - a, b - a) / np.dot(b - a, b - a), 0, 1)
+            assert np.linalg.norm(a + t * (b - a) - g) > 0.2, (a, b, g)
+    # The quads face each other: GPU j + 4 right below GPU j, so their links are vertical.
+    for j in range(4):
+        assert gpus[j][0] == pytest.approx(gpus[j + 4][0]) and gpus[j][1] > gpus[j + 4][1]
+    # Double links (two NVLinks, 50 GB/s) are thicker than single ones.
+    widths = sorted(set(np.round(links.get_linewidths(), 6)))
+    assert len(widths) == 2 and widths[1] > widths[0]
+    assert overlaps(fig) == [] and cropped(fig) == []
+
+
+def test_cluster_links_between_row_neighbours_stay_in_the_row():
+    # Links only between neighbours (a chain, or aws_p2_8xlarge's pairs) need no ring.
+    chain = "".join(f"      - {{a: {j}, b: {j + 1}, bandwidth: 25 GB/s}}\n" for j in range(7))
+    cluster = loads_cluster(NVLINK_BOX.split("    gpu_links:")[0] + "    gpu_links:\n" + chain)
+    fig = draw_cluster(cluster)
+    assert {y for _x, y in collection(fig, "gpus").get_offsets()} == {0.0}
 
 
 def test_cluster_1024_gpus_is_bundled_and_readable():
@@ -259,7 +293,27 @@ def test_timeline_one_bar_per_step_labelled_with_peers():
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert any(t.startswith("lower bound") for t in legend)
     assert any(t.startswith("predicted") for t in legend)
+    # Coloured by what each step does: a ring reduces for n-1 steps, then copies.
+    assert "receives and adds (reduce)" in legend and "receives finished chunks (copy)" in legend
     assert overlaps(fig) == []
+
+
+def test_timeline_of_many_steps_numbers_them_on_top_and_colours_the_phases():
+    from topoplan.viz.schedule_plots import STEP_KINDS
+
+    cluster = loads_cluster(THIRTY_TWO_SINGLES)
+    schedule, report = simulated(cluster, size=1 << 20)  # 62 steps
+    fig = timeline(report, schedule)
+    ax = fig.axes[0]
+    (top,) = [child for child in ax.child_axes]
+    steps = [int(t.get_text()) for t in top.get_xticklabels()]
+    assert 3 <= len(steps) <= 12 and steps[0] == 0 and steps == sorted(steps)
+    assert "step" in top.get_xlabel()
+    bars = collection(fig, "steps")
+    colours = {tuple(c) for c in bars.get_facecolors()}
+    assert len(colours) == 2  # reduce-scatter, then allgather
+    assert STEP_KINDS["reduce"][0] in [t.get_text() for t in fig.legends[0].get_texts()]
+    assert overlaps(fig) == [] and cropped(fig) == []
 
 
 def test_link_utilisation_strips_for_the_busiest_links():
@@ -430,6 +484,52 @@ def test_every_shipped_topology_draws_without_overlap(path):
     shown = texts_of(fig)
     if cluster.nranks <= 64:
         assert {str(r) for r in range(cluster.nranks)} <= shown
+
+
+SHIPPED = sorted((ROOT / "topologies").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_every_shipped_topology_keeps_its_texts_inside_the_figure(path):
+    """Title, subtitle, legend and labels of the cluster picture, with a simulated run
+    (the longest title), lie inside the figure: nothing is cut off when saved."""
+    from topoplan.cluster import load_cluster
+
+    planners = need_planners()
+    simulate = pytest.importorskip("topoplan.simulate").simulate
+    cluster = load_cluster(path)
+    report = None
+    if cluster.nranks <= 256:  # planning the 1024-GPU cluster takes longer than the check
+        size = 256 << 20
+        schedule = planners.plan(cluster, algorithm="hierarchical", size=size)
+        report = simulate(cluster, schedule, size)
+    fig = draw_cluster(cluster, report)
+    assert cropped(fig) == []
+    assert overlaps(fig) == []
+
+
+def test_a_title_wider_than_the_figure_is_wrapped_not_cut():
+    cluster = loads_cluster(NVLINK_BOX)
+    title = "a title far wider than this figure " * 6
+    fig = draw_cluster(cluster, title=title.strip())
+    assert cropped(fig) == []
+    assert fig._suptitle.get_text().count("\n") >= 1
+
+
+def test_timeline_keeps_its_texts_inside_the_figure():
+    cluster = loads_cluster(FOUR_BOXES)
+    schedule, report = simulated(cluster)
+    fig = timeline(report, schedule)
+    assert cropped(fig) == []
+
+
+def test_cropping_check_can_fail():
+    from topoplan.viz._common import new_figure
+
+    fig = new_figure(3, 2)
+    fig.text(0.98, 0.5, "runs off the right edge")
+    fig.text(0.5, 0.5, "inside")
+    assert cropped(fig) == ["runs off the right edge"]
 
 
 def test_timeline_samples_ranks_beyond_the_limit():

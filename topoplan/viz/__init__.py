@@ -5,8 +5,10 @@ on an Agg canvas, not through pyplot: they render without a display, show once i
 Jupyter (importing this module in IPython registers a PNG formatter for Figures when
 none is set up), and are freed when dropped. Save one with ``fig.savefig("plan.png")``.
 
-- :func:`draw_cluster`: the cluster by level, links coloured by the bytes on them.
-- :func:`timeline`: a per-rank Gantt chart of a simulated schedule.
+- :func:`draw_cluster`: the cluster by level, links coloured by the bytes on them; a
+  box whose GPUs are joined by a mesh of direct links (NVLink) draws them on a ring.
+- :func:`timeline`: a per-rank Gantt chart of a simulated schedule, bars coloured by what
+  each step does, steps numbered on the top axis.
 - :func:`link_utilisation`: utilisation over time of the busiest links.
 - :func:`size_sweep`: algbw / busbw against message size for every planner.
 """

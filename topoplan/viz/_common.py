@@ -61,6 +61,69 @@ def fit_text(text: Text, max_width_px: float, rend: Any, min_size: float = 4.5) 
         text.set_fontsize(size)
 
 
+def wrap_to_width(text: Text, max_width_px: float, rend: Any) -> None:
+    """Break ``text`` into lines no wider than ``max_width_px``.
+
+    Breaks go at a clause first (" \u2014 ", "; ", ": ", which keeps a title's parts
+    whole), then at spaces.
+    """
+    import textwrap
+
+    full = text.get_text()
+    if not full or text.get_window_extent(rend).width <= max_width_px:
+        return
+    for sep, end in ((" \u2014 ", ""), ("; ", ";"), (": ", ":")):
+        if sep in full:
+            head, tail = full.split(sep, 1)
+            text.set_text(f"{head}{end}\n{tail}")
+            if text.get_window_extent(rend).width <= max_width_px:
+                return
+    width = text.get_window_extent(rend).width
+    chars = max(12, int(len(full) * max_width_px / max(width, 1.0)))
+    while True:
+        text.set_text(textwrap.fill(full, chars, break_long_words=False))
+        if chars <= 12 or text.get_window_extent(rend).width <= max_width_px:
+            return
+        chars = int(chars * 0.9)
+
+
+def fitted_legend(fig: Figure, handles: list, ncol: int, **kwargs: Any) -> Any:
+    """``fig.legend`` below the axes, in as many columns (at most ``ncol``) as fit.
+
+    One row of many entries is wider than a narrow figure, and a figure legend is not
+    shrunk by constrained layout: it would be cut off at both edges.
+    """
+    ncol = max(1, min(ncol, len(handles)))
+    margin = 4.0
+    while True:
+        legend = fig.legend(handles=handles, loc="outside lower center", ncol=ncol,
+                            frameon=False, **kwargs)
+        if ncol == 1:
+            return legend
+        if legend.get_window_extent(renderer(fig)).width <= fig.bbox.width - 2 * margin:
+            return legend
+        legend.remove()
+        ncol -= 1
+
+
+def keep_titles_inside(fig: Figure, margin_px: float = 4.0) -> None:
+    """Wrap the suptitle and axes titles that would run past the figure's edges.
+
+    Constrained layout makes room above and below a title, never beside it, so a
+    title wider than its figure is cut off at both edges. Call it before the layout
+    runs (a draw), so the layout makes room for the extra lines.
+    """
+    fig.draw_without_rendering()
+    rend = renderer(fig)
+    titles = [fig._suptitle] if fig._suptitle is not None else []  # type: ignore[attr-defined]
+    titles += [ax.title for ax in fig.axes if ax.get_title()]
+    for text in titles:
+        ext = text.get_window_extent(rend)
+        centre = (ext.x0 + ext.x1) / 2  # titles are centred
+        room = 2 * min(centre - fig.bbox.x0, fig.bbox.x1 - centre) - 2 * margin_px
+        wrap_to_width(text, room, rend)
+
+
 def byte_unit(max_bytes: float) -> tuple[str, float]:
     """A binary unit for amounts of data (the CLI's --size is binary): ("MiB", 2**20)."""
     for unit, scale in (("GiB", 2.0**30), ("MiB", 2.0**20), ("KiB", 2.0**10)):

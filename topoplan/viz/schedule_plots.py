@@ -10,12 +10,13 @@ import numpy as np
 from ..cluster import Cluster
 from ..schedule import OpKind, Schedule
 from ..units import format_bandwidth, format_size, format_time
-from ._common import edge_name, fit_text, matplotlib, new_figure, renderer, time_unit
+from ._common import (edge_name, fit_text, fitted_legend, keep_titles_inside, matplotlib,
+                      new_figure, renderer, time_unit)
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-__all__ = ["timeline", "link_utilisation", "MAX_RANKS_SHOWN"]
+__all__ = ["timeline", "link_utilisation", "MAX_RANKS_SHOWN", "STEP_KINDS"]
 
 MAX_RANKS_SHOWN = 64  # a Gantt chart of more ranks is drawn for an even sample of them
 
@@ -38,6 +39,44 @@ def _send_peers(report: Any, schedule: Schedule | None) -> dict[tuple[int, int],
     return {key: sorted(value) for key, value in peers.items()}
 
 
+# What a step does, from its ops; the colour of its bar.
+STEP_KINDS = {
+    "reduce": ("receives and adds (reduce)", "#4c72b0"),
+    "both": ("receives, adds some and copies some", "#8172b2"),
+    "copy": ("receives finished chunks (copy)", "#55a868"),
+    "send": ("only sends", "#c9a227"),
+    "step": ("step", "#4c72b0"),  # the schedule is unknown
+}
+
+
+def _step_kinds(report: Any, schedule: Schedule | None) -> dict[tuple[int, int], str]:
+    """(rank, step) -> a key of :data:`STEP_KINDS`; empty without the schedule."""
+    schedule = schedule if schedule is not None else getattr(report, "schedule", None)
+    kinds: dict[tuple[int, int], str] = {}
+    if schedule is None:
+        return kinds
+    for program in schedule.ranks:
+        for s, step in enumerate(program.steps):
+            recvs = [op for op in step if op.kind is OpKind.RECV]
+            adds = any(op.reduce for op in recvs)
+            copies = any(not op.reduce for op in recvs)
+            kinds[(program.rank, s)] = ("both" if adds and copies else "reduce" if adds
+                                        else "copy" if copies else "send")
+    return kinds
+
+
+def _step_ticks(first_start: list[float], horizon: float, most: int = 12) -> list[int]:
+    """Steps to mark on the top axis: every k-th (k a round number), none crowded."""
+    n = len(first_start)
+    k = next(k for k in (1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 5000, n)
+             if k > 0 and n / k <= most)
+    ticks: list[int] = []
+    for s in range(0, n, k):
+        if not ticks or first_start[s] - first_start[ticks[-1]] >= horizon / (2.5 * most):
+            ticks.append(s)
+    return ticks
+
+
 def _shown_ranks(nranks: int) -> list[int]:
     if nranks <= MAX_RANKS_SHOWN:
         return list(range(nranks))
@@ -53,20 +92,24 @@ def timeline(report: Any, schedule: Schedule | None = None) -> Figure:
         A :class:`topoplan.simulate.SimReport`; its ``step_times[rank][step]`` gives
         each bar's ``(start, end)`` in seconds.
     schedule
-        The simulated schedule, to label each bar with the ranks it sends to
-        (``\u21925``). Not needed when the report was made with ``record=True``.
+        The simulated schedule, to colour each bar by what the step does (adds what
+        it receives, copies it, or only sends) and to label wide bars with the ranks
+        they send to (``\u21925``). Without it (and without ``report.schedule``) the
+        bars are one colour.
 
     Returns
     -------
     matplotlib.figure.Figure
         One axes: time on x (with its unit), rank on y (rank 0 on top), bars coloured
-        by step index (colorbar), the lower bound and the predicted time as lines.
-        Gaps between bars are a rank waiting for its peers. Beyond
-        :data:`MAX_RANKS_SHOWN` ranks an even sample of rows is drawn.
+        by kind of step (legend), the lower bound and the predicted time as lines. The
+        top axis numbers the steps (a tick where a step first starts on any rank;
+        every k-th step when there are many). Gaps between bars are a rank waiting
+        for its peers. Beyond :data:`MAX_RANKS_SHOWN` ranks an even sample of rows is
+        drawn.
     """
     matplotlib()
     from matplotlib.collections import PolyCollection
-    from matplotlib.colors import Normalize
+    from matplotlib.patches import Patch
 
     step_times = report.step_times
     nranks = len(step_times)
@@ -76,24 +119,25 @@ def timeline(report: Any, schedule: Schedule | None = None) -> Figure:
     horizon = max(end, report.time_s, report.lower_bound_s, 1e-12)
     unit, scale = time_unit(horizon)
     peers = _send_peers(report, schedule)
+    kinds = _step_kinds(report, schedule)
 
     height = min(12.0, max(3.6, 1.7 + 0.24 * len(ranks)))
     fig = new_figure(11.0, height)
     ax = fig.add_subplot()
-    boxes, values, labels = [], [], []
+    boxes, colours, labels = [], [], []
+    used: dict[str, None] = {}  # kinds present, in drawing order
     for row, rank in enumerate(ranks):
         for s, (start, stop) in enumerate(step_times[rank]):
             x0, x1 = start / scale, stop / scale
             boxes.append([(x0, row - 0.38), (x1, row - 0.38), (x1, row + 0.38), (x0, row + 0.38)])
-            values.append(s)
+            kind = kinds.get((rank, s), "step")
+            used[kind] = None
+            colours.append(STEP_KINDS[kind][1])
             to = peers.get((rank, s))
             if to:
                 text = "\u2192" + (",".join(map(str, to)) if len(to) <= 3 else f"{len(to)} peers")
-                labels.append(((x0 + x1) / 2, row, text, x1 - x0, s))
-    cmap = matplotlib().colormaps["viridis"]
-    bars = PolyCollection(boxes, array=np.array(values, dtype=float), cmap=cmap,
-                          norm=Normalize(0, max(nsteps - 1, 1)), edgecolors="white",
-                          linewidths=0.3)
+                labels.append(((x0 + x1) / 2, row, text, x1 - x0, colours[-1]))
+    bars = PolyCollection(boxes, facecolors=colours, edgecolors="white", linewidths=0.3)
     bars.set_gid("steps")
     ax.add_collection(bars)
     ax.set_xlim(0, horizon / scale * 1.02)
@@ -105,32 +149,38 @@ def timeline(report: Any, schedule: Schedule | None = None) -> Figure:
     else:
         ticks = list(range(0, len(ranks), max(1, len(ranks) // 16)))
         ax.set_yticks(ticks, [str(ranks[i]) for i in ticks])
-    ax.axvline(report.lower_bound_s / scale, color="black", ls="--", lw=1.2,
-               label=f"lower bound {format_time(report.lower_bound_s)}")
-    ax.axvline(report.time_s / scale, color="#c44e52", ls="-", lw=1.2,
-               label=f"predicted {format_time(report.time_s)}")
-    cbar = fig.colorbar(bars, ax=ax, pad=0.01, fraction=0.03)
-    cbar.set_label("step")
-    cbar.locator = matplotlib().ticker.MaxNLocator(integer=True)
-    cbar.update_ticks()
+    if nsteps:
+        first = [min((steps[s][0] for steps in step_times if len(steps) > s), default=0.0)
+                 / scale for s in range(nsteps)]
+        top = ax.secondary_xaxis("top")
+        marks = _step_ticks(first, horizon / scale)
+        top.set_xticks([first[s] for s in marks], [str(s) for s in marks], fontsize=8)
+        top.set_xlabel(f"step (tick: where it first starts; {nsteps} steps)", fontsize=9)
+    lines = [ax.axvline(report.lower_bound_s / scale, color="black", ls="--", lw=1.2,
+                        label=f"lower bound {format_time(report.lower_bound_s)}"),
+             ax.axvline(report.time_s / scale, color="#c44e52", ls="-", lw=1.2,
+                        label=f"predicted {format_time(report.time_s)}")]
+    handles = [Patch(color=colour, label=label) for k, (label, colour) in STEP_KINDS.items()
+               if k in used] + lines
     algorithm = getattr(report, "algorithm", "") or "schedule"
     shown = "" if len(ranks) == nranks else f" (showing {len(ranks)} of {nranks} ranks)"
     ax.set_title(f"{algorithm} on {_cluster_name(report)}, "
                  f"{format_size(report.size)}: each bar is one step{shown}"
                  + ("; labels name the ranks it sends to" if peers else ""), fontsize=10)
-    fig.legend(loc="outside lower center", ncol=2, fontsize=8.5, frameon=False)
+    fitted_legend(fig, handles, ncol=len(handles), fontsize=8.5)
+    keep_titles_inside(fig)
 
     # Label bars that are wide enough; measure once the layout fixed the axes size.
     fig.draw_without_rendering()
     rend = renderer(fig)
     px_per_x = ax.transData.transform((1.0, 0.0))[0] - ax.transData.transform((0.0, 0.0))[0]
     px_per_pt = fig.dpi / 72
-    for x, y, text, w, step in labels:
+    to_rgb = matplotlib().colors.to_rgb
+    for x, y, text, w, colour in labels:
         room = w * px_per_x - 3
         if room < 0.6 * 5.0 * len(text) * px_per_pt:  # cannot fit even at the smallest size
             continue
-        # matplotlib's stubs type Normalize.__call__ for arrays only; a scalar works too.
-        r, g, b, _a = cmap(bars.norm(step))  # type: ignore[arg-type]
+        r, g, b = to_rgb(colour)
         ink = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "white"
         t = ax.text(x, y, text, ha="center", va="center", fontsize=7, color=ink, clip_on=True)
         t.set_in_layout(False)

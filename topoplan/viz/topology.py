@@ -2,7 +2,8 @@
 
 Switches sit on top (the tiers found by distance from the switches NICs plug into),
 boxes below them as grey groups with their NICs, in-box fabric and GPUs, GPUs at the
-bottom labelled with their rank. Beyond :data:`DETAIL_MAX_GPUS` GPUs a box becomes
+bottom labelled with their rank. A box whose direct GPU links skip over GPUs of the row
+(a DGX-1's NVLink hybrid cube mesh) puts its GPUs on a ring, links as straight chords. Beyond :data:`DETAIL_MAX_GPUS` GPUs a box becomes
 one node, and beyond :data:`MAX_PER_ROW` nodes in a row neighbours merge into bundles
 (``node0..node7``), so a 1024-GPU cluster still reads as a picture, not as ink.
 """
@@ -18,7 +19,8 @@ import numpy as np
 
 from ..cluster import Box, Cluster
 from ..units import format_bandwidth, format_size, format_time
-from ._common import byte_unit, edge_name, fit_text, matplotlib, new_figure, renderer
+from ._common import (byte_unit, edge_name, fit_text, fitted_legend, keep_titles_inside,
+                      matplotlib, new_figure, renderer)
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -45,6 +47,7 @@ class _Node:
     x: float
     y: float
     label: str = ""
+    on_ring: bool = False  # a GPU of a box drawn as a ring: its direct links are chords
 
 
 @dataclass
@@ -62,25 +65,63 @@ class _Layout:
     widths: dict[str, float] = field(default_factory=dict)  # label room per node, in x units
 
 
+def _on_a_ring(box: Box) -> bool:
+    """Whether the box's GPUs go on a ring: direct links that skip over GPUs of the row.
+
+    In a row such links must bend around the GPUs between their ends, and a mesh of
+    them (a DGX-1's hybrid cube mesh) becomes a tangle of arcs; on a ring every link
+    is a straight chord that passes through no GPU.
+    """
+    return box.gpus >= 4 and any(abs(link.a - link.b) > 1 for link in box.gpu_links)
+
+
+def _ring_positions(n: int, cx: float, rx: float, ry: float) -> list[tuple[float, float]]:
+    """GPU positions on an ellipse centred at (cx, 0), GPU 0 at the top left.
+
+    With an even count the first half runs left to right along the top and the second
+    half along the bottom, GPU ``j + n/2`` right below GPU ``j``: the two quads of a
+    hybrid cube mesh face each other, and the links between them are vertical.
+    """
+    if n % 2 == 0:
+        half = n // 2
+        top = [math.pi - (i + 0.5) * math.pi / half for i in range(half)]
+        angles = top + [-a for a in top]
+    else:
+        angles = [math.pi - (i + 0.5) * 2 * math.pi / n for i in range(n)]
+    return [(cx + rx * math.cos(a), ry * math.sin(a)) for a in angles]
+
+
 def _detail_layout(cluster: Cluster) -> _Layout:
     lay = _Layout(detail=True)
     has_fabric = any(box.fabric is not None for box in cluster.boxes)
     has_nics = any(box.nics for box in cluster.boxes)
+    rings = [_on_a_ring(box) for box in cluster.boxes]
+    # A ring's top GPUs sit at y = 0 with the other boxes' rows; it hangs below.
+    ring_ry = max((0.27 * (box.gpus - 1) for box, ring in zip(cluster.boxes, rings) if ring),
+                  default=0.0)
+    lift = 0.85 * ring_ry  # centre below the row: top GPUs near y = 0
     y_fabric, y_nic = 0.9, (1.8 if has_fabric else 1.1)
-    arc = max((_arc_height(abs(link.a - link.b)) / 2 for box in cluster.boxes
+    arc = max((_arc_height(abs(link.a - link.b)) / 2
+               for box, ring in zip(cluster.boxes, rings) if not ring
                for link in box.gpu_links), default=0.0)
-    bottom = -0.55 - arc
+    bottom = min(-0.55 - arc, -lift - ring_ry - 0.55) if ring_ry else -0.55 - arc
     top = (y_nic if has_nics else y_fabric if has_fabric else 0.0) + 0.5
     x = 0.0
-    for box in cluster.boxes:
+    for box, ring in zip(cluster.boxes, rings):
         xs = [x + j for j in range(box.gpus)]
-        for j in range(box.gpus):
+        if ring:
+            rx = 0.5 * (box.gpus - 1)
+            spots = [(gx, gy - lift) for gx, gy in
+                     _ring_positions(box.gpus, float(np.mean(xs)), rx, ring_ry)]
+        else:
+            spots = [(gx, 0.0) for gx in xs]
+        for j, (gx, gy) in enumerate(spots):
             key = box.gpu_node(j)
-            lay.nodes[key] = _Node(key, "gpu", xs[j], 0.0, str(box.first_rank + j))
+            lay.nodes[key] = _Node(key, "gpu", gx, gy, str(box.first_rank + j), on_ring=ring)
         if box.fabric is not None:
             lay.nodes[box.fabric_node] = _Node(box.fabric_node, "fabric", float(np.mean(xs)),
                                                y_fabric)
-        for k, nx_ in enumerate(_nic_xs(box, xs)):
+        for k, nx_ in enumerate(_nic_xs(box, [gx for gx, _gy in spots])):
             key = box.nic_node(k)
             lay.nodes[key] = _Node(key, "nic", nx_, y_nic)
         lay.groups.append((box.name, xs[0] - 0.45, xs[-1] + 0.45, bottom, top))
@@ -99,8 +140,9 @@ def _nic_xs(box: Box, xs: list[float]) -> list[float]:
         return want
     if len(want) == 1:
         return want
-    return list(np.linspace(xs[0] - 0.3, xs[-1] + 0.3, len(want))) if len(xs) == 1 else \
-        list(np.linspace(xs[0], xs[-1], len(want)))
+    lo, hi = min(xs), max(xs)  # a ring's GPUs are not in x order
+    return list(np.linspace(lo - 0.3, hi + 0.3, len(want))) if len(xs) == 1 else \
+        list(np.linspace(lo, hi, len(want)))
 
 
 def _bundles(items: list, limit: int) -> list[list]:
@@ -210,7 +252,7 @@ def _arc_height(dx: float) -> float:
 
 
 def _edge_points(a: _Node, b: _Node) -> np.ndarray:
-    if abs(a.y - b.y) > 1e-9:
+    if abs(a.y - b.y) > 1e-9 or (a.on_ring and b.on_ring):
         return np.array([[a.x, a.y], [b.x, b.y]])
     # Same row: a quadratic arc, below the GPUs and above the switches, so it does not
     # run through the nodes between its ends.
@@ -442,8 +484,8 @@ def draw_cluster(cluster: Cluster, report: Any = None, *, color_by: str = "bytes
                      f"{format_bandwidth(graph.edges[top]['bandwidth'])} = "
                      f"{format_time(loads[top])}, {loads[top] / report.time_s:.0%} of the run",
                      fontsize=9, color="#444444")
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6),
-               fontsize=8.5, frameon=False)
+    fitted_legend(fig, handles, ncol=6, fontsize=8.5)
+    keep_titles_inside(fig)
 
     # Fit labels to their room once the layout has fixed the axes' size; the labels
     # stay out of the layout so shrinking them cannot move the axes again.
