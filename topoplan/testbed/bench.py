@@ -304,7 +304,7 @@ def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence
                                  f"{bad[0]['wrong']} wrong elements")
         times = {r["label"]: statistics.median(r["times_s"]) for r in results}
         calibration = fit(scaled, cal_cases, times)
-    profile = None if calibration is None else calibration.profile
+    profile = None if calibration is None else calibration.planning_profile
     cases: list[Case] = []
     schedules: dict[tuple[str, int], Schedule] = {}
     for size in sizes:

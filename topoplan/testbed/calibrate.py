@@ -89,6 +89,16 @@ class Calibration:
                            description="software costs fitted on the testbed")
 
     @property
+    def planning_profile(self) -> CostProfile:
+        """The profile to plan with: :attr:`profile` with the latency-bound alpha where it
+        is the larger. A plan's depth is chosen by what a step costs when a rank waits
+        for its message; where the pipelined runs hid that cost (alpha 0 over MPI here),
+        the planners would otherwise cut a tree into hundreds of steps that each pay it."""
+        import dataclasses
+        alpha = max(self.alpha_s, self.latency_alpha_s or 0.0)
+        return dataclasses.replace(self.profile, alpha_box=alpha, alpha_network=alpha)
+
+    @property
     def note(self) -> str | None:
         """Why ``alpha_s`` is 0, when it is (``None`` otherwise)."""
         if self.alpha_s > 0:
