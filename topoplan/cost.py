@@ -427,21 +427,26 @@ def loads_profile(text: str, file: str = "<string>") -> CostProfile:
     if not name:
         raise fail(doc, "name", "expected a non-empty string")
     costs: dict[str, Any] = {}
+    def per_class(mapping: LineDict, key: str, path: str) -> tuple[float, float]:
+        """(box, network) seconds from one number for both or a mapping of the two."""
+        value = mapping[key]
+        if not isinstance(value, LineDict):
+            both = seconds(mapping, key, path)
+            return both, both
+        for cls in value:
+            if cls not in _CLASSES:
+                raise ProfileError(f"unknown link class; use {' and '.join(_CLASSES)}",
+                                   file=file, line=value.line_of(cls), key=f"{path}.{cls}")
+        for cls in _CLASSES:
+            if cls not in value:
+                raise ProfileError("missing: give alpha for both link classes, or one "
+                                   "number for both", file=file, line=value.line,
+                                   key=f"{path}.{cls}")
+        box, network = (seconds(value, cls, f"{path}.{cls}") for cls in _CLASSES)
+        return box, network
+
     if "alpha" in doc:
-        alpha = doc["alpha"]
-        if isinstance(alpha, LineDict):
-            for key in alpha:
-                if key not in _CLASSES:
-                    raise ProfileError(f"unknown link class; use {' and '.join(_CLASSES)}",
-                                       file=file, line=alpha.line_of(key), key=f"alpha.{key}")
-            for key in _CLASSES:
-                if key not in alpha:
-                    raise ProfileError("missing: give alpha for both link classes, or one "
-                                       "number for both", file=file, line=alpha.line,
-                                       key=f"alpha.{key}")
-                costs[f"alpha_{key}"] = seconds(alpha, key, f"alpha.{key}")
-        else:
-            costs["alpha_box"] = costs["alpha_network"] = seconds(doc, "alpha", "alpha")
+        costs["alpha_box"], costs["alpha_network"] = per_class(doc, "alpha", "alpha")
     if "small_messages" in doc:
         small = doc["small_messages"]
         if not isinstance(small, LineDict):
@@ -458,22 +463,8 @@ def loads_profile(text: str, file: str = "<string>") -> CostProfile:
             costs["small_max"] = parse_size(small["max_bytes"])
         except ValueError as exc:
             raise fail(small, "max_bytes", str(exc), "small_messages.max_bytes") from None
-        salpha = small["alpha"]
-        if isinstance(salpha, LineDict):
-            for key in salpha:
-                if key not in _CLASSES:
-                    raise ProfileError(f"unknown link class; use {' and '.join(_CLASSES)}",
-                                       file=file, line=salpha.line_of(key),
-                                       key=f"small_messages.alpha.{key}")
-            for key in _CLASSES:
-                if key not in salpha:
-                    raise ProfileError("missing: give alpha for both link classes, or one "
-                                       "number for both", file=file, line=salpha.line,
-                                       key=f"small_messages.alpha.{key}")
-                costs[f"small_alpha_{key}"] = seconds(salpha, key, f"small_messages.alpha.{key}")
-        else:
-            costs["small_alpha_box"] = costs["small_alpha_network"] = seconds(
-                small, "alpha", "small_messages.alpha")
+        costs["small_alpha_box"], costs["small_alpha_network"] = per_class(
+            small, "alpha", "small_messages.alpha")
     for key in ("op_overhead", "step_overhead", "call_overhead"):
         if key in doc:
             costs[key] = seconds(doc, key, key)
