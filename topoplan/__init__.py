@@ -17,7 +17,7 @@ import importlib
 from typing import Any
 
 from .errors import (ClusterSpecError, InfeasiblePlanError, PlannerError, ProfileError,
-                     ScheduleError, SpecError, TopoplanError, TransportError)
+                     ScheduleError, SpecError, TopoplanError, TransportError, XmlFormatError)
 
 # These functions share their module's name: importing the submodule anywhere would
 # rebind ``topoplan.verify`` to the module, so they are bound eagerly here. Both modules
@@ -44,10 +44,11 @@ _LAZY = {
     "cluster_fingerprint": "topoplan.fingerprint",
     "check_fingerprint": "topoplan.fingerprint",
 }
-_SUBMODULES = {"bench", "bound", "calibrate", "cluster", "cost", "executor", "matching",
+_SUBMODULES = {"bench", "bound", "calibrate", "cluster", "cost", "executor", "interop", "matching",
                "planners", "schedule", "sim", "testbed", "torch", "transports", "units", "viz"}
 
-__all__ = ["TopoplanError", "SpecError", "ClusterSpecError", "ProfileError", "ScheduleError",
+__all__ = ["TopoplanError", "SpecError", "ClusterSpecError", "ProfileError", "XmlFormatError",
+           "ScheduleError",
            "PlannerError", "InfeasiblePlanError", "TransportError", "verify", "simulate",
            "SimReport", *_LAZY]
 

@@ -1,7 +1,7 @@
 """The exception tree. Every error a user can cause is a :class:`TopoplanError`.
 
-- :class:`SpecError`: a YAML input is malformed (:class:`ClusterSpecError`,
-  :class:`ProfileError`);
+- :class:`SpecError`: a YAML or XML input is malformed (:class:`ClusterSpecError`,
+  :class:`ProfileError`, :class:`XmlFormatError`);
 - :class:`ScheduleError`: a schedule is malformed or is not an allreduce;
 - :class:`PlannerError`: a planner was asked for something it cannot do;
 - :class:`InfeasiblePlanError`: no schedule exists under the constraints given;
@@ -46,6 +46,14 @@ class ProfileError(SpecError):
     """A cost profile (YAML file or name) is malformed or unknown; names file, line and key.
 
     The message reads ``mpi.yaml:7: op_overhead: must be >= 0, got -1 us``.
+    """
+
+
+class XmlFormatError(SpecError):
+    """An XML input (NCCL topology file, MSCCL algorithm) is malformed or not supported.
+
+    The message reads ``FILE:LINE: ELEMENT: ATTRIBUTE: what is wrong``, with the element
+    as its path from the root (``algo/gpu[2]/tb[0]/step[3]``).
     """
 
 
