@@ -1,17 +1,23 @@
-"""``topoplan topo show|lint CLUSTER.yaml``: look at a cluster file."""
+"""``topoplan topo show|lint CLUSTER.yaml``: look at a cluster file;
+``topoplan topo import nccl NODE.xml``: make one from an NCCL topology file."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import sys
+import tempfile
 from itertools import groupby
+from pathlib import Path
 
 from ..cluster import load_cluster
-from ..units import format_bandwidth, format_time
-from .common import console, table
+from ..units import format_bandwidth, format_time, parse_bandwidth
+from .common import console, positive_int, table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    topo = subparsers.add_parser("topo", help="show or lint a cluster YAML file")
+    topo = subparsers.add_parser("topo", help="show, lint or import a cluster YAML file")
     sub = topo.add_subparsers(dest="topo_command", metavar="ACTION", required=True)
     show = sub.add_parser("show", help="ranks, boxes, links, per-box and bisection bandwidth")
     show.add_argument("cluster", help="cluster YAML file")
@@ -21,6 +27,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     lint = sub.add_parser("lint", help="validate a cluster file; exit 0 when it is good")
     lint.add_argument("cluster", nargs="+", help="cluster YAML file(s)")
     lint.set_defaults(func=cmd_lint)
+    imp = sub.add_parser(
+        "import", help="make a cluster YAML file from another tool's topology file",
+        description="Make a cluster YAML v1 file from an NCCL topology file (the XML that "
+                    "NCCL_TOPO_DUMP_FILE writes or NCCL_TOPO_FILE reads) of one host. "
+                    "Every assumption is printed to stderr and written at the top of the "
+                    "file; see docs/CLUSTER.md, 'Importing an NCCL topology file'.")
+    imp.add_argument("format", choices=["nccl"], help="the input's format: nccl (topology XML)")
+    imp.add_argument("file", help="the topology file of one host")
+    imp.add_argument("-o", "--output", metavar="CLUSTER.yaml",
+                     help="write the cluster file here (default: print it)")
+    imp.add_argument("--nodes", type=positive_int, default=1, metavar="N",
+                     help="N copies of the host (default 1)")
+    imp.add_argument("--network", choices=["rail", "single", "none"], default=None,
+                     help="rail: NIC k of every node on switch rail{k}, rails joined by a "
+                          "non-blocking spine (default); single: every NIC on one switch; "
+                          "none: no NICs (one node)")
+    imp.add_argument("--overlay", metavar="NET.yaml",
+                     help="the network from a YAML file: switches, links (cluster syntax) and "
+                          "nic_switches (the switch of each NIC)")
+    imp.add_argument("--nvlink-per-gpu", type=_nvlink_arg, metavar="BW|none",
+                     help="NVLink bandwidth per GPU to an NVSwitch fabric, each way (e.g. "
+                          "240GB/s), or none for PCIe only; for files without <gpu> elements, "
+                          "or to override them")
+    imp.add_argument("--nic-speed", type=_bandwidth_arg, metavar="BW",
+                     help="the speed of every NIC (e.g. 200Gbit/s); for files without <net> "
+                          "elements, or to override them")
+    imp.add_argument("--name", help="the cluster's name (default: from the file name)")
+    imp.set_defaults(func=cmd_import)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -90,3 +124,63 @@ def cmd_lint(args: argparse.Namespace) -> int:
         out.print(f"{path}: ok: {cluster.name}, {cluster.nranks} ranks in {len(cluster.boxes)} "
                   f"boxes, {len(cluster.switches)} switches")
     return 0
+
+
+def _bandwidth_arg(text: str) -> float:
+    try:
+        value = parse_bandwidth(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; e.g. 200Gbit/s or 25GB/s") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def _nvlink_arg(text: str) -> float:
+    if text.strip().lower() in {"none", "0"}:
+        return 0.0
+    return _bandwidth_arg(text)
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from ..errors import TopoplanError
+    from ..interop.nccl_topo import import_nccl_topology, render_cluster_yaml
+
+    if args.overlay and args.network:
+        raise TopoplanError("--overlay gives the network; leave out --network")
+    imported = import_nccl_topology(
+        args.file, nodes=args.nodes, network=args.network or "rail", overlay=args.overlay,
+        nvlink_per_gpu=args.nvlink_per_gpu, nic_speed=args.nic_speed, name=args.name)
+    words = ["topoplan", "topo", "import", args.format, args.file]
+    for option in ("nodes", "network", "overlay", "name"):
+        value = getattr(args, option)
+        if value is not None and not (option == "nodes" and value == 1):
+            words += [f"--{option}", str(value)]
+    if args.nvlink_per_gpu is not None:
+        words += ["--nvlink-per-gpu", format_bandwidth(args.nvlink_per_gpu).replace(" ", "")
+                  if args.nvlink_per_gpu else "none"]
+    if args.nic_speed is not None:
+        words += ["--nic-speed", format_bandwidth(args.nic_speed).replace(" ", "")]
+    text = render_cluster_yaml(imported, command=" ".join(shlex.quote(w) for w in words))
+    for note in imported.assumptions:
+        print(f"topoplan: note: {note}", file=sys.stderr)
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    _atomic_write(Path(args.output), text)
+    print(f"{args.output}: {imported.nranks} ranks in {imported.document['boxes'][0]['count']} "
+          f"node(s); {len(imported.assumptions)} assumptions noted at the top", file=sys.stderr)
+    return 0
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Write through a temporary file in the same folder, so no reader sees half a file."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
