@@ -319,6 +319,7 @@ def import_nccl_topology(path: str | Path, *, nodes: int = 1, network: str = "ra
 
     gpus = _find_gpus(host, notes)
     nics = _find_nics(host, notes)
+    _note_ignored(root, notes)
     box: dict[str, Any] = {"name": "node{i}", "count": nodes, "gpus": len(gpus)}
     comments["gpus"] = "; ".join(
         f"GPU {j} = PCI {g.busid}" + (f" (dev {g.dev})" if g.dev is not None and g.dev >= 0
@@ -455,6 +456,21 @@ def _find_nics(host: _Host, notes: list[str]) -> list[_Nic]:
                      "them")
         bare = []
     return nics or bare
+
+
+_READ = {"system", "cpu", "pci", "gpu", "nvlink", "nic", "net"}
+_IGNORED = {"c2c": "GPU-CPU C2C links (a cluster file has no CPU)",
+            "pcilink": "PCI links between bridges (the PCIe tree alone is used)"}
+
+
+def _note_ignored(root: Element, notes: list[str]) -> None:
+    counts: dict[str, int] = {}
+    for element in root.iter():
+        if element.tag not in _READ:
+            counts[element.tag] = counts.get(element.tag, 0) + 1
+    for tag, count in sorted(counts.items()):
+        what = _IGNORED.get(tag, "not an element NCCL's loader reads")
+        notes.append(f"ignored {count} <{tag}> element{'s' if count > 1 else ''}: {what}")
 
 
 def _link_bandwidth(pci: Element, notes: list[str]) -> float:
@@ -706,9 +722,11 @@ def _network(network: str, nodes: int, nics: list[dict[str, Any]], notes: list[s
     bandwidths = [nodes * _parse_bw(nic["bandwidth"]) for nic in nics]
     links: list[dict[str, Any]]
     if len(set(bandwidths)) == 1:
-        links = [{"a": "rail{i}", "b": "spine", "count": len(nics), "bandwidth": _bw(bandwidths[0])}]
+        links = [{"a": "rail{i}", "b": "spine", "count": len(nics),
+                  "bandwidth": _bw(bandwidths[0])}]
     else:
-        links = [{"a": f"rail{k}", "b": "spine", "bandwidth": _bw(b)} for k, b in enumerate(bandwidths)]
+        links = [{"a": f"rail{k}", "b": "spine", "bandwidth": _bw(b)}
+                 for k, b in enumerate(bandwidths)]
     comments["links"] = (f"each rail to the spine: {nodes} node(s) x its NIC bandwidth "
                          "(non-blocking); change it with the node count")
     notes.append("network (--network rail): NIC k of every node on switch rail{k}; the "
