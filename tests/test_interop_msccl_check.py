@@ -308,6 +308,23 @@ def test_fused_re_with_different_cnt_refused() -> None:
         roundtrip(a)
 
 
+@pytest.mark.parametrize("edit, line, pattern", [
+    (lambda t: '<?xml version="1.0"?>\n' + t, 1, r"an XML declaration"),
+    (lambda t: t.replace("  <gpu", "\t<gpu", 2), 2, r"a tab"),
+    (lambda t: t.replace(' o_chunks="4"', '\n    o_chunks="4"', 1), 2,
+     r"a tag spread over several lines"),
+    (lambda t: t.replace('cnt="1" depid="-1" deps="-1" hasdep="0"/>\n    </tb>\n  </gpu>\n  <gpu '
+                         'id="1"', "cnt='1' depid='-1' deps='-1' hasdep='0'/>\n    </tb>\n  "
+                         '</gpu>\n  <gpu id="1"'), 10, r"an attribute written as .* with single quotes"),
+    (lambda t: t.replace("</tb>", "</tb>stray", 1), 11, r"text outside the elements"),
+])
+def test_xml_the_executor_cannot_lex(edit: object, line: int, pattern: str) -> None:
+    text = edit(to_xml(ring()))  # type: ignore[operator]
+    with pytest.raises(XmlFormatError, match=rf"^algo\.xml:{line}: {pattern}.*the executor's "
+                                              r"parser cannot read it"):
+        parse_msccl(text, file="algo.xml")
+
+
 def test_to_xml_refuses_unreadable_name() -> None:
     with pytest.raises(XmlFormatError, match="name"):
         to_xml(dataclasses.replace(ring(), name='a"b'))

@@ -27,6 +27,7 @@ References
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -164,9 +165,29 @@ def _only_children(el: Element, tag: str) -> list[Element]:
     return el.children
 
 
+_STEP_INTS = ("s", "srcoff", "dstoff", "cnt", "depid", "deps", "hasdep")
+
+
+def _step_ints(el: Element) -> list[int]:
+    """The integer attributes of a step; a fast path for the common, valid case (large
+    files hold ~10^6 of them), falling back to :meth:`Element.int` for the error."""
+    attrs = el.attrs
+    try:
+        values = [int(attrs[k]) for k in _STEP_INTS]
+    except (KeyError, ValueError):
+        values = []
+    if (len(values) == 7 and min(values[1], values[2], values[4], values[5]) >= -1
+            and values[3] >= 0 and values[6] in (0, 1)):
+        return values
+    return [el.int("s"), el.int("srcoff", minimum=-1), el.int("dstoff", minimum=-1),
+            el.int("cnt", minimum=0), el.int("depid", minimum=-1),
+            el.int("deps", minimum=-1), el.int("hasdep", minimum=0, maximum=1)]
+
+
 def _parse_step(el: Element, position: int, gpu: int, tb: int, nbuf: dict[str, int],
                 send: int, recv: int) -> Step:
-    s = el.int("s")
+    s, srcoff, dstoff, cnt, depid, deps, hasdep_int = _step_ints(el)
+    hasdep = hasdep_int == 1
     if s != position:
         raise el.error(f"must be the step's position in its tb ({position}), got {s}", "s")
     kind_name = el.require("type")
@@ -176,12 +197,6 @@ def _parse_step(el: Element, position: int, gpu: int, tb: int, nbuf: dict[str, i
                        f"{', '.join(STEP_TYPES)}", "type")
     srcbuf = _choice(el, "srcbuf", BUFFERS)
     dstbuf = _choice(el, "dstbuf", BUFFERS)
-    srcoff = el.int("srcoff", minimum=-1)
-    dstoff = el.int("dstoff", minimum=-1)
-    cnt = el.int("cnt", minimum=0)
-    depid = el.int("depid", minimum=-1)
-    deps = el.int("deps", minimum=-1)
-    hasdep = _flag(el, "hasdep")
     if kind_name != "nop":
         if cnt < 1:
             raise el.error(f"must be >= 1 for a {kind_name} step, got {cnt}", "cnt")
@@ -305,6 +320,42 @@ def _parse_gpu(el: Element, ngpus: int, nchannels: int) -> Gpu:
                tuple(tbs[t] for t in range(len(tbs))), line=el.line)
 
 
+_COMMENT = re.compile(r"<!--.*?-->", re.S)
+_LEXING_RULES = [
+    (re.compile(r"<\?"), "an XML declaration or processing instruction (<?...?>); remove it"),
+    (re.compile(r"\t"), "a tab; indent with spaces and separate attributes with one space"),
+    (re.compile(r"<[^>]*[\r\n]"), "a tag spread over several lines; write each element on "
+                                  "one line"),
+    (re.compile(r"<[^>]*(=\s*'|\s=|=\s)"), "an attribute written as name = value or with "
+                                           "single quotes; write name=\"value\""),
+    (re.compile(r"(^|>)[ \r\n]*[^< \r\n]"), "text outside the elements"),
+]
+
+
+def _check_executor_lexing(text: str | bytes, file: str) -> None:
+    """Refuse what well-formed XML allows but the executor's hand-written reader does not.
+
+    ``mscclXmlGetNode`` skips only spaces and newlines between elements, reads attributes
+    separated by single spaces up to the end of the line, values in double quotes, and
+    knows no ``<?xml?>`` declaration (it would swallow the whole file as an unknown
+    element); a tab, a tag spread over lines or text between elements make it fail.
+    """
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    clean = _COMMENT.sub(lambda m: "\n" * m.group().count("\n"), text)
+
+    def refuse(pos: int, what: str) -> None:
+        line = clean.count("\n", 0, pos) + 1
+        raise XmlFormatError(f"{what}; the executor's parser cannot read it "
+                             "(msccl_parser.cc)", file=file, line=line)
+
+    # one pass of C per rule: files run to ~10^6 elements
+    for pattern, what in _LEXING_RULES:
+        m = pattern.search(clean)
+        if m:
+            refuse(m.start(), what)
+
+
 def _parse_root(root: Element, file: str) -> Algo:
     if root.tag != "algo":
         raise root.error(f"the root element must be <algo>, got <{root.tag}>")
@@ -342,6 +393,8 @@ def parse_msccl(text: str | bytes, file: str = "<string>") -> Algo:
     Refuses what the executor's parser refuses (a missing attribute, an unknown step
     type or buffer, a tb id gap or duplicate, a tb whose peer is its own gpu, a send
     step in a tb without a send peer, a nop whose dependency the next step would drop)
+    and what is well-formed XML but not for the executor's hand-written reader (an
+    ``<?xml?>`` declaration, tabs, a tag over several lines, single-quoted values);
     and what would make it run something else than the file says: ``s`` not equal to
     the step's position, units outside their buffer (for the src and dst each type
     uses), channel outside ``[0, nchannels)``, two tbs of a gpu sharing a connection
@@ -367,12 +420,15 @@ def parse_msccl(text: str | bytes, file: str = "<string>") -> Algo:
     XmlFormatError
         ``FILE:LINE: ELEMENT: ATTRIBUTE: what is wrong``.
     """
-    return _parse_root(parse_xml(text, file=file), file)
+    root = parse_xml(text, file=file)
+    _check_executor_lexing(text, file)
+    return _parse_root(root, file)
 
 
 def read_msccl(path: str | Path) -> Algo:
     """Read and parse an MSCCL XML file; see :func:`parse_msccl`."""
     root = read_xml(path)
+    _check_executor_lexing(Path(path).read_bytes(), str(path))
     return _parse_root(root, str(path))
 
 
