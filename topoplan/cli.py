@@ -15,7 +15,9 @@ import sys
 from .errors import TopoplanError
 
 COMMANDS = ("topo", "plan", "verify", "simulate", "bench", "calibrate", "show", "launch",
-            "testbed")
+            "testbed", "export", "import")
+#: Commands whose module name differs from the command (``import`` is a keyword).
+_MODULES = {"import": "imports"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,9 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:
-            module = importlib.import_module(f"topoplan.commands.{name}")
+            module_name = f"topoplan.commands.{_MODULES.get(name, name)}"
+            module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if exc.name == f"topoplan.commands.{name}":
+            if exc.name == module_name:
                 continue  # not built yet
             raise
         module.register(subparsers)

@@ -229,7 +229,7 @@ class Schedule:
             If the file cannot be written (missing folder, no permission).
         """
         try:
-            _atomic_write(Path(path), self.to_json())
+            atomic_write(Path(path), self.to_json())
         except OSError as exc:
             raise TopoplanError(f"{path}: cannot write schedule: {exc.strerror}") from None
 
@@ -238,7 +238,8 @@ class Schedule:
         return _parse(data, source)
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file, so a failure leaves nothing half-written."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -1,0 +1,226 @@
+"""Plans exported as MSCCL XML and MSCCL XML imported as plans.
+
+Every exported algorithm goes through the independent checker
+(:func:`topoplan.interop.msccl.check_msccl`) and the executor's limits; imports must
+verify; the CLI writes nothing on error.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import topoplan
+from topoplan.cli import main
+from topoplan.errors import PlannerError, ScheduleError, XmlFormatError
+from topoplan.interop.msccl import Limits, check_msccl, limit_violations, parse_msccl, to_xml
+from topoplan.interop.msccl_export import export_msccl
+from topoplan.interop.msccl_import import import_msccl
+from topoplan.schedule import coalesce
+from topoplan.verify import verify
+
+from .support.clusters import load_topology
+from .support.schedules import builders, hierarchical_schedule, ring_schedule
+
+PLANNERS = ["ring", "tree", "rhd", "hierarchical", "mcf"]
+SIZES = [1 << 20, 1 << 28]
+
+
+def _round_trip(schedule):
+    result = export_msccl(schedule)
+    algo = parse_msccl(to_xml(result.algo))
+    assert algo.gpus == result.algo.gpus  # the XML holds everything the model does
+    assert limit_violations(algo) == []
+    report = check_msccl(algo)
+    assert set(report.modes) == {"inplace", "outofplace"}
+    return result, algo
+
+
+@pytest.mark.parametrize("topology", ["ddl_two_switch", "dgx1_v100"])
+@pytest.mark.parametrize("algorithm", PLANNERS)
+@pytest.mark.parametrize("size", SIZES, ids=["1MiB", "256MiB"])
+def test_every_planner_exports_a_checked_algorithm(topology, algorithm, size):
+    cluster = load_topology(topology)
+    schedule = topoplan.plan(cluster, algorithm=algorithm, size=size)
+    result, algo = _round_trip(schedule)
+    assert algo.ngpus == cluster.nranks and algo.coll == "allreduce"
+    assert algo.inplace and algo.outofplace
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "rhd", "hierarchical"])
+def test_round_trip_keeps_steps_and_simulated_time(algorithm):
+    cluster = load_topology("dgx1_v100")
+    for size in SIZES:
+        schedule = topoplan.plan(cluster, algorithm=algorithm, size=size)
+        _, algo = _round_trip(schedule)
+        back = import_msccl(algo)
+        verify(back)
+        assert back.nsteps == schedule.nsteps
+        assert back.nmessages == schedule.nmessages
+        t0 = topoplan.simulate(cluster, schedule, size=size).time_s
+        t1 = topoplan.simulate(cluster, back, size=size).time_s
+        assert t1 == pytest.approx(t0, rel=1e-9)
+
+
+def test_ring_fuses_into_rrs_rrcs_and_rcs():
+    schedule = ring_schedule(list(range(4)))
+    result, algo = _round_trip(schedule)
+    types = [s.type for tb in algo.gpus[0].tbs for s in tb.steps]
+    assert types == ["s", "rrs", "rrs", "rrcs", "rcs", "rcs", "r"]
+    assert len(algo.gpus[0].tbs) == 1 and result.fused == 4 * 5
+
+
+def test_unfused_export_uses_separate_thread_blocks():
+    schedule = ring_schedule(list(range(4)))
+    algo = export_msccl(schedule, fuse=False).algo
+    for gpu in algo.gpus:
+        assert all((tb.send < 0) != (tb.recv < 0) for tb in gpu.tbs)
+    check_msccl(algo)
+    verify(import_msccl(algo))
+
+
+def test_channels_stack_instances_on_disjoint_chunks():
+    schedule = ring_schedule(list(range(4)))
+    algo = export_msccl(schedule, channels=3, proto="LL128").algo
+    assert algo.nchannels == 3 and algo.nchunksperloop == 12 and algo.proto == "LL128"
+    assert sorted({tb.chan for tb in algo.gpus[0].tbs}) == [0, 1, 2]
+    check_msccl(algo)
+    back = import_msccl(algo)
+    verify(back)
+
+
+def test_long_pairs_split_over_channels_to_fit_the_step_limit():
+    schedule = ring_schedule(list(range(40)))  # 79 steps on one thread block unsplit
+    result = export_msccl(schedule)
+    assert result.segments >= 2 and result.max_steps <= 64
+    tight = export_msccl(schedule, limits=Limits(max_steps=16))
+    assert tight.max_steps <= 16
+    assert limit_violations(tight.algo, Limits(max_steps=16)) == []
+
+
+def test_too_big_for_the_limits_names_the_plan_options():
+    schedule = ring_schedule(list(range(40)))
+    with pytest.raises(PlannerError, match="--max-chunks"):
+        export_msccl(schedule, channels=32)
+
+
+def test_bad_options_are_refused():
+    schedule = ring_schedule(list(range(4)))
+    with pytest.raises(PlannerError, match="proto"):
+        export_msccl(schedule, proto="simple")
+    with pytest.raises(PlannerError, match="channels"):
+        export_msccl(schedule, channels=0)
+    with pytest.raises(PlannerError, match="min/max"):
+        export_msccl(schedule, min_bytes=10, max_bytes=5)
+
+
+def test_min_and_max_bytes_are_written():
+    algo = export_msccl(ring_schedule([0, 1]), min_bytes=4096, max_bytes=1 << 20).algo
+    text = to_xml(algo)
+    assert 'minBytes="4096"' in text and 'maxBytes="1048576"' in text
+
+
+def _random_schedules():
+    """Small schedules of every shape the test builders make, with random orders."""
+    def build(data):
+        n = data.draw(st.integers(2, 6), label="n")
+        kind = data.draw(st.sampled_from(["builder", "ring", "hierarchical"]), label="kind")
+        if kind == "ring":
+            order = data.draw(st.permutations(list(range(n))), label="order")
+            schedule = ring_schedule(list(order))
+        elif kind == "hierarchical" and n % 2 == 0 and n > 2:
+            schedule = hierarchical_schedule(n, 2)
+        else:
+            options = builders(n)
+            name = data.draw(st.sampled_from(sorted(options)), label="builder")
+            schedule = options[name]
+        if data.draw(st.booleans(), label="coalesce"):
+            schedule = coalesce(schedule)
+        return schedule
+    return st.data().map(build)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), fuse=st.booleans(), channels=st.integers(1, 2))
+def test_property_export_check_import_verify(data, fuse, channels):
+    n = data.draw(st.integers(2, 6), label="n")
+    kind = data.draw(st.sampled_from(["builder", "ring", "hierarchical"]), label="kind")
+    if kind == "ring":
+        schedule = ring_schedule(list(data.draw(st.permutations(list(range(n))), label="order")))
+    elif kind == "hierarchical" and n % 2 == 0 and n > 2:
+        schedule = hierarchical_schedule(n, 2)
+    else:
+        options = builders(n)
+        schedule = options[data.draw(st.sampled_from(sorted(options)), label="builder")]
+    if data.draw(st.booleans(), label="coalesce"):
+        schedule = coalesce(schedule)
+    result = export_msccl(schedule, fuse=fuse, channels=channels)
+    algo = parse_msccl(to_xml(result.algo))
+    check_msccl(algo)
+    assert limit_violations(algo) == []
+    back = import_msccl(algo)
+    verify(back)
+    assert back.nranks == schedule.nranks
+
+
+def test_import_refuses_what_a_schedule_cannot_hold():
+    xml = to_xml(export_msccl(ring_schedule([0, 1])).algo)
+    moved = xml.replace('type="s" srcbuf="i" srcoff="0"', 'type="s" srcbuf="s" srcoff="0"', 1)
+    moved = moved.replace('s_chunks="0"', 's_chunks="2"')
+    algo = parse_msccl(moved)
+    with pytest.raises(ScheduleError):
+        import_msccl(algo)
+    other = parse_msccl(xml.replace('coll="allreduce"', 'coll="allgather"'))
+    with pytest.raises(ScheduleError, match="only allreduce"):
+        import_msccl(other, check=False)
+
+
+# ---- the command line -------------------------------------------------------------------
+
+def _plan_file(tmp_path, algorithm="ring", topology="topologies/dgx1_v100.yaml"):
+    path = tmp_path / "plan.json"
+    assert main(["plan", topology, "--algorithm", algorithm, "--size", "1MiB", "-o",
+                 str(path)]) == 0
+    return path
+
+
+def test_cli_export_import_verify_simulate(tmp_path, capsys):
+    plan = _plan_file(tmp_path, "mcf")
+    xml = tmp_path / "algo.xml"
+    assert main(["export", str(plan), "--format", "msccl", "-o", str(xml), "--channels", "2"]) == 0
+    assert "checked" in capsys.readouterr().out
+    assert xml.read_text().startswith("<algo ")
+    back = tmp_path / "back.json"
+    assert main(["import", "msccl", str(xml), "-o", str(back)]) == 0
+    assert json.loads(back.read_text())["nranks"] == 8
+    assert main(["verify", str(back)]) == 0
+    assert main(["simulate", "topologies/dgx1_v100.yaml", str(back), "--size", "1MiB"]) == 0
+
+
+def test_cli_export_to_stdout(tmp_path, capsys):
+    plan = _plan_file(tmp_path)
+    capsys.readouterr()
+    assert main(["export", str(plan)]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("<algo ") and "nchunksperloop" in out.err
+
+
+def test_cli_errors_name_the_file_and_write_nothing(tmp_path, capsys):
+    bad = tmp_path / "bad.xml"
+    bad.write_text('<algo name="x" proto="Simple">\n  <gpu id="0">\n</algo>\n')
+    out = tmp_path / "out.json"
+    assert main(["import", "msccl", str(bad), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "bad.xml:3" in err and "Traceback" not in err
+    assert not out.exists()
+    plan = _plan_file(tmp_path)
+    xml = tmp_path / "algo.xml"
+    assert main(["export", str(plan), "--channels", "40", "-o", str(xml)]) == 1
+    assert "channels" in capsys.readouterr().err and not xml.exists()
+
+
+def test_parse_errors_are_xml_format_errors():
+    with pytest.raises(XmlFormatError, match=r"algo.xml:1"):
+        parse_msccl("<algo", file="algo.xml")

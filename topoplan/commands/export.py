@@ -1,0 +1,72 @@
+"""``topoplan export PLAN.json --format msccl``: a plan as an MSCCL XML algorithm."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..errors import ScheduleError
+from ..schedule import atomic_write, load_schedule
+from .common import console, positive_int, size_arg
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "export", help="write a plan in another tool's format (MSCCL XML)",
+        description="Write a schedule as an MSCCL XML algorithm that msccl-executor-nccl and "
+                    "RCCL run (docs/INTEROP.md). The result passes topoplan's MSCCL checker "
+                    "and the executor's limits, or nothing is written.")
+    parser.add_argument("plan", help="schedule JSON file")
+    parser.add_argument("--format", choices=["msccl"], default="msccl",
+                        help="output format (default msccl)")
+    parser.add_argument("-o", "--output", metavar="ALGO.xml",
+                        help="write here (default: print to stdout)")
+    parser.add_argument("--proto", choices=["Simple", "LL", "LL128"], default="Simple",
+                        help="NCCL protocol the executor runs it with (default Simple)")
+    parser.add_argument("--channels", type=positive_int, default=1, metavar="K",
+                        help="instances of the plan, each on its own channels and slice of "
+                             "the buffer (default 1)")
+    parser.add_argument("--min-bytes", type=size_arg, default=None, metavar="SIZE",
+                        help="smallest message the executor may pick it for (default 0)")
+    parser.add_argument("--max-bytes", type=size_arg, default=None, metavar="SIZE",
+                        help="largest message (default: no limit)")
+    parser.add_argument("--max-steps", type=positive_int, default=64, metavar="N",
+                        help="steps per thread block the executor was built for "
+                             "(MSCCL_MAX_NUM_STEPS, default 64)")
+    parser.add_argument("--no-fuse", action="store_true",
+                        help="keep recv and send as separate steps on separate thread blocks")
+    parser.add_argument("--name", help="the algorithm's name (default topoplan-<planner>)")
+    parser.set_defaults(func=cmd_export)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from ..interop.msccl import Limits, to_xml
+    from ..interop.msccl_export import export_msccl
+
+    schedule = load_schedule(args.plan)
+    try:
+        result = export_msccl(schedule, proto=args.proto, channels=args.channels,
+                              min_bytes=args.min_bytes or 0, max_bytes=args.max_bytes or 0,
+                              name=args.name, limits=Limits(max_steps=args.max_steps),
+                              fuse=not args.no_fuse)
+    except ScheduleError as exc:
+        raise ScheduleError(f"{args.plan}: {exc}") from None
+    algo = result.algo
+    text = to_xml(algo)
+    err = console() if args.output else None
+    for note in result.notes:
+        print(f"topoplan: note: {note}", file=sys.stderr)
+    summary = (f"{algo.name}: {algo.ngpus} GPUs, {algo.nchannels} channel(s), "
+               f"nchunksperloop {algo.nchunksperloop}, up to {result.max_tbs} thread blocks "
+               f"per GPU and {result.max_steps} steps per thread block, {result.fused} fused "
+               f"steps per instance; checked. The executor picks it for messages whose element "
+               f"count is a multiple of {algo.nchunksperloop}")
+    if args.output:
+        atomic_write(Path(args.output), text)
+        assert err is not None
+        err.print(f"wrote {args.output}: {summary}")
+    else:
+        sys.stdout.write(text)
+        print(summary, file=sys.stderr)
+    return 0

@@ -1,0 +1,533 @@
+"""A schedule as an MSCCL XML algorithm, for msccl-executor-nccl and RCCL.
+
+How a topoplan schedule becomes thread blocks:
+
+- **Chunks to MSCCL chunks.** The buffer is cut into ``nchunksperloop`` equal MSCCL
+  chunks; topoplan chunk ``k`` is a whole number of them (exact when the fractions are
+  multiples of ``1/D`` for a ``D`` up to 4096, else rounded, and said so). ``--channels
+  K`` stacks ``K`` copies of the plan on ``K`` disjoint slices of the buffer, one set of
+  channels each, as msccl-tools' instances do.
+- **Buffers.** A rank reads its own contribution from the input buffer ``i`` and keeps
+  everything it has received in the output buffer ``o``, so the algorithm is right both
+  in place (``i`` is ``o``) and out of place.
+- **Messages to steps.** A send is an ``s`` step; a recv an ``r`` (overwrite) or ``rrc``
+  (reduce); a message longer than the executor's count limit is several steps.
+- **Fusion.** A recv at step ``t`` whose result is exactly what the rank sends next, at
+  step ``t + 1`` (nothing else writes those chunks in between) becomes one ``rrcs``
+  (``rrs`` when nothing reads the sum again before it is overwritten) or ``rcs`` step,
+  on a thread block that receives from one peer and sends to the other. Which
+  recv-peer/send-peer pairs share a thread block is a maximum-weight matching on the
+  number of steps they fuse.
+- **Order.** Each thread block runs its steps in the plan's order. Across thread blocks
+  of one rank, a step waits (``depid``/``deps``) for every earlier step of another
+  thread block that touches the same chunks, when one of the two writes (read after
+  write, write after read, write after write); one dependency per step, the rest on
+  ``nop`` steps before it.
+- **Limits** (:class:`topoplan.interop.msccl.Limits`). The messages of one pair of
+  ranks are split into consecutive segments on separate channels when a thread block
+  would exceed the executor's steps per thread block; when the channels run out, the
+  error names the plan options that make the plan smaller.
+
+The result is run through :func:`topoplan.interop.msccl.check_msccl`, an independent
+interpreter of the step types; when fused thread blocks could deadlock under the
+executor's buffering, the export falls back to separate send and receive thread blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Sequence
+
+from ..errors import PlannerError, ScheduleError
+from ..schedule import OpKind, Schedule
+from .msccl import Algo, Gpu, Limits, Step, ThreadBlock, check_msccl, limit_violations
+
+__all__ = ["export_msccl", "ExportResult", "PROTOCOLS"]
+
+PROTOCOLS = ("Simple", "LL", "LL128")
+MAX_UNITS = 4096  # the finest MSCCL chunk grid tried for exact chunk fractions
+
+
+@dataclass
+class ExportResult:
+    """An exported algorithm and what the export decided."""
+
+    algo: Algo
+    notes: list[str] = field(default_factory=list)
+    fused: int = 0          # fused steps (rrcs, rrs, rcs) per instance
+    segments: int = 1       # channels per instance
+    max_steps: int = 0      # the longest thread block, nops included
+    max_tbs: int = 0        # the most thread blocks on one GPU
+
+
+@dataclass(eq=False)
+class _Node:
+    """One topoplan op (or a fused recv + send) on one rank."""
+
+    rank: int
+    step: int
+    phase: int               # 0 send, 1 recv: a step's sends read before its recvs land
+    idx: int
+    kind: str                # "s", "r", "rrc", and after fusion "rcs", "rrs", "rrcs"
+    chunk: int
+    count: int
+    recv_peer: int = -1
+    send_peer: int = -1
+    recv_msg: int = -1
+    send_msg: int = -1
+    chan: int = 0
+    tb: tuple[int, int, int] | None = None
+    deps: list[_Node] = field(default_factory=list)
+    position: int = 0        # index among its thread block's nodes
+    last_s: int = 0          # the step index (s) of its last piece
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return (self.step, self.phase, self.idx)
+
+
+@dataclass
+class _Message:
+    src: int
+    dst: int
+    k: int                   # the k-th message of the pair
+    chunk: int
+    count: int
+    send_node: _Node
+    recv_node: _Node
+    pieces: list[tuple[int, int, str, str]] = field(default_factory=list)
+    # (unit start, unit end, sender's source buffer, receiver's operand buffer)
+
+
+def _unit_grid(chunks: Sequence[float]) -> tuple[list[int], str | None]:
+    """Cumulative MSCCL-chunk boundaries of each topoplan chunk, and a note if rounded."""
+    fracs = [Fraction(c).limit_denominator(1 << 20) for c in chunks]
+    exact = all(abs(float(f) - c) < 1e-12 for f, c in zip(fracs, chunks))
+    if exact:
+        lcm = math.lcm(*(f.denominator for f in fracs))
+        if lcm <= MAX_UNITS:
+            bounds = [0]
+            for f in fracs:
+                bounds.append(bounds[-1] + int(f * lcm))
+            return bounds, None
+    # Round on a power-of-two grid fine enough that the smallest chunk gets >= 8 units.
+    n = len(chunks)
+    grid = 1 << max(3, math.ceil(math.log2(max(n, 8 / max(min(chunks), 1e-9)))))
+    grid = min(grid, MAX_UNITS)
+    if grid < n:
+        grid = n
+    bounds, acc = [0], 0.0
+    for k, c in enumerate(chunks):
+        acc += c
+        b = round(acc * grid) if k < n - 1 else grid
+        b = max(b, bounds[-1] + 1)
+        bounds.append(b)
+    if bounds[-1] > grid or any(bounds[k + 1] <= bounds[k] for k in range(n)):
+        # fall back to spacing: every chunk at least one unit
+        bounds = list(range(n + 1))
+        grid = n
+    worst = max(abs((bounds[k + 1] - bounds[k]) / bounds[-1] - c) / c for k, c in enumerate(chunks))
+    return bounds, (f"chunk fractions are not multiples of 1/D for any D <= {MAX_UNITS}: rounded "
+                    f"to a grid of {bounds[-1]} MSCCL chunks (largest change of a chunk's size "
+                    f"{worst:.1%}); the data each step moves shifts by as much")
+
+
+def _build_nodes(schedule: Schedule) -> tuple[list[list[_Node]], list[_Message]]:
+    """Every op as a node, and messages paired in order (the schedule is verified)."""
+    nodes: list[list[_Node]] = [[] for _ in range(schedule.nranks)]
+    send_q: dict[tuple[int, int], list[_Node]] = defaultdict(list)
+    recv_q: dict[tuple[int, int], list[_Node]] = defaultdict(list)
+    for program in schedule.ranks:
+        r = program.rank
+        for t, step in enumerate(program.steps):
+            for j, op in enumerate(step):
+                if op.kind is OpKind.SEND:
+                    node = _Node(r, t, 0, j, "s", op.chunk, op.count, send_peer=op.peer)
+                    send_q[(r, op.peer)].append(node)
+                else:
+                    node = _Node(r, t, 1, j, "rrc" if op.reduce else "r", op.chunk, op.count,
+                                 recv_peer=op.peer)
+                    recv_q[(op.peer, r)].append(node)
+                nodes[r].append(node)
+        nodes[r].sort(key=lambda nd: nd.key)
+    msgs: list[_Message] = []
+    for (src, dst), sends in sorted(send_q.items()):
+        for k, (sn, rn) in enumerate(zip(sends, recv_q[(src, dst)])):
+            m = len(msgs)
+            sn.send_msg = rn.recv_msg = m
+            msgs.append(_Message(src, dst, k, sn.chunk, sn.count, sn, rn))
+    return nodes, msgs
+
+
+def _statuses(nodes: list[_Node], nchunks: int, msgs: list[_Message]
+              ) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
+    """Per message, the sender's source buffer and the receiver's operand buffer per chunk.
+
+    A chunk is read from ``i`` until the rank has received into it, then from ``o``.
+    """
+    written = [False] * nchunks
+    src_of: dict[int, list[str]] = {}
+    opnd_of: dict[int, list[str]] = {}
+    for node in nodes:  # in (step, phase, idx) order: a step's sends see its start
+        span = range(node.chunk, node.chunk + node.count)
+        if node.kind == "s":
+            src_of[node.send_msg] = ["o" if written[c] else "i" for c in span]
+        else:
+            opnd_of[node.recv_msg] = ["o" if written[c] else "i" for c in span]
+            for c in span:
+                written[c] = True
+    return src_of, opnd_of
+
+
+def _pieces(msg: _Message, src: list[str], opnd: list[str], bounds: list[int],
+            max_cnt: int, reduce: bool) -> list[tuple[int, int, str, str]]:
+    """Split a message where a buffer changes or the count limit is reached."""
+    out: list[tuple[int, int, str, str]] = []
+    start = 0
+    n = msg.count
+    for c in range(1, n + 1):
+        if c < n and src[c] == src[start] and (not reduce or opnd[c] == opnd[start]):
+            continue
+        ua, ub = bounds[msg.chunk + start], bounds[msg.chunk + c]
+        for a in range(ua, ub, max_cnt):
+            out.append((a, min(ub, a + max_cnt), src[start], opnd[start] if reduce else "o"))
+        start = c
+    return out
+
+
+def _fuse(nodes: list[_Node], msgs: list[_Message]) -> list[tuple[_Node, _Node]]:
+    """Pairs (recv at t, send at t+1) where the send carries exactly what the recv left."""
+    by_step: dict[int, list[_Node]] = defaultdict(list)
+    for node in nodes:
+        by_step[node.step].append(node)
+    pairs = []
+    for t, here in by_step.items():
+        nxt = by_step.get(t + 1, [])
+        recvs = [n for n in here if n.kind != "s"]
+        for rn in recvs:
+            overlapping = [o for o in recvs if o is not rn and o.chunk < rn.chunk + rn.count
+                           and rn.chunk < o.chunk + o.count]
+            if overlapping:
+                continue
+            rpieces = [(a, b) for a, b, _, _ in msgs[rn.recv_msg].pieces]
+            firsts: set[tuple[int, int]] = set()  # (peer, chan) whose first send we saw
+            for sn in (n for n in nxt if n.kind == "s"):
+                conn = (sn.send_peer, sn.chan)
+                first = conn not in firsts
+                firsts.add(conn)
+                if not first or sn.chan != rn.chan:
+                    continue  # a send to the same peer before it: fusing would reorder
+                if (sn.chunk, sn.count) != (rn.chunk, rn.count):
+                    continue
+                if [(a, b) for a, b, _, _ in msgs[sn.send_msg].pieces] != rpieces:
+                    continue
+                pairs.append((rn, sn))
+    # each recv and each send at most once: keep the first pairing of each
+    used: set[int] = set()
+    chosen = []
+    for rn, sn in pairs:
+        if id(rn) in used or id(sn) in used:
+            continue
+        used.update((id(rn), id(sn)))
+        chosen.append((rn, sn))
+    return chosen
+
+
+def _dead_after(nodes: list[_Node], sn: _Node) -> bool:
+    """True when every chunk ``sn`` sends is next overwritten before anything reads it."""
+    pending = set(range(sn.chunk, sn.chunk + sn.count))
+    for node in nodes:
+        if node.key <= sn.key or node is sn:
+            continue
+        span = set(range(node.chunk, node.chunk + node.count)) & pending
+        if not span:
+            continue
+        if node.kind not in ("r", "rcs"):
+            return False  # a send or a reduce reads it
+        pending -= span
+        if not pending:
+            return True
+    return False  # the final value must stay in o
+
+
+def _assign_tbs(rank_nodes: list[_Node], fused: list[tuple[_Node, _Node]]
+                ) -> list[_Node]:
+    """Fold fused pairs into one node and give every node its thread block key."""
+    import networkx as nx
+
+    weight: dict[tuple[int, int, int], int] = defaultdict(int)  # (chan, recv peer, send peer)
+    for rn, sn in fused:
+        weight[(rn.chan, rn.recv_peer, sn.send_peer)] += 1
+    graph = nx.Graph()
+    for (chan, p, q), w in weight.items():
+        graph.add_edge(("r", chan, p), ("s", chan, q), weight=w)
+    matching = nx.max_weight_matching(graph)
+    partner: dict[tuple[str, int, int], tuple[str, int, int]] = {}
+    for a, b in matching:
+        partner[a], partner[b] = b, a
+    kept = set()
+    for rn, sn in fused:
+        if partner.get(("r", rn.chan, rn.recv_peer)) == ("s", sn.chan, sn.send_peer):
+            kept.add(id(sn))
+            rn.send_peer, rn.send_msg = sn.send_peer, sn.send_msg
+            rn.kind = {"rrc": "rrcs", "r": "rcs"}[rn.kind]
+    out = [n for n in rank_nodes if id(n) not in kept]
+    for node in out:
+        if node.kind == "s":
+            conn = partner.get(("s", node.chan, node.send_peer))
+            recv_peer = conn[2] if conn else -1
+            node.tb = (node.chan, recv_peer, node.send_peer)
+        else:
+            conn = partner.get(("r", node.chan, node.recv_peer))
+            send_peer = conn[2] if conn else -1
+            node.tb = (node.chan, node.recv_peer, send_peer)
+    return out
+
+
+def _dependencies(nodes: list[_Node]) -> None:
+    """Each node's conflicting predecessors on other thread blocks, pruned."""
+    last_writer: dict[int, _Node] = {}
+    readers: dict[int, list[_Node]] = defaultdict(list)
+    for node in nodes:  # (step, phase, idx) order
+        deps: dict[int, _Node] = {}
+        span = range(node.chunk, node.chunk + node.count)
+        writes = node.kind != "s"
+        for c in span:
+            w = last_writer.get(c)
+            if w is not None:
+                deps[id(w)] = w
+            if writes:
+                for rd in readers[c]:
+                    deps[id(rd)] = rd
+        for c in span:
+            if writes:
+                last_writer[c] = node
+                readers[c] = []
+            if node.kind != "r":  # s, rrc, rrs, rrcs, rcs read (rcs forwards what it got)
+                readers[c].append(node)
+        node.deps = [d for d in deps.values() if d.tb != node.tb]
+
+
+def _prune(tbs: dict[tuple[int, int, int], list[_Node]]) -> None:
+    """Keep, per thread block, only dependencies not implied by an earlier one."""
+    for members in tbs.values():
+        seen: dict[tuple[int, int, int], int] = {}
+        for node in members:
+            latest: dict[tuple[int, int, int], _Node] = {}
+            for d in node.deps:
+                assert d.tb is not None
+                if d.position > seen.get(d.tb, -1) and (
+                        d.tb not in latest or d.position > latest[d.tb].position):
+                    latest[d.tb] = d
+            node.deps = sorted(latest.values(), key=lambda d: (d.tb, d.position))
+            for d in node.deps:
+                assert d.tb is not None
+                seen[d.tb] = d.position
+
+
+def _layout(schedule: Schedule, bounds: list[int], *, fuse: bool, nseg: int, max_cnt: int
+            ) -> tuple[list[dict[tuple[int, int, int], list[_Node]]], list[_Message], int]:
+    """Nodes on thread blocks for one instance; returns per rank {tb key: nodes}."""
+    nodes, msgs = _build_nodes(schedule)
+    npair: dict[tuple[int, int], int] = defaultdict(int)
+    for m in msgs:
+        npair[(m.src, m.dst)] += 1
+    for m in msgs:
+        seg = m.k * nseg // npair[(m.src, m.dst)]
+        m.send_node.chan = m.recv_node.chan = seg
+    nchunks = schedule.nchunks
+    src_of: dict[int, list[str]] = {}
+    opnd_of: dict[int, list[str]] = {}
+    for rank_nodes in nodes:
+        s, o = _statuses(rank_nodes, nchunks, msgs)
+        src_of.update(s)
+        opnd_of.update(o)
+    for i, m in enumerate(msgs):
+        m.pieces = _pieces(m, src_of[i], opnd_of[i], bounds, max_cnt, m.recv_node.kind == "rrc")
+    per_rank = []
+    nfused = 0
+    for r, rank_nodes in enumerate(nodes):
+        pairs = _fuse(rank_nodes, msgs) if fuse else []
+        live = _assign_tbs(rank_nodes, pairs)
+        for node in live:
+            if node.kind == "rrcs":
+                sent = msgs[node.send_msg].send_node
+                if _dead_after(rank_nodes, sent):
+                    node.kind = "rrs"
+        nfused += sum(n.kind in ("rcs", "rrs", "rrcs") for n in live)
+        tbs: dict[tuple[int, int, int], list[_Node]] = defaultdict(list)
+        for node in live:
+            assert node.tb is not None
+            tbs[node.tb].append(node)
+        for members in tbs.values():
+            for pos, node in enumerate(members):
+                node.position = pos
+        _dependencies(live)
+        _prune(tbs)
+        per_rank.append(dict(tbs))
+    return per_rank, msgs, nfused
+
+
+def _steps_of(node: _Node, msgs: list[_Message], offset: int) -> list[Step]:
+    """The MSCCL steps of one node (several when its message is in pieces)."""
+    out = []
+    if node.kind == "s":
+        for a, b, src, _ in msgs[node.send_msg].pieces:
+            out.append(("s", src, a, "o", a, b - a))
+    elif node.kind == "r":
+        for a, b, _, _ in msgs[node.recv_msg].pieces:
+            out.append(("r", "o", a, "o", a, b - a))
+    elif node.kind == "rcs":
+        for a, b, _, _ in msgs[node.recv_msg].pieces:
+            out.append(("rcs", "o", a, "o", a, b - a))
+    else:  # rrc, rrs, rrcs: the received data plus the local operand
+        for a, b, _, opnd in msgs[node.recv_msg].pieces:
+            out.append((node.kind, opnd, a, "o", a, b - a))
+    return [Step(0, kind, sb, so + offset, db, do + offset, cnt, -1, -1, False)
+            for kind, sb, so, db, do, cnt in out]
+
+
+def _emit(schedule: Schedule, per_rank: list[dict[tuple[int, int, int], list[_Node]]],
+          msgs: list[_Message], *, units: int, instances: int, nseg: int, proto: str,
+          name: str, min_bytes: int, max_bytes: int) -> Algo:
+    gpus = []
+    for r, tbs in enumerate(per_rank):
+        keys = sorted(tbs, key=lambda k: (k[2], k[1], k[0]))  # send, recv, channel
+        # first pass: step indexes (nops for all dependencies but one)
+        for key in keys:
+            s = 0
+            for node in tbs[key]:
+                s += max(0, len(node.deps) - 1)
+                s += len(_steps_of(node, msgs, 0))
+                node.last_s = s - 1
+        flagged = {(d.tb, d.last_s) for key in keys for node in tbs[key] for d in node.deps}
+        blocks = []
+        for c in range(instances):
+            base_id = c * len(keys)
+            tb_id = {key: base_id + i for i, key in enumerate(keys)}
+            for key in keys:
+                steps: list[Step] = []
+                for node in tbs[key]:
+                    deps = [(tb_id[d.tb], d.last_s) for d in node.deps if d.tb is not None]
+                    for dep_tb, dep_s in deps[:-1]:
+                        steps.append(Step(len(steps), "nop", "i", -1, "o", -1, 0, dep_tb, dep_s,
+                                          False))
+                    pieces = _steps_of(node, msgs, c * units)
+                    for j, piece in enumerate(pieces):
+                        depid, deps_s = deps[-1] if (deps and j == 0) else (-1, -1)
+                        hasdep = j == len(pieces) - 1 and (key, len(steps)) in flagged
+                        steps.append(Step(len(steps), piece.type, piece.srcbuf, piece.srcoff,
+                                          piece.dstbuf, piece.dstoff, piece.cnt, depid, deps_s,
+                                          hasdep))
+                chan, recv_peer, send_peer = key
+                blocks.append(ThreadBlock(tb_id[key], send_peer, recv_peer,
+                                          c * nseg + chan, tuple(steps)))
+        blocks.sort(key=lambda b: b.id)
+        total = units * instances
+        gpus.append(Gpu(r, total, total, 0, tuple(blocks)))
+    return Algo(name=name, proto=proto, nchannels=instances * nseg,
+                nchunksperloop=units * instances, ngpus=schedule.nranks, coll="allreduce",
+                inplace=True, outofplace=True, min_bytes=min_bytes, max_bytes=max_bytes,
+                gpus=tuple(gpus))
+
+
+def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1,
+                 min_bytes: int = 0, max_bytes: int = 0, name: str | None = None,
+                 limits: Limits | None = None, fuse: bool = True,
+                 check: bool = True) -> ExportResult:
+    """Write ``schedule`` as an MSCCL algorithm (see the module docstring).
+
+    Parameters
+    ----------
+    schedule : Schedule
+        An allreduce; it is verified first.
+    proto : {"Simple", "LL", "LL128"}
+        The NCCL protocol the executor runs the algorithm with.
+    channels : int
+        Instances of the plan, each on its own channels and slice of the buffer (1..32).
+    min_bytes, max_bytes : int
+        The message sizes the executor may pick the algorithm for (0: no upper limit).
+    limits : Limits
+        The executor build's limits (default: msccl-executor-nccl's defaults).
+    fuse : bool
+        Fuse recv-then-send into ``rrcs``/``rrs``/``rcs`` steps where the plan allows.
+    check : bool
+        Run the symbolic checker on the result (and fall back to unfused thread blocks
+        when fused ones could deadlock).
+
+    Returns
+    -------
+    ExportResult
+
+    Raises
+    ------
+    ScheduleError
+        The schedule is not an allreduce.
+    PlannerError
+        A bad option, or the plan does not fit the executor's limits even with every
+        channel used; the message names the plan options that shrink it.
+    """
+    from ..verify import verify
+
+    if proto not in PROTOCOLS:
+        raise PlannerError(f"proto: must be one of {', '.join(PROTOCOLS)}, got {proto!r}")
+    limits = limits or Limits()
+    if not 1 <= channels <= limits.max_channels:
+        raise PlannerError(f"channels: must be 1..{limits.max_channels}, got {channels}")
+    if min_bytes < 0 or max_bytes < 0 or (max_bytes and max_bytes < min_bytes):
+        raise PlannerError(f"min/max bytes: need 0 <= min <= max (max 0: no limit), got "
+                           f"{min_bytes} and {max_bytes}")
+    verify(schedule)
+    if schedule.nranks < 2:
+        raise PlannerError("an allreduce of one rank has nothing to send; MSCCL needs >= 2 GPUs")
+    bounds, note = _unit_grid(schedule.chunks)
+    notes = [note] if note else []
+    units = bounds[-1]
+    name = name or f"topoplan-{schedule.algorithm}"
+    max_cnt = limits.max_count - 1
+    attempts = [True, False] if fuse else [False]
+    last_error: Exception | None = None
+    for fused_try in attempts:
+        nseg = 1
+        while True:
+            per_rank, msgs, nfused = _layout(schedule, bounds, fuse=fused_try, nseg=nseg,
+                                             max_cnt=max_cnt)
+            algo = _emit(schedule, per_rank, msgs, units=units, instances=channels, nseg=nseg,
+                         proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes)
+            longest = max(len(tb.steps) for g in algo.gpus for tb in g.tbs)
+            problems = limit_violations(algo, limits)
+            if not problems:
+                break
+            need = max(nseg + 1, math.ceil(nseg * longest / (limits.max_steps * 0.9)))
+            if need * channels > limits.max_channels:
+                raise PlannerError(
+                    f"{name}: does not fit the executor's limits with {channels} instance(s) "
+                    f"and {nseg} channel(s) each: {problems[0]}"
+                    + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+                    + ". Make the plan smaller: fewer chunks (topoplan plan --max-chunks N), "
+                      "fewer ops per step (--max-step-ops N), a planner with fewer steps "
+                      "(rhd, hierarchical), or fewer --channels; or raise --max-steps for an "
+                      "executor built with a larger MSCCL_MAX_NUM_STEPS")
+            nseg = need
+        if not check:
+            break
+        try:
+            check_msccl(algo)
+        except ScheduleError as exc:
+            last_error = exc
+            if fused_try and len(attempts) > 1:
+                notes.append(f"fused thread blocks failed the check ({exc}); "
+                             "exported with separate send and receive thread blocks")
+                continue
+            raise ScheduleError(f"{name}: the exported algorithm fails the MSCCL check: {exc}"
+                                ) from None
+        last_error = None
+        break
+    if last_error is not None:  # pragma: no cover - the loop raises or breaks
+        raise last_error
+    return ExportResult(algo=algo, notes=notes, fused=nfused, segments=nseg,
+                        max_steps=max(len(tb.steps) for g in algo.gpus for tb in g.tbs),
+                        max_tbs=max(len(g.tbs) for g in algo.gpus))

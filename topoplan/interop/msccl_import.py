@@ -1,0 +1,471 @@
+"""An MSCCL XML allreduce as a topoplan schedule, to verify, simulate, show and bench it.
+
+A topoplan schedule keeps one value per chunk of one buffer, and runs each rank's ops in
+steps. An MSCCL algorithm has thread blocks that run concurrently, ordered by their own
+step order and ``depid``/``deps``, over three buffers. The import:
+
+- **checks** the algorithm with :func:`topoplan.interop.msccl.check_msccl` first, so a
+  broken file is reported in MSCCL's terms (GPU, thread block, step);
+- **buffers:** reads ``i`` and ``o`` as one buffer (the in-place view). A scratch chunk
+  that one ``r`` fills and one ``re`` adds into the buffer becomes one reducing recv;
+  ``cpy`` between the same chunk of ``i`` and ``o`` does nothing in place. Anything else
+  on scratch, or a copy that moves data, is refused, saying which step;
+- **steps:** gives every receive the earliest step its thread block order and
+  dependencies allow (one more than the receives that must land before it), and every
+  send the step after the receives it must follow: a send does not hold its thread
+  block up (the executor buffers it), a receive does. A fused ``rcs``/``rrs``/``rrcs``
+  receives in one step and sends in the next; ``rrs`` keeps its sum in the chunk it
+  read;
+- **messages:** an MSCCL chunk is a topoplan chunk of ``1/nchunksperloop``; the steps a
+  message was split into (count limits, buffer changes) are joined again when both ends
+  hold them back to back; the result is coalesced into chunk ranges (IR v2).
+
+The schedule is verified before it is returned; one that does not verify is refused,
+naming why.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from ..errors import ScheduleError
+from ..schedule import Op, OpKind, Schedule, build_schedule, coalesce, equal_chunks
+from .msccl import Algo, Step, ThreadBlock, check_msccl
+
+__all__ = ["import_msccl"]
+
+_SENDS = {"s", "rcs", "rrs", "rrcs"}
+_RECVS = {"r", "rcs", "rrs", "rrc", "rrcs"}
+_REDUCES = {"rrs", "rrc", "rrcs"}
+
+
+@dataclass(eq=False)
+class _Unit:
+    """One MSCCL step (or a run of steps joined back into one message) on one GPU."""
+
+    gpu: int
+    tb: ThreadBlock
+    first: Step
+    steps: list[Step] = field(default_factory=list)
+    preds: list[_Unit] = field(default_factory=list)
+    recv_level: int = -1
+    send_level: int = -1
+    ready: int = 0
+    recv_key: tuple[int, int] = (0, 0)   # (channel, index of the message on its FIFO)
+    send_key: tuple[int, int] = (0, 0)
+    recv_msg: _Message | None = None
+    send_msg: _Message | None = None
+    hazards: list[_Unit] = field(default_factory=list)  # earlier writers of its chunks
+    after: int = 0                       # the step its successors may not precede
+    tb_prev: _Unit | None = None         # the unit before it on its thread block
+    fold_into: _Unit | None = None       # an r into scratch, folded into a later re
+    folded_recv: _Unit | None = None     # on the re: the r it folded
+
+    @property
+    def type(self) -> str:
+        return self.first.type
+
+    @property
+    def cnt(self) -> int:
+        return sum(s.cnt for s in self.steps)
+
+    def where(self, algo: Algo) -> str:
+        return (f"{algo.file}:{self.first.line}: gpu {self.gpu} tb {self.tb.id} step "
+                f"{self.first.s} ({self.type})")
+
+
+def _refuse(algo: Algo, unit: _Unit, why: str) -> ScheduleError:
+    return ScheduleError(f"{unit.where(algo)}: cannot be a topoplan schedule: {why}")
+
+
+def _joinable(a: Step, b: Step) -> bool:
+    """``b`` continues ``a``'s message: same type and buffers, contiguous, no sync between."""
+    if a.type != b.type or a.type in ("nop", "cpy", "re") or b.depid >= 0 or a.hasdep:
+        return False
+    if (a.srcbuf, a.dstbuf) != (b.srcbuf, b.dstbuf):
+        return False
+    uses_src = a.type in ("s", "rrs", "rrc", "rrcs")
+    uses_dst = a.type in ("r", "rcs", "rrc", "rrcs")
+    return ((not uses_src or b.srcoff == a.srcoff + a.cnt)
+            and (not uses_dst or b.dstoff == a.dstoff + a.cnt))
+
+
+def _units(algo: Algo) -> dict[int, dict[int, list[_Unit]]]:
+    """Per GPU, per thread block, its steps as units, joined where both ends allow."""
+    # FIFO pairing: the k-th send step of (src, dst, chan) with the k-th recv step.
+    fifo_send: dict[tuple[int, int, int], list[tuple[int, int, int]]] = defaultdict(list)
+    fifo_recv: dict[tuple[int, int, int], list[tuple[int, int, int]]] = defaultdict(list)
+    for gpu in algo.gpus:
+        for tb in gpu.tbs:
+            for i, st in enumerate(tb.steps):
+                if st.type in _SENDS:
+                    fifo_send[(gpu.id, tb.send, tb.chan)].append((gpu.id, tb.id, i))
+                if st.type in _RECVS:
+                    fifo_recv[(tb.recv, gpu.id, tb.chan)].append((gpu.id, tb.id, i))
+    send_partner: dict[tuple[int, int, int], tuple[int, int, int]] = {}
+    recv_partner: dict[tuple[int, int, int], tuple[int, int, int]] = {}
+    for key, sends in fifo_send.items():
+        for s, r in zip(sends, fifo_recv.get(key, [])):
+            send_partner[s], recv_partner[r] = r, s
+    tbs = {(g.id, tb.id): tb for g in algo.gpus for tb in g.tbs}
+
+    def local_ok(g: int, t: int, i: int) -> bool:
+        steps = tbs[(g, t)].steps
+        return i > 0 and _joinable(steps[i - 1], steps[i])
+
+    # A step joins its predecessor when it can locally and every message it takes part
+    # in joins at the other end too; iterate to a fixed point (fused steps link chains).
+    join = {(g.id, tb.id, i) for g in algo.gpus for tb in g.tbs
+            for i in range(len(tb.steps)) if local_ok(g.id, tb.id, i)}
+    changed = True
+    while changed:
+        changed = False
+        for key in list(join):
+            g, t, i = key
+            ok = True
+            for partners in (send_partner, recv_partner):
+                partner = partners.get(key)
+                if partner is None:
+                    continue
+                pg, pt, pi = partner
+                if partner not in join or partners.get((g, t, i - 1)) != (pg, pt, pi - 1):
+                    ok = False
+            if not ok:
+                join.discard(key)
+                changed = True
+    out: dict[int, dict[int, list[_Unit]]] = {}
+    for gpu in algo.gpus:
+        out[gpu.id] = {}
+        for tb in gpu.tbs:
+            units: list[_Unit] = []
+            for i, st in enumerate(tb.steps):
+                if (gpu.id, tb.id, i) in join:
+                    units[-1].steps.append(st)
+                else:
+                    units.append(_Unit(gpu.id, tb, st, [st]))
+            out[gpu.id][tb.id] = units
+    return out
+
+
+def _fold_scratch(algo: Algo, tbs: dict[int, list[_Unit]]) -> None:
+    """An ``r`` into scratch read by exactly one ``re`` becomes one reducing recv."""
+    writers: dict[tuple[int, int], _Unit] = {}
+    for units in tbs.values():
+        for u in units:
+            if u.first.dstbuf == "s" and u.type in _RECVS | {"cpy", "re"}:
+                if u.type != "r":
+                    raise _refuse(algo, u, "only plain receives (r) into scratch are supported")
+                key = (u.first.dstoff, u.cnt)
+                if key in writers:
+                    raise _refuse(algo, u, f"scratch s[{key[0]}] is written twice")
+                writers[key] = u
+    for units in tbs.values():
+        for u in units:
+            reads_scratch = u.first.srcbuf == "s" and u.type in ("s", "rrs", "rrc", "rrcs",
+                                                                   "cpy", "re")
+            if not reads_scratch:
+                continue
+            if u.type != "re":
+                raise _refuse(algo, u, "data read from scratch is only supported as the "
+                                       "source of a local reduce (re)")
+            if u.first.dstbuf == "s":
+                raise _refuse(algo, u, "a reduce into scratch keeps a value topoplan "
+                                       "has no chunk for")
+            w = writers.pop((u.first.srcoff, u.cnt), None)
+            if w is None:
+                raise _refuse(algo, u, f"s[{u.first.srcoff}] x{u.cnt} is not exactly one "
+                                       "receive's data (or is read twice)")
+            w.fold_into, u.folded_recv = u, w
+    if writers:
+        u = next(iter(writers.values()))
+        raise _refuse(algo, u, "data received into scratch is never reduced into the buffer")
+
+
+@dataclass(eq=False)
+class _Message:
+    """One MSCCL message; both of its ops get the same topoplan step."""
+
+    level: int = 0           # the recv's step
+    send: int = 0            # the send's step (== level when aligned)
+    units: list[_Unit] = field(default_factory=list)   # units whose level bound it sets
+
+
+def _link(algo: Algo, units_of: dict[int, dict[int, list[_Unit]]]) -> None:
+    """Local precedence (thread block order, dependencies) and messages (FIFO order)."""
+    fifo_send: dict[tuple[int, int, int], list[_Unit]] = defaultdict(list)
+    fifo_recv: dict[tuple[int, int, int], list[_Unit]] = defaultdict(list)
+    for gpu in algo.gpus:
+        tbs = units_of[gpu.id]
+        by_step: dict[tuple[int, int], _Unit] = {}
+        for tid, units in tbs.items():
+            index = 0
+            for u in units:
+                for _ in u.steps:
+                    by_step[(tid, index)] = u
+                    index += 1
+        for tid, units in tbs.items():
+            for k, u in enumerate(units):
+                if k:
+                    u.preds.append(units[k - 1])
+                    u.tb_prev = units[k - 1]
+                if u.first.depid >= 0:
+                    target = by_step.get((u.first.depid, u.first.deps))
+                    if target is not None:
+                        u.preds.append(target)
+                tb = u.tb
+                if u.type in _SENDS:
+                    fifo_send[(gpu.id, tb.send, tb.chan)].append(u)
+                if u.type in _RECVS:
+                    fifo_recv[(tb.recv, gpu.id, tb.chan)].append(u)
+        _hazards([u for units in tbs.values() for u in units])
+    for key, sends in fifo_send.items():
+        for k, (su, ru) in enumerate(zip(sends, fifo_recv[key])):
+            m = _Message(units=[su, ru] + ([ru.fold_into] if ru.fold_into else []))
+            su.send_msg, ru.recv_msg = m, m
+            su.send_key = ru.recv_key = (key[2], k)
+
+
+def _hazards(units: list[_Unit]) -> None:
+    """Per unit, the latest earlier units that write a chunk it reads or writes.
+
+    Units are taken in an order consistent with thread block order and dependencies;
+    the checker has shown conflicting accesses are ordered, so the last writer of a
+    chunk in that order happens before the unit.
+    """
+    indeg = {id(u): len(u.preds) for u in units}
+    succ: dict[int, list[_Unit]] = defaultdict(list)
+    for u in units:
+        for p in u.preds:
+            succ[id(p)].append(u)
+    todo = [u for u in units if not u.preds]
+    writer: dict[int, _Unit] = {}
+    while todo:
+        u = todo.pop()
+        st, t = u.first, u.type
+        touched: range | None = None
+        writes = False
+        if t == "s":
+            touched = range(st.srcoff, st.srcoff + u.cnt) if st.srcbuf != "s" else None
+        elif t in ("r", "rcs") and u.fold_into is None:
+            touched, writes = range(st.dstoff, st.dstoff + u.cnt), True
+        elif t in ("rrc", "rrcs", "rrs"):
+            touched, writes = range(st.srcoff, st.srcoff + u.cnt), True
+        elif t == "re":
+            touched, writes = range(st.dstoff, st.dstoff + u.cnt), True
+        if touched is not None:
+            found = {id(w): w for c in touched if (w := writer.get(c)) is not None}
+            u.hazards = list(found.values())
+            if writes:
+                for c in touched:
+                    writer[c] = u
+        for v in succ[id(u)]:
+            indeg[id(v)] -= 1
+            if not indeg[id(v)]:
+                todo.append(v)
+
+
+def _levels(algo: Algo, units_of: dict[int, dict[int, list[_Unit]]], aligned: bool,
+            strict: bool) -> None:
+    """Give every message one step, the earliest both of its ends allow.
+
+    A message's send and recv share a step (so the schedule cannot deadlock: every
+    step's messages only wait for peers in the same step). A recv's step is at least
+    the steps after the recvs its unit must follow; a send's is at least the steps
+    its unit must follow; a fused unit sends the step after it receives. Bounds only
+    grow, so a worklist reaches the least fixed point, unless the algorithm relies on
+    buffering without bound, which is refused.
+    """
+    units = [u for tbs in units_of.values() for us in tbs.values() for u in us]
+    succs: dict[int, list[_Unit]] = defaultdict(list)
+    for u in units:
+        for p in {id(p): p for p in u.preds + u.hazards}.values():
+            succs[id(p)].append(u)
+    limit = 4 * len(units) + 8
+    todo = list(reversed(units))
+    queued = {id(u) for u in units}
+    while todo:
+        u = todo.pop()
+        queued.discard(id(u))
+        # after a predecessor's step, and after the step in which an earlier write of
+        # one of its chunks lands (ready = that recv's step + 1)
+        if strict:  # every thread block predecessor done, as on the executor
+            base = max((p.ready for p in u.preds), default=0)
+        else:
+            base = max(max((p.after for p in u.preds), default=0),
+                       max((h.ready for h in u.hazards), default=0))
+        raised: list[_Message] = []
+
+        def bound(m: _Message | None, value: int, send: bool) -> None:
+            if m is None:
+                return
+            before = (m.send, m.level)
+            if send:
+                m.send = max(m.send, value)
+            else:
+                m.level = max(m.level, value)
+            m.level = max(m.level, m.send)  # a recv is never posted before its send
+            if aligned:
+                m.send = m.level
+            if (m.send, m.level) != before:
+                raised.append(m)
+
+        t = u.type
+        if t == "s":
+            bound(u.send_msg, base, True)
+            after = ready = u.send_msg.send if u.send_msg else base
+        elif t == "r" and u.fold_into is not None:
+            bound(u.recv_msg, base, False)
+            after = ready = base  # lands in scratch; the reduce that reads it is the recv
+        elif t in ("r", "rrc"):
+            bound(u.recv_msg, base, False)
+            after = u.recv_msg.level if u.recv_msg else base
+            ready = after + 1
+        elif t in ("rcs", "rrs", "rrcs"):
+            bound(u.recv_msg, base, False)
+            ready = (u.recv_msg.level if u.recv_msg else base) + 1
+            bound(u.send_msg, ready, True)
+            after = u.send_msg.send if u.send_msg else ready
+        elif t == "re" and u.folded_recv is not None:
+            m = u.folded_recv.recv_msg
+            bound(m, base, False)
+            after = m.level if m else base
+            ready = after + 1
+        else:  # nop, in-place cpy
+            after = ready = base
+        if ready > limit or any(m.level > limit for m in raised):
+            raise _refuse(algo, u, "it relies on buffering messages without bound (a "
+                                   "send far ahead of its receive), which a step-by-step "
+                                   "schedule cannot express")
+        changed = [u] if (ready, after) != (u.ready, u.after) else []
+        u.ready, u.after = ready, after
+        for m in raised:
+            changed.extend(x for x in m.units if x is not u)
+        for x in changed:
+            for v in (succs[id(x)] if x is u else [x]):
+                if id(v) not in queued:
+                    queued.add(id(v))
+                    todo.append(v)
+    for u in units:
+        if u.recv_msg is not None:
+            u.recv_level = u.recv_msg.level
+        if u.send_msg is not None:
+            u.send_level = u.send_msg.send
+        if u.type == "re" and u.folded_recv is not None and u.folded_recv.recv_msg:
+            u.recv_level = u.folded_recv.recv_msg.level
+
+
+def import_msccl(algo: Algo, *, check: bool = True) -> Schedule:
+    """Turn an MSCCL allreduce into a verified topoplan :class:`Schedule`.
+
+    Parameters
+    ----------
+    algo : Algo
+        From :func:`topoplan.interop.msccl.read_msccl`.
+    check : bool
+        Run the MSCCL checker first (recommended: it names faults in MSCCL's terms).
+
+    Raises
+    ------
+    ScheduleError
+        The algorithm is wrong, or uses something a topoplan schedule cannot express
+        (the message names the step and why).
+    """
+    from ..verify import verify
+
+    if algo.coll != "allreduce":
+        raise ScheduleError(f"{algo.file}: coll={algo.coll!r}: only allreduce algorithms "
+                            "can be imported")
+    if check:
+        check_msccl(algo)
+    units_of = _units(algo)
+    nchunks = algo.nchunksperloop
+    for gpu in algo.gpus:
+        tbs = units_of[gpu.id]
+        for units in tbs.values():
+            for u in units:
+                st = u.first
+                if u.type == "cpy":
+                    if not ({st.srcbuf, st.dstbuf} <= {"i", "o"} and st.srcoff == st.dstoff):
+                        raise _refuse(algo, u, "a local copy that moves data between "
+                                               "chunks (topoplan keeps one value per chunk)")
+                for buf, off in ((st.srcbuf, st.srcoff), (st.dstbuf, st.dstoff)):
+                    if buf in ("i", "o") and u.type != "nop" and off + u.cnt > nchunks > 0 and (
+                            (buf == st.srcbuf and u.type in ("s", "rrs", "rrc", "rrcs"))
+                            or (buf == st.dstbuf and u.type in ("r", "rcs", "rrc", "rrcs"))):
+                        raise _refuse(algo, u, f"{buf}[{off}] x{u.cnt} lies past "
+                                               f"nchunksperloop={nchunks}")
+                if u.type in ("rrc", "rrcs") and st.srcoff != st.dstoff:
+                    raise _refuse(algo, u, f"adds chunk {st.srcoff} into chunk {st.dstoff}: "
+                                           "a reduce must stay in one chunk")
+        _fold_scratch(algo, tbs)
+    _link(algo, units_of)
+    # First every message's two ops in one step (a topoplan step lasts until all its
+    # messages are done, so a send posted early would hold its step up), ops of one
+    # thread block that touch different chunks sharing a step; then with every thread
+    # block op after its predecessor is done; then each send at the earliest step its
+    # thread block allows. The first that verifies is the import.
+    failure: ScheduleError | None = None
+    for aligned, strict in ((True, False), (True, True), (False, False), (False, True)):
+        for tbs in units_of.values():
+            for units in tbs.values():
+                for u in units:
+                    u.ready = u.after = 0
+                    for m in (u.recv_msg, u.send_msg):
+                        if m is not None:
+                            m.level = m.send = 0
+        try:
+            _levels(algo, units_of, aligned, strict)
+        except ScheduleError as exc:
+            failure = exc
+            continue
+        schedule = _schedule(algo, units_of)
+        try:
+            verify(schedule)
+        except ScheduleError as exc:
+            failure = ScheduleError(
+                f"{algo.file}: the algorithm passes the MSCCL check but its topoplan form "
+                f"does not verify ({exc}); it uses an order or a buffer trick a step-by-step "
+                "schedule cannot express")
+            continue
+        return schedule
+    assert failure is not None
+    raise failure
+
+
+def _schedule(algo: Algo, units_of: dict[int, dict[int, list[_Unit]]]) -> Schedule:
+    """The ops at their steps, in an order both ends of every pair agree on."""
+    nchunks = algo.nchunksperloop
+    steps: list[list[list[Op]]] = []
+    for gpu in algo.gpus:
+        program: dict[int, list[tuple[tuple, Op]]] = defaultdict(list)
+        for units in units_of[gpu.id].values():
+            for u in units:
+                st, tb = u.first, u.tb
+                if u.type in _SENDS:
+                    chunk = st.srcoff if u.type in ("s", "rrs", "rrcs") else st.dstoff
+                    if u.type == "rrs":
+                        chunk = st.srcoff
+                    program[u.send_level].append(
+                        ((0, tb.send, *u.send_key),
+                         Op(OpKind.SEND, tb.send, chunk, False, u.cnt)))
+                if u.type in _RECVS and u.fold_into is None:
+                    chunk = st.srcoff if u.type == "rrs" else st.dstoff
+                    program[u.recv_level].append(
+                        ((1, tb.recv, *u.recv_key),
+                         Op(OpKind.RECV, tb.recv, chunk, u.type in _REDUCES, u.cnt)))
+                if u.type == "re":
+                    w = u.folded_recv
+                    assert w is not None
+                    program[u.recv_level].append(
+                        ((1, w.tb.recv, *w.recv_key),
+                         Op(OpKind.RECV, w.tb.recv, st.dstoff, True, u.cnt)))
+        last = max(program, default=-1)
+        steps.append([[op for _, op in sorted(program.get(t, []), key=lambda x: x[0])]
+                      for t in range(last + 1)])
+    schedule = build_schedule(algo.ngpus, equal_chunks(nchunks), steps,
+                              algorithm=f"msccl:{algo.name}", source=algo.file,
+                              msccl={"proto": algo.proto, "nchannels": algo.nchannels,
+                                     "nchunksperloop": nchunks, "inplace": algo.inplace,
+                                     "outofplace": algo.outofplace})
+    return schedule
