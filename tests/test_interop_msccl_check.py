@@ -298,6 +298,16 @@ def test_nop_before_a_step_without_dependency_refused() -> None:
         roundtrip(a)
 
 
+def test_nop_without_dependency_refused() -> None:
+    a = replace_step(allpairs(), 0, 3, 1, depid=-1, deps=-1)
+    with pytest.raises(XmlFormatError, match=r"tb\[3\]/step\[1\]: depid: a nop without a "
+                                              r"dependency is dropped by the executor"):
+        roundtrip(a)
+    # at the end of a tb it changes nothing
+    raw = list(ring().gpus[0].tbs[0].steps) + [step(0, "nop", cnt=0)]
+    check_msccl(roundtrip(set_steps(ring(), 0, 0, raw)))
+
+
 def test_fused_re_with_different_cnt_refused() -> None:
     a = allpairs()
     gpu = a.gpus[0]
@@ -312,11 +322,11 @@ def test_fused_re_with_different_cnt_refused() -> None:
     (lambda t: '<?xml version="1.0"?>\n' + t, 1, r"an XML declaration"),
     (lambda t: t.replace("  <gpu", "\t<gpu", 2), 2, r"a tab"),
     (lambda t: t.replace(' o_chunks="4"', '\n    o_chunks="4"', 1), 2,
-     r"a tag spread over several lines"),
+     r"a tag spread over several lines, or text outside the elements"),
     (lambda t: t.replace('cnt="1" depid="-1" deps="-1" hasdep="0"/>\n    </tb>\n  </gpu>\n  <gpu '
                          'id="1"', "cnt='1' depid='-1' deps='-1' hasdep='0'/>\n    </tb>\n  "
                          '</gpu>\n  <gpu id="1"'), 10, r"an attribute written as .* with single quotes"),
-    (lambda t: t.replace("</tb>", "</tb>stray", 1), 11, r"text outside the elements"),
+    (lambda t: t.replace("</tb>", "</tb>stray", 1), 11, r"a tag spread over several lines, or text outside the elements"),
 ])
 def test_xml_the_executor_cannot_lex(edit: object, line: int, pattern: str) -> None:
     text = edit(to_xml(ring()))  # type: ignore[operator]
@@ -544,3 +554,21 @@ def test_large_algorithm_runs() -> None:
     a = dataclasses.replace(algo(gpus, nchunks=per, nchannels=per), inplace=False)
     # an exchange, not an allreduce: it runs to the end and fails the output check
     check_error(a, r"gpu 0 o\[0\] is never written")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_any_moved_offset_in_the_ring_is_caught(data: st.DataObject) -> None:
+    """Moving the buffer offset a ring step reads or writes breaks the allreduce, and the
+    checker says so (chunk labels catch what rank sets alone would miss)."""
+    n = data.draw(st.integers(2, 5), label="n")
+    a = ring(n)
+    g = data.draw(st.integers(0, n - 1), label="gpu")
+    k = data.draw(st.integers(0, 2 * n - 2), label="step")
+    old = a.gpus[g].tbs[0].steps[k]
+    field = "srcoff" if old.type in ("s", "rrs") else "dstoff"
+    if old.type == "rrcs":
+        field = data.draw(st.sampled_from(["srcoff", "dstoff"]), label="field")
+    new = data.draw(st.integers(0, n - 1).filter(lambda x: x != getattr(old, field)))
+    with pytest.raises(ScheduleError):
+        check_msccl(replace_step(a, g, 0, k, **{field: new}))
