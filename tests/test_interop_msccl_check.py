@@ -167,8 +167,12 @@ def algos(draw: st.DrawFn) -> Algo:
                 typ = draw(st.sampled_from(["cpy", "re"] + (["s", "r", "rrcs"] if peer >= 0
                                                            else [])))
                 cnt = draw(st.integers(1, chunks))
-                raw.append(step(k, typ, draw(st.sampled_from("ios")), 0,
-                                draw(st.sampled_from("ios")), 0, cnt=cnt,
+                srcbuf, dstbuf = draw(st.sampled_from("ios")), draw(st.sampled_from("ios"))
+                prev = raw[-1] if raw else None
+                if (typ == "re" and prev is not None and prev.type == "re"
+                        and prev.dstbuf == dstbuf and not prev.hasdep):
+                    cnt = prev.cnt  # a chain the executor fuses runs with one cnt
+                raw.append(step(k, typ, srcbuf, 0, dstbuf, 0, cnt=cnt,
                                 hasdep=draw(st.booleans())))
             tbs.append(ThreadBlock(t, peer, peer, chan, tuple(raw)))
         gpus.append(Gpu(g, chunks, chunks, chunks, tuple(tbs)))
