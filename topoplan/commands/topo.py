@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
-import tempfile
 from itertools import groupby
 from pathlib import Path
 
 from ..cluster import load_cluster
+from ..schedule import atomic_write
 from ..units import format_bandwidth, format_time, parse_bandwidth
 from .common import console, positive_int, table
 
@@ -167,20 +166,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.output is None:
         sys.stdout.write(text)
         return 0
-    _atomic_write(Path(args.output), text)
+    atomic_write(Path(args.output), text)
     print(f"{args.output}: {imported.nranks} ranks in {imported.document['boxes'][0]['count']} "
           f"node(s); {len(imported.assumptions)} assumptions noted at the top", file=sys.stderr)
     return 0
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    """Write through a temporary file in the same folder, so no reader sees half a file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
