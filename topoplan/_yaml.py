@@ -6,6 +6,7 @@ tree and build dict/list subclasses that remember the line of every key and item
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -120,3 +121,14 @@ def load_yaml(text: str, file: str, error: type[SpecError] = ClusterSpecError) -
         raise error("nested too deeply (or an alias that contains itself)", file=file) from None
     finally:
         loader.dispose()
+
+
+def read_text(path: str | Path, what: str, error: type[SpecError] = ClusterSpecError) -> str:
+    """A YAML input file's text; an unreadable or non-UTF-8 file is ``error`` naming it."""
+    file = str(path)
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise error(f"cannot read {what}: {exc.strerror}", file=file) from None
+    except UnicodeDecodeError:
+        raise error("not a text file (UTF-8 expected)", file=file) from None

@@ -348,14 +348,8 @@ def load_profile(path: str | Path) -> CostProfile:
     ProfileError
         Naming ``file:line: key`` for any mistake, or the file when it cannot be read.
     """
-    file = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ProfileError(f"cannot read cost profile: {exc.strerror}", file=file) from None
-    except UnicodeDecodeError:
-        raise ProfileError("not a text file (UTF-8 expected)", file=file) from None
-    return loads_profile(text, file)
+    from ._yaml import read_text
+    return loads_profile(read_text(path, "cost profile", ProfileError), str(path))
 
 
 def loads_profile(text: str, file: str = "<string>") -> CostProfile:

@@ -167,14 +167,8 @@ def load_cluster(path: str | Path) -> Cluster:
     ClusterSpecError
         For any mistake, naming ``file:line: key``; also when the file cannot be read.
     """
-    file = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ClusterSpecError(f"cannot read cluster file: {exc.strerror}", file=file) from None
-    except UnicodeDecodeError:
-        raise ClusterSpecError("not a text file (UTF-8 expected)", file=file) from None
-    return loads_cluster(text, file=file)
+    from .._yaml import read_text
+    return loads_cluster(read_text(path, "cluster file"), file=str(path))
 
 
 def loads_cluster(text: str, file: str = "<string>") -> Cluster:

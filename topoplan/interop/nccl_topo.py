@@ -736,15 +736,10 @@ def _network(network: str, nodes: int, nics: list[dict[str, Any]], notes: list[s
 
 
 def _read_overlay(path: str | Path, nnics: int) -> tuple[list[Any], list[Any], list[str]]:
-    from .._yaml import LineDict, LineList, load_yaml
+    from .._yaml import LineDict, LineList, load_yaml, read_text
 
     file = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ClusterSpecError(f"cannot read the overlay: {exc.strerror}", file=file) from None
-    except UnicodeDecodeError:
-        raise ClusterSpecError("not a text file (UTF-8 expected)", file=file) from None
+    text = read_text(path, "the overlay")
     doc = load_yaml(text, file)
     if not isinstance(doc, LineDict):
         raise ClusterSpecError("an overlay is a mapping with switches, links and "
