@@ -8,6 +8,7 @@ verify; the CLI writes nothing on error.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -16,7 +17,7 @@ import topoplan
 from topoplan.cli import main
 from topoplan.errors import PlannerError, ScheduleError, XmlFormatError
 from topoplan.interop.msccl import Limits, check_msccl, limit_violations, parse_msccl, to_xml
-from topoplan.interop.msccl_export import export_msccl
+from topoplan.interop.msccl_export import _unit_grid, export_msccl
 from topoplan.interop.msccl_import import import_msccl
 from topoplan.schedule import coalesce
 from topoplan.verify import verify
@@ -24,12 +25,12 @@ from topoplan.verify import verify
 from .support.clusters import load_topology
 from .support.schedules import builders, hierarchical_schedule, ring_schedule
 
-PLANNERS = ["ring", "tree", "rhd", "hierarchical", "mcf"]
+PLANNERS = ["ring", "ring-topo", "tree", "rhd", "hierarchical", "mcf"]
 SIZES = [1 << 20, 1 << 28]
 
 
-def _round_trip(schedule):
-    result = export_msccl(schedule)
+def _round_trip(schedule, **options):
+    result = export_msccl(schedule, **options)
     algo = parse_msccl(to_xml(result.algo))
     assert algo.gpus == result.algo.gpus  # the XML holds everything the model does
     assert limit_violations(algo) == []
@@ -38,30 +39,70 @@ def _round_trip(schedule):
     return result, algo
 
 
+def _shape(schedule):
+    """Per rank and step, which peers it sends to and receives from."""
+    return [[sorted({(op.kind.value, op.peer) for op in step}) for step in program.steps]
+            for program in schedule.ranks]
+
+
 @pytest.mark.parametrize("topology", ["ddl_two_switch", "dgx1_v100"])
 @pytest.mark.parametrize("algorithm", PLANNERS)
 @pytest.mark.parametrize("size", SIZES, ids=["1MiB", "256MiB"])
-def test_every_planner_exports_a_checked_algorithm(topology, algorithm, size):
+def test_every_planner_exports_checked_and_comes_back_the_same(topology, algorithm, size):
     cluster = load_topology(topology)
     schedule = topoplan.plan(cluster, algorithm=algorithm, size=size)
     result, algo = _round_trip(schedule)
     assert algo.ngpus == cluster.nranks and algo.coll == "allreduce"
     assert algo.inplace and algo.outofplace
+    assert not any("rounded" in note for note in result.notes)
+    back = import_msccl(algo)
+    verify(back)
+    assert back.nsteps == schedule.nsteps
+    assert back.nmessages == schedule.nmessages and _shape(back) == _shape(schedule)
+    for profile in ("ideal", "nccl"):
+        t0 = topoplan.simulate(cluster, schedule, size=size, profile=profile).time_s
+        t1 = topoplan.simulate(cluster, back, size=size, profile=profile).time_s
+        assert t1 == pytest.approx(t0, rel=1e-6), profile  # chunk ends: whole elements
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "rhd", "hierarchical"])
-def test_round_trip_keeps_steps_and_simulated_time(algorithm):
+def test_rounded_chunk_grid_is_said_and_stays_close():
+    cluster = load_topology("aws_p2_8xlarge")
+    schedule = topoplan.plan(cluster, algorithm="mcf", size=1 << 28)
+    result, algo = _round_trip(schedule)
+    note = next(n for n in result.notes if "rounded" in n)
+    assert "grid of 4096" in note and "of the buffer changes chunk" in note
+    back = import_msccl(algo)
+    assert back.nsteps == schedule.nsteps and _shape(back) == _shape(schedule)
+    t0 = topoplan.simulate(cluster, schedule, size=1 << 28).time_s
+    t1 = topoplan.simulate(cluster, back, size=1 << 28).time_s
+    assert t1 == pytest.approx(t0, rel=0.01)
+
+
+def test_unit_grid_rounds_by_largest_remainder():
+    chunks = [0.5 - 3e-5, 0.25, 0.25 - 1e-5, 2e-5, 2e-5]
+    bounds, note = _unit_grid(chunks)
+    units = [b - a for a, b in zip(bounds, bounds[1:])]
+    assert bounds[0] == 0 and bounds[-1] == 4096 and min(units) == 1
+    assert all(abs(u / 4096 - c) <= 1 / 4096 for u, c in zip(units, chunks))
+    assert note is not None and "rounded" in note
+    assert _unit_grid([0.25, 0.5, 0.25]) == ([0, 1, 3, 4], None)
+
+
+def test_plan_steps_are_a_hint_the_import_checks():
     cluster = load_topology("dgx1_v100")
-    for size in SIZES:
-        schedule = topoplan.plan(cluster, algorithm=algorithm, size=size)
-        _, algo = _round_trip(schedule)
-        back = import_msccl(algo)
-        verify(back)
-        assert back.nsteps == schedule.nsteps
-        assert back.nmessages == schedule.nmessages
-        t0 = topoplan.simulate(cluster, schedule, size=size).time_s
-        t1 = topoplan.simulate(cluster, back, size=size).time_s
-        assert t1 == pytest.approx(t0, rel=1e-9)
+    schedule = topoplan.plan(cluster, algorithm="tree", size=1 << 20)
+    xml = to_xml(export_msccl(schedule).algo)
+    assert ' tp="' in xml
+    # without the hints (an algorithm from another tool) every op goes at its earliest
+    # step: still the same algorithm, verified, but not the plan's pipeline
+    bare = import_msccl(parse_msccl(re.sub(r' tp="[0-9,]+"', "", xml)))
+    verify(bare)
+    assert _shape(bare) != _shape(schedule)
+    # hints that break a rule (a recv moved before what it waits for) are not trusted
+    edited = re.sub(r' tp="([0-9]+),', lambda m: f' tp="{max(0, int(m[1]) - 3)},', xml)
+    verify(import_msccl(parse_msccl(edited)))
+    with pytest.raises(XmlFormatError, match=r"tp.*'step,op'"):
+        parse_msccl(xml.replace(' tp="', ' tp="x', 1))
 
 
 def test_ring_fuses_into_rrs_rrcs_and_rcs():
@@ -122,26 +163,6 @@ def test_min_and_max_bytes_are_written():
     assert 'minBytes="4096"' in text and 'maxBytes="1048576"' in text
 
 
-def _random_schedules():
-    """Small schedules of every shape the test builders make, with random orders."""
-    def build(data):
-        n = data.draw(st.integers(2, 6), label="n")
-        kind = data.draw(st.sampled_from(["builder", "ring", "hierarchical"]), label="kind")
-        if kind == "ring":
-            order = data.draw(st.permutations(list(range(n))), label="order")
-            schedule = ring_schedule(list(order))
-        elif kind == "hierarchical" and n % 2 == 0 and n > 2:
-            schedule = hierarchical_schedule(n, 2)
-        else:
-            options = builders(n)
-            name = data.draw(st.sampled_from(sorted(options)), label="builder")
-            schedule = options[name]
-        if data.draw(st.booleans(), label="coalesce"):
-            schedule = coalesce(schedule)
-        return schedule
-    return st.data().map(build)
-
-
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), fuse=st.booleans(), channels=st.integers(1, 2))
 def test_property_export_check_import_verify(data, fuse, channels):
@@ -163,6 +184,7 @@ def test_property_export_check_import_verify(data, fuse, channels):
     back = import_msccl(algo)
     verify(back)
     assert back.nranks == schedule.nranks
+    assert back.nsteps == schedule.nsteps and _shape(back) == _shape(schedule)
 
 
 def test_import_refuses_what_a_schedule_cannot_hold():

@@ -79,7 +79,10 @@ class Step:
     """One ``<step>``: ``s`` is its index in its thread block; offsets and cnt count
     MSCCL chunks; ``depid``/``deps`` name a thread block of the same gpu and one of its
     steps to wait for (``-1`` for none); ``hasdep`` makes the step signal its index to
-    waiters when it completes. ``line`` is where it was read (not compared)."""
+    waiters when it completes. ``plan`` is topoplan's own ``tp`` attribute (the executor
+    ignores it): where in the plan an exported step came from, ``(step, index of its op
+    in that step)``, and for a fused step the index of its send in the next step too;
+    ``()`` for none. ``line`` is where it was read (not compared)."""
 
     s: int
     type: str
@@ -91,6 +94,7 @@ class Step:
     depid: int
     deps: int
     hasdep: bool
+    plan: tuple[int, ...] = ()
     line: int = field(default=0, compare=False)
 
 
@@ -184,6 +188,19 @@ def _step_ints(el: Element) -> list[int]:
             el.int("deps", minimum=-1), el.int("hasdep", minimum=0, maximum=1)]
 
 
+def _plan_attr(el: Element) -> tuple[int, ...]:
+    """topoplan's ``tp="step,op[,send op]"``: where an exported step sits in its plan."""
+    raw = el.attrs["tp"]
+    try:
+        values = tuple(int(v) for v in raw.split(","))
+    except ValueError:
+        values = ()
+    if len(values) not in (2, 3) or min(values) < 0:
+        raise el.error(f"must be 'step,op' or 'step,op,send op' (integers >= 0), got {raw!r}",
+                       "tp")
+    return values
+
+
 def _parse_step(el: Element, position: int, gpu: int, tb: int, nbuf: dict[str, int],
                 send: int, recv: int) -> Step:
     s, srcoff, dstoff, cnt, depid, deps, hasdep_int = _step_ints(el)
@@ -217,8 +234,9 @@ def _parse_step(el: Element, position: int, gpu: int, tb: int, nbuf: dict[str, i
     if depid >= 0 and deps < 0:
         raise el.error(f"must be a step of tb {depid} (>= 0) when depid is set, got {deps}",
                        "deps")
+    plan = _plan_attr(el) if "tp" in el.attrs else ()
     return Step(s, kind_name, srcbuf, srcoff, dstbuf, dstoff, cnt, depid, deps, hasdep,
-                line=el.line)
+                plan, line=el.line)
 
 
 def _check_tb_sequences(el_steps: list[Element], steps: list[Step]) -> None:
@@ -479,7 +497,8 @@ def to_xml(algo: Algo) -> str:
                 out.append(f'      <step s="{st.s}" type="{st.type}" srcbuf="{st.srcbuf}" '
                            f'srcoff="{st.srcoff}" dstbuf="{st.dstbuf}" '
                            f'dstoff="{st.dstoff}" cnt="{st.cnt}" depid="{st.depid}" '
-                           f'deps="{st.deps}" hasdep="{int(st.hasdep)}"/>')
+                           f'deps="{st.deps}" hasdep="{int(st.hasdep)}"'
+                           + (f' tp="{",".join(map(str, st.plan))}"/>' if st.plan else "/>"))
             out.append("    </tb>")
         out.append("  </gpu>")
     out.append("</algo>")

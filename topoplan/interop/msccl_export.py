@@ -35,6 +35,7 @@ executor's buffering, the export falls back to separate send and receive thread 
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -81,6 +82,7 @@ class _Node:
     chan: int = 0
     tb: tuple[int, int, int] | None = None
     deps: list[_Node] = field(default_factory=list)
+    send_idx: int = -1       # fused: the index of its send in step + 1
     position: int = 0        # index among its thread block's nodes
     last_s: int = 0          # the step index (s) of its last piece
 
@@ -113,26 +115,31 @@ def _unit_grid(chunks: Sequence[float]) -> tuple[list[int], str | None]:
             for f in fracs:
                 bounds.append(bounds[-1] + int(f * lcm))
             return bounds, None
-    # Round on a power-of-two grid fine enough that the smallest chunk gets >= 8 units.
+    # Round on a power-of-two grid fine enough that the smallest chunk gets >= 8 units
+    # (at most MAX_UNITS, at least one unit per chunk), by largest remainder.
     n = len(chunks)
     grid = 1 << max(3, math.ceil(math.log2(max(n, 8 / max(min(chunks), 1e-9)))))
-    grid = min(grid, MAX_UNITS)
-    if grid < n:
-        grid = n
-    bounds, acc = [0], 0.0
-    for k, c in enumerate(chunks):
-        acc += c
-        b = round(acc * grid) if k < n - 1 else grid
-        b = max(b, bounds[-1] + 1)
-        bounds.append(b)
-    if bounds[-1] > grid or any(bounds[k + 1] <= bounds[k] for k in range(n)):
-        # fall back to spacing: every chunk at least one unit
-        bounds = list(range(n + 1))
-        grid = n
-    worst = max(abs((bounds[k + 1] - bounds[k]) / bounds[-1] - c) / c for k, c in enumerate(chunks))
+    grid = max(min(grid, MAX_UNITS), n)
+    ideal = [c * grid for c in chunks]
+    units = [max(1, math.floor(x)) for x in ideal]
+    excess = sum(units) - grid
+    if excess < 0:  # give the missing units to the chunks rounded down the most
+        for k in sorted(range(n), key=lambda k: units[k] - ideal[k])[:-excess]:
+            units[k] += 1
+    while excess > 0:  # chunks raised to one unit: take back from the most over-served
+        for k in sorted((k for k in range(n) if units[k] > 1),
+                        key=lambda k: ideal[k] - units[k])[:excess]:
+            units[k] -= 1
+        excess = sum(units) - grid
+    bounds = [0]
+    for u in units:
+        bounds.append(bounds[-1] + u)
+    worst = max(abs(u / grid - c) / c for u, c in zip(units, chunks))
+    moved = sum(abs(u / grid - c) for u, c in zip(units, chunks)) / 2
     return bounds, (f"chunk fractions are not multiples of 1/D for any D <= {MAX_UNITS}: rounded "
-                    f"to a grid of {bounds[-1]} MSCCL chunks (largest change of a chunk's size "
-                    f"{worst:.1%}); the data each step moves shifts by as much")
+                    f"to a grid of {grid} MSCCL chunks ({moved:.2%} of the buffer changes "
+                    f"chunk; the largest change of one chunk's size is {worst:.1%}); the data "
+                    "each step moves shifts by as much")
 
 
 def _build_nodes(schedule: Schedule) -> tuple[list[list[_Node]], list[_Message]]:
@@ -199,32 +206,38 @@ def _pieces(msg: _Message, src: list[str], opnd: list[str], bounds: list[int],
 
 
 def _fuse(nodes: list[_Node], msgs: list[_Message]) -> list[tuple[_Node, _Node]]:
-    """Pairs (recv at t, send at t+1) where the send carries exactly what the recv left."""
+    """Pairs (recv at t, send at t+1) where the send carries exactly what the recv left.
+
+    The recv must be the only recv of its chunks in step t and the last from its peer on
+    its channel (a later one would wait behind the send, a step late); the send must be
+    the first to its peer on its channel in step t+1 (an earlier one would be reordered).
+    """
     by_step: dict[int, list[_Node]] = defaultdict(list)
     for node in nodes:
         by_step[node.step].append(node)
     pairs = []
     for t, here in by_step.items():
-        nxt = by_step.get(t + 1, [])
         recvs = [n for n in here if n.kind != "s"]
+        cover: dict[int, int] = defaultdict(int)
+        last: dict[tuple[int, int], _Node] = {}
         for rn in recvs:
-            overlapping = [o for o in recvs if o is not rn and o.chunk < rn.chunk + rn.count
-                           and rn.chunk < o.chunk + o.count]
-            if overlapping:
+            for c in range(rn.chunk, rn.chunk + rn.count):
+                cover[c] += 1
+            last[(rn.recv_peer, rn.chan)] = rn
+        firsts: dict[tuple[int, int, int], list[_Node]] = defaultdict(list)
+        seen: set[tuple[int, int]] = set()
+        for sn in by_step.get(t + 1, []):
+            if sn.kind == "s" and (sn.send_peer, sn.chan) not in seen:
+                seen.add((sn.send_peer, sn.chan))
+                firsts[(sn.chan, sn.chunk, sn.count)].append(sn)
+        for rn in recvs:
+            if last[(rn.recv_peer, rn.chan)] is not rn or any(
+                    cover[c] > 1 for c in range(rn.chunk, rn.chunk + rn.count)):
                 continue
             rpieces = [(a, b) for a, b, _, _ in msgs[rn.recv_msg].pieces]
-            firsts: set[tuple[int, int]] = set()  # (peer, chan) whose first send we saw
-            for sn in (n for n in nxt if n.kind == "s"):
-                conn = (sn.send_peer, sn.chan)
-                first = conn not in firsts
-                firsts.add(conn)
-                if not first or sn.chan != rn.chan:
-                    continue  # a send to the same peer before it: fusing would reorder
-                if (sn.chunk, sn.count) != (rn.chunk, rn.count):
-                    continue
-                if [(a, b) for a, b, _, _ in msgs[sn.send_msg].pieces] != rpieces:
-                    continue
-                pairs.append((rn, sn))
+            for sn in firsts.get((rn.chan, rn.chunk, rn.count), ()):
+                if [(a, b) for a, b, _, _ in msgs[sn.send_msg].pieces] == rpieces:
+                    pairs.append((rn, sn))
     # each recv and each send at most once: keep the first pairing of each
     used: set[int] = set()
     chosen = []
@@ -236,21 +249,26 @@ def _fuse(nodes: list[_Node], msgs: list[_Message]) -> list[tuple[_Node, _Node]]
     return chosen
 
 
-def _dead_after(nodes: list[_Node], sn: _Node) -> bool:
-    """True when every chunk ``sn`` sends is next overwritten before anything reads it."""
-    pending = set(range(sn.chunk, sn.chunk + sn.count))
-    for node in nodes:
-        if node.key <= sn.key or node is sn:
-            continue
-        span = set(range(node.chunk, node.chunk + node.count)) & pending
-        if not span:
-            continue
-        if node.kind not in ("r", "rcs"):
-            return False  # a send or a reduce reads it
-        pending -= span
-        if not pending:
-            return True
-    return False  # the final value must stay in o
+class _Touches:
+    """Per chunk, the nodes of one rank that touch it, in (step, phase, idx) order."""
+
+    def __init__(self, nodes: list[_Node]) -> None:
+        self.keys: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+        self.nodes: dict[int, list[_Node]] = defaultdict(list)
+        for node in nodes:
+            for c in range(node.chunk, node.chunk + node.count):
+                self.keys[c].append(node.key)
+                self.nodes[c].append(node)
+
+    def dead_after(self, sn: _Node) -> bool:
+        """True when every chunk ``sn`` sends is next overwritten before anything reads
+        it (a send or a reduce reads; the final value must stay in o)."""
+        for c in range(sn.chunk, sn.chunk + sn.count):
+            keys = self.keys[c]
+            i = bisect.bisect_right(keys, sn.key)
+            if i == len(keys) or self.nodes[c][i].kind not in ("r", "rcs"):
+                return False
+        return True
 
 
 def _assign_tbs(rank_nodes: list[_Node], fused: list[tuple[_Node, _Node]]
@@ -272,7 +290,7 @@ def _assign_tbs(rank_nodes: list[_Node], fused: list[tuple[_Node, _Node]]
     for rn, sn in fused:
         if partner.get(("r", rn.chan, rn.recv_peer)) == ("s", sn.chan, sn.send_peer):
             kept.add(id(sn))
-            rn.send_peer, rn.send_msg = sn.send_peer, sn.send_msg
+            rn.send_peer, rn.send_msg, rn.send_idx = sn.send_peer, sn.send_msg, sn.idx
             rn.kind = {"rrc": "rrcs", "r": "rcs"}[rn.kind]
     out = [n for n in rank_nodes if id(n) not in kept]
     for node in out:
@@ -352,10 +370,10 @@ def _layout(schedule: Schedule, bounds: list[int], *, fuse: bool, nseg: int, max
     for r, rank_nodes in enumerate(nodes):
         pairs = _fuse(rank_nodes, msgs) if fuse else []
         live = _assign_tbs(rank_nodes, pairs)
+        touches = _Touches(rank_nodes) if pairs else None
         for node in live:
-            if node.kind == "rrcs":
-                sent = msgs[node.send_msg].send_node
-                if _dead_after(rank_nodes, sent):
+            if node.kind == "rrcs" and touches is not None:
+                if touches.dead_after(msgs[node.send_msg].send_node):
                     node.kind = "rrs"
         nfused += sum(n.kind in ("rcs", "rrs", "rrcs") for n in live)
         tbs: dict[tuple[int, int, int], list[_Node]] = defaultdict(list)
@@ -386,7 +404,8 @@ def _steps_of(node: _Node, msgs: list[_Message], offset: int) -> list[Step]:
     else:  # rrc, rrs, rrcs: the received data plus the local operand
         for a, b, _, opnd in msgs[node.recv_msg].pieces:
             out.append((node.kind, opnd, a, "o", a, b - a))
-    return [Step(0, kind, sb, so + offset, db, do + offset, cnt, -1, -1, False)
+    plan = (node.step, node.idx) + ((node.send_idx,) if node.send_idx >= 0 else ())
+    return [Step(0, kind, sb, so + offset, db, do + offset, cnt, -1, -1, False, plan)
             for kind, sb, so, db, do, cnt in out]
 
 
@@ -421,7 +440,7 @@ def _emit(schedule: Schedule, per_rank: list[dict[tuple[int, int, int], list[_No
                         hasdep = j == len(pieces) - 1 and (key, len(steps)) in flagged
                         steps.append(Step(len(steps), piece.type, piece.srcbuf, piece.srcoff,
                                           piece.dstbuf, piece.dstoff, piece.cnt, depid, deps_s,
-                                          hasdep))
+                                          hasdep, piece.plan))
                 chan, recv_peer, send_peer = key
                 blocks.append(ThreadBlock(tb_id[key], send_peer, recv_peer,
                                           c * nseg + chan, tuple(steps)))
@@ -432,6 +451,14 @@ def _emit(schedule: Schedule, per_rank: list[dict[tuple[int, int, int], list[_No
                 nchunksperloop=units * instances, ngpus=schedule.nranks, coll="allreduce",
                 inplace=True, outofplace=True, min_bytes=min_bytes, max_bytes=max_bytes,
                 gpus=tuple(gpus))
+
+
+def _too_big(name: str, why: str, channels: int) -> str:
+    return (f"{name}: does not fit the executor's limits with {channels} instance(s): {why}. "
+            "Make the plan smaller: fewer chunks (topoplan plan --max-chunks N), fewer ops "
+            "per step (--max-step-ops N), a planner with fewer steps (rhd, hierarchical), "
+            "or fewer --channels; or raise --max-steps for an executor built with a larger "
+            "MSCCL_MAX_NUM_STEPS")
 
 
 def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1,
@@ -488,6 +515,21 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
     units = bounds[-1]
     name = name or f"topoplan-{schedule.algorithm}"
     max_cnt = limits.max_count - 1
+    # Fail fast: the messages of one pair take a step each on the thread blocks of that
+    # pair, and there are at most max_channels // channels of those.
+    per_pair: dict[tuple[int, int], int] = defaultdict(int)
+    for program in schedule.ranks:
+        for step in program.steps:
+            for op in step:
+                if op.kind is OpKind.SEND:
+                    per_pair[(program.rank, op.peer)] += 1
+    (src, dst), most = max(per_pair.items(), key=lambda kv: kv[1])
+    if most > limits.max_steps * (limits.max_channels // channels):
+        raise PlannerError(_too_big(
+            name, f"ranks {src} -> {dst} exchange {most} messages, one step each, but "
+                  f"{limits.max_channels // channels} channel(s) of {limits.max_steps} "
+                  f"steps hold {limits.max_steps * (limits.max_channels // channels)}",
+            channels))
     attempts = [True, False] if fuse else [False]
     last_error: Exception | None = None
     for fused_try in attempts:
@@ -503,14 +545,10 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
                 break
             need = max(nseg + 1, math.ceil(nseg * longest / (limits.max_steps * 0.9)))
             if need * channels > limits.max_channels:
-                raise PlannerError(
-                    f"{name}: does not fit the executor's limits with {channels} instance(s) "
-                    f"and {nseg} channel(s) each: {problems[0]}"
-                    + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
-                    + ". Make the plan smaller: fewer chunks (topoplan plan --max-chunks N), "
-                      "fewer ops per step (--max-step-ops N), a planner with fewer steps "
-                      "(rhd, hierarchical), or fewer --channels; or raise --max-steps for an "
-                      "executor built with a larger MSCCL_MAX_NUM_STEPS")
+                raise PlannerError(_too_big(
+                    name, f"with {nseg} channel(s) each: {problems[0]}"
+                    + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
+                    channels))
             nseg = need
         if not check:
             break

@@ -266,7 +266,7 @@ def _hazards(units: list[_Unit]) -> None:
 
 
 def _levels(algo: Algo, units_of: dict[int, dict[int, list[_Unit]]], aligned: bool,
-            strict: bool) -> None:
+            strict: bool, planned: bool = False) -> None:
     """Give every message one step, the earliest both of its ends allow.
 
     A message's send and recv share a step (so the schedule cannot deadlock: every
@@ -274,7 +274,10 @@ def _levels(algo: Algo, units_of: dict[int, dict[int, list[_Unit]]], aligned: bo
     the steps after the recvs its unit must follow; a send's is at least the steps
     its unit must follow; a fused unit sends the step after it receives. Bounds only
     grow, so a worklist reaches the least fixed point, unless the algorithm relies on
-    buffering without bound, which is refused.
+    buffering without bound, which is refused. ``planned``: the levels start at the
+    plan's own steps, where a recv may be posted a step before its send (its step waits)
+    and reducing recvs of one chunk may share a step (after an ``rrc``, which sends
+    nothing, the sums are the same in either order).
     """
     units = [u for tbs in units_of.values() for us in tbs.values() for u in us]
     succs: dict[int, list[_Unit]] = defaultdict(list)
@@ -293,7 +296,8 @@ def _levels(algo: Algo, units_of: dict[int, dict[int, list[_Unit]]], aligned: bo
             base = max((p.ready for p in u.preds), default=0)
         else:
             base = max(max((p.after for p in u.preds), default=0),
-                       max((h.ready for h in u.hazards), default=0))
+                       max((h.after if planned and u.type in _REDUCES and h.type == "rrc"
+                            else h.ready for h in u.hazards), default=0))
         raised: list[_Message] = []
 
         def bound(m: _Message | None, value: int, send: bool) -> None:
@@ -304,7 +308,8 @@ def _levels(algo: Algo, units_of: dict[int, dict[int, list[_Unit]]], aligned: bo
                 m.send = max(m.send, value)
             else:
                 m.level = max(m.level, value)
-            m.level = max(m.level, m.send)  # a recv is never posted before its send
+            if not planned:  # a recv is never posted before its send
+                m.level = max(m.level, m.send)
             if aligned:
                 m.send = m.level
             if (m.send, m.level) != before:
@@ -405,21 +410,24 @@ def import_msccl(algo: Algo, *, check: bool = True) -> Schedule:
     # thread block that touch different chunks sharing a step; then with every thread
     # block op after its predecessor is done; then each send at the earliest step its
     # thread block allows. The first that verifies is the import.
+    # A file topoplan exported names each step's plan step (tp_step): when those steps
+    # are a fixed point of the same rules, they are tried first, so that an exported plan
+    # comes back with its own pipeline rather than everything at its earliest step.
     failure: ScheduleError | None = None
-    for aligned, strict in ((True, False), (True, True), (False, False), (False, True)):
-        for tbs in units_of.values():
-            for units in tbs.values():
-                for u in units:
-                    u.ready = u.after = 0
-                    for m in (u.recv_msg, u.send_msg):
-                        if m is not None:
-                            m.level = m.send = 0
+    strategies = [(True, False, False), (True, True, False), (False, False, False),
+                  (False, True, False)]
+    if _has_plan_steps(units_of):  # a plan's send and recv may be in different steps
+        strategies.insert(0, (False, False, True))
+    for aligned, strict, planned in strategies:
+        expected = _reset(units_of, planned)
         try:
-            _levels(algo, units_of, aligned, strict)
+            _levels(algo, units_of, aligned, strict, planned)
         except ScheduleError as exc:
             failure = exc
             continue
-        schedule = _schedule(algo, units_of)
+        if planned and any((m.level, m.send) != (level, send) for m, level, send in expected):
+            continue  # the recorded steps break a rule: they were edited; derive them
+        schedule = _schedule(algo, units_of, planned)
         try:
             verify(schedule)
         except ScheduleError as exc:
@@ -433,8 +441,42 @@ def import_msccl(algo: Algo, *, check: bool = True) -> Schedule:
     raise failure
 
 
-def _schedule(algo: Algo, units_of: dict[int, dict[int, list[_Unit]]]) -> Schedule:
-    """The ops at their steps, in an order both ends of every pair agree on."""
+def _has_plan_steps(units_of: dict[int, dict[int, list[_Unit]]]) -> bool:
+    units = [u for tbs in units_of.values() for us in tbs.values() for u in us]
+    return bool(units) and all(u.first.plan for u in units if u.type not in ("nop", "cpy"))
+
+
+def _reset(units_of: dict[int, dict[int, list[_Unit]]], planned: bool
+           ) -> list[tuple[_Message, int, int]]:
+    """Clear the levels, or start them at the recorded plan steps (returned per message)."""
+    msgs: dict[int, _Message] = {}
+    for tbs in units_of.values():
+        for units in tbs.values():
+            for u in units:
+                u.ready = u.after = 0
+                for m in (u.recv_msg, u.send_msg):
+                    if m is not None:
+                        m.level = m.send = 0
+                        msgs[id(m)] = m
+    if not planned:
+        return []
+    for tbs in units_of.values():
+        for units in tbs.values():
+            for u in units:
+                if not u.first.plan:
+                    continue  # nop, cpy
+                step = u.first.plan[0]
+                if u.recv_msg is not None and u.fold_into is None:
+                    u.recv_msg.level = step
+                if u.send_msg is not None:  # a fused step sends the step after it receives
+                    u.send_msg.send = step + (u.type != "s")
+    return [(m, m.level, m.send) for m in msgs.values()]
+
+
+def _schedule(algo: Algo, units_of: dict[int, dict[int, list[_Unit]]], planned: bool = False
+              ) -> Schedule:
+    """The ops at their steps, in an order both ends of every pair agree on (``planned``:
+    first in the plan's own order within each step)."""
     nchunks = algo.nchunksperloop
     steps: list[list[list[Op]]] = []
     for gpu in algo.gpus:
@@ -446,13 +488,16 @@ def _schedule(algo: Algo, units_of: dict[int, dict[int, list[_Unit]]]) -> Schedu
                     chunk = st.srcoff if u.type in ("s", "rrs", "rrcs") else st.dstoff
                     if u.type == "rrs":
                         chunk = st.srcoff
+                    plan = u.first.plan
+                    order = (plan[-1],) if planned and len(plan) > 1 else ()
                     program[u.send_level].append(
-                        ((0, tb.send, *u.send_key),
+                        ((*order, 0, tb.send, *u.send_key),
                          Op(OpKind.SEND, tb.send, chunk, False, u.cnt)))
                 if u.type in _RECVS and u.fold_into is None:
                     chunk = st.srcoff if u.type == "rrs" else st.dstoff
+                    order = (u.first.plan[1],) if planned and len(u.first.plan) > 1 else ()
                     program[u.recv_level].append(
-                        ((1, tb.recv, *u.recv_key),
+                        ((*order, 1, tb.recv, *u.recv_key),
                          Op(OpKind.RECV, tb.recv, chunk, u.type in _REDUCES, u.cnt)))
                 if u.type == "re":
                     w = u.folded_recv
