@@ -37,7 +37,7 @@ MAX_CHUNKS = [None, 256, 64, 16]   # plan-size options tried in turn when a plan
 def run_case(topology: str, planner: str, size: int) -> dict:
     import topoplan
     from topoplan.cluster import load_cluster
-    from topoplan.errors import PlannerError
+    from topoplan.errors import PlannerError, TopoplanError
     from topoplan.interop.msccl import parse_msccl, to_xml
     from topoplan.interop.msccl_export import export_msccl
     from topoplan.interop.msccl_import import import_msccl
@@ -49,8 +49,8 @@ def run_case(topology: str, planner: str, size: int) -> dict:
         options = {} if cap is None else {"max_chunks": cap}
         try:
             schedule = topoplan.plan(cluster, algorithm=planner, size=size, **options)
-        except PlannerError as exc:
-            row["error"] = f"plan: {exc}"
+        except TopoplanError as exc:  # this planner cannot shrink that far
+            row["error"] = row.get("error", "") + f" [--max-chunks {cap}: {exc}]"
             continue
         row["options"] = "" if cap is None else f"--max-chunks {cap}"
         row["ops"] = schedule.nops
@@ -58,7 +58,8 @@ def run_case(topology: str, planner: str, size: int) -> dict:
         try:
             result = export_msccl(schedule)  # checked, within the limits
         except PlannerError as exc:
-            row["error"] = f"export: {exc}"
+            row["error"] = row.get("error", "") + (f" [--max-chunks {cap}] " if cap else "") \
+                + f"export: {exc}"
             continue
         row["export_s"] = time.perf_counter() - start
         row.pop("error", None)
@@ -112,7 +113,7 @@ def _fmt(row: dict) -> list[str]:
     if "ratio" not in row:
         return [row["topology"], str(row.get("ranks", "")), row["planner"],
                 format_size(row["size"]), row.get("options", ""), "", "", "", "", "", "",
-                "", "", "", f"{row['wall_s']:.0f}", row.get("error", "")[:100]]
+                "", "", "", f"{row['wall_s']:.0f}", row.get("error", "").strip()[:300]]
     flags = ",".join(f for f, on in (("unfused", row["unfused"]), ("rounded", row["rounded"]))
                      if on)
     return [row["topology"], str(row["ranks"]), row["planner"], format_size(row["size"]),

@@ -10,6 +10,13 @@ baseline) and rank 0 prints JSON records. The table has samples/s, test accuracy
 the time in compute vs communication: ``comm`` is the time inside allreduce calls
 (in the background with double buffering), ``exposed`` the part the training loop
 waited for. ``--json`` prints the records instead.
+
+    python scripts/bench_train.py --overlap --model wide --ranks 4 [--overlap-fusion 1048576]
+
+compares, in one launch and alternating ``--repeat`` times, DistributedOptimizer
+starting each fusion buffer's allreduce from the gradient hooks (overlapped with
+backward) against packing every buffer after backward, with the same buffers, and
+prints the ratio of samples/s.
 """
 
 from __future__ import annotations
@@ -26,11 +33,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 CONFIGS = [
     # (label, train.py flags); the algorithm is added per run
-    ("fp32 sync, no fusion", ["--fusion-threshold", "0"]),
-    ("+ fusion (64 MiB)", []),
-    ("+ fp16 allreduce", ["--fp16-allreduce"]),
-    ("+ double buffering", ["--fp16-allreduce", "--double-buffering"]),
+    ("fp32 sync, no fusion", ["--fusion-threshold", "0", "--no-overlap"]),
+    ("+ fusion (64 MiB)", ["--no-overlap"]),
+    ("+ fp16 allreduce", ["--fp16-allreduce", "--no-overlap"]),
+    ("+ double buffering", ["--fp16-allreduce", "--double-buffering", "--no-overlap"]),
     ("native MPI_Allreduce, fusion", ["--algorithm", "native"]),
+]
+# Overlap against packing after backward, with the same buffers (--overlap-fusion each).
+OVERLAP_CONFIGS = [
+    ("packed after backward", ["--no-overlap"]),
+    ("overlapped with backward", []),
 ]
 
 
@@ -43,7 +55,11 @@ def worker(args: argparse.Namespace) -> int:
     spec.loader.exec_module(train)
     world = train.detect_world("mpi")
     records = []
-    for label, flags in CONFIGS:
+    configs = CONFIGS
+    if args.overlap:
+        configs = [(label, flags + ["--fusion-threshold", str(args.overlap_fusion)])
+                   for label, flags in OVERLAP_CONFIGS] * args.repeat
+    for label, flags in configs:
         if "--algorithm" not in flags:
             flags = flags + ["--algorithm", args.algorithm]
         targs = train.build_parser().parse_args(
@@ -64,7 +80,9 @@ def launch(n: int, args: argparse.Namespace) -> list[dict]:
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
     cmd += [sys.executable, __file__, "--worker", "--epochs", str(args.epochs), "--model",
-            args.model, "--algorithm", args.algorithm, "--batch-size", str(args.batch_size)]
+            args.model, "--algorithm", args.algorithm, "--batch-size", str(args.batch_size),
+            "--overlap-fusion", str(args.overlap_fusion), "--repeat", str(args.repeat)]
+    cmd += ["--overlap"] if args.overlap else []
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if done.returncode != 0:
@@ -88,8 +106,15 @@ def main() -> int:
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--model", default="cnn", choices=("cnn", "mlp"))
+    p.add_argument("--model", default="cnn", choices=("cnn", "mlp", "wide"))
     p.add_argument("--algorithm", default="ring")
+    p.add_argument("--overlap", action="store_true",
+                   help="compare overlapped buffers with packing after backward instead "
+                        "(use --model wide: communication comparable to compute)")
+    p.add_argument("--overlap-fusion", type=int, default=1 << 20,
+                   help="bytes per fusion buffer in the --overlap runs (default 1 MiB)")
+    p.add_argument("--repeat", type=int, default=2,
+                   help="--overlap: alternate the two configurations this many times")
     p.add_argument("--json", action="store_true")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -99,6 +124,14 @@ def main() -> int:
     for n in args.ranks:
         records += launch(n, args)
     print(json.dumps(records) if args.json else table(records))
+    if args.overlap and not args.json:
+        for n in args.ranks:
+            rate = {label: max(r["samples_per_s"] for r in records
+                               if r["ranks"] == n and r["config"] == label)
+                    for label, _ in OVERLAP_CONFIGS}
+            print(f"{n} ranks: overlapped / packed samples/s = "
+                  f"{rate['overlapped with backward'] / rate['packed after backward']:.2f} "
+                  "(best of each)")
     return 0
 
 

@@ -348,3 +348,72 @@ def test_benchmarks_and_the_simulator_share_one_bus_bandwidth_convention() -> No
     assert report.busbw == 0.0
     rows = Local.launch(4, lambda t: run_bench(S.ring(4), t, [4096], iters=1))[0]
     assert rows[0].busbw == pytest.approx(rows[0].algbw * 1.5)
+
+
+# ---- calls in flight: start / test / wait ------------------------------------------------
+
+@pytest.mark.parametrize("tagged, pollable", [(True, True), (False, True), (True, False)],
+                         ids=["tagged", "untagged-like-nccl", "unpollable-like-gloo"])
+def test_calls_in_flight_sum_their_own_inputs(tagged: bool, pollable: bool) -> None:
+    n = 4
+
+    def rank_fn(t: Local):
+        t.tagged, t.pollable = tagged, pollable
+        ring, rhd = Allreduce(S.ring(n), t, timeout=10), Allreduce(S.butterfly(n), t, timeout=10)
+        runs = [ring, ring, rhd, ring, ring, ring]
+        bufs = [np.full(100 + i, t.rank + 1.0 + i) for i in range(len(runs))]
+        handles = [r.start(b) for r, b in zip(runs, bufs)]
+        states = [repr(h) for h in handles]
+        for h in reversed(handles):
+            assert h.wait() is h.buffer
+        ring.progress()
+        return [float(b[0]) for b in bufs], states, all(h.test() for h in handles)
+
+    for values, states, tested in Local.launch(n, rank_fn, timeout=30):
+        assert values == [10.0 + n * i for i in range(6)]
+        assert tested
+        if not (tagged and pollable):  # one call at a time, in start order
+            assert "queued" in states[-1]
+
+
+def test_a_call_in_flight_moves_while_the_caller_polls() -> None:
+    def rank_fn(t: Local):
+        run = Allreduce(S.ring(3), t, timeout=10)
+        x = np.full(1000, t.rank + 1.0)
+        handle = run.start(x)
+        polls = 0
+        while not handle.test():
+            polls += 1
+            time.sleep(1e-4)  # "compute"
+        return float(x[0]), polls
+
+    assert [v for v, _ in Local.launch(3, rank_fn)] == [6.0, 6.0, 6.0]
+
+
+def test_a_failed_call_in_flight_raises_from_test_and_wait() -> None:
+    """Rank 2 never starts: the others' handles fail within the timeout, naming the
+    rank, step and peer, and keep failing; the buffer's next start is allowed."""
+    timeout = 0.5
+
+    def rank_fn(t: Local):
+        if t.rank == 2:
+            time.sleep(timeout * 3)
+            return None
+        run = Allreduce(S.ring(3), t, timeout=timeout)
+        x = np.ones(30)
+        handle = run.start(x)
+        with pytest.raises(TopoplanError, match="in flight"):
+            run.start(x)
+        t0 = time.monotonic()
+        with pytest.raises(TransportError) as first:
+            while not handle.test():
+                time.sleep(1e-3)
+        with pytest.raises(TransportError):
+            handle.wait()
+        return first.value, time.monotonic() - t0, run.progress()
+
+    results = Local.launch(3, rank_fn)
+    exc, elapsed, left = results[0]
+    assert exc.rank == 0 and exc.peer == 2 and exc.step is not None
+    assert "timed out after 0.5 s" in str(exc) and elapsed < timeout * 2.5
+    assert left == 0

@@ -209,3 +209,164 @@ def test_hook_state_rejects_a_cluster_of_the_wrong_size(tmp_path):
             TopoplanHookState(cluster, algorithm="ring")
     finally:
         dist.destroy_process_group()
+
+
+class _SlowHandle:
+    """A call in flight that finishes (or fails) when the test says so."""
+
+    def __init__(self, buffer, gate, fail=False):
+        self.buffer, self.gate, self.fail = buffer, gate, fail
+
+    def wait(self):
+        assert self.gate.wait(10), "the test never opened the gate"
+        if self.fail:
+            raise RuntimeError("peer 1 died")
+        self.buffer.mul_(3)  # "the sum" over a world of three equal ranks
+        return self.buffer
+
+
+class _GatedAllreduce:
+    nranks = 1
+
+    def __init__(self):
+        import threading
+        self.gate, self.fail, self.started = threading.Event(), False, []
+
+    def start(self, buffer):
+        self.started.append(buffer)
+        return _SlowHandle(buffer, self.gate, self.fail)
+
+
+def test_hook_returns_a_future_the_handle_completes(tmp_path):
+    """The Future contract: the hook starts the allreduce before it returns, the Future
+    is pending until the call is done, then holds the averaged bucket (fp16: restored
+    to the bucket's dtype); a failed call sets the Future's exception."""
+    import torch.distributed as dist
+    from topoplan.torch import TopoplanHookState, allreduce_hook, fp16_compress_hook
+
+    class Bucket:
+        def __init__(self, tensor):
+            self.tensor = tensor
+
+        def buffer(self):
+            return self.tensor
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        gated = _GatedAllreduce()
+        state = TopoplanHookState(allreduce=gated)
+        bucket = Bucket(torch.full((5,), 2.0))
+        future = allreduce_hook(state, bucket)
+        assert isinstance(future, torch.futures.Future)
+        assert len(gated.started) == 1 and not future.done()
+        gated.gate.set()
+        assert torch.equal(future.wait(), torch.full((5,), 6.0))  # 2 / 1 rank * 3
+        half = fp16_compress_hook(state, Bucket(torch.full((4,), 0.5)))
+        assert gated.started[-1].dtype == torch.float16
+        assert half.wait().dtype == torch.float32 and torch.equal(half.value(),
+                                                                  torch.full((4,), 1.5))
+        gated.fail = True
+        failed = allreduce_hook(state, Bucket(torch.ones(3)))
+        with pytest.raises(RuntimeError, match="peer 1 died"):
+            failed.wait()
+        state.close()
+    finally:
+        dist.destroy_process_group()
+
+
+# ---- overlap: buffers started from the gradient hooks during backward ---------------------
+
+PAIR = ("name: pair\nswitches: [{name: s}]\nboxes:\n"
+        "  - {name: 'n{i}', count: 2, gpus: 1, nics: [{switch: s, bandwidth: 1}]}\n")
+
+
+def _overlap_run(t, overlap: bool, fp16: bool, dbuf: bool):
+    """Three steps on a small MLP over the planned ring (Local threads); the gradients
+    after each synchronize() and the final parameters. Weights and data come from
+    explicit generators: the threads share torch's global one."""
+    from topoplan.cluster import loads_cluster
+    from topoplan.torch import PlannedAllreduce
+
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16), nn.ReLU(),
+                          nn.Linear(16, 4))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    named = list(model.named_parameters())
+    allreduce = PlannedAllreduce(loads_cluster(PAIR), t, algorithm="ring")
+    # The packed run gets the overlapped run's layout (reverse order) by its names.
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), allreduce,
+                               named_parameters=named if overlap else named[::-1],
+                               fusion_threshold=600, overlap=overlap, double_buffering=dbuf,
+                               compression=Compression.fp16 if fp16 else Compression.none)
+    seen = []
+    for step in range(3):
+        g = torch.Generator().manual_seed(10 * step + t.rank)
+        x, y = torch.randn(5, 8, generator=g), torch.randint(0, 4, (5,), generator=g)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.synchronize()
+        seen.append([None if p.grad is None else p.grad.clone() for p in model.parameters()])
+        opt.step()
+    opt.finalize()
+    opt.close()
+    seen.append([p.detach().clone() for p in model.parameters()])
+    return seen, [len(group.params) for group in opt.groups]
+
+
+@pytest.mark.parametrize("fp16, dbuf", [(False, False), (True, False), (False, True),
+                                        (True, True)])
+def test_overlapped_gradients_are_bitwise_those_of_packing_after_backward(fp16, dbuf):
+    from topoplan.transports import Local
+
+    def rank_fn(t):
+        return _overlap_run(t, True, fp16, dbuf), _overlap_run(t, False, fp16, dbuf)
+
+    for (overlapped, layout), (packed, packed_layout) in Local.launch(2, rank_fn, timeout=60):
+        assert layout == packed_layout == [3, 1, 1, 1]  # the last layers' buffer first
+        for a, b in zip(overlapped, packed):
+            assert all((x is None and y is None) or torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_wrapper_is_an_instance_of_the_wrapped_optimizer_class():
+    model = nn.Linear(4, 2)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.5)
+    opt = DistributedOptimizer(sgd, FakeWorld(2), compression=Compression.none)
+    assert isinstance(opt, torch.optim.SGD) and isinstance(opt, DistributedOptimizer)
+    assert type(opt).__name__ == "DistributedSGD" and not opt.overlap  # no start()
+    adam = DistributedOptimizer(torch.optim.Adam(model.parameters()), FakeWorld(2))
+    assert isinstance(adam, torch.optim.Adam) and not isinstance(adam, torch.optim.SGD)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.1)
+    model(torch.ones(3, 4)).sum().backward()
+    opt.step()
+    scheduler.step()
+    assert sgd.param_groups[0]["lr"] == pytest.approx(0.05)  # the inner optimizer's groups
+    assert opt.defaults is sgd.defaults
+
+
+def test_overlap_needs_start_and_one_backward_per_step():
+    from topoplan import TopoplanError
+    from topoplan.cluster import loads_cluster
+    from topoplan.torch import PlannedAllreduce
+    from topoplan.transports import Local
+
+    model = nn.Linear(4, 2)
+    with pytest.raises(ValueError, match="start"):
+        DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1), FakeWorld(1),
+                             overlap=True)
+
+    def rank_fn(t):
+        model = nn.Linear(4, 2)
+        allreduce = PlannedAllreduce(loads_cluster(PAIR), t, algorithm="ring")
+        opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1), allreduce)
+        model(torch.ones(1, 4)).sum().backward()
+        try:
+            model(torch.ones(1, 4)).sum().backward()
+        except TopoplanError as exc:
+            error = str(exc)
+        opt.step()
+        return error
+
+    for error in Local.launch(2, rank_fn, timeout=30):
+        assert "changed after its buffer's allreduce started" in error and "overlap=False" in error

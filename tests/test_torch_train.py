@@ -85,7 +85,7 @@ def test_cli_prints_the_summary_line(capsys):
     assert train.main(["--epochs", "1", "--model", "mlp", "--no-progress", "--double-buffering",
                        "--fp16-allreduce"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert re.fullmatch(r"train: 1 rank single/optimizer ring fp16 dbuf: \d+ samples/s, test accuracy "
+    assert re.fullmatch(r"train: 1 rank single/optimizer auto(?: \([a-z/-]+\))? fp16 dbuf(?: overlap)?: \d+ samples/s, test accuracy "
                         r"[\d.]+%, compute [\d.]+ s, communication [\d.]+ s \(exposed [\d.]+ s\), "
                         r"wall [\d.]+ s", line), line
 

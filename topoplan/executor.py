@@ -24,10 +24,27 @@ the retry after a timeout, in particular. Before each call the executor drops, w
 a peer is never more than one call ahead of this rank (an allreduce cannot finish
 without every rank's data), so a message still tagged with a failed call's epoch is
 stale, never one of the calls still to come.
+
+Calls in flight (:meth:`Allreduce.start`, :class:`AllreduceHandle`): a started call is
+a small state machine (the step it is at, that step's posted messages, its deadline)
+that moves whenever anything polls the transport: ``start``, ``handle.test()``,
+``handle.wait()`` or :meth:`Allreduce.progress`, for every call in flight on the
+transport, in start order. No thread is started; MPI's progress engine runs inside the
+``Test`` calls that polling makes (a rank that never polls still makes progress in the
+other ranks' calls only as far as MPI's own buffering carries its sends). Several calls
+of one executor run side by side on tagged transports when their epochs (so their tags)
+differ and they do not share a scratch arena; calls of different executors on one
+transport, and every call on an untagged transport (NCCL), run one after another in
+start order, since their messages could be confused. On gloo (``Transport.pollable``
+False: its point-to-point work completes only inside a wait) calls also run one at a
+time, and move only in ``wait()``: a caller that needs them to move while it computes
+waits on a thread of its own, as the DDP hook's progress thread does.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from bisect import bisect_left
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -37,7 +54,7 @@ from .errors import TopoplanError, TransportError
 from .schedule import OpKind, Schedule, chunk_text
 from .transports.base import TAG_LIMIT, Message, PeerFailure, Transport
 
-__all__ = ["Allreduce", "array_ops"]
+__all__ = ["Allreduce", "AllreduceHandle", "array_ops"]
 
 #: How many bound buffers an Allreduce keeps views for (a training loop alternates few).
 BOUND_CACHE = 8
@@ -305,6 +322,104 @@ def _compile(schedule: Schedule, rank: int, n: int) -> _Compiled:
     return _Compiled(n, bounds, steps, step_index, scratch)
 
 
+class _CallQueue:
+    """The calls in flight on one transport, in start order, across executors."""
+
+    __slots__ = ("calls", "lock")
+
+    def __init__(self) -> None:
+        self.calls: list[AllreduceHandle] = []
+        self.lock = threading.RLock()
+
+
+def _queue_of(transport: Transport) -> _CallQueue:
+    queue = getattr(transport, "_topoplan_calls", None)
+    if queue is None:
+        queue = _CallQueue()
+        transport._topoplan_calls = queue  # type: ignore[attr-defined]
+    return queue
+
+
+class AllreduceHandle:
+    """An allreduce in flight, returned by :meth:`Allreduce.start`.
+
+    ``test()`` moves it (and every other call in flight on the transport) as far as it
+    goes without blocking and says whether it is done; ``wait()`` blocks until it is and
+    returns the buffer. A failed call raises its :class:`~topoplan.TransportError` from
+    either, every time they are called.
+    """
+
+    __slots__ = ("_owner", "buffer", "_bound", "_ops", "call", "epoch", "_step", "_posted",
+                 "_deadline", "_begun", "done", "_error")
+
+    def __init__(self, owner: Allreduce, buffer: Any, bound: _Bound, ops: ArrayOps,
+                 call: int, epoch: int) -> None:
+        self._owner, self.buffer, self._bound, self._ops = owner, buffer, bound, ops
+        self.call, self.epoch = call, epoch
+        self._step = 0
+        self._posted: Any = None
+        self._deadline = 0.0
+        self._begun = False
+        self.done = False
+        self._error: TransportError | None = None
+
+    def test(self) -> bool:
+        """Progress without blocking; True once the allreduce is done.
+
+        Raises
+        ------
+        TransportError
+            The call failed (a step timed out or a peer failed).
+        """
+        owner = self._owner
+        with owner._queue.lock:
+            if not self.done:
+                owner._progress_all()
+        if self._error is not None:
+            raise self._error
+        return self.done
+
+    def wait(self) -> Any:
+        """Block until the allreduce is done; returns the buffer (summed in place).
+
+        Raises
+        ------
+        TransportError
+            The call failed (a step timed out or a peer failed).
+        """
+        owner = self._owner
+        transport = owner.transport
+        idle = 0
+        while not self.done:
+            with owner._queue.lock:
+                calls = owner._queue.calls
+                if calls and (len(calls) == 1 or not transport.pollable
+                              or not transport.tagged):
+                    # Alone, or calls run one at a time: wait on the first one.
+                    head = calls[0]
+                    head._owner._advance(head, block=True)
+                    continue
+                moved = owner._progress_all()
+                begun = [h for h in calls if h._begun and not h.done]
+                if len(begun) == 1 and not self.done:
+                    # The others wait for it to finish: wait on it, not in a poll loop.
+                    begun[0]._owner._advance(begun[0], block=True)
+                    continue
+            if self.done:
+                break
+            idle = 0 if moved else idle + 1
+            if idle > 64:
+                time.sleep(min(1e-3, 1e-5 * idle))  # others' turn on a crowded machine
+        if self._error is not None:
+            raise self._error
+        return self.buffer
+
+    def __repr__(self) -> str:
+        state = "failed" if self._error else "done" if self.done else (
+            f"at step {self._step}" if self._begun else "queued")
+        return f"<AllreduceHandle call {self.call} {state}>"
+
+
 class Allreduce:
     """Run an allreduce schedule over a transport, in place.
 
@@ -338,6 +453,13 @@ class Allreduce:
     ...     Allreduce(schedule, t)(x)
     ...     return x
     >>> Local.launch(4, rank_fn)  # doctest: +SKIP
+
+    Several in flight, overlapping other work (``start`` returns at once)::
+
+        handles = [allreduce.start(bucket) for bucket in buckets]
+        ...                       # compute; every start/test/wait moves them all
+        for h in handles:
+            h.wait()
     """
 
     def __init__(self, schedule: Schedule, transport: Transport, *, timeout: float = 60.0,
@@ -370,6 +492,7 @@ class Allreduce:
         # The buffer of the last call: training loops pass the same one again and
         # again, and recognising it skips building the cache key (microseconds).
         self._last: tuple | None = None
+        self._queue = _queue_of(transport)
 
     def __repr__(self) -> str:
         return (f"Allreduce({self.schedule.algorithm}, nranks={self.schedule.nranks}, "
@@ -440,6 +563,119 @@ class Allreduce:
             self._bound.popitem(last=False)
         return bound, ops
 
+    # -- calls in flight --------------------------------------------------------
+    def start(self, buffer: Any) -> AllreduceHandle:
+        """Start summing ``buffer`` over all ranks, in place; returns at once.
+
+        Every rank must start the same calls in the same order. The buffer must not be
+        read or written until the handle's ``wait()`` (or a true ``test()``) says the
+        call is done. See the module docstring for how calls in flight progress.
+
+        Raises
+        ------
+        TopoplanError
+            When ``buffer`` already has a call of this executor in flight.
+        """
+        bound, ops = self._bind(buffer)
+        queue = self._queue
+        with queue.lock:
+            for other in queue.calls:
+                if other._bound is bound:
+                    raise TopoplanError(
+                        f"rank {self.rank}: this buffer already has an allreduce in flight "
+                        f"(call {other.call}); wait for it before starting another")
+            call = self._calls
+            self._calls = call + 1
+            handle = AllreduceHandle(self, buffer, bound, ops, call, call % self._epochs)
+            queue.calls.append(handle)
+            self._progress_all()
+        return handle
+
+    def progress(self) -> int:
+        """Move every call in flight on the transport as far as it goes without
+        blocking; returns how many are still in flight. A failed call keeps its error
+        for its handle."""
+        with self._queue.lock:
+            self._progress_all()
+            return len(self._queue.calls)
+
+    def _progress_all(self) -> bool:
+        moved = False
+        for handle in list(self._queue.calls):
+            if not handle.done:
+                moved |= handle._owner._advance(handle, block=False)
+        return moved
+
+    def _can_begin(self, handle: AllreduceHandle) -> bool:
+        for other in self._queue.calls:
+            if other is handle:
+                return True
+            if other.done:
+                continue
+            if (other._owner is not self or not self.transport.tagged
+                    or not self.transport.pollable
+                    or handle.call - other.call >= self._epochs
+                    or other._bound.scratch is handle._bound.scratch):
+                return False
+        return True  # pragma: no cover - a handle is in its queue until it is done
+
+    def _advance(self, h: AllreduceHandle, *, block: bool) -> bool:
+        """Run ``h`` as far as it goes (``block``: to the end); whether it moved."""
+        if not h._begun:
+            if not self._can_begin(h):
+                return False
+            h._begun = True
+            if self._stale:
+                self._drain(h.call)
+            if h._bound.shadow:
+                h._ops.copy(h._bound.work, h._ops.flat(h.buffer))
+        transport, steps = self.transport, h._bound.steps
+        moved = False
+        try:
+            with transport.compute_context():
+                while h._step < len(steps):
+                    step = steps[h._step]
+                    if h._posted is None:
+                        for dst, src in step.snapshots:
+                            h._ops.copy(dst, src)
+                        batch = step.batches[h.epoch]
+                        if batch is None:
+                            batch = step.batches[h.epoch] = transport.batch(
+                                self._messages(step, h.epoch))
+                        h._posted = transport.start(batch)
+                        h._deadline = time.monotonic() + self.timeout
+                        moved = True
+                    if block:
+                        pending = transport.wait(h._posted, max(0.0, h._deadline - time.monotonic()))
+                    elif not transport.pollable:
+                        return moved  # it moves in wait()
+                    elif transport.test(h._posted):
+                        pending = transport.wait(h._posted, 0.0)
+                    elif time.monotonic() >= h._deadline:
+                        pending = transport.wait(h._posted, 0.0)
+                    else:
+                        return moved
+                    if pending:
+                        transport.abort(h._posted)
+                        self._leave_behind(steps[h._step:], h.call, h.epoch)
+                        raise self._error(step, pending, None)
+                    for dst, src in step.reduces:
+                        h._ops.add(dst, src)
+                    h._posted = None
+                    h._step += 1
+                    moved = True
+                if h._bound.shadow:
+                    h._ops.copy(h._ops.flat(h.buffer), h._bound.work)
+        except PeerFailure as exc:
+            transport.abort(h._posted)
+            self._leave_behind(steps[h._step:], h.call, h.epoch)
+            h._error = self._error(steps[h._step], [exc.index], exc.reason)
+        except TransportError as exc:
+            h._error = exc
+        h.done = True
+        self._queue.calls.remove(h)
+        return True
+
     # -- run ------------------------------------------------------------------
     def __call__(self, buffer: Any) -> Any:
         """Sum ``buffer`` over all ranks, in place; returns ``buffer``.
@@ -455,13 +691,15 @@ class Allreduce:
             When a step's messages do not complete within ``timeout`` or the
             transport reports a failed peer; names rank, step, peer and chunk.
         """
+        if self._queue.calls:  # others in flight: take a turn with them
+            return self.start(buffer).wait()
         last = self._last
         if last is not None and buffer is last[0] and last[1].fast_key(buffer) == last[2]:
             bound, ops = last[3], last[1]
         else:
             bound, ops = self._bind(buffer)
             self._last = (buffer, ops, ops.fast_key(buffer), bound)
-        with self.transport.compute_context():
+        with self._queue.lock, self.transport.compute_context():
             self._run(bound, ops, buffer)
         return buffer
 

@@ -141,6 +141,21 @@ def run_cases(t: Any, *, with_torch: bool = True) -> tuple[list[str], int, list[
         Allreduce(S.butterfly(n), t, timeout=30)(b)
         check(np.all(b == n * (n + 1) / 2), "butterfly: send and reduce of one chunk collided")
 
+    # Calls in flight: several buffers of one executor side by side, a call of another
+    # executor queued behind them, waited for in reverse order; each sums its own input.
+    other = Allreduce(ring, t, timeout=30)
+    runs = [run, run, other, run, run]
+    bufs = [np.full(1000 + 7 * i, rank + 1.0 + i) for i in range(len(runs))]
+    handles = [r.start(b) for r, b in zip(runs, bufs)]
+    handles[2].test()
+    for h in reversed(handles):
+        h.wait()
+    for i, b in enumerate(bufs):
+        check(np.all(b == n * (n + 1) / 2 + n * i), f"call {i} in flight: got {b[0]}")
+    check(all(h.test() for h in handles), "a waited handle does not test done")
+    run(bufs[0])  # blocking calls go on as before
+    check(np.all(bufs[0] == n * (n * (n + 1) / 2)), "blocking call after calls in flight")
+
     # A schedule for another rank count is refused before anything is sent.
     try:
         Allreduce(S.ring(n + 1), t)

@@ -8,16 +8,20 @@ Same contract as ``torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py`
 Each hook takes ``(state, bucket: dist.GradBucket)`` and returns a
 ``torch.futures.Future[torch.Tensor]`` holding the averaged bucket. The state plans
 (and caches) one schedule per bucket byte size and replays it over the Torch
-transport. The work runs on one background thread per state, in the order DDP
-hands buckets over (DDP launches buckets in index order on every rank), so the
-allreduce of bucket k overlaps the backward pass that fills bucket k+1.
+transport. A hook *starts* the bucket's allreduce (:meth:`topoplan.Allreduce.start`)
+in the order DDP hands buckets over (bucket index order on every rank) and returns a
+Future that the handle completes, so the allreduce of bucket k overlaps the backward
+pass that fills bucket k+1. DDP waits on the Futures from C++, where nothing moves the
+transport, and gloo's point-to-point work only completes inside a wait, so one progress
+thread per state waits on the calls in flight in start order and completes their
+Futures (one thread for all calls, not one per call). An ``allreduce`` callable
+without ``start`` runs whole on that thread instead.
 """
 
 # No ``from __future__ import annotations`` here: DDP checks the hook's annotations
 # against dist.GradBucket and Future[Tensor] as objects, and strings fail that check.
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import torch
@@ -31,7 +35,7 @@ __all__ = ["TopoplanHookState", "allreduce_hook", "fp16_compress_hook", "registe
 
 
 class TopoplanHookState:
-    """What the hooks need: the cluster, the planned allreduce per size, a worker thread.
+    """What the hooks need: the cluster, the planned allreduce per size, a progress thread.
 
     Parameters
     ----------
@@ -82,9 +86,12 @@ class TopoplanHookState:
         self.cluster = cluster
         self.algorithm = algorithm
         self.allreduce = allreduce
-        self.hook_seconds = 0.0   # wall time of the hooks' work on the worker thread
-        self._lock = threading.Lock()
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="topoplan-ddp")
+        self.hook_seconds = 0.0   # wall time from each hook's start to its Future's result
+        self._cond = threading.Condition()
+        self._inflight: list[tuple[Any, torch.futures.Future, Callable[[], torch.Tensor],
+                                   float]] = []
+        self._closed = False
+        self._thread: threading.Thread | None = None
 
     def _share(self, obj: Any) -> Any:
         holder = [obj]
@@ -93,28 +100,71 @@ class TopoplanHookState:
                                    group=self.process_group)
         return holder[0]
 
-    def submit(self, work: Callable[[], torch.Tensor]) -> torch.futures.Future:
-        """Run ``work()`` on the state's worker thread; a Future of its tensor."""
+    def launch(self, buffer: torch.Tensor, finish: Callable[[], torch.Tensor]
+               ) -> torch.futures.Future:
+        """Start the allreduce of ``buffer`` now; a Future of ``finish()``, which runs
+        once the allreduce is done (on the progress thread)."""
         future: torch.futures.Future = torch.futures.Future()
-
-        def run() -> None:
-            start = time.perf_counter()
-            try:
-                result = work()
-            except BaseException as exc:  # noqa: BLE001 - handed to DDP, which re-raises it
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
-            finally:
-                with self._lock:
-                    self.hook_seconds += time.perf_counter() - start
-
-        self._worker.submit(run)
+        start = getattr(self.allreduce, "start", None)
+        began = time.perf_counter()
+        try:
+            handle = start(buffer) if start is not None else _Deferred(self.allreduce, buffer)
+        except BaseException as exc:  # noqa: BLE001 - handed to DDP, which re-raises it
+            future.set_exception(exc)
+            return future
+        with self._cond:
+            if self._closed:
+                raise TopoplanError("TopoplanHookState is closed")
+            self._inflight.append((handle, future, finish, began))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._progress, daemon=True,
+                                                name="topoplan-ddp-progress")
+                self._thread.start()
+            self._cond.notify()
         return future
 
+    def _progress(self) -> None:
+        while True:
+            with self._cond:
+                while not self._inflight and not self._closed:
+                    self._cond.wait()
+                if not self._inflight:
+                    return  # closed and drained
+                # Start order: every rank waits for the same call first.
+                handle, future, finish, began = self._inflight[0]
+            result: Any = None
+            try:
+                handle.wait()  # moves this call and those behind it (gloo: only in wait)
+                result = finish()
+            except BaseException as exc:  # noqa: BLE001 - handed to DDP, which re-raises it
+                result = exc
+            with self._cond:
+                self._inflight.pop(0)
+                self.hook_seconds += time.perf_counter() - began
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
     def close(self) -> None:
-        """Stop the worker thread (after the work already submitted)."""
-        self._worker.shutdown(wait=True)
+        """Finish the calls in flight and stop the progress thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+
+
+class _Deferred:
+    """A whole ``allreduce(buffer)`` call, run by the progress thread when it waits:
+    for callables without ``start``."""
+
+    def __init__(self, allreduce: Callable[[Any], Any], buffer: Any) -> None:
+        self.allreduce, self.buffer = allreduce, buffer
+
+    def wait(self) -> Any:
+        return self.allreduce(self.buffer)
 
 
 def allreduce_hook(state: TopoplanHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -123,13 +173,8 @@ def allreduce_hook(state: TopoplanHookState, bucket: dist.GradBucket) -> torch.f
     Matches DDP's default: divide by the world size, then sum.
     """
     tensor = bucket.buffer()
-
-    def work() -> torch.Tensor:
-        tensor.div_(state.world_size)
-        state.allreduce(tensor)
-        return tensor
-
-    return state.submit(work)
+    tensor.div_(state.world_size)
+    return state.launch(tensor, lambda: tensor)
 
 
 def fp16_compress_hook(state: TopoplanHookState,
@@ -140,14 +185,13 @@ def fp16_compress_hook(state: TopoplanHookState,
     mean and cannot overflow unless the mean itself exceeds 65504.
     """
     buffer = bucket.buffer()
+    wire, ctx = Compression.fp16.compress(buffer.div_(state.world_size))
 
-    def work() -> torch.Tensor:
-        wire, ctx = Compression.fp16.compress(buffer.div_(state.world_size))
-        state.allreduce(wire)
+    def finish() -> torch.Tensor:
         buffer.copy_(Compression.fp16.decompress(wire, ctx))
         return buffer
 
-    return state.submit(work)
+    return state.launch(wire, finish)
 
 
 def register(ddp: torch.nn.parallel.DistributedDataParallel, cluster: Any = None, *,

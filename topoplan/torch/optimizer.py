@@ -22,10 +22,26 @@ their allreduce in the background and applies the averaged gradients of step
     finalize():  w_{T+1} = update(w_T, g_{T-1})   (flushes the last pending gradients)
 
 so T steps plus ``finalize()`` apply exactly the T gradients computed, each once.
+
+Overlap (``overlap=True``, the default when the allreduce has ``start``, as
+:class:`~topoplan.torch.PlannedAllreduce` does), as Horovod and DDP do: the fusion
+buffers are laid out in reverse parameter order, the order backward produces gradients
+in, and a hook on each parameter's gradient accumulator packs a buffer and *starts*
+its allreduce (:meth:`topoplan.Allreduce.start`) as soon as the buffer's last gradient
+is in, while backward goes on with the earlier layers. Buffers start in index order on
+every rank (a buffer that fills early waits for those before it), the ones unused
+parameters keep from filling start in :meth:`step`, which waits for them all. The
+allreduce and so the gradients are the same as packing after backward with the same
+layout: only the time changes. One backward pass per step.
+
+The wrapper is an instance of the wrapped optimizer's class (``isinstance(opt,
+torch.optim.SGD)``), as Horovod's is, so learning-rate schedulers and code that checks
+the type take it; ``param_groups``, ``state`` and ``defaults`` are the inner optimizer's.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterable
@@ -52,6 +68,11 @@ class _Group:
     @property
     def numel(self) -> int:
         return sum(self.numels)
+
+
+_SUBCLASSES: dict[type, type] = {}
+#: Seconds between the overlap thread's polls of the calls in flight.
+POLL_INTERVAL = 2e-4
 
 
 class DistributedOptimizer:
@@ -82,6 +103,9 @@ class DistributedOptimizer:
         after the last step.
     world_size : int, optional
         Ranks the allreduce spans; default ``allreduce.nranks``.
+    overlap : bool, optional
+        Start each fusion buffer's allreduce from the gradient hooks during backward
+        (see the module docstring). Default: when ``allreduce`` has ``start``.
 
     Raises
     ------
@@ -97,11 +121,23 @@ class DistributedOptimizer:
     buffering, fp16 allreduce).
     """
 
+    def __new__(cls, optimizer: Any = None, *args: Any, **kwargs: Any) -> DistributedOptimizer:
+        # An instance of the wrapped optimizer's class too (Horovod's trick), so that
+        # isinstance checks and LR schedulers accept it.
+        base = type(optimizer)
+        if cls is DistributedOptimizer and isinstance(optimizer, torch.optim.Optimizer):
+            sub = _SUBCLASSES.get(base)
+            if sub is None:
+                sub = _SUBCLASSES[base] = type(f"Distributed{base.__name__}", (cls, base),
+                                               {"__module__": __name__})
+            return object.__new__(sub)
+        return object.__new__(cls)
+
     def __init__(self, optimizer: torch.optim.Optimizer, allreduce: Callable[[torch.Tensor], Any], *,
                  named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
                  compression: type[Compressor] | Compressor = Compression.fp16,
                  fusion_threshold: int = 64 << 20, double_buffering: bool = False,
-                 world_size: int | None = None) -> None:
+                 world_size: int | None = None, overlap: bool | None = None) -> None:
         self.optimizer = optimizer
         self.allreduce = allreduce
         self.compression = compression
@@ -114,7 +150,14 @@ class DistributedOptimizer:
         self.world_size = int(world)
         if self.fusion_threshold < 0:
             raise ValueError(f"fusion_threshold must be >= 0 bytes, got {fusion_threshold}")
-        self.groups = self._fuse(self._named(named_parameters))
+        can_start = callable(getattr(allreduce, "start", None))
+        if overlap and not can_start:
+            raise ValueError("DistributedOptimizer(overlap=True) needs an allreduce with "
+                             "start(buffer) -> handle, e.g. topoplan.torch.PlannedAllreduce")
+        self.overlap = can_start if overlap is None else bool(overlap)
+        named = self._named(named_parameters)
+        # Overlap: buffers in the order backward fills them (last layers first).
+        self.groups = self._fuse(named[::-1] if self.overlap else named)
         nsets = 2 if self.double_buffering else 1
         for group in self.groups:
             group.buffers = [torch.empty(group.numel, dtype=group.dtype,
@@ -127,7 +170,24 @@ class DistributedOptimizer:
         self._pending: Future | None = None
         self._pending_set = 0
         self._worker = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="topoplan-dbuf")
-                        if self.double_buffering else None)
+                        if self.double_buffering and not self.overlap else None)
+        # Overlap: per buffer, gradients still to come this step, and calls in flight per
+        # buffer set: (wire, ctx, handle) in start order.
+        self._missing: list[int] = [len(g.params) for g in self.groups]
+        self._started = 0                    # buffers of this step started so far
+        self._calls: list[list[tuple[torch.Tensor, Any, Any] | None]] = [
+            [None] * len(self.groups) for _ in range(nsets)]
+        self._hooks = []
+        # Overlap: one thread polls the calls in flight while backward computes (MPI
+        # moves messages only inside MPI calls); it sleeps while none is in flight.
+        self._poller: threading.Thread | None = None
+        self._polling = threading.Event()
+        self._closing = False
+        if self.overlap:
+            for index, group in enumerate(self.groups):
+                for name, p in zip(group.names, group.params):
+                    self._hooks.append(p.register_post_accumulate_grad_hook(
+                        self._make_hook(index, name)))
 
     # -- set-up -----------------------------------------------------------------------------
     def _named(self, named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None
@@ -168,10 +228,12 @@ class DistributedOptimizer:
 
     # -- the exchange -----------------------------------------------------------------------
     def _pack(self, which: int) -> list[torch.Tensor]:
-        buffers = []
-        for group in self.groups:
-            flat = group.buffers[which]
-            offset = 0
+        return [self._pack_group(group, which) for group in self.groups]
+
+    def _pack_group(self, group: _Group, which: int) -> torch.Tensor:
+        flat = group.buffers[which]
+        offset = 0
+        with torch.no_grad():
             for p, n in zip(group.params, group.numels):
                 piece = flat[offset:offset + n]
                 if p.grad is None:   # unused this step: contribute zeros, as Horovod does
@@ -181,8 +243,88 @@ class DistributedOptimizer:
                 offset += n
             # Pre-scale so the sum is the mean: keeps fp16 in range and needs no post-divide.
             flat.div_(self.world_size)
-            buffers.append(flat)
-        return buffers
+        return flat
+
+    # -- overlap: start buffers from the gradient hooks -------------------------------------
+    def _make_hook(self, index: int, name: str) -> Callable[[torch.Tensor], None]:
+        def hook(_param: torch.Tensor) -> None:
+            if self._missing[index] == 0:
+                from ..errors import TopoplanError
+                raise TopoplanError(
+                    f"DistributedOptimizer(overlap=True): the gradient of {name!r} changed "
+                    "after its buffer's allreduce started; call step() after each backward "
+                    "(or pass overlap=False to accumulate gradients over several)")
+            self._missing[index] -= 1
+            if self._missing[index] == 0:
+                self._start_ready()
+            elif self._started:
+                self._poll()  # move the calls in flight while backward goes on
+        return hook
+
+    def _poll(self) -> None:
+        which = self.steps % 2 if self.double_buffering else 0
+        started = self._started
+        call = self._calls[which][started - 1] if started else None
+        if call is not None:
+            call[2].test()  # moves every call in flight on the transport
+
+    def _start_ready(self, everything: bool = False) -> None:
+        """Start the full buffers in index order (``everything``: the rest too)."""
+        which = self.steps % 2 if self.double_buffering else 0
+        calls = self._calls[which]
+        start = self.allreduce.start  # type: ignore[attr-defined]
+        while self._started < len(self.groups) and (
+                everything or self._missing[self._started] == 0):
+            index = self._started
+            flat = self._pack_group(self.groups[index], which)
+            wire, ctx = self.compression.compress(flat)
+            calls[index] = (wire, ctx, start(wire))
+            self._missing[index] = 0
+            self._started += 1
+        if self._started and getattr(getattr(self.allreduce, "transport", None),
+                                     "pollable", False):
+            if self._poller is None:
+                self._poller = threading.Thread(target=self._poll_loop, daemon=True,
+                                                name="topoplan-overlap-progress")
+                self._poller.start()
+            self._polling.set()
+
+    def _poll_loop(self) -> None:
+        while not self._closing:
+            self._polling.wait()
+            if self._closing:
+                return
+            try:
+                self._poll()
+            except Exception:  # noqa: BLE001 - the handle keeps its error for step()
+                self._polling.clear()
+            time.sleep(POLL_INTERVAL)
+
+    def _finish(self, which: int) -> bool:
+        """Wait for the buffers of set ``which`` in start order and restore them;
+        whether there were any."""
+        calls = self._calls[which]
+        if calls[0] is None:
+            return False
+        self._polling.clear()
+        began = time.perf_counter()
+        try:
+            for index, call in enumerate(calls):
+                assert call is not None
+                wire, ctx, handle = call
+                handle.wait()
+                flat = self.groups[index].buffers[which]
+                restored = self.compression.decompress(wire, ctx)
+                if restored.data_ptr() != flat.data_ptr():
+                    flat.copy_(restored)
+        finally:
+            self.wait_seconds += time.perf_counter() - began
+            self._calls[which] = [None] * len(self.groups)
+        return True
+
+    def _next_step(self) -> None:
+        self._missing = [len(g.params) for g in self.groups]
+        self._started = 0
 
     def _reduce(self, buffers: list[torch.Tensor]) -> None:
         for flat in buffers:
@@ -221,6 +363,20 @@ class DistributedOptimizer:
         if self._synced:
             return self._ready
         self._synced = True
+        if self.overlap:
+            which = self.steps % 2 if self.double_buffering else 0
+            self._start_ready(everything=True)
+            if not self.double_buffering:
+                self._finish(0)
+                self._unpack(0)
+                self._ready = True
+                return True
+            had_pending = self._finish(1 - which)
+            if had_pending:
+                self._unpack(1 - which)
+            self._pending_set = which
+            self._ready = had_pending
+            return had_pending
         if not self.double_buffering:
             buffers = self._pack(0)
             start = time.perf_counter()
@@ -267,6 +423,8 @@ class DistributedOptimizer:
         self.steps += 1
         self._synced = False
         self._ready = False
+        if self.overlap:
+            self._next_step()
         return result
 
     def finalize(self) -> bool:
@@ -275,7 +433,12 @@ class DistributedOptimizer:
         Returns whether an inner step was taken. Call it after the last :meth:`step`,
         before evaluating or saving the model.
         """
-        if not self.double_buffering or not self._wait():
+        if not self.double_buffering:
+            return False
+        if self.overlap:
+            if not self._finish(self._pending_set):
+                return False
+        elif not self._wait():
             return False
         self._unpack(self._pending_set)
         self.optimizer.step()
@@ -285,10 +448,21 @@ class DistributedOptimizer:
     flush = finalize
 
     def close(self) -> None:
-        """Finish pending work and stop the background thread."""
+        """Finish pending work, stop the background thread and remove the hooks."""
         self._wait()
+        if self.overlap:
+            for which in range(len(self._calls)):
+                self._finish(which)
         if self._worker is not None:
             self._worker.shutdown(wait=True)
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        self._closing = True
+        self._polling.set()
+        if self._poller is not None:
+            self._poller.join()
+            self._poller = None
 
     # -- the rest behaves like the wrapped optimizer ----------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -302,6 +476,10 @@ class DistributedOptimizer:
     def state(self) -> Any:
         return self.optimizer.state
 
+    @property
+    def defaults(self) -> dict:
+        return self.optimizer.defaults
+
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()
 
@@ -311,7 +489,8 @@ class DistributedOptimizer:
     def __repr__(self) -> str:
         return (f"DistributedOptimizer({type(self.optimizer).__name__}, world_size={self.world_size}, "
                 f"compression={getattr(self.compression, '__name__', self.compression)}, "
-                f"groups={len(self.groups)}, double_buffering={self.double_buffering})")
+                f"groups={len(self.groups)}, double_buffering={self.double_buffering}, "
+                f"overlap={self.overlap})")
 
 
 def broadcast_parameters(tensors: Iterable[torch.Tensor], allreduce: Callable[[torch.Tensor], Any],

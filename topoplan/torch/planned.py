@@ -111,6 +111,16 @@ class PlannedAllreduce:
         self.stats.add(nbytes, time.perf_counter() - start)
         return buffer
 
+    def start(self, buffer: Any) -> Any:
+        """Start the planned allreduce of ``buffer``; an
+        :class:`~topoplan.AllreduceHandle` (``test()``, ``wait()``). Planning a new size
+        happens here, before it returns. ``stats`` counts the call and its bytes (its
+        seconds are the caller's to measure: they overlap other work)."""
+        nbytes = nbytes_of(buffer)
+        handle = self.executor_for(nbytes).start(buffer)
+        self.stats.add(nbytes, 0.0)
+        return handle
+
     def __repr__(self) -> str:
         return (f"PlannedAllreduce(cluster={getattr(self.cluster, 'name', '?')!r}, "
                 f"algorithm={self.algorithm!r}, nranks={self.nranks})")
@@ -135,6 +145,34 @@ class _Native:
         self.stats.add(nbytes_of(buffer), time.perf_counter() - start)
         return buffer
 
+    def start(self, buffer: Any) -> _NativeHandle:
+        """The library's own non-blocking allreduce; a handle with ``test()``/``wait()``."""
+        self.stats.add(nbytes_of(buffer), 0.0)
+        return self._start(buffer)
+
+    def _start(self, buffer: Any) -> _NativeHandle:
+        raise NotImplementedError
+
+
+class _NativeHandle:
+    """A native non-blocking allreduce: ``poll()`` says done, ``finish()`` completes it."""
+
+    def __init__(self, buffer: Any, poll: Callable[[], bool], finish: Callable[[], None]) -> None:
+        self.buffer, self._poll, self._finish = buffer, poll, finish
+        self.done = False
+
+    def test(self) -> bool:
+        if not self.done and self._poll():
+            self._finish()
+            self.done = True
+        return self.done
+
+    def wait(self) -> Any:
+        if not self.done:
+            self._finish()
+            self.done = True
+        return self.buffer
+
 
 class torch_native_allreduce(_Native):  # noqa: N801 - used like a function
     """``torch.distributed.all_reduce`` (sum) as an allreduce callable: the baseline."""
@@ -148,6 +186,10 @@ class torch_native_allreduce(_Native):  # noqa: N801 - used like a function
 
     def _run(self, buffer: Any) -> None:
         self._dist.all_reduce(buffer, group=self.group)
+
+    def _start(self, buffer: Any) -> _NativeHandle:
+        work = self._dist.all_reduce(buffer, group=self.group, async_op=True)
+        return _NativeHandle(buffer, work.is_completed, work.wait)
 
 
 class mpi_native_allreduce(_Native):  # noqa: N801 - used like a function
@@ -172,3 +214,19 @@ class mpi_native_allreduce(_Native):  # noqa: N801 - used like a function
             self.comm.Allreduce(self._mpi.IN_PLACE, array, op=self._mpi.SUM)
         except KeyError as exc:  # mpi4py has no MPI datatype for this dtype
             raise TopoplanError(f"MPI allreduce cannot sum dtype {array.dtype}") from exc
+
+    def _start(self, buffer: Any) -> _NativeHandle:
+        array = buffer.numpy() if hasattr(buffer, "numpy") else buffer
+        wide = array.astype("float32") if (array.dtype.kind == "f"
+                                           and array.dtype.itemsize == 2) else array
+        try:
+            request = self.comm.Iallreduce(self._mpi.IN_PLACE, wide, op=self._mpi.SUM)
+        except KeyError as exc:
+            raise TopoplanError(f"MPI allreduce cannot sum dtype {array.dtype}") from exc
+
+        def finish() -> None:
+            request.Wait()
+            if wide is not array:
+                array[...] = wide
+
+        return _NativeHandle(buffer, request.Test, finish)

@@ -94,6 +94,13 @@ class Transport(abc.ABC):
     native_name: str = "?"
     rank: int
     size: int
+    #: Messages match by tag (MPI, gloo, local). A transport that matches by posting
+    #: order alone (NCCL) sets False, and the executor then runs one call at a time.
+    tagged: bool = True
+    #: :meth:`test` tells a finished step from a running one without blocking. False
+    #: where messages only complete inside :meth:`wait` (gloo's point-to-point work):
+    #: the executor then runs calls in flight one at a time and moves them in ``wait``.
+    pollable: bool = True
 
     # -- the hot path ---------------------------------------------------------
     def prepare(self, view: Any) -> Any:
@@ -140,6 +147,16 @@ class Transport(abc.ABC):
         PeerFailure
             When the transport saw a message fail (peer died, connection reset).
         """
+
+    def test(self, handle: Any) -> bool:
+        """Whether :meth:`wait` on ``handle`` would return at once: every message is
+        done, or one failed. Never blocks, and may be called again and again (the
+        executor polls it for calls in flight, :meth:`topoplan.Allreduce.start`).
+
+        The default asks :meth:`wait` with no time, which suits transports whose wait
+        can be repeated; one that takes messages out as they arrive overrides it.
+        """
+        return not self.wait(handle, 0.0)
 
     def abort(self, handle: Any) -> None:
         """Give up on the messages of ``handle`` after a failure (best effort).

@@ -138,6 +138,16 @@ class Local(Transport):
             pending = waiting
         return []
 
+    def test(self, handle: list[tuple[int, Message]]) -> bool:
+        # Look without taking: wait() takes the messages (sends completed at start).
+        world = self.world
+        with world.cond:
+            for _, m in handle:
+                box = world.mail.get((m.peer, self.rank))
+                if not (box and any(t == m.tag for t, _ in box)) and m.peer not in world.gone:
+                    return False
+        return True
+
     def discard(self, peer: int, tag: int, timeout: float) -> bool:
         with self.world.cond:
             return _take(self.world.mail.get((peer, self.rank)), tag) is not None

@@ -211,6 +211,15 @@ class MPI(Transport):
         except self._mpi.Exception as exc:
             raise PeerFailure(self._failed_index(requests), self._describe(exc)) from None
 
+    def test(self, handle: _Batch) -> bool:
+        # Test on a completed request (persistent: inactive; fresh: null) is true at
+        # once, so this can be repeated; every Test also runs MPI's progress engine.
+        requests = handle.requests
+        try:
+            return all([request.Test() for request in requests])
+        except self._mpi.Exception as exc:
+            raise PeerFailure(self._failed_index(requests), self._describe(exc)) from None
+
     def _failed_index(self, requests: list[Any]) -> int:
         for i, r in enumerate(requests):
             try:

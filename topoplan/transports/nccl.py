@@ -147,6 +147,7 @@ class NCCL(Transport):
 
     name = "nccl"
     native_name = "ncclAllReduce"
+    tagged = False   # NCCL pairs point-to-point calls by the order they are posted
 
     def __init__(self, comm: Any, *, stream: Any = None) -> None:
         cupy, nccl = _cupy()
@@ -240,6 +241,11 @@ class NCCL(Transport):
                 return list(range(count))  # NCCL cannot tell which ones are still running
             time.sleep(POLL_INTERVAL)
         return []
+
+    def test(self, handle: Any) -> bool:
+        # A failed transfer never completes its event: the executor's step deadline
+        # then calls wait(), which reports NCCL's asynchronous error.
+        return bool(handle[0].done)
 
     def abort(self, handle: Any) -> None:
         # A posted NCCL transfer cannot be cancelled; aborting the communicator

@@ -53,6 +53,9 @@ class Torch(Transport):
 
     name = "torch"
     native_name = "dist.all_reduce"
+    # gloo's isend/irecv work only completes inside wait() (is_completed() stays False
+    # until someone waits), so steps cannot be polled.
+    pollable = False
 
     def __init__(self, group: Any = None) -> None:
         torch, dist = _torch()
