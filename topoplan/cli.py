@@ -15,7 +15,7 @@ import sys
 from .errors import TopoplanError
 
 COMMANDS = ("topo", "plan", "verify", "simulate", "bench", "calibrate", "show", "launch",
-            "testbed", "export", "import")
+            "testbed", "export", "import", "estimate")
 #: Commands whose module name differs from the command (``import`` is a keyword).
 _MODULES = {"import": "imports"}
 

@@ -5,7 +5,8 @@
 - :class:`ScheduleError`: a schedule is malformed or is not an allreduce;
 - :class:`PlannerError`: a planner was asked for something it cannot do;
 - :class:`InfeasiblePlanError`: no schedule exists under the constraints given;
-- :class:`TransportError`: a transfer failed or timed out while running.
+- :class:`TransportError`: a transfer failed or timed out while running;
+- :class:`EstimateError`: the training estimator lacks or refuses an input.
 
 The CLI turns any of them into ``topoplan: error: <message>`` and a non-zero
 exit; the library never prints or exits on user input.
@@ -92,3 +93,12 @@ class TransportError(TopoplanError, RuntimeError):
                  peer: int | None = None, chunk: int | None = None) -> None:
         self.rank, self.step, self.peer, self.chunk = rank, step, peer, chunk
         super().__init__(message)
+
+
+class EstimateError(TopoplanError, ValueError):
+    """The training estimator (:mod:`topoplan.estimate`) cannot price what it was given.
+
+    An unknown model or GPU, no published throughput for the pair (give
+    ``--compute-time``), a non-positive time, batch or fraction; the message names the
+    input and what to give instead.
+    """

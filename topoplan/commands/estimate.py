@@ -1,0 +1,125 @@
+"""``topoplan estimate CLUSTER --model NAME``: what a cluster and its plans do to training time."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..units import format_size, format_time
+from .common import add_profile_argument, console, positive_int, table
+
+
+def _seconds(text: str) -> float:
+    from ..units import parse_latency
+    try:
+        value = parse_latency(text if any(c.isalpha() for c in text) else f"{text} s")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text!r}")
+    return value
+
+
+def _fusion(text: str) -> int:
+    from ..units import parse_size
+    try:
+        value = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (e.g. 64MiB, or 0 for no fusion)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 bytes, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from ..estimate import GPUS
+    from ..models import MODELS
+    p = subparsers.add_parser(
+        "estimate", help="estimate training iteration time, throughput and scaling efficiency",
+        description="Estimate one data-parallel training iteration on CLUSTER: compute per "
+                    "GPU (given, or from a cited table of published throughputs), the "
+                    "gradients fused into buckets, each bucket's allreduce planned and "
+                    "simulated, with backward overlap or ChainerMN double buffering "
+                    "(docs/ESTIMATE.md).")
+    p.add_argument("cluster", help="cluster YAML file")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", metavar="NAME",
+                      help=f"a known network: {', '.join(MODELS)}")
+    what.add_argument("--params", type=positive_int, metavar="N",
+                      help="parameter count of another network (gradients ready at an even "
+                           "pace during backward)")
+    p.add_argument("--compute-time", type=_seconds, metavar="T",
+                   help="forward + backward + update of one GPU per iteration at the batch, "
+                        "e.g. 0.29 or '290 ms' (default: from the published-throughput table)")
+    p.add_argument("--batch-per-gpu", type=positive_int, metavar="B",
+                   help="samples per GPU per iteration (default: the table entry's)")
+    p.add_argument("--gpu", type=str.upper, metavar="GPU",
+                   help=f"GPU model for the table: {', '.join(GPUS)} (default: the one the "
+                        "cluster file names)")
+    p.add_argument("--fp16", action="store_true", help="gradients on the wire in fp16")
+    p.add_argument("--double-buffering", action="store_true",
+                   help="ChainerMN's: the allreduce of step i overlaps step i+1's compute")
+    p.add_argument("--overlap", action="store_true",
+                   help="start each bucket's allreduce during backward, once it is full")
+    p.add_argument("--fusion", type=_fusion, default=64 << 20, metavar="SIZE",
+                   help="fusion bucket size (default 64MiB; 0: one allreduce per tensor)")
+    p.add_argument("--backward-fraction", type=_fraction, default=2 / 3, metavar="F",
+                   help="share of the compute time that is backward (default 2/3)")
+    p.add_argument("-a", "--algorithm", default="auto",
+                   help="planner for each bucket (default auto)")
+    add_profile_argument(p, "the plans are made for and simulated with")
+    p.add_argument("--json", action="store_true",
+                   help="print {iteration_s, compute_s, comm_s, exposed_comm_s, "
+                        "samples_per_s, efficiency}")
+    p.set_defaults(func=cmd_estimate)
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from ..cluster import load_cluster
+    from ..estimate import estimate
+    from ..models import get_model, uniform_model
+
+    cluster = load_cluster(args.cluster)
+    model = get_model(args.model) if args.model else uniform_model(args.params)
+    result = estimate(cluster, model=model, compute_s=args.compute_time,
+                      batch_per_gpu=args.batch_per_gpu, gpu=args.gpu, fp16=args.fp16,
+                      overlap=args.overlap, double_buffering=args.double_buffering,
+                      fusion=args.fusion, backward_fraction=args.backward_fraction,
+                      algorithm=args.algorithm, profile=args.profile)
+    if args.json:
+        print(json.dumps(result.to_json()))
+        return 0
+    out = console()
+    out.print(f"[bold]{result.model}[/bold] ({result.params:,} parameters) on {result.cluster}: "
+              f"{result.nranks} GPUs, batch {result.batch_per_gpu} per GPU, gradients in "
+              f"{'fp16' if result.bytes_per_param == 2 else 'fp32'}, {result.mode}")
+    out.print(f"compute: {result.compute_source}")
+    rows = table("", "value")
+    rows.add_row("iteration", format_time(result.iteration_s))
+    rows.add_row("compute", format_time(result.compute_s))
+    rows.add_row("communication", format_time(result.comm_s))
+    rows.add_row("exposed communication", format_time(result.exposed_comm_s))
+    rows.add_row("samples/s", f"{result.samples_per_s:,.1f}")
+    rows.add_row("efficiency vs 1 GPU", f"{100 * result.efficiency:.1f}%")
+    rows.add_row(f"efficiency vs 1 box ({result.box_gpus} GPUs)",
+                 f"{100 * result.efficiency_box:.1f}%")
+    out.print(rows)
+    buckets = table("bucket", "bytes", "tensors", "ready", "start", "end", "plan")
+    for i, b in enumerate(result.buckets):
+        buckets.add_row(str(i), format_size(b.nbytes), str(b.tensors), format_time(b.ready_s),
+                        format_time(b.start_s), format_time(b.end_s), b.algorithm)
+    if len(result.buckets) <= 20:
+        out.print(buckets)
+    else:
+        out.print(f"{len(result.buckets)} buckets (--json for the totals)")
+    return 0

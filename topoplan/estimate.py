@@ -1,0 +1,376 @@
+"""What-if estimate of a data-parallel training iteration on a cluster.
+
+:func:`estimate` prices one iteration: the compute of one GPU (given, or from the cited
+table :data:`THROUGHPUTS`), and the allreduce of the gradients, fused into buckets, each
+bucket planned (:func:`topoplan.plan`) and simulated (:func:`topoplan.simulate`) on the
+cluster under the runtime's cost profile. docs/ESTIMATE.md states the model; in short:
+
+- **after compute** (the default): every bucket's allreduce runs after backward, one
+  after another: ``iteration = compute + sum(comm)``.
+- **overlap** (Horovod, DDP): backward produces gradients in reverse layer order; a bucket
+  starts when its last gradient is ready and the previous bucket's allreduce is done (one
+  communication stream); the step ends when compute and the last allreduce are done.
+- **double buffering** (ChainerMN): step ``i``'s allreduce runs during step ``i + 1``'s
+  whole compute (gradients one step stale): ``iteration = max(compute, sum(comm))``.
+
+``fp16`` puts 2 bytes per parameter on the wire instead of 4; compute is unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import EstimateError
+from .models import MODELS, Model, canonical
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+    from .cost import CostProfile
+
+__all__ = ["Throughput", "THROUGHPUTS", "GPUS", "Bucket", "Estimate", "estimate",
+           "compute_time", "gpu_of", "fuse", "one_box", "JSON_KEYS"]
+
+#: The GPUs the throughput table knows.
+GPUS = ("K80", "P100", "V100", "A100", "H100")
+
+#: The keys of :meth:`Estimate.to_json`, in order (``topoplan estimate --json``).
+JSON_KEYS = ("iteration_s", "compute_s", "comm_s", "exposed_comm_s", "samples_per_s",
+             "efficiency")
+
+_TF_BENCH = ("TensorFlow performance benchmarks, tensorflow.org/performance/benchmarks "
+             "(May 2017, tf_cnn_benchmarks, synthetic data, 1 GPU)")
+_NV_RN50 = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/"
+            "README.md, 'Training performance' (pytorch-21.03 NGC container, 1 GPU); batch "
+            "from configs.yml")
+_NV_BERT = ("NVIDIA DeepLearningExamples, PyTorch/LanguageModeling/BERT/README.md, "
+            "'Pre-training NVIDIA DGX-1 With 32G' (pytorch:19.07 NGC container, 1 GPU, "
+            "sequence length 128)")
+
+
+@dataclass(frozen=True, slots=True)
+class Throughput:
+    """A published training throughput of one GPU: ``samples_per_s`` at ``batch`` per GPU."""
+
+    samples_per_s: float
+    batch: int
+    precision: str
+    source: str
+
+
+#: Published single-GPU training throughputs, ``(model, gpu) -> [Throughput, ...]``.
+#: Compute time per iteration is ``batch / samples_per_s`` from the entry whose batch is
+#: nearest the one asked for, scaled linearly to that batch. No entry was fitted to the
+#: tables the estimator is checked against. Empty cells (H100, GPT-2 1.5B, ResNet-152 on
+#: V100/A100, BERT-large on K80/P100/A100) have no source here: give ``compute_time``.
+THROUGHPUTS: dict[tuple[str, str], tuple[Throughput, ...]] = {
+    ("resnet50", "K80"): (
+        Throughput(51.5, 64, "fp32", _TF_BENCH + ", Amazon EC2 p2.8xlarge"),
+        Throughput(49.0, 32, "fp32", _TF_BENCH + ", Amazon EC2 p2.8xlarge, other results")),
+    ("resnet50", "P100"): (
+        Throughput(219.0, 64, "fp32", _TF_BENCH + ", NVIDIA DGX-1 (P100)"),
+        Throughput(195.0, 32, "fp32", _TF_BENCH + ", NVIDIA DGX-1 (P100), other results")),
+    ("resnet50", "V100"): (
+        Throughput(367.0, 112, "fp32", _NV_RN50 + ", NVIDIA DGX-1 16GB, FP32"),),
+    ("resnet50", "A100"): (
+        Throughput(938.0, 256, "tf32", _NV_RN50 + ", NVIDIA DGX A100 80GB, TF32"),),
+    ("resnet152", "K80"): (
+        Throughput(19.7, 32, "fp32", _TF_BENCH + ", Amazon EC2 p2.8xlarge"),),
+    ("resnet152", "P100"): (
+        Throughput(91.8, 64, "fp32", _TF_BENCH + ", NVIDIA DGX-1 (P100)"),
+        Throughput(82.7, 32, "fp32", _TF_BENCH + ", NVIDIA DGX-1 (P100), other results")),
+    ("bert-large", "V100"): (
+        Throughput(40.32, 32, "fp32", _NV_BERT + ", FP32"),),
+}
+
+
+def compute_time(model: str, gpu: str, batch: int | None = None) -> tuple[float, int, Throughput]:
+    """Seconds of compute per iteration of one ``gpu`` at ``batch``, from :data:`THROUGHPUTS`.
+
+    Returns ``(seconds, batch, entry)``; ``batch=None`` takes the entry's own batch.
+
+    Raises
+    ------
+    EstimateError
+        For an unknown model or GPU, or a pair the table has no published figure for.
+    """
+    key = (canonical(model), _gpu_name(gpu))
+    entries = THROUGHPUTS.get(key)
+    if not entries:
+        have = sorted(g for m, g in THROUGHPUTS if m == key[0])
+        raise EstimateError(
+            f"no published throughput for {key[0]} on {key[1]} in the table (it has "
+            f"{', '.join(have) or 'none'}); give --compute-time SECONDS per iteration")
+    if batch is None:
+        entry = entries[0]
+        return entry.batch / entry.samples_per_s, entry.batch, entry
+    entry = min(entries, key=lambda e: (abs(math.log(batch / e.batch)), -e.batch))
+    return batch / entry.samples_per_s, batch, entry
+
+
+def _gpu_name(gpu: str) -> str:
+    name = gpu.strip().upper().removeprefix("TESLA ").removeprefix("NVIDIA ")
+    if name not in GPUS:
+        raise EstimateError(f"unknown GPU {gpu!r}; known: {', '.join(GPUS)}")
+    return name
+
+
+def gpu_of(cluster: Cluster) -> str | None:
+    """The GPU model the cluster's YAML file names (in its comments), if it names one.
+
+    Cluster files have no GPU key; the shipped ones say in their comments what they
+    model (``8 Tesla P100``). One model named, once or more: that one. None or several:
+    ``None`` (pass ``gpu=``).
+    """
+    if not cluster.source:
+        return None
+    try:
+        text = Path(cluster.source).read_text(encoding="utf-8")
+    except OSError:
+        return None
+    found = {m.upper() for m in re.findall(r"\b(K80|P100|V100|A100|H100)\b", text, re.I)}
+    return found.pop() if len(found) == 1 else None
+
+
+def fuse(model: Model, threshold: int, bytes_per_param: int) -> list[tuple[int, int, int]]:
+    """Gradient buckets in the order backward fills them: ``(bytes, tensors, first)``.
+
+    Tensors are taken in reverse layer order and packed into buckets of at most
+    ``threshold`` bytes (a larger tensor gets a bucket of its own), as the hooks of
+    :class:`topoplan.torch.DistributedOptimizer` and Horovod's tensor fusion do;
+    ``threshold == 0``: one bucket per tensor. ``first`` is the forward index of the
+    bucket's earliest layer, whose gradient completes it.
+    """
+    buckets: list[tuple[int, int, int]] = []
+    size = count = 0
+    first = len(model.tensors)
+    for i in range(len(model.tensors) - 1, -1, -1):
+        nbytes = model.tensors[i].numel * bytes_per_param
+        if nbytes == 0:
+            continue
+        if count and size + nbytes > threshold:
+            buckets.append((size, count, first))
+            size = count = 0
+        size, count, first = size + nbytes, count + 1, i
+    if count:
+        buckets.append((size, count, first))
+    return buckets
+
+
+def _ready_times(model: Model, forward_s: float, backward_s: float) -> list[float]:
+    """When each tensor's gradient is ready: backward walks the layers in reverse, each
+    taking time in proportion to its multiply-accumulates (to its size if none has any)."""
+    weights = [t.macs for t in model.tensors]
+    if not any(weights):
+        weights = [t.numel for t in model.tensors]
+    total = float(sum(weights)) or 1.0
+    ready = [0.0] * len(weights)
+    done = 0.0
+    for i in range(len(weights) - 1, -1, -1):
+        done += weights[i]
+        ready[i] = forward_s + backward_s * done / total
+    return ready
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """One fused allreduce: ``nbytes`` on the wire, ready, started and done (seconds from
+    the start of the iteration), and the plan it ran (``algorithm``)."""
+
+    nbytes: int
+    tensors: int
+    ready_s: float
+    start_s: float
+    end_s: float
+    algorithm: str
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One iteration of data-parallel training on a cluster, estimated.
+
+    ``efficiency`` is the throughput over ``nranks`` times one GPU's (compute alone);
+    ``efficiency_box`` over ``nranks / box GPUs`` times one box's, estimated the same way
+    on the cluster's first box alone.
+    """
+
+    cluster: str
+    nranks: int
+    model: str
+    params: int
+    batch_per_gpu: int
+    mode: str
+    bytes_per_param: int
+    compute_s: float
+    comm_s: float
+    exposed_comm_s: float
+    iteration_s: float
+    samples_per_s: float
+    efficiency: float
+    efficiency_box: float
+    box_gpus: int
+    buckets: tuple[Bucket, ...] = ()
+    compute_source: str = ""
+    gpu: str | None = None
+
+    def to_json(self) -> dict[str, float]:
+        """The six numbers of ``topoplan estimate --json`` (:data:`JSON_KEYS`)."""
+        return {key: float(getattr(self, key)) for key in JSON_KEYS}
+
+
+def one_box(cluster: Cluster) -> Cluster:
+    """The cluster's first box alone (no network): the baseline of ``efficiency_box``."""
+    from .cluster import Cluster as ClusterClass
+    box = cluster.boxes[0]
+    return ClusterClass(name=f"{cluster.name} (one box)",
+                        boxes=(replace(box, first_rank=0, nics=()),))
+
+
+def estimate(cluster: Cluster, *, model: Model, compute_s: float | None = None,
+             batch_per_gpu: int | None = None, gpu: str | None = None, fp16: bool = False,
+             overlap: bool = False, double_buffering: bool = False,
+             fusion: int = 64 << 20, backward_fraction: float = 2 / 3,
+             algorithm: str = "auto", profile: CostProfile | str | None = None,
+             _cache: dict | None = None) -> Estimate:
+    """Estimate one training iteration of ``model`` on every GPU of ``cluster``.
+
+    Parameters
+    ----------
+    cluster : Cluster
+    model : Model
+        The network's parameter tensors (:func:`topoplan.models.get_model`, or
+        :func:`~topoplan.models.uniform_model` for a bare parameter count).
+    compute_s : float, optional
+        Forward + backward + update of one GPU, seconds per iteration at
+        ``batch_per_gpu``. Default: from :data:`THROUGHPUTS` for ``gpu``.
+    batch_per_gpu : int, optional
+        Samples per GPU per iteration. Default: the table entry's batch, else 1 (then
+        ``samples_per_s`` counts iterations).
+    gpu : str, optional
+        K80, P100, V100, A100 or H100; default :func:`gpu_of` (the cluster file's).
+    fp16 : bool
+        Gradients on the wire in 2 bytes per parameter (compute unchanged).
+    overlap : bool
+        Start each bucket's allreduce during backward, as soon as it is full.
+    double_buffering : bool
+        ChainerMN's: step i's allreduce overlaps step i+1's whole compute.
+    fusion : int
+        Bucket size in bytes (Horovod's 64 MiB); 0: one allreduce per tensor.
+    backward_fraction : float
+        Share of ``compute_s`` that is backward (default 2/3: backward costs about
+        twice the forward).
+    algorithm : str
+        Planner for each bucket (:func:`topoplan.plan`); default ``auto``.
+    profile : CostProfile or str, optional
+        The runtime's costs for planning and simulating (default ``nccl``).
+
+    Returns
+    -------
+    Estimate
+
+    Raises
+    ------
+    EstimateError
+        For a non-positive time, batch or fusion size, a fraction outside (0, 1], or no
+        compute time (no ``compute_s`` and no table entry for the model and GPU).
+    PlannerError, InfeasiblePlanError, ProfileError
+        From planning a bucket.
+
+    Notes
+    -----
+    One plan and one simulation per distinct bucket size (cached). ResNet-50 in 64 MiB
+    buckets on 32 GPUs: two sizes, a few seconds with ``auto``.
+    """
+    from .cost import get_profile
+
+    costs = get_profile(profile)
+    if not 0 < backward_fraction <= 1:
+        raise EstimateError(f"backward fraction must be in (0, 1], got {backward_fraction}")
+    if fusion < 0:
+        raise EstimateError(f"fusion threshold must be >= 0 bytes, got {fusion}")
+    if batch_per_gpu is not None and batch_per_gpu < 1:
+        raise EstimateError(f"batch per GPU must be >= 1, got {batch_per_gpu}")
+    source = "given"
+    gpu_name = _gpu_name(gpu) if gpu else gpu_of(cluster)
+    if compute_s is None:
+        if gpu_name is None:
+            raise EstimateError(
+                f"no compute time: cluster {cluster.name!r} names no GPU model; give "
+                f"--gpu ({', '.join(GPUS)}) or --compute-time SECONDS")
+        if model.name not in MODELS:
+            raise EstimateError(f"no published throughput for {model.name}: give "
+                                "--compute-time SECONDS per iteration")
+        compute_s, batch_per_gpu, entry = compute_time(model.name, gpu_name, batch_per_gpu)
+        source = f"{entry.samples_per_s:g} {model.sample}s/s at batch {entry.batch} " \
+                 f"({entry.precision}): {entry.source}"
+    if not (isinstance(compute_s, (int, float)) and math.isfinite(compute_s) and compute_s > 0):
+        raise EstimateError(f"compute time must be > 0 seconds, got {compute_s!r}")
+    batch = batch_per_gpu or 1
+    cache: dict[Any, tuple[float, str]] = {} if _cache is None else _cache
+    kwargs: dict[str, Any] = dict(model=model, compute_s=float(compute_s), batch=batch,
+                                  fp16=fp16, overlap=overlap, double_buffering=double_buffering,
+                                  fusion=fusion, backward_fraction=backward_fraction,
+                                  algorithm=algorithm, costs=costs, cache=cache)
+    whole = _iteration(cluster, **kwargs)
+    box = cluster.boxes[0]
+    if len(cluster.boxes) == 1:
+        box_rate = whole.samples_per_s
+    else:
+        box_rate = _iteration(one_box(cluster), **kwargs).samples_per_s
+    one_gpu = batch / float(compute_s)
+    return replace(
+        whole, efficiency=whole.samples_per_s / (cluster.nranks * one_gpu),
+        efficiency_box=whole.samples_per_s / (cluster.nranks / box.gpus * box_rate),
+        box_gpus=box.gpus, compute_source=source, gpu=gpu_name)
+
+
+def _allreduce_s(cluster: Cluster, nbytes: int, dtype_size: int, algorithm: str,
+                 costs: CostProfile, cache: dict) -> tuple[float, str]:
+    """Planned and simulated time of one allreduce of ``nbytes`` (cached per cluster)."""
+    from .fingerprint import cluster_fingerprint
+    from .planners import plan
+    from .simulate import simulate
+
+    key = (cluster_fingerprint(cluster), nbytes, dtype_size, algorithm, costs)
+    if key not in cache:
+        schedule = plan(cluster, algorithm, size=nbytes, profile=costs)
+        report = simulate(cluster, schedule, nbytes, profile=costs, dtype_size=dtype_size)
+        chosen = str(schedule.meta.get("chosen", schedule.algorithm))
+        cache[key] = (report.time_s, chosen)
+    return cache[key]
+
+
+def _iteration(cluster: Cluster, *, model: Model, compute_s: float, batch: int, fp16: bool,
+               overlap: bool, double_buffering: bool, fusion: int, backward_fraction: float,
+               algorithm: str, costs: CostProfile, cache: dict) -> Estimate:
+    bytes_per_param = 2 if fp16 else 4
+    backward = compute_s * backward_fraction
+    ready = _ready_times(model, compute_s - backward, backward)
+    buckets: list[Bucket] = []
+    free = 0.0 if overlap and not double_buffering else compute_s
+    for nbytes, count, first in fuse(model, fusion, bytes_per_param):
+        if cluster.nranks > 1:
+            seconds, chosen = _allreduce_s(cluster, nbytes, bytes_per_param, algorithm,
+                                           costs, cache)
+        else:
+            seconds, chosen = 0.0, "-"
+        start = max(free, ready[first]) if overlap and not double_buffering else free
+        buckets.append(Bucket(nbytes, count, ready[first], start, start + seconds, chosen))
+        free = start + seconds
+    comm = sum(b.end_s - b.start_s for b in buckets)
+    if double_buffering:
+        mode = "double buffering"
+        iteration = max(compute_s, comm)
+    else:
+        mode = "overlap" if overlap else "after compute"
+        iteration = max(compute_s, free)
+    samples = cluster.nranks * batch / iteration
+    return Estimate(cluster=cluster.name, nranks=cluster.nranks, model=model.name,
+                    params=model.params, batch_per_gpu=batch, mode=mode,
+                    bytes_per_param=bytes_per_param, compute_s=compute_s, comm_s=comm,
+                    exposed_comm_s=iteration - compute_s, iteration_s=iteration,
+                    samples_per_s=samples, efficiency=math.nan, efficiency_box=math.nan,
+                    box_gpus=cluster.boxes[0].gpus, buckets=tuple(buckets))
