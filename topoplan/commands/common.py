@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.table import Table
@@ -19,6 +20,21 @@ def table(*columns: str, title: str | None = None) -> Table:
     for i, column in enumerate(columns):
         t.add_column(column, justify="left" if i == 0 else "right", no_wrap=i == 0)
     return t
+
+
+def checked_arg(parse: Callable[[str], Any], ok: Callable[[Any], bool], rule: str,
+                hint: str = "") -> Callable[[str], Any]:
+    """An argparse type: ``parse(text)``, whose ValueError is the message, then
+    ``ok(value)`` or "``rule``, got 'text'"; ``hint`` follows a parse error."""
+    def convert(text: str) -> Any:
+        try:
+            value = parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{exc}{hint}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"{rule}, got {text!r}")
+        return value
+    return convert
 
 
 #: What the size options' messages show as an example.

@@ -5,40 +5,23 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..units import format_size, format_time
-from .common import add_profile_argument, console, positive_int, table
+from ..units import format_size, format_time, parse_latency, parse_size
+from .common import add_profile_argument, checked_arg, console, positive_int, table
 
 
-def _seconds(text: str) -> float:
-    from ..units import parse_latency
+def _number(text: str) -> float:
     try:
-        value = parse_latency(text if any(c.isalpha() for c in text) else f"{text} s")
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text!r}")
-    return value
-
-
-def _fusion(text: str) -> int:
-    from ..units import parse_size
-    try:
-        value = parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{exc} (e.g. 64MiB, or 0 for no fusion)") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 bytes, got {text!r}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
+        return float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
-    return value
+        raise ValueError(f"not a number: {text!r}") from None
+
+
+_seconds = checked_arg(lambda text: parse_latency(text if any(c.isalpha() for c in text)
+                                                  else f"{text} s"),
+                       lambda v: v > 0, "must be > 0 seconds")
+_fusion = checked_arg(parse_size, lambda v: v >= 0, "must be >= 0 bytes",
+                      " (e.g. 64MiB, or 0 for no fusion)")
+_fraction = checked_arg(_number, lambda v: 0 < v <= 1, "must be in (0, 1]")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -16,30 +16,14 @@ from ..fingerprint import check_fingerprint
 from ..schedule import load_schedule
 from ..simulate import SimReport, simulate
 from ..units import format_bandwidth, parse_bandwidth, parse_latency
-from .common import add_profile_argument, console, sizes_arg, table
+from .common import add_profile_argument, checked_arg, console, sizes_arg, table
 
 #: The parts of SimReport.breakdown, in the order the table and JSON show them.
 PARTS = ("bandwidth", "latency", "overhead", "reduce", "contention")
 
 
-def _bandwidth(text: str) -> float:
-    try:
-        value = parse_bandwidth(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-    return value
-
-
-def _latency(text: str) -> float:
-    try:
-        value = parse_latency(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
-    return value
+_bandwidth = checked_arg(parse_bandwidth, lambda v: v > 0, "must be > 0")
+_latency = checked_arg(parse_latency, lambda v: v >= 0, "must be >= 0")
 
 
 def _rsag(cluster: Any, size: int, dtype_size: int) -> float:
