@@ -22,8 +22,12 @@ def launch(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 @pytest.mark.mpi
 def test_mpi_ranks_run_this_python_and_the_job_status_comes_back():
     pytest.importorskip("mpi4py")
+    # Every rank prints before any exits (the barrier): mpiexec ends the job at the
+    # first failed rank, which on a loaded machine could come before a slow rank's line.
     code = ("import os, sys; rank = int(os.environ['OMPI_COMM_WORLD_RANK']); "
-            "print('rank', rank, sys.executable, flush=True); sys.exit(3 if rank == 2 else 0)")
+            "print('rank', rank, sys.executable, flush=True); "
+            "from mpi4py import MPI; MPI.COMM_WORLD.Barrier(); "
+            "sys.exit(3 if rank == 2 else 0)")
     done = launch("-n", "3", "--", "python", "-c", code)
     ranks = sorted(line.split()[1] for line in done.stdout.splitlines() if line.startswith("rank"))
     assert ranks == ["0", "1", "2"], done.stdout + done.stderr
