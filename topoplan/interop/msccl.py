@@ -831,12 +831,13 @@ class _Run:
             if x is None or y is None:
                 out.append(None)
                 continue
-            what = f"{self._at(t, st)} adds {st.srcbuf}[{st.srcoff + k}] ({self._text(x)}) " \
-                   f"to {other_name(k)} ({self._text(y)})"
-            if x >> self.shift != y >> self.shift:
-                self._value_error(f"{self.where}: {what}: a sum of two different chunks")
-            elif x & y & self.full:
-                self._value_error(f"{self.where}: {what}: "
+            if x >> self.shift != y >> self.shift or x & y & self.full:
+                # the message only for a fault: naming rank sets costs more than adding
+                what = f"{self._at(t, st)} adds {st.srcbuf}[{st.srcoff + k}] " \
+                       f"({self._text(x)}) to {other_name(k)} ({self._text(y)})"
+                self._value_error(f"{self.where}: {what}: a sum of two different chunks"
+                                  if x >> self.shift != y >> self.shift else
+                                  f"{self.where}: {what}: "
                                   f"{_ranks_text(x & y & self.full)} would be counted twice")
             out.append(x | y)
         return tuple(out)
