@@ -72,7 +72,7 @@ class _Group:
 
 _SUBCLASSES: dict[type, type] = {}
 #: Seconds between the overlap thread's polls of the calls in flight.
-POLL_INTERVAL = 2e-4
+POLL_INTERVAL = 1e-3
 
 
 class DistributedOptimizer:
