@@ -71,7 +71,9 @@ class _Group:
 
 
 _SUBCLASSES: dict[type, type] = {}
-#: Seconds between the overlap thread's polls of the calls in flight.
+#: Seconds between the overlap thread's polls of the calls in flight; 0: no thread (the
+#: gradient hooks alone poll). On 4 ranks sharing 2 cores it costs more compute than it
+#: hides (scripts/bench_train.py --overlap); with spare cores it keeps MPI moving.
 POLL_INTERVAL = 1e-3
 
 
@@ -281,8 +283,8 @@ class DistributedOptimizer:
             calls[index] = (wire, ctx, start(wire))
             self._missing[index] = 0
             self._started += 1
-        if self._started and getattr(getattr(self.allreduce, "transport", None),
-                                     "pollable", False):
+        if self._started and POLL_INTERVAL > 0 and getattr(
+                getattr(self.allreduce, "transport", None), "pollable", False):
             if self._poller is None:
                 self._poller = threading.Thread(target=self._poll_loop, daemon=True,
                                                 name="topoplan-overlap-progress")
