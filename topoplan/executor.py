@@ -388,21 +388,14 @@ class AllreduceHandle:
             The call failed (a step timed out or a peer failed).
         """
         owner = self._owner
-        transport = owner.transport
         idle = 0
         while not self.done:
             with owner._queue.lock:
-                calls = owner._queue.calls
-                if calls and (len(calls) == 1 or not transport.pollable
-                              or not transport.tagged):
-                    # Alone, or calls run one at a time: wait on the first one.
-                    head = calls[0]
-                    head._owner._advance(head, block=True)
-                    continue
                 moved = owner._progress_all()
-                begun = [h for h in calls if h._begun and not h.done]
+                begun = [h for h in owner._queue.calls if h._begun and not h.done]
                 if len(begun) == 1 and not self.done:
-                    # The others wait for it to finish: wait on it, not in a poll loop.
+                    # Alone, or the others wait for it to finish (one at a time on NCCL
+                    # and gloo): wait on it, not in a poll loop.
                     begun[0]._owner._advance(begun[0], block=True)
                     continue
             if self.done:

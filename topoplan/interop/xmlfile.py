@@ -55,14 +55,20 @@ class Element:
             raise self.error(f"missing attribute (it has: {have})", attr)
         return value
 
+    def _raw(self, attr: str, default: object) -> str | None:
+        """The attribute's text; None when absent with a default; required otherwise."""
+        raw = self.attrs.get(attr)
+        if raw is None and default is None:
+            return self.require(attr)
+        return raw
+
     def int(self, attr: str, default: int | None = None, *, minimum: int | None = None,
             maximum: int | None = None) -> int:
         """The attribute as an integer (decimal, or hex with 0x), range-checked."""
-        raw = self.attrs.get(attr)
+        raw = self._raw(attr, default)
         if raw is None:
-            if default is not None:
-                return default
-            raw = self.require(attr)
+            assert default is not None  # _raw requires the attribute otherwise
+            return default
         try:
             value = int(raw.strip(), 0) if raw.strip().lower().startswith("0x") else int(raw)
         except ValueError:
@@ -74,11 +80,10 @@ class Element:
         return value
 
     def float(self, attr: str, default: float | None = None) -> float:
-        raw = self.attrs.get(attr)
+        raw = self._raw(attr, default)
         if raw is None:
-            if default is not None:
-                return default
-            raw = self.require(attr)
+            assert default is not None  # _raw requires the attribute otherwise
+            return default
         try:
             return float(raw)
         except ValueError:

@@ -263,8 +263,12 @@ class DistributedOptimizer:
                 self._poll()  # move the calls in flight while backward goes on
         return hook
 
+    def _this_set(self) -> int:
+        """The buffer set this step packs into (double buffering alternates two)."""
+        return self.steps % 2 if self.double_buffering else 0
+
     def _poll(self) -> None:
-        which = self.steps % 2 if self.double_buffering else 0
+        which = self._this_set()
         started = self._started
         call = self._calls[which][started - 1] if started else None
         if call is not None:
@@ -272,7 +276,7 @@ class DistributedOptimizer:
 
     def _start_ready(self, everything: bool = False) -> None:
         """Start the full buffers in index order (``everything``: the rest too)."""
-        which = self.steps % 2 if self.double_buffering else 0
+        which = self._this_set()
         calls = self._calls[which]
         start = self.allreduce.start  # type: ignore[attr-defined]
         while self._started < len(self.groups) and (
@@ -366,7 +370,7 @@ class DistributedOptimizer:
             return self._ready
         self._synced = True
         if self.overlap:
-            which = self.steps % 2 if self.double_buffering else 0
+            which = self._this_set()
             self._start_ready(everything=True)
             if not self.double_buffering:
                 self._finish(0)
