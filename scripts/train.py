@@ -361,6 +361,8 @@ def train(args: argparse.Namespace, world: World, progress: bool = False) -> dic
         compute -= exposed
         optimizer.close()
     else:
+        assert state is not None  # mode ddp
+        state.close()
         # DDP overlaps the hook with backward: only the total is known, and compute_s
         # includes whatever part of it backward waited for.
         exposed = float("nan")

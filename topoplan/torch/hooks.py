@@ -15,13 +15,19 @@ pass that fills bucket k+1. DDP waits on the Futures from C++, where nothing mov
 transport, and gloo's point-to-point work only completes inside a wait, so one progress
 thread per state waits on the calls in flight in start order and completes their
 Futures (one thread for all calls, not one per call). An ``allreduce`` callable
-without ``start`` runs whole on that thread instead.
+without ``start`` runs whole on that thread instead. :meth:`TopoplanHookState.close`
+stops the thread; states still open at interpreter exit are closed by an ``atexit``
+handler, because a progress thread that has run DDP's Future callbacks and is still
+alive when the interpreter shuts down aborts the process (``terminate called without
+an active exception``, seen on about half of 2-rank gloo runs).
 """
 
 # No ``from __future__ import annotations`` here: DDP checks the hook's annotations
 # against dist.GradBucket and Future[Tensor] as objects, and strings fail that check.
+import atexit
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -120,6 +126,7 @@ class TopoplanHookState:
                 self._thread = threading.Thread(target=self._progress, daemon=True,
                                                 name="topoplan-ddp-progress")
                 self._thread.start()
+                _OPEN.add(self)
             self._cond.notify()
         return future
 
@@ -154,6 +161,17 @@ class TopoplanHookState:
             thread = self._thread
         if thread is not None:
             thread.join()
+        _OPEN.discard(self)
+
+
+#: States whose progress thread runs; closed at exit (see the module docstring).
+_OPEN: "weakref.WeakSet[TopoplanHookState]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_states() -> None:
+    for state in list(_OPEN):
+        state.close()
 
 
 class _Deferred:

@@ -41,8 +41,10 @@ the type take it; ``param_groups``, ``state`` and ``defaults`` are the inner opt
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterable
 
@@ -71,6 +73,17 @@ class _Group:
 
 
 _SUBCLASSES: dict[type, type] = {}
+#: Optimizers whose overlap thread runs. At exit their threads stop before the transport
+#: shuts down (mpi4py finalizes MPI at exit; a poll after that is an MPI error).
+_POLLING: weakref.WeakSet[DistributedOptimizer] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_pollers() -> None:
+    for optimizer in list(_POLLING):
+        optimizer._stop_poller()
+
+
 #: Seconds between the overlap thread's polls of the calls in flight; 0: no thread (the
 #: gradient hooks alone poll). On 4 ranks sharing 2 cores it costs more compute than it
 #: hides (scripts/bench_train.py --overlap); with spare cores it keeps MPI moving.
@@ -293,6 +306,7 @@ class DistributedOptimizer:
                 self._poller = threading.Thread(target=self._poll_loop, daemon=True,
                                                 name="topoplan-overlap-progress")
                 self._poller.start()
+                _POLLING.add(self)
             self._polling.set()
 
     def _poll_loop(self) -> None:
@@ -464,11 +478,15 @@ class DistributedOptimizer:
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
+        self._stop_poller()
+
+    def _stop_poller(self) -> None:
         self._closing = True
         self._polling.set()
         if self._poller is not None:
             self._poller.join()
             self._poller = None
+        _POLLING.discard(self)
 
     # -- the rest behaves like the wrapped optimizer ----------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
