@@ -14,7 +14,7 @@ one 200 Gbit/s NIC per GPU, NVSwitch at 300 GB/s per GPU each way).
 from __future__ import annotations
 
 from ..errors import TopoplanError
-from ..units import format_bandwidth, parse_bandwidth
+from ..units import parse_bandwidth
 
 __all__ = ["rail_optimized", "fat_tree"]
 
@@ -23,6 +23,10 @@ def _check(**values: float) -> None:
     for name, value in values.items():
         if value <= 0:
             raise TopoplanError(f"generate: {name} must be positive, got {value}")
+
+
+def _bw(bytes_per_s: float) -> str:
+    return f"{bytes_per_s / 1e9:.12g} GB/s"
 
 
 def _box(gpus: int, nvlink: str, nics: list[str]) -> list[str]:
@@ -40,7 +44,7 @@ def rail_optimized(boxes: int, gpus: int = 8, *, boxes_per_leaf: int = 32, spine
     up = parse_bandwidth(nic) * min(boxes, boxes_per_leaf) / spines / oversubscription
     lines = [f"name: {name or f'rail-{boxes * gpus}'}",
              f"# {boxes} boxes x {gpus} GPUs, {gpus} rails of {leaves} leaves "
-             f"({boxes_per_leaf} boxes each), {spines} spines, {oversubscription:g}:1",
+             f"(up to {boxes_per_leaf} boxes each), {spines} spines, {oversubscription:g}:1",
              "switches:"]
     lines += [f"  - {{name: 'r{k}l{{i}}', count: {leaves}}}" for k in range(gpus)]
     lines += [f"  - {{name: 'spine{{i}}', count: {spines}}}", "boxes:",
@@ -50,7 +54,7 @@ def rail_optimized(boxes: int, gpus: int = 8, *, boxes_per_leaf: int = 32, spine
         f"gpus: [{k}]}}" for k in range(gpus)])
     lines.append("links:")
     lines += [f"  - {{a: 'r{k}l{{i//{spines}}}', b: 'spine{{i%{spines}}}', "
-              f"count: {leaves * spines}, bandwidth: {format_bandwidth(up)}, latency: 0.5 us}}"
+              f"count: {leaves * spines}, bandwidth: {_bw(up)}, latency: 0.5 us}}"
               for k in range(gpus)]
     return "\n".join(lines) + "\n"
 
@@ -66,7 +70,7 @@ def fat_tree(boxes: int, gpus: int = 8, *, boxes_per_leaf: int = 8, spines: int 
     down = parse_bandwidth(nic) * gpus * min(boxes, boxes_per_leaf)
     up = down / spines / oversubscription
     lines = [f"name: {name or f'fat-tree-{boxes * gpus}'}",
-             f"# {boxes} boxes x {gpus} GPUs, {leaves} leaves ({boxes_per_leaf} boxes each), "
+             f"# {boxes} boxes x {gpus} GPUs, {leaves} leaves (up to {boxes_per_leaf} boxes each), "
              f"{spines} spines, {oversubscription:g}:1",
              "switches:", f"  - {{name: 'leaf{{i}}', count: {leaves}}}",
              f"  - {{name: 'spine{{i}}', count: {spines}}}", "boxes:",
@@ -76,5 +80,5 @@ def fat_tree(boxes: int, gpus: int = 8, *, boxes_per_leaf: int = 8, spines: int 
         f"gpus: [{k}]}}" for k in range(gpus)])
     lines += ["links:",
               f"  - {{a: 'leaf{{i//{spines}}}', b: 'spine{{i%{spines}}}', "
-              f"count: {leaves * spines}, bandwidth: {format_bandwidth(up)}, latency: 0.5 us}}"]
+              f"count: {leaves * spines}, bandwidth: {_bw(up)}, latency: 0.5 us}}"]
     return "\n".join(lines) + "\n"

@@ -1,5 +1,6 @@
 """``topoplan topo show|lint CLUSTER.yaml``: look at a cluster file;
-``topoplan topo import nccl NODE.xml``: make one from an NCCL topology file."""
+``topoplan topo import nccl NODE.xml``: make one from an NCCL topology file;
+``topoplan topo generate rail|fat-tree --boxes N``: write a big fabric's cluster file."""
 
 from __future__ import annotations
 
@@ -54,6 +55,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           "elements, or to override them")
     imp.add_argument("--name", help="the cluster's name (default: from the file name)")
     imp.set_defaults(func=cmd_import)
+    gen = sub.add_parser(
+        "generate", help="write the cluster YAML of a rail-optimised or fat-tree fabric",
+        description="Write a cluster YAML v1 file for a big fabric: rail (NIC k of every box "
+                    "on rail k, each rail a set of leaves joined by spines) or fat-tree (a "
+                    "box's NICs on one leaf, leaves joined by oversubscribed spines). "
+                    "Defaults follow the DGX SuperPOD design: 8 GPUs per box, a 200 Gbit/s "
+                    "NIC per GPU, NVSwitch at 300 GB/s.")
+    gen.add_argument("fabric", choices=["rail", "fat-tree"])
+    gen.add_argument("--boxes", type=positive_int, required=True, metavar="N")
+    gen.add_argument("--gpus", type=positive_int, default=8, metavar="G", help="per box (8)")
+    gen.add_argument("--boxes-per-leaf", type=positive_int, metavar="K",
+                     help="boxes on one leaf (rail: 32 per rail leaf; fat-tree: 8)")
+    gen.add_argument("--spines", type=positive_int, metavar="S", help="(rail: 4; fat-tree: 8)")
+    gen.add_argument("--nic", type=_bandwidth_arg, default=25e9, metavar="BW",
+                     help="speed of every NIC (200Gbit/s)")
+    gen.add_argument("--nvlink", type=_bandwidth_arg, default=300e9, metavar="BW",
+                     help="in-box bandwidth per GPU each way (300GB/s)")
+    gen.add_argument("--oversubscription", type=_ratio_arg, metavar="R",
+                     help="leaf down/up bandwidth (rail: 1; fat-tree: 2)")
+    gen.add_argument("--name", help="the cluster's name")
+    gen.add_argument("-o", "--output", metavar="CLUSTER.yaml",
+                     help="write the cluster file here (default: print it)")
+    gen.set_defaults(func=cmd_generate)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -139,6 +163,36 @@ def _nvlink_arg(text: str) -> float:
     if text.strip().lower() in {"none", "0"}:
         return 0.0
     return _bandwidth_arg(text)
+
+
+def _ratio_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from ..cluster import loads_cluster
+    from ..cluster.generate import fat_tree, rail_optimized
+
+    make = rail_optimized if args.fabric == "rail" else fat_tree
+    options = {key: getattr(args, key) for key in ("boxes_per_leaf", "spines",
+                                                    "oversubscription", "name")
+               if getattr(args, key) is not None}
+    text = make(args.boxes, args.gpus, nic=format_bandwidth(args.nic),
+                nvlink=format_bandwidth(args.nvlink), **options)
+    cluster = loads_cluster(text, file=args.output or "<generated>")  # what we write loads
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    atomic_write(Path(args.output), text)
+    print(f"{args.output}: {cluster.nranks} ranks in {len(cluster.boxes)} boxes, "
+          f"{len(cluster.switches)} switches", file=sys.stderr)
+    return 0
 
 
 def cmd_import(args: argparse.Namespace) -> int:
