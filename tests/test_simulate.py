@@ -13,6 +13,7 @@ from tests.support.schedules import hierarchical_schedule, ring_schedule
 from topoplan.cluster import loads_cluster
 from topoplan.errors import ScheduleError
 from topoplan.schedule import build_schedule, coalesce, recv, send
+from topoplan.sim.base import EPS_T
 from topoplan.simulate import SimReport, simulate
 from topoplan.verify import verify
 
@@ -230,9 +231,10 @@ def exchange_schedule(n: int, rounds: list[list[list[int]]], nchunks: int,
     return build_schedule(n, [1.0 / nchunks] * nchunks, steps, algorithm="exchange")
 
 
-def assert_same_report(fast, ref, rel=1e-8):
-    # The reference treats events within 1e-9 (relative to the clock) of a batch as part
-    # of it, so its times drift by up to that much per batch along a chain of steps.
+def assert_same_report(fast, ref, rel=50 * EPS_T):
+    # Both engines treat events within EPS_T (relative to the clock) of a batch as part
+    # of it, in batches of their own, so times drift by up to that much per batch along a
+    # chain of steps.
     scale = max(ref.time_s, 1e-12)
     assert fast.time_s == pytest.approx(ref.time_s, rel=rel, abs=1e-18)
     for rank_fast, rank_ref in zip(fast.step_times, ref.step_times, strict=True):
@@ -243,7 +245,7 @@ def assert_same_report(fast, ref, rel=1e-8):
         assert fast.link_bytes[edge] == pytest.approx(moved, rel=1e-12)
     assert set(fast.link_busy_s) == set(ref.link_busy_s)
     for edge, busy in ref.link_busy_s.items():
-        # The reference sums busy time over event batches and ends a flow up to 1e-9
+        # The reference sums busy time over event batches and ends a flow up to EPS_T
         # (relative to the clock) early or late per batch; over a link's flows that adds
         # up (the fast engine is exact on fixed-rate links, see the leaf-spine test).
         assert fast.link_busy_s[edge] == pytest.approx(busy, rel=1e-6, abs=rel * scale)
@@ -259,7 +261,7 @@ def assert_same_report(fast, ref, rel=1e-8):
         mine = fast.link_timeline[edge]
         assert mine[-1][1] == changes[-1][1] == 0.0
         cuts = sorted({t for t, _ in mine} | {t for t, _ in changes})
-        probes = [(a + b) / 2 for a, b in zip(cuts, cuts[1:]) if b - a > 4e-9 * scale]
+        probes = [(a + b) / 2 for a, b in zip(cuts, cuts[1:]) if b - a > 40 * EPS_T * scale]
         for probe in probes:
             assert load_at(mine, probe) == pytest.approx(load_at(changes, probe),
                                                          rel=1e-9, abs=1e-3), (edge, probe)
@@ -283,10 +285,12 @@ def test_leaf_spine_ring_and_hierarchical_match_the_reference(nboxes, size):
         for kw in ({}, {"record": True, "reduce_bandwidth": 5e10, "alpha": 2e-6}):
             fast = simulate(cluster, schedule, size, **kw)
             assert_same_report(fast, _simulate_reference(cluster, schedule, size, **kw))
-            # In-box links carry one flow at a time at full rate: busy = bytes / 300 GB/s.
+            # In-box links carry one flow at a time at full rate: busy = bytes / 300 GB/s
+            # (up to a batch's EPS_T of the clock per flow).
             for (u, v), busy in fast.link_busy_s.items():
                 if "fabric" in u + v:
-                    assert busy == pytest.approx(fast.link_bytes[u, v] / 300e9, rel=1e-12)
+                    assert busy == pytest.approx(fast.link_bytes[u, v] / 300e9, rel=1e-12,
+                                                 abs=50 * EPS_T * fast.time_s)
 
 
 def test_a_first_step_with_nothing_to_do_is_not_a_deadlock():
