@@ -127,6 +127,21 @@ def test_simulate_json(tmp_path):
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 1.5)
 
 
+def test_simulate_resolution_option(tmp_path):
+    plan = tmp_path / "ring.json"
+    ring_schedule([0, 1, 2, 3]).save(plan)
+    fine, coarse = (json.loads(topoplan("simulate", DDL, str(plan), "--sizes", "1MiB", "--json",
+                                        *extra).stdout)
+                    for extra in ([], ["--resolution", "1e-5"]))
+    assert (fine["resolution"], coarse["resolution"]) == (1e-7, 1e-5)
+    assert coarse["results"][0]["time_s"] == pytest.approx(fine["results"][0]["time_s"],
+                                                          rel=1e-4)
+    shown = topoplan("simulate", DDL, str(plan), "--sizes", "1MiB", "--resolution", "1e-5")
+    assert "time resolution 1e-05 of the clock" in shown.stdout
+    bad = topoplan("simulate", DDL, str(plan), "--resolution", "0")
+    assert bad.returncode == 2 and "--resolution: must be in (0, 0.01)" in bad.stderr
+
+
 def test_simulate_json_splits_the_time_under_the_profile(tmp_path):
     """The good ring on DDL: 6 steps of 2 ops over the network, 256 KiB each at 10 GB/s
     (1 MiB), 3 us of path latency a step; 3 reduce-scatter steps add 256 KiB each."""

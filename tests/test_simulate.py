@@ -131,12 +131,31 @@ def test_tiny_buffers_have_empty_chunks_and_still_finish():
     assert zero.link_bytes == {} and zero.time_s == 0.0 and zero.messages == 0
 
 
+def test_resolution_batches_events_and_is_reported(monkeypatch):
+    import topoplan.sim.base as base
+
+    cluster = leaf_spine_cluster(4, boxes_per_leaf=2, gpus=4)
+    schedule = hierarchical_schedule(cluster.nranks, 4)
+    fine = simulate(cluster, schedule, 12345 * 4, profile="nccl")
+    assert fine.resolution == EPS_T
+    coarse = simulate(cluster, schedule, 12345 * 4, profile="nccl", resolution=1e-4)
+    assert coarse.resolution == 1e-4
+    # Batching moves a time by at most the resolution per batch along a chain of steps.
+    assert coarse.time_s == pytest.approx(fine.time_s, rel=50 * 1e-4)
+    # Schedules above COARSE_OPS ops get the coarse resolution by default.
+    monkeypatch.setattr(base, "COARSE_OPS", schedule.nops - 1)
+    assert simulate(cluster, schedule, 12345 * 4, profile="nccl").resolution == base.COARSE
+    for bad in (0.0, -1e-7, 0.5):
+        with pytest.raises(ValueError, match="resolution must be in"):
+            simulate(cluster, schedule, 4000, resolution=bad)
+
+
 def test_report_fields_are_the_contract():
     import dataclasses
     names = [f.name for f in dataclasses.fields(SimReport)]
     assert names == ["cluster", "algorithm", "nranks", "size", "time_s", "lower_bound_s", "algbw",
                      "busbw", "link_bytes", "link_busy_s", "step_times", "transfers",
-                     "link_timeline", "profile", "breakdown", "messages"]
+                     "link_timeline", "profile", "breakdown", "messages", "resolution"]
     report = simulate(switch_cluster(2), ring_schedule([0, 1]), M)
     assert (report.cluster, report.algorithm, report.nranks, report.size) == ("switch-2", "ring", 2, M)
     assert report.transfers == () and dict(report.link_timeline) == {}

@@ -14,6 +14,7 @@ from ..cost import get_profile
 from ..errors import ScheduleError
 from ..fingerprint import check_fingerprint
 from ..schedule import load_schedule
+from ..sim.base import EPS_T
 from ..simulate import SimReport, simulate
 from ..units import format_bandwidth, parse_bandwidth, parse_latency
 from .common import add_profile_argument, checked_arg, console, sizes_arg, table
@@ -54,11 +55,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "classes (default: the profile's)")
     parser.add_argument("--reduce-bandwidth", type=_bandwidth, default=None, metavar="BW",
                         help="GPU reduction speed, e.g. '500 GB/s' (default: the profile's)")
+    parser.add_argument("--resolution", type=_resolution, default=None, metavar="R",
+                        help="events closer than R x the clock happen at once (default 1e-7, "
+                             "1e-5 above 200000 ops; see topoplan.simulate)")
     parser.add_argument("--force", action="store_true",
                         help="simulate a plan made for another cluster (its recorded cluster "
                              "fingerprint differs)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     parser.set_defaults(func=cmd_simulate)
+
+
+def _resolution(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < 1e-2:
+        raise argparse.ArgumentTypeError(f"must be in (0, 0.01), got {text}")
+    return value
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -89,7 +103,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     reports: list[SimReport] = []
     for size in args.sizes:
         reports.append(simulate(cluster, schedule, size, profile=costs,
-                                dtype_size=args.dtype_size, progress=progress))
+                                dtype_size=args.dtype_size, progress=progress,
+                                resolution=args.resolution))
     if progress is not None:
         print("\r" + " " * 24 + "\r", end="", file=sys.stderr)
     cut = bottleneck(cluster)
@@ -97,7 +112,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "cluster": cluster.name, "algorithm": schedule.algorithm, "nranks": cluster.nranks,
-            "profile": costs.to_dict(),
+            "profile": costs.to_dict(), "resolution": reports[0].resolution if reports else None,
             "bottleneck": {"gpus": cut.gpus, "bandwidth_Bps": cut.bandwidth,
                            "nodes": sorted(cut.nodes)},
             "bound_partition": ({"name": part.name, "groups": len(part.groups),
@@ -115,6 +130,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     out.print(f"[bold]{schedule.algorithm}[/bold] on {cluster.name}: {cluster.nranks} ranks, "
               f"{schedule.nchunks} chunks, {schedule.nsteps} steps")
     out.print(f"cost profile {costs.summary()}")
+    if reports and reports[0].resolution != EPS_T:
+        out.print(f"time resolution {reports[0].resolution:g} of the clock (events closer "
+                  "than that happen at once)")
     if part is not None:
         # Both bounds grow linearly with the size: one factor says where the other is.
         factor = rsag_bound(cluster, 1 << 20) / lower_bound(cluster, 1 << 20)

@@ -61,6 +61,8 @@ _INF = math.inf
 class Engine(Setup):
     """The simulator's engine (see the module notes); ``run()`` then ``report()``."""
 
+    eps = EPS_T  # the relative time resolution (set per run by ``simulate``)
+
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._messages()
@@ -302,7 +304,7 @@ class Engine(Setup):
             ev = np.where(self.f_active, self.f_tu + self.f_rem / np.where(
                 self.f_active, self.f_rate, 1.0), self.f_act)
             t0 = float(ev.min())
-            tol = EPS_T * max(t0, 1e-6)
+            tol = self.eps * max(t0, 1e-6)
             if self.lookahead > tol:
                 self._window(t0 + self.lookahead)
                 self.clock = t0 + self.lookahead
@@ -447,7 +449,7 @@ class Engine(Setup):
             if at is not None:
                 ct[live] = np.maximum(ct[live], at)
             tcf = ct[comp_f]
-            tolf = EPS_T * np.maximum(tcf, 1e-6)
+            tolf = self.eps * np.maximum(tcf, 1e-6)
             inlive = live[comp_f] & ~w_done
             upd = w_active & inlive
             w_rem[upd] -= w_rate[upd] * (tcf[upd] - w_tu[upd])
@@ -519,7 +521,7 @@ class Engine(Setup):
         order = np.lexsort((t, e))
         t, e, v, seq = t[order], e[order], v[order], seq[order]
         new = np.ones(len(t), dtype=bool)
-        new[1:] = (e[1:] != e[:-1]) | (t[1:] - t[:-1] > 2 * EPS_T * np.maximum(t[1:], 1e-6))
+        new[1:] = (e[1:] != e[:-1]) | (t[1:] - t[:-1] > 2 * self.eps * np.maximum(t[1:], 1e-6))
         instant = np.cumsum(new) - 1
         first_t = t[new]
         order = np.lexsort((seq, instant))
@@ -584,5 +586,6 @@ class Engine(Setup):
             link_bytes=MappingProxyType(link_bytes), link_busy_s=MappingProxyType(link_busy),
             step_times=step_times, transfers=transfers,
             link_timeline=MappingProxyType(timeline), profile=self.costs.name,
-            breakdown=MappingProxyType(breakdown), messages=int(self.t_live.sum()))
+            breakdown=MappingProxyType(breakdown), messages=int(self.t_live.sum()),
+            resolution=self.eps)
 

@@ -67,6 +67,8 @@ class SimReport:
         host with fewer cores than ranks; 0 elsewhere); the parts sum to ``time_s``.
     messages : int
         Messages that move bytes at this size.
+    resolution : float
+        The relative time resolution it ran at (see :func:`topoplan.simulate`).
     """
 
     cluster: str
@@ -86,6 +88,7 @@ class SimReport:
     profile: str = "ideal"
     breakdown: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     messages: int = 0
+    resolution: float = 1e-7
 
     @property
     def efficiency(self) -> float:
