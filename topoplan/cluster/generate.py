@@ -16,7 +16,7 @@ from __future__ import annotations
 from ..errors import TopoplanError
 from ..units import parse_bandwidth
 
-__all__ = ["rail_optimized", "fat_tree"]
+__all__ = ["rail_optimized", "fat_tree", "bandwidth_text"]
 
 
 def _check(**values: float) -> None:
@@ -25,7 +25,8 @@ def _check(**values: float) -> None:
             raise TopoplanError(f"generate: {name} must be positive, got {value}")
 
 
-def _bw(bytes_per_s: float) -> str:
+def bandwidth_text(bytes_per_s: float) -> str:
+    """``2.5e10`` -> ``"25 GB/s"``, to 12 significant digits (no rounding to 3)."""
     return f"{bytes_per_s / 1e9:.12g} GB/s"
 
 
@@ -54,7 +55,7 @@ def rail_optimized(boxes: int, gpus: int = 8, *, boxes_per_leaf: int = 32, spine
         f"gpus: [{k}]}}" for k in range(gpus)])
     lines.append("links:")
     lines += [f"  - {{a: 'r{k}l{{i//{spines}}}', b: 'spine{{i%{spines}}}', "
-              f"count: {leaves * spines}, bandwidth: {_bw(up)}, latency: 0.5 us}}"
+              f"count: {leaves * spines}, bandwidth: {bandwidth_text(up)}, latency: 0.5 us}}"
               for k in range(gpus)]
     return "\n".join(lines) + "\n"
 
@@ -80,5 +81,5 @@ def fat_tree(boxes: int, gpus: int = 8, *, boxes_per_leaf: int = 8, spines: int 
         f"gpus: [{k}]}}" for k in range(gpus)])
     lines += ["links:",
               f"  - {{a: 'leaf{{i//{spines}}}', b: 'spine{{i%{spines}}}', "
-              f"count: {leaves * spines}, bandwidth: {_bw(up)}, latency: 0.5 us}}"]
+              f"count: {leaves * spines}, bandwidth: {bandwidth_text(up)}, latency: 0.5 us}}"]
     return "\n".join(lines) + "\n"

@@ -177,21 +177,26 @@ def _ratio_arg(text: str) -> float:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from ..cluster import loads_cluster
-    from ..cluster.generate import fat_tree, rail_optimized
+    from ..cluster.generate import bandwidth_text, fat_tree, rail_optimized
 
     make = rail_optimized if args.fabric == "rail" else fat_tree
     options = {key: getattr(args, key) for key in ("boxes_per_leaf", "spines",
                                                     "oversubscription", "name")
                if getattr(args, key) is not None}
-    text = make(args.boxes, args.gpus, nic=format_bandwidth(args.nic),
-                nvlink=format_bandwidth(args.nvlink), **options)
+    text = make(args.boxes, args.gpus, nic=bandwidth_text(args.nic),
+                nvlink=bandwidth_text(args.nvlink), **options)
     cluster = loads_cluster(text, file=args.output or "<generated>")  # what we write loads
-    if args.output is None:
+    return _emit(text, args.output, f"{cluster.nranks} ranks in {len(cluster.boxes)} boxes, "
+                                    f"{len(cluster.switches)} switches")
+
+
+def _emit(text: str, output: str | None, summary: str) -> int:
+    """Print ``text``, or write it to ``output`` atomically and say what it holds."""
+    if output is None:
         sys.stdout.write(text)
         return 0
-    atomic_write(Path(args.output), text)
-    print(f"{args.output}: {cluster.nranks} ranks in {len(cluster.boxes)} boxes, "
-          f"{len(cluster.switches)} switches", file=sys.stderr)
+    atomic_write(Path(output), text)
+    print(f"{output}: {summary}", file=sys.stderr)
     return 0
 
 
@@ -217,10 +222,6 @@ def cmd_import(args: argparse.Namespace) -> int:
     text = render_cluster_yaml(imported, command=" ".join(shlex.quote(w) for w in words))
     for note in imported.assumptions:
         print(f"topoplan: note: {note}", file=sys.stderr)
-    if args.output is None:
-        sys.stdout.write(text)
-        return 0
-    atomic_write(Path(args.output), text)
-    print(f"{args.output}: {imported.nranks} ranks in {imported.document['boxes'][0]['count']} "
-          f"node(s); {len(imported.assumptions)} assumptions noted at the top", file=sys.stderr)
-    return 0
+    return _emit(text, args.output,
+                 f"{imported.nranks} ranks in {imported.document['boxes'][0]['count']} node(s); "
+                 f"{len(imported.assumptions)} assumptions noted at the top")
