@@ -465,9 +465,10 @@ class Engine(Setup):
             rr = w_active & live[comp_f]
             sel = rr[inc_f]
             lmask = live[comp_e]
-            rates = maxmin(nw, w_k, inc_f[sel], le[sel], cap)
+            pf, pe = inc_f[sel], le[sel]
+            rates = maxmin(nw, w_k, pf, pe, cap)
             w_rate[rr] = rates[rr]
-            load = np.bincount(le[sel], weights=(w_k * rates)[inc_f[sel]], minlength=nue)
+            load = np.bincount(pe, weights=(w_k * rates)[pf], minlength=nue)
             lidx = np.flatnonzero(lmask)
             ge, owner = expand(self.rep_ptr, self.rep_members, ue[lidx])
             lidx = lidx[owner]
