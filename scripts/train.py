@@ -476,8 +476,15 @@ def main(argv: list[str] | None = None) -> int:
     if world.rank == 0:
         print(json.dumps(result) if args.json else summary_line(result), flush=True)
     if world.launcher == "torch":
+        import gc
+
         import torch.distributed as dist
 
+        # Free DDP, its reducer and the hook state (reference cycles) while the process
+        # group is alive. Whatever still holds the gloo group at interpreter exit is torn
+        # down during finalization, where gloo's worker threads abort the process
+        # ("terminate called without an active exception", seen in CI).
+        gc.collect()
         dist.destroy_process_group()
     return 0
 
