@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from topoplan.bound import lower_bound  # noqa: E402
+from topoplan.cost import DEFAULT_PROFILE  # noqa: E402
 from topoplan.cluster import load_cluster, loads_cluster  # noqa: E402
 from topoplan.planners import PLANNERS  # noqa: E402
 from topoplan.planners.mcf import plan_mcf  # noqa: E402
@@ -32,6 +33,8 @@ from topoplan.simulate import simulate  # noqa: E402
 from topoplan.verify import verify  # noqa: E402
 
 BASELINES = ("ring", "ring-topo", "tree", "rhd", "hierarchical")
+#: Plans are made under the default profile (meta["profile"]); simulate them under it too.
+PROFILE = DEFAULT_PROFILE
 
 
 def generated(boxes: int, gpus: int = 8, per_leaf: int = 16, spines: int = 8) -> str:
@@ -68,7 +71,8 @@ def quality(size: int, max_sim_ops: int) -> list[dict]:
             warnings.simplefilter("ignore")
             schedule = plan_mcf(cluster, size=size, check=False)
         m = schedule.meta
-        sim = (simulate(cluster, schedule, size).time_s if schedule.nops <= max_sim_ops
+        sim = (simulate(cluster, schedule, size, profile=PROFILE).time_s
+               if schedule.nops <= max_sim_ops
                else None)
         base: dict[str, float | None] = {}
         for name in BASELINES:
@@ -77,7 +81,8 @@ def quality(size: int, max_sim_ops: int) -> list[dict]:
             except Exception as exc:  # a baseline that does not apply here
                 print(f"  ({name} on {path.stem}: {exc})")
                 continue
-            base[name] = (simulate(cluster, other, size).time_s if other.nops <= max_sim_ops
+            base[name] = (simulate(cluster, other, size, profile=PROFILE).time_s
+                          if other.nops <= max_sim_ops
                           else None)
         done = {k: v for k, v in base.items() if v is not None}
         best = min(done, key=done.get) if done else None
