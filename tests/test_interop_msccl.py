@@ -141,6 +141,34 @@ def test_long_pairs_split_over_channels_to_fit_the_step_limit():
     assert limit_violations(tight.algo, Limits(max_steps=16)) == []
 
 
+@pytest.mark.parametrize("nranks, max_steps, max_channels", [(8, 4, 6), (16, 6, 7)])
+def test_a_pair_that_needs_every_channel_gets_every_channel(nranks, max_steps, max_channels):
+    # The segment search aims under the step limit (boundaries cost steps); it used to
+    # jump past the channel count these fit in exactly, and refuse them.
+    schedule = ring_schedule(list(range(nranks)))
+    limits = Limits(max_steps=max_steps, max_channels=max_channels)
+    result = export_msccl(schedule, limits=limits)
+    assert result.segments == max_channels and result.max_steps <= max_steps
+    assert limit_violations(result.algo, limits) == []
+    check_msccl(result.algo)
+    assert import_msccl(result.algo).nsteps == schedule.nsteps
+
+
+def test_no_fit_fused_or_unfused_says_both(monkeypatch):
+    import topoplan.interop.msccl_export as exporter
+
+    # Unfused, every op is a step: past the parser's node limit the export says so up
+    # front (no layout is tried) and, fused, why that did not fit either.
+    schedule = ring_schedule(list(range(8)))
+    monkeypatch.setattr(exporter, "MAX_NODES", 30)
+    with pytest.raises(PlannerError, match="MAX_NODES") as info:
+        export_msccl(schedule, fuse=False)
+    assert "XML nodes on gpu" in str(info.value)
+    with pytest.raises(PlannerError, match=r"fused, with 4 channel\(s\) each: .*steps.*; "
+                       r"separate send and receive thread blocks need at least 38"):
+        export_msccl(schedule, limits=Limits(max_steps=4, max_channels=4))
+
+
 def test_too_big_for_the_limits_names_the_plan_options():
     schedule = ring_schedule(list(range(40)))
     with pytest.raises(PlannerError, match="--max-chunks"):

@@ -527,7 +527,7 @@ class Limits:
 
 #: Fixed sizes of the executor's parser (``src/include/msccl/msccl_parser.h``) and
 #: transmission struct (``msccl_struct.h``), not build options.
-_MAX_NODES = 4096  # XML nodes one rank loads: algo, every gpu, its own tbs and steps
+MAX_NODES = 4096  # XML nodes one rank loads: algo, every gpu, its own tbs and steps
 _MAX_SUBS = 1024  # children of one element (unchecked: more overflow the parser)
 _MAX_STR_LEN = 255
 _MAX_DEPID = 127  # dependentBid is int8_t
@@ -556,9 +556,9 @@ def limit_violations(algo: Algo, limits: Limits = Limits()) -> list[str]:
     max_tbs = limits.max_tbs_per_channel * limits.max_channels
     for gpu in algo.gpus:
         nodes = 1 + algo.ngpus + len(gpu.tbs) + sum(len(tb.steps) for tb in gpu.tbs)
-        if nodes >= _MAX_NODES:
+        if nodes >= MAX_NODES:
             out.append(f"gpu {gpu.id} needs {nodes} XML nodes (algo, {algo.ngpus} gpus, its "
-                       f"tbs and steps); the executor's parser holds {_MAX_NODES - 1} "
+                       f"tbs and steps); the executor's parser holds {MAX_NODES - 1} "
                        "(MAX_NODES)")
         if len(gpu.tbs) > max_tbs:
             out.append(f"gpu {gpu.id} has {len(gpu.tbs)} tbs; the executor allows {max_tbs} "

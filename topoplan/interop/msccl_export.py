@@ -44,7 +44,8 @@ from typing import Sequence
 
 from ..errors import PlannerError, ScheduleError
 from ..schedule import OpKind, Schedule
-from .msccl import Algo, Gpu, Limits, Step, ThreadBlock, check_msccl, limit_violations
+from .msccl import (MAX_NODES, Algo, Gpu, Limits, Step, ThreadBlock, check_msccl,
+                    limit_violations)
 
 __all__ = ["export_msccl", "ExportResult", "PROTOCOLS"]
 
@@ -461,6 +462,31 @@ def _too_big(name: str, why: str, channels: int) -> str:
             "MSCCL_MAX_NUM_STEPS")
 
 
+def _fitting_layout(schedule: Schedule, bounds: list[int], *, fuse: bool, nseg: int,
+                    max_cnt: int, channels: int, proto: str, name: str, min_bytes: int,
+                    max_bytes: int, limits: Limits) -> tuple[Algo, int, int] | str:
+    """The algorithm on the fewest segments from ``nseg`` on that fits ``limits``, with
+    its segment count and fused steps; or why none does."""
+    most_segs = limits.max_channels // channels
+    units = bounds[-1]
+    while True:
+        per_rank, msgs, nfused = _layout(schedule, bounds, fuse=fuse, nseg=nseg,
+                                         max_cnt=max_cnt)
+        algo = _emit(schedule, per_rank, msgs, units=units, instances=channels, nseg=nseg,
+                     proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes)
+        problems = limit_violations(algo, limits)
+        if not problems:
+            return algo, nseg, nfused
+        if nseg >= most_segs:
+            return (f"with {nseg} channel(s) each: {problems[0]}"
+                    + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+        longest = max(len(tb.steps) for g in algo.gpus for tb in g.tbs)
+        # Aim a little under the limit (segment boundaries cost steps), but never past
+        # the channels there are: the last try uses them all.
+        nseg = min(most_segs,
+                   max(nseg + 1, math.ceil(nseg * longest / (limits.max_steps * 0.9))))
+
+
 def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1,
                  min_bytes: int = 0, max_bytes: int = 0, name: str | None = None,
                  limits: Limits | None = None, fuse: bool = True,
@@ -523,6 +549,10 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
             for op in step:
                 if op.kind is OpKind.SEND:
                     per_pair[(program.rank, op.peer)] += 1
+    # Unfused, every op is at least one step, and the executor's parser loads the algo,
+    # every gpu element and one rank's tbs and steps into MAX_NODES nodes.
+    busiest = max(schedule.ranks, key=lambda p: sum(map(len, p.steps)))
+    unfused_nodes = 2 + schedule.nranks + sum(map(len, busiest.steps))
     (src, dst), most = max(per_pair.items(), key=lambda kv: kv[1])
     if most > limits.max_steps * (limits.max_channels // channels):
         raise PlannerError(_too_big(
@@ -531,25 +561,32 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
                   f"steps hold {limits.max_steps * (limits.max_channels // channels)}",
             channels))
     attempts = [True, False] if fuse else [False]
+    no_unfused = (f"separate send and receive thread blocks need at least {unfused_nodes} "
+                  f"XML nodes on gpu {busiest.rank} (algo, {schedule.nranks} gpus, one step "
+                  f"per op); the executor's parser holds {MAX_NODES - 1} (MAX_NODES)"
+                  if unfused_nodes >= MAX_NODES else None)
+    if no_unfused and not fuse:
+        raise PlannerError(_too_big(name, no_unfused, channels))
     last_error: Exception | None = None
+    misfits: list[str] = []
+    # Each pair's messages need a step each on its thread blocks: start with as many
+    # segments (channels per instance) as that takes.
+    first_nseg = max(1, math.ceil(most / limits.max_steps))
     for fused_try in attempts:
-        nseg = 1
-        while True:
-            per_rank, msgs, nfused = _layout(schedule, bounds, fuse=fused_try, nseg=nseg,
-                                             max_cnt=max_cnt)
-            algo = _emit(schedule, per_rank, msgs, units=units, instances=channels, nseg=nseg,
-                         proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes)
-            longest = max(len(tb.steps) for g in algo.gpus for tb in g.tbs)
-            problems = limit_violations(algo, limits)
-            if not problems:
-                break
-            need = max(nseg + 1, math.ceil(nseg * longest / (limits.max_steps * 0.9)))
-            if need * channels > limits.max_channels:
-                raise PlannerError(_too_big(
-                    name, f"with {nseg} channel(s) each: {problems[0]}"
-                    + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
-                    channels))
-            nseg = need
+        if not fused_try and no_unfused:
+            misfits.append(no_unfused)
+            raise PlannerError(_too_big(name, "; ".join(misfits), channels))
+        layout = _fitting_layout(schedule, bounds, fuse=fused_try, nseg=first_nseg,
+                                 max_cnt=max_cnt, channels=channels, proto=proto, name=name,
+                                 min_bytes=min_bytes, max_bytes=max_bytes, limits=limits)
+        if isinstance(layout, str):
+            misfits.append(("fused, " if fused_try else "unfused, ") + layout)
+            if fused_try and len(attempts) > 1:
+                notes.append("fused thread blocks do not fit the executor's limits; "
+                             "exported with separate send and receive thread blocks")
+                continue
+            raise PlannerError(_too_big(name, "; ".join(misfits), channels))
+        algo, nseg, nfused = layout
         if not check:
             break
         try:
@@ -557,6 +594,7 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
         except ScheduleError as exc:
             last_error = exc
             if fused_try and len(attempts) > 1:
+                misfits.append(f"fused thread blocks fail the MSCCL check: {exc}")
                 notes.append(f"fused thread blocks failed the check ({exc}); "
                              "exported with separate send and receive thread blocks")
                 continue
