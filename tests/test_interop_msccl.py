@@ -154,18 +154,37 @@ def test_a_pair_that_needs_every_channel_gets_every_channel(nranks, max_steps, m
     assert import_msccl(result.algo).nsteps == schedule.nsteps
 
 
+@pytest.mark.parametrize("nranks, max_steps, max_channels", [(16, 4, 8), (64, 8, 16)])
+def test_ring_interleaved_over_channels_fills_them_exactly(nranks, max_steps, max_channels):
+    # A ring of N ranks forwards 2N - 2 messages per pair in 2N - 1 fused steps: N = 64
+    # on 16 channels of 8 steps is the 1024-rank ring on 32 x 64 at 1/16 scale. In
+    # consecutive runs every channel boundary costs a fused block one step; message k
+    # on channel (k + offset) % C, offsets aligned along the ring, costs none.
+    schedule = ring_schedule(list(range(nranks)))
+    limits = Limits(max_steps=max_steps, max_channels=max_channels)
+    result = export_msccl(schedule, limits=limits)
+    assert result.segments == max_channels and result.max_steps == max_steps
+    assert result.fused > 0 and any("in turn" in note for note in result.notes)
+    assert limit_violations(result.algo, limits) == []
+    check_msccl(result.algo)
+    back = import_msccl(parse_msccl(to_xml(result.algo)))
+    assert back.nsteps == schedule.nsteps
+    assert coalesce(back).ranks == coalesce(schedule).ranks
+
+
 def test_no_fit_fused_or_unfused_says_both(monkeypatch):
     import topoplan.interop.msccl_export as exporter
 
     # Unfused, every op is a step: past the parser's node limit the export says so up
-    # front (no layout is tried) and, fused, why that did not fit either.
-    schedule = ring_schedule(list(range(8)))
+    # front (no layout is tried) and, fused, why neither segment order fit.
+    schedule = ring_schedule(list(range(7)))
     monkeypatch.setattr(exporter, "MAX_NODES", 30)
     with pytest.raises(PlannerError, match="MAX_NODES") as info:
         export_msccl(schedule, fuse=False)
     assert "XML nodes on gpu" in str(info.value)
-    with pytest.raises(PlannerError, match=r"fused, with 4 channel\(s\) each: .*steps.*; "
-                       r"separate send and receive thread blocks need at least 38"):
+    with pytest.raises(PlannerError, match=r"fused, consecutive on 4 channel\(s\) each: .*"
+                       r"interleaved on 4 channel\(s\) each: .*; separate send and receive "
+                       r"thread blocks need at least 33"):
         export_msccl(schedule, limits=Limits(max_steps=4, max_channels=4))
 
 

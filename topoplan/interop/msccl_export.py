@@ -347,16 +347,70 @@ def _prune(tbs: dict[tuple[int, int, int], list[_Node]]) -> None:
                 seen[d.tb] = d.position
 
 
-def _layout(schedule: Schedule, bounds: list[int], *, fuse: bool, nseg: int, max_cnt: int
-            ) -> tuple[list[dict[tuple[int, int, int], list[_Node]]], list[_Message], int]:
-    """Nodes on thread blocks for one instance; returns per rank {tb key: nodes}."""
-    nodes, msgs = _build_nodes(schedule)
+def _interleave_offsets(nodes: list[list[_Node]], msgs: list[_Message]
+                        ) -> dict[tuple[int, int], int]:
+    """Per pair ``(src, dst)``, an offset such that message ``k`` on channel
+    ``(k + offset) % nseg`` puts a recv and the send that forwards it at the next step
+    on one channel, wherever the pairs' chains agree (first come, first served)."""
+    # (pair, other pair, delta): offset[other] = offset[pair] + delta aligns a forward
+    links: dict[tuple[int, int], list[tuple[tuple[int, int], int]]] = defaultdict(list)
+    for rank_nodes in nodes:
+        by_step: dict[int, list[_Node]] = defaultdict(list)
+        for node in rank_nodes:
+            by_step[node.step].append(node)
+        for t, here in by_step.items():
+            sends = {(sn.chunk, sn.count): sn for sn in by_step.get(t + 1, ())
+                     if sn.kind == "s"}
+            for rn in here:
+                sn = sends.get((rn.chunk, rn.count)) if rn.kind != "s" else None
+                if sn is None:
+                    continue
+                p, q = (rn.recv_peer, rn.rank), (sn.rank, sn.send_peer)
+                delta = msgs[rn.recv_msg].k - msgs[sn.send_msg].k
+                links[p].append((q, delta))
+                links[q].append((p, -delta))
+    offset: dict[tuple[int, int], int] = {}
+    for start in sorted({(m.src, m.dst) for m in msgs}):
+        if start in offset:
+            continue
+        offset[start] = 0
+        stack = [start]
+        while stack:
+            p = stack.pop()
+            for q, delta in links.get(p, ()):
+                if q not in offset:
+                    offset[q] = offset[p] + delta
+                    stack.append(q)
+    return offset
+
+
+def _channels(msgs: list[_Message], nodes: list[list[_Node]], nseg: int,
+              interleave: bool) -> None:
+    """Give every message its segment (its channel within an instance).
+
+    Consecutive: a pair's messages in ``nseg`` consecutive runs. Interleaved: message
+    ``k`` on ``(k + offset) % nseg``, offsets aligned along forwarding chains, so that
+    fused thread blocks pay no step at segment boundaries (a ring whose rank count is
+    a multiple of ``nseg`` then fills every channel evenly).
+    """
+    if interleave:
+        offset = _interleave_offsets(nodes, msgs)
+        for m in msgs:
+            m.send_node.chan = m.recv_node.chan = (m.k + offset[(m.src, m.dst)]) % nseg
+        return
     npair: dict[tuple[int, int], int] = defaultdict(int)
     for m in msgs:
         npair[(m.src, m.dst)] += 1
     for m in msgs:
-        seg = m.k * nseg // npair[(m.src, m.dst)]
-        m.send_node.chan = m.recv_node.chan = seg
+        m.send_node.chan = m.recv_node.chan = m.k * nseg // npair[(m.src, m.dst)]
+
+
+def _layout(schedule: Schedule, bounds: list[int], *, fuse: bool, nseg: int, max_cnt: int,
+            interleave: bool = False
+            ) -> tuple[list[dict[tuple[int, int, int], list[_Node]]], list[_Message], int]:
+    """Nodes on thread blocks for one instance; returns per rank {tb key: nodes}."""
+    nodes, msgs = _build_nodes(schedule)
+    _channels(msgs, nodes, nseg, interleave)
     nchunks = schedule.nchunks
     src_of: dict[int, list[str]] = {}
     opnd_of: dict[int, list[str]] = {}
@@ -464,27 +518,36 @@ def _too_big(name: str, why: str, channels: int) -> str:
 
 def _fitting_layout(schedule: Schedule, bounds: list[int], *, fuse: bool, nseg: int,
                     max_cnt: int, channels: int, proto: str, name: str, min_bytes: int,
-                    max_bytes: int, limits: Limits) -> tuple[Algo, int, int] | str:
+                    max_bytes: int, limits: Limits) -> tuple[Algo, int, int, bool] | str:
     """The algorithm on the fewest segments from ``nseg`` on that fits ``limits``, with
-    its segment count and fused steps; or why none does."""
+    its segment count, fused steps and whether messages are interleaved over channels
+    (tried, fused, when consecutive segments do not fit); or why none fits."""
     most_segs = limits.max_channels // channels
     units = bounds[-1]
-    while True:
-        per_rank, msgs, nfused = _layout(schedule, bounds, fuse=fuse, nseg=nseg,
-                                         max_cnt=max_cnt)
-        algo = _emit(schedule, per_rank, msgs, units=units, instances=channels, nseg=nseg,
-                     proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes)
-        problems = limit_violations(algo, limits)
-        if not problems:
-            return algo, nseg, nfused
-        if nseg >= most_segs:
-            return (f"with {nseg} channel(s) each: {problems[0]}"
-                    + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
-        longest = max(len(tb.steps) for g in algo.gpus for tb in g.tbs)
-        # Aim a little under the limit (segment boundaries cost steps), but never past
-        # the channels there are: the last try uses them all.
-        nseg = min(most_segs,
-                   max(nseg + 1, math.ceil(nseg * longest / (limits.max_steps * 0.9))))
+    first = nseg
+    why = []
+    for interleave in (False, True) if fuse else (False,):
+        nseg = first
+        while True:
+            per_rank, msgs, nfused = _layout(schedule, bounds, fuse=fuse, nseg=nseg,
+                                             max_cnt=max_cnt, interleave=interleave)
+            algo = _emit(schedule, per_rank, msgs, units=units, instances=channels,
+                         nseg=nseg, proto=proto, name=name, min_bytes=min_bytes,
+                         max_bytes=max_bytes)
+            problems = limit_violations(algo, limits)
+            if not problems:
+                return algo, nseg, nfused, interleave
+            if nseg >= most_segs:
+                why.append(("interleaved" if interleave else "consecutive")
+                           + f" on {nseg} channel(s) each: {problems[0]}"
+                           + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+                break
+            longest = max(len(tb.steps) for g in algo.gpus for tb in g.tbs)
+            # Aim a little under the limit (segment boundaries cost steps), but never
+            # past the channels there are: the last try uses them all.
+            nseg = min(most_segs,
+                       max(nseg + 1, math.ceil(nseg * longest / (limits.max_steps * 0.9))))
+    return "; ".join(why)
 
 
 def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1,
@@ -586,7 +649,10 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
                              "exported with separate send and receive thread blocks")
                 continue
             raise PlannerError(_too_big(name, "; ".join(misfits), channels))
-        algo, nseg, nfused = layout
+        algo, nseg, nfused, interleaved = layout
+        if interleaved:
+            notes.append(f"a pair's messages take its {nseg} channels in turn (consecutive "
+                         "runs would cost fused thread blocks a step at every boundary)")
         if not check:
             break
         try:
