@@ -384,16 +384,18 @@ def _interleave_offsets(nodes: list[list[_Node]], msgs: list[_Message]
     return offset
 
 
-def _channels(msgs: list[_Message], nodes: list[list[_Node]], nseg: int,
+def _channels(msgs: list[_Message], nodes: list[list[_Node]], segs: dict[tuple[int, int], int],
               interleave: bool) -> None:
     """Give every message its segment (its channel within an instance).
 
-    Consecutive: a pair's messages in ``nseg`` consecutive runs. Interleaved: message
-    ``k`` on ``(k + offset) % nseg``, offsets aligned along forwarding chains, so that
-    fused thread blocks pay no step at segment boundaries (a ring whose rank count is
-    a multiple of ``nseg`` then fills every channel evenly).
+    Consecutive: pair ``p``'s messages in ``segs[p]`` consecutive runs. Interleaved
+    (every pair on the same number of segments ``C``): message ``k`` on ``(k + offset)
+    % C``, offsets aligned along forwarding chains, so that fused thread blocks pay no
+    step at segment boundaries (a ring whose rank count is a multiple of ``C`` then
+    fills every channel evenly).
     """
     if interleave:
+        nseg = max(segs.values())
         offset = _interleave_offsets(nodes, msgs)
         for m in msgs:
             m.send_node.chan = m.recv_node.chan = (m.k + offset[(m.src, m.dst)]) % nseg
@@ -402,15 +404,16 @@ def _channels(msgs: list[_Message], nodes: list[list[_Node]], nseg: int,
     for m in msgs:
         npair[(m.src, m.dst)] += 1
     for m in msgs:
-        m.send_node.chan = m.recv_node.chan = m.k * nseg // npair[(m.src, m.dst)]
+        pair = (m.src, m.dst)
+        m.send_node.chan = m.recv_node.chan = m.k * segs[pair] // npair[pair]
 
 
-def _layout(schedule: Schedule, bounds: list[int], *, fuse: bool, nseg: int, max_cnt: int,
-            interleave: bool = False
+def _layout(schedule: Schedule, bounds: list[int], *, fuse: bool,
+            segs: dict[tuple[int, int], int], max_cnt: int, interleave: bool = False
             ) -> tuple[list[dict[tuple[int, int, int], list[_Node]]], list[_Message], int]:
     """Nodes on thread blocks for one instance; returns per rank {tb key: nodes}."""
     nodes, msgs = _build_nodes(schedule)
-    _channels(msgs, nodes, nseg, interleave)
+    _channels(msgs, nodes, segs, interleave)
     nchunks = schedule.nchunks
     src_of: dict[int, list[str]] = {}
     opnd_of: dict[int, list[str]] = {}
@@ -516,20 +519,28 @@ def _too_big(name: str, why: str, channels: int) -> str:
             "MSCCL_MAX_NUM_STEPS")
 
 
-def _fitting_layout(schedule: Schedule, bounds: list[int], *, fuse: bool, nseg: int,
-                    max_cnt: int, channels: int, proto: str, name: str, min_bytes: int,
-                    max_bytes: int, limits: Limits) -> tuple[Algo, int, int, bool] | str:
-    """The algorithm on the fewest segments from ``nseg`` on that fits ``limits``, with
-    its segment count, fused steps and whether messages are interleaved over channels
-    (tried, fused, when consecutive segments do not fit); or why none fits."""
+def _fitting_layout(schedule: Schedule, bounds: list[int], *, fuse: bool,
+                    per_pair: dict[tuple[int, int], int], max_cnt: int, channels: int,
+                    proto: str, name: str, min_bytes: int, max_bytes: int, limits: Limits
+                    ) -> tuple[Algo, int, int, bool] | str:
+    """The algorithm that fits ``limits`` on few segments, with its segment count, fused
+    steps and whether messages are interleaved over channels (tried, fused, when
+    consecutive segments do not fit); or why none fits.
+
+    Each pair starts on as many segments as its ``per_pair`` messages need; only the
+    pairs of a thread block over the step limit get more (more segments mean more
+    thread blocks, and the executor numbers dependencies on them in an int8).
+    """
     most_segs = limits.max_channels // channels
     units = bounds[-1]
-    first = nseg
     why = []
     for interleave in (False, True) if fuse else (False,):
-        nseg = first
+        segs = {pair: max(1, math.ceil(n / limits.max_steps)) for pair, n in per_pair.items()}
+        if interleave:
+            segs = dict.fromkeys(segs, max(segs.values()))
         while True:
-            per_rank, msgs, nfused = _layout(schedule, bounds, fuse=fuse, nseg=nseg,
+            nseg = max(segs.values())
+            per_rank, msgs, nfused = _layout(schedule, bounds, fuse=fuse, segs=segs,
                                              max_cnt=max_cnt, interleave=interleave)
             algo = _emit(schedule, per_rank, msgs, units=units, instances=channels,
                          nseg=nseg, proto=proto, name=name, min_bytes=min_bytes,
@@ -537,16 +548,26 @@ def _fitting_layout(schedule: Schedule, bounds: list[int], *, fuse: bool, nseg: 
             problems = limit_violations(algo, limits)
             if not problems:
                 return algo, nseg, nfused, interleave
-            if nseg >= most_segs:
+            # Only a thread block over the step limit is helped by more segments: aim
+            # its pairs a little under the limit (boundaries cost steps), never past
+            # the channels there are.
+            grown = dict(segs)
+            for gpu in algo.gpus:
+                for tb in gpu.tbs:
+                    if len(tb.steps) <= limits.max_steps:
+                        continue
+                    for pair in ((gpu.id, tb.send), (tb.recv, gpu.id)):
+                        if pair in segs:
+                            want = math.ceil(segs[pair] * len(tb.steps) / (limits.max_steps * 0.9))
+                            grown[pair] = min(most_segs, max(grown[pair], segs[pair] + 1, want))
+            if interleave:
+                grown = dict.fromkeys(grown, max(grown.values()))
+            if grown == segs:
                 why.append(("interleaved" if interleave else "consecutive")
                            + f" on {nseg} channel(s) each: {problems[0]}"
                            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
                 break
-            longest = max(len(tb.steps) for g in algo.gpus for tb in g.tbs)
-            # Aim a little under the limit (segment boundaries cost steps), but never
-            # past the channels there are: the last try uses them all.
-            nseg = min(most_segs,
-                       max(nseg + 1, math.ceil(nseg * longest / (limits.max_steps * 0.9))))
+            segs = grown
     return "; ".join(why)
 
 
@@ -632,14 +653,11 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
         raise PlannerError(_too_big(name, no_unfused, channels))
     last_error: Exception | None = None
     misfits: list[str] = []
-    # Each pair's messages need a step each on its thread blocks: start with as many
-    # segments (channels per instance) as that takes.
-    first_nseg = max(1, math.ceil(most / limits.max_steps))
     for fused_try in attempts:
         if not fused_try and no_unfused:
             misfits.append(no_unfused)
             raise PlannerError(_too_big(name, "; ".join(misfits), channels))
-        layout = _fitting_layout(schedule, bounds, fuse=fused_try, nseg=first_nseg,
+        layout = _fitting_layout(schedule, bounds, fuse=fused_try, per_pair=per_pair,
                                  max_cnt=max_cnt, channels=channels, proto=proto, name=name,
                                  min_bytes=min_bytes, max_bytes=max_bytes, limits=limits)
         if isinstance(layout, str):
