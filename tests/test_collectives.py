@@ -4,14 +4,18 @@ schedule reader's ``collective`` key."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from tests.support import schedules as S
 from topoplan.collectives import (COLLECTIVES, AllGather, AllReduce, ReduceScatter,
                                   collective_of, get_collective, shard_chunks)
 from topoplan.errors import ScheduleError
-from topoplan.schedule import build_schedule, equal_chunks, loads_schedule, recv, send
+from topoplan.schedule import (OpKind, RankProgram, build_schedule, equal_chunks, loads_schedule,
+                               recv, send)
+from topoplan.verify import verify
 
 
 def test_registry_names_the_three_collectives():
@@ -141,3 +145,136 @@ def test_schedule_reader_refuses_chunks_straddling_shards():
         loads_schedule(json.dumps(data), "plan.json")
     data["collective"] = "allreduce"  # an allreduce has no shards
     assert loads_schedule(json.dumps(data)).nchunks == 4
+
+
+# --------------------------------------------------------------------------------------
+# verify() against each collective's initial state and postcondition
+# --------------------------------------------------------------------------------------
+
+ORDERS = st.integers(1, 9).flatmap(lambda n: st.permutations(range(n)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(ORDERS)
+def test_rings_of_each_collective_verify_in_any_order(order):
+    n = len(order)
+    for build, name in ((S.ring_reduce_scatter, "reduce_scatter"),
+                        (S.ring_allgather, "allgather")):
+        report = verify(build(list(order)))
+        assert (report.collective, report.nsteps, report.nmessages) == (name, n - 1, n * (n - 1))
+
+
+def _without_message(schedule, rank: int, step: int):
+    """``schedule`` less the first send of ``rank``'s ``step`` and the recv it pairs with
+    (rings send one message per step, so the recv is the peer's op in the same step)."""
+    op = next(op for op in schedule.ranks[rank].steps[step] if op.kind is OpKind.SEND)
+    steps = [[list(st_) for st_ in p.steps] for p in schedule.ranks]
+    steps[rank][step].remove(op)
+    steps[op.peer][step] = [o for o in steps[op.peer][step]
+                            if not (o.kind is OpKind.RECV and o.peer == rank)]
+    return replace(schedule, ranks=tuple(RankProgram(r, tuple(map(tuple, s)))
+                                         for r, s in enumerate(steps)))
+
+
+def _error(schedule) -> str:
+    with pytest.raises(ScheduleError) as info:
+        verify(schedule)
+    return str(info.value)
+
+
+def test_an_allgather_that_never_delivers_a_shard_fails():
+    # 0 -> 1 -> 2 -> 3 -> 0; the last hop of shard 1 (rank 0 -> rank 1, step 2) is dropped.
+    broken = _without_message(S.ring_allgather([0, 1, 2, 3]), 0, 2)
+    assert _error(broken) == ("ring schedule: rank 1 ends with chunk 2 holding nothing; "
+                              "expected exactly {2} (rank 2's shard, never reduced)")
+
+
+def test_an_allgather_forwarding_a_chunk_it_never_received_fails():
+    # Rank 2 never gets shard 1, then forwards it at the next step.
+    broken = _without_message(S.ring_allgather([0, 1, 2, 3]), 1, 0)
+    assert _error(broken) == ("ring schedule: rank 3 step 1 receives chunk 1 from rank 2, "
+                              "which held nothing there when its send's step started (it had "
+                              "not received that chunk yet)")
+
+
+def test_an_allgather_sending_a_shard_it_does_not_own_fails():
+    schedule = build_schedule(2, equal_chunks(2), [[[send(1, 1), recv(1, 1)]],
+                                                   [[send(0, 1), recv(0, 1)]]],
+                              collective="allgather", algorithm="bad")
+    assert _error(schedule) == ("bad schedule: rank 1 step 0 receives chunk 1 from rank 0, "
+                                "which held nothing there when its send's step started (it "
+                                "had not received that chunk yet)")
+
+
+def test_an_allgather_may_not_add_into_an_empty_chunk():
+    # An allreduce ring relabelled: its reduce-scatter adds into chunks that hold nothing.
+    schedule = replace(S.ring(3), collective="allgather")
+    assert "rank 0 step 0 reduces chunk 2 from rank 2 into a chunk that holds nothing yet; " \
+           "receive it without reduce" in _error(schedule)
+
+
+def test_a_reduce_scatter_missing_a_contribution_fails():
+    # Position 0 (rank 0) never passes its partial sum of shard 3 to rank 1.
+    broken = _without_message(S.ring_reduce_scatter([0, 1, 2, 3]), 0, 0)
+    assert _error(broken) == ("ring schedule: rank 3 ends with chunk 3 holding {1, 2, 3}; "
+                              "expected all of 0..3 once (missing {0})")
+
+
+def test_a_reduce_scatter_counting_a_contribution_twice_fails():
+    # Rank 0 sends its chunk 1 to rank 1 twice, and rank 1 adds both.
+    schedule = build_schedule(2, equal_chunks(2), [[[send(1, 1)], [send(1, 1)]],
+                                                   [[recv(0, 1, reduce=True)],
+                                                    [recv(0, 1, reduce=True)]]],
+                              collective="reduce_scatter", algorithm="bad")
+    assert "rank 1 step 1 reduces chunk 1 from rank 0: contributions {0} would be counted " \
+           "twice" in _error(schedule)
+
+
+def test_a_reduce_scatter_ignores_the_other_shards():
+    # One message: rank 1 adds rank 0's shard 1 and rank 0 adds rank 1's shard 0 ...
+    good = build_schedule(2, equal_chunks(2), [[[send(1, 1), recv(1, 0, reduce=True)]],
+                                               [[send(0, 0), recv(0, 1, reduce=True)]]],
+                          collective="reduce_scatter")
+    assert verify(good).nmessages == 2
+    # ... which is not an allreduce: rank 0's chunk 1 holds only its own contribution.
+    assert _error(replace(good, collective="allreduce")) == (
+        "? schedule: rank 0 ends with chunk 1 holding {0}; expected all of 0..1 once "
+        "(missing {1})")
+
+
+def test_collective_schedules_are_not_allreduces():
+    for schedule in (S.ring_reduce_scatter([0, 1, 2]), S.ring_allgather([0, 1, 2])):
+        assert "expected all of 0..2 once" in _error(replace(schedule, collective="allreduce"))
+
+
+def test_verify_refuses_chunks_straddling_shards():
+    schedule = build_schedule(3, equal_chunks(4), [[], [], []], collective="allgather",
+                              algorithm="odd")
+    assert _error(schedule).startswith("odd schedule: allgather of 3 ranks: chunk 1 covers "
+                                       "0.25..0.5 of the buffer and straddles shards 0 and 1")
+
+
+def test_one_rank_needs_nothing_for_any_collective():
+    for name in COLLECTIVES:
+        assert verify(build_schedule(1, [1.0], [[]], collective=name)).nmessages == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 7).flatmap(lambda n: st.tuples(
+    st.permutations(range(n)), st.sampled_from(["reduce_scatter", "allgather"]),
+    st.integers(0, n - 1), st.integers(0, n - 2), st.booleans())))
+def test_every_single_fault_in_a_ring_is_caught(case):
+    """Dropping any one message of a ring reduce-scatter or allgather, or flipping any one
+    recv between reducing and overwriting, breaks it; verify() must say so."""
+    order, name, rank, step, drop = case
+    schedule = (S.ring_reduce_scatter if name == "reduce_scatter" else S.ring_allgather)(order)
+    if drop:
+        broken = _without_message(schedule, rank, step)
+    else:
+        steps = [[list(st_) for st_ in p.steps] for p in schedule.ranks]
+        steps[rank][step] = [replace(op, reduce=not op.reduce) if op.kind is OpKind.RECV else op
+                             for op in steps[rank][step]]
+        broken = replace(schedule, ranks=tuple(RankProgram(r, tuple(map(tuple, s)))
+                                               for r, s in enumerate(steps)))
+    with pytest.raises(ScheduleError):
+        verify(broken)
