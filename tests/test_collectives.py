@@ -107,6 +107,10 @@ def test_shard_element_bounds_are_exact(nranks, per_shard, scale):
         for r, (a, b) in enumerate(coll.shards):
             assert b - a == per_shard[r]
             assert bounds[a][0] == r * scale and bounds[b - 1][1] == (r + 1) * scale
+        uneven = coll.chunk_bounds(size + 1)  # shard r starts at floor(r * size / nranks)
+        assert [uneven[a][0] for a, _ in coll.shards] == [r * (size + 1) // nranks
+                                                        for r in range(nranks)]
+        assert uneven[-1][1] == size + 1
 
 
 def _pair(collective: str):

@@ -44,7 +44,7 @@ _LAZY = {
     "cluster_fingerprint": "topoplan.fingerprint",
     "check_fingerprint": "topoplan.fingerprint",
 }
-_SUBMODULES = {"bench", "bound", "calibrate", "cluster", "cost", "estimate", "executor", "interop",
+_SUBMODULES = {"bench", "bound", "calibrate", "cluster", "collectives", "cost", "estimate", "executor", "interop",
                "matching", "models", "planners", "schedule", "sim", "testbed", "torch", "transports", "units", "viz"}
 
 __all__ = ["TopoplanError", "SpecError", "ClusterSpecError", "ProfileError", "XmlFormatError",

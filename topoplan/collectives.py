@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from .schedule import Schedule
 
 __all__ = ["Collective", "AllReduce", "ReduceScatter", "AllGather", "COLLECTIVES",
-           "get_collective", "collective_of", "DEFAULT", "SHARD_TOLERANCE"]
+           "get_collective", "collective_of", "chunk_bounds", "shard_chunks", "DEFAULT",
+           "SHARD_TOLERANCE"]
 
 DEFAULT = "allreduce"
 #: How far (as a fraction of the buffer) a chunk boundary may sit from ``r / nranks``
@@ -121,19 +122,21 @@ class Collective:
     def chunk_bounds(self, size: int) -> list[tuple[int, int]]:
         """Element ranges ``[start, end)`` of each chunk in the full buffer of ``size`` elements.
 
-        docs/SCHEDULE.md's rule (chunk ``k`` starts at ``floor(C_k * size)``), except that a
-        sharded collective puts each shard boundary at ``r * size / nranks`` exactly, so
-        no element of a shard ever lands in a chunk of another when the fractions round.
+        :func:`chunk_bounds`' rule (chunk ``k`` starts at ``floor(C_k * size)``), except
+        that a sharded collective puts shard ``r``'s first element at
+        ``floor(r * size / nranks)`` exactly (``r * size / nranks`` when ``size`` is a
+        multiple of ``nranks``, as the executor's buffers are), so no element of a shard
+        lands in a chunk of another when the fractions round.
         """
-        cuts = [0] + [math.floor(c * size) for c in accumulate(self.chunks)][:-1] + [size]
-        for k in range(1, len(cuts)):  # guard against float round-off past size
-            cuts[k] = min(max(cuts[k], cuts[k - 1]), size)
-        if self.sharded:
-            m = self.shard_size(size)
-            for r, (a, b) in enumerate(self.shards):
-                for k in range(a, b + 1):
-                    cuts[k] = min(max(cuts[k], r * m), (r + 1) * m)
-                cuts[a], cuts[b] = r * m, (r + 1) * m
+        bounds = chunk_bounds(self.chunks, size)
+        if not self.sharded:
+            return bounds
+        cuts = [a for a, _ in bounds] + [size]
+        n = self.nranks
+        for r, (a, b) in enumerate(self.shards):
+            lo, hi = r * size // n, (r + 1) * size // n
+            cuts[a:b + 1] = [min(max(c, lo), hi) for c in cuts[a:b + 1]]
+            cuts[a], cuts[b] = lo, hi
         return list(zip(cuts[:-1], cuts[1:]))
 
     # ---- symbolic states -----------------------------------------------------
@@ -260,6 +263,18 @@ def get_collective(name: str) -> type[Collective]:
 def collective_of(schedule: Schedule) -> Collective:
     """The :class:`Collective` a schedule computes, over its ranks and chunks."""
     return get_collective(schedule.collective)(schedule.nranks, schedule.chunks)
+
+
+def chunk_bounds(chunks: Sequence[float], n: int) -> list[tuple[int, int]]:
+    """Element ranges ``[start, end)`` of each chunk for a buffer of ``n`` elements.
+
+    Piece ``k`` covers ``[floor(C_k * n), floor(C_{k+1} * n))`` with ``C_k`` the sum
+    of the first ``k`` fractions; the last boundary is ``n`` exactly (docs/SCHEDULE.md).
+    """
+    cuts = [0] + [math.floor(c * n) for c in accumulate(chunks)][:-1] + [n]
+    for k in range(1, len(cuts)):  # guard against float round-off past n
+        cuts[k] = min(max(cuts[k], cuts[k - 1]), n)
+    return list(zip(cuts[:-1], cuts[1:]))
 
 
 def shard_chunks(nranks: int, chunks: Sequence[float], collective: str = "reduce_scatter"

@@ -22,11 +22,11 @@ import os
 import tempfile
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from itertools import accumulate
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from .collectives import COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE, shard_chunks
+from .collectives import (COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE, chunk_bounds, collective_of,
+                          shard_chunks)
 from .errors import ScheduleError, TopoplanError
 
 __all__ = ["OpKind", "Op", "send", "recv", "RankProgram", "Schedule", "load_schedule",
@@ -103,18 +103,6 @@ class RankProgram:
     steps: tuple[Step, ...]
 
 
-def chunk_bounds(chunks: Sequence[float], n: int) -> list[tuple[int, int]]:
-    """Element ranges ``[start, end)`` of each chunk for a buffer of ``n`` elements.
-
-    Piece ``k`` covers ``[floor(C_k * n), floor(C_{k+1} * n))`` with ``C_k`` the sum
-    of the first ``k`` fractions; the last boundary is ``n`` exactly (docs/SCHEDULE.md).
-    """
-    cuts = [0] + [math.floor(c * n) for c in accumulate(chunks)][:-1] + [n]
-    for k in range(1, len(cuts)):  # guard against float round-off past n
-        cuts[k] = min(max(cuts[k], cuts[k - 1]), n)
-    return list(zip(cuts[:-1], cuts[1:]))
-
-
 @dataclass(frozen=True)
 class Schedule:
     """A collective's schedule (IR v2: v1 plus chunk ranges).
@@ -183,8 +171,10 @@ class Schedule:
         return str(self.meta.get("algorithm", "?"))
 
     def chunk_bounds(self, n: int) -> list[tuple[int, int]]:
-        """Element ranges of each chunk for an ``n``-element buffer."""
-        return chunk_bounds(self.chunks, n)
+        """Element ranges of each chunk for a full buffer of ``n`` elements (for a
+        reduce-scatter or allgather, shard boundaries fall exactly on
+        ``floor(r * n / nranks)``: :meth:`topoplan.collectives.Collective.chunk_bounds`)."""
+        return collective_of(self).chunk_bounds(n)
 
     def steps_of(self, rank: int) -> tuple[Step, ...]:
         return self.ranks[rank].steps
