@@ -38,6 +38,8 @@ _LAZY = {
     "plan": "topoplan.planners",
     "PLANNERS": "topoplan.planners",
     "Allreduce": "topoplan.executor",
+    "ReduceScatter": "topoplan.executor",
+    "AllGather": "topoplan.executor",
     "CostProfile": "topoplan.cost",
     "get_profile": "topoplan.cost",
     "run_bench": "topoplan.bench",
