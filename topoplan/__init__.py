@@ -38,13 +38,15 @@ _LAZY = {
     "plan": "topoplan.planners",
     "PLANNERS": "topoplan.planners",
     "Allreduce": "topoplan.executor",
+    "ReduceScatter": "topoplan.executor",
+    "AllGather": "topoplan.executor",
     "CostProfile": "topoplan.cost",
     "get_profile": "topoplan.cost",
     "run_bench": "topoplan.bench",
     "cluster_fingerprint": "topoplan.fingerprint",
     "check_fingerprint": "topoplan.fingerprint",
 }
-_SUBMODULES = {"bench", "bound", "calibrate", "cluster", "cost", "estimate", "executor", "interop",
+_SUBMODULES = {"bench", "bound", "calibrate", "cluster", "collectives", "cost", "estimate", "executor", "interop",
                "matching", "models", "planners", "schedule", "sim", "testbed", "torch", "transports", "units", "viz"}
 
 __all__ = ["TopoplanError", "SpecError", "ClusterSpecError", "ProfileError", "XmlFormatError",

@@ -1,5 +1,8 @@
 """Bandwidth lower bounds for allreduce on any topology, and the cuts that set them.
 
+(Reduce-scatter and allgather have one bound of their own, half the RS+AG cut bound
+below: :func:`shard_bound`; :func:`collective_bound` picks a collective's.)
+
 Two bounds, for ``M`` bytes per rank on ``N`` GPUs (latency not counted):
 
 **The allreduce bound** (:func:`lower_bound`) holds for every allreduce schedule. Split
@@ -48,9 +51,10 @@ from scipy.sparse.csgraph import breadth_first_order, connected_components, maxi
 
 from ._cache import ObjectCache
 from .cluster import Box, Cluster
+from .collectives import get_collective
 
 __all__ = ["Cut", "Partition", "bottleneck", "best_partition", "partitions", "lower_bound",
-           "rsag_bound", "latency_bound", "sink_classes"]
+           "rsag_bound", "shard_bound", "collective_bound", "latency_bound", "sink_classes"]
 
 # scipy's max-flow works on int32 capacities; the flow value must stay below 2**31.
 _INT_SCALE = float(1 << 30)
@@ -167,10 +171,62 @@ def rsag_bound(cluster: Cluster, size: float) -> float:
     L. Zhao et al., "ForestColl: Efficient Collective Communications on Heterogeneous
     Network Fabrics", arXiv 2402.06787 (2024).
     """
+    return 2.0 * shard_bound(cluster, size)
+
+
+def shard_bound(cluster: Cluster, size: float) -> float:
+    """Seconds any allgather or reduce-scatter of a ``size``-byte buffer needs at least.
+
+    Parameters
+    ----------
+    cluster : Cluster
+    size : float
+        Bytes of the full buffer (``M``: an allgather's output, a reduce-scatter's
+        input), ``M / N`` per shard.
+
+    Returns
+    -------
+    float
+        ``(M / N) * max_S |S ∩ GPUs| / B_out(S)`` (:func:`bottleneck`); 0 for a one-GPU
+        cluster. Half of :func:`rsag_bound`: an allreduce built of the two pays it twice.
+
+    Notes
+    -----
+    ForestColl's allgather bound is ``(M / N) max_S |GPUs - S| / B_in(S)`` over node sets
+    ``S`` holding at least one GPU and missing one: the shards of the GPUs outside ``S``
+    must all enter it. With ``T`` the complement of ``S``, ``B_in(S) = B_out(T)`` and
+    ``|GPUs - S| = |T ∩ GPUs|``: the ratio :func:`bottleneck` maximizes. A reduce-scatter
+    must bring into every ``S`` one (pre-summed) value per shard of its GPUs:
+    ``(M / N) |S ∩ GPUs| / B_in(S)``, the same ratio on the reversed graph, and the
+    topology graph is symmetric (every link is full duplex,
+    :mod:`topoplan.cluster.graph`), so both collectives share one bound. Unlike an
+    allreduce, no schedule can beat it by reducing inside a group first.
+
+    References
+    ----------
+    L. Zhao et al., "ForestColl: Efficient Collective Communications on Heterogeneous
+    Network Fabrics", arXiv 2402.06787 (2024).
+    """
     n = cluster.nranks
     if n < 2:
         return 0.0
-    return 2.0 * (float(size) / n) * bottleneck(cluster).ratio
+    return (float(size) / n) * bottleneck(cluster).ratio
+
+
+def collective_bound(cluster: Cluster, size: float, collective: str = "allreduce") -> float:
+    """The bandwidth lower bound of ``collective`` over a ``size``-byte buffer.
+
+    :func:`lower_bound` for an allreduce, :func:`shard_bound` for a reduce-scatter or
+    an allgather (``size`` is the full buffer in every case, as nccl-tests counts it).
+
+    Raises
+    ------
+    ScheduleError
+        For an unknown collective, naming the known ones.
+    """
+    if get_collective(collective).sharded:
+        return shard_bound(cluster, size)
+    return lower_bound(cluster, size)
 
 
 def latency_bound(cluster: Cluster, size: float, profile: Any = None) -> float:

@@ -1,4 +1,10 @@
-"""Replay a schedule over a transport: ``topoplan.Allreduce(schedule, transport)(buffer)``.
+"""Replay a schedule over a transport: ``topoplan.Allreduce(schedule, transport)(buffer)``,
+``topoplan.ReduceScatter(schedule, transport)(input, output)`` and
+``topoplan.AllGather(schedule, transport)(input, output)``.
+
+A reduce-scatter runs its schedule on a private copy of the full input (the input is
+left as it was) and copies the rank's shard out; an allgather runs in place on the
+output, the rank's input copied into its shard first (docs/SCHEDULE.md, Collectives).
 
 The executor compiles the calling rank's program once per (element count, dtype,
 array kind) into flat step lists: element ranges of each chunk, messages with
@@ -21,8 +27,8 @@ rank makes the same calls, so they agree without talking), so a message that a c
 which failed left in flight cannot match a receive of the next ``EPOCHS - 1`` calls:
 the retry after a timeout, in particular. Before each call the executor drops, with
 :meth:`Transport.discard`, the messages a failed call left behind that have arrived since:
-a peer is never more than one call ahead of this rank (an allreduce cannot finish
-without every rank's data), so a message still tagged with a failed call's epoch is
+a peer is never more than one call ahead of this rank (no allreduce, reduce-scatter or
+allgather can finish without every rank's data), so a message still tagged with a failed call's epoch is
 stale, never one of the calls still to come.
 
 Calls in flight (:meth:`Allreduce.start`, :class:`AllreduceHandle`): a started call is
@@ -50,11 +56,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from .collectives import collective_of
 from .errors import TopoplanError, TransportError
 from .schedule import OpKind, Schedule, chunk_text
 from .transports.base import TAG_LIMIT, Message, PeerFailure, Transport
 
-__all__ = ["Allreduce", "AllreduceHandle", "array_ops"]
+__all__ = ["Allreduce", "ReduceScatter", "AllGather", "AllreduceHandle", "array_ops"]
 
 #: How many bound buffers an Allreduce keeps views for (a training loop alternates few).
 BOUND_CACHE = 8
@@ -256,10 +263,11 @@ class _BoundStep:
 @dataclass(slots=True)
 class _Bound:
     steps: list[_BoundStep]
-    keep: Any            # the buffer, kept alive so the cached address stays valid
-    work: Any            # what the steps run on: the flat buffer, or its fp32 shadow
+    keep: Any            # the buffers, kept alive so the cached addresses stay valid
+    work: Any            # what the steps run on: the flat buffer, its fp32 shadow, or a copy
     scratch: Any
-    shadow: bool         # work is a float32 copy (accumulate_fp32 on a 16-bit buffer)
+    copy_in: list[tuple[Any, Any]]   # (dst, src) before the first step: user data -> work
+    copy_out: list[tuple[Any, Any]]  # (dst, src) after the last step: work -> user data
 
 
 def _pair_span(schedule: Schedule) -> int:
@@ -341,18 +349,19 @@ def _queue_of(transport: Transport) -> _CallQueue:
 
 
 class AllreduceHandle:
-    """An allreduce in flight, returned by :meth:`Allreduce.start`.
+    """A call in flight, returned by :meth:`Allreduce.start` (and the ``start`` of
+    :class:`ReduceScatter` and :class:`AllGather`).
 
     ``test()`` moves it (and every other call in flight on the transport) as far as it
     goes without blocking and says whether it is done; ``wait()`` blocks until it is and
-    returns the buffer. A failed call raises its :class:`~topoplan.TransportError` from
-    either, every time they are called.
+    returns the buffer (the output, for a reduce-scatter or an allgather). A failed call
+    raises its :class:`~topoplan.TransportError` from either, every time they are called.
     """
 
     __slots__ = ("_owner", "buffer", "_bound", "_ops", "call", "epoch", "_step", "_posted",
                  "_deadline", "_begun", "done", "_error")
 
-    def __init__(self, owner: Allreduce, buffer: Any, bound: _Bound, ops: ArrayOps,
+    def __init__(self, owner: _Executor, buffer: Any, bound: _Bound, ops: ArrayOps,
                  call: int, epoch: int) -> None:
         self._owner, self.buffer, self._bound, self._ops = owner, buffer, bound, ops
         self.call, self.epoch = call, epoch
@@ -364,7 +373,7 @@ class AllreduceHandle:
         self._error: TransportError | None = None
 
     def test(self) -> bool:
-        """Progress without blocking; True once the allreduce is done.
+        """Progress without blocking; True once the call is done.
 
         Raises
         ------
@@ -380,7 +389,8 @@ class AllreduceHandle:
         return self.done
 
     def wait(self) -> Any:
-        """Block until the allreduce is done; returns the buffer (summed in place).
+        """Block until the call is done; returns the buffer (summed in place), or the
+        output of a reduce-scatter or an allgather.
 
         Raises
         ------
@@ -413,52 +423,20 @@ class AllreduceHandle:
         return f"<AllreduceHandle call {self.call} {state}>"
 
 
-class Allreduce:
-    """Run an allreduce schedule over a transport, in place.
-
-    Parameters
-    ----------
-    schedule : Schedule
-        A verified schedule (:func:`topoplan.verify`) for ``transport.size`` ranks.
-    transport : Transport
-        :class:`~topoplan.transports.MPI`, :class:`~topoplan.transports.Torch`,
-        :class:`~topoplan.transports.NCCL` or :class:`~topoplan.transports.Local`.
-    timeout : float
-        Seconds any one step may wait for its messages. A peer that died or never
-        posts its side ends the call with :class:`~topoplan.TransportError` after
-        at most this long, on every rank that waits for it.
-    accumulate_fp32 : bool
-        For float16/bfloat16 buffers: run the schedule on a float32 copy (twice the
-        bytes on the wire) and round once at the end, instead of rounding every
-        partial sum to the buffer dtype. Ignored for other dtypes.
-
-    Raises
-    ------
-    TopoplanError
-        When the schedule is for a different number of ranks than the transport
-        (before anything is sent), or is not an allreduce.
-
-    Examples
-    --------
-    >>> from topoplan.transports import Local
-    >>> def rank_fn(t):
-    ...     x = np.full(10, t.rank + 1.0)
-    ...     Allreduce(schedule, t)(x)
-    ...     return x
-    >>> Local.launch(4, rank_fn)  # doctest: +SKIP
-
-    Several in flight, overlapping other work (``start`` returns at once)::
-
-        handles = [allreduce.start(bucket) for bucket in buckets]
-        ...                       # compute; every start/test/wait moves them all
-        for h in handles:
-            h.wait()
+class _Executor:
+    """What :class:`Allreduce`, :class:`ReduceScatter` and :class:`AllGather` share:
+    compiling the rank's program, binding buffers, running calls in flight, tags and
+    epochs. A subclass names its :attr:`collective` and lays its buffers out
+    (:meth:`_layout`).
     """
+
+    collective = "allreduce"
 
     def __init__(self, schedule: Schedule, transport: Transport, *, timeout: float = 60.0,
                  accumulate_fp32: bool = False) -> None:
-        if schedule.collective != "allreduce":
-            raise TopoplanError(f"Allreduce runs allreduce schedules, got {schedule.collective!r}")
+        if schedule.collective != self.collective:
+            raise TopoplanError(f"{type(self).__name__} runs {self.collective} schedules, got "
+                                f"{schedule.collective!r}")
         if schedule.nranks != transport.size:
             raise TopoplanError(
                 f"the {schedule.algorithm} schedule is for {schedule.nranks} ranks but the "
@@ -482,14 +460,20 @@ class Allreduce:
         self._compiled: dict[int, _Compiled] = {}
         self._bound: OrderedDict[tuple, _Bound] = OrderedDict()
         self._scratch: dict[tuple, Any] = {}
-        # The buffer of the last call: training loops pass the same one again and
-        # again, and recognising it skips building the cache key (microseconds).
+        # The buffers of the last call: training loops pass the same ones again and
+        # again, and recognising them skips building the cache key (microseconds).
         self._last: tuple | None = None
         self._queue = _queue_of(transport)
 
     def __repr__(self) -> str:
-        return (f"Allreduce({self.schedule.algorithm}, nranks={self.schedule.nranks}, "
-                f"transport={self.transport!r})")
+        return (f"{type(self).__name__}({self.schedule.algorithm}, "
+                f"nranks={self.schedule.nranks}, transport={self.transport!r})")
+
+    def _layout(self, ops: ArrayOps, flats: list[Any], shadow: bool
+                ) -> tuple[Any, list[tuple[Any, Any]], list[tuple[Any, Any]]]:
+        """The full buffer the steps run on, and the copies into it before the first step
+        and out of it after the last, for the call's flat user buffers."""
+        raise NotImplementedError
 
     # -- compile and bind ------------------------------------------------------
     def compiled(self, n: int) -> _Compiled:
@@ -499,19 +483,27 @@ class Allreduce:
             plan = self._compiled[n] = _compile(self.schedule, self.rank, n)
         return plan
 
-    def _bind(self, buffer: Any) -> tuple[_Bound, ArrayOps]:
-        ops = array_ops(buffer)
-        flat = ops.flat(buffer)
-        n = flat.shape[0]
+    def _bind(self, *buffers: Any) -> tuple[_Bound, ArrayOps]:
+        ops = array_ops(buffers[0])
+        flats = [ops.flat(b) for b in buffers]
+        flat = flats[0]
         dtype = ops.dtype(flat)
+        for other in buffers[1:]:
+            if array_ops(other) is not ops or ops.dtype(ops.flat(other)) != dtype:
+                raise TopoplanError(
+                    f"{self.collective}: input and output must be arrays of one kind and "
+                    f"dtype, got {ops.kind} {dtype} and {array_ops(other).kind} "
+                    f"{array_ops(other).dtype(other)}")
         shadow = self.accumulate_fp32 and dtype in ("float16", "bfloat16")
-        key = (*ops.address(flat), n, dtype, ops.kind)
+        key = (*(a for f in flats for a in ops.address(f)), *(f.shape[0] for f in flats),
+               dtype, ops.kind)
         bound = self._bound.get(key)
         if bound is not None:
             self._bound.move_to_end(key)
             return bound, ops
+        work, copy_in, copy_out = self._layout(ops, flats, shadow)
+        n = work.shape[0]
         plan = self.compiled(n)
-        work = ops.empty(n, flat, ops.float32(flat)) if shadow else flat
         skey = (ops.kind, ops.address(flat)[1], ops.dtype(work), plan.scratch)
         scratch = self._scratch.get(skey)
         if scratch is None:
@@ -550,36 +542,26 @@ class Allreduce:
                 messages, sp.messages,
                 [(view_of(c), scratch[a:b]) for c, (a, b) in sp.reduces],
                 [None] * self._epochs))
-        bound = _Bound(steps, buffer, work, scratch, shadow)
+        bound = _Bound(steps, buffers, work, scratch, copy_in, copy_out)
         self._bound[key] = bound
         while len(self._bound) > BOUND_CACHE:
             self._bound.popitem(last=False)
         return bound, ops
 
     # -- calls in flight --------------------------------------------------------
-    def start(self, buffer: Any) -> AllreduceHandle:
-        """Start summing ``buffer`` over all ranks, in place; returns at once.
-
-        Every rank must start the same calls in the same order. The buffer must not be
-        read or written until the handle's ``wait()`` (or a true ``test()``) says the
-        call is done. See the module docstring for how calls in flight progress.
-
-        Raises
-        ------
-        TopoplanError
-            When ``buffer`` already has a call of this executor in flight.
-        """
-        bound, ops = self._bind(buffer)
+    def _start(self, *buffers: Any) -> AllreduceHandle:
+        """Start a call on ``buffers`` (the last one is the result); returns at once."""
+        bound, ops = self._bind(*buffers)
         queue = self._queue
         with queue.lock:
             for other in queue.calls:
                 if other._bound is bound:
                     raise TopoplanError(
-                        f"rank {self.rank}: this buffer already has an allreduce in flight "
-                        f"(call {other.call}); wait for it before starting another")
+                        f"rank {self.rank}: this buffer already has an {self.collective} in "
+                        f"flight (call {other.call}); wait for it before starting another")
             call = self._calls
             self._calls = call + 1
-            handle = AllreduceHandle(self, buffer, bound, ops, call, call % self._epochs)
+            handle = AllreduceHandle(self, buffers[-1], bound, ops, call, call % self._epochs)
             queue.calls.append(handle)
             self._progress_all()
         return handle
@@ -620,8 +602,8 @@ class Allreduce:
             h._begun = True
             if self._stale:
                 self._drain(h.call)
-            if h._bound.shadow:
-                h._ops.copy(h._bound.work, h._ops.flat(h.buffer))
+            for dst, src in h._bound.copy_in:
+                h._ops.copy(dst, src)
         transport, steps = self.transport, h._bound.steps
         moved = False
         try:
@@ -657,8 +639,8 @@ class Allreduce:
                     h._posted = None
                     h._step += 1
                     moved = True
-                if h._bound.shadow:
-                    h._ops.copy(h._ops.flat(h.buffer), h._bound.work)
+                for dst, src in h._bound.copy_out:
+                    h._ops.copy(dst, src)
         except PeerFailure as exc:
             transport.abort(h._posted)
             self._leave_behind(steps[h._step:], h.call, h.epoch)
@@ -670,44 +652,31 @@ class Allreduce:
         return True
 
     # -- run ------------------------------------------------------------------
-    def __call__(self, buffer: Any) -> Any:
-        """Sum ``buffer`` over all ranks, in place; returns ``buffer``.
-
-        Parameters
-        ----------
-        buffer : numpy.ndarray, torch.Tensor or cupy.ndarray
-            Contiguous, same element count and dtype on every rank.
-
-        Raises
-        ------
-        TransportError
-            When a step's messages do not complete within ``timeout`` or the
-            transport reports a failed peer; names rank, step, peer and chunk.
-        """
+    def _call(self, *buffers: Any) -> Any:
+        """Run a call on ``buffers`` to the end; returns the last one (the result)."""
         if self._queue.calls:  # others in flight: take a turn with them
-            return self.start(buffer).wait()
+            return self._start(*buffers).wait()
         last = self._last
-        if last is not None and buffer is last[0] and last[1].fast_key(buffer) == last[2]:
+        if (last is not None and len(buffers) == len(last[0])
+                and all(b is c for b, c in zip(buffers, last[0]))
+                and [last[1].fast_key(b) for b in buffers] == last[2]):
             bound, ops = last[3], last[1]
         else:
-            bound, ops = self._bind(buffer)
-            self._last = (buffer, ops, ops.fast_key(buffer), bound)
+            bound, ops = self._bind(*buffers)
+            self._last = (buffers, ops, [ops.fast_key(b) for b in buffers], bound)
         with self._queue.lock, self.transport.compute_context():
-            self._run(bound, ops, buffer)
-        return buffer
+            self._run(bound, ops)
+        return buffers[-1]
 
-    allreduce = __call__
-
-    def _run(self, bound: _Bound, ops: ArrayOps, buffer: Any) -> None:
+    def _run(self, bound: _Bound, ops: ArrayOps) -> None:
         call = self._calls
         self._calls = call + 1
         if self._stale:
             self._drain(call)
         epoch = call % self._epochs
-        work = bound.work
-        if bound.shadow:
-            ops.copy(work, ops.flat(buffer))
         add, copy = ops.add, ops.copy
+        for dst, src in bound.copy_in:
+            copy(dst, src)
         transport, timeout = self.transport, self.timeout
         for s, step in enumerate(bound.steps):
             for dst, src in step.snapshots:
@@ -728,8 +697,8 @@ class Allreduce:
                 raise self._error(step, pending, None)
             for dst, src in step.reduces:
                 add(dst, src)
-        if bound.shadow:
-            ops.copy(ops.flat(buffer), work)
+        for dst, src in bound.copy_out:
+            copy(dst, src)
 
     # -- epochs -------------------------------------------------------------------
     def _messages(self, step: _BoundStep, epoch: int) -> list[Message]:
@@ -775,6 +744,228 @@ class Allreduce:
         else:
             why = f"failed: {reason}"
         return TransportError(
-            f"rank {self.rank}: {self.transport.name} {self.schedule.algorithm} allreduce, "
+            f"rank {self.rank}: {self.transport.name} {self.schedule.algorithm} {self.collective}, "
             f"step {step.index}: {what}{more} {why}",
             rank=self.rank, step=step.index, peer=blamed.peer, chunk=blamed.chunk)
+
+
+class Allreduce(_Executor):
+    """Run an allreduce schedule over a transport, in place.
+
+    Parameters
+    ----------
+    schedule : Schedule
+        A verified schedule (:func:`topoplan.verify`) for ``transport.size`` ranks.
+    transport : Transport
+        :class:`~topoplan.transports.MPI`, :class:`~topoplan.transports.Torch`,
+        :class:`~topoplan.transports.NCCL` or :class:`~topoplan.transports.Local`.
+    timeout : float
+        Seconds any one step may wait for its messages. A peer that died or never
+        posts its side ends the call with :class:`~topoplan.TransportError` after
+        at most this long, on every rank that waits for it.
+    accumulate_fp32 : bool
+        For float16/bfloat16 buffers: run the schedule on a float32 copy (twice the
+        bytes on the wire) and round once at the end, instead of rounding every
+        partial sum to the buffer dtype. Ignored for other dtypes.
+
+    Raises
+    ------
+    TopoplanError
+        When the schedule is for a different number of ranks than the transport
+        (before anything is sent), or is not an allreduce.
+
+    Examples
+    --------
+    >>> from topoplan.transports import Local
+    >>> def rank_fn(t):
+    ...     x = np.full(10, t.rank + 1.0)
+    ...     Allreduce(schedule, t)(x)
+    ...     return x
+    >>> Local.launch(4, rank_fn)  # doctest: +SKIP
+
+    Several in flight, overlapping other work (``start`` returns at once)::
+
+        handles = [allreduce.start(bucket) for bucket in buckets]
+        ...                       # compute; every start/test/wait moves them all
+        for h in handles:
+            h.wait()
+    """
+
+    collective = "allreduce"
+
+    def _layout(self, ops: ArrayOps, flats: list[Any], shadow: bool
+                ) -> tuple[Any, list[tuple[Any, Any]], list[tuple[Any, Any]]]:
+        flat, = flats
+        if not shadow:
+            return flat, [], []
+        work = ops.empty(flat.shape[0], flat, ops.float32(flat))
+        return work, [(work, flat)], [(flat, work)]
+
+    def start(self, buffer: Any) -> AllreduceHandle:
+        """Start summing ``buffer`` over all ranks, in place; returns at once.
+
+        Every rank must start the same calls in the same order. The buffer must not be
+        read or written until the handle's ``wait()`` (or a true ``test()``) says the
+        call is done. See the module docstring for how calls in flight progress.
+
+        Raises
+        ------
+        TopoplanError
+            When ``buffer`` already has a call of this executor in flight.
+        """
+        return self._start(buffer)
+
+    def __call__(self, buffer: Any) -> Any:
+        """Sum ``buffer`` over all ranks, in place; returns ``buffer``.
+
+        Parameters
+        ----------
+        buffer : numpy.ndarray, torch.Tensor or cupy.ndarray
+            Contiguous, same element count and dtype on every rank.
+
+        Raises
+        ------
+        TransportError
+            When a step's messages do not complete within ``timeout`` or the
+            transport reports a failed peer; names rank, step, peer and chunk.
+        """
+        return self._call(buffer)
+
+    allreduce = __call__
+
+
+class _Sharded(_Executor):
+    """A reduce-scatter or an allgather: an input and an output of different sizes."""
+
+    def _shard(self, flats: list[Any]) -> tuple[int, tuple[int, int]]:
+        """The full buffer's size and this rank's shard ``[start, end)`` in it, checking
+        the call's input and output sizes against the collective's layout."""
+        (inp, out), nranks = flats, self.schedule.nranks
+        full = inp.shape[0] if self.collective == "reduce_scatter" else out.shape[0]
+        coll = collective_of(self.schedule)
+        if full % nranks or (inp.shape[0], out.shape[0]) != (coll.input_size(full),
+                                                             coll.output_size(full)):
+            raise TopoplanError(
+                f"{self.collective} of {nranks} ranks: input of {inp.shape[0]} and output of "
+                f"{out.shape[0]} elements; expected {self._expected()}")
+        m = full // nranks
+        return full, (self.rank * m, (self.rank + 1) * m)
+
+    def _expected(self) -> str:
+        raise NotImplementedError
+
+    def start(self, input: Any, output: Any) -> AllreduceHandle:
+        """Start the collective from ``input`` into ``output``; returns at once.
+
+        As :meth:`Allreduce.start`; neither buffer may be touched until the handle is
+        done, and its ``wait()`` returns ``output``.
+        """
+        return self._start(input, output)
+
+    def __call__(self, input: Any, output: Any) -> Any:
+        """Run the collective from ``input`` into ``output``; returns ``output``.
+
+        Parameters
+        ----------
+        input : numpy.ndarray, torch.Tensor or cupy.ndarray
+            Contiguous, the same element count and dtype on every rank: ``size``
+            elements for a reduce-scatter, ``size / nranks`` (this rank's shard) for an
+            allgather.
+        output : same kind and dtype
+            ``size / nranks`` elements for a reduce-scatter (this rank's shard of the
+            sum), ``size`` for an allgather (every shard, in rank order).
+
+        Raises
+        ------
+        TopoplanError
+            For buffers of the wrong sizes, kinds or dtypes.
+        TransportError
+            As for :class:`Allreduce`.
+        """
+        return self._call(input, output)
+
+
+class ReduceScatter(_Sharded):
+    """Run a reduce-scatter schedule over a transport: ``ReduceScatter(schedule, t)(input, output)``.
+
+    Every rank passes an input of ``size`` elements; rank ``r``'s output (``size /
+    nranks`` elements) receives shard ``r`` (elements ``r * size / nranks`` up to
+    ``(r + 1) * size / nranks``) of the sum of every rank's input, as
+    ``MPI_Reduce_scatter_block`` and torch's ``reduce_scatter_tensor``. The schedule runs on
+    a private copy of the input, so the input is left as it was.
+
+    Parameters
+    ----------
+    schedule : Schedule
+        A verified ``reduce_scatter`` schedule (``topoplan.plan(..., collective=
+        "reduce_scatter")``) for ``transport.size`` ranks.
+    transport : Transport
+        As for :class:`Allreduce`.
+    timeout : float
+        As for :class:`Allreduce`.
+    accumulate_fp32 : bool
+        For float16/bfloat16 buffers: sum in a float32 copy and round once into the
+        output.
+
+    Raises
+    ------
+    TopoplanError
+        When the schedule is for a different number of ranks than the transport, or is
+        not a reduce-scatter.
+    """
+
+    collective = "reduce_scatter"
+
+    def _expected(self) -> str:
+        return f"an input of nranks ({self.schedule.nranks}) times the output's elements"
+
+    def _layout(self, ops: ArrayOps, flats: list[Any], shadow: bool
+                ) -> tuple[Any, list[tuple[Any, Any]], list[tuple[Any, Any]]]:
+        inp, out = flats
+        full, (a, b) = self._shard(flats)
+        work = ops.empty(full, inp, ops.float32(inp) if shadow else None)
+        return work, [(work, inp)], [(out, work[a:b])]
+
+    reduce_scatter = _Sharded.__call__
+
+
+class AllGather(_Sharded):
+    """Run an allgather schedule over a transport: ``AllGather(schedule, t)(input, output)``.
+
+    Rank ``r`` passes an input of ``size / nranks`` elements, its shard; every rank's
+    output (``size`` elements) receives every rank's shard in rank order, as
+    ``MPI_Allgather`` and torch's ``all_gather_into_tensor``. The schedule runs in place
+    on the output, the input copied into shard ``r`` first (the input may be that very
+    shard of the output).
+
+    Parameters
+    ----------
+    schedule : Schedule
+        A verified ``allgather`` schedule (``topoplan.plan(..., collective="allgather")``)
+        for ``transport.size`` ranks.
+    transport : Transport
+        As for :class:`Allreduce`.
+    timeout : float
+        As for :class:`Allreduce`.
+    accumulate_fp32 : bool
+        Ignored: an allgather adds nothing.
+
+    Raises
+    ------
+    TopoplanError
+        When the schedule is for a different number of ranks than the transport, or is
+        not an allgather.
+    """
+
+    collective = "allgather"
+
+    def _expected(self) -> str:
+        return f"an output of nranks ({self.schedule.nranks}) times the input's elements"
+
+    def _layout(self, ops: ArrayOps, flats: list[Any], shadow: bool
+                ) -> tuple[Any, list[tuple[Any, Any]], list[tuple[Any, Any]]]:
+        inp, out = flats
+        _, (a, b) = self._shard(flats)
+        return out, [(out[a:b], inp)], []
+
+    allgather = _Sharded.__call__

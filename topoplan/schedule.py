@@ -22,10 +22,11 @@ import os
 import tempfile
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from itertools import accumulate
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+from .collectives import (COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE, chunk_bounds, collective_of,
+                          shard_chunks)
 from .errors import ScheduleError, TopoplanError
 
 __all__ = ["OpKind", "Op", "send", "recv", "RankProgram", "Schedule", "load_schedule",
@@ -102,21 +103,9 @@ class RankProgram:
     steps: tuple[Step, ...]
 
 
-def chunk_bounds(chunks: Sequence[float], n: int) -> list[tuple[int, int]]:
-    """Element ranges ``[start, end)`` of each chunk for a buffer of ``n`` elements.
-
-    Piece ``k`` covers ``[floor(C_k * n), floor(C_{k+1} * n))`` with ``C_k`` the sum
-    of the first ``k`` fractions; the last boundary is ``n`` exactly (docs/SCHEDULE.md).
-    """
-    cuts = [0] + [math.floor(c * n) for c in accumulate(chunks)][:-1] + [n]
-    for k in range(1, len(cuts)):  # guard against float round-off past n
-        cuts[k] = min(max(cuts[k], cuts[k - 1]), n)
-    return list(zip(cuts[:-1], cuts[1:]))
-
-
 @dataclass(frozen=True)
 class Schedule:
-    """An allreduce schedule (IR v2: v1 plus chunk ranges).
+    """A collective's schedule (IR v2: v1 plus chunk ranges).
 
     Attributes
     ----------
@@ -126,7 +115,8 @@ class Schedule:
     ranks : tuple of RankProgram
         ``ranks[r].rank == r``.
     collective : str
-        ``"allreduce"``.
+        What it computes: ``"allreduce"`` (the default), ``"reduce_scatter"`` or
+        ``"allgather"`` (:mod:`topoplan.collectives`, docs/SCHEDULE.md).
     meta : mapping
         Free-form: ``algorithm``, ``cluster``, planner notes. Not compared.
     """
@@ -181,8 +171,10 @@ class Schedule:
         return str(self.meta.get("algorithm", "?"))
 
     def chunk_bounds(self, n: int) -> list[tuple[int, int]]:
-        """Element ranges of each chunk for an ``n``-element buffer."""
-        return chunk_bounds(self.chunks, n)
+        """Element ranges of each chunk for a full buffer of ``n`` elements (for a
+        reduce-scatter or allgather, shard boundaries fall exactly on
+        ``floor(r * n / nranks)``: :meth:`topoplan.collectives.Collective.chunk_bounds`)."""
+        return collective_of(self).chunk_bounds(n)
 
     def steps_of(self, rank: int) -> tuple[Step, ...]:
         return self.ranks[rank].steps
@@ -327,9 +319,10 @@ def _parse(data: Any, source: str) -> Schedule:
     version = data.get("version")
     if isinstance(version, bool) or version not in VERSIONS:
         raise fail("version", f"this topoplan reads versions 1 and 2, got {version!r}")
-    collective = data.get("collective", "allreduce")
-    if collective != "allreduce":
-        raise fail("collective", f"only 'allreduce' is supported, got {collective!r}")
+    collective = data.get("collective", DEFAULT_COLLECTIVE)
+    if not isinstance(collective, str) or collective not in COLLECTIVES:
+        known = ", ".join(repr(name) for name in COLLECTIVES)
+        raise fail("collective", f"expected one of {known}, got {collective!r}")
     nranks = data.get("nranks")
     if isinstance(nranks, bool) or not isinstance(nranks, int) or nranks < 1:
         raise fail("nranks", f"expected an integer >= 1, got {nranks!r}")
@@ -376,6 +369,11 @@ def _parse(data: Any, source: str) -> Schedule:
     meta = data.get("meta", {})
     if not isinstance(meta, dict):
         raise fail("meta", "expected an object")
+    if COLLECTIVES[collective].sharded:
+        try:
+            shard_chunks(nranks, chunks, collective)
+        except ScheduleError as exc:
+            raise fail("chunks", str(exc)) from None
     return Schedule(nranks=nranks, chunks=tuple(float(c) for c in chunks),
                     ranks=tuple(p for p in programs if p is not None), collective=collective,
                     meta=meta)
@@ -445,10 +443,11 @@ def recv_clash(ranges: Sequence[tuple[int, int, bool]]) -> int | None:
 
 
 def build_schedule(nranks: int, chunks: Iterable[float], steps: Sequence[Sequence[Iterable[Op]]],
-                   **meta: Any) -> Schedule:
+                   *, collective: str = DEFAULT_COLLECTIVE, **meta: Any) -> Schedule:
     """Assemble a Schedule from ``steps[rank][step] -> ops`` (planners' helper).
 
     Trailing empty steps are dropped; empty steps in the middle are kept (a rank may idle).
+    ``collective`` names what it computes (:mod:`topoplan.collectives`); ``meta`` is the rest.
     """
     programs = []
     for rank in range(nranks):
@@ -456,7 +455,8 @@ def build_schedule(nranks: int, chunks: Iterable[float], steps: Sequence[Sequenc
         while rank_steps and not rank_steps[-1]:
             rank_steps.pop()
         programs.append(RankProgram(rank, tuple(rank_steps)))
-    return Schedule(nranks=nranks, chunks=tuple(chunks), ranks=tuple(programs), meta=dict(meta))
+    return Schedule(nranks=nranks, chunks=tuple(chunks), ranks=tuple(programs),
+                    collective=collective, meta=dict(meta))
 
 
 def coalesce(schedule: Schedule) -> Schedule:

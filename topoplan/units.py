@@ -149,11 +149,15 @@ def format_time(seconds: float) -> str:
     return f"{seconds / 1e-9:.3g} ns"
 
 
-def bus_factor(nranks: int) -> float:
-    """busbw / algbw of an allreduce over ``nranks`` ranks: ``2(n-1)/n``.
+def bus_factor(nranks: int, collective: str = "allreduce") -> float:
+    """busbw / algbw of ``collective`` over ``nranks`` ranks: ``2(n-1)/n`` for an
+    allreduce, ``(n-1)/n`` for a reduce-scatter or an allgather.
 
     nccl-tests' convention (its PERFORMANCE.md): the bus bandwidth a ring would need,
     comparable across rank counts with the links' own speed. 0 for one rank, which
     moves nothing.
     """
-    return 2 * (nranks - 1) / nranks if nranks > 1 else 0.0
+    from .collectives import get_collective
+    if nranks < 2:
+        return 0.0
+    return (nranks - 1) / nranks * (1 if get_collective(collective).sharded else 2)

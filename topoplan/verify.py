@@ -1,8 +1,10 @@
 """Symbolic execution of a schedule: the oracle every planner is tested against.
 
 Each (rank, chunk) holds the set of ranks whose contribution it contains, as a
-bitmask; a rank's chunks are kept as runs of equal bitmasks (:class:`_Chunks`), so
-an op over a range of chunks (IR v2) costs the runs it touches, not its length.
+bitmask (0: nothing yet); a rank's chunks are kept as runs of equal bitmasks
+(:class:`_Chunks`), so an op over a range of chunks (IR v2) costs the runs it touches,
+not its length. The schedule's collective (:mod:`topoplan.collectives`) gives the
+state every rank starts in and what it must end with.
 Steps run with the semantics of docs/SCHEDULE.md: sends snapshot the chunk when
 their step starts, recvs overwrite or reduce when their step ends, messages between
 an ordered pair match in order (:mod:`topoplan.matching`). A send completes only once
@@ -15,9 +17,11 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
+from .collectives import Collective, collective_of
 from .errors import ScheduleError
-from .schedule import OpKind, Schedule, recv_clash
+from .schedule import Op, OpKind, Schedule, chunk_text, recv_clash
 
 __all__ = ["verify", "VerifyReport"]
 
@@ -30,6 +34,7 @@ class VerifyReport:
     nchunks: int
     nsteps: int
     nmessages: int
+    collective: str = "allreduce"
 
 
 def _ranks_text(mask: int, nranks: int) -> str:
@@ -52,6 +57,13 @@ class _Chunks:
         self.n = n
         self.starts = [0]
         self.masks = [mask]
+
+    @classmethod
+    def from_runs(cls, n: int, runs: list[tuple[int, int, int]]) -> _Chunks:
+        """Chunks ``0 .. n - 1`` holding the ``(start, end, mask)`` runs, which tile them in order."""
+        chunks = cls(n, runs[0][2])
+        chunks.write(0, n, runs)
+        return chunks
 
     def _split(self, k: int) -> int:
         """Make ``k`` a run boundary; return the index of the run starting at ``k``."""
@@ -87,6 +99,10 @@ class _Chunks:
         self.masks[i:j] = [m for _, _, m in value]
         self._merge(i - 1, i + len(value) + 1)
 
+    def first_empty(self, a: int, b: int) -> int | None:
+        """The first chunk of ``[a, b)`` that holds nothing (mask 0), or None."""
+        return next((s for s, _, m in self.read(a, b) if not m), None)
+
     def add(self, a: int, value: list[tuple[int, int, int]]) -> tuple[int, int] | None:
         """OR ``value`` into the runs from ``a`` on; the first chunk and the ranks counted
         twice, or None."""
@@ -118,7 +134,11 @@ class _Chunks:
 
 
 def verify(schedule: Schedule) -> VerifyReport:
-    """Check that ``schedule`` computes an allreduce and cannot deadlock.
+    """Check that ``schedule`` computes its collective and cannot deadlock.
+
+    The collective (``schedule.collective``: allreduce, reduce-scatter or allgather,
+    :mod:`topoplan.collectives`) gives each rank's chunks at the start and what they
+    must hold at the end (docs/SCHEDULE.md).
 
     Parameters
     ----------
@@ -134,8 +154,12 @@ def verify(schedule: Schedule) -> VerifyReport:
     ScheduleError
         At the first violation, naming the algorithm, rank, step, peer and chunk:
         unmatched messages, a send and its recv naming different chunks, two recvs into
-        one chunk in a step, a contribution counted twice, a deadlock, or a final chunk
-        that does not hold every rank's contribution exactly once.
+        one chunk in a step, a contribution counted twice, a deadlock, a chunk sent or
+        added into before it holds anything (allgather), or a final chunk that does not
+        hold what the collective promises (for an allreduce: every rank's contribution
+        exactly once; for a reduce-scatter, on the rank's own shard; for an allgather,
+        each shard's owner's contribution alone). Also for a reduce-scatter or allgather
+        whose chunks straddle two shards.
 
     Notes
     -----
@@ -153,6 +177,12 @@ def verify(schedule: Schedule) -> VerifyReport:
 
     def fail(message: str) -> ScheduleError:
         return ScheduleError(f"{name}: {message}")
+
+    try:
+        collective = collective_of(schedule)
+    except ScheduleError as exc:
+        raise fail(str(exc)) from None
+    empty_possible = collective.starts_empty
 
     # Bad peers and chunks, then the static matching: the k-th send src->dst pairs with
     # the k-th recv at dst from src (shared with the simulator).
@@ -175,7 +205,7 @@ def verify(schedule: Schedule) -> VerifyReport:
 
     # Dynamic execution.
     programs = [p.steps for p in schedule.ranks]
-    state = [_Chunks(nchunks, 1 << r) for r in range(n)]
+    state = [_Chunks.from_runs(nchunks, collective.initial(r)) for r in range(n)]
     pc = [0] * n  # the step each rank is in (== len(steps) when done)
     snapshot: list = [None] * nmessages  # a send's value, from its step's start to its recv
     _send = OpKind.SEND
@@ -211,6 +241,8 @@ def verify(schedule: Schedule) -> VerifyReport:
                     m = mid[lo + j]
                     value = snapshot[m]
                     snapshot[m] = None
+                    if empty_possible:
+                        _check_filled(fail, chunks_r, r, s, op, value)
                     if op.reduce:
                         clash = chunks_r.add(op.chunk, value)
                         if clash is not None:
@@ -241,11 +273,40 @@ def verify(schedule: Schedule) -> VerifyReport:
                  for j, op in enumerate(programs[r][s]) if pc[op.peer] < need[lo + j]]
         raise deadlock_error(name, len(blocked), r, s, waits)
 
-    full = (1 << n) - 1
     for r in range(n):
-        for k, _, mask in state[r].read(0, nchunks):
-            if mask != full:
-                missing = full & ~mask
-                raise fail(f"rank {r} ends with chunk {k} holding {_ranks_text(mask, n)}; "
-                           f"expected all of 0..{n - 1} once (missing {_ranks_text(missing, n)})")
-    return VerifyReport(nranks=n, nchunks=nchunks, nsteps=schedule.nsteps, nmessages=nmessages)
+        for a, b, want in collective.postcondition(r):
+            if want is None:
+                continue
+            for k, _, mask in state[r].read(a, b):
+                if mask != want:
+                    raise fail(_wrong_end(collective, r, k, mask, want))
+    return VerifyReport(nranks=n, nchunks=nchunks, nsteps=schedule.nsteps, nmessages=nmessages,
+                        collective=collective.name)
+
+
+def _check_filled(fail: Callable[[str], ScheduleError], chunks: _Chunks, rank: int, step: int,
+                  op: Op, value: list[tuple[int, int, int]]) -> None:
+    """A recv must bring something, and may add only into a chunk that holds something
+    (an allgather's chunks start empty: they have no value to send or to add to)."""
+    for start, _, mask in value:
+        if not mask:
+            raise fail(f"rank {rank} step {step} receives {chunk_text(start)} from rank "
+                       f"{op.peer}, which held nothing there when its send's step started "
+                       f"(it had not received that chunk yet)")
+    if op.reduce:
+        k = chunks.first_empty(op.chunk, op.end)
+        if k is not None:
+            raise fail(f"rank {rank} step {step} reduces {chunk_text(k)} from rank {op.peer} "
+                       f"into a chunk that holds nothing yet; receive it without reduce")
+
+
+def _wrong_end(collective: Collective, rank: int, chunk: int, mask: int, want: int) -> str:
+    """Why ``rank`` ending with ``chunk`` holding ``mask`` breaks the postcondition ``want``."""
+    n = collective.nranks
+    holding = _ranks_text(mask, n) if mask else "nothing"
+    if want == collective.full:
+        return (f"rank {rank} ends with chunk {chunk} holding {holding}; expected all of "
+                f"0..{n - 1} once (missing {_ranks_text(want & ~mask, n)})")
+    owner = want.bit_length() - 1  # an allgather: the shard's owner alone
+    return (f"rank {rank} ends with chunk {chunk} holding {holding}; expected exactly "
+            f"{{{owner}}} (rank {owner}'s shard, never reduced)")

@@ -188,6 +188,36 @@ def ring_schedule(order: Sequence[int], *, name: str = "ring") -> Schedule:
     return build_schedule(n, equal_chunks(n), steps, algorithm=name)
 
 
+def ring_reduce_scatter(order: Sequence[int], *, name: str = "ring") -> Schedule:
+    """Ring reduce-scatter over ``order`` (ring positions -> ranks), one chunk per shard.
+
+    In step k, position p sends chunk ``order[(p - k - 1) mod n]`` to p + 1 and reduces
+    chunk ``order[(p - k - 2) mod n]`` from p - 1, so after n - 1 steps rank ``order[p]``
+    holds its own shard, ``order[p]``, summed over every rank.
+    """
+    n = len(order)
+    steps: list[list[list]] = [[] for _ in range(n)]
+    for p, rank in enumerate(order):
+        nxt, prv = order[(p + 1) % n], order[(p - 1) % n]
+        for k in range(n - 1):
+            steps[rank].append([send(nxt, order[(p - k - 1) % n]),
+                                recv(prv, order[(p - k - 2) % n], reduce=True)])
+    return build_schedule(n, equal_chunks(n), steps, collective="reduce_scatter",
+                          algorithm=name)
+
+
+def ring_allgather(order: Sequence[int], *, name: str = "ring") -> Schedule:
+    """Ring allgather over ``order``, one chunk per shard: in step k, position p forwards
+    chunk ``order[(p - k) mod n]`` (its own shard first) to p + 1."""
+    n = len(order)
+    steps: list[list[list]] = [[] for _ in range(n)]
+    for p, rank in enumerate(order):
+        nxt, prv = order[(p + 1) % n], order[(p - 1) % n]
+        for k in range(n - 1):
+            steps[rank].append([send(nxt, order[(p - k) % n]), recv(prv, order[(p - k - 1) % n])])
+    return build_schedule(n, equal_chunks(n), steps, collective="allgather", algorithm=name)
+
+
 def hierarchical_schedule(nranks: int, gpus_per_box: int, *,
                           name: str = "hierarchical") -> Schedule:
     """Two-level BlueConnect-style allreduce: in-box ring reduce-scatter, a ring allreduce

@@ -174,6 +174,9 @@ def _verify(schedule: Schedule, path: str) -> None:
         verify(schedule)
     except ScheduleError as exc:
         raise ScheduleError(f"{path}: {exc}; bench runs only plans that verify") from None
+    if schedule.collective != "allreduce":
+        raise ScheduleError(f"{path}: collective {schedule.collective!r}: bench runs allreduce "
+                            "plans so far (run it with topoplan.ReduceScatter / AllGather)")
 
 
 def _check_profile(args: argparse.Namespace) -> None:

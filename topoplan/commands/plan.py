@@ -1,4 +1,5 @@
-"""``topoplan plan CLUSTER.yaml``: every candidate planner side by side, and the chosen schedule."""
+"""``topoplan plan CLUSTER.yaml``: every candidate planner side by side, and the chosen schedule
+(an allreduce, or with ``--collective`` a reduce-scatter or an allgather)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..cluster import load_cluster
+from ..collectives import COLLECTIVES
 from ..cost import get_profile
 from ..errors import InfeasiblePlanError, TopoplanError
 from ..fingerprint import cluster_fingerprint
@@ -25,7 +27,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-a", "--algorithm", default="auto",
                    help="planner to choose (default auto: the fastest in simulation)")
     p.add_argument("-s", "--size", type=size_arg, default=256 << 20, metavar="SIZE",
-                   help="message size, e.g. 1MiB (default 256MiB)")
+                   help="message size, e.g. 1MiB (default 256MiB): the full buffer, an "
+                        "allgather's output or a reduce-scatter's input")
+    p.add_argument("-c", "--collective", choices=list(COLLECTIVES), default="allreduce",
+                   help="what to plan (default allreduce); the candidates are the planners "
+                        "that plan it")
     p.add_argument("-o", "--output", metavar="PLAN.json", help="write the chosen schedule here")
     p.add_argument("--candidates", metavar="A,B,...",
                    help="planners to compare (default: all registered)")
@@ -53,8 +59,9 @@ def candidate_names(requested: str | None) -> list[str] | None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from ..bound import best_partition, bottleneck, lower_bound, rsag_bound
+    from ..bound import best_partition, bottleneck, collective_bound, rsag_bound
 
+    from ..planners import require_collective
     from ..planners.auto import compare
     from ..verify import verify
 
@@ -64,15 +71,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.algorithm != "auto":
         named = candidate_names(args.algorithm)
         assert named is not None
+        require_collective(args.algorithm, args.collective)
         if names is None:
-            names = named + [n for n in _default_candidates() if n not in named]
+            names = named + [n for n in _default_candidates(args.collective) if n not in named]
         elif args.algorithm not in names:
             names = named + names
     left_out: dict[str, str] = {}
     with status(f"planning and simulating candidates for {cluster.nranks} ranks ..."):
         rows = [Candidate(*row) for row in compare(
             cluster, args.size, names, profile=costs, max_step_ops=args.max_step_ops,
-            max_chunks=args.max_chunks, left_out=left_out)]
+            max_chunks=args.max_chunks, left_out=left_out, collective=args.collective)]
     if args.algorithm == "auto":
         chosen = rows[0]  # compare() sorts fastest first
     elif args.algorithm in left_out:
@@ -81,7 +89,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         chosen = next(c for c in rows if c.algorithm == args.algorithm)
     with status(f"verifying the {chosen.algorithm} schedule ..."):
         verify(chosen.schedule)
-    bound = lower_bound(cluster, args.size)
+    collective = args.collective
+    bound = collective_bound(cluster, args.size, collective)
     rsag = rsag_bound(cluster, args.size)
 
     if args.output:
@@ -93,12 +102,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "cluster": cluster.name, "nranks": cluster.nranks, "size_bytes": args.size,
+            "collective": collective,
             "lower_bound_s": bound, "rsag_bound_s": rsag,
             "bound_partition": _partition_json(cluster),
             "chosen": chosen.algorithm, "profile": costs.to_dict(),
             "candidates": [{"algorithm": c.algorithm, "time_s": c.time_s,
-                            "algbw_GBps": _finite(c.algbw(args.size, cluster.nranks)[0] / 1e9),
-                            "busbw_GBps": _finite(c.algbw(args.size, cluster.nranks)[1] / 1e9),
+                            "algbw_GBps": _finite(c.algbw(args.size, cluster.nranks,
+                                                          collective)[0] / 1e9),
+                            "busbw_GBps": _finite(c.algbw(args.size, cluster.nranks,
+                                                          collective)[1] / 1e9),
                             "percent_of_bound": _percent(bound, c.time_s),
                             "simulated": c.report is not None,
                             "messages": c.messages, "steps": c.schedule.nsteps,
@@ -109,14 +121,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
 
     out = console()
-    out.print(f"[bold]{cluster.name}[/bold]: {cluster.nranks} ranks, allreduce of "
+    out.print(f"[bold]{cluster.name}[/bold]: {cluster.nranks} ranks, {collective} of "
               f"{format_size(args.size)}; lower bound {format_time(bound)}")
     out.print(f"cost profile {costs.summary()}")
     t = table("algorithm", "time", "algbw (GB/s)", "busbw (GB/s)", "% of bound", "messages",
               "steps", "chunks", "lat+ovh", "plan time")
     for c in rows:
         mark = " *" if c is chosen else ""
-        algbw, busbw = c.algbw(args.size, cluster.nranks)
+        algbw, busbw = c.algbw(args.size, cluster.nranks, collective)
         approx = "" if c.report is not None else "~"
         t.add_row(c.algorithm + mark, approx + format_time(c.time_s), _gbps(algbw), _gbps(busbw),
                   f"{approx}{_percent(bound, c.time_s):.1f}", str(c.messages),
@@ -133,10 +145,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   else f"left out: {name}: {reason}")
     if cluster.nranks > 1:
         cut = bottleneck(cluster)
-        out.print(f"lower bound (any schedule; % of bound): {best_partition(cluster)}")
-        out.print(f"RS+AG cut bound (reduce-scatter + allgather schedules): "
-                  f"{format_time(rsag)}, bottleneck cut: {cut.gpus} GPUs behind "
-                  f"{format_bandwidth(cut.bandwidth)} out")
+        where = f"bottleneck cut: {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)} out"
+        if collective == "allreduce":
+            out.print(f"lower bound (any schedule; % of bound): {best_partition(cluster)}")
+            out.print(f"RS+AG cut bound (reduce-scatter + allgather schedules): "
+                      f"{format_time(rsag)}, {where}")
+        else:
+            out.print(f"lower bound (any {collective}, ForestColl's cut; % of bound): "
+                      f"{format_time(bound)}, {where}")
     out.print(f"chosen: {chosen.algorithm}" + (f" -> {args.output}" if args.output else
                                                " (write it with -o PLAN.json)"))
     return 0
@@ -189,19 +205,20 @@ class Candidate:
             return "-"
         return f"{100 * (parts['latency'] + parts['overhead']) / self.time_s:.0f}%"
 
-    def algbw(self, size: int, nranks: int) -> tuple[float, float]:
+    def algbw(self, size: int, nranks: int, collective: str = "allreduce") -> tuple[float, float]:
         """(algbw, busbw) in bytes/s."""
         if self.report is not None:
             return self.report.algbw, self.report.busbw
         if not self.time_s > 0:
             return float("inf"), float("inf")
         algbw = size / self.time_s
-        return algbw, algbw * bus_factor(nranks)
+        return algbw, algbw * bus_factor(nranks, collective)
 
 
-def _default_candidates() -> list[str]:
+def _default_candidates(collective: str = "allreduce") -> list[str]:
+    from ..planners import planners_for
     from ..planners.auto import DEFAULT_CANDIDATES
-    return list(DEFAULT_CANDIDATES)
+    return planners_for(collective, DEFAULT_CANDIDATES)
 
 
 def _finite(value: float) -> float | None:

@@ -127,13 +127,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         }))
         return 0
     out = console()
-    out.print(f"[bold]{schedule.algorithm}[/bold] on {cluster.name}: {cluster.nranks} ranks, "
-              f"{schedule.nchunks} chunks, {schedule.nsteps} steps")
+    what = "" if schedule.collective == "allreduce" else f" {schedule.collective}"
+    out.print(f"[bold]{schedule.algorithm}[/bold]{what} on {cluster.name}: {cluster.nranks} "
+              f"ranks, {schedule.nchunks} chunks, {schedule.nsteps} steps")
     out.print(f"cost profile {costs.summary()}")
     if reports and reports[0].resolution != EPS_T:
         out.print(f"time resolution {reports[0].resolution:g} of the clock (events closer "
                   "than that happen at once)")
-    if part is not None:
+    if part is not None and schedule.collective != "allreduce":
+        out.print(f"lower bound (any {schedule.collective}, ForestColl's cut, bound(us) "
+                  f"below): {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)}")
+    elif part is not None:
         # Both bounds grow linearly with the size: one factor says where the other is.
         factor = rsag_bound(cluster, 1 << 20) / lower_bound(cluster, 1 << 20)
         out.print(f"lower bound (any schedule, bound(us) below): {part}")

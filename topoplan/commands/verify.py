@@ -1,4 +1,5 @@
-"""``topoplan verify PLAN.json``: check that a schedule computes an allreduce."""
+"""``topoplan verify PLAN.json``: check that a schedule computes its collective (an allreduce,
+a reduce-scatter or an allgather)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from .common import console
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "verify", help="check a schedule JSON: exit 0 when it computes an allreduce",
+        "verify", help="check a schedule JSON: exit 0 when it computes its collective "
+                       "(allreduce, reduce_scatter or allgather)",
         description="Symbolically execute schedule(s) (the semantics of docs/SCHEDULE.md). Exit 0 "
                     "and print one line per file when correct; otherwise name the first "
                     "violation.")
@@ -28,6 +30,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
             report = verify(schedule)
         except ScheduleError as exc:
             raise ScheduleError(f"{path}: {exc}") from None
-        out.print(f"{path}: ok: {schedule.algorithm} allreduce, {report.nranks} ranks, "
+        out.print(f"{path}: ok: {schedule.algorithm} {report.collective}, {report.nranks} ranks, "
                   f"{report.nchunks} chunks, {report.nsteps} steps, {report.nmessages} messages")
     return 0

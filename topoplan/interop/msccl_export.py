@@ -618,6 +618,9 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
         raise PlannerError(f"min/max bytes: need 0 <= min <= max (max 0: no limit), got "
                            f"{min_bytes} and {max_bytes}")
     verify(schedule)
+    if schedule.collective != "allreduce":
+        raise ScheduleError(f"{schedule.algorithm} schedule: collective "
+                            f"{schedule.collective!r}: MSCCL export writes allreduce plans so far")
     if schedule.nranks < 2:
         raise PlannerError("an allreduce of one rank has nothing to send; MSCCL needs >= 2 GPUs")
     bounds, note = _unit_grid(schedule.chunks)

@@ -1,7 +1,8 @@
-"""Allreduce planners: one module per algorithm, one signature, and the ``plan`` facade.
+"""Collective planners: one module per algorithm, one signature, and the ``plan`` facade.
 
 Every planner is ``plan_x(cluster, *, size, chunks=None, profile=None, **options) ->
 Schedule`` and sets ``meta["algorithm"]``, ``meta["cluster"]`` and ``meta["profile"]``;
+a planner that plans more than allreduce takes ``collective=`` (:func:`collectives_of`);
 :func:`plan` adds ``meta["cluster_fingerprint"]`` (:mod:`topoplan.fingerprint`).
 ``profile`` is the runtime's :class:`~topoplan.cost.CostProfile` (or a name): planners
 pick their pipelining depth, and ``mcf`` its construction, against it. :data:`PLANNERS`
@@ -12,9 +13,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..cluster import Cluster
+from ..collectives import COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE
 from ..cost import CostProfile, get_profile
 from ..fingerprint import META_KEY, cluster_fingerprint
 from ..schedule import Schedule
@@ -26,6 +28,7 @@ from .ring import plan_ring, plan_ring_topo
 from .tree import plan_tree
 
 __all__ = ["PLANNERS", "plan", "register", "candidates", "takes", "options_of", "PlannerError",
+           "collectives_of", "planners_for", "require_collective",
            "LazyPlanner",
            "plan_ring",
            "plan_ring_topo", "plan_tree", "plan_rhd", "plan_hierarchical", "topo_order"]
@@ -85,6 +88,29 @@ def takes(planner: Planner, option: str) -> bool:
                                    for p in params.values())
 
 
+def collectives_of(planner: Planner) -> tuple[str, ...]:
+    """The collectives ``planner`` plans: every one when it takes ``collective=``, else
+    allreduce alone."""
+    return tuple(COLLECTIVES) if takes(planner, "collective") else (DEFAULT_COLLECTIVE,)
+
+
+def planners_for(collective: str, names: Sequence[str] | None = None) -> list[str]:
+    """The names among ``names`` (default: every registered planner) that plan ``collective``."""
+    return [name for name in (PLANNERS if names is None else names)
+            if name in PLANNERS and collective in collectives_of(PLANNERS[name])]
+
+
+def require_collective(name: str, collective: Any) -> str:
+    """``collective`` if planner ``name`` plans it, else a :class:`PlannerError` naming the
+    planners that do (or, for an unknown collective, the known collectives)."""
+    if not isinstance(collective, str) or collective not in COLLECTIVES:
+        raise PlannerError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+    if collective not in collectives_of(PLANNERS[name]):
+        raise PlannerError(f"planner {name!r} plans only allreduce; {collective} is planned "
+                           f"by {', '.join(planners_for(collective))}")
+    return collective
+
+
 def options_of(planner: Planner) -> list[str]:
     """The keyword options ``planner`` takes, in signature order."""
     params = inspect.signature(planner).parameters
@@ -102,8 +128,10 @@ def _check_options(name: str, planner: Planner, options: dict[str, Any]) -> None
 
 
 def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
-         profile: CostProfile | str | None = None, **options: Any) -> Schedule:
-    """Plan an allreduce of ``size`` bytes on ``cluster`` with the named algorithm.
+         profile: CostProfile | str | None = None, collective: str = DEFAULT_COLLECTIVE,
+         **options: Any) -> Schedule:
+    """Plan ``collective`` (an allreduce) of ``size`` bytes on ``cluster`` with the named
+    algorithm.
 
     Parameters
     ----------
@@ -117,6 +145,9 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
     profile : CostProfile or str, optional
         The runtime's costs (:mod:`topoplan.cost`), a shipped profile's name or a YAML
         path. Default :data:`topoplan.cost.DEFAULT_PROFILE` (``nccl``).
+    collective : {"allreduce", "reduce_scatter", "allgather"}
+        What to plan (:mod:`topoplan.collectives`); ``size`` is the full buffer (an
+        allgather's output, a reduce-scatter's input).
     **options
         Passed to the planner (``chunks``, ``order``, ``max_step_ops``, ...).
 
@@ -130,14 +161,18 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
     ------
     PlannerError
         Unknown algorithm (the message lists the known ones), an option the planner does
-        not take (the message lists those it takes), or a size that is not a positive
-        number of bytes.
+        not take (the message lists those it takes), a size that is not a positive
+        number of bytes, or a collective the planner does not plan (the message lists
+        the planners that do).
     """
     planner = PLANNERS.get(algorithm)
     if planner is None:
         known = ", ".join(sorted(PLANNERS))
         raise PlannerError(f"unknown algorithm {algorithm!r}; known: {known}")
     _check_options(algorithm, planner, options)
+    require_collective(algorithm, collective)
+    if takes(planner, "collective"):
+        options["collective"] = collective
     size = check_size(size, algorithm)
     costs = get_profile(profile)
     if takes(planner, "profile"):

@@ -29,12 +29,14 @@ import numpy as np
 from ..cluster import Box, Cluster
 from ..cost import CostProfile, get_profile
 from ..errors import InfeasiblePlanError, PlannerError
+from ..collectives import COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE
 from ..schedule import Op, OpKind, RankProgram, Schedule
 
 __all__ = ["PlannerError", "Timeline", "TopoNode", "topo_tree", "topo_order", "box_order",
            "resolve_order", "check_size", "check_chunks", "unknown_options", "ring_reduce_scatter",
            "ring_allgather", "link_params", "message_latency", "pipeline_depth", "split",
-           "no_gc", "check_caps", "check_cap_args", "fit_depth", "OP_BUDGET"]
+           "no_gc", "check_caps", "check_cap_args", "fit_depth", "OP_BUDGET",
+           "check_collective"]
 
 # Ops a default plan may hold. A flat ring needs Theta(n^2) ops (one chunk per step),
 # about 4.2 M at 1024 ranks; pipelining only multiplies chunk counts while the plan
@@ -205,11 +207,14 @@ class Timeline:
     def nslots(self) -> int:
         return max((len(s) for s in self.slots), default=0)
 
-    def build(self, chunks: Sequence[float], **meta: Any) -> Schedule:
-        """The Schedule, with empty slots dropped (a rank waits only on its peers anyway)."""
+    def build(self, chunks: Sequence[float], *, collective: str = DEFAULT_COLLECTIVE,
+              **meta: Any) -> Schedule:
+        """The Schedule of ``collective``, with empty slots dropped (a rank waits only on
+        its peers anyway)."""
         programs = tuple(RankProgram(r, tuple(tuple(ops) for ops in steps if ops))
                          for r, steps in enumerate(self.slots))
-        return Schedule(nranks=self.nranks, chunks=tuple(chunks), ranks=programs, meta=dict(meta))
+        return Schedule(nranks=self.nranks, chunks=tuple(chunks), ranks=programs,
+                        collective=collective, meta=dict(meta))
 
 
 def no_gc(planner: Callable[..., Schedule]) -> Callable[..., Schedule]:
@@ -555,10 +560,21 @@ def check_caps(schedule: Schedule, max_step_ops: int | None, max_chunks: int | N
     return schedule
 
 
-def empty_schedule(cluster: Cluster, algorithm: str, **meta: Any) -> Schedule:
-    """The 1-rank allreduce: nothing to move."""
-    return Timeline(cluster.nranks).build((1.0,), algorithm=algorithm, cluster=cluster.name,
-                                          **meta)
+def empty_schedule(cluster: Cluster, algorithm: str, *, collective: str = DEFAULT_COLLECTIVE,
+                   **meta: Any) -> Schedule:
+    """The 1-rank ``collective``: nothing to move."""
+    return Timeline(cluster.nranks).build((1.0,), collective=collective, algorithm=algorithm,
+                                          cluster=cluster.name, **meta)
+
+
+def check_collective(collective: Any, algorithm: str,
+                     supported: Sequence[str] = tuple(COLLECTIVES)) -> str:
+    """``collective`` if ``algorithm`` plans it, else a :class:`PlannerError` naming the
+    ones it plans."""
+    if not isinstance(collective, str) or collective not in supported:
+        raise PlannerError(f"{algorithm}: cannot plan collective {collective!r}; it plans "
+                           f"{', '.join(supported)}")
+    return collective
 
 
 def fit_depth(build: Callable[[int], Schedule], depth: int, *, chosen: bool,

@@ -30,7 +30,7 @@ from ..cluster import Cluster
 from ..cost import CostProfile, get_profile
 from ..errors import InfeasiblePlanError
 from ..schedule import Schedule
-from ._common import check_cap_args, check_size, unknown_options
+from ._common import check_cap_args, check_collective, check_size, unknown_options
 
 __all__ = ["plan_auto", "compare", "DEFAULT_CANDIDATES"]
 
@@ -44,7 +44,7 @@ def compare(cluster: Cluster, size: int, candidates: Sequence[str] | None = None
             profile: CostProfile | str | None = None, max_step_ops: int | None = None,
             max_chunks: int | None = None, max_sim_ops: int = MAX_SIM_OPS,
             max_plan_ranks: int = MAX_PLAN_RANKS, left_out: dict[str, str] | None = None,
-            machine: Cluster | None = None,
+            machine: Cluster | None = None, collective: str = "allreduce",
             **options: Any) -> list[tuple[str, Schedule, Any, float]]:
     """Plan and simulate every candidate under ``profile``; fastest first.
 
@@ -76,6 +76,9 @@ def compare(cluster: Cluster, size: int, candidates: Sequence[str] | None = None
         profile, :meth:`~topoplan.cost.CostProfile.host_cluster`, when a plan for a
         cluster is tried out on one machine, as ``topoplan bench`` does). It must have
         as many ranks.
+    collective : {"allreduce", "reduce_scatter", "allgather"}
+        What to plan; by default only the candidates that plan it
+        (:func:`topoplan.planners.planners_for`) are compared.
     **options
         Passed to the planners that take them.
 
@@ -92,11 +95,12 @@ def compare(cluster: Cluster, size: int, candidates: Sequence[str] | None = None
     InfeasiblePlanError
         If no candidate produced a schedule (the last error is chained).
     PlannerError
-        For a cap that is not an integer >= 1.
+        For a cap that is not an integer >= 1, or a candidate named in ``candidates``
+        that does not plan ``collective`` (naming those that do).
     ProfileError
         For an unknown profile name or a bad profile file.
     """
-    from . import PLANNERS, options_of, takes
+    from . import PLANNERS, options_of, planners_for, require_collective, takes
     from ..simulate import simulate
 
     costs = get_profile(profile)
@@ -108,8 +112,9 @@ def compare(cluster: Cluster, size: int, candidates: Sequence[str] | None = None
     caps = {k: v for k, v in (("max_step_ops", max_step_ops), ("max_chunks", max_chunks))
             if v is not None}
     explicit = candidates is not None
-    names = list(candidates) if candidates is not None else [
-        c for c in DEFAULT_CANDIDATES if c in PLANNERS]
+    collective = check_collective(collective, "auto")
+    names = list(candidates) if candidates is not None else planners_for(
+        collective, DEFAULT_CANDIDATES)
     if not explicit and cluster.nranks > max_plan_ranks:
         names = [c for c in names if c in _LARGE]
     planners = {}
@@ -118,6 +123,7 @@ def compare(cluster: Cluster, size: int, candidates: Sequence[str] | None = None
         if planner is None or name == "auto":
             raise InfeasiblePlanError(f"auto: unknown candidate {name!r}; known: "
                                       f"{', '.join(sorted(set(PLANNERS) - {'auto'}))}")
+        require_collective(name, collective)
         planners[name] = planner
     # An option no candidate takes is a mistake (a misspelling), not one to drop.
     unused = sorted(k for k in options if not any(takes(p, k) for p in planners.values()))
@@ -126,6 +132,8 @@ def compare(cluster: Cluster, size: int, candidates: Sequence[str] | None = None
         raise unknown_options("auto", unused, known)
     rows: list[tuple[str, Schedule, Any, float]] = []
     last: Exception | None = None
+    if collective != "allreduce":
+        options = {**options, "collective": collective}
     for name, planner in planners.items():
         usable = {k: v for k, v in {**options, **caps, "profile": costs}.items()
                   if takes(planner, k)}
@@ -178,7 +186,7 @@ def _check_plan(schedule: Schedule, max_step_ops: int | None, max_chunks: int | 
 def plan_auto(cluster: Cluster, *, size: int = 256 << 20, candidates: Sequence[str] | None = None,
               profile: CostProfile | str | None = None, max_step_ops: int | None = None,
               max_chunks: int | None = None, machine: Cluster | None = None,
-              **options: Any) -> Schedule:
+              collective: str = "allreduce", **options: Any) -> Schedule:
     """The fastest candidate's schedule in simulation at ``size`` under ``profile``.
 
     Parameters
@@ -196,6 +204,8 @@ def plan_auto(cluster: Cluster, *, size: int = 256 << 20, candidates: Sequence[s
     machine : Cluster, optional
         Where the plan will run, if not on ``cluster`` (see :func:`compare`): the
         candidates are ranked by their time there.
+    collective : {"allreduce", "reduce_scatter", "allgather"}
+        What to plan: the candidates that plan it are compared (see :func:`compare`).
     **options
         Passed to :func:`compare` and the planners.
 
@@ -222,7 +232,8 @@ def plan_auto(cluster: Cluster, *, size: int = 256 << 20, candidates: Sequence[s
     costs = get_profile(profile)
     left_out: dict[str, str] = {}
     rows = compare(cluster, size, candidates, profile=costs, max_step_ops=max_step_ops,
-                   max_chunks=max_chunks, left_out=left_out, machine=machine, **options)
+                   max_chunks=max_chunks, left_out=left_out, machine=machine,
+                   collective=collective, **options)
     name, schedule, report, _ = rows[0]
     comparison = [{"algorithm": n, "time_s": r.time_s if r is not None else None,
                    "estimate_s": s.meta.get("estimate_s"), "simulated": r is not None,

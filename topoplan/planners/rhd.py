@@ -1,5 +1,6 @@
 """Recursive halving-doubling (Rabenseifner): reduce-scatter by recursive halving,
-allgather by recursive doubling; non-powers of two fold the extra ranks first."""
+allgather by recursive doubling; non-powers of two fold the extra ranks first. Either
+phase alone (with the fold and unfold) is a reduce-scatter or an allgather."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from typing import Sequence
 from ..cluster import Cluster
 from ..cost import CostProfile, get_profile
 from ..schedule import Schedule, equal_chunks
-from ._common import (Timeline, check_cap_args, check_chunks, check_size, empty_schedule,
-                      fit_depth, no_gc, resolve_order)
+from ._common import (Timeline, check_cap_args, check_chunks, check_collective, check_size,
+                      empty_schedule, fit_depth, no_gc, resolve_order)
 
 __all__ = ["plan_rhd"]
 
@@ -17,8 +18,9 @@ __all__ = ["plan_rhd"]
 @no_gc
 def plan_rhd(cluster: Cluster, *, size: int, chunks: int | None = None,
              order: str | Sequence[int] = "topo", profile: CostProfile | str | None = None,
-             max_step_ops: int | None = None, max_chunks: int | None = None) -> Schedule:
-    """Plan Rabenseifner's recursive halving-doubling allreduce.
+             max_step_ops: int | None = None, max_chunks: int | None = None,
+             collective: str = "allreduce") -> Schedule:
+    """Plan Rabenseifner's recursive halving-doubling allreduce, or one of its phases.
 
     With ``p`` the largest power of two <= ``n`` and ``r = n - p``: the first ``2r``
     ranks of ``order`` pair up and the first of each pair folds its whole buffer into
@@ -26,6 +28,12 @@ def plan_rhd(cluster: Cluster, *, size: int, chunks: int | None = None,
     (step ``i`` exchanges half of the current range with the partner at distance
     ``2^i``, nearest first, so the biggest exchanges stay inside boxes) and allgather
     by recursive doubling in reverse; the folded ranks get the result back (1 step).
+
+    A reduce-scatter is the fold, the halving and an unfold that hands each folded rank
+    its own shard; an allgather is a fold that hands each folded rank's shard to its
+    partner, the doubling, and an unfold of the other shards. Their buffers hold one
+    shard per rank (``n`` segments, not ``p``): survivor ``v`` ends the halving (starts
+    the doubling) with the shards of its own rank and of the rank it absorbed.
 
     Parameters
     ----------
@@ -49,19 +57,23 @@ def plan_rhd(cluster: Cluster, *, size: int, chunks: int | None = None,
     max_step_ops : int, optional
         Most ops a rank may post in one step: 2 per slice in flight.
     max_chunks : int, optional
-        Most chunks the plan may hold: ``p`` per slice.
+        Most chunks the plan may hold: ``p`` per slice (``n`` for a reduce-scatter or an
+        allgather).
+    collective : {"allreduce", "reduce_scatter", "allgather"}
+        What to plan (:mod:`topoplan.collectives`).
 
     Returns
     -------
     Schedule
-        ``p * chunks`` chunks; ``log2 p`` steps per phase (+1 fold and +1 unfold step
-        when ``n`` is not a power of two); a survivor sends ``(p - 1) / p`` of the
-        buffer per phase.
+        ``p * chunks`` chunks (``n * chunks`` for a reduce-scatter or an allgather, chunk
+        ``r * chunks + s`` slice ``s`` of shard ``r``); ``log2 p`` steps per phase (+1
+        fold and +1 unfold step when ``n`` is not a power of two); a survivor sends
+        ``(p - 1) / p`` of the buffer per phase.
 
     Raises
     ------
     PlannerError
-        For a bad ``size``, ``chunks``, ``order`` or cap.
+        For a bad ``size``, ``chunks``, ``order``, cap or collective.
     InfeasiblePlanError
         When the plan breaks ``max_step_ops`` or ``max_chunks`` (it needs ``p`` chunks
         and 2 ops a step at least), naming the cap.
@@ -79,12 +91,13 @@ def plan_rhd(cluster: Cluster, *, size: int, chunks: int | None = None,
     check_size(size, "rhd")
     given = check_chunks(chunks, "rhd", "slices")
     check_cap_args(max_step_ops, max_chunks, "rhd")
+    collective = check_collective(collective, "rhd")
     costs = get_profile(profile)
     ranks, label = resolve_order(cluster, order, "rhd")
     n = cluster.nranks
     if n == 1:
-        return empty_schedule(cluster, "rhd", order=label, slices=1, power_of_two=1, folded=[],
-                              profile=costs.name)
+        return empty_schedule(cluster, "rhd", collective=collective, order=label, slices=1,
+                              power_of_two=1, folded=[], profile=costs.name)
     p = 1 << (n.bit_length() - 1)
     r = n - p
     levels = p.bit_length() - 1
@@ -92,15 +105,28 @@ def plan_rhd(cluster: Cluster, *, size: int, chunks: int | None = None,
     folded = [(ranks[2 * v], ranks[2 * v + 1]) for v in range(r)]
     survivors = [ranks[2 * v + 1] for v in range(r)] + list(ranks[2 * r:])
     fold = 1 if r else 0
+    reduces, gathers = collective != "allgather", collective != "reduce_scatter"
+    if collective == "allreduce":
+        nsegments = p
+        shards: list[list[int]] = [[g] for g in range(p)]  # segment g: chunk g of a slice
+    else:
+        # The halving leaves survivor v with segment bitrev(v) (it keeps the low half at
+        # step i when bit i of v is 0), so that segment holds the shards of v's ranks.
+        nsegments = n
+        absorbed = {partner: extra for extra, partner in folded}
+        shards = [sorted({survivors[v], absorbed.get(survivors[v], survivors[v])})
+                  for v in (int(format(g, f"0{levels}b")[::-1], 2) for g in range(p))]
 
     def build(slices: int) -> Schedule:
         tl = Timeline(n)
         for s in range(slices):
-            every = [seg * slices + s for seg in range(p)]  # slice s of each segment
-            t0 = s
-            for extra, partner in folded:
-                tl.msgs(t0, extra, partner, every, True)
-            t = t0 + fold
+            # Segment g of slice s: chunk q * slices + s of each of its shards q.
+            segments = [[q * slices + s for q in qs] for qs in shards]
+            every = [q * slices + s for q in range(nsegments)]
+            t = s
+            for extra, partner in folded:  # the extras hand their data to their partners
+                tl.msgs(t, extra, partner, every if reduces else [extra * slices + s], reduces)
+            t += fold
             # Reduce-scatter: v keeps [lo, hi) of the segments; step i halves it with v ^ 2^i.
             lo = [0] * p
             hi = [p] * p
@@ -110,29 +136,34 @@ def plan_rhd(cluster: Cluster, *, size: int, chunks: int | None = None,
                 for v in range(p):
                     mid = (lo[v] + hi[v]) // 2
                     keep_low = not (v & bit)
-                    give = range(mid, hi[v]) if keep_low else range(lo[v], mid)
-                    tl.msgs(t, survivors[v], survivors[v ^ bit], [every[g] for g in give], True)
+                    if reduces:
+                        give = range(mid, hi[v]) if keep_low else range(lo[v], mid)
+                        tl.msgs(t, survivors[v], survivors[v ^ bit],
+                                [k for g in give for k in segments[g]], True)
                     new.append((lo[v], mid) if keep_low else (mid, hi[v]))
                 lo = [a for a, _ in new]
                 hi = [b for _, b in new]
-                t += 1
+                t += reduces
             # Allgather: undo the halvings in reverse, each step doubling v's range.
-            for i in reversed(range(levels)):
+            for i in reversed(range(levels) if gathers else ()):
                 bit = 1 << i
                 for v in range(p):
                     tl.msgs(t, survivors[v], survivors[v ^ bit],
-                            [every[g] for g in range(lo[v], hi[v])], False)
+                            [k for g in range(lo[v], hi[v]) for k in segments[g]], False)
                 for v in range(p):
                     partner = v ^ bit
                     if v < partner:
                         lo[v] = lo[partner] = min(lo[v], lo[partner])
                         hi[v] = hi[partner] = max(hi[v], hi[partner])
                 t += 1
-            for extra, partner in folded:
-                tl.msgs(t, partner, extra, every, False)
-        return tl.build(equal_chunks(p * slices), algorithm="rhd", cluster=cluster.name,
-                        order=label, slices=slices, power_of_two=p, profile=costs.name,
-                        folded=[[a, b] for a, b in folded])
+            for extra, partner in folded:  # and get their results back
+                own = extra * slices + s
+                back = every if collective == "allreduce" else (
+                    [own] if not gathers else [k for k in every if k != own])
+                tl.msgs(t, partner, extra, back, False)
+        return tl.build(equal_chunks(nsegments * slices), collective=collective,
+                        algorithm="rhd", cluster=cluster.name, order=label, slices=slices,
+                        power_of_two=p, profile=costs.name, folded=[[a, b] for a, b in folded])
 
-    return fit_depth(build, given or 1, chosen=given is None, chunks_per_depth=p,
+    return fit_depth(build, given or 1, chosen=given is None, chunks_per_depth=nsegments,
                      max_step_ops=max_step_ops, max_chunks=max_chunks, algorithm="rhd")

@@ -1,4 +1,5 @@
-"""Ring allreduce: reduce-scatter then allgather around one ring of all ranks."""
+"""Ring allreduce: reduce-scatter then allgather around one ring of all ranks; either
+phase alone is a ring reduce-scatter or a ring allgather."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from typing import Any, Sequence
 from ..cluster import Cluster
 from ..cost import CostProfile, get_profile
 from ..schedule import Schedule, equal_chunks
-from ._common import (Timeline, check_cap_args, check_chunks, check_size, empty_schedule,
-                      fit_depth, no_gc, resolve_order, ring_allgather, ring_reduce_scatter)
+from ._common import (Timeline, check_cap_args, check_chunks, check_collective, check_size,
+                      empty_schedule, fit_depth, no_gc, resolve_order, ring_allgather,
+                      ring_reduce_scatter)
 
 __all__ = ["plan_ring", "plan_ring_topo"]
 
@@ -17,8 +19,9 @@ __all__ = ["plan_ring", "plan_ring_topo"]
 def plan_ring(cluster: Cluster, *, size: int, order: str | Sequence[int] = "rank",
               chunks: int | None = None, algorithm: str = "ring",
               profile: CostProfile | str | None = None, max_step_ops: int | None = None,
-              max_chunks: int | None = None) -> Schedule:
-    """Plan a ring allreduce: reduce-scatter then allgather around one ring.
+              max_chunks: int | None = None, collective: str = "allreduce") -> Schedule:
+    """Plan a ring allreduce (reduce-scatter then allgather around one ring), or either
+    phase alone: a ring reduce-scatter or a ring allgather.
 
     Parameters
     ----------
@@ -47,17 +50,23 @@ def plan_ring(cluster: Cluster, *, size: int, order: str | Sequence[int] = "rank
         Most ops a rank may post in one step: a ring posts 2 per slice in flight.
     max_chunks : int, optional
         Most chunks the plan may hold: ``n`` per slice.
+    collective : {"allreduce", "reduce_scatter", "allgather"}
+        What to plan (:mod:`topoplan.collectives`). A reduce-scatter is the allreduce's
+        first phase, an allgather its second; both with chunk ``r * chunks + p``
+        (slice ``p`` of shard ``r``) ending (reduce-scatter) or starting (allgather) on
+        rank ``r``, whatever the ring's order.
 
     Returns
     -------
     Schedule
-        ``n * chunks`` equal chunks, ``2 (n - 1) + chunks - 1`` steps per rank, each
-        rank sending ``M / n`` per step to its successor.
+        ``n * chunks`` equal chunks, ``2 (n - 1) + chunks - 1`` steps per rank
+        (``n - 1 + chunks - 1`` for one phase), each rank sending ``M / n`` per step to
+        its successor.
 
     Raises
     ------
     PlannerError
-        For a bad ``size``, ``chunks``, ``order`` or cap.
+        For a bad ``size``, ``chunks``, ``order``, cap or collective.
     InfeasiblePlanError
         When the plan breaks ``max_step_ops`` or ``max_chunks`` (a ring of ``n`` ranks
         needs ``n`` chunks and 2 ops a step at least), naming the cap.
@@ -75,24 +84,31 @@ def plan_ring(cluster: Cluster, *, size: int, order: str | Sequence[int] = "rank
     check_size(size, algorithm)
     given = check_chunks(chunks, algorithm, "slices per ring segment")
     check_cap_args(max_step_ops, max_chunks, algorithm)
+    collective = check_collective(collective, algorithm)
     costs = get_profile(profile)
     ring, label = resolve_order(cluster, order, algorithm)
     n = cluster.nranks
     if n == 1:
-        return empty_schedule(cluster, algorithm, order=label, ring=ring, slices=1,
-                              profile=costs.name)
+        return empty_schedule(cluster, algorithm, collective=collective, order=label, ring=ring,
+                              slices=1, profile=costs.name)
+    # Ring position l reduces and gathers segment owner[l]: for an allreduce any segment
+    # will do (the l-th), for the sharded collectives it must be its rank's own shard.
+    owner = range(n) if collective == "allreduce" else ring
 
     def build(slices: int) -> Schedule:
         tl = Timeline(n)
         # Chunk l * slices + p is slice p of segment l: a segment's slices stay contiguous.
         for p in range(slices):
-            segments = [[seg * slices + p] for seg in range(n)]
-            t = ring_reduce_scatter(tl, p, ring, segments)
-            ring_allgather(tl, t, ring, segments)
+            segments = [[seg * slices + p] for seg in owner]
+            t = p
+            if collective != "allgather":
+                t = ring_reduce_scatter(tl, t, ring, segments)
+            if collective != "reduce_scatter":
+                ring_allgather(tl, t, ring, segments)
         meta: dict[str, Any] = {"order": label, "ring": ring, "slices": slices,
                                 "profile": costs.name}
-        return tl.build(equal_chunks(n * slices), algorithm=algorithm, cluster=cluster.name,
-                        **meta)
+        return tl.build(equal_chunks(n * slices), collective=collective, algorithm=algorithm,
+                        cluster=cluster.name, **meta)
 
     return fit_depth(build, given or 1, chosen=given is None, chunks_per_depth=n,
                      max_step_ops=max_step_ops, max_chunks=max_chunks, algorithm=algorithm)
@@ -100,7 +116,9 @@ def plan_ring(cluster: Cluster, *, size: int, order: str | Sequence[int] = "rank
 
 def plan_ring_topo(cluster: Cluster, *, size: int, chunks: int | None = None,
                    order: str | Sequence[int] = "topo", profile: CostProfile | str | None = None,
-                   max_step_ops: int | None = None, max_chunks: int | None = None) -> Schedule:
+                   max_step_ops: int | None = None, max_chunks: int | None = None,
+                   collective: str = "allreduce") -> Schedule:
     """:func:`plan_ring` with the topology-aware order (the ``"ring-topo"`` candidate)."""
     return plan_ring(cluster, size=size, order=order, chunks=chunks, algorithm="ring-topo",
-                     profile=profile, max_step_ops=max_step_ops, max_chunks=max_chunks)
+                     profile=profile, max_step_ops=max_step_ops, max_chunks=max_chunks,
+                     collective=collective)

@@ -48,7 +48,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
-from ..bound import lower_bound
+from ..bound import collective_bound
 from ..units import bus_factor
 from .base import EPS_T, Setup, expand, maxmin, route_table
 from .report import Edge, SimReport, TransferRecord
@@ -556,10 +556,11 @@ class Engine(Setup):
             self.m_start, self.m_end = warp(self.m_start), warp(self.m_end)
             self.timeline = [(warp(t), e, v) for t, e, v in self.timeline]
         effective = (self.size // self.dtype_size) * self.dtype_size
-        bound = lower_bound(self.cluster, effective)
+        collective = self.schedule.collective
+        bound = collective_bound(self.cluster, effective, collective)
         time_s = self.time_s
         algbw = self.size / time_s if time_s > 0 else math.inf
-        busbw = algbw * bus_factor(n) if n > 1 else 0.0  # not inf x 0
+        busbw = algbw * bus_factor(n, collective) if n > 1 else 0.0  # not inf x 0
         used = np.flatnonzero(self.link_bytes > 0)
         busy_edges = np.flatnonzero(self.busy > 0)
         link_bytes = {self.edges[i]: float(self.link_bytes[i]) for i in used.tolist()}

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..bound import lower_bound
+from ..bound import collective_bound
 from ..units import bus_factor
 from ..cost import CostProfile
 from ..errors import ScheduleError
@@ -281,7 +281,9 @@ class ReferenceEngine(Setup):
             self.step_start, self.step_end = warp(self.step_start), warp(self.step_end)
             self.t_start, self.t_end = warp(self.t_start), warp(self.t_end)
             self.timeline = [(float(warp(t)), e, v) for t, e, v in self.timeline]
-        bound = lower_bound(self.cluster, (self.size // self.dtype_size) * self.dtype_size)
+        collective = self.schedule.collective
+        bound = collective_bound(self.cluster, (self.size // self.dtype_size) * self.dtype_size,
+                                 collective)
         algbw = self.size / self.time_s if self.time_s > 0 else math.inf
         starts, ends = self.step_start.tolist(), self.step_end.tolist()
         base = self.step_base.tolist()
@@ -305,7 +307,7 @@ class ReferenceEngine(Setup):
         return SimReport(
             cluster=self.cluster.name, algorithm=self.schedule.algorithm, nranks=n,
             size=self.size, time_s=self.time_s, lower_bound_s=bound, algbw=algbw,
-            busbw=algbw * bus_factor(n) if n > 1 else 0.0,
+            busbw=algbw * bus_factor(n, collective) if n > 1 else 0.0,
             link_bytes=MappingProxyType({self.edges[i]: float(self.link_bytes[i])
                                          for i in np.flatnonzero(self.link_bytes > 0).tolist()}),
             link_busy_s=MappingProxyType({self.edges[i]: float(self.busy[i])

@@ -40,13 +40,16 @@ class SimReport:
     cluster, algorithm : str
         Names (``cluster.name``, ``schedule.meta["algorithm"]``).
     nranks, size : int
-        Ranks; bytes per rank.
+        Ranks; bytes of the full buffer (an allreduce's buffer on every rank, a
+        reduce-scatter's input, an allgather's output).
     time_s : float
         When the last rank finishes its last step.
     lower_bound_s : float
-        :func:`topoplan.bound.lower_bound` for this cluster and size.
+        :func:`topoplan.bound.collective_bound` for this cluster, size and the schedule's
+        collective (:func:`~topoplan.bound.lower_bound` for an allreduce).
     algbw, busbw : float
-        ``size / time_s`` and ``algbw * 2(n-1)/n`` in bytes/s (nccl-tests conventions).
+        ``size / time_s`` and ``algbw * 2(n-1)/n`` (``(n-1)/n`` for a reduce-scatter or
+        an allgather) in bytes/s (nccl-tests conventions).
     link_bytes : mapping
         Bytes that crossed each directed edge ``(u, v)`` of ``cluster.graph``.
     link_busy_s : mapping

@@ -1,0 +1,141 @@
+"""ReduceScatter and AllGather on the in-process Local transport (threads): exact results
+with the collective's buffer layout, from hand-written rings and from the planners."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import topoplan
+from tests.support import schedules as S
+from tests.test_planners import cluster
+from topoplan.errors import TopoplanError
+from topoplan.planners import plan
+from topoplan.transports import Local
+from topoplan.transports.local import LocalWorld
+from topoplan.verify import verify
+
+
+def _schedules(collective: str) -> list[tuple[str, int, object]]:
+    ring = S.ring_reduce_scatter if collective == "reduce_scatter" else S.ring_allgather
+    out = []
+    for n in (1, 2, 3, 5, 8):
+        out.append((f"hand-ring-n{n}", n, ring(list(reversed(range(n))))))
+        for planner in ("ring", "ring-topo", "rhd"):
+            for chunks in (1, 3):
+                c = cluster("two-switch", n)
+                out.append((f"{planner}-c{chunks}-n{n}", n,
+                            plan(c, planner, size=1 << 20, collective=collective,
+                                 chunks=chunks)))
+    return out
+
+
+RS, AG = _schedules("reduce_scatter"), _schedules("allgather")
+
+
+@pytest.mark.parametrize("name, n, schedule", RS, ids=[name for name, _, _ in RS])
+def test_reduce_scatter_gives_each_rank_its_shard_of_the_sum(name, n, schedule):
+    verify(schedule)
+
+    def rank_fn(t: Local) -> list[tuple[np.ndarray, np.ndarray]]:
+        run = topoplan.ReduceScatter(schedule, t, timeout=10)
+        out = []
+        for m in (0, 1, 7, 250):  # elements per shard
+            x = (np.arange(n * m, dtype=np.float64) % 13) + 2.0 * t.rank
+            before = x.copy()
+            y = np.full(m, np.nan)
+            assert run(x, y) is y
+            assert np.array_equal(x, before)  # the input is left as it was
+            out.append((y, x))
+        return out
+
+    results = Local.launch(n, rank_fn, timeout=30)
+    for i, m in enumerate((0, 1, 7, 250)):
+        total = (np.arange(n * m) % 13) * n + 2.0 * sum(range(n))
+        for rank in range(n):
+            assert np.array_equal(results[rank][i][0], total[rank * m:(rank + 1) * m]), (
+                name, m, rank)
+
+
+@pytest.mark.parametrize("name, n, schedule", AG, ids=[name for name, _, _ in AG])
+def test_allgather_gives_every_rank_every_shard(name, n, schedule):
+    verify(schedule)
+
+    def rank_fn(t: Local) -> list[np.ndarray]:
+        run = topoplan.AllGather(schedule, t, timeout=10)
+        out = []
+        for m in (0, 1, 7, 250):
+            x = np.random.default_rng(t.rank * 31 + m).standard_normal(m).astype(np.float32)
+            y = np.full(n * m, np.nan, dtype=np.float32)
+            assert run(x, y) is y
+            out.append((x, y))
+        return out
+
+    results = Local.launch(n, rank_fn, timeout=30)
+    for i in range(4):
+        expected = np.concatenate([results[rank][i][0] for rank in range(n)])
+        for rank in range(n):
+            assert results[rank][i][1].tobytes() == expected.tobytes(), (name, rank)
+
+
+def test_allgather_in_place_and_async():
+    """The input may be the rank's own shard of the output; start/wait as Allreduce's,
+    with two calls in flight on distinct buffers."""
+    n, m = 4, 100
+    schedule = plan(cluster("single-switch", n), "rhd", size=1 << 20, collective="allgather")
+
+    def rank_fn(t: Local):
+        run = topoplan.AllGather(schedule, t, timeout=10)
+        a = np.zeros(n * m)
+        a[t.rank * m:(t.rank + 1) * m] = t.rank + 1
+        b = np.zeros(n * m)
+        first = run.start(a[t.rank * m:(t.rank + 1) * m], a)
+        second = run.start(np.full(m, -t.rank, dtype=np.float64), b)
+        return first.wait() is a and second.wait() is b, a, b
+
+    for ok, a, b in Local.launch(n, rank_fn, timeout=30):
+        assert ok
+        assert np.array_equal(a, np.repeat(np.arange(1.0, n + 1), m))
+        assert np.array_equal(b, np.repeat(-np.arange(float(n)), m))
+
+
+def test_reduce_scatter_of_torch_tensors_with_fp32_accumulation():
+    torch = pytest.importorskip("torch")
+    n, m = 3, 64
+    schedule = plan(cluster("mixed", n), "ring", size=1 << 20, collective="reduce_scatter")
+
+    def rank_fn(t: Local):
+        run = topoplan.ReduceScatter(schedule, t, timeout=10, accumulate_fp32=True)
+        x = torch.full((n * m,), 0.1 * (t.rank + 1), dtype=torch.float16)
+        y = torch.empty(m, dtype=torch.float16)
+        handle = run.start(x, y)
+        return handle.wait()
+
+    for y in Local.launch(n, rank_fn, timeout=30):
+        expected = torch.tensor(sum(0.1 * (r + 1) for r in range(n)), dtype=torch.float32)
+        assert torch.equal(y, torch.full((m,), expected.item(), dtype=torch.float16))
+
+
+def test_bad_buffers_and_schedules_are_refused():
+    schedule = S.ring_reduce_scatter([0, 1])
+    with pytest.raises(TopoplanError, match="ReduceScatter runs reduce_scatter schedules, got "
+                                            "'allgather'"):
+        topoplan.ReduceScatter(S.ring_allgather([0, 1]), LocalWorld(2).transport(0))
+    with pytest.raises(TopoplanError, match="AllGather runs allgather schedules, got "
+                                            "'allreduce'"):
+        topoplan.AllGather(S.ring(2), LocalWorld(2).transport(0))
+    with pytest.raises(TopoplanError, match="Allreduce runs allreduce schedules, got "
+                                            "'reduce_scatter'"):
+        topoplan.Allreduce(schedule, LocalWorld(2).transport(0))
+    run = topoplan.ReduceScatter(schedule, LocalWorld(2).transport(0))
+    with pytest.raises(TopoplanError, match=r"reduce_scatter of 2 ranks: input of 10 and output "
+                                            r"of 4 elements; expected an input of nranks \(2\) "
+                                            r"times the output's elements"):
+        run(np.zeros(10), np.zeros(4))
+    with pytest.raises(TopoplanError, match="input and output must be arrays of one kind and "
+                                            "dtype, got numpy float64 and numpy float32"):
+        run(np.zeros(10), np.zeros(5, dtype=np.float32))
+    gather = topoplan.AllGather(S.ring_allgather([0, 1]), LocalWorld(2).transport(0))
+    with pytest.raises(TopoplanError, match=r"allgather of 2 ranks: input of 3 and output of 7 "
+                                            r"elements; expected an output of nranks \(2\)"):
+        gather(np.zeros(3), np.zeros(7))

@@ -1,0 +1,215 @@
+"""Reduce-scatter and allgather planners (ring, ring-topo, rhd): every plan verifies, none
+beats the ForestColl bound, and planners that plan only allreduce say which ones do."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import topoplan
+from tests.support.clusters import SHIPPED, load_topology, switch_cluster
+from tests.test_bound import _brute_force_ratio, small_clusters, uneven_clusters
+from tests.test_planners import CLUSTERS, cluster
+from topoplan.bound import collective_bound, rsag_bound, shard_bound
+from topoplan.errors import PlannerError, ScheduleError
+from topoplan.planners import collectives_of, plan, planners_for, PLANNERS
+from topoplan.simulate import simulate
+from topoplan.units import bus_factor
+from topoplan.verify import verify
+
+SHARDED = ("reduce_scatter", "allgather")
+BASELINES = ("ring", "ring-topo", "rhd")
+MiB = 1 << 20
+
+
+def checked(schedule, planner: str, where: str):
+    try:
+        report = verify(schedule)
+    except ScheduleError as exc:
+        pytest.fail(f"planner {planner} on {where}: {exc}")
+    assert report.collective == schedule.collective
+    return schedule
+
+
+@pytest.mark.parametrize("collective", SHARDED)
+@pytest.mark.parametrize("planner", BASELINES)
+def test_every_baseline_verifies_on_1_to_17_ranks(planner, collective):
+    for kind in ("two-switch", "mixed", "nvlink-box"):
+        for n in range(1, 18):
+            c = cluster(kind, n)
+            s = checked(plan(c, planner, size=MiB, collective=collective), planner,
+                        f"{kind} with {n} ranks, {collective}")
+            assert s.collective == collective and s.meta["algorithm"] == planner
+            assert s.nchunks % n == 0 or n == 1
+
+
+@pytest.mark.parametrize("collective", SHARDED)
+@pytest.mark.parametrize("planner", BASELINES)
+@pytest.mark.parametrize("chunks", [2, 3])
+def test_pipelined_plans_verify(planner, collective, chunks):
+    for n in (2, 5, 8, 11):
+        c = cluster("two-switch", n)
+        s = checked(plan(c, planner, size=256 * MiB, chunks=chunks, collective=collective),
+                    planner, f"two-switch with {n} ranks, {collective}, chunks={chunks}")
+        assert s.nchunks == n * chunks
+
+
+@pytest.mark.parametrize("collective", SHARDED)
+@pytest.mark.parametrize("planner", BASELINES)
+def test_shipped_topologies_verify_and_respect_the_bound(planner, collective):
+    for name in SHIPPED:
+        c = load_topology(name)
+        if c.nranks > 64:
+            continue
+        s = checked(plan(c, planner, size=MiB, collective=collective), planner,
+                    f"{name}.yaml, {collective}")
+        report = simulate(c, s, 64 * MiB, profile="ideal")
+        assert report.lower_bound_s == shard_bound(c, 64 * MiB)
+        assert report.time_s >= report.lower_bound_s * (1 - 1e-9), f"{planner} on {name}"
+
+
+@settings(max_examples=15, deadline=None)
+@given(uneven_clusters(), st.sampled_from(BASELINES), st.sampled_from(SHARDED),
+       st.integers(1, 3))
+def test_random_clusters_plans_verify_and_respect_the_bound(c, planner, collective, chunks):
+    s = plan(c, planner, size=16 * MiB, collective=collective, chunks=chunks, profile="ideal")
+    verify(s)
+    report = simulate(c, s, 16 * MiB, profile="ideal")
+    assert report.time_s >= report.lower_bound_s * (1 - 1e-9)
+    assert report.busbw == pytest.approx(report.algbw * bus_factor(c.nranks, collective))
+
+
+def test_allreduce_is_still_the_default():
+    for kind in ("two-switch", "mixed"):
+        c = cluster(kind, 7)
+        for planner in BASELINES:
+            s = plan(c, planner, size=MiB)
+            assert s.collective == "allreduce"
+            assert s == plan(c, planner, size=MiB, collective="allreduce")
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_ring_allgather_on_one_switch_matches_the_hand_computed_time(n):
+    """(n-1) steps of (path latency + (M/n) / B), against the bound (n-1)/n * M / B."""
+    c = cluster("single-switch", n)
+    size = 64 * MiB
+    path = c.routes(0, 1)[0]
+    latency = sum(c.graph[u][v]["latency"] for u, v in zip(path, path[1:]))
+    bandwidth = 100e9 / 8
+    for collective in SHARDED:
+        report = simulate(c, plan(c, "ring", size=size, collective=collective), size=size)
+        assert report.time_s == pytest.approx((n - 1) * (latency + size / n / bandwidth),
+                                              rel=1e-9)
+        assert report.lower_bound_s == pytest.approx((n - 1) / n * size / bandwidth, rel=1e-9)
+        assert report.busbw == pytest.approx(report.algbw * (n - 1) / n)
+
+
+@settings(max_examples=20, deadline=None)
+@given(small_clusters())
+def test_shard_bound_is_forestcolls_allgather_bound(c):
+    """ForestColl's allgather bound, max over node sets S holding a GPU and missing one of
+    |GPUs outside S| / B_in(S), is the brute-force ratio of test_bound over the complements
+    T of S (B_in(S) = B_out(T)): max over T of |T ∩ GPUs| / B_out(T)."""
+    size = 12 * MiB
+    expected = size / c.nranks * _brute_force_ratio(c)
+    assert shard_bound(c, size) == pytest.approx(expected, rel=1e-9)
+    assert rsag_bound(c, size) == pytest.approx(2 * expected, rel=1e-9)
+    for collective in SHARDED:
+        assert collective_bound(c, size, collective) == shard_bound(c, size)
+
+
+def test_one_gpu_has_nothing_to_move():
+    c = switch_cluster(1)
+    assert shard_bound(c, MiB) == 0.0
+    for planner in BASELINES:
+        for collective in SHARDED:
+            s = plan(c, planner, size=MiB, collective=collective)
+            assert (s.nops, s.collective) == (0, collective)
+            verify(s)
+
+
+@pytest.mark.parametrize("planner", ["tree", "hierarchical", "mcf"])
+def test_allreduce_only_planners_name_the_ones_that_plan_the_collective(planner):
+    c = cluster("single-switch", 4)
+    with pytest.raises(PlannerError, match=f"planner '{planner}' plans only allreduce; "
+                                           "allgather is planned by ring, ring-topo, rhd, auto"):
+        plan(c, planner, size=MiB, collective="allgather")
+
+
+def test_unknown_collective_is_a_planner_error():
+    c = cluster("single-switch", 4)
+    with pytest.raises(PlannerError, match="unknown collective 'alltoall'; known: allreduce, "
+                                           "reduce_scatter, allgather"):
+        plan(c, "ring", size=MiB, collective="alltoall")
+    with pytest.raises(PlannerError, match="ring: cannot plan collective 'alltoall'; it plans "
+                                           "allreduce, reduce_scatter, allgather"):
+        PLANNERS["ring"](c, size=MiB, collective="alltoall")
+
+
+def test_registry_says_who_plans_what():
+    assert planners_for("allreduce") == list(PLANNERS)
+    assert planners_for("reduce_scatter") == ["ring", "ring-topo", "rhd", "auto"]
+    assert collectives_of(PLANNERS["tree"]) == ("allreduce",)
+
+
+@pytest.mark.parametrize("collective", SHARDED)
+def test_auto_compares_the_planners_of_the_collective(collective):
+    c = cluster("two-switch", 6)
+    s = plan(c, "auto", size=MiB, collective=collective)
+    verify(s)
+    assert s.collective == collective
+    assert {row["algorithm"] for row in s.meta["comparison"]} == {"ring", "ring-topo", "rhd"}
+    with pytest.raises(PlannerError, match="planner 'tree' plans only allreduce"):
+        plan(c, "auto", size=MiB, collective=collective, candidates=["ring", "tree"])
+
+
+def _cli(*args, check=True):
+    return subprocess.run([sys.executable, "-m", "topoplan", *args], capture_output=True,
+                          text=True, check=check)
+
+
+def test_cli_plans_an_allgather(tmp_path):
+    out = tmp_path / "ag.json"
+    result = _cli("plan", "topologies/ddl_two_switch.yaml", "--size", "64MiB", "--collective",
+                  "allgather", "--json", "-o", str(out))
+    data = json.loads(result.stdout)
+    assert data["collective"] == "allgather"
+    assert {c["algorithm"] for c in data["candidates"]} == {"ring", "ring-topo", "rhd"}
+    c = load_topology("ddl_two_switch")
+    assert data["lower_bound_s"] == pytest.approx(shard_bound(c, 64 * MiB))
+    for row in data["candidates"]:
+        assert row["time_s"] >= data["lower_bound_s"] * (1 - 1e-9)
+        assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * 3 / 4)
+    schedule = topoplan.load_schedule(out)
+    assert schedule.collective == "allgather" and schedule.algorithm == data["chosen"]
+    done = _cli("verify", str(out))
+    assert f"ok: {data['chosen']} allgather, 4 ranks" in done.stdout
+
+
+def test_cli_table_and_errors_for_the_collectives():
+    result = _cli("plan", "topologies/ddl_two_switch.yaml", "--size", "1MiB", "--collective",
+                  "reduce_scatter", "-a", "ring")
+    assert "4 ranks, reduce_scatter of 1MiB" in result.stdout
+    assert "lower bound (any reduce_scatter, ForestColl's cut" in result.stdout
+    assert "chosen: ring" in result.stdout
+    bad = _cli("plan", "topologies/ddl_two_switch.yaml", "--collective", "allgather", "-a",
+               "tree", check=False)
+    assert bad.returncode == 1
+    assert bad.stderr.strip() == ("topoplan: error: planner 'tree' plans only allreduce; "
+                                  "allgather is planned by ring, ring-topo, rhd, auto")
+
+
+@pytest.mark.parametrize("command", [["export", "{plan}", "--format", "msccl", "-o", "{xml}"],
+                                     ["bench", "--plan", "{plan}", "-n", "4"]])
+def test_allreduce_only_commands_refuse_other_collectives(tmp_path, command):
+    plan_path = tmp_path / "ag.json"
+    plan(load_topology("ddl_two_switch"), "ring", size=MiB,
+         collective="allgather").save(plan_path)
+    args = [a.format(plan=plan_path, xml=tmp_path / "x.xml") for a in command]
+    done = _cli(*args, check=False)
+    assert done.returncode == 1
+    assert "collective 'allgather'" in done.stderr and "allreduce plans so far" in done.stderr
