@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import re
 
+from .collectives import get_collective
+
 __all__ = [
     "parse_bandwidth", "parse_latency", "parse_size", "parse_size_range",
     "format_size", "format_bandwidth", "format_time", "bus_factor",
@@ -157,7 +159,6 @@ def bus_factor(nranks: int, collective: str = "allreduce") -> float:
     comparable across rank counts with the links' own speed. 0 for one rank, which
     moves nothing.
     """
-    from .collectives import get_collective
     if nranks < 2:
         return 0.0
     return (nranks - 1) / nranks * (1 if get_collective(collective).sharded else 2)
