@@ -118,8 +118,10 @@ _CODE_REDUCE = (False, False, True)
 
 def schedule_from_arrays(nranks: int, rank: np.ndarray, step: np.ndarray, peer: np.ndarray,
                          chunk: np.ndarray, code: np.ndarray, chunks: Sequence[float],
-                         count: np.ndarray | None = None, **meta: Any) -> Schedule:
-    """A Schedule from flat op arrays (code 0 = send, 1 = recv, 2 = recv and reduce).
+                         count: np.ndarray | None = None,
+                         collective: str = DEFAULT_COLLECTIVE, **meta: Any) -> Schedule:
+    """A Schedule of ``collective`` from flat op arrays (code 0 = send, 1 = recv, 2 = recv
+    and reduce).
 
     One lexsort puts each rank's ops in (step, peer, chunk, code) order, so the
     messages of a pair within a step are in chunk order on both sides and sends come
@@ -147,7 +149,8 @@ def schedule_from_arrays(nranks: int, rank: np.ndarray, step: np.ndarray, peer: 
             steps.append(tuple(ops[starts[s_iter]:starts[s_iter + 1]]))
             s_iter += 1
         programs.append(RankProgram(r, tuple(steps)))
-    return Schedule(nranks=nranks, chunks=tuple(chunks), ranks=tuple(programs), meta=dict(meta))
+    return Schedule(nranks=nranks, chunks=tuple(chunks), ranks=tuple(programs),
+                    collective=collective, meta=dict(meta))
 
 
 def runs(chunks: Sequence[int]) -> list[tuple[int, int]]:

@@ -44,7 +44,8 @@ from ..schedule import OpKind, Schedule
 from ._common import no_gc, schedule_from_arrays
 
 __all__ = ["Layout", "layouts", "Messages", "messages", "message_count", "estimate", "choose_pieces",
-           "build", "box_rings", "box_ring_sets", "SoftCosts"]
+           "build", "box_rings", "box_ring_sets", "SoftCosts", "shard_messages",
+           "shard_message_count", "owners", "build_sharded"]
 
 _SEND, _RECV = OpKind.SEND, OpKind.RECV
 #: The least relative gain for which choose_pieces doubles the pipeline depth.
@@ -526,6 +527,79 @@ def messages(layout: Layout) -> Messages:
         return Messages(z, z, z, z, z, np.zeros(0, bool), 0, n * len(layout.grids))
     cat = [np.concatenate(x) for x in zip(*parts)]
     return Messages(cat[0], cat[1], cat[2], cat[3], cat[4], cat[5], nsteps, n * len(layout.grids))
+
+
+def shard_message_count(layout: Layout) -> int:
+    """``len(shard_messages(layout, ...).step)``, without building them: one message per
+    final chunk a segment holds, ``R N sum_d (b_d - 1) stride_d`` (one phase)."""
+    dims = layout.dims
+    n = int(np.prod(dims)) if dims else 1
+    strides = [int(np.prod(dims[d + 1:])) for d in range(len(dims))]
+    return n * sum((b - 1) * s for b, s in zip(dims, strides)) * len(layout.grids)
+
+
+def shard_messages(layout: Layout, collective: str) -> Messages:
+    """One piece of a reduce-scatter (the grid's first half) or an allgather (its second
+    half), one message per final chunk (count 1), steps from 0.
+
+    Chunks stay piece-local (``ring * N + final``, as in :func:`messages`) so that
+    :func:`chunk_fractions` prices them; :func:`build_sharded` renumbers them by owner.
+    A segment a rank hands on is a run of final chunks, but the final chunks of one
+    owner (its shard) are the same final index in every ring and piece: a run of finals
+    is a run of owners only by accident, so each becomes its own op.
+    """
+    full = messages(layout)
+    keep = full.reduce if collective == "reduce_scatter" else ~full.reduce
+    half = full.nsteps // 2
+    count = full.count[keep]
+    reps = lambda a: np.repeat(a[keep], count)  # noqa: E731
+    offset = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count,
+                                                                      count)
+    step = reps(full.step) - (0 if collective == "reduce_scatter" else half)
+    return Messages(step, reps(full.src), reps(full.dst), reps(full.chunk) + offset,
+                    np.ones(len(step), dtype=np.int64), reps(full.reduce), half, full.nchunks)
+
+
+def owners(layout: Layout) -> np.ndarray:
+    """The rank that owns each piece-local chunk (``ring * N + final``) after the
+    reduce-scatter: final index ``k`` of ring ``r`` ends at ``grids[r].flat[k]``."""
+    return np.concatenate([g.reshape(-1) for g in layout.grids]).astype(np.int64)
+
+
+@no_gc
+def build_sharded(nranks: int, msgs: Messages, layout: Layout, sizes: np.ndarray,
+                  collective: str, **meta: object) -> Schedule:
+    """Materialize ``len(sizes)`` pieces of :func:`shard_messages` as a ``collective``
+    schedule whose chunks are grouped into shards in rank order (docs/SCHEDULE.md).
+
+    Piece ``p`` runs ``p`` steps after piece ``p - 1``. Rank ``o``'s shard is its own
+    final chunk of every ring and piece, ordered by (piece, ring): chunk
+    ``o * Q R + p R + r``.
+    """
+    q, nrings = len(sizes), len(layout.grids)
+    own = owners(layout)
+    per_piece = msgs.nchunks
+    old = chunk_fractions(layout, np.asarray(sizes, dtype=float))
+    p_all = np.arange(q, dtype=np.int64)
+    c_all = np.arange(per_piece, dtype=np.int64)
+    new_id = own[None, :] * (q * nrings) + p_all[:, None] * nrings + (c_all // nranks)[None, :]
+    fractions = np.empty(q * per_piece)
+    fractions[new_id.ravel()] = old
+    m = len(msgs.step)
+    p = np.repeat(p_all, m)
+    step = np.tile(msgs.step, q) + p
+    src = np.tile(msgs.src, q)
+    dst = np.tile(msgs.dst, q)
+    chunk = new_id[p, np.tile(msgs.chunk, q)]
+    red = np.tile(msgs.reduce, q)
+    rk = np.concatenate([src, dst])
+    st = np.concatenate([step, step])
+    pe = np.concatenate([dst, src])
+    ck = np.concatenate([chunk, chunk])
+    cd = np.concatenate([np.zeros(len(step), np.int64), 1 + red.astype(np.int64)])
+    del step, src, dst, chunk, red, p
+    return schedule_from_arrays(nranks, rk, st, pe, ck, cd, fractions.tolist(),
+                                collective=collective, **meta)
 
 
 def chunk_fractions(layout: Layout, sizes: np.ndarray) -> np.ndarray:

@@ -28,7 +28,9 @@ from ..cost import CostProfile, get_profile
 from ..errors import InfeasiblePlanError
 from ..schedule import Schedule
 from . import _mcf_hier as H
-from ._common import check_cap_args, check_caps, check_size, topo_order
+from ..collectives import DEFAULT as DEFAULT_COLLECTIVE
+from ._common import (check_cap_args, check_caps, check_collective, check_size, empty_schedule,
+                      topo_order)
 from ._mcf_lp import LinkModel, Packing, price_mst, solve_exact, solve_packing
 from ._mcf_trees import Tree, btree_edges, choose_pipeline, inorder_edges, make_tree, materialize, path_edges
 
@@ -269,16 +271,19 @@ class _Candidate:
 def _grid_candidate(cluster: Cluster, model: H.CostModel, layout: H.Layout, size: int,
                     chunks: int | None, max_ops: int, pieces: int | None = None,
                     profile: CostProfile | None = None, max_step_ops: int | None = None,
-                    max_chunks: int | None = None) -> _Candidate | None:
-    """A pipelined multi-level reduce-scatter/allgather on ``layout`` (see _mcf_hier);
-    None when even one piece is over the op budget or a cap."""
+                    max_chunks: int | None = None,
+                    collective: str = DEFAULT_COLLECTIVE) -> _Candidate | None:
+    """A pipelined multi-level reduce-scatter/allgather on ``layout`` (see _mcf_hier),
+    or for a sharded ``collective`` its one half; None when even one piece is over the
+    op budget or a cap."""
     n = cluster.nranks
+    sharded = collective != DEFAULT_COLLECTIVE
     # One piece holds 2 ops per message; refuse layouts whose single piece is over budget
     # before generating anything (a flat ring: about 4 N ops per rank per piece).
-    ops_per_piece = 2 * H.message_count(layout)
+    ops_per_piece = 2 * (H.shard_message_count(layout) if sharded else H.message_count(layout))
     if ops_per_piece > max(max_ops, GRID_OPS):
         return None
-    msgs = H.messages(layout)
+    msgs = H.shard_messages(layout, collective) if sharded else H.messages(layout)
     if max_chunks is not None and msgs.nchunks > max_chunks:
         return None
     loads, lat, soft = H.piece_profile(model, msgs, H.chunk_fractions(layout, np.ones(1)),
@@ -298,6 +303,8 @@ def _grid_candidate(cluster: Cluster, model: H.CostModel, layout: H.Layout, size
     q = len(sizes)
 
     def make() -> Schedule:
+        if sharded:
+            return H.build_sharded(n, msgs, layout, sizes, collective)
         return H.build(n, msgs, H.chunk_fractions(layout, sizes), q)
 
     return _Candidate(f"grid {layout.name}", est, ops_per_piece * q, make,
@@ -371,8 +378,10 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
              profile: CostProfile | str | None = None, max_step_ops: int | None = None,
              max_chunks: int | None = None, exact: bool | None = None,
              time_limit: float = 20.0, max_ops: int | None = None,
-             flat_max: int = FLAT_MAX, check: bool = True) -> Schedule:
-    """Plan an allreduce near the cut lower bound: LP-shaped, pipelined, verified.
+             flat_max: int = FLAT_MAX, check: bool = True,
+             collective: str = DEFAULT_COLLECTIVE) -> Schedule:
+    """Plan an allreduce (or a reduce-scatter or an allgather) near the cut lower bound:
+    LP-shaped, pipelined, verified.
 
     Constructions (each a reduce-scatter + allgather in which every data shard is
     reduced along an in-tree into one root and broadcast back along the same tree,
@@ -391,6 +400,14 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
 
     Each is priced by a lock-step model (every step lasts as long as its busiest
     link, plus its worst path latency) and the cheapest is built.
+
+    A reduce-scatter is the grid's (or ring's) first half and an allgather its second
+    half: every rank owns one final chunk per ring and pipeline piece, ``1/N`` of the
+    buffer in all, and the chunks are numbered so that each rank's own make its shard
+    (docs/SCHEDULE.md). A segment a rank hands on then holds one op per shard it spans
+    (about ``N`` ops per rank per piece and ring, against ``sum_d (b_d - 1)`` for the
+    allreduce's chunk ranges). The trees construction is not offered for them: its
+    reduce-and-broadcast trees have no sharded half (boxes that differ get the rings).
 
     Under the runtime's cost profile a step also pays its alpha, the step overhead,
     the posting of its ops at the busiest rank and the adds of its reducing recvs.
@@ -426,6 +443,10 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         Above this many ranks the tree LP is solved hierarchically.
     check : bool
         Run :func:`topoplan.verify` on the result.
+    collective : {"allreduce", "reduce_scatter", "allgather"}
+        What to plan (:mod:`topoplan.collectives`); ``size`` is the full buffer. The
+        sharded ones are within 1.05x of :func:`topoplan.bound.shard_bound` at 256 MiB
+        on every shipped topology (scripts/bench_planners.py --collective).
 
     Returns
     -------
@@ -451,6 +472,8 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     (steps x distinct link loads) x (pieces + steps).
     """
     size = check_size(size, "mcf")
+    collective = check_collective(collective, "mcf")
+    sharded = collective != DEFAULT_COLLECTIVE
     costs = get_profile(profile)
     check_cap_args(max_step_ops, max_chunks, "mcf")
     caps = {"max_step_ops": max_step_ops, "max_chunks": max_chunks}
@@ -459,6 +482,9 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         max_ops = max(SOFT_OPS, min(OPS_PER_RANK * n, MAX_OPS))
     start = time.perf_counter()
     if n == 1:
+        if sharded:
+            return empty_schedule(cluster, "mcf", collective=collective, construction="none",
+                                  profile=costs.name)
         return materialize(1, [], np.ones(1), 1, algorithm="mcf", cluster=cluster.name,
                            construction="none", profile=costs.name)
     _check_connected(cluster)
@@ -488,7 +514,8 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         # The plain ring (rank order, one piece), so that mcf is never behind it.
         try:
             cand = _grid_candidate(cluster, model, H.flat_ring_layout(list(range(n)), "ring"),
-                                   size, None, max_ops, pieces=1, profile=costs, **caps)
+                                   size, None, max_ops, pieces=1, profile=costs,
+                                   collective=collective, **caps)
             if cand is not None:
                 cands.append(cand)
         except InfeasiblePlanError as exc:
@@ -496,14 +523,14 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     for layout in grids:
         try:
             cand = _grid_candidate(cluster, model, layout, size, chunks, max_ops,
-                                   profile=costs, **caps)
+                                   profile=costs, collective=collective, **caps)
         except InfeasiblePlanError as exc:  # e.g. a ring across rails that never meet
             failure = exc
             continue
         if cand is not None:
             cands.append(cand)
-    if not any(c.name.startswith("grid") and c.name not in ("grid ring", "grid ring-topo")
-               for c in cands):
+    if not sharded and not any(c.name.startswith("grid")
+                               and c.name not in ("grid ring", "grid ring-topo") for c in cands):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # reported below, once
             tree = _tree_candidate(cluster, size, chunks, exact, time_limit, max_ops, flat_max,
@@ -515,7 +542,8 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         if failure is not None:
             raise failure
         caps_text = ", ".join(f"{k}={v}" for k, v in caps.items() if v is not None)
-        raise InfeasiblePlanError(f"mcf on {cluster.name!r}: no construction fits in {max_ops} "
+        raise InfeasiblePlanError(f"mcf {collective} on {cluster.name!r}: no construction fits "
+                                  f"in {max_ops} "
                                   f"ops{' and ' + caps_text if caps_text else ''}")
     best_est = min(c.estimate_s for c in cands)
     # Within 1% of the best, a schedule of at most half the ops wins (faster to build,
