@@ -45,7 +45,7 @@ from ._common import no_gc, schedule_from_arrays
 
 __all__ = ["Layout", "layouts", "Messages", "messages", "message_count", "estimate", "choose_pieces",
            "build", "box_rings", "box_ring_sets", "SoftCosts", "shard_messages",
-           "shard_message_count", "owners", "build_sharded"]
+           "shard_message_count", "owners", "build_sharded", "rail_layouts"]
 
 _SEND, _RECV = OpKind.SEND, OpKind.RECV
 #: The least relative gain for which choose_pieces doubles the pipeline depth.
@@ -79,6 +79,10 @@ class Layout:
     grids: tuple[np.ndarray, ...]
     weights: np.ndarray
     direct: tuple[bool, ...] = ()
+    #: A sharded-only construction (:func:`rail_layouts`): ``dims`` are (boxes, GPUs a
+    #: box, peers a round), ``grids[0]`` is (box position, rail) and the chunks are
+    #: numbered along it; not a grid of levels.
+    rails: bool = False
 
     def is_direct(self, d: int) -> bool:
         return bool(self.direct) and self.direct[d]
@@ -529,9 +533,98 @@ def messages(layout: Layout) -> Messages:
     return Messages(cat[0], cat[1], cat[2], cat[3], cat[4], cat[5], nsteps, n * len(layout.grids))
 
 
+def rail_layouts(cluster: Cluster) -> list[Layout]:
+    """Rail exchanges with in-box fan-out, for an allgather or a reduce-scatter of equal
+    boxes (empty for one box, or boxes that differ).
+
+    GPU ``j`` of every box is on rail ``j``. The boxes are laid out as (group, position):
+    one group per switch group (:func:`_switch_groups`, when they are equal), or one
+    box a group. An allgather sends each GPU's shard straight to its rail peers at its
+    position in the other groups (the ``k``-th next group in round ``ceil(k / m) - 1``,
+    ``m`` groups a round); what a round brought goes on, one step later, to the rail
+    peers of the own group; and every GPU hands each shard it got to all its box mates
+    one step after it got it. So each shard enters every group once, the copies inside
+    groups and boxes overlap the next rounds, and no pipeline pieces are needed: the
+    network carries ``(B - 1) / B`` of the buffer through each rail, the least possible.
+    Fewer groups a round shorten the fill, more cut the steps (each pays a path's
+    latency): one layout per ``m`` in 1, 4, 16, all. A reduce-scatter runs it backwards
+    (its reducing recvs may share a chunk in a step). About ``2 N`` ops per rank, one
+    per shard moved.
+    """
+    boxes = cluster.boxes
+    nb = len(boxes)
+    if nb < 2 or any(box.signature() != boxes[0].signature() for box in boxes[1:]):
+        return []
+    g = boxes[0].gpus
+    shapes = [[[b] for b in sorted(range(nb), key=lambda b: (
+        tuple(n.switch for n in boxes[b].nics), b))]]
+    groups = _switch_groups(cluster)
+    if len(groups) > 1 and len({len(grp) for grp in groups}) == 1 and len(groups[0]) > 1:
+        shapes.append(groups)
+    out = []
+    for shape in shapes:
+        first = np.array([[boxes[b].first_rank for b in grp] for grp in shape], dtype=np.int64)
+        grid = first[:, :, None] + np.arange(g, dtype=np.int64)[None, None, :]
+        a, size = first.shape
+        where = f"groups[{a}]x[{size}]" if size > 1 else f"boxes[{a}]"
+        for m in sorted({min(m, a - 1) for m in (1, 4, 16, a - 1)}):
+            out.append(Layout(f"rails[{g}] x {where} ({m} a round) + fan-out", (a, size, g, m),
+                              (grid,), np.ones(1), rails=True))
+    return out
+
+
+def _rail_messages(layout: Layout, collective: str) -> Messages:
+    """One piece of a :func:`rail_layouts` allgather (or, reversed, its reduce-scatter).
+
+    Chunk ``(x * s + p) * g + j`` is the shard of GPU ``j`` of the box at position ``p`` of
+    group ``x`` (``s`` boxes a group).
+    """
+    a, size, g, m = layout.dims
+    grid = layout.grids[0]
+    x, p, j = (v.ravel() for v in np.indices((a, size, g)))
+    count = a * size * g
+
+    def chunk(xs: np.ndarray, ps: np.ndarray) -> np.ndarray:
+        return (xs * size + ps) * g + j
+
+    parts = []
+
+    def send(step: int, dst: np.ndarray, chunks: np.ndarray) -> None:
+        parts.append((np.full(count, step), grid[x, p, j], dst, chunks))
+
+    # (arrival step, chunk) of every shard a rank holds: its own at -1, then the rounds.
+    held = [(-1, chunk(x, p))]
+    for k in range(1, a):  # round (k - 1) // m: own shard to the k-th next group
+        t = (k - 1) // m
+        send(t, grid[(x + k) % a, p, j], chunk(x, p))
+        held.append((t, chunk((x - k) % a, p)))
+    for t, c in list(held):  # on to the group, one step after arriving (own: step 0)
+        for l in range(1, size):
+            send(t + 1, grid[x, (p + l) % size, j], c)
+    for k in range(1, a):
+        for l in range(1, size):
+            held.append(((k - 1) // m + 1, chunk((x - k) % a, (p - l) % size)))
+    for l in range(1, size):
+        held.append((0, chunk(x, (p - l) % size)))
+    for t, c in held:  # to every box mate, one step after arriving
+        for o in range(1, g):
+            send(t + 1, grid[x, p, (j + o) % g], c)
+    step, src, dst, chk = (np.concatenate(v).astype(np.int64) for v in zip(*parts))
+    nsteps = int(step.max()) + 1
+    ones = np.ones(len(step), dtype=np.int64)
+    if collective == "reduce_scatter":
+        return Messages(nsteps - 1 - step, dst, src, chk, ones, np.ones(len(step), bool),
+                        nsteps, count)
+    return Messages(step, src, dst, chk, ones, np.zeros(len(step), bool), nsteps, count)
+
+
 def shard_message_count(layout: Layout) -> int:
     """``len(shard_messages(layout, ...).step)``, without building them: one message per
     final chunk a segment holds, ``R N sum_d (b_d - 1) stride_d`` (one phase)."""
+    if layout.rails:
+        a, size, g, _ = layout.dims
+        n = a * size * g
+        return n * ((a - 1) + a * (size - 1) + a * size * (g - 1))
     dims = layout.dims
     n = int(np.prod(dims)) if dims else 1
     strides = [int(np.prod(dims[d + 1:])) for d in range(len(dims))]
@@ -548,6 +641,8 @@ def shard_messages(layout: Layout, collective: str) -> Messages:
     owner (its shard) are the same final index in every ring and piece: a run of finals
     is a run of owners only by accident, so each becomes its own op.
     """
+    if layout.rails:
+        return _rail_messages(layout, collective)
     full = messages(layout)
     keep = full.reduce if collective == "reduce_scatter" else ~full.reduce
     half = full.nsteps // 2
@@ -604,7 +699,7 @@ def build_sharded(nranks: int, msgs: Messages, layout: Layout, sizes: np.ndarray
 
 def chunk_fractions(layout: Layout, sizes: np.ndarray) -> np.ndarray:
     """Fraction of each chunk: pieces (of ``sizes``) x rings x final index."""
-    n = int(np.prod(layout.dims)) if layout.dims else 1
+    n = int(layout.grids[0].size)
     per = np.repeat(layout.weights / n, n)
     fr = (np.asarray(sizes)[:, None] * per[None, :]).ravel()
     fr[-1] = 1.0 - fr[:-1].sum()

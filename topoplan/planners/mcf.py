@@ -509,6 +509,8 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     if n <= 256 or not grids:
         order = topo_order(cluster)
         grids.append(H.flat_ring_layout(order, "ring-topo"))
+    if sharded:
+        grids += H.rail_layouts(cluster)
     failure: InfeasiblePlanError | None = None
     if n <= 256:
         # The plain ring (rank order, one piece), so that mcf is never behind it.
