@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -269,6 +270,35 @@ def _fsdp2(world: int, planned) -> dict:
     return runs
 
 
+def readme_snippet() -> str:
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    return next(b for b in re.findall(r"```python\n(.*?)```", text, re.S)
+                if "PlannedCollectives" in b)
+
+
+def _readme(world: int, rank: int, cluster) -> dict:
+    """The README's FSDP example, run as written on an FSDP2 model and flat tensors."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = make_model()
+    fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
+    m = 5
+    names = {"model": model, "cluster": cluster, "dist": dist,
+             "full_params": torch.empty(world * m), "param_shard": torch.full((m,), rank + 1.0),
+             "grad_shard": torch.empty(m), "full_grads": torch.arange(world * m) * (rank + 1.0)}
+    exec(readme_snippet(), names)
+    model(batch(0, rank)[0]).sum().backward()     # the registered collectives run
+    return {"full_params": names["full_params"], "grad_shard": names["grad_shard"],
+            "fsdp_calls": {k: v.calls for k, v in names["planned"].stats.items()},
+            "registered": sum(v.calls for v in _registered(model).stats.values())}
+
+
+def _registered(model):
+    state = model._get_fsdp_state()
+    return state._fsdp_param_groups[0]._all_gather_comm.planned
+
+
 def _worker(rank: int, world: int, port: int, outdir: str) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -292,6 +322,7 @@ def _worker(rank: int, world: int, port: int, outdir: str) -> None:
                                    ring.all_gather_into_tensor),
         "flat_torch": _flat_fsdp(world, rank, native_rs, native_ag),
         "fsdp2": _fsdp2(world, PlannedCollectives(cluster, algorithm="auto")),
+        "readme": _readme(world, rank, cluster),
     }
     torch.save(result, Path(outdir) / f"rank{rank}.pt")
     dist.destroy_process_group()
@@ -465,6 +496,19 @@ def test_fsdp2_with_planned_collectives_matches_fsdp2(ranks):
         assert torch.allclose(ours, theirs, rtol=1e-6, atol=1e-7), f"rank {r}"
         assert torch.allclose(ours, final, rtol=1e-5, atol=1e-6), f"rank {r}"
         assert "no FSDP2 module in Sequential" in got["not_fsdp"]
+
+
+def test_the_readme_example_runs_as_written(ranks):
+    world, results = ranks
+    m = 5
+    for r, res in enumerate(results):
+        got = res["readme"]
+        assert torch.equal(got["full_params"],
+                           torch.arange(1.0, world + 1).repeat_interleave(m))
+        mean = torch.arange(world * m) * sum(range(1, world + 1)) / world
+        assert torch.allclose(got["grad_shard"], mean[r * m:(r + 1) * m])
+        assert got["fsdp_calls"] == {"allgather": 2, "reduce_scatter": 1}
+        assert got["registered"] > 0, "register_fsdp's collectives ran in backward"
 
 
 def test_needs_an_initialised_process_group():
