@@ -435,18 +435,24 @@ def register_fsdp(module: torch.nn.Module, cluster: Any = None, *, algorithm: st
         When no submodule is an FSDP2 module, or this PyTorch's FSDP2 has no custom
         collectives (``set_custom_all_gather``).
     """
-    modules = [m for m in module.modules() if hasattr(m, "_get_fsdp_state")]
-    if not modules:
-        raise TopoplanError(f"register_fsdp: no FSDP2 module in {type(module).__name__}; "
-                            "apply torch.distributed.fsdp.fully_shard(...) first")
-    if not all(hasattr(m, "set_custom_all_gather") for m in modules):
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        raise TopoplanError(f"register_fsdp: PyTorch {torch.__version__} has no FSDP2 "
+                            "(torch.distributed.fsdp.FSDPModule); use PlannedCollectives' "
+                            "methods directly") from None
+    if not hasattr(FSDPModule, "set_custom_all_gather"):
         raise TopoplanError(f"register_fsdp: FSDP2 in PyTorch {torch.__version__} has no "
                             "set_custom_all_gather / set_custom_reduce_scatter; use "
                             "PlannedCollectives' methods directly")
+    modules = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    if not modules:
+        raise TopoplanError(f"register_fsdp: no FSDP2 module in {type(module).__name__}; "
+                            "apply torch.distributed.fsdp.fully_shard(...) first")
     if planned is None:
         planned = PlannedCollectives(cluster, algorithm=algorithm, **kwargs)
     gather, scatter = FSDPAllGather(planned), FSDPReduceScatter(planned)
     for m in modules:
-        m.set_custom_all_gather(gather)  # type: ignore[operator]
-        m.set_custom_reduce_scatter(scatter)  # type: ignore[operator]
+        m.set_custom_all_gather(gather)  # type: ignore[arg-type]  # duck-typed Comm
+        m.set_custom_reduce_scatter(scatter)  # type: ignore[arg-type]
     return planned
