@@ -7,6 +7,9 @@
 - :class:`DistributedOptimizer`: tensor fusion, fp16 allreduce, double buffering.
 - :class:`Compression`: ``none`` / ``fp16`` with ``compress(t) -> (t, ctx)``.
 - :class:`PlannedAllreduce`: a topoplan schedule per byte size over any transport.
+- :class:`PlannedCollectives`: planned ``reduce_scatter_tensor`` / ``all_gather_into_tensor``
+  with torch's signatures on a process group (FSDP, ZeRO); :func:`register_fsdp` plugs
+  them into FSDP2's ``fully_shard``.
 """
 
 from __future__ import annotations
@@ -21,8 +24,11 @@ from .hooks import TopoplanHookState, allreduce_hook, fp16_compress_hook, regist
 from .optimizer import DistributedOptimizer, broadcast_parameters
 from .planned import (AllreduceStats, PlannedAllreduce, mpi_native_allreduce,
                       torch_native_allreduce)
+from .sharded import (FSDPAllGather, FSDPReduceScatter, PlannedCollectives, PlannedWork,
+                      register_fsdp)
 
 __all__ = ["Compression", "Compressor", "FP16Compressor", "NoneCompressor", "TopoplanHookState",
            "allreduce_hook", "fp16_compress_hook", "register", "DistributedOptimizer",
            "broadcast_parameters", "AllreduceStats", "PlannedAllreduce", "mpi_native_allreduce",
-           "torch_native_allreduce"]
+           "torch_native_allreduce", "PlannedCollectives", "PlannedWork", "FSDPAllGather",
+           "FSDPReduceScatter", "register_fsdp"]
