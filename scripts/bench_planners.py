@@ -10,6 +10,11 @@ topology. 1.00 is optimal; lower is better. Also prints how long planning took.
     python scripts/bench_planners.py --max-ranks 256  # skip the 1024-rank cluster
     python scripts/bench_planners.py --json out.json  # the rows as data too
     python scripts/bench_planners.py --plan-times 64,1024   # planning time only
+    python scripts/bench_planners.py --collective allgather --profile ideal --sizes 256MiB
+
+``--collective`` benches reduce-scatter or allgather (the planners that plan it; the
+bound is then ForestColl's shard bound). ``--profile`` plans *and* simulates under that
+cost profile (default: each planner's own default to plan, links only to simulate).
 
 ``main()`` returns the rows (one dict per planner x topology x size) so other
 scripts can reuse them.
@@ -29,12 +34,14 @@ sys.path.insert(0, str(ROOT))
 
 from topoplan.cluster import load_cluster  # noqa: E402
 from topoplan.errors import TopoplanError  # noqa: E402
-from topoplan.planners import PLANNERS, candidates  # noqa: E402
+from topoplan.collectives import COLLECTIVES  # noqa: E402
+from topoplan.planners import PLANNERS, candidates, planners_for  # noqa: E402
 from topoplan.units import format_size, parse_size  # noqa: E402
 
 
 def bench(paths: list[Path], planners: list[str], sizes: list[int], max_ranks: int,
-          verify_plans: bool) -> list[dict[str, Any]]:
+          verify_plans: bool, collective: str = "allreduce",
+          profile: str | None = None) -> list[dict[str, Any]]:
     """Plan + simulate every (topology, planner, size); one record each."""
     try:
         from topoplan.simulate import simulate
@@ -53,15 +60,19 @@ def bench(paths: list[Path], planners: list[str], sizes: list[int], max_ranks: i
         for size in sizes:
             for name in planners:
                 record: dict[str, Any] = {"topology": path.stem, "nranks": cluster.nranks,
-                                          "planner": name, "size_bytes": size}
+                                          "planner": name, "size_bytes": size,
+                                          "collective": collective, "profile": profile}
+                options: dict[str, Any] = {} if profile is None else {"profile": profile}
+                if collective != "allreduce":
+                    options["collective"] = collective
                 try:
                     t0 = time.perf_counter()
-                    schedule = PLANNERS[name](cluster, size=size)
+                    schedule = PLANNERS[name](cluster, size=size, **options)
                     record["plan_s"] = time.perf_counter() - t0
                     if verify_plans:
                         verify(schedule)
                     t0 = time.perf_counter()
-                    report = simulate(cluster, schedule, size=size)
+                    report = simulate(cluster, schedule, size=size, profile=profile)
                     record["sim_s"] = time.perf_counter() - t0
                 except TopoplanError as exc:
                     record["error"] = str(exc)
@@ -71,7 +82,8 @@ def bench(paths: list[Path], planners: list[str], sizes: list[int], max_ranks: i
                 record.update(time_s=report.time_s, lower_bound_s=report.lower_bound_s,
                               ratio=report.time_s / report.lower_bound_s,
                               busbw_GBps=report.busbw / 1e9, nops=schedule.nops,
-                              nchunks=schedule.nchunks)
+                              nchunks=schedule.nchunks,
+                              construction=schedule.meta.get("construction"))
                 rows.append(record)
                 print(f"# {path.stem:24s} {format_size(size):>8s} {name:13s} "
                       f"ratio {record['ratio']:7.2f}  plan {record['plan_s']:6.2f}s  "
@@ -154,8 +166,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("topologies", nargs="*", type=Path,
                         help="cluster YAML files (default: topologies/*.yaml)")
-    parser.add_argument("--planners", default=",".join(n for n in candidates()),
-                        help="comma-separated planner names (default: every registered one)")
+    parser.add_argument("--planners", default=None,
+                        help="comma-separated planner names (default: every registered one "
+                             "that plans the collective)")
+    parser.add_argument("--collective", default="allreduce", choices=list(COLLECTIVES),
+                        help="what to plan (default allreduce)")
+    parser.add_argument("--profile", default=None,
+                        help="plan and simulate under this cost profile (e.g. ideal, nccl)")
     parser.add_argument("--sizes", default="1MiB,256MiB", help="comma-separated sizes")
     parser.add_argument("--max-ranks", type=int, default=1 << 30,
                         help="skip topologies with more ranks")
@@ -166,7 +183,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                              "counts (comma-separated, e.g. 64,1024); no simulation")
     args = parser.parse_args(argv)
     paths = args.topologies or sorted((ROOT / "topologies").glob("*.yaml"))
-    planners = [p.strip() for p in args.planners.split(",") if p.strip()]
+    if args.planners is None:
+        planners = [n for n in candidates() if n in planners_for(args.collective)]
+    else:
+        planners = [p.strip() for p in args.planners.split(",") if p.strip()]
     unknown = [p for p in planners if p not in PLANNERS]
     if unknown:
         parser.error(f"unknown planners {unknown}; known: {', '.join(PLANNERS)}")
@@ -176,8 +196,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         if args.json:
             args.json.write_text(json.dumps(rows, indent=1))
         return rows
-    rows = bench(paths, planners, sizes, args.max_ranks, args.verify)
-    print("predicted time / lower bound (1.00 = optimal; best per size in bold)\n")
+    rows = bench(paths, planners, sizes, args.max_ranks, args.verify, args.collective,
+                 args.profile)
+    print(f"{args.collective}: predicted time / lower bound (1.00 = optimal; best per size "
+          f"in bold; profile {args.profile or 'planner default, simulated on links only'})\n")
     print(table(rows, planners, sizes))
     timed = [r["plan_s"] for r in rows if "plan_s" in r]
     if timed:

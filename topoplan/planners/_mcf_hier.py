@@ -31,6 +31,7 @@ about ``4 N``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -663,7 +664,7 @@ def owners(layout: Layout) -> np.ndarray:
 
 @no_gc
 def build_sharded(nranks: int, msgs: Messages, layout: Layout, sizes: np.ndarray,
-                  collective: str, **meta: object) -> Schedule:
+                  collective: str, **meta: Any) -> Schedule:
     """Materialize ``len(sizes)`` pieces of :func:`shard_messages` as a ``collective``
     schedule whose chunks are grouped into shards in rank order (docs/SCHEDULE.md).
 
@@ -944,7 +945,7 @@ def choose_pieces(loads: np.ndarray, step_lat: np.ndarray, size: float, ops_per_
 # --------------------------------------------------------------------------------------
 
 @no_gc
-def build(nranks: int, msgs: Messages, fractions: np.ndarray, q: int, **meta: object) -> Schedule:
+def build(nranks: int, msgs: Messages, fractions: np.ndarray, q: int, **meta: Any) -> Schedule:
     """Materialize ``q`` pieces of ``msgs`` (piece ``p`` shifted by ``p`` steps)."""
     m = len(msgs.step)
     p = np.repeat(np.arange(q, dtype=np.int64), m)
