@@ -7,8 +7,9 @@ thread block runs its ``<step>`` elements in order. This module reads that forma
 frozen dataclasses (:class:`Algo`, :class:`Gpu`, :class:`ThreadBlock`, :class:`Step`),
 refuses what the executor's parser refuses (with file, line and element), writes it back
 (:func:`to_xml`), reports what exceeds the executor's compile-time limits
-(:func:`limit_violations`) and checks symbolically that the steps compute an allreduce
-(:func:`check_msccl`), without running a GPU.
+(:func:`limit_violations`) and checks symbolically that the steps compute their
+collective, an allreduce, a reduce-scatter or an allgather (:func:`check_msccl`), without
+running a GPU.
 
 The checker interprets the step types over contribution sets (which ranks' inputs a
 buffer unit holds), with FIFO connections of bounded capacity between thread blocks,
@@ -19,10 +20,15 @@ exporter's test oracle.
 
 References
 ----------
-- Azure/msccl-executor-nccl: ``src/misc/msccl/msccl_parser.cc`` (what a file may hold),
-  ``src/device/msccl_kernel.cu`` (how steps, dependencies and flags run),
+- Azure/msccl-executor-nccl: ``src/misc/msccl/msccl_parser.cc`` (what a file may hold;
+  ``coll`` and its ``sizeMultiplier``), ``src/device/msccl_kernel.cu`` (how steps,
+  dependencies and flags run), ``src/misc/msccl/msccl_setup.cc`` (the kernel's count:
+  the caller's count times ``sizeMultiplier``), ``src/misc/msccl/msccl_lifecycle.cc``
+  (when a call is in place, and which counts an algorithm is picked for),
   ``src/include/msccl/msccl_struct.h`` and ``makefiles/common.mk`` (the limits).
-- microsoft/msccl-tools: ``msccl/language/ir.py`` (``ir_to_xml``, the writer of the format).
+- microsoft/msccl-tools: ``msccl/language/ir.py`` (``ir_to_xml``, the writer of the format),
+  ``msccl/language/collectives.py`` (``AllGather``, ``ReduceScatter``: buffers in place
+  and out of place, and their postconditions).
 """
 
 from __future__ import annotations
@@ -395,6 +401,10 @@ def _parse_root(root: Element, file: str) -> Algo:
     nchannels = root.int("nchannels", minimum=1)
     nchunks = root.int("nchunksperloop", minimum=1)
     ngpus = root.int("ngpus", minimum=1)
+    if root.attrs.get("coll") == "reduce_scatter":
+        raise root.error("'reduce_scatter' is msccl-tools' name for its ReduceScatter, but the "
+                         "executor knows only 'reducescatter' (msccl_parser.cc refuses the "
+                         "file: unsupported collective); write coll=\"reducescatter\"", "coll")
     coll = _choice(root, "coll", COLLECTIVES)
     inplace = _flag(root, "inplace")
     outofplace = _flag(root, "outofplace")

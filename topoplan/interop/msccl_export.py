@@ -2,14 +2,28 @@
 
 How a topoplan schedule becomes thread blocks:
 
+- **Collectives.** An allreduce, a reduce-scatter or an allgather (the schedule's
+  ``collective``), written as ``coll="allreduce"``, ``"reducescatter"`` or
+  ``"allgather"`` with NCCL's buffers: ``nchunksperloop`` cuts the full buffer (the
+  executor multiplies a reduce-scatter's and an allgather's per-rank count by
+  ``ngpus``), so each rank's shard is ``nchunksperloop / ngpus`` of them.
 - **Chunks to MSCCL chunks.** The buffer is cut into ``nchunksperloop`` equal MSCCL
   chunks; topoplan chunk ``k`` is a whole number of them (exact when the fractions are
-  multiples of ``1/D`` for a ``D`` up to 4096, else rounded, and said so). ``--channels
+  multiples of ``1/D`` for a ``D`` up to 4096, else rounded, and said so; a sharded
+  collective's shards are rounded each on the same grid, so they stay equal). ``--channels
   K`` stacks ``K`` copies of the plan on ``K`` disjoint slices of the buffer, one set of
-  channels each, as msccl-tools' instances do.
-- **Buffers.** A rank reads its own contribution from the input buffer ``i`` and keeps
-  everything it has received in the output buffer ``o``, so the algorithm is right both
-  in place (``i`` is ``o``) and out of place.
+  channels each, as msccl-tools' instances do; for a sharded collective instance ``c``
+  takes slice ``c`` of every shard, so that each instance is a reduce-scatter or an
+  allgather of its own (messages are cut where they cross a shard).
+- **Buffers** (:class:`_Space`). A rank reads its own contribution from the input
+  buffer ``i`` until it has received into a chunk. An allreduce keeps what it received
+  in the output buffer ``o``. An allgather's ``i`` is the rank's shard; every received
+  chunk goes to ``o``, and a ``cpy`` puts the rank's own shard there. A
+  reduce-scatter's ``o`` is the rank's shard: sums of its own chunks go there, partial
+  sums of other ranks' chunks to scratch ``s`` (unless they are only forwarded, by an
+  ``rrs``). The input is never written, so every algorithm is right both in place
+  (NCCL's layouts: ``i`` is ``o``; ``i`` is the rank's shard of ``o``; ``o`` is the
+  rank's shard of ``i``) and out of place.
 - **Messages to steps.** A send is an ``s`` step; a recv an ``r`` (overwrite) or ``rrc``
   (reduce); a message longer than the executor's count limit is several steps.
 - **Fusion.** A recv at step ``t`` whose result is exactly what the rank sends next, at
@@ -775,7 +789,7 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
     Parameters
     ----------
     schedule : Schedule
-        An allreduce; it is verified first.
+        An allreduce, a reduce-scatter or an allgather; it is verified first.
     proto : {"Simple", "LL", "LL128"}
         The NCCL protocol the executor runs the algorithm with.
     channels : int
@@ -797,7 +811,7 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
     Raises
     ------
     ScheduleError
-        The schedule is not an allreduce.
+        The schedule does not verify, or (a bug) the result fails the MSCCL check.
     PlannerError
         A bad option, or the plan does not fit the executor's limits even with every
         channel used; the message names the plan options that shrink it.

@@ -1,15 +1,20 @@
-"""An MSCCL XML allreduce as a topoplan schedule, to verify, simulate, show and bench it.
+"""An MSCCL XML algorithm as a topoplan schedule, to verify, simulate, show and bench it.
 
-A topoplan schedule keeps one value per chunk of one buffer, and runs each rank's ops in
+An allreduce, a reduce-scatter (``coll="reducescatter"``) or an allgather. A topoplan
+schedule keeps one value per chunk of one buffer, and runs each rank's ops in
 steps. An MSCCL algorithm has thread blocks that run concurrently, ordered by their own
 step order and ``depid``/``deps``, over three buffers. The import:
 
 - **checks** the algorithm with :func:`topoplan.interop.msccl.check_msccl` first, so a
   broken file is reported in MSCCL's terms (GPU, thread block, step);
-- **buffers:** reads ``i`` and ``o`` as one buffer (the in-place view). A scratch chunk
-  that one ``r`` fills and one ``re`` adds into the buffer becomes one reducing recv;
-  ``cpy`` between the same chunk of ``i`` and ``o`` does nothing in place. Anything else
-  on scratch, or a copy that moves data, is refused, saying which step;
+- **buffers** (:class:`_Where`): reads ``i`` and ``o`` as one buffer, the full buffer
+  in the collective's in-place view (an allgather's ``i`` is the rank's shard of ``o``;
+  a reduce-scatter's ``o`` the rank's shard of ``i``). A scratch chunk that one ``r``
+  fills and one ``re`` adds into the buffer becomes one reducing recv; scratch used
+  otherwise (a reduce-scatter's partial sums) holds the chunk the messages and reduces
+  that use it tie it to, one per scratch unit. A ``cpy`` between two places of the same
+  chunk does nothing in place. Scratch reused for another chunk, or a copy that moves
+  data, is refused, saying which step;
 - **steps:** gives every receive the earliest step its thread block order and
   dependencies allow (one more than the receives that must land before it), and every
   send the step after the receives it must follow: a send does not hold its thread
@@ -18,7 +23,8 @@ step order and ``depid``/``deps``, over three buffers. The import:
   read;
 - **messages:** an MSCCL chunk is a topoplan chunk of ``1/nchunksperloop``; the steps a
   message was split into (count limits, buffer changes) are joined again when both ends
-  hold them back to back; the result is coalesced into chunk ranges (IR v2).
+  hold them back to back (consecutive chunks of the full buffer); the result is
+  coalesced into chunk ranges (IR v2).
 
 The schedule is verified before it is returned; one that does not verify is refused,
 naming why.
@@ -529,7 +535,8 @@ def _levels(algo: Algo, units_of: dict[int, dict[int, list[_Unit]]], aligned: bo
 
 
 def import_msccl(algo: Algo, *, check: bool = True) -> Schedule:
-    """Turn an MSCCL allreduce into a verified topoplan :class:`Schedule`.
+    """Turn an MSCCL allreduce, reduce-scatter or allgather into a verified topoplan
+    :class:`Schedule` of that collective.
 
     Parameters
     ----------
