@@ -1,4 +1,5 @@
-"""Plans exported as MSCCL XML and MSCCL XML imported as plans.
+"""Plans exported as MSCCL XML and MSCCL XML imported as plans: allreduce, and
+reduce-scatter and allgather with NCCL's buffers.
 
 Every exported algorithm goes through the independent checker
 (:func:`topoplan.interop.msccl.check_msccl`) and the executor's limits; imports must
@@ -7,6 +8,7 @@ verify; the CLI writes nothing on error.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -19,11 +21,12 @@ from topoplan.errors import PlannerError, ScheduleError, XmlFormatError
 from topoplan.interop.msccl import Limits, check_msccl, limit_violations, parse_msccl, to_xml
 from topoplan.interop.msccl_export import _unit_grid, export_msccl
 from topoplan.interop.msccl_import import import_msccl
-from topoplan.schedule import coalesce
+from topoplan.schedule import Op, OpKind, build_schedule, coalesce
 from topoplan.verify import verify
 
-from .support.clusters import load_topology
-from .support.schedules import builders, hierarchical_schedule, ring_schedule
+from .support.clusters import load_topology, switch_cluster
+from .support.schedules import (builders, hierarchical_schedule, ring_allgather,
+                                ring_reduce_scatter, ring_schedule)
 
 PLANNERS = ["ring", "ring-topo", "tree", "rhd", "hierarchical", "mcf"]
 SIZES = [1 << 20, 1 << 28]
@@ -302,11 +305,6 @@ def test_parse_errors_are_xml_format_errors():
 
 # ---- reduce-scatter and allgather ---------------------------------------------------------
 
-from topoplan.schedule import Op, OpKind, build_schedule  # noqa: E402
-
-from .support.clusters import switch_cluster  # noqa: E402
-from .support.schedules import ring_allgather, ring_reduce_scatter  # noqa: E402
-
 SHARDED = ["allgather", "reduce_scatter"]
 MSCCL_NAME = {"allgather": "allgather", "reduce_scatter": "reducescatter"}
 
@@ -416,8 +414,7 @@ def test_reduce_scatter_sums_in_the_output_shard_and_passes_partial_sums_on():
 
 
 def _edit(algo, g, t, s, **changes):
-    import dataclasses
-
+    """``algo`` with step ``s`` of tb ``t`` of gpu ``g`` changed."""
     gpu = algo.gpus[g]
     tb = gpu.tbs[t]
     steps = list(tb.steps)
