@@ -1,4 +1,5 @@
-"""Plans exported as MSCCL XML and MSCCL XML imported as plans.
+"""Plans exported as MSCCL XML and MSCCL XML imported as plans: allreduce, and
+reduce-scatter and allgather with NCCL's buffers.
 
 Every exported algorithm goes through the independent checker
 (:func:`topoplan.interop.msccl.check_msccl`) and the executor's limits; imports must
@@ -7,6 +8,7 @@ verify; the CLI writes nothing on error.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -19,11 +21,12 @@ from topoplan.errors import PlannerError, ScheduleError, XmlFormatError
 from topoplan.interop.msccl import Limits, check_msccl, limit_violations, parse_msccl, to_xml
 from topoplan.interop.msccl_export import _unit_grid, export_msccl
 from topoplan.interop.msccl_import import import_msccl
-from topoplan.schedule import coalesce
+from topoplan.schedule import Op, OpKind, build_schedule, coalesce
 from topoplan.verify import verify
 
-from .support.clusters import load_topology
-from .support.schedules import builders, hierarchical_schedule, ring_schedule
+from .support.clusters import load_topology, switch_cluster
+from .support.schedules import (builders, hierarchical_schedule, ring_allgather,
+                                ring_reduce_scatter, ring_schedule)
 
 PLANNERS = ["ring", "ring-topo", "tree", "rhd", "hierarchical", "mcf"]
 SIZES = [1 << 20, 1 << 28]
@@ -241,8 +244,13 @@ def test_import_refuses_what_a_schedule_cannot_hold():
     algo = parse_msccl(moved)
     with pytest.raises(ScheduleError):
         import_msccl(algo)
+    other = parse_msccl(xml.replace('coll="allreduce"', 'coll="broadcast"'))
+    with pytest.raises(ScheduleError, match="only allreduce, allgather, reducescatter"):
+        import_msccl(other, check=False)
+    # relabelled, without the checker: the import's own bounds name the step
     other = parse_msccl(xml.replace('coll="allreduce"', 'coll="allgather"'))
-    with pytest.raises(ScheduleError, match="only allreduce"):
+    with pytest.raises(ScheduleError, match=r"<string>:\d+: gpu 0 tb 0 step \d \(\w+\): "
+                       r"cannot be a topoplan schedule: i\[1\] x1 lies past the 1 chunks of i"):
         import_msccl(other, check=False)
 
 
@@ -293,3 +301,272 @@ def test_cli_errors_name_the_file_and_write_nothing(tmp_path, capsys):
 def test_parse_errors_are_xml_format_errors():
     with pytest.raises(XmlFormatError, match=r"algo.xml:1"):
         parse_msccl("<algo", file="algo.xml")
+
+
+# ---- reduce-scatter and allgather ---------------------------------------------------------
+
+SHARDED = ["allgather", "reduce_scatter"]
+MSCCL_NAME = {"allgather": "allgather", "reduce_scatter": "reducescatter"}
+
+
+def _sharded_round_trip(cluster, schedule, size, **options):
+    """Export, check in both modes, import: the plan comes back, with its collective."""
+    coll = schedule.collective
+    result, algo = _round_trip(schedule, **options)
+    n, units = algo.ngpus, algo.nchunksperloop
+    assert algo.coll == MSCCL_NAME[coll] and units % n == 0
+    shard = units // n
+    for gpu in algo.gpus:  # NCCL's buffers: the send buffer of an allgather is one shard,
+        # the receive buffer of a reduce-scatter one shard; the other is the full buffer
+        assert (gpu.i_chunks, gpu.o_chunks) == ((shard, units) if coll == "allgather"
+                                                else (units, shard))
+    back = import_msccl(algo)
+    assert back.collective == coll and verify(back).collective == coll
+    assert back.nsteps == schedule.nsteps and back.nmessages == schedule.nmessages
+    assert _shape(back) == _shape(schedule)
+    for profile in ("ideal", "nccl"):
+        t0 = topoplan.simulate(cluster, schedule, size=size, profile=profile).time_s
+        t1 = topoplan.simulate(cluster, back, size=size, profile=profile).time_s
+        assert t1 == pytest.approx(t0, rel=1e-6), profile
+    return result, algo, back
+
+
+@pytest.mark.parametrize("topology", ["ddl_two_switch", "dgx1_v100", "aws_p3_16xlarge_x4"])
+@pytest.mark.parametrize("algorithm", ["ring", "ring-topo", "rhd"])
+@pytest.mark.parametrize("collective", SHARDED)
+def test_reduce_scatter_and_allgather_export_checked_and_come_back_the_same(
+        topology, algorithm, collective):
+    cluster = load_topology(topology)
+    for size in SIZES:
+        schedule = topoplan.plan(cluster, algorithm=algorithm, size=size,
+                                 collective=collective)
+        result, _, _ = _sharded_round_trip(cluster, schedule, size)
+        assert not any("rounded" in note for note in result.notes)
+
+
+@pytest.mark.parametrize("collective", SHARDED)
+@pytest.mark.parametrize("fuse", [True, False])
+@pytest.mark.parametrize("channels", [1, 3])
+def test_sharded_channels_and_unfused_come_back_the_same(collective, fuse, channels):
+    cluster = switch_cluster(6)
+    schedule = coalesce(topoplan.plan(cluster, algorithm="rhd", size=1 << 20,
+                                      collective=collective))
+    # rhd on 6 ranks folds ranks 4, 5 in with messages that span several shards: with
+    # instances they are cut at each shard (instance c takes slice c of every shard)
+    assert any(op.count > 2 for p in schedule.ranks for st in p.steps for op in st)
+    if channels == 1:
+        _sharded_round_trip(cluster, schedule, 1 << 20, fuse=fuse)
+        return
+    result, algo = _round_trip(schedule, fuse=fuse, channels=channels)
+    assert algo.nchannels == channels * result.segments
+    units = algo.nchunksperloop
+    shard = units // algo.ngpus
+    for gpu in algo.gpus:
+        for tb in gpu.tbs:
+            for x in tb.steps:  # no step crosses the edge of a shard of the full buffer
+                if x.type in ("r", "rcs", "rrc", "rrcs") and x.dstbuf == "o" and \
+                        collective == "allgather":
+                    assert x.dstoff // shard == (x.dstoff + x.cnt - 1) // shard
+    back = import_msccl(algo)
+    # every instance's messages come back in the plan's own steps
+    assert verify(back).collective == collective and back.nsteps == schedule.nsteps
+    assert _shape(back) == _shape(schedule)
+
+
+def test_allgather_reads_its_shard_from_the_input_and_copies_it_to_the_output():
+    schedule = ring_allgather([0, 1, 2, 3])
+    algo = export_msccl(schedule).algo
+    for gpu in algo.gpus:
+        g = gpu.id
+        steps = [st for tb in gpu.tbs for st in tb.steps]
+        # the shard goes out from i (in place: o[g]) before anything arrives
+        assert [(st.srcbuf, st.srcoff) for st in steps if st.type == "s"] == [("i", 0)]
+        copy = next(tb for tb in gpu.tbs if tb.send == tb.recv == -1)
+        assert [(st.type, st.srcbuf, st.srcoff, st.dstbuf, st.dstoff)
+                for st in copy.steps] == [("cpy", "i", 0, "o", g)]
+        assert copy.steps[0].depid >= 0  # after the send that reads i[0]: in place, o[g]
+        received = {st.dstoff for st in steps if st.type in ("r", "rcs")}
+        assert received == {0, 1, 2, 3} - {g}
+        assert all(st.dstbuf == "o" for st in steps if st.type in ("r", "rcs"))
+        assert gpu.s_chunks == 0
+
+
+def test_reduce_scatter_sums_in_the_output_shard_and_passes_partial_sums_on():
+    schedule = ring_reduce_scatter([0, 1, 2, 3])
+    algo = export_msccl(schedule).algo
+    for gpu in algo.gpus:
+        types = [st.type for tb in gpu.tbs for st in tb.steps]
+        assert types == ["s", "rrs", "rrs", "rrc"]  # nothing but its shard is stored
+        last = gpu.tbs[0].steps[-1]
+        assert (last.srcbuf, last.srcoff, last.dstbuf, last.dstoff) == ("i", gpu.id, "o", 0)
+        assert gpu.s_chunks == 0
+    unfused = export_msccl(schedule, fuse=False).algo
+    # separate thread blocks keep each partial sum, in scratch (out of place the input is
+    # read-only and the output is one shard): the full buffer less the rank's shard
+    for gpu in unfused.gpus:
+        writes = {(st.dstbuf, st.dstoff) for tb in gpu.tbs for st in tb.steps
+                  if st.type == "rrc"}
+        assert {buf for buf, _ in writes} == {"s", "o"} and gpu.s_chunks <= 3
+        assert not any(st.dstbuf == "i" for tb in gpu.tbs for st in tb.steps
+                       if st.type in ("r", "rrc", "rrcs", "rcs"))
+    check_msccl(unfused)
+    assert import_msccl(unfused).nsteps == schedule.nsteps
+
+
+def _edit(algo, g, t, s, **changes):
+    """``algo`` with step ``s`` of tb ``t`` of gpu ``g`` changed."""
+    gpu = algo.gpus[g]
+    tb = gpu.tbs[t]
+    steps = list(tb.steps)
+    steps[s] = dataclasses.replace(steps[s], **changes)
+    tbs = list(gpu.tbs)
+    tbs[t] = dataclasses.replace(tb, steps=tuple(steps))
+    gpus = list(algo.gpus)
+    gpus[g] = dataclasses.replace(gpu, tbs=tuple(tbs))
+    return dataclasses.replace(algo, gpus=tuple(gpus))
+
+
+def test_wrong_allgather_xml_is_caught_naming_mode_gpu_and_unit():
+    xml = to_xml(export_msccl(ring_allgather([0, 1, 2, 3])).algo)
+    algo = parse_msccl(xml, file="ag.xml")
+    # without the copy, out of place the rank's own shard never reaches o
+    lines = xml.splitlines()
+    copy_line = next(i for i, line in enumerate(lines) if 'type="cpy"' in line and
+                     'dstoff="1"' in line)
+    no_copy = "\n".join(lines[:copy_line] + [lines[copy_line].replace(
+        'type="cpy"', 'type="nop"').replace('cnt="1"', 'cnt="0"')] + lines[copy_line + 1:])
+    with pytest.raises(ScheduleError, match=r"ag\.xml \(out-of-place\): gpu 1 o\[1\] is never "
+                                            r"written; expected \{1\} only"):
+        check_msccl(parse_msccl(no_copy + "\n", file="ag.xml"))
+    # the copy without its dependency: in place it writes the memory a send reads
+    g1 = algo.gpus[1]
+    t = next(tb.id for tb in g1.tbs if tb.send == tb.recv == -1)
+    racy = _edit(algo, 1, t, 0, depid=-1, deps=-1)
+    with pytest.raises(ScheduleError, match=r"\(in-place\): gpu 1: race on o\[1\] \(i is "
+                                            r"o\[1\.\.1\] in-place\) between tb \d step 0 "
+                                            r"\((s|cpy)\) and tb \d step 0 \((s|cpy)\)"):
+        check_msccl(racy)
+    # a received chunk written one unit off
+    t = next(tb.id for tb in g1.tbs if tb.recv >= 0)
+    k = next(i for i, st in enumerate(g1.tbs[t].steps) if st.type == "r")
+    moved = _edit(algo, 1, t, k, dstoff=(g1.tbs[t].steps[k].dstoff + 1) % 4)
+    with pytest.raises(ScheduleError, match=r"gpu 1 o\[\d\] (holds chunk \d of \{\d\}; expected "
+                                            r"chunk \d of \{\d\} only|is never written; "
+                                            r"expected \{\d\} only)"):
+        check_msccl(moved)
+
+
+def test_wrong_reduce_scatter_xml_is_caught_naming_mode_gpu_and_unit():
+    algo = export_msccl(ring_reduce_scatter([0, 1, 2, 3]), fuse=False).algo
+    # the final sum put into the input buffer: out of place it is read-only
+    g0 = algo.gpus[0]
+    t = next(tb.id for tb in g0.tbs if tb.recv >= 0)
+    k = len(g0.tbs[t].steps) - 1
+    assert g0.tbs[t].steps[k].dstbuf == "o"
+    into_input = _edit(algo, 0, t, k, dstbuf="i", dstoff=0)
+    with pytest.raises(ScheduleError, match=r"\(out-of-place\): gpu 0 tb \d step \d \(rrc\) "
+                                            r"writes i\[0\], the input buffer"):
+        check_msccl(into_input)
+    # a partial sum of the wrong chunk
+    wrong = _edit(algo, 0, t, 0, srcoff=(g0.tbs[t].steps[0].srcoff + 1) % 4)
+    with pytest.raises(ScheduleError, match="a sum of two different chunks"):
+        check_msccl(wrong)
+    # the output shard holds one unit: an offset past it is the parser's error, with line
+    text = to_xml(algo).replace('dstbuf="o" dstoff="0"', 'dstbuf="o" dstoff="1"', 1)
+    with pytest.raises(XmlFormatError, match=r"rs\.xml:\d+: .*dstoff: units 1\.\.1 are outside "
+                                             r"buffer o of gpu 0 \(o_chunks=1\)"):
+        parse_msccl(text, file="rs.xml")
+
+
+def test_import_refuses_scratch_reused_for_another_chunk():
+    algo = export_msccl(ring_reduce_scatter([0, 1, 2, 3]), fuse=False).algo
+    g0 = algo.gpus[0]
+    # gpu 0 keeps chunks 2 and 1 in s[1] and s[0]: put both in s[1]
+    edited = algo
+    for tb in g0.tbs:
+        for k, st in enumerate(tb.steps):
+            if st.srcbuf == "s" and st.srcoff == 0:
+                edited = _edit(edited, 0, tb.id, k, srcoff=1)
+            if st.dstbuf == "s" and st.dstoff == 0:
+                edited = _edit(edited, 0, tb.id, k, dstoff=1)
+    with pytest.raises(ScheduleError, match="race on s"):
+        check_msccl(edited)  # the checker sees the overwrite race first
+    with pytest.raises(ScheduleError, match=r"gpu 0 tb \d step \d \(\w+\): cannot be a topoplan "
+                                            r"schedule: s\[1\] holds chunks 1, 2"):
+        import_msccl(edited, check=False)
+
+
+def test_sharded_rounded_grid_keeps_shard_boundaries():
+    a, b = 0.123456789, 0.2
+    bounds, note = _unit_grid([a, 0.5 - a, b, 0.5 - b], nshards=2)
+    assert bounds[2] * 2 == bounds[-1] and note is not None and "per shard" in note
+    assert all(abs((y - x) / bounds[-1] - c) <= 1 / bounds[-1]
+               for x, y, c in zip(bounds, bounds[1:], [a, 0.5 - a, b, 0.5 - b]))
+    # end to end: a two-rank allgather of those chunks
+    steps = [[[Op(OpKind.SEND, 1, 0, False, 2), Op(OpKind.RECV, 1, 2, False, 2)]],
+             [[Op(OpKind.SEND, 0, 2, False, 2), Op(OpKind.RECV, 0, 0, False, 2)]]]
+    schedule = build_schedule(2, [a, 0.5 - a, b, 0.5 - b], steps, collective="allgather")
+    result, algo = _round_trip(schedule)
+    assert any("rounded" in n for n in result.notes)
+    assert algo.gpus[0].i_chunks * 2 == algo.nchunksperloop
+    assert import_msccl(algo).collective == "allgather"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), fuse=st.booleans(), channels=st.integers(1, 3))
+def test_property_sharded_export_check_import_verify(data, fuse, channels):
+    n = data.draw(st.integers(2, 7), label="n")
+    collective = data.draw(st.sampled_from(SHARDED), label="collective")
+    kind = data.draw(st.sampled_from(["ring", "ring-topo", "rhd"]), label="planner")
+    if kind == "ring":
+        order = data.draw(st.permutations(list(range(n))), label="order")
+        build = ring_allgather if collective == "allgather" else ring_reduce_scatter
+        schedule = build(list(order))
+    else:
+        schedule = topoplan.plan(switch_cluster(n), algorithm=kind, size=1 << 20,
+                                 collective=collective)
+    if data.draw(st.booleans(), label="coalesce"):
+        schedule = coalesce(schedule)
+    result = export_msccl(schedule, fuse=fuse, channels=channels)
+    algo = parse_msccl(to_xml(result.algo))
+    assert set(check_msccl(algo).modes) == {"inplace", "outofplace"}
+    assert limit_violations(algo) == []
+    back = import_msccl(algo)
+    assert verify(back).collective == collective
+    assert back.nsteps == schedule.nsteps and _shape(back) == _shape(schedule)
+
+
+def test_cli_exports_and_imports_a_planned_allgather(tmp_path, capsys):
+    plan = tmp_path / "ag.json"
+    assert main(["plan", "topologies/dgx1_v100.yaml", "--algorithm", "rhd", "--collective",
+                 "allgather", "--size", "1MiB", "-o", str(plan)]) == 0
+    xml = tmp_path / "ag.xml"
+    capsys.readouterr()
+    assert main(["export", str(plan), "--format", "msccl", "-o", str(xml)]) == 0
+    out = capsys.readouterr().out
+    assert "allgather of 8 GPUs" in out and "checked" in out
+    assert re.search(r"count\s+per\s+rank\s+is\s+a\s+multiple\s+of\s+8", out)
+    assert 'coll="allgather"' in xml.read_text()
+    back = tmp_path / "back.json"
+    assert main(["import", "msccl", str(xml), "-o", str(back)]) == 0
+    assert json.loads(back.read_text())["collective"] == "allgather"
+    assert main(["verify", str(back)]) == 0
+    assert main(["simulate", "topologies/dgx1_v100.yaml", str(back), "--size", "1MiB"]) == 0
+
+
+def test_cli_reduce_scatter_error_names_the_file(tmp_path, capsys):
+    plan = tmp_path / "rs.json"
+    assert main(["plan", "topologies/ddl_two_switch.yaml", "--algorithm", "ring",
+                 "--collective", "reduce_scatter", "--size", "1MiB", "-o", str(plan)]) == 0
+    xml = tmp_path / "rs.xml"
+    assert main(["export", str(plan), "-o", str(xml)]) == 0
+    capsys.readouterr()
+    text = xml.read_text()
+    assert 'coll="reducescatter"' in text
+    bad = tmp_path / "bad.xml"
+    bad.write_text(text.replace('coll="reducescatter"', 'coll="reduce_scatter"'))
+    assert main(["import", "msccl", str(bad), "-o", str(tmp_path / "x.json")]) == 1
+    err = capsys.readouterr().err
+    assert "bad.xml:1" in err and "coll" in err and "msccl-tools' name" in err
+    assert "reducescatter" in err
+    assert not (tmp_path / "x.json").exists()

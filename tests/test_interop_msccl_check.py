@@ -536,8 +536,20 @@ def test_out_of_place_must_not_write_input() -> None:
 
 
 def test_other_collectives_refused() -> None:
+    check_error(dataclasses.replace(ring(), coll="broadcast"),
+                r"checks allreduce, allgather, reducescatter algorithms; coll='broadcast' "
+                r"is not supported")
+
+
+def test_an_allreduce_labelled_allgather_or_reducescatter_is_caught() -> None:
+    # The ring's buffers are whole-buffer sized: an allgather's input is one shard.
     check_error(dataclasses.replace(ring(), coll="allgather"),
-                r"checks allreduce algorithms; coll='allgather' is not supported")
+                r"gpu 0 i_chunks=4 exceeds the 1 chunks of the allgather's send buffer "
+                r"\(nchunksperloop / ngpus\)")
+    check_error(dataclasses.replace(ring(), coll="reducescatter"),
+                r"gpu 0 o_chunks=4 exceeds the 1 chunks of the reducescatter's receive buffer")
+    check_error(dataclasses.replace(ring(), coll="reducescatter", nchunksperloop=6),
+                r"coll='reducescatter': nchunksperloop=6 is not a multiple of ngpus=4")
 
 
 def test_large_algorithm_runs() -> None:

@@ -14,9 +14,11 @@ from .common import console, positive_int, size_arg
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "export", help="write a plan in another tool's format (MSCCL XML)",
-        description="Write a schedule as an MSCCL XML algorithm that msccl-executor-nccl and "
-                    "RCCL run (docs/INTEROP.md). The result passes topoplan's MSCCL checker "
-                    "and the executor's limits, or nothing is written.")
+        description="Write a schedule (an allreduce, a reduce-scatter or an allgather: "
+                    "topoplan plan --collective) as an MSCCL XML algorithm that "
+                    "msccl-executor-nccl and RCCL run (docs/INTEROP.md). The result passes "
+                    "topoplan's MSCCL checker and the executor's limits, or nothing is "
+                    "written.")
     parser.add_argument("plan", help="schedule JSON file")
     parser.add_argument("--format", choices=["msccl"], default="msccl",
                         help="output format (default msccl)")
@@ -57,11 +59,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     err = console() if args.output else None
     for note in result.notes:
         print(f"topoplan: note: {note}", file=sys.stderr)
-    summary = (f"{algo.name}: {algo.ngpus} GPUs, {algo.nchannels} channel(s), "
+    # msccl_lifecycle.cc: NCCL's count (per rank for reducescatter and allgather) must
+    # be a multiple of nchunksperloop
+    count = "element count" if algo.coll == "allreduce" else "count per rank"
+    summary = (f"{algo.name}: {algo.coll} of {algo.ngpus} GPUs, {algo.nchannels} channel(s), "
                f"nchunksperloop {algo.nchunksperloop}, up to {result.max_tbs} thread blocks "
                f"per GPU and {result.max_steps} steps per thread block, {result.fused} fused "
-               f"steps per instance; checked. The executor picks it for messages whose element "
-               f"count is a multiple of {algo.nchunksperloop}")
+               f"steps per instance; checked. The executor picks it for messages whose {count} "
+               f"is a multiple of {algo.nchunksperloop}")
     if args.output:
         atomic_write(Path(args.output), text)
         assert err is not None

@@ -11,7 +11,8 @@ from .common import console
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "import", help="read another tool's algorithm (MSCCL XML) as a plan JSON",
-        description="Check an MSCCL XML allreduce symbolically and turn it into a topoplan "
+        description="Check an MSCCL XML allreduce, reduce-scatter or allgather symbolically "
+                    "and turn it into a topoplan "
                     "schedule, so verify, simulate, show and bench work on it "
                     "(docs/INTEROP.md).")
     parser.add_argument("format", choices=["msccl"], help="input format")

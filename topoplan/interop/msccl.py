@@ -7,8 +7,9 @@ thread block runs its ``<step>`` elements in order. This module reads that forma
 frozen dataclasses (:class:`Algo`, :class:`Gpu`, :class:`ThreadBlock`, :class:`Step`),
 refuses what the executor's parser refuses (with file, line and element), writes it back
 (:func:`to_xml`), reports what exceeds the executor's compile-time limits
-(:func:`limit_violations`) and checks symbolically that the steps compute an allreduce
-(:func:`check_msccl`), without running a GPU.
+(:func:`limit_violations`) and checks symbolically that the steps compute their
+collective, an allreduce, a reduce-scatter or an allgather (:func:`check_msccl`), without
+running a GPU.
 
 The checker interprets the step types over contribution sets (which ranks' inputs a
 buffer unit holds), with FIFO connections of bounded capacity between thread blocks,
@@ -19,10 +20,15 @@ exporter's test oracle.
 
 References
 ----------
-- Azure/msccl-executor-nccl: ``src/misc/msccl/msccl_parser.cc`` (what a file may hold),
-  ``src/device/msccl_kernel.cu`` (how steps, dependencies and flags run),
+- Azure/msccl-executor-nccl: ``src/misc/msccl/msccl_parser.cc`` (what a file may hold;
+  ``coll`` and its ``sizeMultiplier``), ``src/device/msccl_kernel.cu`` (how steps,
+  dependencies and flags run), ``src/misc/msccl/msccl_setup.cc`` (the kernel's count:
+  the caller's count times ``sizeMultiplier``), ``src/misc/msccl/msccl_lifecycle.cc``
+  (when a call is in place, and which counts an algorithm is picked for),
   ``src/include/msccl/msccl_struct.h`` and ``makefiles/common.mk`` (the limits).
-- microsoft/msccl-tools: ``msccl/language/ir.py`` (``ir_to_xml``, the writer of the format).
+- microsoft/msccl-tools: ``msccl/language/ir.py`` (``ir_to_xml``, the writer of the format),
+  ``msccl/language/collectives.py`` (``AllGather``, ``ReduceScatter``: buffers in place
+  and out of place, and their postconditions).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from .xmlfile import Element, parse_xml, read_xml
 __all__ = [
     "Step", "ThreadBlock", "Gpu", "Algo", "Limits", "CheckReport",
     "parse_msccl", "read_msccl", "to_xml", "limit_violations", "check_msccl",
-    "STEP_TYPES", "PROTOCOLS", "COLLECTIVES",
+    "STEP_TYPES", "PROTOCOLS", "COLLECTIVES", "CHECKED",
 ]
 
 PROTOCOLS = ("Simple", "LL", "LL128")
@@ -395,6 +401,10 @@ def _parse_root(root: Element, file: str) -> Algo:
     nchannels = root.int("nchannels", minimum=1)
     nchunks = root.int("nchunksperloop", minimum=1)
     ngpus = root.int("ngpus", minimum=1)
+    if root.attrs.get("coll") == "reduce_scatter":
+        raise root.error("'reduce_scatter' is msccl-tools' name for its ReduceScatter, but the "
+                         "executor knows only 'reducescatter' (msccl_parser.cc refuses the "
+                         "file: unsupported collective); write coll=\"reducescatter\"", "coll")
     coll = _choice(root, "coll", COLLECTIVES)
     inplace = _flag(root, "inplace")
     outofplace = _flag(root, "outofplace")
@@ -635,6 +645,57 @@ def _ranks_text(mask: int) -> str:
     return "{" + ",".join(map(str, members)) + "}"
 
 
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """One gpu's user buffers for a collective, in MSCCL chunks (units).
+
+    ``i_units``/``o_units``: the sizes of NCCL's send and receive buffers; ``alias``:
+    in place, which of the two is a view of the other and where, ``(view, (storage,
+    offset))``; ``initial``: ``(buf, first unit, [(chunk, ranks)...])`` runs that hold
+    data before the first step; ``final``: per unit of ``o``, the chunk of the full
+    buffer it must hold and the ranks summed in it.
+    """
+
+    i_units: int
+    o_units: int
+    alias: tuple[str, tuple[str, int]]
+    initial: tuple[tuple[str, int, tuple[tuple[int, int], ...]], ...]
+    final: tuple[tuple[int, int], ...]
+
+
+#: The buffers of each collective checked, as NCCL lays them out (count: elements per
+#: rank as the caller passes it). ``nchunksperloop`` cuts the full buffer (``count`` for
+#: an allreduce, ``ngpus * count`` for an allgather or a reduce-scatter: the executor's
+#: ``sizeMultiplier``, ``msccl_parser.cc``/``msccl_setup.cc``). In place
+#: (``mscclInternalSchedulerSelectAlgo``, ``msccl_lifecycle.cc``): an allreduce's
+#: buffers are one; an allgather's send buffer is the receive buffer at ``rank * count``;
+#: a reduce-scatter's receive buffer is the send buffer at ``rank * count``.
+CHECKED = ("allreduce", "allgather", "reducescatter")
+
+
+def _shapes(algo: Algo) -> list[_Shape]:
+    """Per gpu, its buffers under ``algo.coll`` (one of :data:`CHECKED`)."""
+    n, ngpus = algo.nchunksperloop, algo.ngpus
+    full = (1 << ngpus) - 1
+    out = []
+    for g in range(ngpus):
+        if algo.coll == "allreduce":
+            out.append(_Shape(n, n, ("o", ("i", 0)),
+                              (("i", 0, tuple((k, 1 << g) for k in range(n))),),
+                              tuple((k, full) for k in range(n))))
+            continue
+        sh = n // ngpus
+        mine = tuple((g * sh + k, 1 << g) for k in range(sh))
+        if algo.coll == "allgather":
+            out.append(_Shape(sh, n, ("i", ("o", g * sh)), (("i", 0, mine),),
+                              tuple((u, 1 << (u // sh)) for u in range(n))))
+        else:  # reducescatter
+            out.append(_Shape(n, sh, ("o", ("i", g * sh)),
+                              (("i", 0, tuple((u, 1 << g) for u in range(n))),),
+                              tuple((g * sh + k, full) for k in range(sh))))
+    return out
+
+
 class _Race(Exception):
     pass
 
@@ -646,33 +707,37 @@ class _Run:
         self.algo, self.inplace, self.capacity = algo, inplace, capacity
         self.mode = "in-place" if inplace else "out-of-place"
         self.where = f"{algo.file} ({self.mode})"
-        n = algo.nchunksperloop
+        self.shapes = _shapes(algo)
         # a unit's value: (chunk index << ngpus) | the ranks it sums, None when empty;
-        # the chunk index catches sums of different chunks, which rank sets alone miss
+        # the chunk index (of the full buffer) catches sums of different chunks, which
+        # rank sets alone miss
         self.shift = algo.ngpus
         self.full = (1 << algo.ngpus) - 1
-        # storage per gpu: buffer name -> list of masks (None: undefined); o is i in-place
+        # storage per gpu: name -> list of values (None: empty); in place, one user buffer
+        # is a view of the other: view[g][buf] = (storage name, offset)
         self.store: list[dict[str, list[int | None]]] = []
+        self.view: list[dict[str, tuple[str, int]]] = []
         # race state per gpu and storage name: last writer (tb, epoch, step), readers
         self.lw: list[dict[str, list[tuple[int, int, Step] | None]]] = []
         self.rd: list[dict[str, list[dict[int, tuple[int, Step]]]]] = []
         for gpu in algo.gpus:
-            size = {"i": max(n, gpu.i_chunks), "o": max(n, gpu.o_chunks), "s": gpu.s_chunks}
+            shape = self.shapes[gpu.id]
             bufs: dict[str, list[int | None]] = {
-                "i": [k << self.shift | 1 << gpu.id for k in range(n)]
-                + [None] * (size["i"] - n),
-                "s": [None] * size["s"]}
-            bufs["o"] = bufs["i"] if inplace else [None] * size["o"]
-            self.store.append(bufs)
-            names = ("i", "s") if inplace else ("i", "o", "s")
-            lw: dict[str, list[tuple[int, int, Step] | None]] = {
-                b: [None] * len(bufs[b]) for b in names}
-            rd: dict[str, list[dict[int, tuple[int, Step]]]] = {
-                b: [{} for _ in bufs[b]] for b in names}
+                "i": [None] * shape.i_units, "o": [None] * shape.o_units,
+                "s": [None] * gpu.s_chunks}
+            view = {b: (b, 0) for b in BUFFERS}
             if inplace:
-                lw["o"], rd["o"] = lw["i"], rd["i"]
-            self.lw.append(lw)
-            self.rd.append(rd)
+                alias, (target, base) = shape.alias
+                view[alias] = (target, base)
+                del bufs[alias]
+            for buf, first, values in shape.initial:
+                sto, base = view[buf]
+                bufs[sto][base + first:base + first + len(values)] = [
+                    u << self.shift | r for u, r in values]
+            self.store.append(bufs)
+            self.view.append(view)
+            self.lw.append({b: [None] * len(v) for b, v in bufs.items()})
+            self.rd.append({b: [{} for _ in v] for b, v in bufs.items()})
         # thread blocks, globally numbered
         self.tbs: list[tuple[int, ThreadBlock]] = []
         self.base: list[int] = []
@@ -774,26 +839,32 @@ class _Run:
         me = tb.id
         vc = self.vc[t]
         epoch = st.s + 1
-        lws = self.lw[g][buf]
-        rds = self.rd[g][buf]
-        for k in range(off, off + cnt):
+        sto, base = self.view[g][buf]
+        lws = self.lw[g][sto]
+        rds = self.rd[g][sto]
+        for k in range(base + off, base + off + cnt):
             lw = lws[k]
             if lw is not None and lw[0] != me and vc[lw[0]] < lw[1]:
-                self._race(g, buf, k, lw[0], lw[2], me, st)
+                self._race(g, sto, k, lw[0], lw[2], me, st)
             if write:
                 for other, (ep, ost) in rds[k].items():
                     if other != me and vc[other] < ep:
-                        self._race(g, buf, k, other, ost, me, st)
+                        self._race(g, sto, k, other, ost, me, st)
                 lws[k] = (me, epoch, st)
                 rds[k] = {}
             else:
                 rds[k][me] = (epoch, st)
 
-    def _race(self, g: int, buf: str, k: int, t1: int, s1: Step, t2: int, s2: Step) -> None:
-        name = "i" if self.inplace and buf == "o" else buf
-        alias = " (o is i in-place)" if self.inplace and buf in ("i", "o") else ""
+    def _race(self, g: int, sto: str, k: int, t1: int, s1: Step, t2: int, s2: Step) -> None:
+        alias = ""
+        if self.inplace and sto in ("i", "o"):
+            shape = self.shapes[g]
+            view, (_, base) = shape.alias
+            size = shape.i_units if view == "i" else shape.o_units
+            alias = (" (o is i in-place)" if self.algo.coll == "allreduce" else
+                     f" ({view} is {sto}[{base}..{base + size - 1}] in-place)")
         raise ScheduleError(
-            f"{self.where}: gpu {g}: race on {name}[{k}]{alias} between tb {t1} step "
+            f"{self.where}: gpu {g}: race on {sto}[{k}]{alias} between tb {t1} step "
             f"{s1.s} ({s1.type}) and tb {t2} step {s2.s} ({s2.type}): neither waits for "
             f"the other; give the later one a dependency (depid/deps) on the earlier, "
             f"whose step needs hasdep=1")
@@ -801,7 +872,8 @@ class _Run:
     def _read(self, t: int, st: Step, buf: str, off: int, cnt: int) -> tuple[int | None, ...]:
         g = self.tbs[t][0]
         self._access(t, st, buf, off, cnt, write=False)
-        values = tuple(self.store[g][buf][off:off + cnt])
+        sto, base = self.view[g][buf]
+        values = tuple(self.store[g][sto][base + off:base + off + cnt])
         for k, v in enumerate(values):
             if v is None:
                 self._value_error(f"{self.where}: {self._at(t, st)} reads {buf}[{off + k}], "
@@ -817,7 +889,8 @@ class _Run:
                 "out of place, NCCL's send buffer is read-only (write o or s, or declare "
                 "outofplace=0)")
         self._access(t, st, st.dstbuf, st.dstoff, st.cnt, write=True)
-        self.store[g][st.dstbuf][st.dstoff:st.dstoff + st.cnt] = values
+        sto, base = self.view[g][st.dstbuf]
+        self.store[g][sto][base + st.dstoff:base + st.dstoff + st.cnt] = values
 
     def _text(self, v: int) -> str:
         return f"chunk {v >> self.shift} of {_ranks_text(v & self.full)}"
@@ -1008,32 +1081,47 @@ class _Run:
 
     def _check_output(self) -> None:
         n = self.algo.ngpus
-        expected = f"expected all of 0..{n - 1} once"
         for gpu in self.algo.gpus:
-            out = self.store[gpu.id]["o"]
-            name = "i" if self.inplace else "o"
-            for k in range(self.algo.nchunksperloop):
-                v = out[k]
+            sto, base = self.view[gpu.id]["o"]
+            out = self.store[gpu.id][sto]
+            for k, (unit, want) in enumerate(self.shapes[gpu.id].final):
+                v = out[base + k]
+                # allreduce in place names the storage (i), as it always has
+                name = f"i[{k}]" if self.algo.coll == "allreduce" and self.inplace else f"o[{k}]"
+                expected = (f"expected all of 0..{n - 1} once" if want == self.full else
+                            f"expected {_ranks_text(want)} only (gpu "
+                            f"{want.bit_length() - 1}'s shard, copied)")
                 if v is None:
-                    raise ScheduleError(f"{self.where}: gpu {gpu.id} {name}[{k}] is never "
+                    raise ScheduleError(f"{self.where}: gpu {gpu.id} {name} is never "
                                         f"written; {expected}")
-                if v >> self.shift != k:
+                if v >> self.shift != unit:
                     raise ScheduleError(
-                        f"{self.where}: gpu {gpu.id} {name}[{k}] holds {self._text(v)}; "
-                        f"expected chunk {k} of all of 0..{n - 1} once")
-                if v & self.full != self.full:
+                        f"{self.where}: gpu {gpu.id} {name} holds {self._text(v)}; "
+                        f"expected chunk {unit} of "
+                        + (f"all of 0..{n - 1} once" if want == self.full else
+                           _ranks_text(want) + " only"))
+                if v & self.full != want:
+                    missing = want & ~v
                     raise ScheduleError(
-                        f"{self.where}: gpu {gpu.id} {name}[{k}] holds "
-                        f"{_ranks_text(v & self.full)}; {expected} (missing "
-                        f"{_ranks_text(self.full & ~v)})")
+                        f"{self.where}: gpu {gpu.id} {name} holds "
+                        f"{_ranks_text(v & self.full)}; {expected}"
+                        + (f" (missing {_ranks_text(missing)})" if missing else
+                           f" (extra {_ranks_text(v & self.full & ~want)})"))
 
 
 def check_msccl(algo: Algo, *, capacity: int | None = None) -> CheckReport:
-    """Check symbolically that an MSCCL algorithm computes an allreduce.
+    """Check symbolically that an MSCCL algorithm computes its collective.
 
-    Each buffer unit (one MSCCL chunk of ``i``, ``o`` or ``s`` on one gpu) holds the set
-    of ranks whose input it sums, or nothing. At the start ``i[k] = {g}`` on gpu ``g``;
-    ``o`` and ``s`` hold nothing (in place, ``o`` *is* ``i``). The algorithm is run once
+    ``coll`` is ``allreduce``, ``allgather`` or ``reducescatter``; the buffers are NCCL's
+    for that collective (:data:`CHECKED`): ``nchunksperloop`` units cut the full buffer,
+    rank ``g``'s shard is units ``g * nchunksperloop / ngpus`` onwards. Each buffer unit
+    (one MSCCL chunk of ``i``, ``o`` or ``s`` on one gpu) holds the set of ranks whose
+    input it sums, and which chunk of the full buffer that is, or nothing. At the start
+    an allreduce's and a reduce-scatter's ``i[k]`` hold ``{g}`` (chunk ``k``) on gpu
+    ``g``, an allgather's ``i[k]`` holds ``{g}`` (chunk ``k`` of ``g``'s shard); ``o``
+    and ``s`` hold nothing. In place, ``o`` *is* ``i`` (allreduce), ``i`` is ``g``'s
+    shard of ``o`` (allgather), ``o`` is ``g``'s shard of ``i`` (reduce-scatter). The
+    algorithm is run once
     per mode it declares (``inplace``, ``outofplace``): each tb runs its steps in order;
     a step first waits for its dependency (the flag of tb ``depid`` reaching ``deps``;
     a tb sets its flag to a step's index when that step, with ``hasdep=1``, completes;
@@ -1044,13 +1132,16 @@ def check_msccl(algo: Algo, *, capacity: int | None = None) -> CheckReport:
     rrcs) receive, then send. Sends snapshot their data; sums of sets that share a rank
     and reads of units that hold nothing are errors; two accesses to a unit from
     different tbs of a gpu, one a write, must be ordered by program order and
-    dependencies (vector clocks), whatever the timing. At the end every ``o[k]``,
-    ``k < nchunksperloop``, must hold every rank once.
+    dependencies (vector clocks), whatever the timing. At the end every unit of ``o``
+    must hold its chunk of the full buffer: every rank once (allreduce: ``o[k]``, chunk
+    ``k``; reduce-scatter: ``o[k]``, chunk ``k`` of ``g``'s shard), or only the rank
+    whose shard it is (allgather: ``o[k]``, chunk ``k``).
 
     Parameters
     ----------
     algo
-        A parsed algorithm (:func:`parse_msccl`); ``coll`` must be ``allreduce``.
+        A parsed algorithm (:func:`parse_msccl`); ``coll`` one of :data:`CHECKED`, and
+        for an allgather or a reduce-scatter ``nchunksperloop`` a multiple of ``ngpus``.
     capacity
         Units a connection buffers; default by protocol (Simple 2, LL and LL128 8).
 
@@ -1070,9 +1161,15 @@ def check_msccl(algo: Algo, *, capacity: int | None = None) -> CheckReport:
     Runs in time linear in the steps (an event-driven worklist) plus, per dependency,
     the number of tbs on the gpu (vector-clock joins).
     """
-    if algo.coll != "allreduce":
-        raise ScheduleError(f"{algo.file}: check_msccl checks allreduce algorithms; "
-                            f"coll={algo.coll!r} is not supported yet")
+    if algo.coll not in CHECKED:
+        raise ScheduleError(f"{algo.file}: check_msccl checks {', '.join(CHECKED)} "
+                            f"algorithms; coll={algo.coll!r} is not supported yet")
+    if algo.coll != "allreduce" and algo.nchunksperloop % algo.ngpus:
+        raise ScheduleError(
+            f"{algo.file}: coll={algo.coll!r}: nchunksperloop={algo.nchunksperloop} is not "
+            f"a multiple of ngpus={algo.ngpus}; each rank's shard of the full buffer (its "
+            f"{'input' if algo.coll == 'allgather' else 'output'}) must be a whole number "
+            "of chunks")
     if capacity is None:
         capacity = DEFAULT_CAPACITY[algo.proto]
     if capacity < 1:
@@ -1081,13 +1178,18 @@ def check_msccl(algo: Algo, *, capacity: int | None = None) -> CheckReport:
     if not modes:
         raise ScheduleError(f"{algo.file}: inplace=0 and outofplace=0: the algorithm is "
                             "declared valid for no buffer mode; set one of them to 1")
-    for gpu in algo.gpus:
-        for buf, size in (("i", gpu.i_chunks), ("o", gpu.o_chunks)):
-            if size > algo.nchunksperloop:
+    for gpu, shape in zip(algo.gpus, _shapes(algo)):
+        for buf, size, real in (("i", gpu.i_chunks, shape.i_units),
+                                ("o", gpu.o_chunks, shape.o_units)):
+            if size > real:
                 raise ScheduleError(
                     f"{algo.file}: gpu {gpu.id} {buf}_chunks={size} exceeds "
-                    f"nchunksperloop={algo.nchunksperloop}; an allreduce's user buffers "
-                    "hold nchunksperloop chunks")
+                    + (f"nchunksperloop={algo.nchunksperloop}; an allreduce's user buffers "
+                       "hold nchunksperloop chunks" if algo.coll == "allreduce" else
+                       f"the {real} chunks of the {algo.coll}'s "
+                       f"{'send' if buf == 'i' else 'receive'} buffer ("
+                       + ("nchunksperloop / ngpus)" if real < algo.nchunksperloop
+                          else "nchunksperloop)")))
     steps = messages = depth = 0
     for mode in modes:
         run = _Run(algo, mode == "inplace", capacity)

@@ -2,14 +2,28 @@
 
 How a topoplan schedule becomes thread blocks:
 
+- **Collectives.** An allreduce, a reduce-scatter or an allgather (the schedule's
+  ``collective``), written as ``coll="allreduce"``, ``"reducescatter"`` or
+  ``"allgather"`` with NCCL's buffers: ``nchunksperloop`` cuts the full buffer (the
+  executor multiplies a reduce-scatter's and an allgather's per-rank count by
+  ``ngpus``), so each rank's shard is ``nchunksperloop / ngpus`` of them.
 - **Chunks to MSCCL chunks.** The buffer is cut into ``nchunksperloop`` equal MSCCL
   chunks; topoplan chunk ``k`` is a whole number of them (exact when the fractions are
-  multiples of ``1/D`` for a ``D`` up to 4096, else rounded, and said so). ``--channels
+  multiples of ``1/D`` for a ``D`` up to 4096, else rounded, and said so; a sharded
+  collective's shards are rounded each on the same grid, so they stay equal). ``--channels
   K`` stacks ``K`` copies of the plan on ``K`` disjoint slices of the buffer, one set of
-  channels each, as msccl-tools' instances do.
-- **Buffers.** A rank reads its own contribution from the input buffer ``i`` and keeps
-  everything it has received in the output buffer ``o``, so the algorithm is right both
-  in place (``i`` is ``o``) and out of place.
+  channels each, as msccl-tools' instances do; for a sharded collective instance ``c``
+  takes slice ``c`` of every shard, so that each instance is a reduce-scatter or an
+  allgather of its own (messages are cut where they cross a shard).
+- **Buffers** (:class:`_Space`). A rank reads its own contribution from the input
+  buffer ``i`` until it has received into a chunk. An allreduce keeps what it received
+  in the output buffer ``o``. An allgather's ``i`` is the rank's shard; every received
+  chunk goes to ``o``, and a ``cpy`` puts the rank's own shard there. A
+  reduce-scatter's ``o`` is the rank's shard: sums of its own chunks go there, partial
+  sums of other ranks' chunks to scratch ``s`` (unless they are only forwarded, by an
+  ``rrs``). The input is never written, so every algorithm is right both in place
+  (NCCL's layouts: ``i`` is ``o``; ``i`` is the rank's shard of ``o``; ``o`` is the
+  rank's shard of ``i``) and out of place.
 - **Messages to steps.** A send is an ``s`` step; a recv an ``r`` (overwrite) or ``rrc``
   (reduce); a message longer than the executor's count limit is several steps.
 - **Fusion.** A recv at step ``t`` whose result is exactly what the rank sends next, at
@@ -42,10 +56,11 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Sequence
 
+from ..collectives import collective_of, shard_chunks
 from ..errors import PlannerError, ScheduleError
 from ..schedule import OpKind, Schedule
-from .msccl import (MAX_NODES, Algo, Gpu, Limits, Step, ThreadBlock, check_msccl,
-                    limit_violations)
+from .msccl import (MAX_NODES, STEP_TYPES, Algo, Gpu, Limits, Step, ThreadBlock,
+                    check_msccl, limit_violations)
 
 __all__ = ["export_msccl", "ExportResult", "PROTOCOLS"]
 
@@ -86,6 +101,7 @@ class _Node:
     send_idx: int = -1       # fused: the index of its send in step + 1
     position: int = 0        # index among its thread block's nodes
     last_s: int = 0          # the step index (s) of its last piece
+    pieces: list[tuple[int, int, str, str]] = field(default_factory=list)  # cpy: its own
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -105,22 +121,60 @@ class _Message:
     # (unit start, unit end, sender's source buffer, receiver's operand buffer)
 
 
-def _unit_grid(chunks: Sequence[float]) -> tuple[list[int], str | None]:
-    """Cumulative MSCCL-chunk boundaries of each topoplan chunk, and a note if rounded."""
+def _unit_grid(chunks: Sequence[float], nshards: int = 0
+               ) -> tuple[list[int], str | None]:
+    """Cumulative MSCCL-chunk boundaries of each topoplan chunk, and a note if rounded.
+
+    ``nshards``: for a reduce-scatter or an allgather, the ranks whose shards (equal
+    runs of chunks, :func:`topoplan.collectives.shard_chunks`) must each be the same
+    whole number of MSCCL chunks; the rounding then keeps every shard boundary.
+    """
     fracs = [Fraction(c).limit_denominator(1 << 20) for c in chunks]
     exact = all(abs(float(f) - c) < 1e-12 for f, c in zip(fracs, chunks))
+    shards = shard_chunks(nshards, chunks) if nshards else ()
     if exact:
-        lcm = math.lcm(*(f.denominator for f in fracs))
+        lcm = math.lcm(*(f.denominator for f in fracs), nshards or 1)
         if lcm <= MAX_UNITS:
             bounds = [0]
             for f in fracs:
                 bounds.append(bounds[-1] + int(f * lcm))
-            return bounds, None
-    # Round on a power-of-two grid fine enough that the smallest chunk gets >= 8 units
-    # (at most MAX_UNITS, at least one unit per chunk), by largest remainder.
+            if not shards or (bounds[-1] == lcm and all(
+                    bounds[a] * nshards == r * lcm for r, (a, _) in enumerate(shards))):
+                return bounds, None
     n = len(chunks)
-    grid = 1 << max(3, math.ceil(math.log2(max(n, 8 / max(min(chunks), 1e-9)))))
-    grid = max(min(grid, MAX_UNITS), n)
+    if not shards:
+        # Round on a power-of-two grid fine enough that the smallest chunk gets >= 8
+        # units (at most MAX_UNITS, at least one unit per chunk), by largest remainder.
+        grid = 1 << max(3, math.ceil(math.log2(max(n, 8 / max(min(chunks), 1e-9)))))
+        grid = max(min(grid, MAX_UNITS), n)
+        units = _largest_remainder(chunks, grid)
+        what = f"a grid of {grid} MSCCL chunks"
+    else:
+        # Each shard on the same grid (its chunks' fractions of the shard, rounded as
+        # above; at most MAX_UNITS in all), so that shard r starts at r * grid.
+        local = [[chunks[k] * nshards for k in range(a, b)] for a, b in shards]
+        most = max(len(c) for c in local)
+        cap = 1 << max(0, (MAX_UNITS // nshards).bit_length() - 1)
+        grid = max(min(max(1 << max(3, math.ceil(math.log2(max(len(c), 8 / max(min(c), 1e-9)))))
+                               for c in local), cap), most)
+        units = [u for c in local for u in _largest_remainder(c, grid)]
+        grid *= nshards
+        what = (f"a grid of {grid} MSCCL chunks ({grid // nshards} per shard, each shard "
+                "rounded on its own)")
+    bounds = [0]
+    for u in units:
+        bounds.append(bounds[-1] + u)
+    worst = max(abs(u / grid - c) / c for u, c in zip(units, chunks))
+    moved = sum(abs(u / grid - c) for u, c in zip(units, chunks)) / 2
+    return bounds, (f"chunk fractions are not multiples of 1/D for any D <= {MAX_UNITS}: rounded "
+                    f"to {what} ({moved:.2%} of the buffer changes "
+                    f"chunk; the largest change of one chunk's size is {worst:.1%}); the data "
+                    "each step moves shifts by as much")
+
+
+def _largest_remainder(chunks: Sequence[float], grid: int) -> list[int]:
+    """Units per chunk summing to ``grid``, each >= 1, closest to ``chunk * grid``."""
+    n = len(chunks)
     ideal = [c * grid for c in chunks]
     units = [max(1, math.floor(x)) for x in ideal]
     excess = sum(units) - grid
@@ -132,15 +186,90 @@ def _unit_grid(chunks: Sequence[float]) -> tuple[list[int], str | None]:
                         key=lambda k: ideal[k] - units[k])[:excess]:
             units[k] -= 1
         excess = sum(units) - grid
-    bounds = [0]
-    for u in units:
-        bounds.append(bounds[-1] + u)
-    worst = max(abs(u / grid - c) / c for u, c in zip(units, chunks))
-    moved = sum(abs(u / grid - c) for u, c in zip(units, chunks)) / 2
-    return bounds, (f"chunk fractions are not multiples of 1/D for any D <= {MAX_UNITS}: rounded "
-                    f"to a grid of {grid} MSCCL chunks ({moved:.2%} of the buffer changes "
-                    f"chunk; the largest change of one chunk's size is {worst:.1%}); the data "
-                    "each step moves shifts by as much")
+    return units
+
+
+#: topoplan's collective names and the executor's ``coll`` (``msccl_parser.cc``).
+MSCCL_COLL = {"allreduce": "allreduce", "allgather": "allgather",
+              "reduce_scatter": "reducescatter"}
+
+
+@dataclass(frozen=True)
+class _Space:
+    """Where a topoplan unit lives in the MSCCL buffers of one rank.
+
+    A topoplan unit ``u`` (an MSCCL chunk of one instance, ``0 <= u < units``) of
+    instance ``c`` is unit :meth:`full` of the full buffer: instances stacked
+    (allreduce: ``c * units + u``), or, for a sharded collective, instance ``c`` takes
+    slice ``c`` of every shard, so that shard ``r`` of the full buffer is shard ``r`` of
+    every instance (``K`` instances: shard ``r`` is ``K * s`` units, ``s = units / N``).
+    :meth:`loc` is the buffer and offset of a unit on a rank, before (``written``
+    False: the rank's own input) or after the rank has received into it:
+
+    - allreduce: ``i[F]``, then ``o[F]``;
+    - allgather: the rank's own shard in ``i`` (``i[F - rank * K * s]``), every
+      received chunk in ``o[F]``;
+    - reduce-scatter: ``i[F]``; then the rank's own shard in ``o`` (``o[F - rank * K *
+      s]``) and partial sums of other shards in scratch (``s``, the full buffer without
+      the rank's shard).
+    """
+
+    coll: str
+    nranks: int
+    units: int        # per instance
+    instances: int
+
+    @property
+    def sharded(self) -> bool:
+        return self.coll != "allreduce"
+
+    @property
+    def total(self) -> int:
+        return self.units * self.instances
+
+    @property
+    def shard(self) -> int:
+        """Units of one shard of the full buffer."""
+        return self.total // self.nranks
+
+    def full(self, u: int, c: int) -> int:
+        if not self.sharded:
+            return c * self.units + u
+        s = self.units // self.nranks
+        return u + (u // s) * s * (self.instances - 1) + c * s
+
+    def loc(self, rank: int, u: int, c: int, written: bool) -> tuple[str, int]:
+        f = self.full(u, c)
+        if self.coll == "allreduce":
+            return ("o" if written else "i"), f
+        lo = rank * self.shard
+        own = lo <= f < lo + self.shard
+        if self.coll == "allgather":
+            return ("i", f - lo) if own and not written else ("o", f)
+        if not written:
+            return "i", f
+        if own:
+            return "o", f - lo
+        return "s", (f if f < lo else f - self.shard)
+
+    def key(self, rank: int, u: int, written: bool) -> tuple[str, int]:
+        """The buffer and offset of ``u`` less ``u``: consecutive units with one key are
+        consecutive in one buffer (in every instance)."""
+        buf, off = self.loc(rank, u, 0, written)
+        return buf, off - u
+
+    def one_range(self, pieces: list[tuple[int, int, str, str]]) -> bool:
+        """Whether a message's pieces are one range of the full buffer in every instance:
+        always, but with instances of a sharded collective, whose shards are apart."""
+        if not self.sharded or self.instances == 1:
+            return True
+        s = self.units // self.nranks
+        return pieces[0][0] // s == (pieces[-1][1] - 1) // s
+
+    def sizes(self) -> tuple[int, int]:
+        """Units of the send and receive buffers (``i_chunks``, ``o_chunks``)."""
+        return ((self.shard if self.coll == "allgather" else self.total),
+                (self.shard if self.coll == "reduce_scatter" else self.total))
 
 
 def _build_nodes(schedule: Schedule) -> tuple[list[list[_Node]], list[_Message]]:
@@ -191,13 +320,24 @@ def _statuses(nodes: list[_Node], nchunks: int, msgs: list[_Message]
 
 
 def _pieces(msg: _Message, src: list[str], opnd: list[str], bounds: list[int],
-            max_cnt: int, reduce: bool) -> list[tuple[int, int, str, str]]:
-    """Split a message where a buffer changes or the count limit is reached."""
+            max_cnt: int, reduce: bool, space: _Space) -> list[tuple[int, int, str, str]]:
+    """Split a message where a buffer changes or the count limit is reached.
+
+    A buffer changes where the sender's source, the receiver's destination or (for a
+    reduce) its operand is no longer the next unit of the same buffer.
+    """
     out: list[tuple[int, int, str, str]] = []
     start = 0
     n = msg.count
+    keys: list[tuple] = []
+    if space.sharded:
+        for c in range(n):
+            u = bounds[msg.chunk + c]
+            keys.append((space.key(msg.src, u, src[c] == "o"), space.key(msg.dst, u, True),
+                         space.key(msg.dst, u, opnd[c] == "o") if reduce else None))
     for c in range(1, n + 1):
-        if c < n and src[c] == src[start] and (not reduce or opnd[c] == opnd[start]):
+        if c < n and (keys[c] == keys[start] if keys else
+                      src[c] == src[start] and (not reduce or opnd[c] == opnd[start])):
             continue
         ua, ub = bounds[msg.chunk + start], bounds[msg.chunk + c]
         for a in range(ua, ub, max_cnt):
@@ -206,12 +346,16 @@ def _pieces(msg: _Message, src: list[str], opnd: list[str], bounds: list[int],
     return out
 
 
-def _fuse(nodes: list[_Node], msgs: list[_Message]) -> list[tuple[_Node, _Node]]:
+def _fuse(nodes: list[_Node], msgs: list[_Message], space: _Space
+          ) -> list[tuple[_Node, _Node]]:
     """Pairs (recv at t, send at t+1) where the send carries exactly what the recv left.
 
     The recv must be the only recv of its chunks in step t and the last from its peer on
     its channel (a later one would wait behind the send, a step late); the send must be
     the first to its peer on its channel in step t+1 (an earlier one would be reordered).
+    Its message must be one range of the full buffer in every instance (with instances
+    of a sharded collective, a message over several shards is not: its fused pieces
+    would each forward before the next receives, a step per shard).
     """
     by_step: dict[int, list[_Node]] = defaultdict(list)
     for node in nodes:
@@ -234,6 +378,8 @@ def _fuse(nodes: list[_Node], msgs: list[_Message]) -> list[tuple[_Node, _Node]]
         for rn in recvs:
             if last[(rn.recv_peer, rn.chan)] is not rn or any(
                     cover[c] > 1 for c in range(rn.chunk, rn.chunk + rn.count)):
+                continue
+            if not space.one_range(msgs[rn.recv_msg].pieces):
                 continue
             rpieces = [(a, b) for a, b, _, _ in msgs[rn.recv_msg].pieces]
             for sn in firsts.get((rn.chan, rn.chunk, rn.count), ()):
@@ -261,13 +407,17 @@ class _Touches:
                 self.keys[c].append(node.key)
                 self.nodes[c].append(node)
 
-    def dead_after(self, sn: _Node) -> bool:
+    def dead_after(self, sn: _Node, kept: range) -> bool:
         """True when every chunk ``sn`` sends is next overwritten before anything reads
-        it (a send or a reduce reads; the final value must stay in o)."""
+        it (a send or a reduce reads), or, outside ``kept`` (the chunks whose final
+        value is the rank's output, which must stay in its buffer), never touched again."""
         for c in range(sn.chunk, sn.chunk + sn.count):
             keys = self.keys[c]
             i = bisect.bisect_right(keys, sn.key)
-            if i == len(keys) or self.nodes[c][i].kind not in ("r", "rcs"):
+            if i == len(keys):
+                if c in kept:
+                    return False
+            elif self.nodes[c][i].kind not in ("r", "rcs"):
                 return False
         return True
 
@@ -409,12 +559,14 @@ def _channels(msgs: list[_Message], nodes: list[list[_Node]], segs: dict[tuple[i
 
 
 def _layout(schedule: Schedule, bounds: list[int], *, fuse: bool,
-            segs: dict[tuple[int, int], int], max_cnt: int, interleave: bool = False
+            segs: dict[tuple[int, int], int], max_cnt: int, space: _Space,
+            interleave: bool = False
             ) -> tuple[list[dict[tuple[int, int, int], list[_Node]]], list[_Message], int]:
     """Nodes on thread blocks for one instance; returns per rank {tb key: nodes}."""
     nodes, msgs = _build_nodes(schedule)
     _channels(msgs, nodes, segs, interleave)
     nchunks = schedule.nchunks
+    shards = collective_of(schedule).shards
     src_of: dict[int, list[str]] = {}
     opnd_of: dict[int, list[str]] = {}
     for rank_nodes in nodes:
@@ -422,18 +574,24 @@ def _layout(schedule: Schedule, bounds: list[int], *, fuse: bool,
         src_of.update(s)
         opnd_of.update(o)
     for i, m in enumerate(msgs):
-        m.pieces = _pieces(m, src_of[i], opnd_of[i], bounds, max_cnt, m.recv_node.kind == "rrc")
+        m.pieces = _pieces(m, src_of[i], opnd_of[i], bounds, max_cnt,
+                           m.recv_node.kind == "rrc", space)
     per_rank = []
     nfused = 0
     for r, rank_nodes in enumerate(nodes):
-        pairs = _fuse(rank_nodes, msgs) if fuse else []
+        pairs = _fuse(rank_nodes, msgs, space) if fuse else []
         live = _assign_tbs(rank_nodes, pairs)
         touches = _Touches(rank_nodes) if pairs else None
+        # the chunks whose final value is this rank's output
+        kept = range(*shards[r]) if space.coll == "reduce_scatter" else range(nchunks)
         for node in live:
             if node.kind == "rrcs" and touches is not None:
-                if touches.dead_after(msgs[node.send_msg].send_node):
+                if touches.dead_after(msgs[node.send_msg].send_node, kept):
                     node.kind = "rrs"
         nfused += sum(n.kind in ("rcs", "rrs", "rrcs") for n in live)
+        if space.coll == "allgather":
+            live.extend(_own_copies(r, rank_nodes, shards[r], bounds, max_cnt,
+                                    schedule.nsteps))
         tbs: dict[tuple[int, int, int], list[_Node]] = defaultdict(list)
         for node in live:
             assert node.tb is not None
@@ -447,30 +605,77 @@ def _layout(schedule: Schedule, bounds: list[int], *, fuse: bool,
     return per_rank, msgs, nfused
 
 
-def _steps_of(node: _Node, msgs: list[_Message], offset: int) -> list[Step]:
-    """The MSCCL steps of one node (several when its message is in pieces)."""
+def _own_copies(rank: int, rank_nodes: list[_Node], shard: tuple[int, int],
+                bounds: list[int], max_cnt: int, nsteps: int) -> list[_Node]:
+    """An allgather's copies of the rank's own shard from ``i`` into ``o``.
+
+    Out of place, nothing else puts the rank's own shard in its output. One ``cpy`` per
+    run of own chunks that no receive writes, after the last step, on a thread block of
+    its own (no peers): it depends on the sends that read those chunks, so that in place,
+    where ``i`` is that shard of ``o``, the copy onto itself never races with a read.
+    """
+    received = {c for nd in rank_nodes if nd.kind != "s"
+                for c in range(nd.chunk, nd.chunk + nd.count)}
+    out: list[_Node] = []
+    c = shard[0]
+    while c < shard[1]:
+        if c in received:
+            c += 1
+            continue
+        end = c
+        while end < shard[1] and end not in received:
+            end += 1
+        node = _Node(rank, nsteps, 0, len(out), "cpy", c, end - c, tb=(0, -1, -1))
+        ua, ub = bounds[c], bounds[end]
+        node.pieces = [(a, min(ub, a + max_cnt), "i", "o") for a in range(ua, ub, max_cnt)]
+        out.append(node)
+        c = end
+    return out
+
+
+def _npieces(node: _Node, msgs: list[_Message]) -> int:
+    if node.kind == "cpy":
+        return len(node.pieces)
+    return len(msgs[node.send_msg if node.kind == "s" else node.recv_msg].pieces)
+
+
+def _steps_of(node: _Node, msgs: list[_Message], space: _Space, c: int) -> list[Step]:
+    """The MSCCL steps of one node of instance ``c`` (several when its message is in
+    pieces). Buffers and offsets are :meth:`_Space.loc`'s; a recv's unused source is its
+    destination; the unused destination of a send or an ``rrs`` is where the data lands
+    on the receiver (as msccl-tools writes it)."""
     out = []
+    loc = space.loc
+    r = node.rank
     if node.kind == "s":
-        for a, b, src, _ in msgs[node.send_msg].pieces:
-            out.append(("s", src, a, "o", a, b - a))
-    elif node.kind == "r":
+        m = msgs[node.send_msg]
+        for a, b, src, _ in m.pieces:
+            out.append(("s", *loc(r, a, c, src == "o"), *loc(m.dst, a, c, True), b - a))
+    elif node.kind in ("r", "rcs"):
         for a, b, _, _ in msgs[node.recv_msg].pieces:
-            out.append(("r", "o", a, "o", a, b - a))
-    elif node.kind == "rcs":
-        for a, b, _, _ in msgs[node.recv_msg].pieces:
-            out.append(("rcs", "o", a, "o", a, b - a))
+            dst = loc(r, a, c, True)
+            out.append((node.kind, *dst, *dst, b - a))
+    elif node.kind == "cpy":
+        for a, b, _, _ in node.pieces:
+            out.append(("cpy", *loc(r, a, c, False), *loc(r, a, c, True), b - a))
     else:  # rrc, rrs, rrcs: the received data plus the local operand
+        # rrs stores nothing: like a send, it names where its sum lands
+        to = msgs[node.send_msg].dst if node.kind == "rrs" else r
         for a, b, _, opnd in msgs[node.recv_msg].pieces:
-            out.append((node.kind, opnd, a, "o", a, b - a))
-    plan = (node.step, node.idx) + ((node.send_idx,) if node.send_idx >= 0 else ())
-    return [Step(0, kind, sb, so + offset, db, do + offset, cnt, -1, -1, False, plan)
+            out.append((node.kind, *loc(r, a, c, opnd == "o"), *loc(to, a, c, True), b - a))
+    plan: tuple[int, ...] = ()
+    if node.kind != "cpy":
+        plan = (node.step, node.idx) + ((node.send_idx,) if node.send_idx >= 0 else ())
+    return [Step(0, kind, sb, so, db, do, cnt, -1, -1, False, plan)
             for kind, sb, so, db, do, cnt in out]
 
 
 def _emit(schedule: Schedule, per_rank: list[dict[tuple[int, int, int], list[_Node]]],
-          msgs: list[_Message], *, units: int, instances: int, nseg: int, proto: str,
+          msgs: list[_Message], *, space: _Space, nseg: int, proto: str,
           name: str, min_bytes: int, max_bytes: int) -> Algo:
     gpus = []
+    instances = space.instances
+    i_units, o_units = space.sizes()
     for r, tbs in enumerate(per_rank):
         keys = sorted(tbs, key=lambda k: (k[2], k[1], k[0]))  # send, recv, channel
         # first pass: step indexes (nops for all dependencies but one)
@@ -478,10 +683,11 @@ def _emit(schedule: Schedule, per_rank: list[dict[tuple[int, int, int], list[_No
             s = 0
             for node in tbs[key]:
                 s += max(0, len(node.deps) - 1)
-                s += len(_steps_of(node, msgs, 0))
+                s += _npieces(node, msgs)
                 node.last_s = s - 1
         flagged = {(d.tb, d.last_s) for key in keys for node in tbs[key] for d in node.deps}
         blocks = []
+        scratch = 0
         for c in range(instances):
             base_id = c * len(keys)
             tb_id = {key: base_id + i for i, key in enumerate(keys)}
@@ -492,23 +698,27 @@ def _emit(schedule: Schedule, per_rank: list[dict[tuple[int, int, int], list[_No
                     for dep_tb, dep_s in deps[:-1]:
                         steps.append(Step(len(steps), "nop", "i", -1, "o", -1, 0, dep_tb, dep_s,
                                           False))
-                    pieces = _steps_of(node, msgs, c * units)
+                    pieces = _steps_of(node, msgs, space, c)
                     for j, piece in enumerate(pieces):
                         depid, deps_s = deps[-1] if (deps and j == 0) else (-1, -1)
                         hasdep = j == len(pieces) - 1 and (key, len(steps)) in flagged
                         steps.append(Step(len(steps), piece.type, piece.srcbuf, piece.srcoff,
                                           piece.dstbuf, piece.dstoff, piece.cnt, depid, deps_s,
                                           hasdep, piece.plan))
+                        kind = STEP_TYPES[piece.type]
+                        if kind.src and piece.srcbuf == "s":
+                            scratch = max(scratch, piece.srcoff + piece.cnt)
+                        if kind.dst and piece.dstbuf == "s":
+                            scratch = max(scratch, piece.dstoff + piece.cnt)
                 chan, recv_peer, send_peer = key
                 blocks.append(ThreadBlock(tb_id[key], send_peer, recv_peer,
                                           c * nseg + chan, tuple(steps)))
         blocks.sort(key=lambda b: b.id)
-        total = units * instances
-        gpus.append(Gpu(r, total, total, 0, tuple(blocks)))
+        gpus.append(Gpu(r, i_units, o_units, scratch, tuple(blocks)))
     return Algo(name=name, proto=proto, nchannels=instances * nseg,
-                nchunksperloop=units * instances, ngpus=schedule.nranks, coll="allreduce",
-                inplace=True, outofplace=True, min_bytes=min_bytes, max_bytes=max_bytes,
-                gpus=tuple(gpus))
+                nchunksperloop=space.total, ngpus=schedule.nranks,
+                coll=MSCCL_COLL[space.coll], inplace=True, outofplace=True,
+                min_bytes=min_bytes, max_bytes=max_bytes, gpus=tuple(gpus))
 
 
 def _too_big(name: str, why: str, channels: int) -> str:
@@ -520,7 +730,7 @@ def _too_big(name: str, why: str, channels: int) -> str:
 
 
 def _fitting_layout(schedule: Schedule, bounds: list[int], *, fuse: bool,
-                    per_pair: dict[tuple[int, int], int], max_cnt: int, channels: int,
+                    per_pair: dict[tuple[int, int], int], max_cnt: int, space: _Space,
                     proto: str, name: str, min_bytes: int, max_bytes: int, limits: Limits
                     ) -> tuple[Algo, int, int, bool] | str:
     """The algorithm that fits ``limits`` on few segments, with its segment count, fused
@@ -531,8 +741,7 @@ def _fitting_layout(schedule: Schedule, bounds: list[int], *, fuse: bool,
     pairs of a thread block over the step limit get more (more segments mean more
     thread blocks, and the executor numbers dependencies on them in an int8).
     """
-    most_segs = limits.max_channels // channels
-    units = bounds[-1]
+    most_segs = limits.max_channels // space.instances
     why = []
     for interleave in (False, True) if fuse else (False,):
         segs = {pair: max(1, math.ceil(n / limits.max_steps)) for pair, n in per_pair.items()}
@@ -541,10 +750,10 @@ def _fitting_layout(schedule: Schedule, bounds: list[int], *, fuse: bool,
         while True:
             nseg = max(segs.values())
             per_rank, msgs, nfused = _layout(schedule, bounds, fuse=fuse, segs=segs,
-                                             max_cnt=max_cnt, interleave=interleave)
-            algo = _emit(schedule, per_rank, msgs, units=units, instances=channels,
-                         nseg=nseg, proto=proto, name=name, min_bytes=min_bytes,
-                         max_bytes=max_bytes)
+                                             max_cnt=max_cnt, space=space,
+                                             interleave=interleave)
+            algo = _emit(schedule, per_rank, msgs, space=space, nseg=nseg, proto=proto,
+                         name=name, min_bytes=min_bytes, max_bytes=max_bytes)
             problems = limit_violations(algo, limits)
             if not problems:
                 return algo, nseg, nfused, interleave
@@ -580,7 +789,7 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
     Parameters
     ----------
     schedule : Schedule
-        An allreduce; it is verified first.
+        An allreduce, a reduce-scatter or an allgather; it is verified first.
     proto : {"Simple", "LL", "LL128"}
         The NCCL protocol the executor runs the algorithm with.
     channels : int
@@ -602,7 +811,7 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
     Raises
     ------
     ScheduleError
-        The schedule is not an allreduce.
+        The schedule does not verify, or (a bug) the result fails the MSCCL check.
     PlannerError
         A bad option, or the plan does not fit the executor's limits even with every
         channel used; the message names the plan options that shrink it.
@@ -618,14 +827,16 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
         raise PlannerError(f"min/max bytes: need 0 <= min <= max (max 0: no limit), got "
                            f"{min_bytes} and {max_bytes}")
     verify(schedule)
-    if schedule.collective != "allreduce":
-        raise ScheduleError(f"{schedule.algorithm} schedule: collective "
-                            f"{schedule.collective!r}: MSCCL export writes allreduce plans so far")
+    coll = schedule.collective
+    if coll not in MSCCL_COLL:  # pragma: no cover - every collective topoplan plans
+        raise ScheduleError(f"{schedule.algorithm} schedule: collective {coll!r}: MSCCL "
+                            f"export writes {', '.join(MSCCL_COLL)}")
     if schedule.nranks < 2:
-        raise PlannerError("an allreduce of one rank has nothing to send; MSCCL needs >= 2 GPUs")
-    bounds, note = _unit_grid(schedule.chunks)
+        raise PlannerError(f"a {coll} of one rank has nothing to send; MSCCL needs >= 2 GPUs")
+    sharded = collective_of(schedule).sharded
+    bounds, note = _unit_grid(schedule.chunks, schedule.nranks if sharded else 0)
     notes = [note] if note else []
-    units = bounds[-1]
+    space = _Space(coll, schedule.nranks, bounds[-1], channels)
     name = name or f"topoplan-{schedule.algorithm}"
     max_cnt = limits.max_count - 1
     # Fail fast: the messages of one pair take a step each on the thread blocks of that
@@ -661,7 +872,7 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
             misfits.append(no_unfused)
             raise PlannerError(_too_big(name, "; ".join(misfits), channels))
         layout = _fitting_layout(schedule, bounds, fuse=fused_try, per_pair=per_pair,
-                                 max_cnt=max_cnt, channels=channels, proto=proto, name=name,
+                                 max_cnt=max_cnt, space=space, proto=proto, name=name,
                                  min_bytes=min_bytes, max_bytes=max_bytes, limits=limits)
         if isinstance(layout, str):
             misfits.append(("fused, " if fused_try else "unfused, ") + layout)

@@ -1,15 +1,20 @@
-"""An MSCCL XML allreduce as a topoplan schedule, to verify, simulate, show and bench it.
+"""An MSCCL XML algorithm as a topoplan schedule, to verify, simulate, show and bench it.
 
-A topoplan schedule keeps one value per chunk of one buffer, and runs each rank's ops in
+An allreduce, a reduce-scatter (``coll="reducescatter"``) or an allgather. A topoplan
+schedule keeps one value per chunk of one buffer, and runs each rank's ops in
 steps. An MSCCL algorithm has thread blocks that run concurrently, ordered by their own
 step order and ``depid``/``deps``, over three buffers. The import:
 
 - **checks** the algorithm with :func:`topoplan.interop.msccl.check_msccl` first, so a
   broken file is reported in MSCCL's terms (GPU, thread block, step);
-- **buffers:** reads ``i`` and ``o`` as one buffer (the in-place view). A scratch chunk
-  that one ``r`` fills and one ``re`` adds into the buffer becomes one reducing recv;
-  ``cpy`` between the same chunk of ``i`` and ``o`` does nothing in place. Anything else
-  on scratch, or a copy that moves data, is refused, saying which step;
+- **buffers** (:class:`_Where`): reads ``i`` and ``o`` as one buffer, the full buffer
+  in the collective's in-place view (an allgather's ``i`` is the rank's shard of ``o``;
+  a reduce-scatter's ``o`` the rank's shard of ``i``). A scratch chunk that one ``r``
+  fills and one ``re`` adds into the buffer becomes one reducing recv; scratch used
+  otherwise (a reduce-scatter's partial sums) holds the chunk the messages and reduces
+  that use it tie it to, one per scratch unit. A ``cpy`` between two places of the same
+  chunk does nothing in place. Scratch reused for another chunk, or a copy that moves
+  data, is refused, saying which step;
 - **steps:** gives every receive the earliest step its thread block order and
   dependencies allow (one more than the receives that must land before it), and every
   send the step after the receives it must follow: a send does not hold its thread
@@ -18,7 +23,8 @@ step order and ``depid``/``deps``, over three buffers. The import:
   read;
 - **messages:** an MSCCL chunk is a topoplan chunk of ``1/nchunksperloop``; the steps a
   message was split into (count limits, buffer changes) are joined again when both ends
-  hold them back to back; the result is coalesced into chunk ranges (IR v2).
+  hold them back to back (consecutive chunks of the full buffer); the result is
+  coalesced into chunk ranges (IR v2).
 
 The schedule is verified before it is returned; one that does not verify is refused,
 naming why.
@@ -61,6 +67,8 @@ class _Unit:
     tb_prev: _Unit | None = None         # the unit before it on its thread block
     fold_into: _Unit | None = None       # an r into scratch, folded into a later re
     folded_recv: _Unit | None = None     # on the re: the r it folded
+    src_unit: int = -1                   # the chunk its src names (-1: none)
+    dst_unit: int = -1                   # the chunk its dst names (-1: none)
 
     @property
     def type(self) -> str:
@@ -79,19 +87,79 @@ def _refuse(algo: Algo, unit: _Unit, why: str) -> ScheduleError:
     return ScheduleError(f"{unit.where(algo)}: cannot be a topoplan schedule: {why}")
 
 
-def _joinable(a: Step, b: Step) -> bool:
-    """``b`` continues ``a``'s message: same type and buffers, contiguous, no sync between."""
+#: The executor's ``coll`` and topoplan's collective (:mod:`topoplan.collectives`).
+_COLLECTIVE = {"allreduce": "allreduce", "allgather": "allgather",
+               "reducescatter": "reduce_scatter"}
+
+
+class _Where:
+    """The unit of the full buffer (a topoplan chunk) that a buffer unit holds.
+
+    ``i`` and ``o`` are read in the in-place view of the collective: an allreduce's
+    ``i[k]`` and ``o[k]`` are unit ``k``; an allgather's ``i[k]`` is unit ``g * sh + k``
+    of gpu ``g`` (``sh = nchunksperloop / ngpus``, its shard) and ``o[k]`` unit ``k``; a
+    reduce-scatter's ``i[k]`` is unit ``k`` and ``o[k]`` unit ``g * sh + k``. Scratch
+    units get theirs from the steps that use them (:func:`_map_scratch`).
+    """
+
+    def __init__(self, algo: Algo) -> None:
+        self.coll = algo.coll
+        self.n = algo.nchunksperloop
+        self.sh = self.n // algo.ngpus
+        self.scratch: dict[tuple[int, int], int] = {}
+
+    def fixed(self, g: int, buf: str, off: int) -> int:
+        """The unit of ``i[off]`` or ``o[off]`` on gpu ``g``."""
+        if (self.coll, buf) in (("allgather", "i"), ("reducescatter", "o")):
+            return g * self.sh + off
+        return off
+
+    def size(self, buf: str) -> int:
+        """Units of user buffer ``buf``."""
+        if (self.coll, buf) in (("allgather", "i"), ("reducescatter", "o")):
+            return self.sh
+        return self.n
+
+    def unit(self, g: int, buf: str, off: int) -> int | None:
+        """The unit of ``buf[off]`` on gpu ``g``; None for scratch that holds no chunk
+        (a receive's data that one ``re`` adds into the buffer)."""
+        if buf == "s":
+            return self.scratch.get((g, off))
+        return self.fixed(g, buf, off)
+
+    def first(self, algo: Algo, unit: _Unit, buf: str, off: int, cnt: int) -> int:
+        """The unit of ``buf[off]``, checking that ``buf[off .. off + cnt - 1]`` are
+        consecutive units (a topoplan op is a range of chunks)."""
+        if buf != "s":
+            return self.fixed(unit.gpu, buf, off)
+        units = [self.scratch.get((unit.gpu, off + k)) for k in range(cnt)]
+        first = units[0]
+        if first is None or any(v != first + k for k, v in enumerate(units)):
+            raise _refuse(algo, unit, f"s[{off}] x{cnt} does not hold consecutive "
+                                      "chunks of the buffer")
+        return first
+
+
+def _joinable(a: Step, b: Step, g: int, where: _Where) -> bool:
+    """``b`` continues ``a``'s message: same type, no sync between, and what each reads
+    (src) or writes (dst) continues ``a``'s: the next unit of the same buffer, or the next
+    chunk of the full buffer in another (a message cut where its buffer changes, as at the
+    edge of a rank's shard), scratch that one receive and one reduce share excepted."""
     if a.type != b.type or a.type in ("nop", "cpy", "re") or b.depid >= 0 or a.hasdep:
         return False
-    if (a.srcbuf, a.dstbuf) != (b.srcbuf, b.dstbuf):
-        return False
-    uses_src = a.type in ("s", "rrs", "rrc", "rrcs")
-    uses_dst = a.type in ("r", "rcs", "rrc", "rrcs")
-    return ((not uses_src or b.srcoff == a.srcoff + a.cnt)
-            and (not uses_dst or b.dstoff == a.dstoff + a.cnt))
+    for used, abuf, aoff, bbuf, boff in ((a.type in _SRC_USED, a.srcbuf, a.srcoff,
+                                          b.srcbuf, b.srcoff),
+                                         (a.type in _DST_USED, a.dstbuf, a.dstoff,
+                                          b.dstbuf, b.dstoff)):
+        if not used or (abuf == bbuf and boff == aoff + a.cnt):
+            continue
+        last, first = where.unit(g, abuf, aoff + a.cnt - 1), where.unit(g, bbuf, boff)
+        if last is None or first != last + 1:
+            return False
+    return True
 
 
-def _units(algo: Algo) -> dict[int, dict[int, list[_Unit]]]:
+def _units(algo: Algo, where: _Where) -> dict[int, dict[int, list[_Unit]]]:
     """Per GPU, per thread block, its steps as units, joined where both ends allow."""
     # FIFO pairing: the k-th send step of (src, dst, chan) with the k-th recv step.
     fifo_send: dict[tuple[int, int, int], list[tuple[int, int, int]]] = defaultdict(list)
@@ -112,7 +180,7 @@ def _units(algo: Algo) -> dict[int, dict[int, list[_Unit]]]:
 
     def local_ok(g: int, t: int, i: int) -> bool:
         steps = tbs[(g, t)].steps
-        return i > 0 and _joinable(steps[i - 1], steps[i])
+        return i > 0 and _joinable(steps[i - 1], steps[i], g, where)
 
     # A step joins its predecessor when it can locally and every message it takes part
     # in joins at the other end too; iterate to a fixed point (fused steps link chains).
@@ -148,12 +216,118 @@ def _units(algo: Algo) -> dict[int, dict[int, list[_Unit]]]:
     return out
 
 
+_SRC_USED = {"s", "rrs", "rrc", "rrcs", "cpy", "re"}   # step types that read src
+_DST_USED = {"r", "rcs", "rrc", "rrcs", "cpy", "re"}   # step types that write dst
+_At = tuple[int, ThreadBlock, Step]                     # a step: its gpu, tb and itself
+
+
+def _chunked_scratch(algo: Algo) -> set[int]:
+    """The gpus whose scratch holds chunks of the buffer (a reduce-scatter's partial sums
+    out of place): any use of scratch but an ``r`` into it and an ``re`` out of it."""
+    out = set()
+    for gpu in algo.gpus:
+        for tb in gpu.tbs:
+            for st in tb.steps:
+                t = st.type
+                if (st.srcbuf == "s" and t in _SRC_USED and t != "re") or (
+                        st.dstbuf == "s" and t in _DST_USED and t != "r"):
+                    out.add(gpu.id)
+                    break
+    return out
+
+
+def _map_scratch(algo: Algo, where: _Where, gpus: set[int]) -> None:
+    """Which chunk each scratch unit of ``gpus`` holds (into ``where.scratch``).
+
+    A message carries one chunk: what its sender sends (``s``, ``rrs``: its src; ``rcs``,
+    ``rrcs``: its dst) is what its receiver writes (dst) and adds to (src); a reduce
+    (``rrc``, ``rrcs``) or a copy keeps its chunk. Those equalities, from the chunks
+    that ``i`` and ``o`` fix, give every scratch unit its chunk; a scratch unit tied to
+    no chunk, or to two (scratch reused for another chunk), is refused.
+    """
+    parent: dict[tuple, tuple] = {}
+
+    def find(x: tuple) -> tuple:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def union(a: tuple, b: tuple) -> None:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[ra] = rb
+
+    user: dict[tuple, _Unit] = {}
+
+    def term(at: _At, buf: str, off: int) -> tuple:
+        g, tb, st = at
+        if buf != "s":
+            return ("c", where.fixed(g, buf, off))
+        key = ("s", g, off)
+        if key not in user:
+            user[key] = _Unit(g, tb, st, [st])
+        return key
+
+    def sent(at: _At, k: int) -> tuple:
+        st = at[2]
+        if st.type in ("s", "rrs"):
+            return term(at, st.srcbuf, st.srcoff + k)
+        return term(at, st.dstbuf, st.dstoff + k)
+
+    def received(at: _At, k: int) -> list[tuple]:
+        st = at[2]
+        out = []
+        if st.type in _DST_USED:
+            out.append(term(at, st.dstbuf, st.dstoff + k))
+        if st.type in _REDUCES:
+            out.append(term(at, st.srcbuf, st.srcoff + k))
+        return out
+
+    fifo_send: dict[tuple[int, int, int], list[_At]] = defaultdict(list)
+    fifo_recv: dict[tuple[int, int, int], list[_At]] = defaultdict(list)
+    for gpu in algo.gpus:
+        for tb in gpu.tbs:
+            for st in tb.steps:
+                at = (gpu.id, tb, st)
+                if st.type in _SENDS:
+                    fifo_send[(gpu.id, tb.send, tb.chan)].append(at)
+                if st.type in _RECVS:
+                    fifo_recv[(tb.recv, gpu.id, tb.chan)].append(at)
+                if st.type in ("cpy", "re", "rrc", "rrcs"):
+                    for k in range(st.cnt):
+                        union(term(at, st.srcbuf, st.srcoff + k),
+                              term(at, st.dstbuf, st.dstoff + k))
+    for key, sends in fifo_send.items():
+        for s_at, r_at in zip(sends, fifo_recv.get(key, [])):
+            for k in range(min(s_at[2].cnt, r_at[2].cnt)):
+                v = sent(s_at, k)
+                for r in received(r_at, k):
+                    union(v, r)
+    chunks: dict[tuple, set[int]] = defaultdict(set)
+    for x in list(parent):
+        if x[0] == "c":
+            chunks[find(x)].add(x[1])
+    for key, u in sorted(user.items(), key=lambda kv: kv[0]):
+        if key[1] not in gpus:
+            continue
+        found = chunks.get(find(key), set())
+        if len(found) != 1:
+            why = (f"s[{key[2]}] is tied to no chunk of the buffer (no message or reduce "
+                   "links it to i or o)" if not found else
+                   f"s[{key[2]}] holds chunks {', '.join(map(str, sorted(found)[:4]))} "
+                   "(scratch reused for another chunk; topoplan keeps one place per chunk)")
+            raise _refuse(algo, u, why)
+        where.scratch[(key[1], key[2])] = next(iter(found))
+
+
 def _fold_scratch(algo: Algo, tbs: dict[int, list[_Unit]]) -> None:
     """An ``r`` into scratch read by exactly one ``re`` becomes one reducing recv."""
     writers: dict[tuple[int, int], _Unit] = {}
     for units in tbs.values():
         for u in units:
-            if u.first.dstbuf == "s" and u.type in _RECVS | {"cpy", "re"}:
+            if u.first.dstbuf == "s" and u.type in _DST_USED:
                 if u.type != "r":
                     raise _refuse(algo, u, "only plain receives (r) into scratch are supported")
                 key = (u.first.dstoff, u.cnt)
@@ -246,13 +420,13 @@ def _hazards(units: list[_Unit]) -> None:
         touched: range | None = None
         writes = False
         if t == "s":
-            touched = range(st.srcoff, st.srcoff + u.cnt) if st.srcbuf != "s" else None
+            touched = range(u.src_unit, u.src_unit + u.cnt) if u.src_unit >= 0 else None
         elif t in ("r", "rcs") and u.fold_into is None:
-            touched, writes = range(st.dstoff, st.dstoff + u.cnt), True
+            touched, writes = range(u.dst_unit, u.dst_unit + u.cnt), True
         elif t in ("rrc", "rrcs", "rrs"):
-            touched, writes = range(st.srcoff, st.srcoff + u.cnt), True
+            touched, writes = range(u.src_unit, u.src_unit + u.cnt), True
         elif t == "re":
-            touched, writes = range(st.dstoff, st.dstoff + u.cnt), True
+            touched, writes = range(u.dst_unit, u.dst_unit + u.cnt), True
         if touched is not None:
             found = {id(w): w for c in touched if (w := writer.get(c)) is not None}
             u.hazards = list(found.values())
@@ -361,7 +535,8 @@ def _levels(algo: Algo, units_of: dict[int, dict[int, list[_Unit]]], aligned: bo
 
 
 def import_msccl(algo: Algo, *, check: bool = True) -> Schedule:
-    """Turn an MSCCL allreduce into a verified topoplan :class:`Schedule`.
+    """Turn an MSCCL allreduce, reduce-scatter or allgather into a verified topoplan
+    :class:`Schedule` of that collective.
 
     Parameters
     ----------
@@ -378,32 +553,52 @@ def import_msccl(algo: Algo, *, check: bool = True) -> Schedule:
     """
     from ..verify import verify
 
-    if algo.coll != "allreduce":
-        raise ScheduleError(f"{algo.file}: coll={algo.coll!r}: only allreduce algorithms "
-                            "can be imported")
+    if algo.coll not in _COLLECTIVE:
+        raise ScheduleError(f"{algo.file}: coll={algo.coll!r}: only "
+                            f"{', '.join(_COLLECTIVE)} algorithms can be imported")
     if check:
         check_msccl(algo)
-    units_of = _units(algo)
-    nchunks = algo.nchunksperloop
+    elif algo.coll != "allreduce" and algo.nchunksperloop % algo.ngpus:
+        raise ScheduleError(f"{algo.file}: coll={algo.coll!r}: nchunksperloop="
+                            f"{algo.nchunksperloop} is not a multiple of ngpus={algo.ngpus}")
+    where = _Where(algo)
+    chunked = _chunked_scratch(algo)
+    if chunked:
+        _map_scratch(algo, where, chunked)
+    units_of = _units(algo, where)
     for gpu in algo.gpus:
         tbs = units_of[gpu.id]
         for units in tbs.values():
             for u in units:
-                st = u.first
-                if u.type == "cpy":
-                    if not ({st.srcbuf, st.dstbuf} <= {"i", "o"} and st.srcoff == st.dstoff):
-                        raise _refuse(algo, u, "a local copy that moves data between "
-                                               "chunks (topoplan keeps one value per chunk)")
-                for buf, off in ((st.srcbuf, st.srcoff), (st.dstbuf, st.dstoff)):
-                    if buf in ("i", "o") and u.type != "nop" and off + u.cnt > nchunks > 0 and (
-                            (buf == st.srcbuf and u.type in ("s", "rrs", "rrc", "rrcs"))
-                            or (buf == st.dstbuf and u.type in ("r", "rcs", "rrc", "rrcs"))):
-                        raise _refuse(algo, u, f"{buf}[{off}] x{u.cnt} lies past "
-                                               f"nchunksperloop={nchunks}")
-                if u.type in ("rrc", "rrcs") and st.srcoff != st.dstoff:
-                    raise _refuse(algo, u, f"adds chunk {st.srcoff} into chunk {st.dstoff}: "
-                                           "a reduce must stay in one chunk")
-        _fold_scratch(algo, tbs)
+                st, t = u.first, u.type
+                if t == "nop":
+                    continue
+                if t == "re" and (st.srcbuf != "s" or gpu.id in chunked):
+                    raise _refuse(algo, u, "a local reduce (re) is supported only from "
+                                           "scratch data that one receive filled")
+                folded = gpu.id not in chunked
+                for piece in u.steps:
+                    for buf, off, used in ((piece.srcbuf, piece.srcoff, t in _SRC_USED),
+                                           (piece.dstbuf, piece.dstoff, t in _DST_USED)):
+                        size = where.size(buf)
+                        if used and buf in ("i", "o") and off + piece.cnt > size > 0:
+                            raise _refuse(algo, u, f"{buf}[{off}] x{piece.cnt} lies past " + (
+                                f"nchunksperloop={where.n}" if size == where.n else
+                                f"the {size} chunks of {buf} (nchunksperloop / ngpus)"))
+                        if used and not (buf == "s" and folded):
+                            where.first(algo, u, buf, off, piece.cnt)  # consecutive chunks
+                if t in _SRC_USED and not (st.srcbuf == "s" and folded):
+                    u.src_unit = where.first(algo, u, st.srcbuf, st.srcoff, 1)
+                if t in _DST_USED and not (st.dstbuf == "s" and folded):
+                    u.dst_unit = where.first(algo, u, st.dstbuf, st.dstoff, 1)
+                if t == "cpy" and u.src_unit != u.dst_unit:
+                    raise _refuse(algo, u, "a local copy that moves data between "
+                                           "chunks (topoplan keeps one value per chunk)")
+                if t in ("rrc", "rrcs") and u.src_unit != u.dst_unit:
+                    raise _refuse(algo, u, f"adds chunk {u.src_unit} into chunk "
+                                           f"{u.dst_unit}: a reduce must stay in one chunk")
+        if gpu.id not in chunked:
+            _fold_scratch(algo, tbs)
     _link(algo, units_of)
     # First every message's two ops in one step (a topoplan step lasts until all its
     # messages are done, so a send posted early would hold its step up), ops of one
@@ -483,18 +678,16 @@ def _schedule(algo: Algo, units_of: dict[int, dict[int, list[_Unit]]], planned: 
         program: dict[int, list[tuple[tuple, Op]]] = defaultdict(list)
         for units in units_of[gpu.id].values():
             for u in units:
-                st, tb = u.first, u.tb
+                tb = u.tb
                 if u.type in _SENDS:
-                    chunk = st.srcoff if u.type in ("s", "rrs", "rrcs") else st.dstoff
-                    if u.type == "rrs":
-                        chunk = st.srcoff
+                    chunk = u.src_unit if u.type in ("s", "rrs", "rrcs") else u.dst_unit
                     plan = u.first.plan
                     order = (plan[-1],) if planned and len(plan) > 1 else ()
                     program[u.send_level].append(
                         ((*order, 0, tb.send, *u.send_key),
                          Op(OpKind.SEND, tb.send, chunk, False, u.cnt)))
                 if u.type in _RECVS and u.fold_into is None:
-                    chunk = st.srcoff if u.type == "rrs" else st.dstoff
+                    chunk = u.src_unit if u.type == "rrs" else u.dst_unit
                     order = (u.first.plan[1],) if planned and len(u.first.plan) > 1 else ()
                     program[u.recv_level].append(
                         ((*order, 1, tb.recv, *u.recv_key),
@@ -504,11 +697,12 @@ def _schedule(algo: Algo, units_of: dict[int, dict[int, list[_Unit]]], planned: 
                     assert w is not None
                     program[u.recv_level].append(
                         ((1, w.tb.recv, *w.recv_key),
-                         Op(OpKind.RECV, w.tb.recv, st.dstoff, True, u.cnt)))
+                         Op(OpKind.RECV, w.tb.recv, u.dst_unit, True, u.cnt)))
         last = max(program, default=-1)
         steps.append([[op for _, op in sorted(program.get(t, []), key=lambda x: x[0])]
                       for t in range(last + 1)])
     schedule = build_schedule(algo.ngpus, equal_chunks(nchunks), steps,
+                              collective=_COLLECTIVE[algo.coll],
                               algorithm=f"msccl:{algo.name}", source=algo.file,
                               msccl={"proto": algo.proto, "nchannels": algo.nchannels,
                                      "nchunksperloop": nchunks, "inplace": algo.inplace,
