@@ -281,12 +281,15 @@ def _run_rank(args: argparse.Namespace) -> int:
                 "schedule": {"algorithm": schedule.algorithm, "nranks": schedule.nranks,
                              "nchunks": schedule.nchunks, "nsteps": schedule.nsteps,
                              "cluster": schedule.meta.get("cluster"),
-                             "collective": schedule.collective},
+                             "collective": schedule.collective,
+                             "chosen": schedule.meta.get("chosen")},
                 "collective": schedule.collective,
                 "transport": transport.name, "native": native_name,
                 "rows": [asdict(r) | {"ratio": r.ratio} for r in rows]}))
         else:
-            print(f"# topoplan bench: {schedule.algorithm} {schedule.collective} schedule, "
+            chosen = schedule.meta.get("chosen")
+            name = f"{schedule.algorithm} ({chosen})" if chosen else schedule.algorithm
+            print(f"# topoplan bench: {name} {schedule.collective} schedule, "
                   f"{schedule.nranks} ranks, {schedule.nsteps} steps, {schedule.nchunks} "
                   f"chunks, over {transport.name}")
             print(format_rows(rows, native_name=native_name))
