@@ -139,3 +139,78 @@ def test_bad_buffers_and_schedules_are_refused():
     with pytest.raises(TopoplanError, match=r"allgather of 2 ranks: input of 3 and output of 7 "
                                             r"elements; expected an output of nranks \(2\)"):
         gather(np.zeros(3), np.zeros(7))
+
+
+# ---- run_bench: nccl-tests rows for reduce-scatter and allgather ------------------------------
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
+def test_run_bench_runs_the_schedules_collective_with_a_real_check(collective):
+    from topoplan.bench import format_rows, run_bench
+    n = 3
+    schedule = plan(cluster("two-switch", n), "ring", size=1 << 20, collective=collective)
+    sizes = [12, 12 * 1000 + 24]
+
+    rows = Local.launch(n, lambda t: run_bench(schedule, t, sizes, baseline=True, iters=2))
+    assert rows[0] == rows[1] == rows[2]
+    for row, size in zip(rows[0], sizes):
+        assert row.collective == collective and row.size == size
+        assert row.count == size // 4 // n  # one rank's shard (nccl-tests)
+        assert row.redop == ("none" if collective == "allgather" else "sum")
+        assert row.wrong == 0 and row.native_wrong == 0 and row.native_note is None
+        assert row.busbw == pytest.approx(row.algbw * 2 / 3)  # (n-1)/n
+        assert row.native_busbw == pytest.approx(row.native_algbw * 2 / 3)
+    text = format_rows(rows[0], native_name=Local.native_names[collective])
+    assert Local.native_names[collective] in text
+    assert (" none " in text) == (collective == "allgather")
+    # bfloat16 runs on torch tensors: the check still exact.
+    torch = pytest.importorskip("torch")  # noqa: F841
+    rows = Local.launch(n, lambda t: run_bench(schedule, t, [24], iters=1, dtype="bfloat16"))
+    assert rows[0][0].wrong == 0 and rows[0][0].count == 4
+
+
+def _wrong_reduce_scatter() -> object:
+    """Each rank overwrites its own shard with the peer's input instead of adding it."""
+    from tests.support.schedules import build_schedule, recv, send
+    steps = [[[send(1 - r, 1 - r), recv(1 - r, r, reduce=False)]] for r in range(2)]
+    return build_schedule(2, (0.5, 0.5), steps, collective="reduce_scatter", algorithm="broken")
+
+
+def test_run_bench_counts_wrong_elements_of_a_reduce_scatter_and_an_allgather():
+    from tests.support.schedules import build_schedule
+    from topoplan.bench import run_bench
+    count = 4096 // 4
+    m = count // 2
+    rows = Local.launch(2, lambda t: run_bench(_wrong_reduce_scatter(), t, [4096], iters=1))
+    # Pattern i % 7 + rank % 3, sum 2 (i % 7) + 1. Rank 0 holds rank 1's i % 7 + 1, right
+    # only where i % 7 == 0; rank 1 holds rank 0's i % 7, never right.
+    assert rows[0][0].wrong == sum(1 for i in range(m) if i % 7) + m
+    # An "allgather" that moves nothing: every rank misses the other's shard (the output
+    # starts as -1, which no result holds).
+    idle = build_schedule(2, (0.5, 0.5), [[], []], collective="allgather", algorithm="idle")
+    rows = Local.launch(2, lambda t: run_bench(idle, t, [4096], iters=1))
+    assert rows[0][0].wrong == 2 * m
+
+
+def test_run_bench_refuses_sizes_that_do_not_shard_and_reports_a_missing_native():
+    from topoplan.bench import format_rows, run_bench
+    from topoplan.transports.base import NoNative
+    schedule = S.ring_allgather([0, 1, 2])
+    with pytest.raises(TopoplanError, match=r"size 1000 B: an allgather of 3 ranks cuts the "
+                                            r"full buffer into 3 equal shards, so it must be "
+                                            r"a multiple of 3 float32 elements \(12 B\); use "
+                                            r"996 or 1008 B"):
+        run_bench(schedule, LocalWorld(3).transport(0), [1000])
+
+    class NoGather(Local):
+        def native_allgather(self, input, output):
+            raise NoNative("this transport has no allgather")
+
+    def rank_fn(t: Local):
+        return run_bench(schedule, NoGather(t.world, t.rank), [1200], baseline=True, iters=1)
+
+    row = Local.launch(3, rank_fn)[0][0]
+    assert row.wrong == 0 and row.native_time_us is None and row.ratio is None
+    assert row.native_note == "this transport has no allgather"
+    text = format_rows([row], native_name="native gather")
+    assert "# native: not run: this transport has no allgather" in text
+    assert text.splitlines()[2].split()[-5:] == ["-"] * 5

@@ -320,6 +320,28 @@ def test_cli_up_refuses_too_many_ranks(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def test_cli_bench_refuses_a_collective_it_cannot_run_before_building_anything():
+    """Sizes that do not shard and planners that do not plan the collective are refused
+    with a clear message, before any namespace is built (no root needed)."""
+    cluster = str(Path(__file__).resolve().parents[1] / "topologies" / "ddl_two_switch.yaml")
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "topoplan", "testbed", "bench", cluster,
+                               "--collective", "allgather", *args],
+                              capture_output=True, text=True, timeout=60)
+
+    proc = run("--sizes", "1001")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("topoplan: error: --sizes: size 1001 B: an allgather of 4 "
+                                  "ranks cuts the full buffer into 4 equal shards"), proc.stderr
+    proc = run("--algorithms", "rhd,hierarchical,native")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "hierarchical plans only allreduce; allgather is planned by" in proc.stderr
+    from topoplan.commands.testbed import algorithms_for
+    default, left_out = algorithms_for("allgather", None)
+    assert "native" in default and "auto" in default and "hierarchical" in left_out
+
+
 # ---- real namespaces: root with CAP_NET_ADMIN only ------------------------------------
 
 def _reason() -> str | None:
@@ -395,10 +417,20 @@ def test_testbed_shapes_runs_a_plan_and_leaves_nothing(state_dir):
             schedule = plan(cluster, algorithm="ring", size=2 << 20)
             verify(schedule)
             cases.append(Case("ring", (2 << 20) + 4, schedule=schedule, warmup=0, iters=1))
+            # A reduce-scatter and an allgather, planned and gloo's own, checked exactly.
+            for collective in ("reduce_scatter", "allgather"):
+                schedule = plan(cluster, algorithm="rhd", size=1 << 20, collective=collective)
+                verify(schedule)
+                cases += [Case(f"rhd-{collective}", 1 << 20, schedule=schedule, warmup=0,
+                               iters=1),
+                          Case(f"native-{collective}", 1 << 20, kind="native", warmup=0,
+                               iters=1, collective=collective)]
         results = run_cases(bed, cases, timeout=120)
         assert [r["label"] for r in results] == [c.label for c in cases]
         assert all(r["wrong"] == 0 for r in results), results
         assert all(r["times_s"][0] > 0 for r in results)
+        assert [r["collective"] for r in results] == [
+            c.schedule.collective if c.schedule else c.collective for c in cases]
 
         # A rank that dies: the run stops with the rank named, every process is gone.
         with pytest.raises(TransportError, match="rank 2 exited with status 17"):
@@ -435,12 +467,19 @@ def test_mpi_across_namespaces_runs_a_plan_and_leaves_nothing(state_dir):
         size = (1 << 20) + 4
         schedule = plan(cluster, algorithm="ring", size=size)
         verify(schedule)
+        ag = plan(cluster, algorithm="ring", size=1 << 20, collective="allgather")
         results = run_cases(bed, [Case("native", size, kind="native", warmup=0, iters=1),
-                                  Case("ring", size, schedule=schedule, warmup=0, iters=1)],
+                                  Case("ring", size, schedule=schedule, warmup=0, iters=1),
+                                  Case("ring-ag", 1 << 20, schedule=ag, warmup=0, iters=1),
+                                  Case("native-rs", 1 << 20, kind="native", warmup=0, iters=1,
+                                       collective="reduce_scatter")],
                             timeout=120, transport="mpi")
-        assert [r["wrong"] for r in results] == [0, 0]
-        # 1 MiB around a ring whose slowest hop is 125 Mbit/s: at least the bytes' time.
+        assert [r["wrong"] for r in results] == [0, 0, 0, 0]
+        assert results[3]["native_name"] == "MPI_Reduce_scatter_block"
+        # 1 MiB around a ring whose slowest hop is 125 Mbit/s: at least the bytes' time;
+        # the allgather half of it.
         assert results[1]["times_s"][0] >= 2 * 3 / 4 * size / (125e6 / 8) * 0.9
+        assert results[2]["times_s"][0] >= 3 / 4 * (1 << 20) / (125e6 / 8) * 0.9
         with pytest.raises(TransportError, match="rank 2 exited with status 17"):
             run_cases(bed, [Case("native", 4096, kind="native", warmup=0, iters=1)],
                       timeout=120, crash_rank=2, transport="mpi")

@@ -201,3 +201,81 @@ def test_bench_cli_plans_with_an_algorithm() -> None:
     proc = _bench("--algorithm", "ring", "-n", "2", "--sizes", "8KiB", "--iters", "2", "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["rows"][0]["wrong"] == 0
+
+
+# ---- reduce-scatter and allgather ---------------------------------------------------------
+
+COLLECTIVE_PLANNERS = ("ring", "rhd", "mcf", "auto")
+
+
+def test_reduce_scatter_and_allgather_on_8_mpi_ranks(tmp_path: Path) -> None:
+    """tests/mpi_collectives.py: ring, rhd, mcf and auto plans of both collectives on
+    dgx1_v100 (8 GPUs), exact against numpy and against MPI_Reduce_scatter_block /
+    MPI_Allgather, synchronous and with calls in flight."""
+    from topoplan.cluster import load_cluster
+    from topoplan.planners import plan, planners_for
+    from topoplan.verify import verify
+    cluster = load_cluster(ROOT / "topologies" / "dgx1_v100.yaml")
+    assert cluster.nranks == 8
+    names = []
+    for collective in ("reduce_scatter", "allgather"):
+        for algorithm in (a for a in COLLECTIVE_PLANNERS if a in planners_for(collective)):
+            schedule = plan(cluster, algorithm, size=1 << 20, collective=collective)
+            verify(schedule)
+            name = f"{collective}-{algorithm}"
+            schedule.save(tmp_path / f"{name}.json")
+            names.append(name)
+    proc = mpiexec(8, [sys.executable, "-m", "tests.mpi_collectives", "--plans", str(tmp_path)],
+                   timeout=240, cwd=ROOT)
+    results = _results(proc.stdout)
+    assert sorted(results) == list(range(8)), (
+        f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}")
+    for rank, record in results.items():
+        assert record["failures"] == [], "\n".join(record["failures"])
+        assert sorted(record["plans"]) == sorted(names)
+        assert record["ncases"] == len(names) * (2 * 5 + 2) + 2
+    assert len(names) >= 6  # ring, rhd and auto at least, for each collective
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_bench_cli_runs_reduce_scatter_and_allgather_against_mpi(tmp_path: Path) -> None:
+    """--collective with --algorithm, and a --plan file naming its collective; exact
+    results, busbw with (N-1)/N, the native MPI collective in the same run."""
+    from topoplan.cluster import flat_cluster
+    from topoplan.planners import plan
+    plan(flat_cluster(4), "rhd", size=1 << 20, collective="reduce_scatter").save(
+        tmp_path / "rs.json")
+    runs = {"reduce_scatter": ("--plan", str(tmp_path / "rs.json")),
+            "allgather": ("--algorithm", "ring", "-n", "4", "--collective", "allgather")}
+    natives = {"reduce_scatter": "MPI_Reduce_scatter_block", "allgather": "MPI_Allgather"}
+    for collective, source in runs.items():
+        proc = _bench(*source, "--sizes", "1KiB,96KiB", "--baseline", "native", "--iters",
+                      "3", "--json")
+        assert proc.returncode == 0, proc.stderr
+        record = json.loads(proc.stdout)
+        assert record["collective"] == collective and record["native"] == natives[collective]
+        assert [r["size"] for r in record["rows"]] == [1024, 96 << 10]
+        for row in record["rows"]:
+            assert row["wrong"] == 0 and row["native_wrong"] == 0, row
+            assert row["count"] == row["size"] // 4 // 4  # one rank's shard, as nccl-tests
+            assert row["collective"] == collective
+            assert row["redop"] == ("none" if collective == "allgather" else "sum")
+            assert row["algbw"] == pytest.approx(row["size"] / row["time_us"] / 1e3)
+            assert row["busbw"] == pytest.approx(row["algbw"] * 3 / 4)
+            assert row["native_busbw"] == pytest.approx(row["native_algbw"] * 3 / 4)
+            assert row["ratio"] == pytest.approx(row["algbw"] / row["native_algbw"])
+
+
+def test_bench_cli_refuses_sizes_that_do_not_shard(tmp_path: Path) -> None:
+    proc = _bench("--algorithm", "ring", "-n", "3", "--collective", "allgather",
+                  "--sizes", "1KiB")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr == ("topoplan: error: --sizes: size 1024 B: an allgather of 3 ranks cuts "
+                           "the full buffer into 3 equal shards, so it must be a multiple of 3 "
+                           "float32 elements (12 B); use 1020 or 1032 B\n")
+    from tests.support import schedules as S
+    plan = tmp_path / "ag.json"
+    S.ring_allgather([0, 1]).save(plan)
+    proc = _bench("--plan", str(plan), "--collective", "reduce_scatter", "--sizes", "1KiB")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "is an allgather plan but --collective asks for reduce_scatter" in proc.stderr

@@ -79,3 +79,49 @@ def test_bench_cli_over_gloo(tmp_path) -> None:
     assert record["transport"] == "torch/gloo" and record["native"] == "dist.all_reduce"
     for row in record["rows"]:
         assert row["type"] == "bfloat16" and row["wrong"] == 0 and row["native_wrong"] == 0
+
+
+def _rsag_rank(t: Torch) -> dict:
+    """run_bench of a reduce-scatter and an allgather against gloo's own, then with
+    reduce_scatter as an older gloo has it: unsupported, reported, not fatal."""
+    from topoplan.bench import run_bench
+    from topoplan.cluster import flat_cluster
+    from topoplan.planners import plan
+    out: dict = {}
+    for collective in ("reduce_scatter", "allgather"):
+        schedule = plan(flat_cluster(t.size), "ring", size=1 << 20, collective=collective)
+        out[collective] = (run_bench(schedule, t, [1200, 48000], baseline=True, iters=2,
+                                     use_torch=True), t.native_name_of(collective))
+    name = t.native_name_of("reduce_scatter").removeprefix("dist.")
+
+    def unsupported(*args, **kwargs):
+        raise RuntimeError("ProcessGroupGloo does not support reduce_scatter")
+
+    real = getattr(dist, name)
+    setattr(dist, name, unsupported)
+    try:
+        schedule = plan(flat_cluster(t.size), "rhd", size=1 << 20, collective="reduce_scatter")
+        out["old-gloo"] = (run_bench(schedule, t, [1200], baseline=True, iters=1), None)
+    finally:
+        setattr(dist, name, real)
+    return out
+
+
+def test_reduce_scatter_and_allgather_bench_against_gloo() -> None:
+    results = Torch.launch(2, _rsag_rank, backend="gloo", timeout=200)
+    assert results[0] == results[1]
+    for collective in ("reduce_scatter", "allgather"):
+        rows, native = results[0][collective]
+        assert native in {"reduce_scatter": ("dist.reduce_scatter_single",
+                                             "dist.reduce_scatter_tensor"),
+                          "allgather": ("dist.all_gather_single",
+                                        "dist.all_gather_into_tensor")}[collective]
+        for row in rows:
+            assert row.collective == collective and row.wrong == 0, row
+            if row.native_note is None:
+                assert row.native_wrong == 0 and row.ratio > 0
+            else:  # a PyTorch whose gloo has no reduce-scatter: said, not crashed
+                assert collective == "reduce_scatter" and "reduce_scatter" in row.native_note
+    (row,), _ = results[0]["old-gloo"]
+    assert row.wrong == 0 and row.native_time_us is None
+    assert row.native_note.endswith("on gloo: ProcessGroupGloo does not support reduce_scatter")

@@ -6,12 +6,22 @@ prints them as nccl-tests does::
 
     size(B) count type redop time(us) algbw(GB/s) busbw(GB/s) #wrong
 
-``#wrong`` comes from a real check: every size is first reduced from an integer-valued
+The schedule's collective decides what runs: an allreduce in place, a reduce-scatter
+(:class:`topoplan.ReduceScatter`) or an allgather (:class:`topoplan.AllGather`). As in
+nccl-tests, ``size`` is the full buffer (a reduce-scatter's input, an allgather's
+output; a multiple of the rank count in elements), ``count`` the elements of one rank's
+shard for a reduce-scatter or an allgather (of the buffer for an allreduce), ``algbw``
+is ``size / time`` and busbw is algbw times :func:`bus_factor` of the collective
+(``2(n-1)/n`` for an allreduce, ``(n-1)/n`` for the others; 0 for one rank).
+
+``#wrong`` comes from a real check: every size is first run on an integer-valued
 pattern (:func:`pattern`) whose sum (:func:`expected_sum`) is exact in the chosen
-dtype, and compared element by element. The testbed's workers, the calibration runs and
-``scripts/bench_executor.py`` check with the same pattern. :func:`predict_rows` adds the
-simulator's time for each size on the machine a calibrated profile was measured on.
-busbw is algbw times :func:`bus_factor` (nccl-tests' convention, 0 for one rank).
+dtype, and each rank's output is compared element by element with
+:func:`expected_output` (rank ``r``'s shard of the sum for a reduce-scatter; every
+rank's shard of the pattern for an allgather). The testbed's workers, the calibration
+runs and ``scripts/bench_executor.py`` check with the same pattern. :func:`predict_rows`
+adds the simulator's time for each size on the machine a calibrated profile was
+measured on.
 """
 
 from __future__ import annotations
@@ -21,12 +31,15 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from .collectives import get_collective
 from .errors import TopoplanError
 from .schedule import Schedule
+from .transports.base import NoNative
 from .units import bus_factor
 
 __all__ = ["BenchRow", "run_bench", "format_rows", "predict_rows", "bus_factor", "pattern",
-           "expected_sum", "count_wrong", "DTYPES", "ITEMSIZE"]
+           "expected_sum", "expected_output", "count_wrong", "check_sizes", "DTYPES",
+           "ITEMSIZE"]
 
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
@@ -34,7 +47,13 @@ ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
 
 @dataclass(frozen=True, slots=True)
 class BenchRow:
-    """One size of a benchmark; times are the slowest rank's mean, in microseconds."""
+    """One size of a benchmark; times are the slowest rank's mean, in microseconds.
+
+    ``size`` is the full buffer in bytes; ``count`` the elements of one rank's shard
+    for a reduce-scatter or an allgather, of the buffer for an allreduce (nccl-tests'
+    columns). ``native_*`` are the transport's own collective on the same buffers
+    (``None`` when not run, or when the transport has none: ``native_note`` says why).
+    """
 
     size: int
     count: int
@@ -51,11 +70,13 @@ class BenchRow:
     native_wrong: int | None = None
     predicted_us: float | None = None
     measured_over_predicted: float | None = None
+    collective: str = "allreduce"
+    native_note: str | None = None
 
     @property
     def ratio(self) -> float | None:
-        """The schedule's bandwidth over the native allreduce's (algbw and busbw give the
-        same ratio; algbw's holds for one rank too, where busbw is 0)."""
+        """The schedule's bandwidth over the native collective's (algbw and busbw give
+        the same ratio; algbw's holds for one rank too, where busbw is 0)."""
         if self.native_algbw is None or not self.native_algbw:
             return None
         return self.algbw / self.native_algbw
@@ -74,26 +95,98 @@ def expected_sum(index: Any, nranks: int) -> Any:
     return (index % 7) * nranks + sum(r % 3 for r in range(nranks))
 
 
-def _make_buffer(count: int, dtype: str, use_torch: bool) -> tuple[Any, Callable]:
-    """A buffer and a function that fills it with the check pattern."""
-    if use_torch or dtype == "bfloat16":
-        import torch
-        buf = torch.empty(count, dtype=getattr(torch, dtype))
+def expected_output(collective: str, count: int, nranks: int, rank: int) -> Any:
+    """What rank ``rank``'s output must hold (a float64 numpy array) after ``collective``
+    of a full buffer of ``count`` elements, every rank ``q`` having put in
+    :func:`pattern` of ``q`` (for an allgather: at its shard's elements).
 
-        def fill(rank: int | None) -> None:
-            if rank is None:
-                buf.zero_()
-            else:
-                buf.copy_(pattern(torch.arange(count), rank))
-
-        return buf, fill
+    - allreduce: :func:`expected_sum` of the buffer;
+    - reduce_scatter: the rank's shard of it (elements ``rank * count / nranks`` on);
+    - allgather: shard ``q`` holds rank ``q``'s pattern, ``i % 7 + q % 3``.
+    """
     import numpy as np
-    arr = np.empty(count, dtype=dtype)
+    if collective == "allreduce":
+        return expected_sum(np.arange(count, dtype=np.float64), nranks)
+    m = count // nranks
+    if collective == "reduce_scatter":
+        return expected_sum(np.arange(rank * m, (rank + 1) * m, dtype=np.float64), nranks)
+    index = np.arange(count, dtype=np.int64)
+    return (index % 7 + (index // max(m, 1)) % 3).astype(np.float64)
 
-    def fill_np(rank: int | None) -> None:
-        arr[...] = 0 if rank is None else pattern(np.arange(count), rank)
 
-    return arr, fill_np
+def check_sizes(sizes: Sequence[int], nranks: int, collective: str, dtype: str) -> None:
+    """Refuse sizes a reduce-scatter or an allgather of ``nranks`` cannot cut into equal
+    shards: the full buffer must be a multiple of ``nranks`` elements of ``dtype``.
+
+    Raises
+    ------
+    TopoplanError
+        Naming the first bad size and the nearest good ones.
+    """
+    if not get_collective(collective).sharded:
+        return
+    item = ITEMSIZE[dtype]
+    step = nranks * item
+    for size in sizes:
+        if size % step:
+            lower, upper = size // step * step, (size // step + 1) * step
+            good = f"{lower} or {upper}" if lower else f"{upper}"
+            raise TopoplanError(
+                f"size {size} B: {with_article(collective)} of {nranks} ranks cuts the full "
+                f"buffer into {nranks} equal shards, so it must be a multiple of {nranks} "
+                f"{dtype} elements ({step} B); use {good} B")
+
+
+def with_article(word: str) -> str:
+    """``word`` with its indefinite article: "an allgather", "a reduce_scatter"."""
+    return f"{'an' if word[:1] in 'aeiou' else 'a'} {word}"
+
+
+class _Buffers:
+    """One size's buffers: the call's arguments, the output to check, and ``fill``."""
+
+    def __init__(self, collective: str, count: int, nranks: int, rank: int, dtype: str,
+                 use_torch: bool) -> None:
+        self.collective, self.count, self.nranks, self.rank = collective, count, nranks, rank
+        m = count // nranks
+        sizes = {"allreduce": (count, None), "reduce_scatter": (count, m),
+                 "allgather": (m, count)}[collective]
+        # The input's first element in the full buffer (an allgather's is its shard).
+        self.offset = rank * m if collective == "allgather" else 0
+        self.torch = use_torch or dtype == "bfloat16"
+        if self.torch:
+            import torch
+            self.lib: Any = torch
+            kind: Any = getattr(torch, dtype)
+        else:
+            import numpy as np
+            self.lib, kind = np, dtype
+        self.input: Any = self.lib.empty(sizes[0], dtype=kind)
+        self.output: Any = self.input if sizes[1] is None else self.lib.empty(sizes[1], dtype=kind)
+        self.args = (self.input,) if sizes[1] is None else (self.input, self.output)
+
+    def fill(self, rank: int | None) -> None:
+        """The check pattern of ``rank`` in the input (and a sentinel no result holds,
+        -1, in a separate output); ``None``: zeros, for timed runs."""
+        n = self.input.shape[0]
+        if rank is None:
+            self.input[...] = 0
+            return
+        index = self.lib.arange(self.offset, self.offset + n)
+        if self.torch:
+            self.input.copy_(pattern(index, rank))
+        else:
+            self.input[...] = pattern(index, rank)
+        if self.output is not self.input:
+            self.output[...] = -1
+
+    def wrong(self) -> int:
+        """Elements of this rank's output that differ from :func:`expected_output`."""
+        import numpy as np
+        out = self.output
+        values = out.float().numpy() if self.torch else out
+        expected = expected_output(self.collective, self.count, self.nranks, self.rank)
+        return int(np.count_nonzero(np.asarray(values, dtype=np.float64) != expected))
 
 
 def _sum_over_ranks(transport: Any, count: int, use_torch: bool) -> int:
@@ -135,13 +228,22 @@ def run_bench(schedule: Schedule, transport: Any, sizes: Sequence[int], *,
     Parameters
     ----------
     schedule : Schedule
+        An allreduce, reduce-scatter or allgather schedule (its ``collective``):
+        run with :class:`~topoplan.Allreduce`, :class:`~topoplan.ReduceScatter` or
+        :class:`~topoplan.AllGather`.
     transport : Transport
     sizes : sequence of int
-        Message sizes in bytes (rounded down to whole elements).
+        Full-buffer sizes in bytes (nccl-tests' convention: a reduce-scatter's input,
+        an allgather's output). Rounded down to whole elements for an allreduce; for a
+        reduce-scatter or an allgather each must be a multiple of ``nranks`` elements
+        (:func:`check_sizes`).
     dtype : str
         One of float32, float64, float16, bfloat16 (bfloat16 uses torch tensors).
     baseline : bool
-        Also time the transport's own allreduce on the same buffer.
+        Also time the transport's own collective on the same buffers
+        (``native_allreduce``, ``native_reduce_scatter``, ``native_allgather``). A
+        transport without one (:class:`~topoplan.transports.base.NoNative`) gets
+        ``native_note`` instead of native columns.
     iters : int, optional
         Timed iterations per size; by default as many as fit ``seconds_per_size``
         (at least 2, at most ``max_iters``), judged from the warm-up.
@@ -157,29 +259,48 @@ def run_bench(schedule: Schedule, transport: Any, sizes: Sequence[int], *,
     list of BenchRow
         The same rows on every rank. ``wrong`` is the number of wrong elements summed
         over all ranks (as nccl-tests counts them); timings are the slowest rank's.
+
+    Raises
+    ------
+    TopoplanError
+        An unknown dtype, or a size that is not a multiple of ``nranks`` elements for
+        a reduce-scatter or an allgather.
     """
-    from .executor import Allreduce
+    from .executor import AllGather, Allreduce, ReduceScatter
 
     if dtype not in DTYPES:
         raise TopoplanError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
-    run = Allreduce(schedule, transport, timeout=timeout)
+    collective = schedule.collective
     n, rank = transport.size, transport.rank
+    check_sizes(sizes, n, collective, dtype)
+    executors: dict[str, Any] = {"allreduce": Allreduce, "reduce_scatter": ReduceScatter,
+                                 "allgather": AllGather}
+    run = executors[collective](schedule, transport, timeout=timeout)
+    native_fn = {"allreduce": transport.native_allreduce,
+                 "reduce_scatter": transport.native_reduce_scatter,
+                 "allgather": transport.native_allgather}[collective]
+    factor = bus_factor(n, collective)
     rows = []
     for size in sizes:
         count = size // ITEMSIZE[dtype]
-        buf, fill = _make_buffer(count, dtype, use_torch)
+        bufs = _Buffers(collective, count, n, rank, dtype, use_torch)
         nbytes = count * ITEMSIZE[dtype]
-        methods = [("schedule", lambda b=buf: run(b))]
+        methods = [("schedule", lambda b=bufs.args: run(*b))]
         if baseline:
-            methods.append(("native", lambda b=buf: transport.native_allreduce(b)))
-        measured = {}
+            methods.append(("native", lambda b=bufs.args: native_fn(*b)))
+        measured: dict[str, tuple[float, int, int] | None] = {}
+        note = None
         for name, fn in methods:
-            fill(rank)
-            fn()
-            wrong = _sum_over_ranks(transport, count_wrong(buf, n), use_torch)
+            bufs.fill(rank)
+            try:
+                fn()
+            except NoNative as exc:  # every rank alike, before anything moved
+                measured[name], note = None, str(exc)
+                continue
+            wrong = _sum_over_ranks(transport, bufs.wrong(), use_torch)
             # Timed runs reduce zeros: repeated sums of the pattern would overflow
             # (it grows n-fold per run), and 0 + 0 costs what any normal add costs.
-            fill(None)
+            bufs.fill(None)
             for _ in range(max(0, warmup - 1)):
                 fn()
             if iters is None:
@@ -189,15 +310,23 @@ def run_bench(schedule: Schedule, transport: Any, sizes: Sequence[int], *,
                 k = iters
             seconds = _time(fn, transport, k)
             measured[name] = (seconds, wrong, k)
-        seconds, wrong, k = measured["schedule"]
+        result = measured["schedule"]
+        assert result is not None  # the executor never raises NoNative
+        seconds, wrong, k = result
         algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
-        row: dict[str, Any] = dict(size=nbytes, count=count, type=dtype, redop="sum", time_us=seconds * 1e6,
-                   algbw=algbw, busbw=algbw * bus_factor(n), wrong=wrong, iters=k)
-        if baseline:
-            s2, w2, _ = measured["native"]
+        shown = count if collective == "allreduce" else count // max(n, 1)
+        row: dict[str, Any] = dict(
+            size=nbytes, count=shown, type=dtype,
+            redop="none" if collective == "allgather" else "sum", time_us=seconds * 1e6,
+            algbw=algbw, busbw=algbw * factor, wrong=wrong, iters=k, collective=collective)
+        native = measured.get("native")
+        if native is not None:
+            s2, w2, _ = native
             a2 = nbytes / s2 / 1e9 if s2 > 0 else 0.0
-            row.update(native_time_us=s2 * 1e6, native_algbw=a2, native_busbw=a2 * bus_factor(n),
+            row.update(native_time_us=s2 * 1e6, native_algbw=a2, native_busbw=a2 * factor,
                        native_wrong=w2)
+        elif baseline:
+            row.update(native_note=note)
         rows.append(BenchRow(**row))
     return rows
 
@@ -231,10 +360,11 @@ def predict_rows(rows: Sequence[BenchRow], schedule: Schedule, profile: Any,
 
 def format_rows(rows: Sequence[BenchRow], *, native_name: str | None = None) -> str:
     """The rows as nccl-tests text columns (plus the native baseline and ratio, if run,
-    and the predicted time and measured/predicted, if predicted)."""
+    and the predicted time and measured/predicted, if predicted). A native baseline the
+    transport does not have shows as ``-`` with a ``# native:`` line saying why."""
     head = (f"{'size(B)':>12} {'count':>11} {'type':>8} {'redop':>5} {'time(us)':>10} "
             f"{'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>6}")
-    native = any(r.native_time_us is not None for r in rows)
+    native = any(r.native_time_us is not None or r.native_note for r in rows)
     predicted = any(r.predicted_us is not None for r in rows)
     if native:
         head += f"   {'time(us)':>10} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>6} {'ratio':>6}"
@@ -244,16 +374,22 @@ def format_rows(rows: Sequence[BenchRow], *, native_name: str | None = None) -> 
     if native:
         lines.append(f"#{'':>61}schedule   {'':>18}{native_name or 'native'}")
     lines.append("#" + head[1:])
+    notes: list[str] = []
     for r in rows:
         line = (f"{r.size:>12} {r.count:>11} {r.type:>8} {r.redop:>5} {r.time_us:>10.1f} "
                 f"{r.algbw:>11.3f} {r.busbw:>11.3f} {r.wrong:>6}")
-        if native:
+        if native and r.native_time_us is not None:
             line += (f"   {r.native_time_us:>10.1f} {r.native_algbw:>11.3f} "
                      f"{r.native_busbw:>11.3f} {r.native_wrong:>6} {r.ratio or 0:>5.2f}x")
+        elif native:
+            line += f"   {'-':>10} {'-':>11} {'-':>11} {'-':>6} {'-':>6}"
+            if r.native_note and r.native_note not in notes:
+                notes.append(r.native_note)
         if predicted:
             pred = "-" if r.predicted_us is None else f"{r.predicted_us:.1f}"
             ratio = ("-" if r.measured_over_predicted is None
                      else f"{r.measured_over_predicted:.2f}")
             line += f"   {pred:>10} {ratio:>9}"
         lines.append(line)
+    lines += [f"# native: not run: {note}" for note in notes]
     return "\n".join(lines)

@@ -9,10 +9,14 @@ row per size::
 
     size(B) count type redop time(us) algbw(GB/s) busbw(GB/s) #wrong
 
-``--baseline native`` adds the transport's own allreduce (MPI_Allreduce or
-dist.all_reduce) on the same buffers, side by side. ``--profile NAME|FILE`` (a profile
-written by ``topoplan calibrate``) adds the simulator's prediction for each size on the
-machine the profile was measured on, and measured/predicted.
+The collective is the plan's (``--plan``), or ``--collective allreduce|reduce_scatter|
+allgather`` for ``--algorithm``; sizes are the full buffer (nccl-tests' convention),
+busbw has the collective's factor. ``--baseline native`` adds the transport's own
+collective (MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Allgather; dist.all_reduce,
+reduce_scatter_tensor, all_gather_into_tensor) on the same buffers, side by side.
+``--profile NAME|FILE`` (a profile written by ``topoplan calibrate``) adds the
+simulator's prediction for each size on the machine the profile was measured on, and
+measured/predicted.
 """
 
 from __future__ import annotations
@@ -25,12 +29,16 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from ..bench import DTYPES, format_rows, predict_rows, run_bench
+from ..bench import (DTYPES, ITEMSIZE, check_sizes, format_rows, predict_rows, run_bench,
+                     with_article)
+from ..collectives import COLLECTIVES, get_collective
 from ..errors import TopoplanError, TransportError
 from ..schedule import Schedule
 from .common import sizes_arg
 
 __all__ = ["register"]
+
+DEFAULT_SIZES = "1KiB:64MiB"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,13 +58,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "cluster fingerprint differs)")
     p.add_argument("-n", "--nranks", type=int, default=None,
                    help="processes to launch (default: the schedule's rank count)")
-    p.add_argument("--sizes", type=sizes_arg, default=sizes_arg("1KiB:64MiB"),
-                   help="message sizes, e.g. 1KiB:256MiB (powers of 2), 1K:1G:4, 8,64,1M "
-                        "(default 1KiB:64MiB)")
+    p.add_argument("-c", "--collective", choices=list(COLLECTIVES), default=None,
+                   help="what to run: allreduce (default), reduce_scatter or allgather; "
+                        "with --plan, the plan's collective (must match if given)")
+    p.add_argument("--sizes", type=sizes_arg, default=None,
+                   help="full-buffer sizes (a reduce-scatter's input, an allgather's output; "
+                        "for those a multiple of N elements), e.g. 1KiB:256MiB (powers of 2), "
+                        f"1K:1G:4, 8,64,1M (default {DEFAULT_SIZES}, rounded down to multiples "
+                        "of N elements for reduce_scatter and allgather, as nccl-tests does)")
     p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--transport", choices=("mpi", "torch"), default="mpi")
     p.add_argument("--baseline", choices=("none", "native"), default="none",
-                   help="native: also time MPI_Allreduce / dist.all_reduce side by side")
+                   help="native: also time the transport's own collective side by side "
+                        "(MPI_Allreduce / MPI_Reduce_scatter_block / MPI_Allgather, or "
+                        "dist.all_reduce / reduce_scatter_tensor / all_gather_into_tensor)")
     p.add_argument("--iters", type=int, default=None,
                    help="timed runs per size (default: as many as fit ~0.3 s)")
     p.add_argument("--warmup", type=int, default=1)
@@ -75,6 +90,11 @@ def _schedule(args: argparse.Namespace) -> Schedule:
     from ..schedule import load_schedule
     if args.plan:
         schedule = load_schedule(args.plan)
+        if args.collective is not None and args.collective != schedule.collective:
+            raise TopoplanError(f"{args.plan} is {with_article(schedule.collective)} plan but "
+                                f"--collective asks for {args.collective}; plan one with "
+                                f"topoplan plan CLUSTER --collective {args.collective} "
+                                "-o PLAN.json")
         if args.cluster:
             from ..cluster import load_cluster
             from ..fingerprint import check_fingerprint
@@ -100,8 +120,8 @@ def _schedule(args: argparse.Namespace) -> Schedule:
     except ImportError:
         raise TopoplanError("the planners are not installed in this topoplan; pass --plan "
                             "PLAN.json") from None
-    size = max(args.sizes) if args.sizes else 1 << 20
-    options: dict[str, Any] = {}
+    size = max(args.sizes) if args.sizes else 64 << 20
+    options: dict[str, Any] = {"collective": args.collective or "allreduce"}
     if args.profile:
         # Plan against the runtime that runs it; auto ranks its candidates by their time
         # on the machine the profile measured (this one), where the run happens.
@@ -134,9 +154,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _default_sizes(nranks: int, collective: str, dtype: str) -> list[int]:
+    """:data:`DEFAULT_SIZES`, for a reduce-scatter or an allgather rounded down to
+    multiples of ``nranks`` elements (nccl-tests' rounding), none below one element each."""
+    sizes = sizes_arg(DEFAULT_SIZES)
+    if not get_collective(collective).sharded:
+        return sizes
+    step = nranks * ITEMSIZE[dtype]
+    return sorted({max(step, s // step * step) for s in sizes})
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from .._mpirun import inside_mpi
-    if any(s <= 0 for s in args.sizes):
+    if args.sizes is not None and any(s <= 0 for s in args.sizes):
         raise TopoplanError("sizes must be > 0 bytes")
     if inside_mpi():
         return _run_rank(args)
@@ -151,6 +181,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if nranks != schedule.nranks:
         raise TopoplanError(f"the {schedule.algorithm} schedule is for {schedule.nranks} ranks "
                             f"but -n asks for {nranks}")
+    if args.sizes is None:
+        args.sizes = _default_sizes(nranks, schedule.collective, args.dtype)
+    try:
+        check_sizes(args.sizes, nranks, schedule.collective, args.dtype)
+    except TopoplanError as exc:
+        raise TopoplanError(f"--sizes: {exc}") from None
     if args.transport == "mpi":
         try:
             import mpi4py  # noqa: F401
@@ -166,17 +202,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _verify(schedule: Schedule, path: str) -> None:
-    """Refuse a plan file that does not compute an allreduce, with the verifier's message
-    (a wrong plan can still come out right on the check pattern of a small size)."""
+    """Refuse a plan file that does not compute its collective, with the verifier's
+    message (a wrong plan can still come out right on the check pattern of a small size)."""
     from ..errors import ScheduleError
     from ..verify import verify
     try:
         verify(schedule)
     except ScheduleError as exc:
         raise ScheduleError(f"{path}: {exc}; bench runs only plans that verify") from None
-    if schedule.collective != "allreduce":
-        raise ScheduleError(f"{path}: collective {schedule.collective!r}: bench runs allreduce "
-                            "plans so far (run it with topoplan.ReduceScatter / AllGather)")
 
 
 def _check_profile(args: argparse.Namespace) -> None:
@@ -221,6 +254,12 @@ def _run_rank(args: argparse.Namespace) -> int:
     schedule = load_schedule(args.plan)
     if not args.verified:  # started by hand under mpiexec: each rank checks the plan
         _verify(schedule, args.plan)
+    if args.collective is not None and args.collective != schedule.collective:
+        raise TopoplanError(f"{args.plan} is {with_article(schedule.collective)} plan but "
+                            f"--collective asks for {args.collective}")
+    if args.sizes is None:
+        args.sizes = _default_sizes(int(os.environ.get("OMPI_COMM_WORLD_SIZE", schedule.nranks)),
+                                    schedule.collective, args.dtype)
     transport = _transport(args)
     try:
         rows = run_bench(schedule, transport, args.sizes, dtype=args.dtype,
@@ -235,18 +274,25 @@ def _run_rank(args: argparse.Namespace) -> int:
         return 1
     if transport.rank == 0 and args.profile:
         rows = predict_rows(rows, schedule, args.profile, transport.size)
+    native_name = transport.native_name_of(schedule.collective)
     if transport.rank == 0:
         if args.json:
             print(json.dumps({
                 "schedule": {"algorithm": schedule.algorithm, "nranks": schedule.nranks,
                              "nchunks": schedule.nchunks, "nsteps": schedule.nsteps,
-                             "cluster": schedule.meta.get("cluster")},
-                "transport": transport.name, "native": transport.native_name,
+                             "cluster": schedule.meta.get("cluster"),
+                             "collective": schedule.collective,
+                             "chosen": schedule.meta.get("chosen")},
+                "collective": schedule.collective,
+                "transport": transport.name, "native": native_name,
                 "rows": [asdict(r) | {"ratio": r.ratio} for r in rows]}))
         else:
-            print(f"# topoplan bench: {schedule.algorithm} schedule, {schedule.nranks} ranks, "
-                  f"{schedule.nsteps} steps, {schedule.nchunks} chunks, over {transport.name}")
-            print(format_rows(rows, native_name=transport.native_name))
+            chosen = schedule.meta.get("chosen")
+            name = f"{schedule.algorithm} ({chosen})" if chosen else schedule.algorithm
+            print(f"# topoplan bench: {name} {schedule.collective} schedule, "
+                  f"{schedule.nranks} ranks, {schedule.nsteps} steps, {schedule.nchunks} "
+                  f"chunks, over {transport.name}")
+            print(format_rows(rows, native_name=native_name))
             wrong = sum(r.wrong + (r.native_wrong or 0) for r in rows)
             print(f"# Out of bounds values : {wrong} {'OK' if not wrong else 'FAILED'}")
         sys.stdout.flush()

@@ -4,9 +4,10 @@
 (bandwidths times ``--scale``) and leaves them up, recorded in a state file; ``down``
 removes them; ``probe`` measures paths with raw TCP (``--concurrent``: several flows at
 once; ``--all-pairs``: every pair's path and rate, alone and under load, against the
-model); ``bench`` builds a testbed, checks it, runs planned schedules and the
-transport's own allreduce in it (gloo or Open MPI), compares with the simulator (raw and
-calibrated on the testbed) and tears it down. Needs root (CAP_NET_ADMIN) and iproute2
+model); ``bench`` builds a testbed, checks it, runs planned schedules of a collective
+(``--collective allreduce|reduce_scatter|allgather``) and the transport's own one in it
+(gloo or Open MPI), compares with the simulator (raw and calibrated on the testbed) and
+tears it down. Needs root (CAP_NET_ADMIN) and iproute2
 (and nftables for clusters with equal-cost paths).
 """
 
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cluster import load_cluster
+from ..collectives import COLLECTIVES
 from ..errors import TopoplanError
 from ..units import format_size, parse_size
 from .common import console, table
@@ -70,12 +72,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     probe.add_argument("--json", action="store_true", help="with --all-pairs: JSON report")
     probe.set_defaults(func=cmd_probe)
 
-    bench = sub.add_parser("bench", help="run planned schedules and native gloo in a testbed")
+    bench = sub.add_parser("bench", help="run planned schedules and the transport's own "
+                                         "collective in a testbed")
     common(bench)
-    bench.add_argument("--algorithms", default="ring,hierarchical,mcf,native",
+    bench.add_argument("-c", "--collective", choices=list(COLLECTIVES), default="allreduce",
+                       help="what to run: allreduce (default), reduce_scatter or allgather; "
+                            "sizes are the full buffer")
+    bench.add_argument("--algorithms", default=None,
                        help="comma list: planner names, ring:0,2,1,3 for an explicit ring "
-                            "order, native (default ring,hierarchical,mcf,native)")
-    bench.add_argument("--sizes", default="16MiB", help="comma list of sizes (default 16MiB)")
+                            "order, native (default ring,hierarchical,mcf,native, without "
+                            "the planners that do not plan the collective)")
+    bench.add_argument("--sizes", default="16MiB",
+                       help="comma list of full-buffer sizes (default 16MiB; a multiple of "
+                            "the rank count in float32 elements for reduce_scatter and "
+                            "allgather)")
     bench.add_argument("--iters", type=int, default=3, help="timed iterations (default 3)")
     bench.add_argument("--warmup", type=int, default=1, help="untimed iterations (default 1)")
     bench.add_argument("--timeout", type=float, default=600, help="seconds for the whole run")
@@ -243,13 +253,47 @@ def split_algorithms(text: str) -> list[str]:
     return out
 
 
+DEFAULT_ALGORITHMS = "ring,hierarchical,mcf,native"
+
+
+def algorithms_for(collective: str, text: str | None) -> tuple[list[str], list[str]]:
+    """The algorithms to run and what was left out of the default list: with ``text``
+    (``--algorithms``) every name must plan ``collective`` (a clear error names those
+    that do); by default the planners of :data:`DEFAULT_ALGORITHMS` that do not plan
+    it are left out, and a reduce-scatter or an allgather gets ``auto`` instead."""
+    from ..errors import PlannerError
+    from ..planners import PLANNERS, planners_for
+    capable = set(planners_for(collective))
+    if text is not None:
+        algorithms = split_algorithms(text)
+        for spec in algorithms:
+            name = spec.partition(":")[0]
+            if name != "native" and name in PLANNERS and name not in capable:
+                raise PlannerError(f"--algorithms: {name} plans only allreduce; {collective} "
+                                   f"is planned by {', '.join(sorted(capable))}")
+        return algorithms, []
+    default = split_algorithms(DEFAULT_ALGORITHMS)
+    if collective == "allreduce":
+        return default, []
+    keep = [a for a in default if a == "native" or a in capable]
+    if "auto" in capable and "auto" not in keep:
+        keep.insert(len(keep) - 1, "auto")
+    return keep, [a for a in default if a not in keep]
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from ..testbed import Testbed, capable
     from ..testbed.bench import bench
     from ..testbed.netns import interrupts_raise
     cluster = load_cluster(args.cluster)
-    algorithms = split_algorithms(args.algorithms)
+    algorithms, left_out = algorithms_for(args.collective, args.algorithms)
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    from ..testbed.bench import _check_case_size
+    for size in sizes:
+        try:
+            _check_case_size(size, cluster.nranks, args.collective)
+        except TopoplanError as exc:
+            raise TopoplanError(f"--sizes: {exc}") from None
     if args.state is not None:
         bed = Testbed.attach(args.state)
         owned = False
@@ -263,19 +307,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
             report = bench(bed, cluster, algorithms, sizes, iters=args.iters,
                            warmup=args.warmup, timeout=args.timeout,
                            calibrate=args.calibrate, transport=args.transport,
-                           probe=args.probe)
+                           probe=args.probe, collective=args.collective)
     finally:
         if owned:
             bed.down()
     rows = report.rows
     if args.json:
         print(json.dumps({"cluster": cluster.name, "scale": bed.layout.scale,
-                          "nranks": cluster.nranks, **report.to_dict()}, indent=1))
+                          "nranks": cluster.nranks, "left_out": left_out,
+                          **report.to_dict()}, indent=1))
         return 1 if any(r.wrong for r in rows) else 0
     cal = report.calibration
     t = table("algorithm", "size", "steps", "measured (ms)", "predicted (ms)", "meas/pred",
               "calibrated (ms)", "meas/cal", "native (ms)", "native/measured", "#wrong",
-              title=f"{cluster.name} at scale 1/{1 / bed.layout.scale:.4g}, {args.transport}")
+              title=f"{cluster.name} {args.collective} at scale 1/{1 / bed.layout.scale:.4g}, "
+                    f"{args.transport}; native: {report.native_name or '-'}")
 
     def ms(x: float | None) -> str:
         return "-" if x is None else f"{x * 1e3:.0f}"
@@ -290,6 +336,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
                   str(r.wrong))
     out = console()
     out.print(t)
+    for note in report.notes:
+        out.print(f"note: {note}")
+    if left_out:
+        out.print(f"note: left out of the default algorithms: {', '.join(left_out)} (they "
+                  f"plan only allreduce)")
     if report.probe is not None:
         out.print(f"network check: {len(report.probe.checks)} probes (every pair alone, every "
                   f"rank at once), worst deviation from the model {report.probe.worst:.1%}")

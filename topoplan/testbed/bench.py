@@ -1,11 +1,12 @@
-"""Run allreduce schedules for real inside a testbed and compare with the simulator.
+"""Run allreduce, reduce-scatter and allgather schedules for real inside a testbed and
+compare with the simulator.
 
 :func:`run_cases` starts one ``topoplan.testbed.worker`` per rank inside its namespace
 and waits for all of them; if one dies or the run overruns, the others are killed and
 a :class:`~topoplan.errors.TransportError` names the rank. :func:`bench` plans each
-algorithm on the *scaled* cluster (the one the testbed emulates), verifies and
-simulates it, runs it and gloo's native allreduce, and returns one row per
-(algorithm, size).
+algorithm for the collective on the *scaled* cluster (the one the testbed emulates),
+verifies and simulates it, runs it and the transport's native collective, and returns
+one row per (algorithm, size).
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ MASTER_PORT = 29500  # inside rank 0's own namespace: no other process can hold 
 
 @dataclass(frozen=True)
 class Case:
-    """One thing to run: a schedule (``kind="schedule"``) or gloo's own allreduce."""
+    """One thing to run: a schedule (``kind="schedule"``) or the transport's own
+    ``collective`` (``kind="native"``). ``size`` is the full buffer (a reduce-scatter's
+    input, an allgather's output); a schedule's collective is its own."""
 
     label: str
     size: int  # bytes (float32 elements x 4)
@@ -46,6 +49,7 @@ class Case:
     warmup: int = 1
     iters: int = 3
     trace: bool = False  # record when each step ended on each rank (last iteration)
+    collective: str = "allreduce"  # for kind="native"; a schedule's is its own
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class BenchRow:
     calibrated_s: float | None = None
     calibrated_ratio: float | None = None
     steps: int | None = None  # the schedule's steps (longest rank)
+    collective: str = "allreduce"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,9 +88,14 @@ class BenchReport:
     transport: str
     load: tuple[float, float]  # 1-minute load average before and after
     probe: Any = None  # the ProbeReport of the network check run first, if any
+    collective: str = "allreduce"
+    native_name: str | None = None  # the transport's own collective, as run
+    notes: tuple[str, ...] = ()  # what was not run, and why (a missing native collective)
 
     def to_dict(self) -> dict[str, Any]:
         return {"transport": self.transport, "load": list(self.load),
+                "collective": self.collective, "native_name": self.native_name,
+                "notes": list(self.notes),
                 "calibration": None if self.calibration is None else self.calibration.to_dict(),
                 "probe": None if self.probe is None else self.probe.to_dict(),
                 "rows": [r.to_dict() for r in self.rows]}
@@ -118,8 +128,11 @@ def run_cases(bed: Any, cases: Sequence[Case], *, timeout: float = 300.0,
     Returns
     -------
     list of dict
-        Per case: ``label``, ``size``, ``times_s`` (per iteration, slowest rank),
-        ``wrong`` (elements differing from the exact sum, over all ranks).
+        Per case: ``label``, ``size``, ``collective``, ``times_s`` (per iteration,
+        slowest rank), ``wrong`` (elements differing from the exact result, over all
+        ranks); a native case the transport has no collective for has ``times_s`` empty
+        and ``unavailable`` saying why; a native reduce-scatter or allgather has
+        ``native_name``.
 
     Raises
     ------
@@ -134,10 +147,13 @@ def run_cases(bed: Any, cases: Sequence[Case], *, timeout: float = 300.0,
         job_cases = []
         for i, case in enumerate(cases):
             entry = {"label": case.label, "size": case.size, "kind": case.kind,
-                     "warmup": case.warmup, "iters": case.iters, "trace": case.trace}
+                     "warmup": case.warmup, "iters": case.iters, "trace": case.trace,
+                     "collective": case.collective}
             if case.kind == "schedule":
                 if case.schedule is None:
                     raise ScheduleError(f"case {case.label!r} has no schedule")
+                entry["collective"] = case.schedule.collective
+                _check_case_size(case.size, layout.nranks, case.schedule.collective)
                 path = Path(tmp, f"case{i}.json")
                 case.schedule.save(path)
                 entry["schedule"] = str(path)
@@ -237,10 +253,20 @@ def _tail(path: Path, lines: int = 12) -> str:
         return "(no output)"
 
 
-def plan_algorithm(cluster: Cluster, spec: str, size: int, profile: Any = None) -> Schedule:
-    """Plan ``spec``: a planner name, or ``ring:ORDER`` with ORDER like ``0,2,1,3``,
-    priced with ``profile`` (a :class:`~topoplan.cost.CostProfile`; the planners' default
-    when ``None``)."""
+def _check_case_size(size: int, nranks: int, collective: str) -> None:
+    """A reduce-scatter's or an allgather's float32 buffer must cut into equal shards."""
+    if size % 4 or (size // 4) % nranks:
+        from ..collectives import get_collective
+        if get_collective(collective).sharded:
+            from ..bench import check_sizes
+            check_sizes([size], nranks, collective, "float32")
+
+
+def plan_algorithm(cluster: Cluster, spec: str, size: int, profile: Any = None,
+                   collective: str = "allreduce") -> Schedule:
+    """Plan ``collective`` with ``spec``: a planner name, or ``ring:ORDER`` with ORDER like
+    ``0,2,1,3``, priced with ``profile`` (a :class:`~topoplan.cost.CostProfile`; the
+    planners' default when ``None``)."""
     try:
         from ..planners import plan
     except ImportError:
@@ -258,16 +284,21 @@ def plan_algorithm(cluster: Cluster, spec: str, size: int, profile: Any = None) 
                                 "by commas, e.g. ring:0,2,1,3") from None
     if profile is not None:
         kwargs["profile"] = profile
-    return plan(cluster, algorithm=name, size=size, **kwargs)
+    return plan(cluster, algorithm=name, size=size, collective=collective, **kwargs)
 
 
 def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence[int], *,
           iters: int = 3, warmup: int = 1, timeout: float = 600.0,
           calibrate: bool = True, transport: str = "gloo", probe: bool = True,
-          progress: Any = None) -> BenchReport:
+          progress: Any = None, collective: str = "allreduce") -> BenchReport:
     """Plan, verify, simulate and run each algorithm at each size.
 
-    ``native`` is the transport's own allreduce (gloo's, or ``MPI_Allreduce``).
+    ``collective`` is what runs: ``allreduce``, ``reduce_scatter`` or ``allgather``
+    (sizes are the full buffer, a multiple of the rank count in float32 elements).
+    ``native`` is the transport's own collective (gloo's all_reduce / reduce_scatter /
+    all_gather, or ``MPI_Allreduce`` / ``MPI_Reduce_scatter_block`` /
+    ``MPI_Allgather``); one the transport lacks is left out with a note
+    (:attr:`BenchReport.notes`), its rows' native columns empty.
 
     ``cluster`` is the real cluster; plans and predictions use it scaled by the
     testbed's scale (and with its pairs pinned to one path each, unless the testbed
@@ -285,9 +316,13 @@ def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence
     TestbedError
         The probe found a pair whose path or rate is not the model's.
     """
+    from ..collectives import get_collective
     from ..verify import verify
     from .calibrate import calibration_cases, fit, predict
     from .layout import emulated_cluster
+    get_collective(collective)
+    for size in sizes:
+        _check_case_size(size, bed.layout.nranks, collective)
     scaled = emulated_cluster(cluster, bed.layout)
     load_before = _load()
     report = check_network(bed, progress=progress) if probe else None
@@ -308,11 +343,12 @@ def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence
     cases: list[Case] = []
     schedules: dict[tuple[str, int], Schedule] = {}
     for size in sizes:
-        cases.append(Case("native", size, kind="native", warmup=warmup, iters=iters))
+        cases.append(Case("native", size, kind="native", warmup=warmup, iters=iters,
+                          collective=collective))
         for spec in algorithms:
             if spec == "native":
                 continue
-            schedule = plan_algorithm(scaled, spec, size, profile)
+            schedule = plan_algorithm(scaled, spec, size, profile, collective)
             verify(schedule)
             schedules[(spec, size)] = schedule
             cases.append(Case(spec, size, schedule=schedule, warmup=warmup, iters=iters))
@@ -323,6 +359,12 @@ def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence
         except ImportError as exc:
             raise TopoplanError(f"cannot run schedules: {exc}; only 'native' can run") from None
     results = run_cases(bed, cases, timeout=timeout, transport=transport)
+    notes = tuple(dict.fromkeys(f"native {collective} not run: {r['unavailable']}"
+                                for r in results if r.get("unavailable")))
+    native_name = next((r["native_name"] for r in results if r.get("native_name")), None)
+    if native_name is None and collective == "allreduce":
+        native_name = "MPI_Allreduce" if transport == "mpi" else "dist.all_reduce"
+    results = [r for r in results if r["times_s"]]
     median = {(r["label"], r["size"]): statistics.median(r["times_s"]) for r in results}
     native = {size: t for (label, size), t in median.items() if label == "native"}
     rows = []
@@ -341,8 +383,10 @@ def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence
         nat = native.get(size)
         rows.append(BenchRow(label, size, measured, pred, measured / pred if pred else None,
                              nat, nat / measured if nat else None, r["wrong"],
-                             tuple(r["times_s"]), cal, measured / cal if cal else None, steps))
-    return BenchReport(rows, calibration, transport, (load_before, _load()), report)
+                             tuple(r["times_s"]), cal, measured / cal if cal else None, steps,
+                             collective))
+    return BenchReport(rows, calibration, transport, (load_before, _load()), report,
+                       collective, native_name, notes)
 
 
 #: The quick network check of :func:`bench`: seconds per transfer at the model's rate,

@@ -7,11 +7,13 @@ of :mod:`topoplan.testbed.mpi`, the rank from ``COMM_WORLD``). Either way the
 transport's sockets go through the shaped network: gloo's with
 ``GLOO_SOCKET_IFNAME=eth0`` and the TCP store on rank 0's address, Open MPI's with
 ``btl_tcp_if_include eth0``. For every case of the job it runs a schedule through
-:class:`topoplan.executor.Allreduce` over :class:`topoplan.transports.Torch` or
-:class:`topoplan.transports.MPI` (or the transport's own allreduce for ``native``, or
+:class:`topoplan.executor.Allreduce`, :class:`~topoplan.executor.ReduceScatter` or
+:class:`~topoplan.executor.AllGather` (the case's ``collective``) over
+:class:`topoplan.transports.Torch` or :class:`topoplan.transports.MPI` (or the
+transport's own collective for ``native``: all_reduce / reduce_scatter / all_gather, or
 only the adds of a reduction for ``reduce``, to calibrate the simulator), checks every
-element of the result, and times each iteration between two barriers. Rank 0 writes
-``result.json``.
+element of the result (:func:`topoplan.bench.expected_output`), and times each
+iteration between two barriers. Rank 0 writes ``result.json``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from topoplan.bench import expected_sum, pattern
+from topoplan.bench import expected_output, pattern
 
 
 class _Gloo:
@@ -40,6 +42,7 @@ class _Gloo:
             "gloo", init_method=f"tcp://{job['master_addr']}:{job['master_port']}",
             rank=rank, world_size=job["nranks"], timeout=timedelta(seconds=job["timeout_s"]))
         self.pg = dist.group.WORLD
+        self._native: Any = None  # a Torch transport for the native collectives, on first use
 
     def transport(self) -> Any:
         from topoplan.transports import Torch
@@ -47,6 +50,21 @@ class _Gloo:
 
     def native(self, buf: Any) -> None:
         self.dist.all_reduce(buf, group=self.pg)
+
+    def _transport(self) -> Any:
+        if self._native is None:
+            from topoplan.transports import Torch
+            self._native = Torch(self.pg)
+        return self._native
+
+    def native_sharded(self, collective: str, input: Any, output: Any) -> None:
+        """gloo's reduce_scatter / all_gather into one tensor (NoNative where it has none)."""
+        t = self._transport()
+        (t.native_reduce_scatter if collective == "reduce_scatter" else t.native_allgather)(
+            input, output)
+
+    def native_name(self, collective: str) -> str:
+        return self._transport().native_name_of(collective)
 
     def barrier(self) -> None:
         self.dist.barrier(group=self.pg)
@@ -79,11 +97,23 @@ class _Mpi:
         from topoplan.transports import MPI
         return MPI(self.comm)
 
-    def native(self, buf: Any) -> None:
+    def _transport(self) -> Any:
         if self._native is None:
             from topoplan.transports import MPI
             self._native = MPI(self.comm)
-        self._native.native_allreduce(buf)
+        return self._native
+
+    def native(self, buf: Any) -> None:
+        self._transport().native_allreduce(buf)
+
+    def native_sharded(self, collective: str, input: Any, output: Any) -> None:
+        """MPI_Reduce_scatter_block / MPI_Allgather."""
+        t = self._transport()
+        (t.native_reduce_scatter if collective == "reduce_scatter" else t.native_allgather)(
+            input, output)
+
+    def native_name(self, collective: str) -> str:
+        return self._transport().native_name_of(collective)
 
     def barrier(self) -> None:
         self.comm.Barrier()
@@ -100,11 +130,19 @@ class _Mpi:
 
 
 def _run_case(case: dict[str, Any], rank: int, nranks: int, comm: Any, torch: Any) -> dict[str, Any]:
+    collective = case.get("collective", "allreduce")
     n = max(1, case["size"] // 4)
-    index = torch.arange(n)
-    initial = pattern(index, rank).to(torch.float32)
-    expected = expected_sum(index, nranks).to(torch.float32)
+    m = n // nranks  # a shard's elements (reduce-scatter, allgather: n is a multiple)
+    sharded = collective != "allreduce" and case["kind"] != "reduce"
+    # An allgather's input is the rank's shard: the pattern at its elements.
+    start = rank * m if sharded and collective == "allgather" else 0
+    size_in = m if sharded and collective == "allgather" else n
+    initial = pattern(torch.arange(start, start + size_in), rank).to(torch.float32)
+    expected = torch.from_numpy(expected_output(collective if sharded else "allreduce", n,
+                                                nranks, rank)).to(torch.float32)
+    output = torch.empty(expected.shape[0], dtype=torch.float32) if sharded else None
     marks: list[float] = []
+    unavailable: str | None = None
     if case["kind"] == "reduce":
         # What the executor does after a reducing recv: chunk += scratch. All ranks at
         # once, as in a schedule's step, so they compete for the cores as they would.
@@ -113,13 +151,18 @@ def _run_case(case: dict[str, Any], rank: int, nranks: int, comm: Any, torch: An
 
         def op(buf: Any) -> None:
             buf.add_(other)
+    elif case["kind"] == "native" and sharded:
+        def op(buf: Any) -> None:
+            comm.native_sharded(collective, buf, output)
     elif case["kind"] == "native":
         op = comm.native
     else:
-        from topoplan.executor import Allreduce
+        from topoplan.executor import AllGather, Allreduce, ReduceScatter
         from topoplan.schedule import load_schedule
         transport = comm.transport()
-        allreduce = Allreduce(load_schedule(case["schedule"]), transport)
+        executors: dict[str, Any] = {"allreduce": Allreduce, "reduce_scatter": ReduceScatter,
+                                     "allgather": AllGather}
+        run = executors[collective](load_schedule(case["schedule"]), transport)
         if case.get("trace"):
             # When each data-moving step's messages completed, last iteration only.
             wait = transport.wait
@@ -132,25 +175,43 @@ def _run_case(case: dict[str, Any], rank: int, nranks: int, comm: Any, torch: An
 
         def op(buf: Any) -> None:
             marks.clear()
-            allreduce(buf)
+            if output is None:
+                run(buf)
+            else:
+                run(buf, output)
     buf = initial.clone()
     times, wrong, started = [], 0, 0.0
     for it in range(case["warmup"] + case["iters"]):
         buf.copy_(initial)
+        if output is not None:
+            output.fill_(-1)  # no result holds -1: an element left unwritten is wrong
         comm.barrier()
         start = started = time.perf_counter()
-        op(buf)
+        try:
+            op(buf)
+        except Exception as exc:  # noqa: BLE001 - only the transport's "has none" is kept
+            from topoplan.transports.base import NoNative
+            if not isinstance(exc, NoNative):
+                raise
+            unavailable = str(exc)  # every rank alike, before anything was sent
+            break
         elapsed = time.perf_counter() - start
-        wrong = max(wrong, int((buf != expected).sum()))
+        result = buf if output is None else output
+        wrong = max(wrong, int((result != expected).sum()))
         if it >= case["warmup"]:
             times.append(elapsed)
+    if unavailable is not None:
+        return {"label": case["label"], "size": case["size"], "times_s": [], "wrong": 0,
+                "elements": n, "collective": collective, "unavailable": unavailable}
     # The collective took as long as its slowest rank; count wrong elements over all ranks.
     stats = torch.tensor(times + [float(wrong)], dtype=torch.float64)
     slowest = stats.clone()
     comm.reduce(slowest, "MAX")
     comm.reduce(stats, "SUM")
     out = {"label": case["label"], "size": case["size"], "times_s": slowest[:-1].tolist(),
-           "wrong": int(stats[-1]), "elements": n}
+           "wrong": int(stats[-1]), "elements": n, "collective": collective}
+    if case["kind"] == "native" and sharded:
+        out["native_name"] = comm.native_name(collective)
     if case.get("trace") and case["kind"] == "schedule":
         # Barrier-aligned starts: offsets from each rank's own start are comparable.
         out["trace"] = comm.gather([t - started for t in marks])

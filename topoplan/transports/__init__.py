@@ -13,9 +13,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .base import Deadline, Message, PeerFailure, Transport
+from .base import Deadline, Message, NoNative, PeerFailure, Transport
 
-__all__ = ["Transport", "Message", "PeerFailure", "Deadline", "MPI", "Torch", "NCCL", "Local"]
+__all__ = ["Transport", "Message", "PeerFailure", "Deadline", "NoNative", "MPI", "Torch", "NCCL",
+           "Local"]
 
 _LAZY = {"MPI": "mpi", "Torch": "torch", "NCCL": "nccl", "Local": "local"}
 

@@ -21,11 +21,11 @@ import abc
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any, ContextManager, Sequence
+from typing import Any, ClassVar, ContextManager, Sequence
 
-from ..errors import TransportError
+from ..errors import TopoplanError, TransportError
 
-__all__ = ["Transport", "Message", "PeerFailure", "Deadline"]
+__all__ = ["Transport", "Message", "PeerFailure", "Deadline", "NoNative"]
 
 #: Tags stay below 2**15: MPI promises at least 32767 for MPI_TAG_UB.
 TAG_LIMIT = 1 << 15
@@ -67,6 +67,12 @@ class PeerFailure(Exception):
         super().__init__(f"message {index}: {reason}")
 
 
+class NoNative(TopoplanError):
+    """The transport has no native collective for this call (gloo without
+    reduce-scatter, MPI without a bfloat16 sum): benchmarks report the baseline as
+    missing instead of failing. Raised on every rank alike, before anything is sent."""
+
+
 class Deadline:
     """A point in time (``time.monotonic``) with helpers for polling loops."""
 
@@ -86,12 +92,15 @@ class Transport(abc.ABC):
     """A communicator that moves buffer views between ranks.
 
     Subclasses set ``name`` (``"mpi"``, ``"torch"``, ``"nccl"``, ``"local"``),
-    ``native_name`` (the baseline collective's name) and the ``rank``/``size``
-    attributes.
+    ``native_name`` (the baseline allreduce's name), ``native_names`` (the baseline
+    of each collective they have natively) and the ``rank``/``size`` attributes.
     """
 
     name: str = "?"
     native_name: str = "?"
+    #: The transport's own collective for each collective name it runs natively
+    #: (``native_reduce_scatter`` / ``native_allgather``); ``native_name`` for allreduce.
+    native_names: ClassVar[dict[str, str]] = {}
     rank: int
     size: int
     #: Messages match by tag (MPI, gloo, local). A transport that matches by posting
@@ -182,6 +191,35 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def native_allreduce(self, buffer: Any) -> None:
         """Sum ``buffer`` over all ranks in place with the transport's own allreduce."""
+
+    def native_reduce_scatter(self, input: Any, output: Any) -> None:
+        """Rank ``r``'s ``output`` (``1/size`` of ``input``'s elements) becomes shard ``r``
+        of the sum of every rank's ``input``, with the transport's own reduce-scatter
+        (``MPI_Reduce_scatter_block``'s layout).
+
+        Raises
+        ------
+        NoNative
+            The transport has none (the default).
+        """
+        raise NoNative(f"the {self.name} transport has no native reduce-scatter")
+
+    def native_allgather(self, input: Any, output: Any) -> None:
+        """``output`` (``size`` times ``input``'s elements) becomes every rank's ``input``
+        in rank order, with the transport's own allgather (``MPI_Allgather``'s layout).
+
+        Raises
+        ------
+        NoNative
+            The transport has none (the default).
+        """
+        raise NoNative(f"the {self.name} transport has no native allgather")
+
+    def native_name_of(self, collective: str) -> str:
+        """The name of the transport's own ``collective`` (for tables)."""
+        if collective == "allreduce":
+            return self.native_name
+        return self.native_names.get(collective, f"native {collective}")
 
     @abc.abstractmethod
     def allreduce_max(self, value: float) -> float:

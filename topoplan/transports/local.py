@@ -89,6 +89,8 @@ class Local(Transport):
 
     name = "local"
     native_name = "local sum"
+    native_names = {"allreduce": "local sum", "reduce_scatter": "local sum, shard",
+                    "allgather": "local gather"}
 
     def __init__(self, world: LocalWorld, rank: int, *, timeout: float = 60.0) -> None:
         if not 0 <= rank < world.nranks:
@@ -166,6 +168,23 @@ class Local(Transport):
             total += other
         self.barrier()
         buffer[...] = total
+
+    def native_reduce_scatter(self, input: Any, output: Any) -> None:
+        """The rank's shard of the sum in rank order (as :meth:`native_allreduce`)."""
+        total = _snapshot(input.reshape(-1))
+        self.native_allreduce(total)
+        m = output.reshape(-1).shape[0]
+        output.reshape(-1)[...] = total[self.rank * m:(self.rank + 1) * m]
+
+    def native_allgather(self, input: Any, output: Any) -> None:
+        """Every rank's input, in rank order, through shared memory."""
+        world = self.world
+        world.slots[self.rank] = _snapshot(input.reshape(-1))
+        self.barrier()
+        flat, m = output.reshape(-1), input.reshape(-1).shape[0]
+        for r, part in enumerate(world.slots):
+            flat[r * m:(r + 1) * m] = part
+        self.barrier()
 
     def allreduce_max(self, value: float) -> float:
         world = self.world

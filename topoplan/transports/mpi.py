@@ -24,7 +24,7 @@ import weakref
 from typing import Any, NoReturn, Sequence
 
 from ..errors import TopoplanError
-from .base import Message, PeerFailure, Transport
+from .base import Message, NoNative, PeerFailure, Transport
 
 __all__ = ["MPI", "byte_view", "leave_after_failure"]
 
@@ -114,6 +114,8 @@ class MPI(Transport):
 
     name = "mpi"
     native_name = "MPI_Allreduce"
+    native_names = {"allreduce": "MPI_Allreduce", "reduce_scatter": "MPI_Reduce_scatter_block",
+                    "allgather": "MPI_Allgather"}
 
     def __init__(self, comm: Any = None, *, dup: bool = True, poll_yield: bool = True,
                  spin: int = 64, inline_max: int = 256) -> None:
@@ -276,12 +278,32 @@ class MPI(Transport):
         except mpi.Exception:  # a dead peer: nothing to drop
             return False
 
-    def native_allreduce(self, buffer: Any) -> None:
-        mpi = self._mpi
+    def _summable(self, buffer: Any, what: str) -> Any:
+        """``buffer`` flat, as MPI sums it (a torch CPU tensor as its numpy array).
+
+        Raises NoNative for bfloat16, which MPI cannot add (on every rank alike)."""
         flat = buffer.reshape(-1) if hasattr(buffer, "reshape") else buffer
         if type(flat).__module__.startswith("torch"):
+            if str(flat.dtype) == "torch.bfloat16":
+                raise NoNative(f"{what} has no bfloat16 sum (MPI has no bfloat16 type)")
             flat = flat.numpy() if flat.device.type == "cpu" else flat
+        return flat
+
+    def native_allreduce(self, buffer: Any) -> None:
+        mpi = self._mpi
+        flat = self._summable(buffer, "MPI_Allreduce")
         self.comm.Allreduce(mpi.IN_PLACE, flat, op=mpi.SUM)
+
+    def native_reduce_scatter(self, input: Any, output: Any) -> None:
+        """``MPI_Reduce_scatter_block`` (sum) from ``input`` into ``output``."""
+        mpi = self._mpi
+        what = "MPI_Reduce_scatter_block"
+        self.comm.Reduce_scatter_block(self._summable(input, what),
+                                       self._summable(output, what), op=mpi.SUM)
+
+    def native_allgather(self, input: Any, output: Any) -> None:
+        """``MPI_Allgather`` of ``input`` into ``output`` (moved as bytes: any dtype)."""
+        self.comm.Allgather(byte_view(input.reshape(-1)), byte_view(output.reshape(-1)))
 
     def allreduce_max(self, value: float) -> float:
         return float(self.comm.allreduce(float(value), op=self._mpi.MAX))

@@ -147,6 +147,8 @@ class NCCL(Transport):
 
     name = "nccl"
     native_name = "ncclAllReduce"
+    native_names = {"allreduce": "ncclAllReduce", "reduce_scatter": "ncclReduceScatter",
+                    "allgather": "ncclAllGather"}
     tagged = False   # NCCL pairs point-to-point calls by the order they are posted
 
     def __init__(self, comm: Any, *, stream: Any = None) -> None:
@@ -281,6 +283,24 @@ class NCCL(Transport):
         with self.compute_context():
             self.comm.allReduce(ptr, ptr, count, self._dtype(flat.dtype), self._nccl.NCCL_SUM,
                                 self.stream.ptr)
+        self.stream.synchronize()
+
+    def native_reduce_scatter(self, input: Any, output: Any) -> None:
+        """``ncclReduceScatter`` (sum) from ``input`` into ``output``."""
+        src, dst = input.reshape(-1), output.reshape(-1)
+        (sptr, _), (dptr, _) = self.prepare(src), self.prepare(dst)
+        count = dst.numel() if hasattr(dst, "numel") else dst.size
+        with self.compute_context():
+            self.comm.reduceScatter(sptr, dptr, count, self._dtype(dst.dtype),
+                                    self._nccl.NCCL_SUM, self.stream.ptr)
+        self.stream.synchronize()
+
+    def native_allgather(self, input: Any, output: Any) -> None:
+        """``ncclAllGather`` of ``input`` into ``output`` (moved as bytes: any dtype)."""
+        src, dst = input.reshape(-1), output.reshape(-1)
+        (sptr, nbytes), (dptr, _) = self.prepare(src), self.prepare(dst)
+        with self.compute_context():
+            self.comm.allGather(sptr, dptr, nbytes, self._nccl.NCCL_UINT8, self.stream.ptr)
         self.stream.synchronize()
 
     def allreduce_max(self, value: float) -> float:

@@ -19,7 +19,7 @@ import traceback
 from typing import Any, Callable, Sequence
 
 from ..errors import TopoplanError, TransportError
-from .base import Deadline, Message, PeerFailure, Transport
+from .base import Deadline, Message, NoNative, PeerFailure, Transport
 
 __all__ = ["Torch"]
 
@@ -119,6 +119,50 @@ class Torch(Transport):
 
     def native_allreduce(self, buffer: Any) -> None:
         self._dist.all_reduce(self._tensor(buffer), group=self.group)
+
+    def _native_fn(self, names: tuple[str, ...]) -> tuple[str, Any]:
+        """The first of ``names`` this torch.distributed has (newer names first: 2.13
+        deprecated ``*_into_tensor`` / ``*_tensor`` for ``*_single``)."""
+        for name in names:
+            fn = getattr(self._dist, name, None)
+            if fn is not None:
+                return f"dist.{name}", fn
+        return f"dist.{names[-1]}", None
+
+    _RS = ("reduce_scatter_single", "reduce_scatter_tensor")
+    _AG = ("all_gather_single", "all_gather_into_tensor")
+
+    def native_name_of(self, collective: str) -> str:
+        names = {"reduce_scatter": self._RS, "allgather": self._AG}.get(collective)
+        return self.native_name if names is None else self._native_fn(names)[0]
+
+    def _native(self, names: tuple[str, ...], output: Any, input: Any) -> None:
+        name, fn = self._native_fn(names)
+        if fn is None:
+            raise NoNative(f"this PyTorch has no {name}")
+        try:
+            fn(self._tensor(output), self._tensor(input), group=self.group)
+        except RuntimeError as exc:
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            low = text.lower()
+            if "not support" in low or "does not support" in low or "not implemented" in low:
+                # Raised by the backend before anything moves, on every rank alike.
+                raise NoNative(f"{name} on {self.backend}: {text}") from None
+            raise
+
+    def native_reduce_scatter(self, input: Any, output: Any) -> None:
+        """``reduce_scatter_tensor`` (sum) from ``input`` into ``output``.
+
+        Raises
+        ------
+        NoNative
+            When the backend has no reduce-scatter (gloo before PyTorch 2.x had none).
+        """
+        self._native(self._RS, output, input)
+
+    def native_allgather(self, input: Any, output: Any) -> None:
+        """``all_gather_into_tensor`` of ``input`` into ``output``."""
+        self._native(self._AG, output, input)
 
     def allreduce_max(self, value: float) -> float:
         t = self._torch.tensor([float(value)], dtype=self._torch.float64, device=self.device)
