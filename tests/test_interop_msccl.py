@@ -332,7 +332,7 @@ def _sharded_round_trip(cluster, schedule, size, **options):
 
 
 @pytest.mark.parametrize("topology", ["ddl_two_switch", "dgx1_v100", "aws_p3_16xlarge_x4"])
-@pytest.mark.parametrize("algorithm", ["ring", "ring-topo", "rhd"])
+@pytest.mark.parametrize("algorithm", ["ring", "ring-topo", "rhd", "mcf"])
 @pytest.mark.parametrize("collective", SHARDED)
 def test_reduce_scatter_and_allgather_export_checked_and_come_back_the_same(
         topology, algorithm, collective):
@@ -342,6 +342,20 @@ def test_reduce_scatter_and_allgather_export_checked_and_come_back_the_same(
                                  collective=collective)
         result, _, _ = _sharded_round_trip(cluster, schedule, size)
         assert not any("rounded" in note for note in result.notes)
+
+
+def test_consecutive_ops_of_the_plan_stay_apart():
+    # mcf's allgather on dgx_a100_x4 sends chunk 0 to a peer at step 0 and chunk 1, the
+    # next units of i, to the same peer at step 1, back to back on one thread block: the
+    # import used to join them into one message at step 0 (1.048 of the plan's time).
+    cluster = load_topology("dgx_a100_x4")
+    schedule = topoplan.plan(cluster, algorithm="mcf", size=1 << 28, collective="allgather")
+    result, algo, back = _sharded_round_trip(cluster, schedule, 1 << 28)
+    assert not any("rounded" in note for note in result.notes)
+    joined = [(a, b) for g in algo.gpus for tb in g.tbs for a, b in zip(tb.steps, tb.steps[1:])
+              if a.type == b.type == "s" and a.plan != b.plan and b.depid < 0 and not a.hasdep
+              and a.srcbuf == b.srcbuf and b.srcoff == a.srcoff + a.cnt]
+    assert joined  # the case is there, and the round trip above kept them apart
 
 
 @pytest.mark.parametrize("collective", SHARDED)

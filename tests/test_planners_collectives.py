@@ -206,8 +206,16 @@ def test_cli_table_and_errors_for_the_collectives():
                                   "auto")
 
 
-# bench runs every collective (tests/test_transports_mpi.py), and so does the MSCCL
-# export (tests/test_interop_msccl.py): no command is allreduce-only any more.
+# (bench runs every collective: tests/test_transports_mpi.py; so does the MSCCL export:
+# tests/test_interop_msccl.py)
+def test_msccl_export_writes_the_plans_collective(tmp_path):
+    plan_path = tmp_path / "ag.json"
+    plan(load_topology("ddl_two_switch"), "ring", size=MiB,
+         collective="allgather").save(plan_path)
+    xml = tmp_path / "x.xml"
+    done = _cli("export", str(plan_path), "--format", "msccl", "-o", str(xml), check=False)
+    assert done.returncode == 0, done.stderr
+    assert 'coll="allgather"' in xml.read_text()
 
 
 # --------------------------------------------------------------------------------------

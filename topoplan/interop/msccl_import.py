@@ -141,12 +141,15 @@ class _Where:
 
 
 def _joinable(a: Step, b: Step, g: int, where: _Where) -> bool:
-    """``b`` continues ``a``'s message: same type, no sync between, and what each reads
+    """``b`` continues ``a``'s message: same type, no sync between, the same op of the plan
+    (``tp``) when both name one, and what each reads
     (src) or writes (dst) continues ``a``'s: the next unit of the same buffer, or the next
     chunk of the full buffer in another (a message cut where its buffer changes, as at the
     edge of a rank's shard), scratch that one receive and one reduce share excepted."""
     if a.type != b.type or a.type in ("nop", "cpy", "re") or b.depid >= 0 or a.hasdep:
         return False
+    if a.plan and b.plan and a.plan != b.plan:
+        return False  # two ops of a topoplan plan, that happen to be back to back
     for used, abuf, aoff, bbuf, boff in ((a.type in _SRC_USED, a.srcbuf, a.srcoff,
                                           b.srcbuf, b.srcoff),
                                          (a.type in _DST_USED, a.dstbuf, a.dstoff,
