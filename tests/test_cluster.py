@@ -549,6 +549,15 @@ def test_error_count_too_large_does_not_hang():
         """) == "c.yaml:4: boxes[0].count: must be <= 100000, got 100000000"
 
 
+def test_error_gpus_too_large_does_not_exhaust_memory():
+    assert error("""\
+        name: x
+        switches: [s]
+        boxes:
+          - {name: "a", gpus: 1000000000, nics: [{switch: s, bandwidth: 1}]}
+        """) == "c.yaml:4: boxes[0].gpus: must be <= 4096, got 1000000000"
+
+
 def test_error_empty_file(tmp_path):
     path = tmp_path / "empty.yaml"
     path.write_text("# only a comment\n")

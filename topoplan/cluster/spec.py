@@ -17,9 +17,10 @@ from ..errors import ClusterSpecError
 from ..units import parse_bandwidth, parse_latency
 from .model import Box, Cluster, Fabric, GpuLink, Nic, SwitchLink
 
-__all__ = ["load_cluster", "loads_cluster", "flat_cluster", "MAX_COUNT"]
+__all__ = ["load_cluster", "loads_cluster", "flat_cluster", "MAX_COUNT", "MAX_GPUS"]
 
 MAX_COUNT = 100_000  # instances one `count` may stamp out
+MAX_GPUS = 4096  # GPUs one box may hold (more is a typo that would exhaust memory)
 
 _TEMPLATE = re.compile(r"\{([^{}]*)\}")
 _TEMPLATE_EXPR = re.compile(r"^\s*i\s*(?:(//|%|\+|-|\*)\s*(\d+)\s*)?$")
@@ -264,6 +265,9 @@ def _read_boxes(reader: _Reader, doc: LineDict,
     for path, entry, count in entries:
         template = reader.string(entry, "name", path)
         gpus = reader.integer(entry, "gpus", path, 1)
+        if gpus > MAX_GPUS:
+            raise reader.fail(entry.line_of("gpus"), _join(path, "gpus"),
+                              f"must be <= {MAX_GPUS}, got {gpus}")
         fabric = None
         if "fabric" in entry:
             fab = reader.mapping(entry["fabric"], entry.line_of("fabric"), _join(path, "fabric"))
