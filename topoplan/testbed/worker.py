@@ -30,7 +30,31 @@ from typing import Any
 from topoplan.bench import expected_output, pattern
 
 
-class _Gloo:
+class _Backend:
+    """The native collectives of a backend, through its topoplan transport (made once, on
+    first use): gloo's reduce_scatter / all_gather, or MPI_Reduce_scatter_block /
+    MPI_Allgather (NoNative where the backend has none)."""
+
+    _native: Any = None
+
+    def transport(self) -> Any:
+        raise NotImplementedError
+
+    def _transport(self) -> Any:
+        if self._native is None:
+            self._native = self.transport()
+        return self._native
+
+    def native_sharded(self, collective: str, input: Any, output: Any) -> None:
+        t = self._transport()
+        (t.native_reduce_scatter if collective == "reduce_scatter" else t.native_allgather)(
+            input, output)
+
+    def native_name(self, collective: str) -> str:
+        return self._transport().native_name_of(collective)
+
+
+class _Gloo(_Backend):
     """torch.distributed over gloo: the collectives the worker itself needs."""
 
     name = "gloo"
@@ -42,7 +66,6 @@ class _Gloo:
             "gloo", init_method=f"tcp://{job['master_addr']}:{job['master_port']}",
             rank=rank, world_size=job["nranks"], timeout=timedelta(seconds=job["timeout_s"]))
         self.pg = dist.group.WORLD
-        self._native: Any = None  # a Torch transport for the native collectives, on first use
 
     def transport(self) -> Any:
         from topoplan.transports import Torch
@@ -50,21 +73,6 @@ class _Gloo:
 
     def native(self, buf: Any) -> None:
         self.dist.all_reduce(buf, group=self.pg)
-
-    def _transport(self) -> Any:
-        if self._native is None:
-            from topoplan.transports import Torch
-            self._native = Torch(self.pg)
-        return self._native
-
-    def native_sharded(self, collective: str, input: Any, output: Any) -> None:
-        """gloo's reduce_scatter / all_gather into one tensor (NoNative where it has none)."""
-        t = self._transport()
-        (t.native_reduce_scatter if collective == "reduce_scatter" else t.native_allgather)(
-            input, output)
-
-    def native_name(self, collective: str) -> str:
-        return self._transport().native_name_of(collective)
 
     def barrier(self) -> None:
         self.dist.barrier(group=self.pg)
@@ -82,7 +90,7 @@ class _Gloo:
         self.dist.destroy_process_group()
 
 
-class _Mpi:
+class _Mpi(_Backend):
     """mpi4py over Open MPI's TCP BTL: the collectives the worker itself needs."""
 
     name = "mpi"
@@ -91,29 +99,13 @@ class _Mpi:
         from mpi4py import MPI
         self.mpi = MPI
         self.comm = MPI.COMM_WORLD
-        self._native: Any = None  # the transport, made on first use
 
     def transport(self) -> Any:
         from topoplan.transports import MPI
         return MPI(self.comm)
 
-    def _transport(self) -> Any:
-        if self._native is None:
-            from topoplan.transports import MPI
-            self._native = MPI(self.comm)
-        return self._native
-
     def native(self, buf: Any) -> None:
         self._transport().native_allreduce(buf)
-
-    def native_sharded(self, collective: str, input: Any, output: Any) -> None:
-        """MPI_Reduce_scatter_block / MPI_Allgather."""
-        t = self._transport()
-        (t.native_reduce_scatter if collective == "reduce_scatter" else t.native_allgather)(
-            input, output)
-
-    def native_name(self, collective: str) -> str:
-        return self._transport().native_name_of(collective)
 
     def barrier(self) -> None:
         self.comm.Barrier()
