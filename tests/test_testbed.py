@@ -591,3 +591,8 @@ def test_bench_refuses_a_network_off_the_model(state_dir):
                        check=True)
         with pytest.raises(TestbedError, match=r"does not behave as the model.*0 -> 2"):
             bench(bed, cluster, ["ring"], [1 << 20], calibrate=False)
+        # Measuring again cannot hide a link that really is slower than the model.
+        from topoplan.testbed.probe import check_pairs
+        slowed = check_pairs(bed, [(0, 2)], seconds=0.2, shifts=[], retries=1)
+        assert not slowed.ok and slowed.checks[0].attempts == 2
+        assert slowed.checks[0].ratio == pytest.approx(60 / 125, rel=0.1)

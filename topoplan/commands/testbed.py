@@ -69,6 +69,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             f"deviation above {int(TOLERANCE_PCT)}%%")
     probe.add_argument("--seconds", type=float, default=0.4,
                        help="with --all-pairs: each transfer's length at the model's rate")
+    probe.add_argument("--retries", type=int, default=2,
+                       help="with --all-pairs: measure a pair that came out slow again, up to "
+                            "this many times, and keep its fastest rate (default 2; 0: never)")
     probe.add_argument("--json", action="store_true", help="with --all-pairs: JSON report")
     probe.set_defaults(func=cmd_probe)
 
@@ -185,7 +188,7 @@ def _probe_all(bed, args: argparse.Namespace) -> int:  # type: ignore[no-untyped
     import sys
 
     from ..testbed.probe import check_pairs
-    report = check_pairs(bed, seconds=args.seconds,
+    report = check_pairs(bed, seconds=args.seconds, retries=max(args.retries, 0),
                          progress=None if args.json else
                          (lambda line: print(line, file=sys.stderr, flush=True)))
     if args.json:

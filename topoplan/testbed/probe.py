@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -209,6 +209,8 @@ class PairCheck:
     #: interface on the pair's paths and every other one that carried more than OFF_PATH.
     hops: list[tuple[str, str, float, float]] = field(default_factory=list)
     path_ok: bool = True
+    #: How many times it was measured (a slow measurement is repeated, the fastest kept).
+    attempts: int = 1
 
     @property
     def ratio(self) -> float | None:
@@ -311,9 +313,36 @@ def _nbytes(rate: float | None, seconds: float) -> int:
     return int(min(max((rate or 50e6) * seconds, 1 << 20), 512 << 20))
 
 
+def _alone(agents: _Agents, src: int, dst: int, seconds: float, timeout: float) -> PairCheck:
+    """One transfer of ``src -> dst`` alone, its path read from the interface counters."""
+    layout = agents.layout
+    model = layout.route(src, dst).rate
+    before = counters(layout)
+    record = agents.transfers([(src, dst)], [_nbytes(model, seconds)], timeout)[0]
+    after = counters(layout)
+    delta = {k: after[k] - before.get(k, 0) for k in after}
+    hops, path_ok = _path_check(layout, src, dst, delta, record["bytes"] + record["first"])
+    return PairCheck(src, dst, model, record["bytes"] / record["seconds"], None, hops, path_ok)
+
+
+def _shift(agents: _Agents, k: int, seconds: float, timeout: float) -> list[PairCheck]:
+    """Every rank ``r`` sends to ``r + k`` at once: each pair's rate while all flow."""
+    n = agents.layout.nranks
+    group = [(r, (r + k) % n) for r in range(n)]
+    models = predicted_rates(agents.layout, group)
+    records = agents.transfers(group, [_nbytes(m, seconds * 2) for m in models], timeout)
+    rates = _overlap_rates(records, f"shift {k}")
+    return [PairCheck(src, dst, model, rate, f"shift {k}")
+            for (src, dst), model, rate in zip(group, models, rates)]
+
+
+def _slow(check: PairCheck) -> bool:
+    return check.ratio is not None and check.ratio < 1 - TOLERANCE
+
+
 def check_pairs(bed: Any, pairs: Sequence[tuple[int, int]] | None = None, *,
                 seconds: float = 0.4, shifts: Sequence[int] | None = None,
-                timeout: float = 120, progress: Any = None) -> ProbeReport:
+                timeout: float = 120, retries: int = 2, progress: Any = None) -> ProbeReport:
     """Probe pairs alone (path and rate) and under concurrent load (rates).
 
     Parameters
@@ -326,6 +355,12 @@ def check_pairs(bed: Any, pairs: Sequence[tuple[int, int]] | None = None, *,
     shifts : sequence of int, optional
         Concurrent patterns: for each ``k``, every rank ``r`` sends to ``r + k`` at once;
         default ``1 .. n-1``. Empty: none.
+    retries : int
+        A pair (or a pattern with a pair) measured slower than the model by more than
+        :data:`TOLERANCE` is measured again, up to this many times, and its fastest
+        measurement kept: on a shared machine a descheduled process can only slow a
+        transfer down, while a link faster than its model stays a failure. Each check
+        records its ``attempts``.
     progress : callable, optional
         Called with a line of text after each measurement.
 
@@ -342,29 +377,26 @@ def check_pairs(bed: Any, pairs: Sequence[tuple[int, int]] | None = None, *,
     checks: list[PairCheck] = []
     with _Agents(layout, range(n)) as agents:
         for src, dst in pairs:
-            model = layout.route(src, dst).rate
-            nbytes = _nbytes(model, seconds)
-            before = counters(layout)
-            record = agents.transfers([(src, dst)], [nbytes], timeout)[0]
-            after = counters(layout)
-            delta = {k: after[k] - before.get(k, 0) for k in after}
-            total = record["bytes"] + record["first"]
-            hops, path_ok = _path_check(layout, src, dst, delta, total)
-            check = PairCheck(src, dst, model, record["bytes"] / record["seconds"], None,
-                              hops, path_ok)
+            check = _alone(agents, src, dst, seconds, timeout)
+            while _slow(check) and check.attempts <= retries:
+                again = _alone(agents, src, dst, seconds, timeout)
+                again.attempts = check.attempts + 1
+                check = again if again.measured_rate > check.measured_rate else \
+                    replace(check, attempts=again.attempts)
             checks.append(check)
             if progress:
                 progress(_line(check))
         for k in shifts:
             if k % n == 0:
                 continue
-            group = [(r, (r + k) % n) for r in range(n)]
-            models = predicted_rates(layout, group)
-            sizes = [_nbytes(m, seconds * 2) for m in models]
-            records = agents.transfers(group, sizes, timeout)
-            rates = _overlap_rates(records, f"shift {k}")
-            for (src, dst), model, rate in zip(group, models, rates):
-                check = PairCheck(src, dst, model, rate, f"shift {k}")
+            group = _shift(agents, k, seconds, timeout)
+            attempts = 1
+            while any(_slow(c) for c in group) and attempts <= retries:
+                attempts += 1
+                group = [max(old, new, key=lambda c: c.measured_rate)
+                         for old, new in zip(group, _shift(agents, k, seconds, timeout))]
+            for check in group:
+                check.attempts = attempts
                 checks.append(check)
                 if progress:
                     progress(_line(check))
@@ -375,4 +407,5 @@ def _line(c: PairCheck) -> str:
     what = f"{c.src} -> {c.dst}" + (f" ({c.pattern})" if c.pattern else "")
     model = "unshaped" if c.model_rate is None else f"{c.model_rate * 8 / 1e6:,.0f} Mbit/s"
     return (f"{what}: {c.measured_rate * 8 / 1e6:,.0f} Mbit/s, model {model}"
-            + ("" if c.path_ok else ", PATH DIFFERS") + ("" if c.rate_ok else ", RATE DIFFERS"))
+            + ("" if c.path_ok else ", PATH DIFFERS") + ("" if c.rate_ok else ", RATE DIFFERS")
+            + (f" (best of {c.attempts})" if c.attempts > 1 else ""))
