@@ -80,10 +80,13 @@ class Layout:
     grids: tuple[np.ndarray, ...]
     weights: np.ndarray
     direct: tuple[bool, ...] = ()
-    #: A sharded-only construction (:func:`rail_layouts`): ``dims`` are (boxes, GPUs a
-    #: box, peers a round), ``grids[0]`` is (box position, rail) and the chunks are
-    #: numbered along it; not a grid of levels.
+    #: A sharded-only construction (:mod:`._mcf_rails`): ``dims`` are (groups, boxes a
+    #: group, GPUs a box), ``grids[0]`` is that grid of ranks and the chunks are
+    #: numbered along it, ``parts`` a shard; not a grid of levels.
     rails: bool = False
+    #: Rail layouts: units (``1 / parts`` of a shard) of group offsets sent each round.
+    rounds: tuple[int, ...] = ()
+    parts: int = 1
 
     def is_direct(self, d: int) -> bool:
         return bool(self.direct) and self.direct[d]
@@ -534,98 +537,19 @@ def messages(layout: Layout) -> Messages:
     return Messages(cat[0], cat[1], cat[2], cat[3], cat[4], cat[5], nsteps, n * len(layout.grids))
 
 
-def rail_layouts(cluster: Cluster) -> list[Layout]:
-    """Rail exchanges with in-box fan-out, for an allgather or a reduce-scatter of equal
-    boxes (empty for one box, or boxes that differ).
-
-    GPU ``j`` of every box is on rail ``j``. The boxes are laid out as (group, position):
-    one group per switch group (:func:`_switch_groups`, when they are equal), or one
-    box a group. An allgather sends each GPU's shard straight to its rail peers at its
-    position in the other groups (the ``k``-th next group in round ``ceil(k / m) - 1``,
-    ``m`` groups a round); what a round brought goes on, one step later, to the rail
-    peers of the own group; and every GPU hands each shard it got to all its box mates
-    one step after it got it. So each shard enters every group once, the copies inside
-    groups and boxes overlap the next rounds, and no pipeline pieces are needed: the
-    network carries ``(B - 1) / B`` of the buffer through each rail, the least possible.
-    Fewer groups a round shorten the fill, more cut the steps (each pays a path's
-    latency): one layout per ``m`` in 1, 4, 16, all. A reduce-scatter runs it backwards
-    (its reducing recvs may share a chunk in a step). About ``2 N`` ops per rank, one
-    per shard moved.
-    """
-    boxes = cluster.boxes
-    nb = len(boxes)
-    if nb < 2 or any(box.signature() != boxes[0].signature() for box in boxes[1:]):
-        return []
-    g = boxes[0].gpus
-    shapes = [[[b] for b in sorted(range(nb), key=lambda b: (
-        tuple(n.switch for n in boxes[b].nics), b))]]
-    groups = _switch_groups(cluster)
-    if len(groups) > 1 and len({len(grp) for grp in groups}) == 1 and len(groups[0]) > 1:
-        shapes.append(groups)
-    out = []
-    for shape in shapes:
-        first = np.array([[boxes[b].first_rank for b in grp] for grp in shape], dtype=np.int64)
-        grid = first[:, :, None] + np.arange(g, dtype=np.int64)[None, None, :]
-        a, size = first.shape
-        where = f"groups[{a}]x[{size}]" if size > 1 else f"boxes[{a}]"
-        for m in sorted({min(m, a - 1) for m in (1, 4, 16, a - 1)}):
-            out.append(Layout(f"rails[{g}] x {where} ({m} a round) + fan-out", (a, size, g, m),
-                              (grid,), np.ones(1), rails=True))
-    return out
-
-
-def _rail_messages(layout: Layout, collective: str) -> Messages:
-    """One piece of a :func:`rail_layouts` allgather (or, reversed, its reduce-scatter).
-
-    Chunk ``(x * s + p) * g + j`` is the shard of GPU ``j`` of the box at position ``p`` of
-    group ``x`` (``s`` boxes a group).
-    """
-    a, size, g, m = layout.dims
-    grid = layout.grids[0]
-    x, p, j = (v.ravel() for v in np.indices((a, size, g)))
-    count = a * size * g
-
-    def chunk(xs: np.ndarray, ps: np.ndarray) -> np.ndarray:
-        return (xs * size + ps) * g + j
-
-    parts = []
-
-    def send(step: int, dst: np.ndarray, chunks: np.ndarray) -> None:
-        parts.append((np.full(count, step), grid[x, p, j], dst, chunks))
-
-    # (arrival step, chunk) of every shard a rank holds: its own at -1, then the rounds.
-    held = [(-1, chunk(x, p))]
-    for k in range(1, a):  # round (k - 1) // m: own shard to the k-th next group
-        t = (k - 1) // m
-        send(t, grid[(x + k) % a, p, j], chunk(x, p))
-        held.append((t, chunk((x - k) % a, p)))
-    for t, c in list(held):  # on to the group, one step after arriving (own: step 0)
-        for l in range(1, size):
-            send(t + 1, grid[x, (p + l) % size, j], c)
-    for k in range(1, a):
-        for l in range(1, size):
-            held.append(((k - 1) // m + 1, chunk((x - k) % a, (p - l) % size)))
-    for l in range(1, size):
-        held.append((0, chunk(x, (p - l) % size)))
-    for t, c in held:  # to every box mate, one step after arriving
-        for o in range(1, g):
-            send(t + 1, grid[x, p, (j + o) % g], c)
-    step, src, dst, chk = (np.concatenate(v).astype(np.int64) for v in zip(*parts))
-    nsteps = int(step.max()) + 1
-    ones = np.ones(len(step), dtype=np.int64)
-    if collective == "reduce_scatter":
-        return Messages(nsteps - 1 - step, dst, src, chk, ones, np.ones(len(step), bool),
-                        nsteps, count)
-    return Messages(step, src, dst, chk, ones, np.zeros(len(step), bool), nsteps, count)
+def rail_layouts(cluster: Cluster, model: CostModel | None = None,
+                 profile: CostProfile | None = None, size: float = 256 << 20) -> list[Layout]:
+    """Rail exchanges with in-box fan-out (:mod:`._mcf_rails`)."""
+    from ._mcf_rails import rail_layouts as _rails
+    return _rails(cluster, model, profile, size)
 
 
 def shard_message_count(layout: Layout) -> int:
     """``len(shard_messages(layout, ...).step)``, without building them: one message per
     final chunk a segment holds, ``R N sum_d (b_d - 1) stride_d`` (one phase)."""
     if layout.rails:
-        a, size, g, _ = layout.dims
-        n = a * size * g
-        return n * ((a - 1) + a * (size - 1) + a * size * (g - 1))
+        from ._mcf_rails import rail_message_count
+        return rail_message_count(layout)
     dims = layout.dims
     n = int(np.prod(dims)) if dims else 1
     strides = [int(np.prod(dims[d + 1:])) for d in range(len(dims))]
@@ -643,7 +567,8 @@ def shard_messages(layout: Layout, collective: str) -> Messages:
     is a run of owners only by accident, so each becomes its own op.
     """
     if layout.rails:
-        return _rail_messages(layout, collective)
+        from ._mcf_rails import rail_messages
+        return rail_messages(layout, collective)
     full = messages(layout)
     keep = full.reduce if collective == "reduce_scatter" else ~full.reduce
     half = full.nsteps // 2
@@ -656,10 +581,21 @@ def shard_messages(layout: Layout, collective: str) -> Messages:
                     np.ones(len(step), dtype=np.int64), reps(full.reduce), half, full.nchunks)
 
 
-def owners(layout: Layout) -> np.ndarray:
-    """The rank that owns each piece-local chunk (``ring * N + final``) after the
-    reduce-scatter: final index ``k`` of ring ``r`` ends at ``grids[r].flat[k]``."""
-    return np.concatenate([g.reshape(-1) for g in layout.grids]).astype(np.int64)
+def owners(layout: Layout) -> tuple[np.ndarray, np.ndarray, int]:
+    """The rank that owns each piece-local chunk after the reduce-scatter, the chunk's
+    index among that rank's chunks of the piece, and how many it owns per piece.
+
+    A grid's chunk ``ring * N + k`` (final index ``k`` of ring ``r``) ends at
+    ``grids[r].flat[k]``, ``R`` chunks a rank; a rail layout's chunk
+    ``position * parts + i`` at ``grids[0].flat[position]``, ``parts`` a rank.
+    """
+    if layout.rails:
+        flat = layout.grids[0].reshape(-1).astype(np.int64)
+        c = np.arange(flat.size * layout.parts, dtype=np.int64)
+        return flat[c // layout.parts], c % layout.parts, layout.parts
+    own = np.concatenate([g.reshape(-1) for g in layout.grids]).astype(np.int64)
+    n = int(layout.grids[0].size)
+    return own, np.arange(own.size, dtype=np.int64) // n, len(layout.grids)
 
 
 @no_gc
@@ -669,16 +605,16 @@ def build_sharded(nranks: int, msgs: Messages, layout: Layout, sizes: np.ndarray
     schedule whose chunks are grouped into shards in rank order (docs/SCHEDULE.md).
 
     Piece ``p`` runs ``p`` steps after piece ``p - 1``. Rank ``o``'s shard is its own
-    final chunk of every ring and piece, ordered by (piece, ring): chunk
-    ``o * Q R + p R + r``.
+    chunks of every piece (:func:`owners`: ``K`` a piece, one per ring or per part of a
+    rail shard), ordered by (piece, index): chunk ``o * Q K + p K + i``. A message's
+    chunk range stays one range (its chunks are consecutive parts of one owner's).
     """
-    q, nrings = len(sizes), len(layout.grids)
-    own = owners(layout)
+    q = len(sizes)
+    own, sub, k = owners(layout)
     per_piece = msgs.nchunks
     old = chunk_fractions(layout, np.asarray(sizes, dtype=float))
     p_all = np.arange(q, dtype=np.int64)
-    c_all = np.arange(per_piece, dtype=np.int64)
-    new_id = own[None, :] * (q * nrings) + p_all[:, None] * nrings + (c_all // nranks)[None, :]
+    new_id = own[None, :] * (q * k) + p_all[:, None] * k + sub[None, :]
     fractions = np.empty(q * per_piece)
     fractions[new_id.ravel()] = old
     m = len(msgs.step)
@@ -687,21 +623,27 @@ def build_sharded(nranks: int, msgs: Messages, layout: Layout, sizes: np.ndarray
     src = np.tile(msgs.src, q)
     dst = np.tile(msgs.dst, q)
     chunk = new_id[p, np.tile(msgs.chunk, q)]
+    count = np.tile(msgs.count, q)
     red = np.tile(msgs.reduce, q)
     rk = np.concatenate([src, dst])
     st = np.concatenate([step, step])
     pe = np.concatenate([dst, src])
     ck = np.concatenate([chunk, chunk])
+    cn = np.concatenate([count, count])
     cd = np.concatenate([np.zeros(len(step), np.int64), 1 + red.astype(np.int64)])
-    del step, src, dst, chunk, red, p
-    return schedule_from_arrays(nranks, rk, st, pe, ck, cd, fractions.tolist(),
+    del step, src, dst, chunk, count, red, p
+    return schedule_from_arrays(nranks, rk, st, pe, ck, cd, fractions.tolist(), count=cn,
                                 collective=collective, **meta)
 
 
 def chunk_fractions(layout: Layout, sizes: np.ndarray) -> np.ndarray:
-    """Fraction of each chunk: pieces (of ``sizes``) x rings x final index."""
+    """Fraction of each chunk: pieces (of ``sizes``) x rings x final index (a rail
+    layout: pieces x positions x parts, all equal)."""
     n = int(layout.grids[0].size)
-    per = np.repeat(layout.weights / n, n)
+    if layout.rails:
+        per = np.full(n * layout.parts, 1.0 / (n * layout.parts))
+    else:
+        per = np.repeat(layout.weights / n, n)
     fr = (np.asarray(sizes)[:, None] * per[None, :]).ravel()
     fr[-1] = 1.0 - fr[:-1].sum()
     return fr

@@ -510,10 +510,7 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         order = topo_order(cluster)
         grids.append(H.flat_ring_layout(order, "ring-topo"))
     if sharded:
-        rails = H.rail_layouts(cluster)
-        if n > 256:  # ~2 N messages each to price: the per-switch-group ones, when there
-            rails = [r for r in rails if r.dims[1] > 1] or rails  # are groups
-        grids += rails
+        grids += H.rail_layouts(cluster, model, costs, size)
     failure: InfeasiblePlanError | None = None
     if n <= 256:
         # The plain ring (rank order, one piece), so that mcf is never behind it.
