@@ -421,3 +421,23 @@ def test_bad_caps_are_refused():
     cluster = loads_cluster(_switch(4))
     with pytest.raises(PlannerError, match="max_step_ops must be an integer >= 1"):
         plan_mcf(cluster, size=M, max_step_ops=0)
+
+
+def test_an_op_budget_between_powers_of_two_is_used():
+    """When the budget stops the doubling of pieces while it still gains, the most pieces
+    that fit are priced too: a budget for 12 pieces gives 12, never fewer than 8 and never
+    over the budget, and its estimate beats the 8-piece one."""
+    from topoplan.cluster.generate import rail_optimized
+    from topoplan.planners import _mcf_hier as H
+    cluster = loads_cluster(rail_optimized(16))  # 128 GPUs
+    model = H.CostModel(cluster)
+    layout = next(lay for lay in H.layouts(cluster) if "halving" in lay.name)
+    msgs = H.messages(layout)
+    loads, lat, soft = H.piece_profile(model, msgs, H.chunk_fractions(layout, np.ones(1)))
+    per = 2 * H.message_count(layout)
+    size = 256 * M
+    sizes8, est8 = H.choose_pieces(loads, lat, size, per, 8 * per)
+    sizes12, est12 = H.choose_pieces(loads, lat, size, per, 12 * per + per // 2)
+    assert (len(sizes8), len(sizes12)) == (8, 12)
+    assert est12 < est8
+    assert H.choose_pieces(loads, lat, size, per, 12 * per, max_q=10)[0].size == 10

@@ -856,8 +856,9 @@ def choose_pieces(loads: np.ndarray, step_lat: np.ndarray, size: float, ops_per_
                   max_ops: int, max_q: int = 256, soft: SoftCosts = NO_COSTS,
                   max_step_ops: int | None = None, chunks_per_piece: int = 1,
                   max_chunks: int | None = None) -> tuple[np.ndarray, float]:
-    """Piece sizes (their count ``Q`` a power of two within the op budget and the caps)
-    of least lock-step time; stops doubling ``Q`` once the estimate worsens.
+    """Piece sizes (their count ``Q`` within the op budget and the caps) of least
+    lock-step time: ``Q`` doubles until the estimate stops gaining; when the budget
+    stops the doubling first, the most pieces that fit are tried too.
 
     Every piece adds a step of fill and its ops to post, so under a cost profile the
     best ``Q`` falls as messages get smaller or dearer. A deeper pipeline must gain at
@@ -866,19 +867,30 @@ def choose_pieces(loads: np.ndarray, step_lat: np.ndarray, size: float, ops_per_
     128 pieces and 186 k messages. ``max_step_ops`` caps the ops a
     rank posts in one step, ``max_chunks`` the chunks (``chunks_per_piece * Q``).
     """
+    def fits(q: int) -> bool:
+        return (q <= max_q and q * ops_per_piece <= max_ops
+                and (max_chunks is None or q * chunks_per_piece <= max_chunks)
+                and (max_step_ops is None or soft.peak_ops(q) <= max_step_ops))
+
     best = piece_sizes(loads, step_lat, 1, size, soft)
     q = 2
-    while q <= max_q and q * ops_per_piece <= max_ops:
-        if max_chunks is not None and q * chunks_per_piece > max_chunks:
-            break
-        if max_step_ops is not None and soft.peak_ops(q) > max_step_ops:
-            break
+    while fits(q):
         cand = piece_sizes(loads, step_lat, q, size, soft)
         if cand[1] < best[1] * (1 - MIN_GAIN):
             best = cand
         elif cand[1] > best[1] * 1.01:
-            break
+            return best
         q *= 2
+    # Doubling ran out of budget while it still gained: the most pieces that fit.
+    most = min(max_q, max_ops // max(ops_per_piece, 1))
+    if max_chunks is not None:
+        most = min(most, max_chunks // max(chunks_per_piece, 1))
+    while most > q // 2 and not fits(most):
+        most -= 1
+    if most > q // 2 and len(best[0]) == q // 2:
+        cand = piece_sizes(loads, step_lat, most, size, soft)
+        if cand[1] < best[1] * (1 - MIN_GAIN):
+            best = cand
     return best
 
 

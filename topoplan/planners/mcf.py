@@ -41,7 +41,8 @@ EXACT_MAX = 16  # exact mode (MILP) by default up to this many ranks
 GRID_OPS = 4_400_000  # a one-piece grid may be this big (a flat ring at ~1024 ranks)
 SOFT_OPS = 400_000  # pipelining op budget: keeps planning within ~1 s up to 64 GPUs
 OPS_PER_RANK = 1000  # ... and above 400 ranks this many ops per rank (IR v2 ranges)
-MAX_OPS = 4_000_000  # the default budget's cap: building and verifying take ~10 us per op
+MAX_OPS = 8_000_000  # the default budget's cap (8192 GPUs: 7.5 M ops, plan + verify
+#                      under a minute, under 3 GB)
 SIM_OPS = 20_000  # candidates this small are compared in the event simulator too
 _GOOD = ("optimal", "restricted", "exact")
 
@@ -437,8 +438,8 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         ``meta["status"]`` says so and a ``RuntimeWarning`` is issued.
     max_ops : int, optional
         Op budget for pipelining (more pieces cost ops: materializing and verifying
-        take ~10 us per op). Default: 400 k, or 1000 per rank above 400 ranks, at most
-        4 M. A construction whose single piece needs more is still built up to 4.4 M.
+        take a few us per op). Default: 400 k, or 1000 per rank above 400 ranks, at most
+        8 M. A construction whose single piece needs more is still built up to 4.4 M.
     flat_max : int
         Above this many ranks the tree LP is solved hierarchically.
     check : bool
