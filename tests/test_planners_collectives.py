@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import topoplan
-from tests.support.clusters import SHIPPED, load_topology, switch_cluster
+from tests.support.clusters import SHIPPED, leaf_spine_cluster, load_topology, switch_cluster
 from tests.test_bound import _brute_force_ratio, small_clusters, uneven_clusters
 from tests.test_planners import CLUSTERS, cluster
 from topoplan.bound import collective_bound, rsag_bound, shard_bound
@@ -297,21 +297,9 @@ def test_random_clusters_mcf_verifies_and_is_never_behind_the_ring(c, collective
 # mcf: rail exchanges, rounds chosen by the cost model
 # --------------------------------------------------------------------------------------
 
-#: Four leaves of two 2-GPU nodes (a NIC per GPU) under one spine, 4:1 oversubscribed.
-SMALL_LEAF_SPINE = """
-name: small-leaf-spine
-switches: [{name: "leaf{i}", count: 4}, {name: spine}]
-boxes:
-  - name: "n{i}"
-    count: 8
-    gpus: 2
-    fabric: {bandwidth: 100 GB/s, latency: 0.5 us}
-    nics:
-      - {switch: "leaf{i//2}", bandwidth: 100 Gbit/s, latency: 1 us, gpus: [0]}
-      - {switch: "leaf{i//2}", bandwidth: 100 Gbit/s, latency: 1 us, gpus: [1]}
-links:
-  - {a: "leaf{i}", b: spine, count: 4, bandwidth: 12.5 GB/s, latency: 0.5 us}
-"""
+def small_leaf_spine():
+    """Four leaves of two 2-GPU nodes (a NIC per GPU) under one spine, 4:1 oversubscribed."""
+    return leaf_spine_cluster(8, boxes_per_leaf=2, gpus=2, spines=1, uplink=25)
 
 
 def _rail_grid(c):
@@ -331,8 +319,7 @@ def test_rail_rounds_verify_for_any_cut_of_the_shards(rounds, parts, collective)
     import numpy as np
     from topoplan.planners import _mcf_hier as H
     from topoplan.planners._mcf_rails import rail_message_count
-    from topoplan.cluster import loads_cluster
-    c = loads_cluster(SMALL_LEAF_SPINE)
+    c = small_leaf_spine()
     grid = _rail_grid(c)
     layout = H.Layout("rails", grid.shape, (grid,), np.ones(1), rails=True, rounds=rounds,
                       parts=parts)
@@ -354,11 +341,10 @@ def test_best_rounds_are_what_the_cost_model_prices_best(profile):
     the messages themselves) at most as high as every fixed round size, and on this
     symmetric fabric its own sum is that estimate."""
     import numpy as np
-    from topoplan.cluster import loads_cluster
     from topoplan.cost import get_profile
     from topoplan.planners import _mcf_hier as H
     from topoplan.planners._mcf_rails import rail_layouts
-    c = loads_cluster(SMALL_LEAF_SPINE)
+    c = small_leaf_spine()
     costs = get_profile(profile)
     model = H.CostModel(c)
     size = 256 * MiB

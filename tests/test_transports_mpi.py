@@ -206,21 +206,6 @@ def test_bench_cli_plans_with_an_algorithm() -> None:
 # ---- reduce-scatter and allgather ---------------------------------------------------------
 
 COLLECTIVE_PLANNERS = ("ring", "rhd", "mcf", "auto")
-#: Two leaves of two 2-GPU nodes: at 256 MiB mcf's rail exchange cuts shards in quarters.
-LEAF_SPINE_8 = """
-name: leaf-spine-8
-switches: [{name: "leaf{i}", count: 2}, {name: spine}]
-boxes:
-  - name: "n{i}"
-    count: 4
-    gpus: 2
-    fabric: {bandwidth: 20 GB/s, latency: 1 us}
-    nics:
-      - {switch: "leaf{i//2}", bandwidth: 10 Gbit/s, latency: 5 us, gpus: [0]}
-      - {switch: "leaf{i//2}", bandwidth: 10 Gbit/s, latency: 5 us, gpus: [1]}
-links:
-  - {a: "leaf{i}", b: spine, count: 2, bandwidth: 2.5 GB/s, latency: 5 us}
-"""
 
 
 def test_reduce_scatter_and_allgather_on_8_mpi_ranks(tmp_path: Path) -> None:
@@ -228,7 +213,8 @@ def test_reduce_scatter_and_allgather_on_8_mpi_ranks(tmp_path: Path) -> None:
     dgx1_v100 (8 GPUs), and mcf's rail exchange in rounds of quarter shards on a small
     leaf-spine, exact against numpy and against MPI_Reduce_scatter_block /
     MPI_Allgather, synchronous and with calls in flight."""
-    from topoplan.cluster import load_cluster, loads_cluster
+    from tests.support.clusters import leaf_spine_cluster
+    from topoplan.cluster import load_cluster
     from topoplan.planners import plan, planners_for
     from topoplan.verify import verify
     cluster = load_cluster(ROOT / "topologies" / "dgx1_v100.yaml")
@@ -241,8 +227,9 @@ def test_reduce_scatter_and_allgather_on_8_mpi_ranks(tmp_path: Path) -> None:
             name = f"{collective}-{algorithm}"
             schedule.save(tmp_path / f"{name}.json")
             names.append(name)
-        rails = plan(loads_cluster(LEAF_SPINE_8), "mcf", size=256 << 20, profile="ideal",
-                     collective=collective)
+        # two leaves of two 2-GPU nodes, 2:1: mcf's rail exchange cuts shards in quarters
+        leaves = leaf_spine_cluster(4, boxes_per_leaf=2, gpus=2, spines=1, uplink=50)
+        rails = plan(leaves, "mcf", size=256 << 20, profile="ideal", collective=collective)
         verify(rails)
         assert "rounds 0.75,0.25" in rails.meta["construction"], rails.meta["construction"]
         assert rails.nchunks == 8 * 4 * rails.meta["pieces"]  # quarter shards, per piece

@@ -44,9 +44,10 @@ boxes:
 
 
 def leaf_spine_cluster(nboxes: int, *, boxes_per_leaf: int = 8, spines: int = 4,
-                       gpus: int = 8) -> Cluster:
+                       gpus: int = 8, uplink: float | None = None) -> Cluster:
     """``topologies/leaf_spine_1024.yaml`` scaled to ``nboxes`` boxes (same box, NICs,
-    2:1 oversubscribed leaves; at least two leaves)."""
+    2:1 oversubscribed leaves with 8 GPUs a box; at least two leaves); ``uplink``: GB/s
+    of each leaf-spine link instead."""
     per_leaf = min(boxes_per_leaf, max(1, nboxes // 2))
     leaves = -(-nboxes // per_leaf)
     nics = "\n".join(
@@ -66,7 +67,7 @@ boxes:
 {nics}
 links:
   - {{a: "leaf{{i//{spines}}}", b: "spine{{i%{spines}}}", count: {leaves * spines},
-     bandwidth: {25 * per_leaf} GB/s, latency: 0.5 us}}
+     bandwidth: {uplink or 25 * per_leaf} GB/s, latency: 0.5 us}}
 """)
 
 
