@@ -19,7 +19,7 @@ from tests.support.clusters import flat_cluster_yaml, leaf_spine_cluster
 from tests.support.verify_reference import verify_reference
 from topoplan.errors import ScheduleError
 from topoplan.schedule import Op, OpKind, RankProgram, Schedule, build_schedule, recv, send
-from topoplan.verify import verify
+from topoplan.verify import _Chunks, verify
 
 
 def _outcome(check, schedule: Schedule) -> tuple[str, object]:
@@ -199,3 +199,35 @@ def test_deadlock_behind_a_fault_reports_the_fault():
         [[send(0, 0)], [send(0, 0)], [recv(0, 0)], [send(0, 0)]]], algorithm="bad")
     assert _same(schedule)[1] == ("bad schedule: rank 0 step 1 reduces chunk 0 from rank 1: "
                                   "contributions {1} would be counted twice")
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 12).flatmap(lambda n: st.tuples(
+    st.just(n),
+    st.lists(st.tuples(st.integers(0, n - 1), st.integers(1, n), st.booleans(),
+                       st.integers(0, 7)), max_size=25))))
+def test_single_mask_writes_behave_like_a_plain_list(case):
+    """_Chunks.get / put / add_mask (one mask over a range) against one mask per chunk."""
+    n, ops = case
+    runs, plain = _Chunks(n, 0), [0] * n
+    for a, count, reduce, bit in ops:
+        b = min(a + count, n)
+        mask = 1 << bit
+        got = runs.get(a, b)
+        if isinstance(got, int):
+            assert plain[a:b] == [got] * (b - a)
+        else:
+            assert [m for s, e, m in got for _ in range(s, e)] == plain[a:b]
+            assert len(got) > 1
+        if reduce:
+            clash = runs.add_mask(a, b, mask)
+            first = next((k for k in range(a, b) if plain[k] & mask), None)
+            if first is not None:
+                assert clash == (first, plain[first] & mask)
+                break
+            assert clash is None
+            plain[a:b] = [m | mask for m in plain[a:b]]
+        else:
+            runs.put(a, b, mask)
+            plain[a:b] = [mask] * (b - a)
+        assert [m for s, e, m in runs.read(0, n) for _ in range(s, e)] == plain
+        assert all(x != y for x, y in zip(runs.masks, runs.masks[1:]))  # runs stay merged
+        assert runs.starts[0] == 0 and all(x < y for x, y in zip(runs.starts, runs.starts[1:]))
