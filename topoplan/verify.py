@@ -17,7 +17,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from .collectives import Collective, collective_of
 from .errors import ScheduleError
@@ -312,7 +312,7 @@ def verify(schedule: Schedule) -> VerifyReport:
     found = messages(schedule)
     flow = _Flow(found, nchunks)
     for g in flow.clashing_recvs():
-        r = flow.step_rank[g]
+        r = int(found.step_rank[g])
         s = g - flow.step_base[r]
         step = schedule.ranks[r].steps[s]
         twice = recv_clash([(op.chunk, op.end, op.reduce) for op in step
@@ -357,14 +357,13 @@ def verify(schedule: Schedule) -> VerifyReport:
 
 
 class _Flow:
-    """A matched schedule (:class:`~topoplan.matching.Messages`) as flat lists for the run.
+    """A matched schedule (:class:`~topoplan.matching.Messages`) arranged for the run.
 
     Steps are numbered globally, as in ``Messages``. The sends of global step ``g`` are
-    ``send_ptr[g] .. send_ptr[g + 1] - 1`` in program order, carrying chunks
-    ``send_a[i] .. send_b[i] - 1``; its recvs likewise (``recv_ptr``, ``recv_a``,
-    ``recv_b``), each adding or not (``recv_reduce``), from ``recv_src``, the value of
-    the send numbered ``recv_at``. Per op (global program order, numpy): its ``peer`` and
-    the step ``need`` (within the peer's program) that holds the other op of its message.
+    ``sends[send_ptr[g]:send_ptr[g + 1]]`` (messages, in program order), its recvs
+    ``recvs[recv_ptr[g]:recv_ptr[g + 1]]``. Per op (global program order): its ``peer``
+    and the step ``need`` (within the peer's program) that holds the other op of its
+    message. All numpy arrays, but for the lists ``step_base``, ``nsteps``, ``op_ptr``.
     """
 
     def __init__(self, found: Messages, nchunks: int) -> None:
@@ -381,29 +380,17 @@ class _Flow:
         message[found.t_rop] = ids
         is_recv = np.zeros(nops, bool)
         is_recv[found.t_rop] = True
-        peer = np.empty(nops, np.int64)
-        peer[found.t_sop] = found.t_dst
-        peer[found.t_rop] = found.t_src
-        need = np.empty(nops, np.int64)
-        need[found.t_sop] = found.t_rstep - found.step_base[found.t_dst]
-        need[found.t_rop] = found.t_sstep - found.step_base[found.t_src]
-        self.peer, self.need = peer, need
+        self.peer = np.empty(nops, np.int64)
+        self.peer[found.t_sop] = found.t_dst
+        self.peer[found.t_rop] = found.t_src
+        self.need = np.empty(nops, np.int64)
+        self.need[found.t_sop] = found.t_rstep - found.step_base[found.t_dst]
+        self.need[found.t_rop] = found.t_sstep - found.step_base[found.t_src]
         nglobal = found.nglobal
-        # Sends and recvs each in program order, so grouped by step; a recv's value is
-        # at its message's send's position (``recv_at``).
-        sends, recvs = message[~is_recv], message[is_recv]
-        position = np.empty(nmessages, np.int64)
-        position[sends] = ids
-        end = found.t_chunk + found.t_count
-        self.send_ptr = _offsets(np.bincount(found.t_sstep, minlength=nglobal)).tolist()
-        self.send_a, self.send_b = found.t_chunk[sends].tolist(), end[sends].tolist()
-        self.recv_ptr = _offsets(np.bincount(found.t_rstep, minlength=nglobal)).tolist()
-        self.recv_at = position[recvs].tolist()
-        self.recv_a, self.recv_b = found.t_chunk[recvs].tolist(), end[recvs].tolist()
-        self.recv_reduce = found.t_reduce[recvs].tolist()
-        self.recv_src = found.t_src[recvs].tolist()
+        self.sends, self.recvs = message[~is_recv], message[is_recv]  # grouped by step
+        self.send_ptr = _offsets(np.bincount(found.t_sstep, minlength=nglobal))
+        self.recv_ptr = _offsets(np.bincount(found.t_rstep, minlength=nglobal))
         self.step_base = found.step_base.tolist()
-        self.step_rank = found.step_rank.tolist()
         self.op_ptr = found.op_ptr.tolist()
         self.nsteps = np.diff(found.step_base).tolist()
 
@@ -469,14 +456,14 @@ class _Flow:
         order = np.concatenate(done) if done else np.zeros(0, np.int64)
         return pc.tolist(), order.tolist()
 
-    def queue_order(self) -> Iterator[int]:
-        """The global steps in the order the verifier of earlier versions completed them:
-        a queue of ranks, each run as far as its peers let it (lazily: it needs nothing
-        but the steps' peers, so it follows a run that stops at a fault)."""
+    def queue_order(self) -> list[int]:
+        """The global steps that complete, in the order the verifier of earlier versions
+        completed them: a queue of ranks, each run as far as its peers let it."""
         n = len(self.nsteps)
         nsteps, step_base, op_ptr = self.nsteps, self.step_base, self.op_ptr
         peer, need = self.peer.tolist(), self.need.tolist()
         pc = [0] * n
+        order = []
         queue = deque(range(n))
         queued = [True] * n
         while queue:
@@ -487,7 +474,7 @@ class _Flow:
                 ops = range(op_ptr[g], op_ptr[g + 1])
                 if any(pc[peer[i]] < need[i] for i in ops):
                     break  # some peer has not reached the matching step yet
-                yield g
+                order.append(g)
                 pc[r] += 1
                 if pc[r] < nsteps[r]:
                     ops = range(op_ptr[g], op_ptr[g + 2])  # peers of this step and the next
@@ -495,8 +482,9 @@ class _Flow:
                     if not queued[peer[i]]:
                         queued[peer[i]] = True
                         queue.append(peer[i])
+        return order
 
-    def run(self, order: Iterable[int], collective: Collective,
+    def run(self, order: Sequence[int], collective: Collective,
             fail: Callable[[str], ScheduleError]) -> list[_Chunks]:
         """Every rank's chunks after completing the global steps ``order`` (a
         topological order of the steps' dependencies), from the collective's initial
@@ -505,49 +493,67 @@ class _Flow:
         Sends snapshot their chunks when their step starts, recvs overwrite or add when
         their step ends. A step's overwriting recvs overlap no other recv, and adds
         commute, so applying its recvs one by one is the same as applying them together
-        when the step ends (several reducing recvs of one chunk all add: IR v2).
+        when the step ends (several reducing recvs of one chunk all add: IR v2). The
+        messages are laid out in the order they are used, so the run reads its lists
+        front to back (on 8192 ranks, jumping about them cost more than the work).
         """
+        import numpy as np
+
+        found = self.found
         n = len(self.nsteps)
         nranks = collective.nranks
         empty_possible = collective.starts_empty
         union = _Unions()
         state = [_Chunks.from_runs(collective.nchunks, collective.initial(r), union)
                  for r in range(n)]
-        send_ptr, send_a, send_b = self.send_ptr, self.send_a, self.send_b
-        recv_ptr, recv_at, recv_a, recv_b = self.recv_ptr, self.recv_at, self.recv_a, self.recv_b
-        recv_reduce, recv_src = self.recv_reduce, self.recv_src
-        step_rank, step_base, nsteps = self.step_rank, self.step_base, self.nsteps
-        value: list = [None] * len(send_a)  # each send's value, snapshot when its step starts
-        for r in range(n):
-            if nsteps[r]:
-                lo, hi = send_ptr[step_base[r]:step_base[r] + 2]
-                value[lo:hi] = map(state[r].get, send_a[lo:hi], send_b[lo:hi])
-        for g in order:
-            r = step_rank[g]
+        # The steps entered: every rank's first, then the next one after each step.
+        steps = np.asarray(order, np.int64)
+        ranks = found.step_rank[steps]
+        first = found.step_base[:-1][np.asarray(self.nsteps) > 0]
+        entered = np.concatenate([first, np.where(steps + 1 < found.step_last[steps],
+                                                  steps + 1, -1)])
+        nsends = np.where(entered >= 0, self.send_ptr[entered + 1] - self.send_ptr[entered], 0)
+        sends = self.sends[_ranges(self.send_ptr[entered], nsends)]  # in snapshot order
+        nrecvs = self.recv_ptr[steps + 1] - self.recv_ptr[steps]
+        recvs = self.recvs[_ranges(self.recv_ptr[steps], nrecvs)]  # in the order they land
+        position = np.zeros(self.nmessages, np.int64)
+        position[sends] = np.arange(len(sends))
+        end = found.t_chunk + found.t_count
+        send_a, send_b = found.t_chunk[sends].tolist(), end[sends].tolist()
+        recv_at = position[recvs].tolist()
+        recv_a, recv_b = found.t_chunk[recvs].tolist(), end[recvs].tolist()
+        recv_reduce, recv_src = found.t_reduce[recvs].tolist(), found.t_src[recvs].tolist()
+        value: list = [None] * len(sends)  # each send's value, snapshot when its step starts
+        lo = 0
+        for r, count in zip(found.step_rank[first].tolist(), nsends[:len(first)].tolist()):
+            value[lo:lo + count] = map(state[r].get, send_a[lo:lo + count],
+                                       send_b[lo:lo + count])
+            lo += count
+        i = 0  # the next recv
+        for g, r, nr, ns in zip(order, ranks.tolist(), nrecvs.tolist(),
+                                nsends[len(first):].tolist()):
             chunks = state[r]
-            lo, hi = recv_ptr[g:g + 2]
-            for i, a, b, reduce in zip(recv_at[lo:hi], recv_a[lo:hi], recv_b[lo:hi],
-                                       recv_reduce[lo:hi]):
-                v = value[i]
+            for at, a, b, reduce in zip(recv_at[i:i + nr], recv_a[i:i + nr], recv_b[i:i + nr],
+                                        recv_reduce[i:i + nr]):
+                v = value[at]
                 if empty_possible and (reduce or type(v) is not int or not v):
-                    why = _unfilled(chunks, recv_src[lo], a, b, reduce, v)
+                    why = _unfilled(chunks, recv_src[i], a, b, reduce, v)
                     if why:
-                        raise fail(f"rank {r} step {g - step_base[r]} {why}")
+                        raise fail(f"rank {r} step {g - self.step_base[r]} {why}")
                 if reduce:
                     clash = chunks.add_mask(a, b, v) if type(v) is int else chunks.add(a, v)
                     if clash is not None:
-                        raise fail(f"rank {r} step {g - step_base[r]} reduces chunk {clash[0]} "
-                                   f"from rank {recv_src[lo]}: contributions "
+                        raise fail(f"rank {r} step {g - self.step_base[r]} reduces chunk "
+                                   f"{clash[0]} from rank {recv_src[i]}: contributions "
                                    f"{_ranks_text(clash[1], nranks)} would be counted twice")
                 elif type(v) is int:
                     chunks.put(a, b, v)
                 else:
                     chunks.write(a, b, v)
-                lo += 1
-            g += 1  # the rank enters its next step
-            if g < step_base[r] + nsteps[r]:
-                lo, hi = send_ptr[g:g + 2]
-                value[lo:hi] = map(chunks.get, send_a[lo:hi], send_b[lo:hi])
+                i += 1
+            if ns:  # the rank enters its next step
+                value[lo:lo + ns] = map(chunks.get, send_a[lo:lo + ns], send_b[lo:lo + ns])
+                lo += ns
         return state
 
 
