@@ -13,8 +13,9 @@ plan is often verified and then simulated. Flattening 4 M ops costs seconds.
 
 from __future__ import annotations
 
-from itertools import chain
-from operator import attrgetter
+from dataclasses import dataclass
+from itertools import chain, repeat
+from operator import attrgetter, is_
 from typing import Sequence
 
 import numpy as np
@@ -62,22 +63,16 @@ class Messages:
         ops = list(chain.from_iterable(steps))
         total = len(ops)
         op_step = np.repeat(np.arange(nglobal, dtype=np.int64), nops)
-        is_send = np.fromiter(map(OpKind.SEND.__eq__, map(attrgetter("kind"), ops)), bool,
-                              count=total)
+        is_send = np.fromiter(map(is_, map(attrgetter("kind"), ops), repeat(OpKind.SEND)),
+                              bool, count=total)
         peer = np.fromiter(map(attrgetter("peer"), ops), np.int64, count=total)
         chunk = np.fromiter(map(attrgetter("chunk"), ops), np.int64, count=total)
         reduce = np.fromiter(map(attrgetter("reduce"), ops), bool, count=total)
         count = np.fromiter(map(attrgetter("count"), ops), np.int64, count=total)
         del ops, steps
         self._check_ops(op_step, peer, chunk, count, schedule.nchunks)
-        # Columns: step, peer, chunk, count, program position (and reduce for recvs).
-        index = np.arange(total, dtype=np.int64)
-        sends = np.stack([op_step[is_send], peer[is_send], chunk[is_send], count[is_send],
-                          index[is_send]], axis=1)
-        rmask = ~is_send
-        recvs = np.stack([op_step[rmask], peer[rmask], chunk[rmask], count[rmask],
-                          index[rmask], reduce[rmask].astype(np.int64)], axis=1)
-        self._match(sends, recvs)
+        self._match(_Ops(op_step, peer, chunk, count, reduce), np.flatnonzero(is_send),
+                    np.flatnonzero(~is_send))
 
     def error(self, message: str) -> ScheduleError:
         return ScheduleError(f"{self.name}: {message}")
@@ -103,40 +98,38 @@ class Messages:
         raise self.error(f"{where}: {chunk_text(int(chunk[i]), int(count[i]))} "
                          f"out of range({nchunks})")
 
-    def _match(self, sends: np.ndarray, recvs: np.ndarray) -> None:
-        """Pair the k-th send src->dst with the k-th recv at dst from src."""
+    def _match(self, ops: _Ops, sends: np.ndarray, recvs: np.ndarray) -> None:
+        """Pair the k-th send src->dst with the k-th recv at dst from src (``sends`` and
+        ``recvs``: the program positions of the sends and of the recvs, in order)."""
         n = self.nranks
-        s_src = self.step_rank[sends[:, 0]] if len(sends) else np.zeros(0, np.int64)
-        r_dst = self.step_rank[recvs[:, 0]] if len(recvs) else np.zeros(0, np.int64)
-        s_key = s_src * n + sends[:, 1]
-        r_key = recvs[:, 1] * n + r_dst
+        s_src, r_dst = self.step_rank[ops.step[sends]], self.step_rank[ops.step[recvs]]
+        s_key = s_src * n + ops.peer[sends]
+        r_key = ops.peer[recvs] * n + r_dst
         s_order = np.argsort(s_key, kind="stable")  # stable: program order within a pair
         r_order = np.argsort(r_key, kind="stable")
         if len(s_key) != len(r_key) or not np.array_equal(s_key[s_order], r_key[r_order]):
-            self._unmatched(sends, recvs, s_key, r_key)
+            self._unmatched(ops, sends, recvs, s_key, r_key)
+        s_key = s_key[s_order]
         sends, recvs = sends[s_order], recvs[r_order]
-        bad = np.flatnonzero((sends[:, 2] != recvs[:, 2]) | (sends[:, 3] != recvs[:, 3]))
+        chunk, count = ops.chunk[sends], ops.count[sends]
+        bad = np.flatnonzero((chunk != ops.chunk[recvs]) | (count != ops.count[recvs]))
         if len(bad):
             i = int(bad[0])
-            keys = s_key[s_order]
-            k = i - int(np.searchsorted(keys, keys[i]))  # the k-th message of its pair
-            src, dst = int(self.step_rank[sends[i, 0]]), int(sends[i, 1])
+            k = i - int(np.searchsorted(s_key, s_key[i]))  # the k-th message of its pair
+            src, dst = divmod(int(s_key[i]), n)
+            s, r = int(sends[i]), int(recvs[i])
             raise self.error(
                 f"message {k} from rank {src} to rank {dst}: rank {src} step "
-                f"{self.local(sends[i, 0])} sends {chunk_text(int(sends[i, 2]), int(sends[i, 3]))}"
-                f" but rank {dst} step {self.local(recvs[i, 0])} receives it as "
-                f"{chunk_text(int(recvs[i, 2]), int(recvs[i, 3]))}")
-        self.t_src = self.step_rank[sends[:, 0]]
-        self.t_dst = sends[:, 1].copy()
-        self.t_sstep = sends[:, 0].copy()
-        self.t_rstep = recvs[:, 0].copy()
-        self.t_chunk = sends[:, 2].copy()
-        self.t_count = sends[:, 3].copy()
-        self.t_sop = sends[:, 4].copy()  # program position of the send and of the recv
-        self.t_rop = recvs[:, 4].copy()
-        self.t_reduce = recvs[:, 5].astype(bool)
+                f"{self.local(ops.step[s])} sends {chunk_text(int(chunk[i]), int(count[i]))}"
+                f" but rank {dst} step {self.local(ops.step[r])} receives it as "
+                f"{chunk_text(int(ops.chunk[r]), int(ops.count[r]))}")
+        self.t_src, self.t_dst = s_src[s_order], ops.peer[sends]
+        self.t_sstep, self.t_rstep = ops.step[sends], ops.step[recvs]
+        self.t_chunk, self.t_count = chunk, count
+        self.t_sop, self.t_rop = sends, recvs  # program position of the send and of the recv
+        self.t_reduce = ops.reduce[recvs]
 
-    def _unmatched(self, sends: np.ndarray, recvs: np.ndarray, s_key: np.ndarray,
+    def _unmatched(self, ops: _Ops, sends: np.ndarray, recvs: np.ndarray, s_key: np.ndarray,
                    r_key: np.ndarray) -> None:
         """Raise for the first pair (by src, then dst) whose sends and recvs differ in number."""
         n = self.nranks
@@ -150,16 +143,16 @@ class Messages:
                 continue
             src, dst = divmod(key, n)
             if ns > nr:
-                row = sends[np.flatnonzero(s_key == key)[nr]]
+                i = int(sends[np.flatnonzero(s_key == key)[nr]])
                 raise self.error(
-                    f"unmatched send: rank {src} step {self.local(row[0])} sends "
-                    f"{chunk_text(int(row[2]), int(row[3]))} to rank {dst}, which receives only "
-                    f"{nr} of {ns} messages from rank {src}")
-            row = recvs[np.flatnonzero(r_key == key)[ns]]
+                    f"unmatched send: rank {src} step {self.local(ops.step[i])} sends "
+                    f"{chunk_text(int(ops.chunk[i]), int(ops.count[i]))} to rank {dst}, which "
+                    f"receives only {nr} of {ns} messages from rank {src}")
+            i = int(recvs[np.flatnonzero(r_key == key)[ns]])
             raise self.error(
-                f"unmatched recv: rank {dst} step {self.local(row[0])} waits for "
-                f"{chunk_text(int(row[2]), int(row[3]))} from rank {src}, which sends only "
-                f"{ns} of {nr} messages to rank {dst}")
+                f"unmatched recv: rank {dst} step {self.local(ops.step[i])} waits for "
+                f"{chunk_text(int(ops.chunk[i]), int(ops.count[i]))} from rank {src}, which "
+                f"sends only {ns} of {nr} messages to rank {dst}")
 
     def op_messages(self) -> tuple[list[int], list[int]]:
         """Per op (global program order): its message, and the step (within its peer's
@@ -174,6 +167,17 @@ class Messages:
         peer_step[self.t_sop] = self.t_rstep - base[self.t_rstep]
         peer_step[self.t_rop] = self.t_sstep - base[self.t_sstep]
         return message.tolist(), peer_step.tolist()
+
+
+@dataclass(frozen=True, slots=True)
+class _Ops:
+    """Every op's columns, in global program order."""
+
+    step: np.ndarray  # global step
+    peer: np.ndarray
+    chunk: np.ndarray
+    count: np.ndarray
+    reduce: np.ndarray  # bool; False for sends
 
 
 _MESSAGES: ObjectCache[Schedule, Messages] = ObjectCache(Messages)
