@@ -31,7 +31,7 @@ about ``4 N``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import networkx as nx
 import numpy as np
@@ -617,23 +617,8 @@ def build_sharded(nranks: int, msgs: Messages, layout: Layout, sizes: np.ndarray
     new_id = own[None, :] * (q * k) + p_all[:, None] * k + sub[None, :]
     fractions = np.empty(q * per_piece)
     fractions[new_id.ravel()] = old
-    m = len(msgs.step)
-    p = np.repeat(p_all, m)
-    step = np.tile(msgs.step, q) + p
-    src = np.tile(msgs.src, q)
-    dst = np.tile(msgs.dst, q)
-    chunk = new_id[p, np.tile(msgs.chunk, q)]
-    count = np.tile(msgs.count, q)
-    red = np.tile(msgs.reduce, q)
-    rk = np.concatenate([src, dst])
-    st = np.concatenate([step, step])
-    pe = np.concatenate([dst, src])
-    ck = np.concatenate([chunk, chunk])
-    cn = np.concatenate([count, count])
-    cd = np.concatenate([np.zeros(len(step), np.int64), 1 + red.astype(np.int64)])
-    del step, src, dst, chunk, count, red, p
-    return schedule_from_arrays(nranks, rk, st, pe, ck, cd, fractions.tolist(), count=cn,
-                                collective=collective, **meta)
+    return _materialize(nranks, msgs, q, lambda p, c: new_id[p, c], fractions,
+                        collective=collective, **meta)
 
 
 def chunk_fractions(layout: Layout, sizes: np.ndarray) -> np.ndarray:
@@ -901,12 +886,20 @@ def choose_pieces(loads: np.ndarray, step_lat: np.ndarray, size: float, ops_per_
 @no_gc
 def build(nranks: int, msgs: Messages, fractions: np.ndarray, q: int, **meta: Any) -> Schedule:
     """Materialize ``q`` pieces of ``msgs`` (piece ``p`` shifted by ``p`` steps)."""
+    return _materialize(nranks, msgs, q, lambda p, c: c + p * msgs.nchunks, fractions, **meta)
+
+
+def _materialize(nranks: int, msgs: Messages, q: int,
+                 chunk_of: Callable[[np.ndarray, np.ndarray], np.ndarray],
+                 fractions: np.ndarray, **meta: Any) -> Schedule:
+    """``q`` pieces of ``msgs``, piece ``p`` ``p`` steps late; ``chunk_of(p, c)``
+    numbers piece ``p``'s piece-local chunk ``c`` in the schedule."""
     m = len(msgs.step)
     p = np.repeat(np.arange(q, dtype=np.int64), m)
     step = np.tile(msgs.step, q) + p
     src = np.tile(msgs.src, q)
     dst = np.tile(msgs.dst, q)
-    chunk = np.tile(msgs.chunk, q) + p * msgs.nchunks
+    chunk = chunk_of(p, np.tile(msgs.chunk, q))
     count = np.tile(msgs.count, q)
     red = np.tile(msgs.reduce, q)
     # Each message twice: the send at src (code 0), the recv at dst (code 1 or 2).
