@@ -62,8 +62,11 @@ class _Unions:
     reduces. Computed once and shared, the masks stay few (equal masks are one object,
     compared by identity first) and a reduce of thousands of ranks is a dict lookup.
     Pairs are keyed by the objects' ids, and the table keeps the objects alive, so an
-    id is never reused while its entry stands.
+    id is never reused while its entry stands. Past :attr:`LIMIT` pairs (a schedule
+    whose every reduce makes a new mask, as a flat ring's) the table starts afresh.
     """
+
+    LIMIT = 1 << 20
 
     __slots__ = ("known", "pairs")
 
@@ -78,6 +81,9 @@ class _Unions:
         union = _disjoint_union(a, b)
         if union is not None:
             union = self.known.setdefault(union, union)
+        if len(self.pairs) >= self.LIMIT:
+            self.pairs.clear()
+            self.known.clear()
         self.pairs[id(a), id(b)] = a, b, union
         return union
 
