@@ -66,12 +66,12 @@ class _Unions:
     whose every reduce makes a new mask, as a flat ring's) the table starts afresh.
     """
 
-    LIMIT = 1 << 20
+    LIMIT = 1 << 16
 
     __slots__ = ("known", "pairs")
 
     def __init__(self) -> None:
-        self.known: dict[int, int] = {}  # each mask met, to its one object
+        self.known: dict[tuple[int, int, int], int] = {}  # a mask by its fingerprint
         self.pairs: dict[tuple[int, int], tuple[int, int, int | None]] = {}
 
     def __call__(self, a: int, b: int) -> int | None:
@@ -80,7 +80,12 @@ class _Unions:
             return hit[2]
         union = _disjoint_union(a, b)
         if union is not None:
-            union = self.known.setdefault(union, union)
+            # Not keyed by the mask itself: an int's hash is its value mod 2^61 - 1, so
+            # masks alike but for a shift by 61 ranks collide (a ring's partial sums).
+            key = hash(union), union.bit_length(), union.bit_count()
+            same = self.known.setdefault(key, union)
+            if same == union:
+                union = same
         if len(self.pairs) >= self.LIMIT:
             self.pairs.clear()
             self.known.clear()
