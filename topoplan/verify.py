@@ -533,7 +533,8 @@ class _Flow:
         send_a, send_b = found.t_chunk[sends].tolist(), end[sends].tolist()
         recv_at = position[recvs].tolist()
         recv_a, recv_b = found.t_chunk[recvs].tolist(), end[recvs].tolist()
-        recv_reduce, recv_src = found.t_reduce[recvs].tolist(), found.t_src[recvs].tolist()
+        recv_reduce = found.t_reduce[recvs].tolist()
+        recv_src = found.t_src[recvs]  # for faults only
         value: list = [None] * len(sends)  # each send's value, snapshot when its step starts
         lo = 0
         for r, count in zip(found.step_rank[first].tolist(), nsends[:len(first)].tolist()):
@@ -548,14 +549,14 @@ class _Flow:
                                         recv_reduce[i:i + nr]):
                 v = value[at]
                 if empty_possible and (reduce or type(v) is not int or not v):
-                    why = _unfilled(chunks, recv_src[i], a, b, reduce, v)
+                    why = _unfilled(chunks, int(recv_src[i]), a, b, reduce, v)
                     if why:
                         raise fail(f"rank {r} step {g - self.step_base[r]} {why}")
                 if reduce:
                     clash = chunks.add_mask(a, b, v) if type(v) is int else chunks.add(a, v)
                     if clash is not None:
                         raise fail(f"rank {r} step {g - self.step_base[r]} reduces chunk "
-                                   f"{clash[0]} from rank {recv_src[i]}: contributions "
+                                   f"{clash[0]} from rank {int(recv_src[i])}: contributions "
                                    f"{_ranks_text(clash[1], nranks)} would be counted twice")
                 elif type(v) is int:
                     chunks.put(a, b, v)
