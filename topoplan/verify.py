@@ -9,7 +9,9 @@ Steps run with the semantics of docs/SCHEDULE.md: sends snapshot the chunk when
 their step starts, recvs overwrite or reduce when their step ends, messages between
 an ordered pair match in order (:mod:`topoplan.matching`). A send completes only once
 the receiver has started the matching step (rendezvous), so a schedule that verifies
-cannot deadlock on any transport.
+cannot deadlock on any transport. Which steps complete, and in which order, does not
+depend on the values: numpy finds it first (:meth:`_Flow.rounds`), and the values then
+flow in that order (:meth:`_Flow.run`).
 """
 
 from __future__ import annotations
@@ -300,9 +302,13 @@ def verify(schedule: Schedule) -> VerifyReport:
     all reached their matching steps completes it), in O(ops) array operations plus
     O(ranks) per round. The values then flow in that order, one message at a time:
     O(sum over ops of the runs of equal bitmasks the op touches) big-integer operations,
-    nearly always one. Memory O(ops + runs). The first violation is the one the
-    rank-by-rank queue of earlier versions met first: a schedule found faulty is run
-    again in that queue's order to name it.
+    nearly always one, and unions of masks are computed once per pair
+    (:class:`_Unions`). Memory O(ops + runs). On a 2-core machine
+    (``scripts/bench_verify.py``): mcf's 1024-GPU fat-tree plan (950 k ops) in 0.7 s,
+    its 8192-GPU rail plan (3.4 M ops) in 3.5 s, the leaf_spine_1024 allgather (3.1 M
+    ops) in 2.3 s, 2.5 to 2.9 times faster than the rank-by-rank queue of earlier
+    versions. The first violation is the one that queue met first: a schedule found
+    faulty is run again in the queue's order to name it.
     """
     # numpy comes in here, on first use, not with ``import topoplan``.
     from .matching import deadlock_error, messages, wait_text
