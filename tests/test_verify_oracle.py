@@ -231,3 +231,15 @@ def test_single_mask_writes_behave_like_a_plain_list(case):
         assert [m for s, e, m in runs.read(0, n) for _ in range(s, e)] == plain
         assert all(x != y for x, y in zip(runs.masks, runs.masks[1:]))  # runs stay merged
         assert runs.starts[0] == 0 and all(x < y for x, y in zip(runs.starts, runs.starts[1:]))
+
+
+def test_the_table_of_unions_may_start_afresh(monkeypatch):
+    """Cleared every few pairs, the shared unions still add up (ids of freed masks may
+    come back; no entry may outlive its masks)."""
+    from topoplan.verify import _Unions
+
+    monkeypatch.setattr(_Unions, "LIMIT", 3)
+    for name, schedule in _bases().items():
+        assert _same(schedule)[0] == "ok", name
+        broken = _mutate(schedule, "duplicate", 5, 1, 0)
+        _same(broken)
