@@ -17,6 +17,14 @@ compares, in one launch and alternating ``--repeat`` times, DistributedOptimizer
 starting each fusion buffer's allreduce from the gradient hooks (overlapped with
 backward) against packing every buffer after backward, with the same buffers, and
 prints the ratio of samples/s.
+
+    python scripts/bench_train.py --overlap --model wide --ranks 4 --testbed CLUSTER [--scale S]
+
+runs the same inside an emulated CLUSTER (``topoplan testbed run``: one network
+namespace per rank, links shaped to the cluster's bandwidths times S, Open MPI over TCP
+between them), so that communication waits on a wire and leaves the CPU to backward, as
+on a real cluster; on loopback, 4 ranks on 2 cores spend their communication time in
+CPU copies, and overlapping them with backward has nothing idle to use. Needs root.
 """
 
 from __future__ import annotations
@@ -64,7 +72,8 @@ def worker(args: argparse.Namespace) -> int:
             flags = flags + ["--algorithm", args.algorithm]
         targs = train.build_parser().parse_args(
             ["--model", args.model, "--epochs", str(args.epochs), "--batch-size",
-             str(args.batch_size), "--no-progress"] + flags)
+             str(args.batch_size), "--no-progress"] + flags
+            + (["--cluster", args.cluster] if args.cluster else []))
         record = train.train(targs, world)
         record["config"] = label
         records.append(record)
@@ -74,15 +83,22 @@ def worker(args: argparse.Namespace) -> int:
 
 
 def launch(n: int, args: argparse.Namespace) -> list[dict]:
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    cmd = [str(mpiexec) if mpiexec.exists() else (shutil.which("mpiexec") or "mpiexec"),
-           "-n", str(n), "--oversubscribe"]
-    if os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
-    cmd += [sys.executable, __file__, "--worker", "--epochs", str(args.epochs), "--model",
-            args.model, "--algorithm", args.algorithm, "--batch-size", str(args.batch_size),
-            "--overlap-fusion", str(args.overlap_fusion), "--repeat", str(args.repeat)]
-    cmd += ["--overlap"] if args.overlap else []
+    worker_argv = [sys.executable, __file__, "--worker", "--epochs", str(args.epochs),
+                   "--model", args.model, "--algorithm", args.algorithm, "--batch-size",
+                   str(args.batch_size), "--overlap-fusion", str(args.overlap_fusion),
+                   "--repeat", str(args.repeat)]
+    worker_argv += ["--overlap"] if args.overlap else []
+    if args.testbed:
+        worker_argv += ["--cluster", str(Path(args.testbed).resolve())]
+        cmd = [sys.executable, "-m", "topoplan", "testbed", "run", args.testbed, "--scale",
+               args.scale, "--timeout", "3600", "--", *worker_argv]
+    else:
+        mpiexec = Path(sys.executable).parent / "mpiexec"
+        cmd = [str(mpiexec) if mpiexec.exists() else (shutil.which("mpiexec") or "mpiexec"),
+               "-n", str(n), "--oversubscribe"]
+        if os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+        cmd += worker_argv
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if done.returncode != 0:
@@ -115,11 +131,24 @@ def main() -> int:
                    help="bytes per fusion buffer in the --overlap runs (default 1 MiB)")
     p.add_argument("--repeat", type=int, default=2,
                    help="--overlap: alternate the two configurations this many times")
+    p.add_argument("--testbed", metavar="CLUSTER", default=None,
+                   help="run the ranks inside an emulated CLUSTER (topoplan testbed run; "
+                        "root): communication on shaped links instead of loopback")
+    p.add_argument("--scale", default="auto",
+                   help="--testbed: bandwidth factor, e.g. 1/2000 (default auto)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--cluster", default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(args)
+    if args.testbed:
+        from topoplan.cluster import load_cluster
+        nranks = load_cluster(args.testbed).nranks
+        if args.ranks != [nranks]:
+            print(f"bench_train: --testbed {args.testbed} has {nranks} ranks; running {nranks}",
+                  file=sys.stderr)
+            args.ranks = [nranks]
     records = []
     for n in args.ranks:
         records += launch(n, args)

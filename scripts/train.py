@@ -430,7 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "else a single-switch cluster of the job's size)")
     p.add_argument("--algorithm", default="auto", choices=ALGORITHMS,
                    help="planner for every fused buffer / DDP bucket; 'native' = the "
-                   "transport's own allreduce (baseline). Default: ring")
+                   "transport's own allreduce (baseline). Default: auto")
     p.add_argument("--fp16-allreduce", action="store_true", help="fp16 on the wire")
     p.add_argument("--double-buffering", action="store_true",
                    help="overlap allreduce with the next step, apply gradients one step late")

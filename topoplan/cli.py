@@ -39,9 +39,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse ``argv``; for the commands that run a program (``launch``, ``testbed run``:
+    a ``command`` list), everything after the first ``--`` is that program, whatever
+    options and positionals come before it (argparse alone would hand ``testbed run
+    CLUSTER --transport torch -- CMD`` the option as part of CMD)."""
+    if "--" in argv:
+        cut = argv.index("--")
+        head = parser.parse_args(argv[:cut])
+        if isinstance(getattr(head, "command", None), list) and not head.command:
+            head.command = argv[cut + 1:]
+            return head
+    return parser.parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, sys.argv[1:] if argv is None else list(argv))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

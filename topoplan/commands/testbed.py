@@ -1,4 +1,4 @@
-"""``topoplan testbed up|down|probe|bench``: an emulated cluster on this machine.
+"""``topoplan testbed up|down|probe|bench|run``: an emulated cluster on this machine.
 
 ``up`` builds network namespaces, tc-shaped veth pairs and static routes for a cluster
 (bandwidths times ``--scale``) and leaves them up, recorded in a state file; ``down``
@@ -7,7 +7,8 @@ once; ``--all-pairs``: every pair's path and rate, alone and under load, against
 model); ``bench`` builds a testbed, checks it, runs planned schedules of a collective
 (``--collective allreduce|reduce_scatter|allgather``) and the transport's own one in it
 (gloo or Open MPI), compares with the simulator (raw and calibrated on the testbed) and
-tears it down. Needs root (CAP_NET_ADMIN) and iproute2
+tears it down; ``run`` runs any command on every rank inside one (what ``topoplan
+launch`` does, over the emulated links: Open MPI or torch.distributed). Needs root (CAP_NET_ADMIN) and iproute2
 (and nftables for clusters with equal-cost paths).
 """
 
@@ -105,6 +106,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             f"against the model; numbers are refused beyond {TOLERANCE_PCT}%%)")
     bench.add_argument("--json", action="store_true", help="print JSON records")
     bench.set_defaults(func=cmd_bench)
+
+    run = sub.add_parser(
+        "run", help="run a command on every rank inside a testbed (mpiexec or torchrun-style)",
+        usage="topoplan testbed run [-h] CLUSTER [--scale S] [--transport {mpi,torch}] "
+              "[--state FILE] [--probe] [--timeout SECONDS] -- CMD [ARG ...]",
+        description="Build the testbed of CLUSTER (or use --state), run CMD once per rank in "
+                    "its namespace and tear the testbed down. mpi: Open MPI over the emulated "
+                    "links (btl tcp, one host per rank); torch: RANK, WORLD_SIZE, MASTER_ADDR "
+                    "and MASTER_PORT set as torchrun does, for init_process_group('gloo'). "
+                    "The exit status is the job's.")
+    common(run)
+    run.add_argument("--transport", choices=["mpi", "torch"], default="mpi",
+                     help="mpi: mpiexec with a launcher agent per namespace (default); torch: "
+                          "one process per namespace with torchrun's variables")
+    run.add_argument("--state", type=Path, default=None,
+                     help="use a testbed built by `up` instead of building one")
+    run.add_argument("--probe", action="store_true",
+                     help="check every pair's path and rate against the model first and refuse "
+                          f"to run beyond {TOLERANCE_PCT}%%")
+    run.add_argument("--largest-message", default="4MiB", metavar="SIZE",
+                     help="mpi: Open MPI sends messages up to this size eagerly (default 4MiB)")
+    run.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                     help="stop the job (every rank) after this long")
+    run.add_argument("command", nargs="*", metavar="-- CMD [ARG ...]",
+                     help="the command each rank runs")
+    run.set_defaults(func=cmd_run)
 
 
 def _scale(text: str) -> float | None:
@@ -229,6 +256,55 @@ def _probe_all(bed, args: argparse.Namespace) -> int:  # type: ignore[no-untyped
               f"{report.worst:.1%}; " + ("all within the model's tolerance" if not bad else
                                         f"{len(bad)} outside {TOLERANCE_PCT}% (or off path)"))
     return 0 if not bad else 1
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import sys
+
+    from ..testbed import Testbed, capable
+    from ..testbed.netns import interrupts_raise
+    from ..testbed.run import run_command
+    from .launch import with_this_python
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise TopoplanError("say what each rank runs: topoplan testbed run CLUSTER -- python "
+                            "scripts/train.py")
+    if args.timeout is not None and not args.timeout > 0:
+        raise TopoplanError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
+    largest = parse_size(args.largest_message)
+    cluster = load_cluster(args.cluster)
+    if args.state is not None:
+        bed, owned = Testbed.attach(args.state), False
+        if bed.layout.nranks != cluster.nranks:
+            raise TopoplanError(f"{args.state}: the testbed has {bed.layout.nranks} ranks, "
+                                f"{args.cluster} has {cluster.nranks}")
+    else:
+        _require_capable(capable)
+        bed = Testbed.up(cluster, _scale(args.scale), max_ranks=args.max_ranks,
+                         multipath=args.multipath)
+        owned = True
+    try:
+        with interrupts_raise():
+            layout = bed.layout
+            print(f"topoplan testbed run: {cluster.name}, {layout.nranks} ranks at scale "
+                  f"1/{1 / layout.scale:.4g}, {args.transport}", file=sys.stderr, flush=True)
+            if args.probe:
+                from ..testbed.probe import check_pairs
+                report = check_pairs(bed)
+                print(f"network check: {len(report.checks)} probes, worst deviation "
+                      f"{report.worst:.1%}", file=sys.stderr, flush=True)
+                if report.failures:
+                    from ..testbed import TestbedError
+                    raise TestbedError(f"the network check found {len(report.failures)} probes "
+                                       f"outside {TOLERANCE_PCT}% of the model (run `topoplan "
+                                       "testbed probe --all-pairs` for the table); not running")
+            return run_command(bed, with_this_python(command), transport=args.transport,
+                               timeout=args.timeout, largest_message=largest)
+    finally:
+        if owned:
+            bed.down()
 
 
 def _mbit(rate: float | None) -> str:
