@@ -344,15 +344,7 @@ def test_cli_bench_refuses_a_collective_it_cannot_run_before_building_anything()
 
 # ---- real namespaces: root with CAP_NET_ADMIN only ------------------------------------
 
-def _reason() -> str | None:
-    if sys.platform != "linux":
-        return "needs Linux network namespaces"
-    from topoplan.testbed import capable
-    return capable()
-
-
-_REASON = _reason()
-needs_netns = pytest.mark.skipif(_REASON is not None, reason=f"testbed unavailable: {_REASON}")
+from .support.netns import needs_netns  # noqa: E402
 
 
 def _host_links() -> set[str]:

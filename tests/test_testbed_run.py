@@ -60,15 +60,7 @@ def test_a_run_without_a_program_is_a_clear_error(tmp_path):
 
 # ---- real namespaces -----------------------------------------------------------------
 
-def _reason() -> str | None:
-    if sys.platform != "linux":
-        return "needs Linux network namespaces"
-    from topoplan.testbed import capable
-    return capable()
-
-
-_REASON = _reason()
-needs_netns = pytest.mark.skipif(_REASON is not None, reason=f"testbed unavailable: {_REASON}")
+from .support.netns import needs_netns  # noqa: E402
 
 
 @pytest.fixture

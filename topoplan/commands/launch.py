@@ -55,16 +55,22 @@ def with_this_python(command: list[str]) -> list[str]:
     return list(command)
 
 
-def cmd_launch(args: argparse.Namespace) -> int:
-    command = list(args.command)
+def program(command: list[str], timeout: float | None, usage: str) -> list[str]:
+    """The program each rank runs (``command`` without a leading ``--``, made to run
+    with this Python), after checking it and ``timeout``; ``usage`` is the example an
+    empty command's error shows."""
+    command = list(command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise TopoplanError("say what each rank runs: topoplan launch -n 4 -- python "
-                            "scripts/train.py")
-    if args.timeout is not None and not args.timeout > 0:
-        raise TopoplanError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
-    argv = with_this_python(command)
+        raise TopoplanError(f"say what each rank runs: {usage} -- python scripts/train.py")
+    if timeout is not None and not timeout > 0:
+        raise TopoplanError(f"--timeout must be > 0 seconds, got {timeout:g}")
+    return with_this_python(command)
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    argv = program(args.command, args.timeout, "topoplan launch -n 4")
     if args.transport == "mpi":
         from .._mpirun import mpiexec_command
         command, env = mpiexec_command(args.nranks, argv)

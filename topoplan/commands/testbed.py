@@ -261,30 +261,14 @@ def _probe_all(bed, args: argparse.Namespace) -> int:  # type: ignore[no-untyped
 def cmd_run(args: argparse.Namespace) -> int:
     import sys
 
-    from ..testbed import Testbed, capable
+    from ..testbed import capable
     from ..testbed.netns import interrupts_raise
     from ..testbed.run import run_command
-    from .launch import with_this_python
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
-        raise TopoplanError("say what each rank runs: topoplan testbed run CLUSTER -- python "
-                            "scripts/train.py")
-    if args.timeout is not None and not args.timeout > 0:
-        raise TopoplanError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
+    from .launch import program
+    argv = program(args.command, args.timeout, "topoplan testbed run CLUSTER")
     largest = parse_size(args.largest_message)
     cluster = load_cluster(args.cluster)
-    if args.state is not None:
-        bed, owned = Testbed.attach(args.state), False
-        if bed.layout.nranks != cluster.nranks:
-            raise TopoplanError(f"{args.state}: the testbed has {bed.layout.nranks} ranks, "
-                                f"{args.cluster} has {cluster.nranks}")
-    else:
-        _require_capable(capable)
-        bed = Testbed.up(cluster, _scale(args.scale), max_ranks=args.max_ranks,
-                         multipath=args.multipath)
-        owned = True
+    bed, owned = _testbed(args, cluster, capable)
     try:
         with interrupts_raise():
             layout = bed.layout
@@ -300,11 +284,25 @@ def cmd_run(args: argparse.Namespace) -> int:
                     raise TestbedError(f"the network check found {len(report.failures)} probes "
                                        f"outside {TOLERANCE_PCT}% of the model (run `topoplan "
                                        "testbed probe --all-pairs` for the table); not running")
-            return run_command(bed, with_this_python(command), transport=args.transport,
+            return run_command(bed, argv, transport=args.transport,
                                timeout=args.timeout, largest_message=largest)
     finally:
         if owned:
             bed.down()
+
+
+def _testbed(args: argparse.Namespace, cluster: Any, capable: Any) -> tuple[Any, bool]:
+    """The testbed of ``--state`` (not ours to remove), or a new one of ``cluster``."""
+    from ..testbed import Testbed
+    if args.state is not None:
+        bed = Testbed.attach(args.state)
+        if bed.layout.nranks != cluster.nranks:
+            raise TopoplanError(f"{args.state}: the testbed has {bed.layout.nranks} ranks, "
+                                f"{args.cluster} has {cluster.nranks}")
+        return bed, False
+    _require_capable(capable)
+    return Testbed.up(cluster, _scale(args.scale), max_ranks=args.max_ranks,
+                      multipath=args.multipath), True
 
 
 def _mbit(rate: float | None) -> str:
@@ -361,7 +359,7 @@ def algorithms_for(collective: str, text: str | None) -> tuple[list[str], list[s
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from ..testbed import Testbed, capable
+    from ..testbed import capable
     from ..testbed.bench import bench
     from ..testbed.netns import interrupts_raise
     cluster = load_cluster(args.cluster)
@@ -373,14 +371,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             _check_case_size(size, cluster.nranks, args.collective)
         except TopoplanError as exc:
             raise TopoplanError(f"--sizes: {exc}") from None
-    if args.state is not None:
-        bed = Testbed.attach(args.state)
-        owned = False
-    else:
-        _require_capable(capable)
-        bed = Testbed.up(cluster, _scale(args.scale), max_ranks=args.max_ranks,
-                         multipath=args.multipath)
-        owned = True
+    bed, owned = _testbed(args, cluster, capable)
     try:
         with interrupts_raise():  # SIGTERM too: the finally below removes the testbed
             report = bench(bed, cluster, algorithms, sizes, iters=args.iters,
