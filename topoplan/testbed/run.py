@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import TopoplanError, TransportError
+from .bench import MASTER_PORT, _repo_root
 from .netns import kill_namespace_processes
 
 __all__ = ["run_command", "TRANSPORTS", "DEFAULT_LARGEST_MESSAGE"]
@@ -40,11 +41,6 @@ TRANSPORTS = ("mpi", "torch")
 #: round trip that waits behind bulk data on the emulated links; see
 #: :data:`topoplan.testbed.mpi.MIN_EAGER_LIMIT`).
 DEFAULT_LARGEST_MESSAGE = 4 << 20
-MASTER_PORT = 29500  # in rank 0's own namespace: no other process can hold it
-
-
-def _repo_root() -> str:
-    return str(Path(__file__).resolve().parents[2])
 
 
 def rank_environment(layout: Any, rank: int) -> dict[str, str]:
