@@ -304,6 +304,26 @@ def test_cli_calibrate_nccl_without_gpus_is_one_line(capsys, tmp_path):
     assert ("--transport nccl" in err and ("CuPy" in err or "GPU" in err)) or "mpi4py" in err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--transport", "nccl", "-n", "2"], "--transport nccl"),
+    (["--transport", "mpi", "--share-gpus", "-n", "2"], "--share-gpus is for --transport nccl"),
+])
+def test_cli_bench_nccl_refusals_are_one_line(argv, message, capsys):
+    """bench --transport nccl refuses before launching where NCCL cannot run (no CuPy or
+    no GPU here), and --share-gpus belongs to nccl alone."""
+    if "nccl" in argv:
+        try:
+            import cupy
+            if cupy.cuda.runtime.getDeviceCount() >= 2:
+                pytest.skip("this machine has GPUs for NCCL")
+        except Exception:  # noqa: BLE001 - no CuPy or no device: the case under test
+            pass
+    assert main(["bench", "--algorithm", "ring", "--sizes", "4KiB", *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"topoplan: error: {message}") and err.count("\n") == 1, err
+    assert "nccl" not in argv or "CuPy" in err or "GPU" in err or "mpi4py" in err
+
+
 # ---- bench --profile ---------------------------------------------------------------------
 
 def test_predict_rows_simulates_each_size_on_the_profiles_host():

@@ -38,8 +38,8 @@ from .transports.base import NoNative
 from .units import bus_factor
 
 __all__ = ["BenchRow", "run_bench", "format_rows", "predict_rows", "bus_factor", "pattern",
-           "expected_sum", "expected_output", "count_wrong", "check_sizes", "DTYPES",
-           "ITEMSIZE"]
+           "expected_sum", "expected_output", "count_wrong", "check_sizes", "array_kind",
+           "DTYPES", "ITEMSIZE"]
 
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
@@ -142,27 +142,50 @@ def with_article(word: str) -> str:
     return f"{'an' if word[:1] in 'aeiou' else 'a'} {word}"
 
 
+def array_kind(transport: Any) -> str:
+    """The buffers a transport moves natively: ``numpy`` (MPI, Local), ``torch`` (gloo),
+    ``torch-cuda`` (torch's nccl) or ``cupy`` (NCCL)."""
+    name = getattr(transport, "name", "")
+    if name == "nccl":
+        return "cupy"
+    if name.startswith("torch"):
+        return "torch-cuda" if name.endswith("nccl") else "torch"
+    return "numpy"
+
+
 class _Buffers:
-    """One size's buffers: the call's arguments, the output to check, and ``fill``."""
+    """One size's buffers: the call's arguments, the output to check, ``fill`` and
+    ``sync``. ``arrays`` is the kind (:func:`array_kind`); bfloat16, which numpy and
+    CuPy lack, takes torch tensors on the same device."""
 
     def __init__(self, collective: str, count: int, nranks: int, rank: int, dtype: str,
-                 use_torch: bool) -> None:
+                 arrays: str) -> None:
         self.collective, self.count, self.nranks, self.rank = collective, count, nranks, rank
         m = count // nranks
         sizes = {"allreduce": (count, None), "reduce_scatter": (count, m),
                  "allgather": (m, count)}[collective]
         # The input's first element in the full buffer (an allgather's is its shard).
         self.offset = rank * m if collective == "allgather" else 0
-        self.torch = use_torch or dtype == "bfloat16"
+        if dtype == "bfloat16" and arrays in ("numpy", "cupy"):
+            arrays = "torch" if arrays == "numpy" else "torch-cuda"
+        self.kind = arrays
+        self.torch = arrays in ("torch", "torch-cuda")
+        options: dict[str, Any] = {}
         if self.torch:
             import torch
             self.lib: Any = torch
             kind: Any = getattr(torch, dtype)
+            options["device"] = "cuda" if arrays == "torch-cuda" else "cpu"
+        elif arrays == "cupy":
+            import cupy
+            self.lib, kind = cupy, dtype
         else:
             import numpy as np
             self.lib, kind = np, dtype
-        self.input: Any = self.lib.empty(sizes[0], dtype=kind)
-        self.output: Any = self.input if sizes[1] is None else self.lib.empty(sizes[1], dtype=kind)
+        self.options = options
+        self.input: Any = self.lib.empty(sizes[0], dtype=kind, **options)
+        self.output: Any = (self.input if sizes[1] is None
+                            else self.lib.empty(sizes[1], dtype=kind, **options))
         self.args = (self.input,) if sizes[1] is None else (self.input, self.output)
 
     def fill(self, rank: int | None) -> None:
@@ -172,7 +195,7 @@ class _Buffers:
         if rank is None:
             self.input[...] = 0
             return
-        index = self.lib.arange(self.offset, self.offset + n)
+        index = self.lib.arange(self.offset, self.offset + n, **self.options)
         if self.torch:
             self.input.copy_(pattern(index, rank))
         else:
@@ -180,26 +203,39 @@ class _Buffers:
         if self.output is not self.input:
             self.output[...] = -1
 
+    def host(self, buf: Any) -> Any:
+        """``buf`` as a numpy array (float64-exact values)."""
+        if self.torch:
+            return buf.float().cpu().numpy()
+        if self.kind == "cupy":
+            return self.lib.asnumpy(buf)
+        return buf
+
+    def sync(self) -> None:
+        """Wait for the GPU work queued on the caller's stream (the transport's
+        collectives end by making it wait for theirs); nothing for host buffers."""
+        if self.kind == "cupy":
+            self.lib.cuda.get_current_stream().synchronize()
+        elif self.kind == "torch-cuda":
+            self.lib.cuda.current_stream().synchronize()
+
     def wrong(self) -> int:
         """Elements of this rank's output that differ from :func:`expected_output`."""
         import numpy as np
-        out = self.output
-        values = out.float().numpy() if self.torch else out
         expected = expected_output(self.collective, self.count, self.nranks, self.rank)
-        return int(np.count_nonzero(np.asarray(values, dtype=np.float64) != expected))
+        values = np.asarray(self.host(self.output), dtype=np.float64)
+        return int(np.count_nonzero(values != expected))
 
-
-def _sum_over_ranks(transport: Any, count: int, use_torch: bool) -> int:
-    """A count summed over ranks with the transport's own allreduce (float64 is exact here)."""
-    import numpy as np
-    total = np.array([count], dtype=np.float64)
-    if use_torch:
-        import torch
-        tensor = torch.from_numpy(total)
-        transport.native_allreduce(tensor)
-        return int(tensor[0])
-    transport.native_allreduce(total)
-    return int(total[0])
+    def total(self, transport: Any, count: int) -> int:
+        """``count`` summed over ranks with the transport's own allreduce, in a float64
+        buffer of this kind (exact here)."""
+        total: Any
+        if self.torch:
+            total = self.lib.tensor([float(count)], dtype=self.lib.float64, **self.options)
+        else:
+            total = self.lib.array([float(count)], dtype=self.lib.float64)
+        transport.native_allreduce(total)
+        return int(self.host(total)[0])
 
 
 def count_wrong(buf: Any, nranks: int) -> int:
@@ -211,11 +247,15 @@ def count_wrong(buf: Any, nranks: int) -> int:
     return int(np.count_nonzero(np.asarray(values, dtype=np.float64) != expected))
 
 
-def _time(fn: Callable[[], Any], transport: Any, iters: int) -> float:
+def _time(fn: Callable[[], Any], transport: Any, iters: int,
+          sync: Callable[[], None] = lambda: None) -> float:
+    """The slowest rank's mean seconds per call of ``fn`` over ``iters`` calls; ``sync``
+    waits for work a call leaves queued (on a GPU) before the clock stops."""
     transport.barrier()
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
+    sync()
     return transport.allreduce_max((time.perf_counter() - t0) / iters)
 
 
@@ -252,7 +292,9 @@ def run_bench(schedule: Schedule, transport: Any, sizes: Sequence[int], *,
     timeout : float
         The executor's per-step timeout.
     use_torch : bool
-        Use torch tensors as buffers (the torch transport's native form).
+        Use torch tensors as buffers (the torch transport's native form). A GPU
+        transport (NCCL) always gets device buffers: CuPy arrays, or CUDA tensors for
+        bfloat16 and torch's nccl.
 
     Returns
     -------
@@ -280,10 +322,14 @@ def run_bench(schedule: Schedule, transport: Any, sizes: Sequence[int], *,
                  "reduce_scatter": transport.native_reduce_scatter,
                  "allgather": transport.native_allgather}[collective]
     factor = bus_factor(n, collective)
+    # GPU transports move device buffers; on the host, use_torch picks torch over numpy.
+    arrays = array_kind(transport)
+    if arrays not in ("cupy", "torch-cuda"):
+        arrays = "torch" if use_torch else "numpy"
     rows = []
     for size in sizes:
         count = size // ITEMSIZE[dtype]
-        bufs = _Buffers(collective, count, n, rank, dtype, use_torch)
+        bufs = _Buffers(collective, count, n, rank, dtype, arrays)
         nbytes = count * ITEMSIZE[dtype]
         methods = [("schedule", lambda b=bufs.args: run(*b))]
         if baseline:
@@ -297,18 +343,18 @@ def run_bench(schedule: Schedule, transport: Any, sizes: Sequence[int], *,
             except NoNative as exc:  # every rank alike, before anything moved
                 measured[name], note = None, str(exc)
                 continue
-            wrong = _sum_over_ranks(transport, bufs.wrong(), use_torch)
+            wrong = bufs.total(transport, bufs.wrong())
             # Timed runs reduce zeros: repeated sums of the pattern would overflow
             # (it grows n-fold per run), and 0 + 0 costs what any normal add costs.
             bufs.fill(None)
             for _ in range(max(0, warmup - 1)):
                 fn()
             if iters is None:
-                estimate = _time(fn, transport, 1)
+                estimate = _time(fn, transport, 1, bufs.sync)
                 k = int(min(max_iters, max(2, math.ceil(seconds_per_size / max(estimate, 1e-7)))))
             else:
                 k = iters
-            seconds = _time(fn, transport, k)
+            seconds = _time(fn, transport, k, bufs.sync)
             measured[name] = (seconds, wrong, k)
         result = measured["schedule"]
         assert result is not None  # the executor never raises NoNative

@@ -57,7 +57,7 @@ from functools import partial
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
-from .bench import expected_sum
+from .bench import array_kind, expected_sum
 from .bench import pattern as check_pattern
 from .cost import CostProfile
 from .errors import TopoplanError
@@ -329,17 +329,6 @@ class _Arrays:
             self.lib.cuda.get_current_stream().synchronize()
         elif self.kind == "torch-cuda":
             self.lib.cuda.synchronize()
-
-
-def array_kind(transport: Any) -> str:
-    """The buffers a transport moves natively: ``numpy`` (MPI, Local), ``torch`` (gloo),
-    ``torch-cuda`` (torch's nccl) or ``cupy`` (NCCL)."""
-    name = getattr(transport, "name", "")
-    if name == "nccl":
-        return "cupy"
-    if name.startswith("torch"):
-        return "torch-cuda" if name.endswith("nccl") else "torch"
-    return "numpy"
 
 
 def measure(transport: Any, cases: Sequence[Case], *, repeats: int = 15,

@@ -34,6 +34,7 @@ from ..bench import (DTYPES, ITEMSIZE, check_sizes, format_rows, predict_rows, r
 from ..collectives import COLLECTIVES, get_collective
 from ..errors import TopoplanError, TransportError
 from ..schedule import Schedule
+from .calibrate import SHARE_GPUS_HELP
 from .common import sizes_arg
 
 __all__ = ["register"]
@@ -67,7 +68,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"1K:1G:4, 8,64,1M (default {DEFAULT_SIZES}, rounded down to multiples "
                         "of N elements for reduce_scatter and allgather, as nccl-tests does)")
     p.add_argument("--dtype", choices=DTYPES, default="float32")
-    p.add_argument("--transport", choices=("mpi", "torch"), default="mpi")
+    p.add_argument("--transport", choices=("mpi", "torch", "nccl"), default="mpi",
+                   help="mpi (Open MPI), torch (torch.distributed over gloo, loopback) or nccl "
+                        "(CuPy arrays on the GPUs; one GPU per rank) (default mpi)")
+    p.add_argument("--share-gpus", action="store_true", help=SHARE_GPUS_HELP)
     p.add_argument("--baseline", choices=("none", "native"), default="none",
                    help="native: also time the transport's own collective side by side "
                         "(MPI_Allreduce / MPI_Reduce_scatter_block / MPI_Allgather, or "
@@ -139,6 +143,8 @@ def _forward_argv(args: argparse.Namespace, plan_path: str) -> list[str]:
             "--sizes", ",".join(str(s) for s in args.sizes), "--dtype", args.dtype,
             "--transport", args.transport, "--baseline", args.baseline,
             "--warmup", str(args.warmup), "--timeout", str(args.timeout)]
+    if args.share_gpus:
+        argv.append("--share-gpus")
     if args.iters is not None:
         argv += ["--iters", str(args.iters)]
     if args.profile:
@@ -187,11 +193,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         check_sizes(args.sizes, nranks, schedule.collective, args.dtype)
     except TopoplanError as exc:
         raise TopoplanError(f"--sizes: {exc}") from None
-    if args.transport == "mpi":
-        try:
-            import mpi4py  # noqa: F401
-        except ImportError:
-            raise TopoplanError("--transport mpi needs mpi4py: pip install 'topoplan[mpi]'") from None
+    check_transport(args.transport, nranks, share_gpus=args.share_gpus)
     with tempfile.TemporaryDirectory(prefix="topoplan-bench-") as tmp:
         plan_path = os.path.join(tmp, "plan.json")
         schedule.save(plan_path)
@@ -227,10 +229,51 @@ def _check_profile(args: argparse.Namespace) -> None:
         args.profile = os.path.abspath(args.profile)
 
 
+def check_transport(transport: str, nranks: int, *, share_gpus: bool = False) -> None:
+    """Fail before launching anything when the transport cannot run ``nranks`` here."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        raise TopoplanError(f"--transport {transport}: the ranks are launched with mpiexec, which "
+                            "needs mpi4py: pip install 'topoplan[mpi]'") from None
+    if share_gpus and transport != "nccl":
+        raise TopoplanError(f"--share-gpus is for --transport nccl, not {transport}")
+    if transport == "torch":
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            raise TopoplanError("--transport torch needs PyTorch: pip install "
+                                "'topoplan[torch]'") from None
+        if not dist.is_available():
+            raise TopoplanError("--transport torch: this PyTorch has no torch.distributed")
+    elif transport == "nccl":
+        try:
+            import cupy
+            from cupy.cuda import nccl
+        except ImportError:
+            raise TopoplanError("--transport nccl needs CuPy with NCCL and CUDA GPUs: pip "
+                                "install 'topoplan[gpu]'") from None
+        if not getattr(nccl, "available", True):
+            raise TopoplanError("--transport nccl: this CuPy was built without NCCL")
+        try:
+            gpus = cupy.cuda.runtime.getDeviceCount()
+        except Exception:  # noqa: BLE001 - no driver, no device: CuPy raises its own kinds
+            gpus = 0
+        if gpus == 0:
+            raise TopoplanError("--transport nccl: this machine has no CUDA GPU")
+        if gpus < nranks and not share_gpus:
+            raise TopoplanError(f"--transport nccl -n {nranks}: needs one GPU per rank, this "
+                                f"machine has {gpus} (for testing, --share-gpus lets ranks "
+                                f"share them over NCCL's sockets)")
+
+
 def _transport(args: argparse.Namespace) -> Any:
     if args.transport == "mpi":
         from ..transports.mpi import MPI
         return MPI()
+    if args.transport == "nccl":
+        from ..transports.nccl import NCCL
+        return NCCL.from_mpi(share_gpus=getattr(args, "share_gpus", False))
     import datetime
 
     try:

@@ -22,6 +22,10 @@ from ..errors import TopoplanError, TransportError
 __all__ = ["register"]
 
 TRANSPORTS = ("mpi", "torch", "nccl")
+#: The help of ``--share-gpus`` (calibrate and bench).
+SHARE_GPUS_HELP = ("with --transport nccl: let several ranks use one GPU, for testing on a "
+                   "machine with fewer GPUs than ranks; NCCL then treats each rank as a host "
+                   "of its own and moves every message over its socket transport (loopback)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,6 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="mpi (Open MPI), torch (torch.distributed over gloo, loopback) or "
                         "nccl (CuPy; one GPU per rank) (default mpi)")
     p.add_argument("-n", "--nranks", type=int, default=None, help="ranks to launch (2 or more)")
+    p.add_argument("--share-gpus", action="store_true", help=SHARE_GPUS_HELP)
     p.add_argument("-o", "--output", default=None, metavar="PROFILE.yaml",
                    help="where to write the profile")
     p.add_argument("--name", default=None,
@@ -77,45 +82,13 @@ def _check_args(args: argparse.Namespace) -> tuple[int, Path, str]:
     return args.nranks, output, name.strip()
 
 
-def _check_transport(transport: str, nranks: int) -> None:
-    """Fail before launching anything when the transport cannot run here."""
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        raise TopoplanError(f"--transport {transport}: the ranks are launched with mpiexec, which "
-                            "needs mpi4py: pip install 'topoplan[mpi]'") from None
-    if transport == "torch":
-        try:
-            import torch.distributed as dist
-        except ImportError:
-            raise TopoplanError("--transport torch needs PyTorch: pip install "
-                                "'topoplan[torch]'") from None
-        if not dist.is_available():
-            raise TopoplanError("--transport torch: this PyTorch has no torch.distributed")
-    elif transport == "nccl":
-        try:
-            import cupy
-            from cupy.cuda import nccl
-        except ImportError:
-            raise TopoplanError("--transport nccl needs CuPy with NCCL and CUDA GPUs: pip "
-                                "install 'topoplan[gpu]'") from None
-        if not getattr(nccl, "available", True):
-            raise TopoplanError("--transport nccl: this CuPy was built without NCCL")
-        try:
-            gpus = cupy.cuda.runtime.getDeviceCount()
-        except Exception:  # noqa: BLE001 - no driver, no device: CuPy raises its own kinds
-            gpus = 0
-        if gpus < nranks:
-            raise TopoplanError(f"--transport nccl -n {nranks}: needs one GPU per rank, this "
-                                f"machine has {gpus}")
-
-
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from .._mpirun import inside_mpi
     if inside_mpi():
         return _run_rank(args)
     nranks, output, name = _check_args(args)
-    _check_transport(args.transport, nranks)
+    from .bench import check_transport
+    check_transport(args.transport, nranks, share_gpus=args.share_gpus)
     import tempfile
 
     from .._mpirun import find_mpiexec, mpiexec
@@ -128,6 +101,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                 str(args.timeout), "--result", str(result)]
         if args.quick:
             argv.append("--quick")
+        if args.share_gpus:
+            argv.append("--share-gpus")
         os.environ["TOPOPLAN_BENCH_PORT"] = str(_free_port())
         _progress(f"launching {nranks} ranks over {args.transport}"
                   f"{' (quick)' if args.quick else ''}")
@@ -258,7 +233,7 @@ def _print(profile: Any, output: Path) -> None:
 def _transport(args: argparse.Namespace) -> Any:
     if args.transport == "nccl":
         from ..transports.nccl import NCCL
-        return NCCL.from_mpi()
+        return NCCL.from_mpi(share_gpus=args.share_gpus)
     from .bench import _transport as bench_transport
     return bench_transport(args)
 

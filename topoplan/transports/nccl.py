@@ -25,7 +25,7 @@ from typing import Any, Sequence
 from ..errors import TopoplanError
 from .base import Deadline, Message, PeerFailure, Transport
 
-__all__ = ["NCCL"]
+__all__ = ["NCCL", "share_gpu"]
 
 #: Seconds between polls of a step's completion event.
 POLL_INTERVAL = 20e-6
@@ -57,6 +57,32 @@ def _torch_cuda() -> Any:
         return torch if torch.cuda.is_initialized() else None
     except Exception:  # noqa: BLE001 - a broken torch must not break a CuPy call
         return None
+
+
+def share_gpu(rank: int, *, loopback: bool = True) -> None:
+    """Let this process's NCCL rank share a GPU with other ranks of its host.
+
+    NCCL refuses two ranks of one host on one GPU ("Duplicate GPU detected"): it
+    tells hosts apart by a hash of ``NCCL_HOSTID`` when that is set. Giving each
+    rank its own host id makes NCCL treat every rank as a host of its own, so it
+    moves all messages over its network transport (sockets; InfiniBand is
+    switched off), as between machines. Call it before the rank's communicator
+    is made; variables the user set are kept.
+
+    Parameters
+    ----------
+    rank : int
+        The rank's number in its communicator.
+    loopback : bool
+        Every rank is on this host: NCCL's sockets use the loopback interface
+        (``NCCL_SOCKET_IFNAME=lo``), as no other interface may join them.
+    """
+    import os
+    import socket
+    os.environ.setdefault("NCCL_HOSTID", f"{socket.gethostname()}-topoplan-rank{rank}")
+    os.environ.setdefault("NCCL_IB_DISABLE", "1")
+    if loopback:
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
 
 
 class _OnStream:
@@ -170,7 +196,8 @@ class NCCL(Transport):
         return self._torch_ext
 
     @classmethod
-    def from_mpi(cls, mpi_comm: Any = None, *, device: int | None = None) -> NCCL:
+    def from_mpi(cls, mpi_comm: Any = None, *, device: int | None = None,
+                 share_gpus: bool = False) -> NCCL:
         """Build the communicator with MPI: rank 0 makes the unique id and broadcasts it.
 
         Parameters
@@ -179,15 +206,34 @@ class NCCL(Transport):
             Defaults to ``COMM_WORLD``.
         device : int, optional
             The GPU of this rank; by default the node-local rank modulo the GPU count.
+        share_gpus : bool
+            Let several ranks of a host use one GPU (:func:`share_gpu`): NCCL then
+            moves every message over its socket transport. For testing on a machine
+            with fewer GPUs than ranks; without it such a job is refused here, before
+            NCCL fails with "Duplicate GPU detected".
+
+        Raises
+        ------
+        TopoplanError
+            More ranks on this host than GPUs, without ``share_gpus``.
         """
         cupy, nccl = _cupy()
         from .mpi import _mpi
         mpi = _mpi()
         comm = mpi.COMM_WORLD if mpi_comm is None else mpi_comm
+        local = comm.Split_type(mpi.COMM_TYPE_SHARED)
+        local_rank, local_size = local.Get_rank(), local.Get_size()
+        local.Free()
+        gpus = cupy.cuda.runtime.getDeviceCount()
+        if share_gpus:
+            share_gpu(comm.Get_rank(), loopback=local_size == comm.Get_size())
+        elif device is None and local_size > gpus:
+            raise TopoplanError(
+                f"rank {comm.Get_rank()}: {local_size} ranks on this host but {gpus} GPU"
+                f"{'s' if gpus != 1 else ''}; NCCL needs one GPU per rank (or, for testing, "
+                f"share them: --share-gpus, NCCL.from_mpi(share_gpus=True))")
         if device is None:
-            local = comm.Split_type(mpi.COMM_TYPE_SHARED)
-            device = local.Get_rank() % cupy.cuda.runtime.getDeviceCount()
-            local.Free()
+            device = local_rank % gpus
         cupy.cuda.Device(device).use()
         uid = nccl.get_unique_id() if comm.Get_rank() == 0 else None
         uid = comm.bcast(uid, root=0)
