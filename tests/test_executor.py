@@ -376,6 +376,61 @@ def test_calls_in_flight_sum_their_own_inputs(tagged: bool, pollable: bool) -> N
             assert "queued" in states[-1]
 
 
+def test_calls_of_different_executors_run_side_by_side_in_lanes() -> None:
+    """A small buffer's call started first does not hold back a big one of another
+    executor: with rank 3 late, rank 0's second call begins at once (in the next lane)
+    and finishes first once rank 3 comes; a fifth call, whose lane is the first's,
+    waits for it. Tags of the lanes are disjoint, so every call sums its own input."""
+    n = 4
+
+    def rank_fn(t: Local):
+        if t.rank == 3:
+            time.sleep(0.3)
+        runs = [Allreduce(S.ring(n), t, timeout=10), Allreduce(S.direct(n), t, timeout=10),
+                Allreduce(S.all_to_all(n), t, timeout=10), Allreduce(S.reduce_bcast(n), t, timeout=10),
+                Allreduce(S.butterfly(n), t, timeout=10)]
+        bufs = [np.full(50 + 10 * i, t.rank + 1.0 + i) for i in range(len(runs))]
+        handles = [r.start(b) for r, b in zip(runs, bufs)]
+        begun = [h._begun for h in handles]
+        lanes = [h.lane for h in handles]
+        order = [4, 1, 3, 0, 2] if t.rank % 2 else [0, 1, 2, 3, 4]
+        for i in order:
+            handles[i].wait()
+        return [float(b[0]) for b in bufs], begun, lanes
+
+    for rank, (values, begun, lanes) in enumerate(Local.launch(n, rank_fn, timeout=30)):
+        assert values == [10.0 + n * i for i in range(5)]
+        assert lanes == [0, 1, 2, 3, 0]
+        if rank == 0:  # rank 3 is late: nothing can finish, yet four calls began
+            assert begun == [True, True, True, True, False]
+
+
+def test_an_executor_whose_tags_do_not_fit_a_lane_runs_alone(monkeypatch) -> None:
+    """An executor with more messages per pair than a lane holds takes lane 0's tags and
+    runs its calls alone; the others still run side by side around it."""
+    import topoplan.executor as E
+    n = 4
+    monkeypatch.setattr(E, "LANE_WIDTH", 8)  # the ring's 6 messages a pair x 4 epochs > 8
+
+    def rank_fn(t: Local):
+        if t.rank == 3:
+            time.sleep(0.3)
+        ring = Allreduce(S.ring(n), t, timeout=10)
+        direct, swap = Allreduce(S.direct(n), t, timeout=10), Allreduce(S.all_to_all(n), t, timeout=10)
+        bufs = [np.full(40, t.rank + 1.0 + i) for i in range(3)]
+        handles = [direct.start(bufs[0]), ring.start(bufs[1]), swap.start(bufs[2])]
+        state = ([h._begun for h in handles], [h.lane for h in handles], ring._laned)
+        for h in handles[::-1]:
+            h.wait()
+        return [float(b[0]) for b in bufs], state
+
+    for rank, (values, (begun, lanes, laned)) in enumerate(Local.launch(n, rank_fn, timeout=30)):
+        assert values == [10.0 + n * i for i in range(3)]
+        assert lanes == [0, 0, 2] and not laned
+        if rank == 0:
+            assert begun == [True, False, False]
+
+
 def test_a_call_in_flight_moves_while_the_caller_polls() -> None:
     def rank_fn(t: Local):
         run = Allreduce(S.ring(3), t, timeout=10)

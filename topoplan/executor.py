@@ -69,6 +69,14 @@ BOUND_CACHE = 8
 #: call's late messages are dropped by the start of the next EPOCHS - 1 calls, and the
 #: transport keeps a set of per-step requests per epoch (MPI's persistent ones).
 EPOCHS = 4
+#: Calls of different executors on one tagged, pollable transport run side by side in
+#: this many tag lanes: each call, of any executor, takes lane ``k % LANES`` for the k-th
+#: call on the transport (every rank makes the same calls in the same order, so they
+#: agree), and its tags are offset by ``lane * LANE_WIDTH``. An executor whose tags of
+#: all epochs do not fit in a lane (more than LANE_WIDTH / EPOCHS messages on a pair)
+#: runs its calls alone.
+LANES = 4
+LANE_WIDTH = TAG_LIMIT // LANES
 
 
 # ---------------------------------------------------------------------------
@@ -257,7 +265,7 @@ class _BoundStep:
     messages: list[Message]
     plans: list[_MsgPlan]
     reduces: list[tuple[Any, Any]]    # (chunk view, scratch view)
-    batches: list[Any] = field(default_factory=list)  # per epoch: transport.batch(...)
+    batches: list[Any] = field(default_factory=list)  # per lane and epoch: transport.batch(...)
 
 
 @dataclass(slots=True)
@@ -333,11 +341,18 @@ def _compile(schedule: Schedule, rank: int, n: int) -> _Compiled:
 class _CallQueue:
     """The calls in flight on one transport, in start order, across executors."""
 
-    __slots__ = ("calls", "lock")
+    __slots__ = ("calls", "lock", "made")
 
     def __init__(self) -> None:
         self.calls: list[AllreduceHandle] = []
         self.lock = threading.RLock()
+        self.made = 0  # calls made on the transport so far, by every executor: lanes
+
+    def lane(self) -> int:
+        """The lane of a new call (and count it)."""
+        lane = self.made % LANES
+        self.made += 1
+        return lane
 
 
 def _queue_of(transport: Transport) -> _CallQueue:
@@ -358,13 +373,13 @@ class AllreduceHandle:
     raises its :class:`~topoplan.TransportError` from either, every time they are called.
     """
 
-    __slots__ = ("_owner", "buffer", "_bound", "_ops", "call", "epoch", "_step", "_posted",
-                 "_deadline", "_begun", "done", "_error")
+    __slots__ = ("_owner", "buffer", "_bound", "_ops", "call", "epoch", "lane", "_step",
+                 "_posted", "_deadline", "_begun", "done", "_error")
 
     def __init__(self, owner: _Executor, buffer: Any, bound: _Bound, ops: ArrayOps,
-                 call: int, epoch: int) -> None:
+                 call: int, epoch: int, lane: int) -> None:
         self._owner, self.buffer, self._bound, self._ops = owner, buffer, bound, ops
-        self.call, self.epoch = call, epoch
+        self.call, self.epoch, self.lane = call, epoch, lane
         self._step = 0
         self._posted: Any = None
         self._deadline = 0.0
@@ -454,6 +469,9 @@ class _Executor:
         # in one call, every call uses the same tags (and nothing is drained).
         self._epochs = EPOCHS if span * EPOCHS <= TAG_LIMIT else 1
         self._tag_shift = span
+        # Calls side by side with other executors' in lanes (see LANES) when all the
+        # epochs' tags fit in one; else every call runs alone, in lane 0's tags.
+        self._laned = span * self._epochs <= LANE_WIDTH
         self._calls = 0
         # (call, peer, tag) of receives a failed call left posted or never posted.
         self._stale: list[tuple[int, int, int]] = []
@@ -541,7 +559,7 @@ class _Executor:
                 [(scratch[a:b], view_of(c)) for c, (a, b) in sp.snapshots],
                 messages, sp.messages,
                 [(view_of(c), scratch[a:b]) for c, (a, b) in sp.reduces],
-                [None] * self._epochs))
+                [None] * (self._epochs * (LANES if self._laned else 1))))
         bound = _Bound(steps, buffers, work, scratch, copy_in, copy_out)
         self._bound[key] = bound
         while len(self._bound) > BOUND_CACHE:
@@ -561,7 +579,8 @@ class _Executor:
                         f"flight (call {other.call}); wait for it before starting another")
             call = self._calls
             self._calls = call + 1
-            handle = AllreduceHandle(self, buffers[-1], bound, ops, call, call % self._epochs)
+            handle = AllreduceHandle(self, buffers[-1], bound, ops, call, call % self._epochs,
+                                     self._lane_of(queue.lane()))
             queue.calls.append(handle)
             self._progress_all()
         return handle
@@ -581,16 +600,28 @@ class _Executor:
                 moved |= handle._owner._advance(handle, block=False)
         return moved
 
+    def _lane_of(self, lane: int) -> int:
+        """The lane a call of this executor runs in: its turn's, or 0 when unlaned."""
+        return lane if self._laned else 0
+
     def _can_begin(self, handle: AllreduceHandle) -> bool:
+        """Whether ``handle`` may begin beside every call started before it that is
+        still running: never on an untagged or unpollable transport; with a call of
+        this executor when their epochs (tags) and scratch differ; with another
+        executor's when both are laned and their lanes differ."""
+        transport = self.transport
         for other in self._queue.calls:
             if other is handle:
                 return True
             if other.done:
                 continue
-            if (other._owner is not self or not self.transport.tagged
-                    or not self.transport.pollable
-                    or handle.call - other.call >= self._epochs
-                    or other._bound.scratch is handle._bound.scratch):
+            if not transport.tagged or not transport.pollable:
+                return False
+            if other._owner is self:
+                if (handle.call - other.call >= self._epochs
+                        or other._bound.scratch is handle._bound.scratch):
+                    return False
+            elif not (self._laned and other._owner._laned) or other.lane == handle.lane:
                 return False
         return True  # pragma: no cover - a handle is in its queue until it is done
 
@@ -613,10 +644,11 @@ class _Executor:
                     if h._posted is None:
                         for dst, src in step.snapshots:
                             h._ops.copy(dst, src)
-                        batch = step.batches[h.epoch]
+                        slot = h.lane * self._epochs + h.epoch
+                        batch = step.batches[slot]
                         if batch is None:
-                            batch = step.batches[h.epoch] = transport.batch(
-                                self._messages(step, h.epoch))
+                            batch = step.batches[slot] = transport.batch(
+                                self._messages(step, h.epoch, h.lane))
                         h._posted = transport.start(batch)
                         h._deadline = time.monotonic() + self.timeout
                         moved = True
@@ -632,7 +664,7 @@ class _Executor:
                         return moved
                     if pending:
                         transport.abort(h._posted)
-                        self._leave_behind(steps[h._step:], h.call, h.epoch)
+                        self._leave_behind(steps[h._step:], h.call, h.epoch, h.lane)
                         raise self._error(step, pending, None)
                     for dst, src in step.reduces:
                         h._ops.add(dst, src)
@@ -643,7 +675,7 @@ class _Executor:
                     h._ops.copy(dst, src)
         except PeerFailure as exc:
             transport.abort(h._posted)
-            self._leave_behind(steps[h._step:], h.call, h.epoch)
+            self._leave_behind(steps[h._step:], h.call, h.epoch, h.lane)
             h._error = self._error(steps[h._step], [exc.index], exc.reason)
         except TransportError as exc:
             h._error = exc
@@ -665,15 +697,16 @@ class _Executor:
             bound, ops = self._bind(*buffers)
             self._last = (buffers, ops, [ops.fast_key(b) for b in buffers], bound)
         with self._queue.lock, self.transport.compute_context():
-            self._run(bound, ops)
+            self._run(bound, ops, self._lane_of(self._queue.lane()))
         return buffers[-1]
 
-    def _run(self, bound: _Bound, ops: ArrayOps) -> None:
+    def _run(self, bound: _Bound, ops: ArrayOps, lane: int) -> None:
         call = self._calls
         self._calls = call + 1
         if self._stale:
             self._drain(call)
         epoch = call % self._epochs
+        slot = lane * self._epochs + epoch
         add, copy = ops.add, ops.copy
         for dst, src in bound.copy_in:
             copy(dst, src)
@@ -681,19 +714,19 @@ class _Executor:
         for s, step in enumerate(bound.steps):
             for dst, src in step.snapshots:
                 copy(dst, src)
-            batch = step.batches[epoch]
+            batch = step.batches[slot]
             if batch is None:
-                batch = step.batches[epoch] = transport.batch(self._messages(step, epoch))
+                batch = step.batches[slot] = transport.batch(self._messages(step, epoch, lane))
             handle = transport.start(batch)
             try:
                 pending = transport.wait(handle, timeout)
             except PeerFailure as exc:
                 transport.abort(handle)
-                self._leave_behind(bound.steps[s:], call, epoch)
+                self._leave_behind(bound.steps[s:], call, epoch, lane)
                 raise self._error(step, [exc.index], exc.reason) from None
             if pending:
                 transport.abort(handle)
-                self._leave_behind(bound.steps[s:], call, epoch)
+                self._leave_behind(bound.steps[s:], call, epoch, lane)
                 raise self._error(step, pending, None)
             for dst, src in step.reduces:
                 add(dst, src)
@@ -701,20 +734,25 @@ class _Executor:
             copy(dst, src)
 
     # -- epochs -------------------------------------------------------------------
-    def _messages(self, step: _BoundStep, epoch: int) -> list[Message]:
-        """The step's messages with the tags of ``epoch``."""
-        if epoch == 0:
+    def _shift(self, epoch: int, lane: int) -> int:
+        """What the tags of a call in ``epoch`` and ``lane`` are offset by."""
+        return epoch * self._tag_shift + lane * LANE_WIDTH
+
+    def _messages(self, step: _BoundStep, epoch: int, lane: int) -> list[Message]:
+        """The step's messages with the tags of ``epoch`` in ``lane``."""
+        shift = self._shift(epoch, lane)
+        if shift == 0:
             return step.messages
-        shift = epoch * self._tag_shift
         return [Message(m.send, m.wire, m.peer, (m.tag + shift) % TAG_LIMIT)
                 for m in step.messages]
 
-    def _leave_behind(self, steps: Sequence[_BoundStep], call: int, epoch: int) -> None:
+    def _leave_behind(self, steps: Sequence[_BoundStep], call: int, epoch: int,
+                      lane: int) -> None:
         """Note the receives of a failed call from its failed step on: their messages may
         still come, and must be dropped before their tags come round again."""
         if self._epochs == 1:
             return
-        shift = epoch * self._tag_shift
+        shift = self._shift(epoch, lane)
         self._stale += [(call, m.peer, (m.tag + shift) % TAG_LIMIT)
                         for step in steps for m in step.messages if not m.send]
 

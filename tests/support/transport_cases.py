@@ -156,6 +156,19 @@ def run_cases(t: Any, *, with_torch: bool = True) -> tuple[list[str], int, list[
     run(bufs[0])  # blocking calls go on as before
     check(np.all(bufs[0] == n * (n * (n + 1) / 2)), "blocking call after calls in flight")
 
+    # Calls of different executors side by side (tag lanes): big enough for MPI's
+    # rendezvous protocol, started in one order everywhere and waited for in a
+    # rank-dependent one; each sums its own input.
+    lanes = [Allreduce(S.direct(n), t, timeout=30), Allreduce(ring, t, timeout=30),
+             Allreduce(S.all_to_all(n), t, timeout=30), Allreduce(S.reduce_bcast(n), t, timeout=30),
+             Allreduce(ring, t, timeout=30)]
+    big = [np.full(60_000 + 11 * i, rank + 1.0 + i) for i in range(len(lanes))]
+    handles = [r.start(b) for r, b in zip(lanes, big)]
+    for i in (range(len(big)) if rank % 2 else reversed(range(len(big)))):
+        handles[i].wait()
+    for i, b in enumerate(big):
+        check(np.all(b == n * (n + 1) / 2 + n * i), f"lane call {i}: got {b[0]}")
+
     # A schedule for another rank count is refused before anything is sent.
     try:
         Allreduce(S.ring(n + 1), t)
