@@ -16,7 +16,8 @@ waited for. ``--json`` prints the records instead.
 compares, in one launch and alternating ``--repeat`` times, DistributedOptimizer
 starting each fusion buffer's allreduce from the gradient hooks (overlapped with
 backward) against packing every buffer after backward, with the same buffers, and
-prints the ratio of samples/s.
+prints the ratio of samples/s (best of each, and the median of the pairs' ratios); a
+first pair runs as a warm-up and is not counted.
 
     python scripts/bench_train.py --overlap --model wide --ranks 4 --testbed CLUSTER [--scale S]
 
@@ -33,6 +34,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -65,8 +67,10 @@ def worker(args: argparse.Namespace) -> int:
     records = []
     configs = CONFIGS
     if args.overlap:
-        configs = [(label, flags + ["--fusion-threshold", str(args.overlap_fusion)])
-                   for label, flags in OVERLAP_CONFIGS] * args.repeat
+        # One pair more than asked, first: a warm-up whose records are dropped.
+        configs = [(label, flags + ["--fusion-threshold", str(args.overlap_fusion),
+                                    "--poll-interval", str(args.poll_interval)])
+                   for label, flags in OVERLAP_CONFIGS] * (args.repeat + 1)
     for label, flags in configs:
         if "--algorithm" not in flags:
             flags = flags + ["--algorithm", args.algorithm]
@@ -77,6 +81,8 @@ def worker(args: argparse.Namespace) -> int:
         record = train.train(targs, world)
         record["config"] = label
         records.append(record)
+    if args.overlap:
+        records = records[len(OVERLAP_CONFIGS):]
     if world.rank == 0:
         print(json.dumps(records), flush=True)
     return 0
@@ -86,7 +92,7 @@ def launch(n: int, args: argparse.Namespace) -> list[dict]:
     worker_argv = [sys.executable, __file__, "--worker", "--epochs", str(args.epochs),
                    "--model", args.model, "--algorithm", args.algorithm, "--batch-size",
                    str(args.batch_size), "--overlap-fusion", str(args.overlap_fusion),
-                   "--repeat", str(args.repeat)]
+                   "--repeat", str(args.repeat), "--poll-interval", str(args.poll_interval)]
     worker_argv += ["--overlap"] if args.overlap else []
     if args.testbed:
         worker_argv += ["--cluster", str(Path(args.testbed).resolve())]
@@ -131,6 +137,9 @@ def main() -> int:
                    help="bytes per fusion buffer in the --overlap runs (default 1 MiB)")
     p.add_argument("--repeat", type=int, default=2,
                    help="--overlap: alternate the two configurations this many times")
+    p.add_argument("--poll-interval", type=float, default=1e-3, metavar="SECONDS",
+                   help="--overlap: the progress thread's poll interval (train.py's "
+                        "--poll-interval; default 0.001)")
     p.add_argument("--testbed", metavar="CLUSTER", default=None,
                    help="run the ranks inside an emulated CLUSTER (topoplan testbed run; "
                         "root): communication on shaped links instead of loopback")
@@ -158,9 +167,13 @@ def main() -> int:
             rate = {label: max(r["samples_per_s"] for r in records
                                if r["ranks"] == n and r["config"] == label)
                     for label, _ in OVERLAP_CONFIGS}
+            mine = [r for r in records if r["ranks"] == n]
+            pairs = sorted(b["samples_per_s"] / a["samples_per_s"]
+                           for a, b in zip(mine[0::2], mine[1::2]))
             print(f"{n} ranks: overlapped / packed samples/s = "
                   f"{rate['overlapped with backward'] / rate['packed after backward']:.2f} "
-                  "(best of each)")
+                  f"(best of each); pairs {' '.join(f'{x:.2f}' for x in pairs)}, median "
+                  f"{statistics.median(pairs):.2f}")
     return 0
 
 

@@ -314,7 +314,8 @@ def train(args: argparse.Namespace, world: World, progress: bool = False) -> dic
             inner, allreduce, named_parameters=model.named_parameters(),
             compression=Compression.fp16 if args.fp16_allreduce else Compression.none,
             fusion_threshold=args.fusion_threshold, double_buffering=args.double_buffering,
-            overlap=False if args.no_overlap or args.algorithm == "native" else None)
+            overlap=False if args.no_overlap or args.algorithm == "native" else None,
+            poll_interval=args.poll_interval)
         net = model
     world.barrier()
 
@@ -437,6 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-overlap", action="store_true",
                    help="optimizer mode: pack and allreduce every buffer after backward "
                         "(default: start each buffer's allreduce from the gradient hooks)")
+    p.add_argument("--poll-interval", type=float, default=1e-3, metavar="SECONDS",
+                   help="optimizer mode with overlap: seconds between the progress thread's "
+                        "polls of the buffers in flight (default 0.001; 0: hooks alone poll)")
     p.add_argument("--fusion-threshold", type=parse_size, default=64 << 20,
                    help="bytes per fused buffer / DDP bucket, e.g. 64MiB; 0 = no fusion")
     p.add_argument("--epochs", type=int, default=12)

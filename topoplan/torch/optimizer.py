@@ -121,6 +121,10 @@ class DistributedOptimizer:
     overlap : bool, optional
         Start each fusion buffer's allreduce from the gradient hooks during backward
         (see the module docstring). Default: when ``allreduce`` has ``start``.
+    poll_interval : float
+        With overlap: seconds between the progress thread's polls of the buffers in
+        flight (each poll may move a call one step on); 0: no thread, the gradient
+        hooks alone poll. Default :data:`POLL_INTERVAL`.
 
     Raises
     ------
@@ -152,7 +156,8 @@ class DistributedOptimizer:
                  named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
                  compression: type[Compressor] | Compressor = Compression.fp16,
                  fusion_threshold: int = 64 << 20, double_buffering: bool = False,
-                 world_size: int | None = None, overlap: bool | None = None) -> None:
+                 world_size: int | None = None, overlap: bool | None = None,
+                 poll_interval: float = POLL_INTERVAL) -> None:
         self.optimizer = optimizer
         self.allreduce = allreduce
         self.compression = compression
@@ -170,6 +175,9 @@ class DistributedOptimizer:
             raise ValueError("DistributedOptimizer(overlap=True) needs an allreduce with "
                              "start(buffer) -> handle, e.g. topoplan.torch.PlannedAllreduce")
         self.overlap = can_start if overlap is None else bool(overlap)
+        if not poll_interval >= 0:
+            raise ValueError(f"poll_interval must be >= 0 seconds, got {poll_interval!r}")
+        self.poll_interval = float(poll_interval)
         named = self._named(named_parameters)
         # Overlap: buffers in the order backward fills them (last layers first).
         self.groups = self._fuse(named[::-1] if self.overlap else named)
@@ -300,7 +308,7 @@ class DistributedOptimizer:
             calls[index] = (wire, ctx, start(wire))
             self._missing[index] = 0
             self._started += 1
-        if self._started and POLL_INTERVAL > 0 and getattr(
+        if self._started and self.poll_interval > 0 and getattr(
                 getattr(self.allreduce, "transport", None), "pollable", False):
             if self._poller is None:
                 self._poller = threading.Thread(target=self._poll_loop, daemon=True,
@@ -318,7 +326,7 @@ class DistributedOptimizer:
                 self._poll()
             except Exception:  # noqa: BLE001 - the handle keeps its error for step()
                 self._polling.clear()
-            time.sleep(POLL_INTERVAL)
+            time.sleep(self.poll_interval)
 
     def _finish(self, which: int) -> bool:
         """Wait for the buffers of set ``which`` in start order and restore them;
