@@ -140,8 +140,9 @@ def _scale(text: str) -> float | None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from ..testbed import Testbed, capable
+    from ..testbed import Testbed, capable, check_fits
     cluster = load_cluster(args.cluster)
+    check_fits(cluster, args.max_ranks)  # a cluster too big for here, whatever else is missing
     _require_capable(capable)
     bed = Testbed.up(cluster, _scale(args.scale), state=args.state, max_ranks=args.max_ranks,
                      multipath=args.multipath)
@@ -300,6 +301,8 @@ def _testbed(args: argparse.Namespace, cluster: Any, capable: Any) -> tuple[Any,
             raise TopoplanError(f"{args.state}: the testbed has {bed.layout.nranks} ranks, "
                                 f"{args.cluster} has {cluster.nranks}")
         return bed, False
+    from ..testbed import check_fits
+    check_fits(cluster, args.max_ranks)  # a cluster too big for here, whatever else is missing
     _require_capable(capable)
     return Testbed.up(cluster, _scale(args.scale), max_ranks=args.max_ranks,
                       multipath=args.multipath), True
