@@ -39,9 +39,13 @@ transport, in start order. No thread is started; MPI's progress engine runs insi
 ``Test`` calls that polling makes (a rank that never polls still makes progress in the
 other ranks' calls only as far as MPI's own buffering carries its sends). Several calls
 of one executor run side by side on tagged transports when their epochs (so their tags)
-differ and they do not share a scratch arena; calls of different executors on one
-transport, and every call on an untagged transport (NCCL), run one after another in
-start order, since their messages could be confused. On gloo (``Transport.pollable``
+differ and they do not share a scratch arena. Calls of different executors run side by
+side in tag *lanes*: the k-th call on a transport, of any executor, takes lane
+``k % LANES`` and offsets its tags by ``lane * LANE_WIDTH`` (every rank makes the same
+calls in the same order, which the calls need anyway, so ranks agree on lanes without
+talking); a call waits for earlier ones of its lane, and an executor whose tags do not
+fit a lane runs its calls alone. Every call on an untagged transport (NCCL) runs one
+after another in start order, since its messages could be confused. On gloo (``Transport.pollable``
 False: its point-to-point work completes only inside a wait) calls also run one at a
 time, and move only in ``wait()``: a caller that needs them to move while it computes
 waits on a thread of its own, as the DDP hook's progress thread does.
