@@ -332,6 +332,7 @@ def train(args: argparse.Namespace, world: World, progress: bool = False) -> dic
     total_steps = args.epochs * steps_per_epoch
     compute = 0.0
     start = time.perf_counter()
+    first_step_end = None  # the first step plans each buffer's allreduce: steady state after it
     try:
         for epoch in range(args.epochs):
             order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(
@@ -347,6 +348,8 @@ def train(args: argparse.Namespace, world: World, progress: bool = False) -> dic
                 loss.backward()
                 optimizer.step()
                 compute += time.perf_counter() - t0
+                if first_step_end is None:
+                    first_step_end = time.perf_counter()
                 if bar is not None:
                     bar.update(task, advance=1, epoch=epoch, loss=float(loss.detach()))
         if isinstance(optimizer, DistributedOptimizer):
@@ -386,6 +389,11 @@ def train(args: argparse.Namespace, world: World, progress: bool = False) -> dic
         "fusion_threshold": args.fusion_threshold, "epochs": args.epochs,
         "batch_size": args.batch_size, "steps": args.epochs * steps_per_epoch,
         "samples_per_s": samples / wall, "test_accuracy": accuracy, "wall_s": wall,
+        # after the first step (which plans every buffer's allreduce): steady-state training
+        "first_step_s": (first_step_end or start) - start,
+        "steady_samples_per_s": (
+            (samples - args.batch_size) / (start + wall - first_step_end)
+            if first_step_end is not None and total_steps > 1 else samples / wall),
         # started calls run beside backward: only the part step() waited for is known
         "compute_s": compute, "comm_s": (float("nan") if overlap else
                                          stats.seconds if stats is not None else 0.0),

@@ -445,6 +445,38 @@ def test_a_call_in_flight_moves_while_the_caller_polls() -> None:
     assert [v for v, _ in Local.launch(3, rank_fn)] == [6.0, 6.0, 6.0]
 
 
+def test_test_leaves_the_calls_to_a_thread_already_moving_them() -> None:
+    """While another thread of the rank moves the calls in flight (holds their lock),
+    ``test()`` returns at once instead of waiting for it, as a gradient hook must; once
+    that thread lets go, ``test()`` moves them again and the call finishes."""
+    def rank_fn(t: Local):
+        run = Allreduce(S.ring(3), t, timeout=10)
+        x = np.full(100, t.rank + 1.0)
+        handle = run.start(x)
+        held, release = threading.Event(), threading.Event()
+
+        def holder() -> None:
+            with run._queue.lock:
+                held.set()
+                release.wait(10)
+
+        thread = threading.Thread(target=holder)
+        thread.start()
+        held.wait(10)
+        t0 = time.monotonic()
+        busy = [handle.test() for _ in range(20)]
+        blocked = time.monotonic() - t0
+        release.set()
+        thread.join()
+        while not handle.test():
+            time.sleep(1e-4)
+        return float(x[0]), busy, blocked
+
+    for value, busy, blocked in Local.launch(3, rank_fn, timeout=30):
+        assert value == 6.0
+        assert busy == [False] * 20 and blocked < 1.0
+
+
 def test_a_failed_call_in_flight_raises_from_test_and_wait() -> None:
     """Rank 2 never starts: the others' handles fail within the timeout, naming the
     rank, step and peer, and keep failing; the buffer's next start is allowed."""

@@ -372,7 +372,8 @@ class AllreduceHandle:
     :class:`ReduceScatter` and :class:`AllGather`).
 
     ``test()`` moves it (and every other call in flight on the transport) as far as it
-    goes without blocking and says whether it is done; ``wait()`` blocks until it is and
+    goes without blocking and says whether it is done (when another thread is moving
+    them at that moment, it leaves them to that thread); ``wait()`` blocks until it is and
     returns the buffer (the output, for a reduce-scatter or an allgather). A failed call
     raises its :class:`~topoplan.TransportError` from either, every time they are called.
     """
@@ -400,9 +401,14 @@ class AllreduceHandle:
             The call failed (a step timed out or a peer failed).
         """
         owner = self._owner
-        with owner._queue.lock:
-            if not self.done:
+        lock = owner._queue.lock
+        # Another thread moving the calls (a progress thread) does this call's work too:
+        # waiting for it would only stall the caller, e.g. backward in a gradient hook.
+        if not self.done and lock.acquire(blocking=False):
+            try:
                 owner._progress_all()
+            finally:
+                lock.release()
         if self._error is not None:
             raise self._error
         return self.done
