@@ -370,3 +370,23 @@ def test_overlap_needs_start_and_one_backward_per_step():
 
     for error in Local.launch(2, rank_fn, timeout=30):
         assert "changed after its buffer's allreduce started" in error and "overlap=False" in error
+
+
+def test_planned_allreduce_records_what_auto_picked():
+    """``chosen`` names the planner auto picked for each size (a known planner, the same
+    on both ranks), not "auto"."""
+    from topoplan.cluster import loads_cluster
+    from topoplan.planners import PLANNERS
+    from topoplan.torch import PlannedAllreduce
+    from topoplan.transports import Local
+
+    def rank_fn(t):
+        planned = PlannedAllreduce(loads_cluster(PAIR), t, algorithm="auto")
+        x = torch.full((1000,), float(t.rank + 1))
+        planned(x)
+        return float(x[0]), dict(planned.chosen)
+
+    results = Local.launch(2, rank_fn, timeout=60)
+    assert [value for value, _ in results] == [3.0, 3.0]
+    assert results[0][1] == results[1][1] and set(results[0][1]) == {4000}
+    assert results[0][1][4000] in set(PLANNERS) - {"auto"}

@@ -100,7 +100,8 @@ class PlannedAllreduce:
                 schedule = topoplan.loads_schedule(self.share(schedule.to_json()))
             executor = Allreduce(schedule, self.transport, timeout=self.timeout)
             self._executors[nbytes] = executor
-            self.chosen[nbytes] = schedule.algorithm
+            # auto's schedules name what it picked in their meta
+            self.chosen[nbytes] = str(schedule.meta.get("chosen", schedule.algorithm))
         return executor
 
     def __call__(self, buffer: Any) -> Any:
