@@ -280,10 +280,17 @@ PAIR = ("name: pair\nswitches: [{name: s}]\nboxes:\n"
         "  - {name: 'n{i}', count: 2, gpus: 1, nics: [{switch: s, bandwidth: 1}]}\n")
 
 
-def _overlap_run(t, overlap: bool, fp16: bool, dbuf: bool):
+def _overlap_run(t, overlap: bool, fp16: bool, dbuf: bool, grads=None):
     """Three steps on a small MLP over the planned ring (Local threads); the gradients
-    after each synchronize() and the final parameters. Weights and data come from
-    explicit generators: the threads share torch's global one."""
+    after each synchronize(), the final parameters, the buffers' layout, and each step's
+    local gradients (after backward, before any exchange). Weights and data come from
+    explicit generators: the threads share torch's global one.
+
+    With ``grads`` (another run's local gradients), backward is skipped and each step
+    exchanges those: the math of backward itself is not bitwise reproducible from one
+    run to the next (MKL's GEMMs take paths by the alignment of their operands unless
+    MKL_CBWR pins them; with one intra-op thread, two runs of this model differ in the
+    last bit), so the modes are compared on the same local gradients."""
     from topoplan.cluster import loads_cluster
     from topoplan.torch import PlannedAllreduce
 
@@ -300,33 +307,57 @@ def _overlap_run(t, overlap: bool, fp16: bool, dbuf: bool):
                                named_parameters=named if overlap else named[::-1],
                                fusion_threshold=600, overlap=overlap, double_buffering=dbuf,
                                compression=Compression.fp16 if fp16 else Compression.none)
-    seen = []
+    seen, local = [], []
     for step in range(3):
-        g = torch.Generator().manual_seed(10 * step + t.rank)
-        x, y = torch.randn(5, 8, generator=g), torch.randint(0, 4, (5,), generator=g)
         opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
+        if grads is None:
+            g = torch.Generator().manual_seed(10 * step + t.rank)
+            x, y = torch.randn(5, 8, generator=g), torch.randint(0, 4, (5,), generator=g)
+            F.cross_entropy(model(x), y).backward()
+        else:
+            for p, given in zip(model.parameters(), grads[step]):
+                p.grad = None if given is None else given.clone()
+        local.append([None if p.grad is None else p.grad.clone() for p in model.parameters()])
         opt.synchronize()
         seen.append([None if p.grad is None else p.grad.clone() for p in model.parameters()])
         opt.step()
     opt.finalize()
     opt.close()
     seen.append([p.detach().clone() for p in model.parameters()])
-    return seen, [len(group.params) for group in opt.groups]
+    return seen, [len(group.params) for group in opt.groups], local
 
 
 @pytest.mark.parametrize("fp16, dbuf", [(False, False), (True, False), (False, True),
                                         (True, True)])
-def test_overlapped_gradients_are_bitwise_those_of_packing_after_backward(fp16, dbuf):
+@pytest.mark.parametrize("threads", [1, None])
+def test_overlapped_gradients_are_bitwise_those_of_packing_after_backward(fp16, dbuf, threads):
+    """Buffers started from the gradient hooks during backward, and the same buffers
+    packed after backward from the same local gradients, give bitwise the same averaged
+    gradients and parameters; also with one intra-op thread (as scripts/train.py runs),
+    where backward itself is not bitwise reproducible between runs."""
     from topoplan.transports import Local
 
     def rank_fn(t):
-        return _overlap_run(t, True, fp16, dbuf), _overlap_run(t, False, fp16, dbuf)
+        overlapped, layout, local = _overlap_run(t, True, fp16, dbuf)
+        packed, packed_layout, _ = _overlap_run(t, False, fp16, dbuf, grads=local)
+        return overlapped, layout, packed, packed_layout, local
 
-    for (overlapped, layout), (packed, packed_layout) in Local.launch(2, rank_fn, timeout=60):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        results = Local.launch(2, rank_fn, timeout=60)
+    finally:
+        torch.set_num_threads(before)
+    for overlapped, layout, packed, packed_layout, local in results:
         assert layout == packed_layout == [3, 1, 1, 1]  # the last layers' buffer first
+        assert all(g is not None for step in local for g in step)
         for a, b in zip(overlapped, packed):
             assert all((x is None and y is None) or torch.equal(x, y) for x, y in zip(a, b))
+    # the ranks' local gradients differ (their data do), the averages do not (with
+    # double buffering the first step has none yet: p.grad keeps the local gradient)
+    assert not torch.equal(results[0][4][0][0], results[1][4][0][0])
+    for a, b in zip(results[0][0][1 if dbuf else 0:], results[1][0][1 if dbuf else 0:]):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 def test_wrapper_is_an_instance_of_the_wrapped_optimizer_class():
