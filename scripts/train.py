@@ -95,7 +95,29 @@ class DigitsWide(nn.Module):
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
-MODELS = {"cnn": DigitsCNN, "mlp": DigitsMLP, "wide": DigitsWide}
+class DigitsDeep(nn.Module):
+    """``wide`` with four more 64-channel 3x3 convolutions under the classifier: 10.5M
+    multiply-adds an image for 1.2M parameters (``wide``: 3.4M), still 15x less compute
+    per parameter than ResNet-50 (4.1G for 25.6M). Backward makes the classifier's 4 MiB
+    gradient first and then spends three times ``wide``'s compute in the convolutions:
+    room to hide that gradient's allreduce even where communication costs CPU time.
+    Layers are registered in forward order: the optimizer lays buffers out in reverse."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 64, 3, padding=1)
+        self.convs = nn.ModuleList(nn.Conv2d(64, 64, 3, padding=1) for _ in range(5))
+        self.fc1 = nn.Linear(64 * 8 * 8, 256)
+        self.fc2 = nn.Linear(256, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.conv1(x))
+        for conv in self.convs:
+            x = F.relu(conv(x))
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+MODELS = {"cnn": DigitsCNN, "mlp": DigitsMLP, "wide": DigitsWide, "deep": DigitsDeep}
 
 
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:

@@ -100,3 +100,26 @@ def test_cli_errors_are_one_line(capsys):
     assert train.main(["--batch-size", "10", "--launcher", "single", "--mode", "ddp",
                        "--no-progress"]) == 1
     assert "needs torchrun" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["cnn", "mlp", "wide", "deep"])
+def test_models_make_gradients_in_reverse_registration_order(name):
+    """DistributedOptimizer lays overlap buffers out in reverse parameter order and starts
+    them in that order: each model's backward must make its gradients in that order, or
+    an early buffer waits for a late one (a model registering its layers out of forward
+    order would lose the overlap)."""
+    import torch
+
+    train = load_train_script()
+    model = train.MODELS[name]()
+    named = list(model.named_parameters())
+    made = []
+    for pname, p in named:
+        p.register_post_accumulate_grad_hook(lambda _p, pname=pname: made.append(pname))
+    out = model(torch.randn(4, 1, 8, 8))
+    assert out.shape == (4, 10)
+    out.sum().backward()
+    order = [pname for pname, _ in named][::-1]
+    # weight and bias of one layer come from one backward node, in either order
+    layer = [pname.rsplit(".", 1)[0] for pname in made]
+    assert layer == [pname.rsplit(".", 1)[0] for pname in order], made
