@@ -421,3 +421,83 @@ def test_planned_allreduce_records_what_auto_picked():
     assert [value for value, _ in results] == [3.0, 3.0]
     assert results[0][1] == results[1][1] and set(results[0][1]) == {4000}
     assert results[0][1][4000] in set(PLANNERS) - {"auto"}
+
+
+class _HeadFirst(nn.Module):
+    """Registers its head before its body: reverse parameter order is not backward's."""
+
+    def __init__(self, swap: bool = False) -> None:
+        super().__init__()
+        self.head = nn.Linear(16, 4)
+        self.body = nn.Linear(8, 16)
+        self.side = nn.Linear(8, 4)
+        self.swap = swap
+
+    def forward(self, x):
+        if self.swap:  # the side branch first: backward reaches it last
+            side = self.side(x)
+            return self.head(torch.relu(self.body(x))) + side
+        main = self.head(torch.relu(self.body(x)))
+        return main + self.side(x)
+
+
+def _relayout_run(t, swap_on_rank1: bool):
+    """Four overlapped steps of _HeadFirst over the planned ring, one buffer a parameter;
+    the buffers' names after each step, the order backward made the gradients, and the
+    final parameters (same on every rank?)."""
+    from topoplan.cluster import loads_cluster
+    from topoplan.torch import PlannedAllreduce
+
+    model = _HeadFirst(swap=swap_on_rank1 and t.rank == 1)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    made = []
+    for name, p in model.named_parameters():
+        p.register_post_accumulate_grad_hook(lambda _p, name=name: made.append(name))
+    allreduce = PlannedAllreduce(loads_cluster(PAIR), t, algorithm="ring")
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), allreduce,
+                               named_parameters=model.named_parameters(), fusion_threshold=0,
+                               compression=Compression.none)
+    layouts = []
+    for step in range(4):
+        g = torch.Generator().manual_seed(10 * step + t.rank)
+        opt.zero_grad()
+        made.clear()
+        F.cross_entropy(model(torch.randn(5, 8, generator=g)),
+                        torch.randint(0, 4, (5,), generator=g)).backward()
+        opt.step()
+        layouts.append([g.names[0] for g in opt.groups])
+    opt.close()
+    return layouts, list(made), torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def test_buffers_are_laid_out_again_in_the_order_backward_made_the_gradients():
+    """A model that registers its layers out of forward order: after the first step the
+    buffers follow backward's order (as DDP rebuilds its buckets), on every rank alike,
+    and training goes on to the same parameters on every rank."""
+    from topoplan.transports import Local
+
+    results = Local.launch(2, lambda t: _relayout_run(t, False), timeout=60)
+    for layouts, made, _ in results:
+        reverse = ["side.bias", "side.weight", "body.bias", "body.weight", "head.bias",
+                   "head.weight"]
+        assert layouts[0] == made and layouts[0] != reverse  # relaid after step 1
+        assert made.index("head.weight") < made.index("body.weight")
+        assert layouts[1:] == [layouts[0]] * 3
+    assert torch.equal(results[0][2], results[1][2])
+
+
+def test_ranks_that_saw_different_orders_keep_their_layout():
+    """Rank 1 computes its two branches the other way round, so its backward makes the
+    gradients in another order: the ranks find out with one allreduce and both keep the
+    layout they share, and still train to the same parameters."""
+    from topoplan.transports import Local
+
+    results = Local.launch(2, lambda t: _relayout_run(t, True), timeout=60)
+    (layouts0, made0, params0), (layouts1, made1, params1) = results
+    assert made0 != made1
+    assert layouts0 == layouts1 and layouts0[0] == [
+        "side.bias", "side.weight", "body.bias", "body.weight", "head.bias", "head.weight"]
+    assert torch.equal(params0, params1)

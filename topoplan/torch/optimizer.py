@@ -30,7 +30,11 @@ in, and a hook on each parameter's gradient accumulator packs a buffer and *star
 its allreduce (:meth:`topoplan.Allreduce.start`) as soon as the buffer's last gradient
 is in, while backward goes on with the earlier layers. Buffers start in index order on
 every rank (a buffer that fills early waits for those before it), the ones unused
-parameters keep from filling start in :meth:`step`, which waits for them all. The
+parameters keep from filling start in :meth:`step`, which waits for them all. After the
+first step the buffers are laid out again in the order backward made the gradients if
+a buffer filled before the one ahead of it (a model that registers its layers out of
+forward order), as DDP rebuilds its buckets; the ranks check with one small allreduce
+that they saw the same order, and otherwise keep the first layout. The
 allreduce and so the gradients are the same as packing after backward with the same
 layout: only the time changes. One backward pass per step.
 
@@ -42,6 +46,7 @@ the type take it; ``param_groups``, ``state`` and ``defaults`` are the inner opt
 from __future__ import annotations
 
 import atexit
+import math
 import threading
 import time
 import weakref
@@ -179,12 +184,11 @@ class DistributedOptimizer:
             raise ValueError(f"poll_interval must be >= 0 seconds, got {poll_interval!r}")
         self.poll_interval = float(poll_interval)
         named = self._named(named_parameters)
-        # Overlap: buffers in the order backward fills them (last layers first).
-        self.groups = self._fuse(named[::-1] if self.overlap else named)
-        nsets = 2 if self.double_buffering else 1
-        for group in self.groups:
-            group.buffers = [torch.empty(group.numel, dtype=group.dtype,
-                                         device=group.params[0].device) for _ in range(nsets)]
+        # Overlap: buffers in the order backward fills them (last layers first), until
+        # the first step shows the real order (see _relayout).
+        self._hooks: list[Any] = []
+        self._made: list[str] | None = [] if self.overlap else None  # first step's order
+        self._layout(named[::-1] if self.overlap else named)
         self.steps = 0               # step() calls so far
         self.applied = 0             # inner optimizer steps taken
         self.wait_seconds = 0.0      # time step() spent blocked on communication
@@ -194,23 +198,11 @@ class DistributedOptimizer:
         self._pending_set = 0
         self._worker = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="topoplan-dbuf")
                         if self.double_buffering and not self.overlap else None)
-        # Overlap: per buffer, gradients still to come this step, and calls in flight per
-        # buffer set: (wire, ctx, handle) in start order.
-        self._missing: list[int] = [len(g.params) for g in self.groups]
-        self._started = 0                    # buffers of this step started so far
-        self._calls: list[list[tuple[torch.Tensor, Any, Any] | None]] = [
-            [None] * len(self.groups) for _ in range(nsets)]
-        self._hooks = []
         # Overlap: one thread polls the calls in flight while backward computes (MPI
         # moves messages only inside MPI calls); it sleeps while none is in flight.
         self._poller: threading.Thread | None = None
         self._polling = threading.Event()
         self._closing = False
-        if self.overlap:
-            for index, group in enumerate(self.groups):
-                for name, p in zip(group.names, group.params):
-                    self._hooks.append(p.register_post_accumulate_grad_hook(
-                        self._make_hook(index, name)))
 
     # -- set-up -----------------------------------------------------------------------------
     def _named(self, named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None
@@ -249,6 +241,60 @@ class DistributedOptimizer:
             group.numels.append(p.numel())
         return groups
 
+    def _layout(self, named: list[tuple[str, torch.nn.Parameter]]) -> None:
+        """Fuse ``named`` (in buffer order) into groups with their buffers, and (overlap)
+        the per-step state and the gradient hooks."""
+        self.groups = self._fuse(named)
+        nsets = 2 if self.double_buffering else 1
+        for group in self.groups:
+            group.buffers = [torch.empty(group.numel, dtype=group.dtype,
+                                         device=group.params[0].device) for _ in range(nsets)]
+        # Overlap: per buffer, gradients still to come this step, and calls in flight per
+        # buffer set: (wire, ctx, handle) in start order.
+        self._missing: list[int] = [len(g.params) for g in self.groups]
+        self._started = 0                    # buffers of this step started so far
+        self._calls: list[list[tuple[torch.Tensor, Any, Any] | None]] = [
+            [None] * len(self.groups) for _ in range(nsets)]
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        if self.overlap:
+            for index, group in enumerate(self.groups):
+                for name, p in zip(group.names, group.params):
+                    self._hooks.append(p.register_post_accumulate_grad_hook(
+                        self._make_hook(index, name)))
+
+    def _relayout(self) -> None:
+        """After the first overlapped step: lay the buffers out in the order backward made
+        the gradients, as DDP rebuilds its buckets, where reverse parameter order had a
+        buffer fill before the one ahead of it (a model that registers its layers out of
+        forward order would otherwise start its first buffer only when its last gradient
+        came). Ranks must agree on the layout: every rank allreduces a fingerprint of the
+        order it saw (one small call, once), and on any difference all keep theirs. Not
+        with double buffering, whose previous buffers are still in flight."""
+        made, self._made = self._made, None
+        if made is None or self.double_buffering:
+            return
+        current = [(name, p) for g in self.groups for name, p in zip(g.names, g.params)]
+        position = {name: i for i, (name, _) in enumerate(current)}
+        order = list(dict.fromkeys(made))
+        arrived = {name: i for i, name in enumerate(order)}
+        order += [name for name, _ in current if name not in arrived]  # unused ones last
+        ranks = torch.arange(1, len(order) + 1, dtype=torch.float64)
+        index = torch.tensor([position[name] for name in order], dtype=torch.float64)
+        mine = torch.stack([(ranks * index).sum(), (ranks * index * index).sum()])
+        total = mine.clone()
+        self.allreduce(total)
+        if not torch.equal(total, mine * self.world_size):
+            return  # ranks saw different orders: keep the layout they share
+        # A buffer is full when its last gradient arrives (never, with an unused one):
+        # in index order, every buffer starts the moment it is full; keep that layout.
+        full = [max(arrived.get(name, math.inf) for name in g.names) for g in self.groups]
+        if all(a <= b for a, b in zip(full, full[1:])):
+            return
+        by_name = dict(current)
+        self._layout([(name, by_name[name]) for name in order])
+
     # -- the exchange -----------------------------------------------------------------------
     def _pack(self, which: int) -> list[torch.Tensor]:
         return [self._pack_group(group, which) for group in self.groups]
@@ -277,6 +323,8 @@ class DistributedOptimizer:
                     f"DistributedOptimizer(overlap=True): the gradient of {name!r} changed "
                     "after its buffer's allreduce started; call step() after each backward "
                     "(or pass overlap=False to accumulate gradients over several)")
+            if self._made is not None:
+                self._made.append(name)
             self._missing[index] -= 1
             if self._missing[index] == 0:
                 self._start_ready()
@@ -453,6 +501,8 @@ class DistributedOptimizer:
         self._ready = False
         if self.overlap:
             self._next_step()
+            if self._made is not None:
+                self._relayout()
         return result
 
     def finalize(self) -> bool:
