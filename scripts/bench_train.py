@@ -31,9 +31,9 @@ Ratios compare steady-state samples/s (after the first step, which plans).
     python scripts/bench_train.py --overlap --model deep --testbed topologies/ddl_two_switch.yaml \
         --scale 1/240 --epochs 40 --repeat 7 --batch-size 1024 --overlap-fusion 1048576 --algorithm auto
 
-is the README's measurement of the training issue's target (overlapped at least 1.2x
-packed): ``deep`` has three times ``wide``'s compute for the same 4 MiB gradient, so
-the CPU time the communication costs on 2 cores is small against backward.
+is the README's measurement of the overlap target (overlapped at least 1.2x packed):
+``deep`` has three times ``wide``'s compute for the same 4 MiB gradient, so the CPU time
+the communication costs on 2 cores is small against backward.
 """
 
 from __future__ import annotations

@@ -206,7 +206,9 @@ def test_fusion_gives_the_same_parameters(ranks):
     for r in ranks:
         assert r["nofusion"]["groups"] == 6 and r["fusion"]["groups"] == 1
         assert 1 < r["fusion_small"]["groups"] < 6
-        assert r["fusion"]["calls"] == STEPS and r["nofusion"]["calls"] == 6 * STEPS
+        # one call a buffer a step, and (overlapped, several buffers) one more after the
+        # first step: the ranks' check that backward made the gradients in the same order
+        assert r["fusion"]["calls"] == STEPS and r["nofusion"]["calls"] == 6 * STEPS + 1
         for a, b, c in zip(r["nofusion"]["trajectory"], r["fusion"]["trajectory"],
                            r["fusion_small"]["trajectory"]):
             # two ranks: each element is a/2 + b/2 once, whatever the buffer layout

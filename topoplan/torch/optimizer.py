@@ -271,10 +271,11 @@ class DistributedOptimizer:
         forward order would otherwise start its first buffer only when its last gradient
         came). Ranks must agree on the layout: every rank allreduces a fingerprint of the
         order it saw (one small call, once), and on any difference all keep theirs. Not
-        with double buffering, whose previous buffers are still in flight."""
+        with double buffering, whose previous buffers are still in flight, nor with one
+        buffer."""
         made, self._made = self._made, None
-        if made is None or self.double_buffering:
-            return
+        if made is None or self.double_buffering or len(self.groups) < 2:
+            return  # (one buffer: no order to fix; the same on every rank)
         current = [(name, p) for g in self.groups for name, p in zip(g.names, g.params)]
         position = {name: i for i, (name, _) in enumerate(current)}
         order = list(dict.fromkeys(made))
