@@ -281,9 +281,9 @@ class DistributedOptimizer:
         order = list(dict.fromkeys(made))
         arrived = {name: i for i, name in enumerate(order)}
         order += [name for name, _ in current if name not in arrived]  # unused ones last
-        ranks = torch.arange(1, len(order) + 1, dtype=torch.float64)
+        weight = torch.arange(1, len(order) + 1, dtype=torch.float64)  # place in the order
         index = torch.tensor([position[name] for name in order], dtype=torch.float64)
-        mine = torch.stack([(ranks * index).sum(), (ranks * index * index).sum()])
+        mine = torch.stack([(weight * index).sum(), (weight * index * index).sum()])
         total = mine.clone()
         self.allreduce(total)
         if not torch.equal(total, mine * self.world_size):
