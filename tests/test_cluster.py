@@ -303,9 +303,9 @@ def test_error_unknown_key():
     assert error("""\
         name: x
         boxes:
-          - {name: a, gpus: 1, gpu: 2}
-        """) == ("c.yaml:3: boxes[0].gpu: unknown key 'gpu' (did you mean 'gpus'?); "
-                 "allowed: count, fabric, gpu_links, gpus, name, nics")
+          - {name: a, gpus: 1, gpu_link: 2}
+        """) == ("c.yaml:3: boxes[0].gpu_link: unknown key 'gpu_link' (did you mean "
+                 "'gpu_links'?); allowed: count, fabric, gpu, gpu_links, gpus, name, nics")
 
 
 def test_error_wrong_type():

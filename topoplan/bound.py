@@ -18,6 +18,14 @@ bytes/s, so
     T >= 2 (m - 1) M / sum over P of B_out(P)      (and the same with B_in)
     T >= M / B_out(P) and T >= M / B_in(P) for every group P.
 
+**Hardware that reduces.** An NVSwitch with NVLS (``fabric.nvls``) or a SHARP switch
+(``switches[].sharp``) sums and multicasts data itself. A partition that leaves such a
+node outside every group keeps only the per-group terms (every group's input must get
+out, and the result in): one message into the switch can carry the sum of several
+groups, and one out of it can reach several. On one H100 box with NVLS that is
+``M / B`` for a GPU's NVLink bandwidth ``B``, where point-to-point schedules need
+``2 (N - 1) / N * M / B``.
+
 Any partition gives a valid bound; :func:`partitions` tries the ones that bind on
 real clusters (every GPU alone, every box, every level of the switch hierarchy, the
 minimum 2-cut, and the reduce-scatter + allgather cut below) and the largest wins.
@@ -236,7 +244,9 @@ def latency_bound(cluster: Cluster, size: float, profile: Any = None) -> float:
     least one reduce-scatter step and one allgather step, each posting a send and a
     receive and paying alpha (the network class when the cluster has several boxes).
     So ``lower_bound + call_overhead + 2 (step_overhead + 2 op_overhead + alpha)``: a
-    yardstick for plans under a profile (a latency-aware bound), exact for
+    yardstick for plans under a profile (a latency-aware bound), on the links as the
+    profile's runtime moves data on them (``nvlink: nccl``: NVLink at NCCL's per-link
+    rate, :func:`topoplan.native.nccl.nccl_links`), exact for
     a two-rank exchange; plans that trade bandwidth for fewer steps (a direct
     all-to-all) are not bound by it.
 
@@ -253,6 +263,9 @@ def latency_bound(cluster: Cluster, size: float, profile: Any = None) -> float:
     if cluster.nranks < 2:
         return 0.0
     network = len(cluster.boxes) > 1
+    if costs.nvlink == "nccl":
+        from .native.nccl import nccl_links
+        cluster = nccl_links(cluster)
     return (lower_bound(cluster, size) + costs.call_overhead
             + 2 * costs.message_cost(network=network, ops=2))
 
@@ -358,12 +371,18 @@ def partitions(cluster: Cluster) -> list[Partition]:
         sent = np.bincount(dense[fg.u[out]], weights=fg.bw[out], minlength=m)
         received = np.bincount(dense[fg.v[into]], weights=fg.bw[into], minlength=m)
         bandwidth = math.fsum(sent)
-        ratio = max(2.0 * (m - 1) / bandwidth, 2.0 * (m - 1) / math.fsum(received),
-                    1.0 / float(sent.min()), 1.0 / float(received.min()))
+        ratio = max(1.0 / float(sent.min()), 1.0 / float(received.min()))
+        if not (labels[reducing] < 0).any():
+            ratio = max(ratio, 2.0 * (m - 1) / bandwidth, 2.0 * (m - 1) / math.fsum(received))
         groups = tuple(frozenset(nodes[i] for i in np.flatnonzero(labels[:fg.source] == g))
                        for g in ids)
         found.append(Partition(name, groups, bandwidth, ratio))
 
+    # Nodes that reduce or multicast (NVLS fabrics, SHARP switches) outside every group
+    # void the message-count term: one message into such a node can carry the sum of
+    # several groups' data, or reach several groups.
+    reducing = np.array([i for i, name in enumerate(nodes) if name in cluster.reducing_nodes],
+                        dtype=np.int64)
     size = fg.source
     alone = np.full(size, -1)
     alone[fg.gpus] = np.arange(n)

@@ -46,7 +46,10 @@ DEFAULT_PROFILE = "nccl"
 _PROFILE_DIR = Path(__file__).with_name("profiles")
 _CLASSES = ("box", "network")
 _KEYS = ("name", "description", "sources", "alpha", "small_messages", "op_overhead",
-         "step_overhead", "call_overhead", "reduce_bandwidth", "host", "calibration")
+         "step_overhead", "call_overhead", "reduce_bandwidth", "nvlink", "host", "calibration")
+#: What ``nvlink:`` may say: ``nccl``, NVLink moves what NCCL counts per link
+#: (:func:`topoplan.native.nccl_search.nvlink_view`), not the specification's rate.
+NVLINK_MODELS = ("nccl",)
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,12 @@ class CostProfile:
     reduce_bandwidth : float or None
         Bytes/s a rank adds received data at (the adds of a step run after its messages,
         one after another); ``None``: free.
+    nvlink : str or None
+        ``"nccl"``: NVLink links (and NVSwitch ports) move what NCCL counts per link
+        (``src/graph/topo.h``, ``SMxx_NVLINK_BW``: 20 GB/s of an A100's 25, 20.6 of an
+        H100's 25), for every schedule the simulator runs under this profile, as for
+        NCCL's own (:func:`topoplan.native.nccl.nccl_links`); ``None``: the cluster
+        file's bandwidths.
     host_bandwidth : float or None
         Bytes/s one rank moves in and out on the machine ``topoplan calibrate`` measured
         (with a core to itself). Used to predict runs on that machine
@@ -99,6 +108,7 @@ class CostProfile:
     step_overhead: float = 0.0
     call_overhead: float = 0.0
     reduce_bandwidth: float | None = None
+    nvlink: str | None = None
     host_bandwidth: float | None = None
     host_cores: int | None = None
     host_ranks: int | None = None
@@ -120,6 +130,9 @@ class CostProfile:
                                            or self.small_max < 0):
             raise ProfileError(f"must be a whole number of bytes >= 0 or None, got "
                                f"{self.small_max!r}", key=f"{self.name}: small_max")
+        if self.nvlink is not None and self.nvlink not in NVLINK_MODELS:
+            raise ProfileError(f"must be one of {', '.join(NVLINK_MODELS)} or None, got "
+                               f"{self.nvlink!r}", key=f"{self.name}: nvlink")
         for key in ("reduce_bandwidth", "host_bandwidth"):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
@@ -138,7 +151,8 @@ class CostProfile:
         """True when the profile charges nothing beyond the links."""
         small = self.small_max is None or self.small_alpha_box == self.small_alpha_network == 0
         return (self.alpha_box == self.alpha_network == self.op_overhead == self.step_overhead
-                == self.call_overhead == 0 and self.reduce_bandwidth is None and small)
+                == self.call_overhead == 0 and self.reduce_bandwidth is None and small
+                and self.nvlink is None)
 
     def alphas(self, nbytes: Any, network: Any) -> Any:
         """Alpha of messages of ``nbytes`` bytes (arrays welcome), between boxes where
@@ -207,6 +221,8 @@ class CostProfile:
         out["call_overhead"] = _time_text(self.call_overhead)
         out["reduce_bandwidth"] = ("none" if self.reduce_bandwidth is None
                                    else _bandwidth_text(self.reduce_bandwidth))
+        if self.nvlink is not None:
+            out["nvlink"] = self.nvlink
         if self.host_bandwidth is not None:
             host: dict[str, Any] = {"bandwidth": _bandwidth_text(self.host_bandwidth)}
             if self.host_cores is not None:
@@ -259,9 +275,10 @@ class CostProfile:
                      self.small_alpha_network else f"{_time_text(self.small_alpha_box)} / "
                      f"{_time_text(self.small_alpha_network)}")
             alpha += f" ({small} up to {self.small_max} B)"
+        nvlink = f", NVLink as {self.nvlink} counts it" if self.nvlink else ""
         return (f"{self.name}: {alpha}, op {_time_text(self.op_overhead)}, step "
                 f"{_time_text(self.step_overhead)}, call {_time_text(self.call_overhead)}, "
-                f"reduce {red}")
+                f"reduce {red}{nvlink}")
 
 
 IDEAL = CostProfile(name="ideal", description="links only: no software costs")
@@ -365,6 +382,7 @@ def loads_profile(text: str, file: str = "<string>") -> CostProfile:
         step_overhead: 8 us
         call_overhead: 20 us
         reduce_bandwidth: 4 GB/s         # or none
+        nvlink: nccl                     # NVLink at NCCL's per-link rate (optional)
         host: {bandwidth: 3 GB/s, cores: 2, ranks: 8}   # calibrated profiles only
         calibration: {...}               # what topoplan calibrate recorded
     """
@@ -464,6 +482,12 @@ def loads_profile(text: str, file: str = "<string>") -> CostProfile:
             costs[key] = seconds(doc, key, key)
     if "reduce_bandwidth" in doc:
         costs["reduce_bandwidth"] = bandwidth(doc, "reduce_bandwidth", "reduce_bandwidth", True)
+    if "nvlink" in doc:
+        value = doc["nvlink"]
+        if value is not None and value not in NVLINK_MODELS:
+            raise fail(doc, "nvlink", f"expected {' or '.join(NVLINK_MODELS)} (NVLink as NCCL "
+                                      f"counts it), or leave the key out; got {value!r}")
+        costs["nvlink"] = value
     if "host" in doc:
         host = doc["host"]
         if not isinstance(host, LineDict):

@@ -17,17 +17,45 @@ import networkx as nx
 from .graph import box_link_graph, build_graph
 
 __all__ = ["Fabric", "GpuLink", "Nic", "Box", "SwitchLink", "Cluster", "HostCluster",
-           "host_cluster", "MAX_ROUTES"]
+           "host_cluster", "MAX_ROUTES", "GPU_MODELS", "FABRIC_KINDS", "PCIE_MAX_BANDWIDTH"]
 
 MAX_ROUTES = 16  # equal-cost paths kept per GPU pair (ECMP / multi-rail spreading)
+
+#: The GPU models a box may name (``boxes[].gpu``), oldest first: what NCCL's
+#: per-architecture tables distinguish (Volta, Ampere, Hopper, Blackwell).
+GPU_MODELS = ("V100", "A100", "H100", "H200", "B200")
+
+#: What an in-box fabric is: an NVSwitch (NVLink) or a PCIe switch tree.
+FABRIC_KINDS = ("nvswitch", "pcie")
+
+#: A fabric of more than this many bytes/s per GPU each way is taken for an NVSwitch
+#: when its ``kind`` is not written: a PCIe 5.0 x16 link moves at most 63 GB/s
+#: (32 GT/s x 16 lanes, 128b/130b), and every NVSwitch system moves more (DGX-2's V100
+#: 150 GB/s; NVIDIA's DGX and HGX datasheets).
+PCIE_MAX_BANDWIDTH = 64e9
 
 
 @dataclass(frozen=True, slots=True)
 class Fabric:
-    """An in-box switch (NVSwitch, PCIe switch): every GPU attaches at ``bandwidth``."""
+    """An in-box switch (NVSwitch, PCIe switch): every GPU attaches at ``bandwidth``.
+
+    ``kind`` is ``"nvswitch"`` or ``"pcie"`` (``None``: inferred, :attr:`is_nvlink`);
+    ``nvls`` marks an NVSwitch that reduces and multicasts (NVLink SHARP, NVSwitch
+    generation 3 and later: H100, H200, B200 systems).
+    """
 
     bandwidth: float  # bytes/s per GPU, per direction
     latency: float  # seconds
+    nvls: bool = False
+    kind: str | None = None
+
+    @property
+    def is_nvlink(self) -> bool:
+        """Whether the fabric is an NVSwitch: ``kind``, else NVLS or a bandwidth above
+        :data:`PCIE_MAX_BANDWIDTH`."""
+        if self.kind is not None:
+            return self.kind == "nvswitch"
+        return self.nvls or self.bandwidth > PCIE_MAX_BANDWIDTH
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +83,8 @@ class Box:
     """A host with ``gpus`` GPUs, ranks ``first_rank .. first_rank + gpus - 1``.
 
     ``template`` is the YAML entry's name template; boxes stamped from one entry
-    share it, which is what "one box type" means to hierarchical planners.
+    share it, which is what "one box type" means to hierarchical planners. ``gpu`` is
+    the GPU model (one of :data:`GPU_MODELS`) or ``None`` when the file does not say.
     """
 
     name: str
@@ -65,6 +94,7 @@ class Box:
     gpu_links: tuple[GpuLink, ...] = ()
     nics: tuple[Nic, ...] = ()
     template: str = ""
+    gpu: str | None = None
 
     @property
     def ranks(self) -> range:
@@ -95,7 +125,7 @@ class Box:
     def signature(self) -> tuple:
         """What makes two boxes interchangeable for planning (all but name and switches)."""
         return (self.gpus, self.fabric, self.gpu_links,
-                tuple((n.bandwidth, n.latency, n.gpus) for n in self.nics))
+                tuple((n.bandwidth, n.latency, n.gpus) for n in self.nics), self.gpu)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +143,8 @@ class Cluster:
     """A cluster: switches, boxes of GPUs, and the links between them.
 
     Build it with :func:`load_cluster`. ``graph`` is the ``networkx.DiGraph`` the
-    planners and the simulator work on; ranks are numbered in file order.
+    planners and the simulator work on; ranks are numbered in file order. ``sharp``
+    names the switches that reduce in the network (InfiniBand SHARP).
     """
 
     name: str
@@ -121,11 +152,21 @@ class Cluster:
     switches: tuple[str, ...] = ()
     links: tuple[SwitchLink, ...] = ()
     source: str | None = field(default=None, compare=False)
+    sharp: frozenset[str] = frozenset()
 
     # ---- ranks -------------------------------------------------------------
-    @property
+    @cached_property
     def nranks(self) -> int:
         return sum(box.gpus for box in self.boxes)
+
+    # ---- hardware that reduces ---------------------------------------------
+    @cached_property
+    def reducing_nodes(self) -> frozenset[str]:
+        """Graph nodes that reduce or multicast data themselves: the fabrics with NVLS
+        and the SHARP switches. With them, data need not reach a GPU to be summed."""
+        nodes = {box.fabric_node for box in self.boxes
+                 if box.fabric is not None and box.fabric.nvls}
+        return frozenset(nodes | set(self.sharp))
 
     @cached_property
     def _rank_box(self) -> tuple[int, ...]:

@@ -15,7 +15,7 @@ import networkx as nx
 from .._yaml import LineDict, LineList, load_yaml
 from ..errors import ClusterSpecError
 from ..units import parse_bandwidth, parse_latency
-from .model import Box, Cluster, Fabric, GpuLink, Nic, SwitchLink
+from .model import FABRIC_KINDS, GPU_MODELS, Box, Cluster, Fabric, GpuLink, Nic, SwitchLink
 
 __all__ = ["load_cluster", "loads_cluster", "flat_cluster", "MAX_COUNT", "MAX_GPUS"]
 
@@ -87,6 +87,25 @@ class _Reader:
         if not positive and number < 0:
             raise self.fail(line, where, f"must be >= 0, got {_show(value)}")
         return number
+
+    def boolean(self, mapping: LineDict, key: str, path: str) -> bool:
+        value = mapping[key]
+        if not isinstance(value, bool):
+            raise self.fail(mapping.line_of(key), _join(path, key),
+                            f"expected true or false, got {_describe(value)}")
+        return value
+
+    def choice(self, mapping: LineDict, key: str, path: str, choices: Iterable[str]) -> str:
+        """A string that must be one of ``choices`` (case-insensitive, returned as listed)."""
+        value = mapping[key]
+        choices = list(choices)
+        if isinstance(value, str):
+            for choice in choices:
+                if value.strip().lower() == choice.lower():
+                    return choice
+        hint = _closest(str(value), choices) if isinstance(value, str) else f" {value!r}"
+        raise self.fail(mapping.line_of(key), _join(path, key),
+                        f"unknown value{hint}; use one of {', '.join(choices)}")
 
     def bandwidth(self, mapping: LineDict, path: str) -> float:
         return self.quantity(mapping, "bandwidth", path, parse_bandwidth, positive=True)
@@ -187,7 +206,7 @@ def loads_cluster(text: str, file: str = "<string>") -> Cluster:
         raise reader.fail(doc.line_of("version"), "version",
                           f"unsupported version {doc['version']!r}; this topoplan reads version 1")
 
-    switches, switch_lines = _read_switches(reader, doc)
+    switches, switch_lines, sharp = _read_switches(reader, doc)
     boxes, box_lines = _read_boxes(reader, doc, switches)
     links = _read_links(reader, doc, switches)
 
@@ -196,7 +215,7 @@ def loads_cluster(text: str, file: str = "<string>") -> Cluster:
         dup = sorted(clash)[0]
         raise reader.fail(box_lines[dup], "boxes", f"duplicate name {dup!r}: a switch has it too")
     cluster = Cluster(name=name, boxes=tuple(boxes), switches=tuple(switches), links=tuple(links),
-                      source=file)
+                      source=file, sharp=frozenset(sharp))
     _check_connected(reader, cluster, doc, box_lines, switch_lines)
     return cluster
 
@@ -210,11 +229,12 @@ def flat_cluster(nranks: int) -> Cluster:
                          f"<flat cluster of {nranks} ranks>")
 
 
-def _read_switches(reader: _Reader, doc: LineDict) -> tuple[list[str], dict[str, int]]:
+def _read_switches(reader: _Reader, doc: LineDict) -> tuple[list[str], dict[str, int], set[str]]:
     names: list[str] = []
     lines: dict[str, int] = {}
+    sharp: set[str] = set()
     if "switches" not in doc:
-        return names, lines
+        return names, lines, sharp
     items = reader.sequence(doc["switches"], doc.line_of("switches"), "switches")
     for s, item in enumerate(items):
         path = f"switches[{s}]"
@@ -223,9 +243,10 @@ def _read_switches(reader: _Reader, doc: LineDict) -> tuple[list[str], dict[str,
             item_map.line, item_map.key_lines = items.line_of(s), {}
             item = item_map
         entry = reader.mapping(item, items.line_of(s), path)
-        reader.keys(entry, path, ("name",), ("count",))
+        reader.keys(entry, path, ("name",), ("count", "sharp"))
         template = reader.string(entry, "name", path)
         count = reader.count(entry, path)
+        reduces = "sharp" in entry and reader.boolean(entry, "sharp", path)
         for i in range(count):
             switch = reader.expand(template, i, entry.line_of("name"), _join(path, "name"))
             _check_name(reader, switch, entry.line_of("name"), _join(path, "name"))
@@ -235,7 +256,9 @@ def _read_switches(reader: _Reader, doc: LineDict) -> tuple[list[str], dict[str,
                                   + ("; add {i} to the name" if count > 1 and "{" not in template else ""))
             lines[switch] = entry.line_of("name")
             names.append(switch)
-    return names, lines
+            if reduces:
+                sharp.add(switch)
+    return names, lines, sharp
 
 
 def _check_name(reader: _Reader, name: str, line: int, key: str) -> None:
@@ -253,7 +276,7 @@ def _read_boxes(reader: _Reader, doc: LineDict,
     for b, item in enumerate(items):
         path = f"boxes[{b}]"
         entry = reader.mapping(item, items.line_of(b), path)
-        reader.keys(entry, path, ("name", "gpus"), ("count", "fabric", "gpu_links", "nics"))
+        reader.keys(entry, path, ("name", "gpus"), ("count", "fabric", "gpu_links", "nics", "gpu"))
         count = reader.count(entry, path)
         entries.append((path, entry, count))
         total_boxes += count
@@ -268,12 +291,10 @@ def _read_boxes(reader: _Reader, doc: LineDict,
         if gpus > MAX_GPUS:
             raise reader.fail(entry.line_of("gpus"), _join(path, "gpus"),
                               f"must be <= {MAX_GPUS}, got {gpus}")
+        model = reader.choice(entry, "gpu", path, GPU_MODELS) if "gpu" in entry else None
         fabric = None
         if "fabric" in entry:
-            fab = reader.mapping(entry["fabric"], entry.line_of("fabric"), _join(path, "fabric"))
-            reader.keys(fab, _join(path, "fabric"), ("bandwidth",), ("latency",))
-            fabric = Fabric(reader.bandwidth(fab, _join(path, "fabric")),
-                            reader.latency(fab, _join(path, "fabric")))
+            fabric = _read_fabric(reader, entry, path, model)
         gpu_links = _read_gpu_links(reader, entry, path, gpus)
         if gpus > 1 and fabric is None:
             graph = nx.Graph()
@@ -307,9 +328,31 @@ def _read_boxes(reader: _Reader, doc: LineDict,
             nics = tuple(_read_nic(reader, nics_list, k, f"{path}.nics[{k}]", gpus, i, known)
                          for k in range(len(nic_items)))
             boxes.append(Box(name=name, gpus=gpus, first_rank=rank, fabric=fabric,
-                             gpu_links=gpu_links, nics=nics, template=template))
+                             gpu_links=gpu_links, nics=nics, template=template, gpu=model))
             rank += gpus
     return boxes, lines
+
+
+#: GPU models whose NVSwitch can reduce and multicast (NVLink SHARP, third-generation
+#: NVSwitch and later; NVIDIA's Hopper and Blackwell architecture whitepapers).
+NVLS_MODELS = ("H100", "H200", "B200")
+
+
+def _read_fabric(reader: _Reader, entry: LineDict, path: str, model: str | None) -> Fabric:
+    where = _join(path, "fabric")
+    fab = reader.mapping(entry["fabric"], entry.line_of("fabric"), where)
+    reader.keys(fab, where, ("bandwidth",), ("latency", "nvls", "kind"))
+    kind = reader.choice(fab, "kind", where, FABRIC_KINDS) if "kind" in fab else None
+    nvls = "nvls" in fab and reader.boolean(fab, "nvls", where)
+    if nvls and kind == "pcie":
+        raise reader.fail(fab.line_of("nvls"), _join(where, "nvls"),
+                          "NVLS is NVLink SHARP, a feature of NVSwitches: a PCIe fabric has none")
+    if nvls and model is not None and model not in NVLS_MODELS:
+        raise reader.fail(fab.line_of("nvls"), _join(where, "nvls"),
+                          f"a {model} box has no NVLink SHARP (NVSwitch generation 3, in "
+                          f"{', '.join(NVLS_MODELS)} systems); remove nvls or fix gpu")
+    return Fabric(reader.bandwidth(fab, where), reader.latency(fab, where), nvls=nvls,
+                  kind=kind)
 
 
 def _read_gpu_links(reader: _Reader, entry: LineDict, path: str, gpus: int) -> tuple[GpuLink, ...]:
