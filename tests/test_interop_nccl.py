@@ -82,6 +82,23 @@ def test_h100_imports_to_an_nvswitch_box_with_rail_nics():
     first = next(k for k, nic in enumerate(node.nics) if nic.gpus == (0,))
     assert imported.comments[f"nics[{first}]"].startswith("mlx5_7, PCI 0000:a3:00.0")
     assert any("non-blocking" in note for note in imported.assumptions)
+    # sm 90 on an NVSwitch: the GPU model, and the switch that reduces (NVLS).
+    assert node.gpu == "H100"
+    assert node.fabric.kind == "nvswitch" and node.fabric.nvls
+    assert any(note.startswith("NVLS:") for note in imported.assumptions)
+
+
+def test_gpu_model_and_fabric_kind_from_older_boxes(tmp_path):
+    pcie = loads_cluster(render_cluster_yaml(import_nccl_topology(PCIE)))
+    assert pcie.boxes[0].fabric.kind == "pcie" and not pcie.boxes[0].fabric.nvls
+    h100 = import_nccl_topology(H100, nvlink_per_gpu=240e9)
+    ampere_like = H100.read_text().replace('sm="90"', 'sm="80"')
+    path = tmp_path / "sm80.xml"
+    path.write_text(ampere_like)
+    a100 = loads_cluster(render_cluster_yaml(import_nccl_topology(path)))
+    box = a100.boxes[0]
+    assert box.gpu == "A100" and box.fabric.kind == "nvswitch" and not box.fabric.nvls
+    assert h100.document["boxes"][0]["fabric"]["nvls"] is True
 
 
 def test_written_file_loads_and_plans(tmp_path, capsys):

@@ -155,8 +155,10 @@ def test_report_fields_are_the_contract():
     names = [f.name for f in dataclasses.fields(SimReport)]
     assert names == ["cluster", "algorithm", "nranks", "size", "time_s", "lower_bound_s", "algbw",
                      "busbw", "link_bytes", "link_busy_s", "step_times", "transfers",
-                     "link_timeline", "profile", "breakdown", "messages", "resolution"]
+                     "link_timeline", "profile", "breakdown", "messages", "resolution", "nccl"]
     report = simulate(switch_cluster(2), ring_schedule([0, 1]), M)
+    assert report.nccl is not None and report.nccl.collective == "allreduce"
+    assert report.speedup_vs_nccl == pytest.approx(report.nccl.time_s / report.time_s)
     assert (report.cluster, report.algorithm, report.nranks, report.size) == ("switch-2", "ring", 2, M)
     assert report.transfers == () and dict(report.link_timeline) == {}
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -326,8 +326,19 @@ def import_nccl_topology(path: str | Path, *, nodes: int = 1, network: str = "ra
                                        else "") for j, g in enumerate(gpus))
 
     fabric, gpu_links = _in_box(host, gpus, nvlink_per_gpu, notes, comments)
+    model = _gpu_model(gpus, notes)
+    if model is not None:
+        box["gpu"] = model
     if fabric is not None:
         box["fabric"] = {"bandwidth": _bw(fabric)}
+        nvswitch = comments.get("fabric", "").startswith("NVSwitch")
+        box["fabric"]["kind"] = "nvswitch" if nvswitch else "pcie"
+        if nvswitch and model in NVLS_MODELS:
+            # NCCL runs NVLS on NVSwitch systems of sm 90 and later (search.cc:
+            # ncclTopoCompute skips the NVLS pattern without an NVSwitch or below sm 90).
+            box["fabric"]["nvls"] = True
+            notes.append(f"NVLS: an NVSwitch with {model} GPUs (sm 90 and later) reduces "
+                         "and multicasts (NVLink SHARP), as NCCL's NVLS algorithm uses it")
     if gpu_links:
         box["gpu_links"] = gpu_links
 
@@ -367,6 +378,30 @@ def import_nccl_topology(path: str | Path, *, nodes: int = 1, network: str = "ra
     imported = ImportedCluster(document, tuple(notes), str(path), comments)
     _check_loads(imported, overlay)
     return imported
+
+
+#: The GPU model of each compute capability NCCL's tables distinguish (sm 90 is H100 or
+#: H200: one architecture, one table).
+SM_MODELS = {70: "V100", 80: "A100", 90: "H100", 100: "B200"}
+NVLS_MODELS = ("H100", "H200", "B200")
+
+
+def _gpu_model(gpus: list[_Gpu], notes: list[str]) -> str | None:
+    """``boxes[].gpu`` from the GPUs' ``sm`` (None when unknown or mixed, with a note)."""
+    sms = {g.gpu.int("sm") for g in gpus if g.gpu is not None and "sm" in g.gpu.attrs}
+    if len(sms) != 1 or len(sms) == 1 and any(g.gpu is None for g in gpus):
+        if sms:
+            notes.append(f"gpu: the GPUs report sm {', '.join(map(str, sorted(sms)))}; no "
+                         "single model written (NCCL's Ampere tables apply)")
+        return None
+    sm = sms.pop()
+    model = SM_MODELS.get(sm)
+    if model is None:
+        notes.append(f"gpu: sm {sm} is none of {', '.join(f'{m} (sm {s})' for s, m in SM_MODELS.items())}; "
+                     "no model written (NCCL's Ampere tables apply)")
+    elif sm == 90:
+        notes.append("gpu: sm 90 is written as H100 (an H200 has the same NCCL tables)")
+    return model
 
 
 def _default_name(path: Path) -> str:
@@ -867,6 +902,8 @@ def render_cluster_yaml(imported: ImportedCluster, command: str | None = None) -
             for start in range(0, len(items), 3):
                 out.append("    # " + "; ".join(items[start:start + 3]))
         out.append(f"    gpus: {box['gpus']}")
+        if "gpu" in box:
+            out.append(f"    gpu: {box['gpu']}")
         if "fabric" in box:
             out.append(f"    fabric: {_flow(box['fabric'])}" + _trailing(notes.get("fabric")))
         for key in ("gpu_links", "nics"):

@@ -155,7 +155,10 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
     -------
     Schedule
         With ``meta["cluster_fingerprint"]``, the cluster's
-        :func:`~topoplan.fingerprint.cluster_fingerprint`.
+        :func:`~topoplan.fingerprint.cluster_fingerprint`, and ``meta["nccl"]``: what NCCL
+        itself runs for the same collective and size on the cluster and its time there
+        (:meth:`topoplan.native.nccl.NcclChoice.to_dict`; ``algorithm`` is ``"nccl"``,
+        NCCL's own is ``nccl_algorithm``, with ``protocol`` and ``channels``).
 
     Raises
     ------
@@ -181,4 +184,8 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
     extra: dict[str, Any] = {META_KEY: cluster_fingerprint(cluster)}
     if "profile" not in schedule.meta:
         extra["profile"] = costs.name
+    from ..sim.run import nccl_row
+    choice = nccl_row(cluster, size, collective)
+    if choice is not None:
+        extra["nccl"] = choice.to_dict()
     return schedule.with_meta(**extra)

@@ -217,8 +217,9 @@ def plan_auto(cluster: Cluster, *, size: int = 256 << 20, candidates: Sequence[s
         ``meta["profile"]`` (the profile's name), ``meta["comparison"]``: per candidate,
         simulated seconds (or ``None``), its own estimate, whether it was simulated, ops,
         planning seconds, ``messages`` (that move bytes; all sends when not simulated),
-        ``steps``, ``chunks`` and the simulated ``breakdown`` of its time into bandwidth,
-        latency, overhead and reduce (or ``None``), fastest first; and
+        ``steps``, ``chunks``, the simulated ``breakdown`` of its time into bandwidth,
+        latency, overhead and reduce (or ``None``) and ``speedup_vs_nccl`` (NCCL's time
+        over its own, :mod:`topoplan.native.nccl`), fastest first; and
         ``meta["left_out"]`` (``name -> reason``) when candidates could not meet the caps.
 
     Raises
@@ -235,12 +236,22 @@ def plan_auto(cluster: Cluster, *, size: int = 256 << 20, candidates: Sequence[s
                    max_chunks=max_chunks, left_out=left_out, machine=machine,
                    collective=collective, **options)
     name, schedule, report, _ = rows[0]
+    from ..sim.run import nccl_row
+    nccl = nccl_row(machine if machine is not None else cluster, size, collective)
+
+    def vs_nccl(seconds: Any) -> float | None:
+        if nccl is None or not isinstance(seconds, (int, float)) or not seconds > 0:
+            return None
+        return nccl.time_s / seconds
+
     comparison = [{"algorithm": n, "time_s": r.time_s if r is not None else None,
                    "estimate_s": s.meta.get("estimate_s"), "simulated": r is not None,
                    "nops": s.nops, "plan_s": round(p, 4),
                    "messages": r.messages if r is not None else s.nmessages,
                    "steps": s.nsteps, "chunks": s.nchunks,
-                   "breakdown": dict(r.breakdown) if r is not None else None}
+                   "breakdown": dict(r.breakdown) if r is not None else None,
+                   "speedup_vs_nccl": vs_nccl(r.time_s if r is not None
+                                              else s.meta.get("estimate_s"))}
                   for n, s, r, p in rows]
     inner = {k: v for k, v in schedule.meta.items()
              if isinstance(v, (int, float, str, bool)) or v is None}

@@ -7,6 +7,7 @@ import math
 from typing import Any, Union
 
 from ..cluster import Cluster
+from ..native.nccl import runtime_cluster
 from ..cost import CostProfile, get_profile
 from ..schedule import Schedule, equal_chunks
 from ._common import (OP_BUDGET, Timeline, TopoNode, check_cap_args, check_chunks, check_size,
@@ -231,6 +232,7 @@ def plan_hierarchical(cluster: Cluster, *, size: int, chunks: int | None = None,
     given = check_chunks(chunks, "hierarchical", "pipeline parts")
     check_cap_args(max_step_ops, max_chunks, "hierarchical")
     costs = get_profile(profile)
+    cluster = runtime_cluster(cluster, costs)  # NVLink as the profile's runtime moves data
     n = cluster.nranks
     if n == 1:
         return empty_schedule(cluster, "hierarchical", levels=[], pipeline=1, profile=costs.name)

@@ -24,6 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..cluster import Cluster
+from ..native.nccl import runtime_cluster
 from ..cost import CostProfile, get_profile
 from ..errors import InfeasiblePlanError
 from ..schedule import Schedule
@@ -476,6 +477,7 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     collective = check_collective(collective, "mcf")
     sharded = collective != DEFAULT_COLLECTIVE
     costs = get_profile(profile)
+    cluster = runtime_cluster(cluster, costs)  # NVLink as the profile's runtime moves data
     check_cap_args(max_step_ops, max_chunks, "mcf")
     caps = {"max_step_ops": max_step_ops, "max_chunks": max_chunks}
     n = cluster.nranks

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..cluster import Cluster
+from ..native.nccl import runtime_cluster
 from ..cost import CostProfile, get_profile
 from ..schedule import Schedule, equal_chunks
 from ._common import (Timeline, check_cap_args, check_chunks, check_collective, check_size,
@@ -93,6 +94,7 @@ def plan_rhd(cluster: Cluster, *, size: int, chunks: int | None = None,
     check_cap_args(max_step_ops, max_chunks, "rhd")
     collective = check_collective(collective, "rhd")
     costs = get_profile(profile)
+    cluster = runtime_cluster(cluster, costs)  # NVLink as the profile's runtime moves data
     ranks, label = resolve_order(cluster, order, "rhd")
     n = cluster.nranks
     if n == 1:

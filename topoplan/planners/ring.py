@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..cluster import Cluster
+from ..native.nccl import runtime_cluster
 from ..cost import CostProfile, get_profile
 from ..schedule import Schedule, equal_chunks
 from ._common import (Timeline, check_cap_args, check_chunks, check_collective, check_size,
@@ -86,6 +87,7 @@ def plan_ring(cluster: Cluster, *, size: int, order: str | Sequence[int] = "rank
     check_cap_args(max_step_ops, max_chunks, algorithm)
     collective = check_collective(collective, algorithm)
     costs = get_profile(profile)
+    cluster = runtime_cluster(cluster, costs)  # NVLink as the profile's runtime moves data
     ring, label = resolve_order(cluster, order, algorithm)
     n = cluster.nranks
     if n == 1:

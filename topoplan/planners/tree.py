@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..cluster import Cluster
+from ..native.nccl import runtime_cluster
 from ..cost import CostProfile, get_profile
 from ..schedule import Schedule, equal_chunks
 from ._common import (OP_BUDGET, Timeline, TopoNode, check_cap_args, check_chunks, check_size,
@@ -210,6 +211,7 @@ def plan_tree(cluster: Cluster, *, size: int, chunks: int | None = None,
     given = check_chunks(chunks, "tree", "chunks per tree")
     check_cap_args(max_step_ops, max_chunks, "tree")
     costs = get_profile(profile)
+    cluster = runtime_cluster(cluster, costs)  # NVLink as the profile's runtime moves data
     n = cluster.nranks
     if isinstance(order, str) and order == "topo" and len(cluster.boxes) > 1:
         positions, first, second = _box_trees(cluster)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
+from typing import Any, Mapping
 
 __all__ = ["SimReport", "TransferRecord", "Edge"]
 
@@ -72,6 +72,10 @@ class SimReport:
         Messages that move bytes at this size.
     resolution : float
         The relative time resolution it ran at (see :func:`topoplan.simulate`).
+    nccl : NcclChoice or None
+        What NCCL itself runs for this collective and size on the cluster, and its
+        time there (:func:`topoplan.native.nccl.nccl_time`): the yardstick; ``None`` on
+        a host of a calibrated profile.
     """
 
     cluster: str
@@ -92,6 +96,15 @@ class SimReport:
     breakdown: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     messages: int = 0
     resolution: float = 1e-7
+    nccl: Any = None
+
+    @property
+    def speedup_vs_nccl(self) -> float | None:
+        """NCCL's time over this schedule's (above 1: faster than NCCL); ``None``
+        without the ``nccl`` row."""
+        if self.nccl is None or not self.time_s > 0:
+            return None
+        return self.nccl.time_s / self.time_s
 
     @property
     def efficiency(self) -> float:

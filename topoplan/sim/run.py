@@ -7,7 +7,8 @@ The engine (numpy, scipy) is imported on the first call, so that importing
 from __future__ import annotations
 
 import gc
-from typing import TYPE_CHECKING, Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..cost import IDEAL, CostProfile, get_profile
 from ..errors import ScheduleError
@@ -17,7 +18,7 @@ from .report import SimReport
 if TYPE_CHECKING:
     from ..cluster import Cluster
 
-__all__ = ["simulate", "costs_for"]
+__all__ = ["simulate", "costs_for", "nccl_row"]
 
 
 def simulate(cluster: Cluster, schedule: Schedule, size: int, *,
@@ -61,6 +62,8 @@ def simulate(cluster: Cluster, schedule: Schedule, size: int, *,
     Returns
     -------
     SimReport
+        With ``nccl``, NCCL's own choice and time for the same collective and size on
+        the cluster (the yardstick; ``report.speedup_vs_nccl``).
 
     Raises
     ------
@@ -88,6 +91,9 @@ def simulate(cluster: Cluster, schedule: Schedule, size: int, *,
     costs = costs_for(profile, alpha, reduce_bandwidth)
     from .base import COARSE, COARSE_OPS, EPS_T
 
+    from ..native.nccl import runtime_cluster
+    links = runtime_cluster(cluster, costs)
+
     if resolution is None:
         resolution = COARSE if schedule.nops > COARSE_OPS else EPS_T
     elif not 0 < resolution < 1e-2:
@@ -100,13 +106,32 @@ def simulate(cluster: Cluster, schedule: Schedule, size: int, *,
     collecting = gc.isenabled()
     gc.disable()
     try:
-        engine = Engine(cluster, schedule, int(size), dtype_size, costs, record, progress)
+        engine = Engine(links, schedule, int(size), dtype_size, costs, record, progress)
         engine.eps = float(resolution)
         engine.run()
-        return engine.report()
+        report = engine.report()
     finally:
         if collecting:
             gc.enable()
+    if links is not cluster:
+        # The bound holds for any schedule on the cluster as it is, not as NCCL counts it.
+        from ..bound import collective_bound
+        effective = (int(size) // dtype_size) * dtype_size
+        report = replace(report, lower_bound_s=collective_bound(cluster, effective,
+                                                                schedule.collective))
+    choice = nccl_row(cluster, report.size, schedule.collective)
+    return replace(report, nccl=choice) if choice is not None else report
+
+
+def nccl_row(cluster: Cluster, size: int, collective: str) -> Any:
+    """What NCCL runs for ``collective`` of ``size`` bytes on ``cluster`` and its time
+    there (:func:`topoplan.native.nccl.nccl_time`), or ``None`` on a
+    :class:`~topoplan.cluster.HostCluster` (a machine a profile was calibrated on)."""
+    from ..cluster import HostCluster
+    if isinstance(cluster, HostCluster):
+        return None
+    from ..native.nccl import nccl_time
+    return nccl_time(cluster, size, collective)
 
 
 def costs_for(profile: CostProfile | str | None, alpha: float,

@@ -1,0 +1,273 @@
+"""The model of NCCL's own collectives (topoplan.native): its pieces against hand
+calculations from NCCL's tuning.cc, its choices, and what it does not see."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from topoplan.bound import collective_bound
+from topoplan.cluster import load_cluster, loads_cluster
+from topoplan.native import nccl_tables as T
+from topoplan.native.nccl import NcclModel, nccl_links, nccl_model, nccl_time
+from topoplan.native.nccl_search import box_view, nvlink_view, search_nvls, search_ring
+
+GiB = 1 << 30
+TOPOLOGIES = sorted(Path(__file__).resolve().parent.parent.glob("topologies/*.yaml"))
+
+
+def h100(nvls: bool = True, gpu: str = "H100") -> str:
+    return (f"name: hgx\nboxes: [{{name: b, gpus: 8, gpu: {gpu}, fabric: "
+            f"{{bandwidth: 370.8 GB/s, nvls: {'true' if nvls else 'false'}}}}}]\n")
+
+
+def rails(nodes: int, nic: str = "400 Gbit/s", nvls: bool = False, gpu: str = "H100",
+          fabric: str = "370.8 GB/s") -> str:
+    nics = ", ".join(f"{{switch: 'rail{k}', bandwidth: {nic}, gpus: [{k}]}}" for k in range(8))
+    return (f"name: rails\nswitches: [{{name: 'rail{{i}}', count: 8}}, spine]\n"
+            f"links: [{{a: 'rail{{i}}', b: spine, count: 8, bandwidth: 3.2 Tbit/s}}]\n"
+            f"boxes: [{{name: 'n{{i}}', count: {nodes}, gpus: 8, gpu: {gpu}, fabric: "
+            f"{{bandwidth: {fabric}, nvls: {'true' if nvls else 'false'}}}, nics: [{nics}]}}]\n")
+
+
+def pick(model: NcclModel, collective: str, size: int, algorithm: str, protocol: str):
+    """The candidate NCCL_ALGO / NCCL_PROTO would force."""
+    return next(c for c in model.candidates(collective, size)
+                if (c.algorithm, c.protocol) == (algorithm, protocol))
+
+
+# ---- NCCL's view of NVLink ----------------------------------------------------------
+def test_nvlink_view_counts_links_as_nccl_does():
+    assert nvlink_view(300.0, 80) == pytest.approx(12 * 20.0)     # A100 datasheet: 12 x 25
+    assert nvlink_view(450.0, 90) == pytest.approx(18 * 20.6)     # H100 datasheet: 18 x 25
+    assert nvlink_view(370.8, 90) == pytest.approx(370.8)         # already NCCL's (import)
+    assert nvlink_view(900.0, 100) == pytest.approx(18 * 40.1)    # B200: 18 x 50
+    assert nvlink_view(16.0, 80) == 16.0                          # under one link: not NVLink
+    assert nvlink_view(310.0, 80) == pytest.approx(310.0 * 20 / 25)
+
+
+# ---- the search ---------------------------------------------------------------------
+def test_ring_search_on_an_nvswitch_box_by_hand():
+    # H100, 370.8 GB/s per GPU: 60 GB/s fits 6 channels (360), and nothing slower does
+    # better; 60 >= 25 so the channels are doubled to 12 x 30; 12 x 40 = 480 > 370.8
+    # stops pass 2.
+    view = box_view(loads_cluster(h100(nvls=False)).boxes[0], 90)
+    ring = search_ring(view, inter=False)
+    assert (ring.channels, ring.bw_intra, ring.bw_inter) == (12, 30.0, 30.0)
+    # A100 (Ampere tables): 12 NCCL links of 20 = 240; 40 x 6 = 240 reaches totalBw,
+    # doubled (Ampere: no 50 GB/s exception) to 12 x 20.
+    a100 = loads_cluster("name: a\nboxes: [{name: b, gpus: 8, gpu: A100, fabric: "
+                         "{bandwidth: 300 GB/s}}]\n")
+    ring = search_ring(box_view(a100.boxes[0], 80), inter=False)
+    assert (ring.channels, ring.bw_intra) == (12, 20.0)
+
+
+def test_ring_search_packs_hamiltonian_cycles_on_an_nvlink_mesh():
+    # DGX-1 V100 (NCCL's 20 GB/s per link): 2 rings each way over the double links and
+    # 2 each way over the single links: 6 x 20 = 120, every link's bandwidth.
+    text = Path(TOPOLOGIES[0].parent / "dgx1_v100.yaml").read_text()
+    cluster = loads_cluster(text.replace("gpus: 8", "gpus: 8\n    gpu: V100"))
+    ring = search_ring(box_view(cluster.boxes[0], 70), inter=False)
+    assert (ring.channels, ring.bw_intra) == (6, 20.0)
+    links = {frozenset(ab) for ab, _ in box_view(cluster.boxes[0], 70).links}
+    for order in ring.orders:
+        assert sorted(order) == list(range(8))
+        hops = zip(order, order[1:] + order[:1])
+        assert all(frozenset(hop) in links for hop in hops), order
+
+
+def test_nvls_search_by_hand():
+    # 8 heads, each GPU's port carries 7 channels once and its own twice: 9 x 40 = 360
+    # fits 370.8 (50 does not); pass 2 raises bwInter to the fastest speed, 60.
+    view = box_view(loads_cluster(h100()).boxes[0], 90)
+    nvls = search_nvls(view, inter=False)
+    assert (nvls.channels, nvls.bw_intra, nvls.bw_inter) == (8, 40.0, 60.0)
+    assert search_nvls(box_view(loads_cluster(h100(nvls=False)).boxes[0], 90), False).empty
+
+
+# ---- the tuner and the time --------------------------------------------------------
+def test_ring_on_one_nvswitch_box_by_hand():
+    model = nccl_model(loads_cluster(h100(nvls=False)))
+    ring = pick(model, "allreduce", GiB, "Ring", "Simple")
+    # latency: baseLatencies[Ring][Simple] 8.4 + 2(N-1) steps x hwLatencies[NVLINK][Ring]
+    # [Simple] 3.4; bandwidth: 12 channels x 30 GB/s, algbw = busBw x N / 2(N-1).
+    lat = 8.4 + 14 * 3.4
+    algbw = 12 * 30.0 * 8 / 14
+    assert ring.tuner_time_s == pytest.approx((lat + GiB / (1000 * algbw)) * 1e-6)
+    assert ring.time_s == pytest.approx(ring.tuner_time_s)   # the fabric is not the limit
+    assert ring.channels == 24                                # 2 x 12 after connect.cc
+    small = pick(model, "allreduce", 1024, "Ring", "LL")
+    # LL: 6.6 + 14 x 0.6; busBw min(llMaxBw Hopper 1 node 141, 360 / 2).
+    assert small.tuner_time_s == pytest.approx((6.6 + 14 * 0.6 + 1024 / (1000 * 141 * 8 / 14))
+                                               * 1e-6)
+
+
+def test_nvls_on_one_box_by_hand():
+    model = nccl_model(loads_cluster(h100()))
+    choice = model.choose("allreduce", GiB)
+    assert (choice.algorithm, choice.protocol, choice.channels) == ("NVLS", "Simple", 16)
+    # busBw = 8 channels x min(40 x 0.85 x 7/8 x 2, 60); latency hwLatencies[NVLINK][NVLS]
+    # [Simple] = 25 us alone.
+    algbw = 8 * min(40 * 0.85 * 7 / 8 * 2, 60.0) * 8 / 14
+    assert choice.time_s == pytest.approx((25.0 + GiB / (1000 * algbw)) * 1e-6)
+    # Bytes on the busiest port: every GPU sends its buffer into the switch and its
+    # slice's result, (1 + 1/8) x 1 GiB at 370.8 GB/s.
+    assert choice.fabric_s == pytest.approx(GiB * 9 / 8 / 370.8e9)
+
+
+def test_two_node_tree_by_hand():
+    cluster = loads_cluster(rails(2))
+    model = nccl_model(cluster)
+    graph = model.graphs["tree"]
+    assert (graph.channels, graph.bw_intra, graph.bw_inter) == (8, 45.0, 45.0)
+    tree = pick(model, "allreduce", GiB, "Tree", "Simple")
+    # 2 nodes use bwIntra: 8 x 45 x 0.92 against perChMaxTreeBw (Hopper, 2 nodes) 41.4 x 8,
+    # halved for the tree; latency 8.4 + 2 ((8 - 1) x 4.0 + log2(2) x 14).
+    algbw = min(8 * 45 * 0.92, 8 * 41.4) * 0.5
+    lat = 8.4 + 2 * (7 * 4.0 + 1 * 14.0)
+    assert tree.tuner_time_s == pytest.approx((lat + GiB / (1000 * algbw)) * 1e-6)
+    # On the wire: each node sends and receives its whole buffer once over its 8 NICs
+    # (two trees, each half), 1/8 of it per 50 GB/s NIC; inside, a GPU in the middle of a
+    # channel's chain sends that channel's data up and back down, a GPU at either end
+    # once: the chains start at every GPU in turn, so each GPU's port carries
+    # 2 (N - 1) / N of the buffer at 370.8 GB/s.
+    assert tree.fabric_s == pytest.approx(max(GiB / 8 / 50e9, 2 * 7 / 8 * GiB / 370.8e9),
+                                          rel=1e-6)
+
+
+def test_small_messages_are_latency_on_h100():
+    choice = nccl_time(loads_cluster(h100()), 1024)
+    assert 10e-6 <= choice.time_s <= 20e-6
+    assert choice.protocol == "LL"
+
+
+def test_published_single_box_figures_within_15_percent():
+    # nccl-tests issue 212 (NVIDIA's answer): ~480 GB/s busbw with NVLS, ~370 as Ring.
+    hgx = nccl_model(loads_cluster(h100()))
+    assert hgx.choose("allreduce", 8 * GiB).busbw / 1e9 == pytest.approx(480, rel=0.15)
+    assert pick(hgx, "allreduce", 8 * GiB, "Ring", "Simple").busbw / 1e9 == pytest.approx(
+        370, rel=0.15)
+    # DGX A100, 12 NVLinks of 25 GB/s per GPU: 208-230 GB/s (nccl-tests issues 178, 228).
+    dgx = nccl_model(loads_cluster("name: a\nboxes: [{name: b, gpus: 8, gpu: A100, fabric: "
+                                   "{bandwidth: 300 GB/s}}]\n"))
+    busbw = dgx.choose("allreduce", GiB).busbw / 1e9
+    assert 208 / 1.15 <= busbw <= 230 * 1.15
+
+
+def test_reduce_scatter_and_allgather_are_priced():
+    model = nccl_model(loads_cluster(rails(4)))
+    for collective in ("reduce_scatter", "allgather"):
+        choice = model.choose(collective, GiB)
+        assert choice.algorithm in ("Ring", "PAT", "NVLS", "CollNetDirect")
+        assert choice.time_s > 0 and choice.busbw > 0
+    with pytest.raises(ValueError, match="unknown collective"):
+        model.choose("broadcast", 1024)
+
+
+# ---- what NCCL does not see ----------------------------------------------------------
+def test_rings_follow_rank_order_not_the_fabric():
+    base = load_cluster(TOPOLOGIES[0].parent / "ddl_two_switch.yaml")
+    text = (TOPOLOGIES[0].parent / "ddl_two_switch.yaml").read_text()
+    # Number the hosts across the switches: A, C, B, D.
+    boxes = text[text.index("boxes:"):text.index("links:")].splitlines()
+    reordered = text.replace("\n".join(boxes), "\n".join([boxes[0], boxes[1], boxes[3],
+                                                          boxes[2], boxes[4]]))
+    crossed = loads_cluster(reordered)
+    assert [b.name for b in crossed.boxes] == ["A", "C", "B", "D"]
+    straight = nccl_time(base, GiB)
+    zigzag = nccl_time(crossed, GiB)
+    assert straight.fabric_bound and zigzag.fabric_bound
+    assert straight.bottleneck in ("switch0 -> switch1", "switch1 -> switch0")
+    # A ring in rank order crosses the 10 GB/s link once each way; A C B D crosses it
+    # twice each way.
+    assert zigzag.time_s / straight.time_s == pytest.approx(2.0, rel=0.02)
+    assert straight.time_s == pytest.approx(GiB * 1.5 / 10e9, rel=0.01)
+
+
+def test_oversubscribed_uplinks_slow_nccl_down():
+    fast = loads_cluster(rails(4, nic="200 Gbit/s").replace("3.2 Tbit/s", "1.6 Tbit/s"))
+    # One leaf for every NIC behind a 100 Gbit/s uplink per leaf: the rings' hops between
+    # nodes still go leaf to leaf.
+    slow_text = ("name: two-leaves\nswitches: [leaf0, leaf1, spine]\n"
+                 "links: [{a: leaf0, b: spine, bandwidth: 100 Gbit/s}, "
+                 "{a: leaf1, b: spine, bandwidth: 100 Gbit/s}]\n"
+                 "boxes: [{name: 'n{i}', count: 4, gpus: 1, gpu: A100, "
+                 "nics: [{switch: 'leaf{i//2}', bandwidth: 200 Gbit/s}]}]\n")
+    slow = nccl_time(loads_cluster(slow_text), GiB)
+    assert slow.fabric_bound and "spine" in slow.bottleneck
+    assert slow.time_s > nccl_model(loads_cluster(slow_text)).choose(
+        "allreduce", GiB).tuner_time_s
+    assert nccl_time(fast, GiB).time_s > 0
+
+
+def test_the_slowest_box_sets_every_channel():
+    even = ("name: e\nswitches: [s]\nboxes: [{name: 'n{i}', count: 2, gpus: 1, gpu: A100, "
+            "nics: [{switch: s, bandwidth: 400 Gbit/s}]}]\n")
+    uneven = ("name: u\nswitches: [s]\nboxes: [{name: a, gpus: 1, gpu: A100, nics: "
+              "[{switch: s, bandwidth: 400 Gbit/s}]}, {name: b, gpus: 1, gpu: A100, nics: "
+              "[{switch: s, bandwidth: 100 Gbit/s}]}]\n")
+    model = nccl_model(loads_cluster(uneven))
+    # NCCL takes the fewest channels and the slowest speed over the nodes (init.cc).
+    assert model.graphs["ring"].bw_inter <= 12.5
+    assert nccl_time(loads_cluster(uneven), GiB).time_s > 2 * nccl_time(
+        loads_cluster(even), GiB).time_s
+
+
+def test_sharp_switches_enable_collnet():
+    text = ("name: sharp\nswitches: [{name: ib, sharp: true}]\n"
+            "boxes: [{name: 'n{i}', count: 4, gpus: 8, gpu: H100, fabric: "
+            "{bandwidth: 370.8 GB/s}, nics: [" + ", ".join(
+                f"{{switch: ib, bandwidth: 400 Gbit/s, gpus: [{k}]}}" for k in range(8))
+            + "]}]\n")
+    cluster = loads_cluster(text)
+    model = nccl_model(cluster)
+    assert model.collnet_support
+    names = {c.algorithm for c in model.candidates("allreduce", GiB)}
+    assert {"CollNetDirect", "CollNetChain"} <= names
+    plain = nccl_model(loads_cluster(text.replace(", sharp: true", "")))
+    assert not plain.collnet_support
+    assert "CollNetDirect" not in {c.algorithm for c in plain.candidates("allreduce", GiB)}
+
+
+# ---- the bound holds for what the hardware can run --------------------------------------
+@pytest.mark.parametrize("path", TOPOLOGIES, ids=lambda p: p.stem)
+def test_nccl_never_beats_the_bound_on_shipped_topologies(path):
+    cluster = load_cluster(path)
+    for size in (1 << 10, 1 << 20, 1 << 28):
+        for collective in ("allreduce", "reduce_scatter", "allgather"):
+            choice = nccl_time(cluster, size, collective)
+            assert choice.time_s >= collective_bound(cluster, size, collective) * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("text", [h100(), rails(2, nvls=True), rails(4, nvls=True)])
+def test_nccl_never_beats_the_bound_with_in_switch_reduction(text):
+    cluster = loads_cluster(text)
+    for choice in nccl_model(cluster).candidates("allreduce", 4 * GiB):
+        assert choice.time_s >= collective_bound(cluster, 4 * GiB) * (1 - 1e-9), choice
+
+
+def test_nccl_links_derate_nvlink_by_the_box_model():
+    cluster = loads_cluster(rails(2, fabric="450 GB/s"))
+    derated = nccl_links(cluster)
+    assert derated.boxes[0].fabric.bandwidth == pytest.approx(370.8e9)
+    assert derated.boxes[0].nics == cluster.boxes[0].nics
+    already = loads_cluster(h100())
+    assert nccl_links(already) is already
+
+
+def test_one_rank_costs_nothing():
+    one = loads_cluster("name: one\nboxes: [{name: b, gpus: 1}]\n")
+    assert nccl_time(one, GiB).time_s == 0.0
+
+
+def test_tables_copy_tuning_cc():
+    # Spot checks against NVIDIA/nccl src/graph/tuning.cc (master 5067397c).
+    assert T.BASE_LATENCY[T.RING] == (6.6, 14.0, 8.4)
+    assert T.HW_LATENCY[T.HW_NET][T.TREE] == (5.0, 8.5, 14.0)
+    assert T.HW_LATENCY[T.HW_NVLINK][T.NVLS][T.SIMPLE] == 25.0
+    assert T.LL_MAX_BW[2] == (141.0, 45.0, 35.0)
+    assert T.NVLS_EFFICIENCY == (0.0, 0.0, 0.85, 0.74)
+    assert len(T.TREE_CORRECTION[0]) == 24
+    assert math.isclose(T.NVLINK_BW[90], 20.6)
