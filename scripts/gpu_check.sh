@@ -19,8 +19,9 @@ date -u
 nvidia-smi -L
 $PY - <<'PYEOF'
 import cupy, torch
+from cupy.cuda import nccl
 from mpi4py import MPI
-print("cupy", cupy.__version__, "nccl", cupy.cuda.nccl.get_version(), "torch", torch.__version__)
+print("cupy", cupy.__version__, "nccl", nccl.get_version(), "torch", torch.__version__)
 print("mpi4py library:", MPI.Get_library_version().splitlines()[0])
 PYEOF
 command -v mpiexec && mpiexec --version 2>&1 | head -2
