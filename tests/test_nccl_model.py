@@ -271,3 +271,53 @@ def test_tables_copy_tuning_cc():
     assert T.NVLS_EFFICIENCY == (0.0, 0.0, 0.85, 0.74)
     assert len(T.TREE_CORRECTION[0]) == 24
     assert math.isclose(T.NVLINK_BW[90], 20.6)
+
+
+# ---- the example tuner plugin's configuration ------------------------------------------
+def _rules(text: str) -> list[list[str]]:
+    return [line.split(",") for line in text.splitlines() if line and not line.startswith("#")]
+
+
+@pytest.mark.parametrize("name", ["dgx_a100_x4", "ddl_two_switch", "mn1_infiniband"])
+def test_tuner_config_follows_the_plugins_format(name):
+    from topoplan.interop.nccl_tuner import MAX_BYTES, tuner_config
+    cluster = load_cluster(TOPOLOGIES[0].parent / f"{name}.yaml")
+    text = tuner_config(cluster)
+    rules = _rules(text)
+    # plugins/tuner/example/README.md: collective_type,min_bytes,max_bytes,algorithm,
+    # protocol,channels,nNodes,nRanks; names as the plugin spells them.
+    assert all(len(rule) == 8 for rule in rules)
+    model = nccl_model(cluster)
+    by_collective: dict[str, list[list[str]]] = {}
+    for rule in rules:
+        collective, lo, hi, algorithm, protocol, channels, nodes, ranks = rule
+        assert collective in ("allreduce", "allgather", "reducescatter")
+        assert algorithm in T.TUNER_NAMES and protocol in ("ll", "ll128", "simple")
+        assert int(channels) == -1 or 1 <= int(channels) <= T.MAXCHANNELS
+        assert (int(nodes), int(ranks)) == (model.nnodes, model.nranks)
+        by_collective.setdefault(collective, []).append(rule)
+    assert set(by_collective) == {"allreduce", "allgather", "reducescatter"}
+    for collective, lines in by_collective.items():
+        # Contiguous inclusive ranges from 0 to the plugin's maximum.
+        assert int(lines[0][1]) == 0 and int(lines[-1][2]) == MAX_BYTES
+        for before, after in zip(lines, lines[1:]):
+            assert int(after[1]) == int(before[2]) + 1
+            assert int(before[1]) <= int(before[2])
+
+
+def test_tuner_config_says_where_it_overrides_nccl():
+    from topoplan.interop.nccl_tuner import tuner_rules
+    # Rank order crosses the slow link twice each way: the model may beat NCCL's pick.
+    cluster = load_cluster(TOPOLOGIES[0].parent / "ddl_two_switch.yaml")
+    rules = tuner_rules(cluster)
+    for rule in rules:
+        if rule.overrides:
+            assert rule.choice.time_s < rule.nccl.time_s
+        lo = max(rule.min_bytes, 1)
+        # Every rule is NCCL's own choice or faster on this fabric at its start.
+        assert nccl_model(cluster).best(rule.collective, lo).time_s <= nccl_model(
+            cluster).choose(rule.collective, lo).time_s * (1 + 1e-9)
+    from topoplan.interop.nccl_tuner import tuner_config
+    text = tuner_config(cluster)
+    overriding = sum(rule.overrides for rule in rules)
+    assert text.count("# fabric-aware:") == overriding
