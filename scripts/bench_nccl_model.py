@@ -85,7 +85,7 @@ ROWS = [
         8 * GiB, (370, 370), "NVIDIA/nccl-tests#212 (NVIDIA: ~370 GB/s with NCCL_ALGO=RING)",
         algo="Ring"),
     Row("DGX A100, 8 GPUs, 12 NVLinks each", box_cluster(1, "A100", "300 GB/s"), 4 * GiB,
-        (208, 230), "NVIDIA/nccl-tests#178, #228 (208-230 GB/s; issue 29's range)"),
+        (208, 230), "NVIDIA/nccl-tests#178, #228 (208-230 GB/s)"),
     Row("2 A100 joined by 12 NVLinks (NV12)", pair_cluster("A100", "300 GB/s"), 4 * GiB,
         (208, 208), "NVIDIA/nccl-tests#178 (208 GB/s on the NV12 pair, -t 2)"),
     Row("HPE Apollo 6500, 8 A100 SXM4 80GB", box_cluster(1, "A100", "300 GB/s"), GiB,
@@ -117,7 +117,8 @@ ROWS = [
 #: Latency rows: time (us) of a small allreduce, low .. high.
 LATENCY = [
     ("HGX H100, 8 GPUs, 1 KiB", box_cluster(1, "H100", "450 GB/s", nvls=True), 1024,
-     (10.0, 20.0), "issue 29's range: 10-20 us on H100 boxes at 1 KiB"),
+     (10.0, 20.0), "the order H100 boxes show at 1 KiB (10-20 us); a target range, no "
+                   "single published run"),
     ("2 x A100 nodes, 1 GPU each, 8 B", box_cluster(2, "A100", "300 GB/s",
                                                     [("200 Gbit/s", [0])], gpus=1), 8,
      (19.0, 20.0), "NVIDIA/nccl-tests#150 (8 B between two IB nodes: 19-20 us)"),
