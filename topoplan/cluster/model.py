@@ -228,8 +228,14 @@ class Cluster:
         return cache[key]
 
     def route_edges(self, src: int, dst: int) -> tuple[tuple[tuple[str, str], ...], ...]:
-        """``routes`` as tuples of directed edges."""
-        return tuple(tuple(zip(path, path[1:])) for path in self.routes(src, dst))
+        """``routes`` as tuples of directed edges (cached per pair, like the routes)."""
+        key = ("edges", src, dst)
+        cache = self._route_cache
+        found = cache.get(key)
+        if found is None:
+            found = cache[key] = tuple(tuple(zip(path, path[1:]))
+                                       for path in self.routes(src, dst))
+        return found
 
     def _compute_routes(self, src: int, dst: int) -> tuple[tuple[str, ...], ...]:
         if src == dst:
