@@ -1,19 +1,32 @@
 """All-pairs allreduces that keep a peer's data in scratch, imported: a receive into
 scratch added into the buffer by several local reduces (``re``), one per chunk, on
 separate thread blocks, as msccl-tools' all-pairs allreduce does. Hand-built algorithms
-in that shape, and broken variants of them that the import refuses naming the step.
+in that shape, broken variants of them that the import refuses naming the step, and
+msccl-tools' own files for 8 and 2 x 8 GPUs: imported, verified, simulated, exported and
+imported again.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+import topoplan
+from topoplan.bound import lower_bound
+from topoplan.cli import main
+from topoplan.cluster import loads_cluster
 from topoplan.errors import ScheduleError
-from topoplan.interop.msccl import Algo, Gpu, ThreadBlock, check_msccl
+from topoplan.interop.msccl import (Algo, Gpu, ThreadBlock, check_msccl, parse_msccl,
+                                    read_msccl, to_xml)
+from topoplan.interop.msccl_export import export_msccl
 from topoplan.interop.msccl_import import import_msccl
 from topoplan.verify import verify
 
+from .support.clusters import flat_cluster_yaml
 from .test_interop_msccl_check import algo, allpairs, numbered, replace_step, roundtrip, step
+
+DATA = Path(__file__).parent / "data" / "msccl"
 
 
 def rows(n: int, split: int = 0) -> Algo:
@@ -143,3 +156,84 @@ def test_a_reduce_that_reads_two_receives_waits_for_both(n: int, split: int) -> 
             {("recv", p, g * n, split, True) for p in peers}
             | {("recv", p, g * n + split, n - split, True) for p in peers})
 
+
+# ---- msccl-tools' own files ---------------------------------------------------------------
+# tests/data/msccl/allreduce_a100_*allpairs*.xml: written by msccl-tools' generators (see
+# tests/data/README.md). 64 chunks: gpu g of a box of 8 owns row g % 8 (8 chunks), sums it
+# from its 7 box peers (one message each, into scratch, added by 8 thread blocks, one per
+# chunk), with 2 x 8 swaps the row's sum with gpu g + 8 (mod 16), then shares it.
+
+UPSTREAM = {"allreduce_a100_allpairs_8.xml": 8,
+            "allreduce_a100_multinode_allpairs_2x8.xml": 16}
+
+
+def _upstream(name: str):
+    return import_msccl(read_msccl(DATA / name))
+
+
+@pytest.mark.parametrize("name", UPSTREAM)
+def test_msccl_tools_allpairs_imports_as_its_exchanges(name: str) -> None:
+    ranks = UPSTREAM[name]
+    a = read_msccl(DATA / name)
+    assert (a.ngpus, a.nchunksperloop, a.proto, a.inplace) == (ranks, 64, "LL", True)
+    assert check_msccl(a).modes == ("inplace",)
+    schedule = import_msccl(a)
+    verify(schedule)
+    assert schedule.collective == "allreduce" and schedule.nranks == ranks
+    assert schedule.nsteps == (2 if ranks == 8 else 3)
+    for g, steps in enumerate(_rows_ops(schedule)):
+        peers = [p for p in range(g // 8 * 8, g // 8 * 8 + 8) if p != g]
+        row = g % 8 * 8
+        assert steps[0] == ({("send", p, p % 8 * 8, 8, False) for p in peers}
+                            | {("recv", p, row, 8, True) for p in peers})
+        if ranks == 16:
+            other = (g + 8) % 16
+            assert steps[1] == {("send", other, row, 8, False), ("recv", other, row, 8, True)}
+        assert steps[-1] == ({("send", p, row, 8, False) for p in peers}
+                             | {("recv", p, p % 8 * 8, 8, False) for p in peers})
+
+
+@pytest.mark.parametrize("name", UPSTREAM)
+def test_msccl_tools_allpairs_simulates_near_the_bound(name: str) -> None:
+    ranks = UPSTREAM[name]
+    schedule = _upstream(name)
+    cluster = loads_cluster(flat_cluster_yaml(ranks, 8))  # boxes of 8 on one crossbar
+    small, large = 1 << 20, 1 << 28
+    t = {(size, profile): topoplan.simulate(cluster, schedule, size, profile=profile).time_s
+         for size in (small, large) for profile in ("ideal", "nccl")}
+    for (size, _), time_s in t.items():
+        assert time_s >= lower_bound(cluster, size) * (1 - 1e-9)
+    if ranks == 8:  # every rank sends and receives 2 x 7/8 of the buffer: the bound
+        assert t[(large, "ideal")] <= 1.01 * lower_bound(cluster, large)
+    # two or three steps against a ring's 2 (n - 1): ahead where latency counts
+    ring = topoplan.plan(cluster, algorithm="ring", size=small)
+    assert t[(small, "nccl")] < 0.5 * topoplan.simulate(cluster, ring, small,
+                                                       profile="nccl").time_s
+
+
+@pytest.mark.parametrize("name", UPSTREAM)
+def test_msccl_tools_allpairs_exports_and_comes_back_the_same(name: str) -> None:
+    schedule = _upstream(name)
+    result = export_msccl(schedule, proto="LL")  # the file's protocol
+    algo = parse_msccl(to_xml(result.algo))
+    assert check_msccl(algo).modes == ("inplace", "outofplace")
+    back = import_msccl(algo)
+    assert _rows_ops(back) == _rows_ops(schedule)
+    cluster = loads_cluster(flat_cluster_yaml(schedule.nranks, 8))
+    for profile in ("ideal", "nccl"):
+        assert topoplan.simulate(cluster, back, 1 << 24, profile=profile).time_s == (
+            pytest.approx(topoplan.simulate(cluster, schedule, 1 << 24,
+                                            profile=profile).time_s, rel=1e-6))
+
+
+def test_cli_imports_and_simulates_msccl_tools_allpairs(tmp_path, capsys) -> None:
+    plan = tmp_path / "allpairs.json"
+    cluster = tmp_path / "box8.yaml"
+    cluster.write_text(flat_cluster_yaml(8, 8))
+    assert main(["import", "msccl", str(DATA / "allreduce_a100_allpairs_8.xml"), "-o",
+                 str(plan)]) == 0
+    said = " ".join(capsys.readouterr().out.split())  # wrapped to the terminal
+    assert "MSCCL check ok (inplace); 8 ranks, 64 chunks, 2 steps, 112 messages" in said
+    assert main(["verify", str(plan)]) == 0
+    assert main(["simulate", str(cluster), str(plan), "--size", "1MiB"]) == 0
+    assert "msccl:allreduce_pairs on flat-1x8" in capsys.readouterr().out
