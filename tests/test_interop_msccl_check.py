@@ -203,6 +203,24 @@ def test_missing_attribute_names_file_line_element() -> None:
     bad(lines, r"^algo\.xml:1: algo: maxBytes: missing attribute")
 
 
+def test_executor_attributes_msccl_tools_leaves_out_are_named_with_the_fix() -> None:
+    # msccl-tools' ir_to_xml writes no outofplace, minBytes or maxBytes
+    lines = xml_lines(ring())
+    head = lines[0]
+    lines[0] = head.replace(' outofplace="1" minBytes="0" maxBytes="0"', "")
+    bad(lines, r'^algo\.xml:1: algo: outofplace: missing attribute \(it has: .*\); '
+               r'msccl-executor-nccl needs outofplace, minBytes, maxBytes \(msccl_parser\.cc\) '
+               r'and msccl-tools does not write them: add outofplace="0" minBytes="0" '
+               r'maxBytes="0" to <algo> \(in place only, every size\)$')
+    lines[0] = lines[0].replace('inplace="1"', 'inplace="1" outofplace="0" minBytes="0" '
+                                               'maxBytes="0"')
+    assert parse_lines(lines) == dataclasses.replace(ring(), outofplace=False)
+    lines[0] = head.replace(' minBytes="0"', "").replace('inplace="1" outofplace="1"',
+                                                          'inplace="0" outofplace="1"')
+    bad(lines, r'algo: minBytes: missing attribute .*needs minBytes \(msccl_parser\.cc\) .*'
+               r'add minBytes="0" to <algo> \(out of place only, every size\)$')
+
+
 def test_bad_step_type() -> None:
     lines = xml_lines(ring())
     lines[5] = lines[5].replace('type="rrs"', 'type="rrx"')

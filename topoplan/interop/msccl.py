@@ -393,6 +393,23 @@ def _check_executor_lexing(text: str | bytes, file: str) -> None:
                                  line=line)
 
 
+def _executor_attrs(root: Element, inplace: bool) -> None:
+    """Refuse an ``<algo>`` without ``outofplace``, ``minBytes`` or ``maxBytes``, saying
+    what to add: msccl-executor-nccl's parser requires all three, and msccl-tools'
+    ``ir_to_xml`` writes none of them (its programs are in place or out of place, as
+    ``inplace`` says, for every size)."""
+    absent = [a for a in ("outofplace", "minBytes", "maxBytes") if a not in root.attrs]
+    if not absent:
+        return
+    values = {"outofplace": "0" if inplace else "1", "minBytes": "0", "maxBytes": "0"}
+    add = " ".join(f'{a}="{values[a]}"' for a in absent)
+    raise root.error(
+        f"missing attribute (it has: {', '.join(sorted(root.attrs))}); msccl-executor-nccl "
+        f"needs {', '.join(absent)} (msccl_parser.cc) and msccl-tools does not write them: "
+        f"add {add} to <algo> ({'in place' if inplace else 'out of place'} only, every "
+        "size)", absent[0])
+
+
 def _parse_root(root: Element, file: str) -> Algo:
     if root.tag != "algo":
         raise root.error(f"the root element must be <algo>, got <{root.tag}>")
@@ -407,6 +424,7 @@ def _parse_root(root: Element, file: str) -> Algo:
                          "file: unsupported collective); write coll=\"reducescatter\"", "coll")
     coll = _choice(root, "coll", COLLECTIVES)
     inplace = _flag(root, "inplace")
+    _executor_attrs(root, inplace)
     outofplace = _flag(root, "outofplace")
     min_bytes = root.int("minBytes", minimum=0)
     max_bytes = root.int("maxBytes", minimum=0)

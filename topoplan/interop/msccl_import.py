@@ -9,15 +9,17 @@ step order and ``depid``/``deps``, over three buffers. The import:
   broken file is reported in MSCCL's terms (GPU, thread block, step);
 - **buffers** (:class:`_Where`): reads ``i`` and ``o`` as one buffer, the full buffer
   in the collective's in-place view (an allgather's ``i`` is the rank's shard of ``o``;
-  a reduce-scatter's ``o`` the rank's shard of ``i``). A scratch chunk that one ``r``
-  fills and one ``re`` adds into the buffer becomes one reducing recv; scratch used
-  otherwise (a reduce-scatter's partial sums) holds the chunk the messages and reduces
-  that use it tie it to, one per scratch unit. A ``cpy`` between two places of the same
-  chunk does nothing in place. Scratch reused for another chunk, or a copy that moves
-  data, is refused, saying which step;
+  a reduce-scatter's ``o`` the rank's shard of ``i``). Scratch that an ``r`` fills and
+  ``re`` steps add into the buffer, each unit once (one ``re`` for the whole message, or
+  one per chunk of it, as in msccl-tools' all-pairs allreduce), makes that receive one
+  reducing recv; scratch used otherwise (a reduce-scatter's partial sums) holds the chunk
+  the messages and reduces that use it tie it to, one per scratch unit. A ``cpy`` between
+  two places of the same chunk does nothing in place. Scratch reused for another chunk,
+  or a copy that moves data, is refused, saying which step;
 - **steps:** gives every receive the earliest step its thread block order and
-  dependencies allow (one more than the receives that must land before it), and every
-  send the step after the receives it must follow: a send does not hold its thread
+  dependencies allow (one more than the receives that must land before it; the same as
+  an earlier one that only adds into its chunks, from scratch, when it adds too: sums
+  commute), and every send the step after the receives it must follow: a send does not hold its thread
   block up (the executor buffers it), a receive does. A fused ``rcs``/``rrs``/``rrcs``
   receives in one step and sends in the next; ``rrs`` keeps its sum in the chunk it
   read;
@@ -65,8 +67,10 @@ class _Unit:
     hazards: list[_Unit] = field(default_factory=list)  # earlier writers of its chunks
     after: int = 0                       # the step its successors may not precede
     tb_prev: _Unit | None = None         # the unit before it on its thread block
-    fold_into: _Unit | None = None       # an r into scratch, folded into a later re
-    folded_recv: _Unit | None = None     # on the re: the r it folded
+    readers: list[_Unit] = field(default_factory=list)  # on an r into scratch: the re's
+    #                                      that add its data into the buffer (folded)
+    sources: list[_Unit] = field(default_factory=list)  # on such an re: the r's it reads
+    fold_chunk: int = -1                 # on a folded r: the first chunk its data adds into
     src_unit: int = -1                   # the chunk its src names (-1: none)
     dst_unit: int = -1                   # the chunk its dst names (-1: none)
 
@@ -326,17 +330,32 @@ def _map_scratch(algo: Algo, where: _Where, gpus: set[int]) -> None:
 
 
 def _fold_scratch(algo: Algo, tbs: dict[int, list[_Unit]]) -> None:
-    """An ``r`` into scratch read by exactly one ``re`` becomes one reducing recv."""
-    writers: dict[tuple[int, int], _Unit] = {}
+    """A receive into scratch, and the local reduces (``re``) that add its data into the
+    buffer, become one reducing recv.
+
+    The reduces may each take a part of the received data (msccl-tools' all-pairs
+    allreduce receives a peer's whole row of chunks in one ``r`` and adds it with one
+    ``re`` per chunk, on separate thread blocks), and one reduce may take the data of
+    several receives. Every scratch unit a receive fills must be added exactly once, and
+    a receive's units into consecutive chunks: the recv is then one message over that
+    range, in the first step in which all of its reduces may run (reducing recvs of one
+    chunk add in any order, so reduces into one chunk need not be a step apart:
+    :func:`_levels`). Scratch written twice (reused), added twice or never, is refused,
+    naming the step.
+    """
+    writer: dict[int, tuple[_Unit, int]] = {}   # scratch unit -> (its r, offset in the r)
     for units in tbs.values():
         for u in units:
             if u.first.dstbuf == "s" and u.type in _DST_USED:
                 if u.type != "r":
                     raise _refuse(algo, u, "only plain receives (r) into scratch are supported")
-                key = (u.first.dstoff, u.cnt)
-                if key in writers:
-                    raise _refuse(algo, u, f"scratch s[{key[0]}] is written twice")
-                writers[key] = u
+                for k in range(u.cnt):
+                    if u.first.dstoff + k in writer:
+                        raise _refuse(algo, u, f"scratch s[{u.first.dstoff + k}] is written "
+                                               "twice (scratch reused; topoplan keeps one "
+                                               "place per received chunk)")
+                    writer[u.first.dstoff + k] = (u, k)
+    chunk_of: dict[int, int] = {}                # scratch unit -> the chunk it adds into
     for units in tbs.values():
         for u in units:
             reads_scratch = u.first.srcbuf == "s" and u.type in ("s", "rrs", "rrc", "rrcs",
@@ -349,14 +368,30 @@ def _fold_scratch(algo: Algo, tbs: dict[int, list[_Unit]]) -> None:
             if u.first.dstbuf == "s":
                 raise _refuse(algo, u, "a reduce into scratch keeps a value topoplan "
                                        "has no chunk for")
-            w = writers.pop((u.first.srcoff, u.cnt), None)
-            if w is None:
-                raise _refuse(algo, u, f"s[{u.first.srcoff}] x{u.cnt} is not exactly one "
-                                       "receive's data (or is read twice)")
-            w.fold_into, u.folded_recv = u, w
-    if writers:
-        u = next(iter(writers.values()))
-        raise _refuse(algo, u, "data received into scratch is never reduced into the buffer")
+            for k in range(u.cnt):
+                off = u.first.srcoff + k
+                if off not in writer:
+                    raise _refuse(algo, u, f"s[{off}] is added into the buffer but no "
+                                           "receive fills it")
+                if off in chunk_of:
+                    raise _refuse(algo, u, f"s[{off}] is added into the buffer twice "
+                                           "(topoplan adds a received chunk once)")
+                chunk_of[off] = u.dst_unit + k
+                w = writer[off][0]
+                if not any(x is w for x in u.sources):
+                    u.sources.append(w)
+                    w.readers.append(u)
+    for off, (w, k) in sorted(writer.items()):
+        if off not in chunk_of:
+            raise _refuse(algo, w, f"data received into scratch s[{off}] is never reduced "
+                                   "into the buffer")
+        if k == 0:
+            w.fold_chunk = chunk_of[off]
+        elif chunk_of[off] != w.fold_chunk + k:
+            raise _refuse(algo, w, f"s[{w.first.dstoff}] x{w.cnt} is added into chunks "
+                                   f"{w.fold_chunk} and {chunk_of[off]} at offsets 0 and "
+                                   f"{k}: not one range of consecutive chunks, which one "
+                                   "topoplan recv needs")
 
 
 @dataclass(eq=False)
@@ -398,7 +433,7 @@ def _link(algo: Algo, units_of: dict[int, dict[int, list[_Unit]]]) -> None:
         _hazards([u for units in tbs.values() for u in units])
     for key, sends in fifo_send.items():
         for k, (su, ru) in enumerate(zip(sends, fifo_recv[key])):
-            m = _Message(units=[su, ru] + ([ru.fold_into] if ru.fold_into else []))
+            m = _Message(units=[su, ru] + ru.readers)
             su.send_msg, ru.recv_msg = m, m
             su.send_key = ru.recv_key = (key[2], k)
 
@@ -424,7 +459,7 @@ def _hazards(units: list[_Unit]) -> None:
         writes = False
         if t == "s":
             touched = range(u.src_unit, u.src_unit + u.cnt) if u.src_unit >= 0 else None
-        elif t in ("r", "rcs") and u.fold_into is None:
+        elif t in ("r", "rcs") and not u.readers:
             touched, writes = range(u.dst_unit, u.dst_unit + u.cnt), True
         elif t in ("rrc", "rrcs", "rrs"):
             touched, writes = range(u.src_unit, u.src_unit + u.cnt), True
@@ -468,12 +503,14 @@ def _levels(algo: Algo, units_of: dict[int, dict[int, list[_Unit]]], aligned: bo
         u = todo.pop()
         queued.discard(id(u))
         # after a predecessor's step, and after the step in which an earlier write of
-        # one of its chunks lands (ready = that recv's step + 1)
+        # one of its chunks lands (ready = that recv's step + 1); a reducing recv may share
+        # the step of an earlier one that only adds (the sums are the same in either order)
         if strict:  # every thread block predecessor done, as on the executor
             base = max((p.ready for p in u.preds), default=0)
         else:
+            adds = u.type in _REDUCES or bool(u.sources)
             base = max(max((p.after for p in u.preds), default=0),
-                       max((h.after if planned and u.type in _REDUCES and h.type == "rrc"
+                       max((h.after if adds and (h.sources or planned and h.type == "rrc")
                             else h.ready for h in u.hazards), default=0))
         raised: list[_Message] = []
 
@@ -496,7 +533,7 @@ def _levels(algo: Algo, units_of: dict[int, dict[int, list[_Unit]]], aligned: bo
         if t == "s":
             bound(u.send_msg, base, True)
             after = ready = u.send_msg.send if u.send_msg else base
-        elif t == "r" and u.fold_into is not None:
+        elif t == "r" and u.readers:
             bound(u.recv_msg, base, False)
             after = ready = base  # lands in scratch; the reduce that reads it is the recv
         elif t in ("r", "rrc"):
@@ -508,10 +545,12 @@ def _levels(algo: Algo, units_of: dict[int, dict[int, list[_Unit]]], aligned: bo
             ready = (u.recv_msg.level if u.recv_msg else base) + 1
             bound(u.send_msg, ready, True)
             after = u.send_msg.send if u.send_msg else ready
-        elif t == "re" and u.folded_recv is not None:
-            m = u.folded_recv.recv_msg
-            bound(m, base, False)
-            after = m.level if m else base
+        elif t == "re" and u.sources:
+            after = base
+            for w in u.sources:
+                bound(w.recv_msg, base, False)
+                if w.recv_msg is not None:
+                    after = max(after, w.recv_msg.level)
             ready = after + 1
         else:  # nop, in-place cpy
             after = ready = base
@@ -533,8 +572,6 @@ def _levels(algo: Algo, units_of: dict[int, dict[int, list[_Unit]]], aligned: bo
             u.recv_level = u.recv_msg.level
         if u.send_msg is not None:
             u.send_level = u.send_msg.send
-        if u.type == "re" and u.folded_recv is not None and u.folded_recv.recv_msg:
-            u.recv_level = u.folded_recv.recv_msg.level
 
 
 def import_msccl(algo: Algo, *, check: bool = True) -> Schedule:
@@ -664,7 +701,7 @@ def _reset(units_of: dict[int, dict[int, list[_Unit]]], planned: bool
                 if not u.first.plan:
                     continue  # nop, cpy
                 step = u.first.plan[0]
-                if u.recv_msg is not None and u.fold_into is None:
+                if u.recv_msg is not None and not u.readers:
                     u.recv_msg.level = step
                 if u.send_msg is not None:  # a fused step sends the step after it receives
                     u.send_msg.send = step + (u.type != "s")
@@ -689,18 +726,16 @@ def _schedule(algo: Algo, units_of: dict[int, dict[int, list[_Unit]]], planned: 
                     program[u.send_level].append(
                         ((*order, 0, tb.send, *u.send_key),
                          Op(OpKind.SEND, tb.send, chunk, False, u.cnt)))
-                if u.type in _RECVS and u.fold_into is None:
-                    chunk = u.src_unit if u.type == "rrs" else u.dst_unit
+                if u.type in _RECVS:
+                    if u.readers:  # into scratch, added by its re's: one reducing recv
+                        chunk, reduce = u.fold_chunk, True
+                    else:
+                        chunk = u.src_unit if u.type == "rrs" else u.dst_unit
+                        reduce = u.type in _REDUCES
                     order = (u.first.plan[1],) if planned and len(u.first.plan) > 1 else ()
                     program[u.recv_level].append(
                         ((*order, 1, tb.recv, *u.recv_key),
-                         Op(OpKind.RECV, tb.recv, chunk, u.type in _REDUCES, u.cnt)))
-                if u.type == "re":
-                    w = u.folded_recv
-                    assert w is not None
-                    program[u.recv_level].append(
-                        ((1, w.tb.recv, *w.recv_key),
-                         Op(OpKind.RECV, w.tb.recv, u.dst_unit, True, u.cnt)))
+                         Op(OpKind.RECV, tb.recv, chunk, reduce, u.cnt)))
         last = max(program, default=-1)
         steps.append([[op for _, op in sorted(program.get(t, []), key=lambda x: x[0])]
                       for t in range(last + 1)])
