@@ -327,7 +327,10 @@ def _sharded_round_trip(cluster, schedule, size, **options):
     for profile in ("ideal", "nccl"):
         t0 = topoplan.simulate(cluster, schedule, size=size, profile=profile).time_s
         t1 = topoplan.simulate(cluster, back, size=size, profile=profile).time_s
-        assert t1 == pytest.approx(t0, rel=1e-6), profile
+        # An import splits uneven chunks into the file's equal units (256 chunks of three
+        # sizes become 4096 units): the same bytes on the same steps, but other event
+        # batches at the simulator's 1e-7 resolution.
+        assert t1 == pytest.approx(t0, rel=1e-5), profile
     return result, algo, back
 
 
