@@ -321,3 +321,19 @@ def test_tuner_config_says_where_it_overrides_nccl():
     text = tuner_config(cluster)
     overriding = sum(rule.overrides for rule in rules)
     assert text.count("# fabric-aware:") == overriding
+
+
+def test_the_model_cache_keeps_no_cluster_alive():
+    import gc
+    import weakref
+
+    from topoplan.native.nccl import _LINKS, _MODELS
+    cluster = loads_cluster(rails(2, fabric="450 GB/s"))
+    nccl_time(cluster, GiB)
+    nccl_links(cluster)
+    gone = weakref.ref(cluster)
+    before = len(_MODELS), len(_LINKS)
+    del cluster
+    gc.collect()
+    assert gone() is None
+    assert (len(_MODELS), len(_LINKS)) == (before[0] - 1, before[1] - 1)

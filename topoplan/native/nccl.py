@@ -31,11 +31,11 @@ nccl-tests figures that set nothing here.
 from __future__ import annotations
 
 import math
-import weakref
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
+from .._cache import ObjectCache
 from . import nccl_tables as T
 from .nccl_search import BoxView, Graph, box_view, search_collnet_direct, search_nvls, \
     search_ring, search_tree
@@ -182,7 +182,7 @@ class NcclModel:
             key = (box.signature(), model)
             self._representative.append(key not in found)
             if key not in found:
-                view = box_view(box, T.COMPCAP[model])
+                view = box_view(box, T.COMPCAP[model], count=box.gpu is not None)
                 ring = search_ring(view, inter)
                 graphs = {"ring": ring, "tree": search_tree(view, inter, ring),
                           "nvls": search_nvls(view, inter),
@@ -768,30 +768,37 @@ def gpu_model(box: Any) -> str:
     return "H100" if box.fabric is not None and box.fabric.nvls else DEFAULT_GPU
 
 
-_LINKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def nccl_links(cluster: Cluster) -> Cluster:
     """``cluster`` with its NVLink links and NVSwitch ports at what NCCL counts for them
-    (:func:`~topoplan.native.nccl_search.nvlink_view`, by each box's GPU model): the
-    cluster a schedule run by NCCL moves its bytes on (the ``nccl`` profile's
-    ``nvlink: nccl``). The same object when nothing changes; a host (a calibrated
-    profile's machine) is never changed."""
-    from dataclasses import replace
-
+    (:func:`~topoplan.native.nccl_search.nvlink_view`, by each box's GPU model; a box
+    whose file names no ``gpu`` keeps its bandwidths as written): the cluster a
+    schedule run by NCCL moves its bytes on (the ``nccl`` profile's ``nvlink: nccl``).
+    The same object when nothing changes; a host (a calibrated profile's machine) is
+    never changed. Computed once per cluster object."""
     from ..cluster import HostCluster
-    from .nccl_search import nvlink_view
 
     if isinstance(cluster, HostCluster):
         return cluster
-    found = _LINKS.get(cluster)
-    if found is not None:
-        return found
+    counted = _LINKS(cluster)
+    return cluster if counted is None else counted
+
+
+def _count_links(cluster: Cluster) -> Cluster | None:
+    """The re-counted cluster, or None when no bandwidth changes (a cached value must
+    not refer back to its cluster)."""
+    from dataclasses import replace
+
+    from .nccl_search import nvlink_view
+
     boxes = []
     changed = False
     for box in cluster.boxes:
+        if box.gpu is None:  # the file does not say which NVLink: taken as written
+            boxes.append(box)
+            continue
         cc = T.COMPCAP[gpu_model(box)]
         fabric = box.fabric
+
         def view(bandwidth: float) -> float:
             counted = nvlink_view(bandwidth / 1e9, cc) * 1e9
             return bandwidth if math.isclose(counted, bandwidth, rel_tol=1e-9) else counted
@@ -804,9 +811,10 @@ def nccl_links(cluster: Cluster) -> Cluster:
             changed = True
             box = replace(box, fabric=fabric, gpu_links=links)
         boxes.append(box)
-    out = replace(cluster, boxes=tuple(boxes)) if changed else cluster
-    _LINKS[cluster] = out
-    return out
+    return replace(cluster, boxes=tuple(boxes)) if changed else None
+
+
+_LINKS: ObjectCache[Cluster, Cluster | None] = ObjectCache(_count_links)
 
 
 def runtime_cluster(cluster: Cluster, profile: Any) -> Cluster:
@@ -816,14 +824,24 @@ def runtime_cluster(cluster: Cluster, profile: Any) -> Cluster:
     return nccl_links(cluster) if getattr(profile, "nvlink", None) == "nccl" else cluster
 
 
-_MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+def _model_state(cluster: Cluster) -> dict[str, Any]:
+    """What a model computes of ``cluster``, without the cluster itself (a cached value
+    must not keep its cluster alive); its price caches are shared by every model made
+    from it."""
+    state = dict(NcclModel(cluster).__dict__)
+    del state["cluster"]
+    return state
+
+
+_MODELS: ObjectCache[Cluster, dict[str, Any]] = ObjectCache(_model_state)
 
 
 def nccl_model(cluster: Cluster) -> NcclModel:
-    """The :class:`NcclModel` of ``cluster`` (built once per cluster object)."""
-    model = _MODELS.get(cluster)
-    if model is None:
-        model = _MODELS[cluster] = NcclModel(cluster)
+    """The :class:`NcclModel` of ``cluster``: its search and tables run once per cluster
+    object, and prices computed on one model serve the next."""
+    model = NcclModel.__new__(NcclModel)
+    model.__dict__.update(_MODELS(cluster))
+    model.cluster = cluster
     return model
 
 

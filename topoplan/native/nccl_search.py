@@ -112,18 +112,24 @@ class BoxView:
         return self.intra_bw
 
 
-def box_view(box: object, compcap: int) -> BoxView:
+def box_view(box: object, compcap: int, count: bool = True) -> BoxView:
     """The NCCL view of a :class:`topoplan.cluster.Box` (duck-typed: ``gpus``,
-    ``fabric``, ``gpu_links``, ``nics``) with GPUs of compute capability ``compcap``."""
+    ``fabric``, ``gpu_links``, ``nics``) with GPUs of compute capability ``compcap``;
+    NVLink counted as NCCL counts it (:func:`nvlink_view`) when ``count``, else as
+    written."""
     gpus = box.gpus  # type: ignore[attr-defined]
     fabric = box.fabric  # type: ignore[attr-defined]
     nics = tuple((nic.bandwidth / 1e9, tuple(nic.gpus)) for nic in box.nics)  # type: ignore[attr-defined]
-    links = tuple(((min(l.a, l.b), max(l.a, l.b)), nvlink_view(l.bandwidth / 1e9, compcap))
+
+    def nvlink(bandwidth: float) -> float:
+        return nvlink_view(bandwidth, compcap) if count else bandwidth
+
+    links = tuple(((min(l.a, l.b), max(l.a, l.b)), nvlink(l.bandwidth / 1e9))
                   for l in box.gpu_links)  # type: ignore[attr-defined]
     if gpus == 1:
         return BoxView(gpus, compcap, "none", 0.0, (), nics, False)
     if fabric is not None and fabric.is_nvlink:
-        return BoxView(gpus, compcap, "nvswitch", nvlink_view(fabric.bandwidth / 1e9, compcap),
+        return BoxView(gpus, compcap, "nvswitch", nvlink(fabric.bandwidth / 1e9),
                        (), nics, bool(fabric.nvls))
     if links and _mesh_connected(gpus, [ab for ab, _ in links]):
         return BoxView(gpus, compcap, "nvlink", 0.0, links, nics, False)
