@@ -57,6 +57,52 @@ def test_show_lists_box_groups_and_truncates_links(capsys):
     assert "... 13 more" in out
 
 
+BARE = """\
+name: bare
+switches: [s]
+boxes:
+  - name: "a{i}"
+    count: 2
+    gpus: 4
+    fabric: {bandwidth: 300 GB/s}
+    nics:
+      - {switch: s, bandwidth: 100 Gbit/s, gpus: [0, 1]}
+      - {switch: s, bandwidth: 100 Gbit/s, gpus: [2]}
+      - {switch: s, bandwidth: 25, gpus: [3]}
+"""
+
+
+def test_lint_reports_bare_numbers_instead_of_ok(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(BARE)
+    result = run_cli("topo", "lint", str(path))
+    assert result.returncode == 0
+    assert result.stdout.splitlines() == [
+        f"{path}: 1 warning: bare, 8 ranks in 2 boxes, 1 switches"]
+    assert result.stderr.splitlines() == [
+        f"topoplan: warning: {path}:11: boxes[0].nics[2].bandwidth: bare number 25 read as "
+        "25 GB/s (200 Gbit/s); write '25 GB/s' or '25 Gbit/s'"]
+    assert run_cli("topo", "lint", "--strict", str(path)).returncode == 1
+    assert run_cli("topo", "lint", "--strict", str(topology_path("mn1_10gbe"))).returncode == 0
+
+
+def test_every_command_reading_a_cluster_warns_once_per_bare_number(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(BARE)
+    result = run_cli("plan", str(path), "-a", "ring", "--candidates", "ring", "-s", "1MiB")
+    assert result.returncode == 0
+    assert [line for line in result.stderr.splitlines() if "warning" in line] == [
+        f"topoplan: warning: {path}:11: boxes[0].nics[2].bandwidth: bare number 25 read as "
+        "25 GB/s (200 Gbit/s); write '25 GB/s' or '25 Gbit/s'"]
+
+
+def test_show_writes_mixed_nics_as_counts_per_speed(tmp_path, capsys):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(BARE.replace("bandwidth: 25,", "bandwidth: 200 Gbit/s,"))
+    assert main(["topo", "show", str(path)]) == 0
+    assert "2 x 12.5 GB/s + 1 x 25 GB/s" in capsys.readouterr().out
+
+
 def test_lint_bad_file_prints_one_error_line_and_no_traceback(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nswitches: [s]\nboxes:\n  - name: 'a{i}'\n    count: 2\n    gpus: 1\n"

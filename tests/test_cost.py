@@ -8,6 +8,7 @@ random schedules with every cost switched on.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,10 +16,11 @@ from hypothesis import strategies as st
 from tests.support.clusters import switch_cluster
 from tests.support.schedules import ring_schedule
 
+import topoplan.cost
 from topoplan.cluster import loads_cluster
 from topoplan.cost import (DEFAULT_PROFILE, IDEAL, CostProfile, get_profile, load_profile,
                            loads_profile, profile_names)
-from topoplan.errors import ProfileError
+from topoplan.errors import ProfileError, UnitWarning
 from topoplan.schedule import build_schedule, equal_chunks, recv, send
 from topoplan.sim.reference import simulate_reference as _simulate_reference
 from topoplan.simulate import simulate
@@ -29,6 +31,12 @@ PROFILE = CostProfile("test", alpha_box=2 * US, alpha_network=5 * US, op_overhea
 
 
 # ---- the YAML form ------------------------------------------------------------------
+@pytest.mark.filterwarnings("error::topoplan.errors.UnitWarning")
+def test_shipped_profiles_write_their_units():
+    for name in profile_names():
+        load_profile(Path(topoplan.cost.__file__).with_name("profiles") / f"{name}.yaml")
+
+
 def test_shipped_profiles_load_and_name_their_sources():
     names = profile_names()
     assert {"ideal", "nccl", "mpi", "gloo"} <= set(names)
@@ -80,9 +88,16 @@ def test_profile_round_trips_through_yaml(tmp_path):
 
 
 def test_profile_units_and_bare_numbers():
-    p = loads_profile("name: x\nalpha: {box: 500 ns, network: 0.02 ms}\nop_overhead: 2\n"
-                      "step_overhead: 1 us\ncall_overhead: 0\nreduce_bandwidth: 80 Gbit/s\n"
-                      "host: {bandwidth: 1.5, ranks: 4}\n")
+    with pytest.warns(UnitWarning) as caught:
+        p = loads_profile("name: x\nalpha: {box: 500 ns, network: 0.02 ms}\nop_overhead: 2\n"
+                          "step_overhead: 1 us\ncall_overhead: 0\nreduce_bandwidth: 80 Gbit/s\n"
+                          "host: {bandwidth: 1.5, ranks: 4}\n", "p.yaml")
+    # Every bare number but 0 (0 in any unit) is named, with what it was read as.
+    assert [str(w.message) for w in caught] == [
+        "p.yaml:3: op_overhead: bare number 2 read as 2 us; write '2 us' "
+        "(or '2 ns', '2 ms' if that is what you meant)",
+        "p.yaml:7: host.bandwidth: bare number 1.5 read as 1.5 GB/s (12 Gbit/s); "
+        "write '1.5 GB/s' or '1.5 Gbit/s'"]
     assert p.alpha_box == pytest.approx(0.5e-6) and p.alpha_network == pytest.approx(20e-6)
     assert p.op_overhead == pytest.approx(2e-6)  # bare numbers are microseconds
     assert p.reduce_bandwidth == pytest.approx(10e9)

@@ -29,12 +29,13 @@ measured by ``topoplan calibrate``).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from .errors import ProfileError
+from .errors import ProfileError, UnitWarning
 
 __all__ = ["CostProfile", "load_profile", "loads_profile", "get_profile", "profile_names",
            "DEFAULT_PROFILE", "IDEAL"]
@@ -355,7 +356,8 @@ def load_profile(path: str | Path) -> CostProfile:
 def loads_profile(text: str, file: str = "<string>") -> CostProfile:
     """Like :func:`load_profile`, from YAML text; ``file`` names it in errors.
 
-    The format (bare numbers are microseconds and GB/s, as in cluster files)::
+    The format (bare numbers are microseconds and GB/s, as in cluster files, and warned
+    about as :class:`~topoplan.errors.UnitWarning`)::
 
         name: mpi
         description: topoplan's executor over Open MPI, 8 ranks on one host
@@ -369,7 +371,7 @@ def loads_profile(text: str, file: str = "<string>") -> CostProfile:
         calibration: {...}               # what topoplan calibrate recorded
     """
     from ._yaml import LineDict, load_yaml
-    from .units import parse_bandwidth, parse_latency, parse_size
+    from .units import bare_number_note, parse_bandwidth, parse_latency, parse_size
 
     doc = load_yaml(text, file, ProfileError)
     if doc is None:
@@ -394,6 +396,13 @@ def loads_profile(text: str, file: str = "<string>") -> CostProfile:
             raise fail(doc, key, f"expected a string, got {value!r}")
         return value
 
+    def unit_note(mapping: LineDict, key: str, path: str, what: str) -> None:
+        """Warn about a bare number: it has a default unit, which may not be the one meant."""
+        note = bare_number_note(mapping[key], what)
+        if note is not None:
+            warnings.warn(UnitWarning(note, file=file, line=mapping.line_of(key), key=path),
+                          stacklevel=3)
+
     def seconds(mapping: LineDict, key: str, path: str) -> float:
         value = mapping[key]
         try:
@@ -402,6 +411,7 @@ def loads_profile(text: str, file: str = "<string>") -> CostProfile:
             raise fail(mapping, key, str(exc), path) from None
         if out < 0:
             raise fail(mapping, key, f"must be >= 0, got {value!r}", path)
+        unit_note(mapping, key, path, "latency")
         return out
 
     def bandwidth(mapping: LineDict, key: str, path: str, allow_none: bool) -> float | None:
@@ -415,6 +425,7 @@ def loads_profile(text: str, file: str = "<string>") -> CostProfile:
             raise fail(mapping, key, str(exc), path) from None
         if not out > 0:
             raise fail(mapping, key, f"must be > 0, got {value!r}", path)
+        unit_note(mapping, key, path, "bandwidth")
         return out
 
     name = string("name")

@@ -1,7 +1,8 @@
 """Units of bandwidth, latency and size, as written in cluster files and on the CLI.
 
 Internally topoplan works in bytes, bytes per second and seconds. A bare number
-is GB/s for a bandwidth and microseconds for a latency (docs/CLUSTER.md). GB, MB, TB are
+is GB/s for a bandwidth and microseconds for a latency (docs/CLUSTER.md); the readers of
+cluster files and profiles warn about each one (:func:`bare_number_note`). GB, MB, TB are
 decimal (1 GB/s = 1e9 bytes/s, as nccl-tests reports); KiB, MiB, GiB are binary.
 """
 
@@ -13,7 +14,7 @@ import re
 from .collectives import get_collective
 
 __all__ = [
-    "parse_bandwidth", "parse_latency", "parse_size", "parse_size_range",
+    "parse_bandwidth", "parse_latency", "parse_size", "parse_size_range", "bare_number_note",
     "format_size", "format_bandwidth", "format_time", "bus_factor",
 ]
 
@@ -87,6 +88,35 @@ def parse_latency(value: object) -> float:
         return number * 1e-6
     amount, unit = _split(str(value), "latency", _LATENCY_UNITS)
     return amount * (1e-6 if unit == "" else _LATENCY_UNITS[unit])
+
+
+def bare_number_note(value: object, what: str) -> str | None:
+    """For a bandwidth or latency written without a unit (``100``, ``"100"``): what it was
+    read as and how to write the unit; ``None`` when it has a unit, or is 0 (in any unit).
+
+    ``what`` is ``"bandwidth"`` or ``"latency"``. The text is the reason of a
+    :class:`~topoplan.errors.UnitWarning`: ``bare number 100 read as 100 GB/s
+    (800 Gbit/s); write '100 GB/s' or '100 Gbit/s'``.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    if isinstance(value, str):
+        match = _NUMBER_UNIT.match(value)
+        if match is None or match.group(2):
+            return None
+        number = float(match.group(1))
+    else:
+        number = float(value)
+    if number == 0:  # 0 is 0 in any unit
+        return None
+    shown = f"{number:g}"
+    if what == "bandwidth":
+        return (f"bare number {shown} read as {shown} GB/s ({number * 8:g} Gbit/s); "
+                f"write '{shown} GB/s' or '{shown} Gbit/s'")
+    if what == "latency":
+        return (f"bare number {shown} read as {shown} us; write '{shown} us' "
+                f"(or '{shown} ns', '{shown} ms' if that is what you meant)")
+    raise ValueError(f"what must be 'bandwidth' or 'latency', got {what!r}")
 
 
 def parse_size(value: object) -> int:

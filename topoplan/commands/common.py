@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from typing import Any, Callable
 
 from rich.console import Console
@@ -13,6 +14,18 @@ from rich.table import Table
 def console() -> Console:
     # Wide enough that tables do not wrap when piped into a file or CI log.
     return Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+
+
+def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: Any = None, line: str | None = None) -> None:
+    """``warnings.showwarning`` for the CLI: a topoplan warning is one line on stderr,
+    ``topoplan: warning: <message>``; any other keeps Python's format."""
+    from ..errors import TopoplanWarning
+    out = sys.stderr if file is None else file
+    if issubclass(category, TopoplanWarning):
+        print(f"topoplan: warning: {message}", file=out)
+    else:
+        out.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 def table(*columns: str, title: str | None = None) -> Table:

@@ -7,10 +7,13 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import warnings
+from collections import Counter
 from itertools import groupby
 from pathlib import Path
 
-from ..cluster import load_cluster
+from ..cluster import Cluster, Nic, load_cluster
+from ..errors import TopoplanWarning
 from ..schedule import atomic_write
 from ..units import format_bandwidth, format_time, parse_bandwidth
 from .common import console, positive_int, table
@@ -24,8 +27,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show.add_argument("--links", type=int, default=24, metavar="N",
                       help="list at most N switch links (default 24)")
     show.set_defaults(func=cmd_show)
-    lint = sub.add_parser("lint", help="validate a cluster file; exit 0 when it is good")
+    lint = sub.add_parser(
+        "lint", help="validate a cluster file; exit 0 when it loads",
+        description="Load each cluster file: print 'FILE: ok: ...' for a file that loads "
+                    "cleanly, or 'FILE: N warning(s): ...' (each warning on stderr) for one "
+                    "that loads but has something that may not mean what was meant, such "
+                    "as a bandwidth without a unit. A file that does not load is an error "
+                    "(exit 1).")
     lint.add_argument("cluster", nargs="+", help="cluster YAML file(s)")
+    lint.add_argument("--strict", action="store_true",
+                      help="exit 1 when any file has a warning, too")
     lint.set_defaults(func=cmd_lint)
     imp = sub.add_parser(
         "import", help="make a cluster YAML file from another tool's topology file",
@@ -95,9 +106,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         members = list(group)
         first, last = members[0], members[-1]
         label = first.name if len(members) == 1 else f"{first.name} .. {last.name}"
-        nic_bw = sorted({nic.bandwidth for nic in first.nics})
-        nics = (f"{len(first.nics)} x " + "/".join(format_bandwidth(b) for b in nic_bw)
-                if first.nics else "-")
+        nics = nic_summary(first.nics)
         inbox = first.in_box_bandwidth()
         boxes.add_row(label, str(len(members)), f"{first.first_rank}..{last.ranks[-1]}",
                       str(first.gpus), format_bandwidth(inbox) if inbox else "-", nics,
@@ -140,13 +149,35 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def nic_summary(nics: tuple[Nic, ...]) -> str:
+    """``2 x 12.5 GB/s + 2 x 25 GB/s``: a box's NICs by speed, slowest first; ``-`` for none."""
+    speeds = Counter(nic.bandwidth for nic in nics)
+    return " + ".join(f"{speeds[bw]} x {format_bandwidth(bw)}" for bw in sorted(speeds)) or "-"
+
+
 def cmd_lint(args: argparse.Namespace) -> int:
     out = console()
+    warned = False
     for path in args.cluster:
+        cluster, found = _load_warned(path)
+        verdict = "ok" if not found else f"{len(found)} warning{'s' * (len(found) > 1)}"
+        warned = warned or bool(found)
+        out.print(f"{path}: {verdict}: {cluster.name}, {cluster.nranks} ranks in "
+                  f"{len(cluster.boxes)} boxes, {len(cluster.switches)} switches")
+    return 1 if warned and args.strict else 0
+
+
+def _load_warned(path: str) -> tuple[Cluster, list[TopoplanWarning]]:
+    """The cluster in ``path`` and the warnings its reading issued (each also shown)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TopoplanWarning)
         cluster = load_cluster(path)
-        out.print(f"{path}: ok: {cluster.name}, {cluster.nranks} ranks in {len(cluster.boxes)} "
-                  f"boxes, {len(cluster.switches)} switches")
-    return 0
+    found = []
+    for w in caught:
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+        if isinstance(w.message, TopoplanWarning):
+            found.append(w.message)
+    return cluster, found
 
 
 def _bandwidth_arg(text: str) -> float:
