@@ -588,6 +588,23 @@ def test_error_yaml_syntax():
         """) == "c.yaml:4: YAML syntax error: expected <block end>, but found '<block mapping start>'"
 
 
+@pytest.mark.parametrize("text, where", [
+    ("name: x\nboxes:\n\t- {name: a, gpus: 1}\n", "c.yaml:3: a tab at column 1"),
+    ("name: x\nboxes:\n  - name: a\n  \tgpus: 1\n", "c.yaml:4: a tab at column 3"),
+    ("name:\tx\nboxes: [{name: a, gpus: 1}]\n", "c.yaml:1: a tab at column 6"),
+])
+def test_error_tab_says_indent_with_spaces(text, where):
+    assert error(text) == (f"{where}: indent with spaces (YAML allows tabs only inside "
+                           "quoted strings)")
+
+
+def test_tab_in_a_profile_says_indent_with_spaces():
+    from topoplan.cost import loads_profile
+    from topoplan.errors import ProfileError
+    with pytest.raises(ProfileError, match=r"^p.yaml:3: a tab at column 1: indent with spaces"):
+        loads_profile("name: x\nalpha:\n\tbox: 1 us\n", "p.yaml")
+
+
 def test_error_duplicate_yaml_key():
     assert error("""\
         name: x
