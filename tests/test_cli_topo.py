@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -9,14 +10,18 @@ import pytest
 
 from tests.support.clusters import ROOT, topology_path
 from tests.support.clusters import SHIPPED as SHIPPED_NAMES
+from tests.support.tables import read_table, widest_line
 from topoplan.cli import main
+from topoplan.cluster import load_cluster
+from topoplan.units import format_bandwidth
 
 SHIPPED = [topology_path(name) for name in SHIPPED_NAMES]
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
+def run_cli(*args: str, columns: int | None = None) -> subprocess.CompletedProcess:
+    env = None if columns is None else {**os.environ, "COLUMNS": str(columns)}
     return subprocess.run([sys.executable, "-m", "topoplan", *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=60)
+                          text=True, cwd=ROOT, timeout=60, env=env)
 
 
 def test_lint_accepts_every_shipped_topology(capsys):
@@ -28,12 +33,30 @@ def test_lint_accepts_every_shipped_topology(capsys):
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
-def test_show_is_readable(path, capsys):
-    assert main(["topo", "show", str(path)]) == 0
-    out = capsys.readouterr().out
+def test_show_is_readable_in_80_columns(path):
+    result = run_cli("topo", "show", str(path), columns=80)
+    out = result.stdout
+    assert result.returncode == 0 and "Traceback" not in result.stderr
     assert "Boxes" in out and "bisection" in out and " ranks in " in out
-    assert "Traceback" not in out
-    assert max(len(line) for line in out.splitlines()) <= 160
+    assert widest_line(out) <= 80 and "…" not in out
+    cluster = load_cluster(path)
+    rows = read_table(out)
+    assert sum(int(row.get("count", "1")) for row in rows) == len(cluster.boxes)
+    for row in rows:
+        first = next(b for b in cluster.boxes if row["box"].split(" .. ")[0] == b.name)
+        assert row["GPUs"] == str(first.gpus)
+        assert row["injection per box"] == (format_bandwidth(cluster.injection_bandwidth(first))
+                                            if first.nics else "-")
+
+
+def test_show_stacks_mixed_nics_rather_than_clip_them(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(BARE.replace("bandwidth: 25,", "bandwidth: 200 Gbit/s,"))
+    out = run_cli("topo", "show", str(path), columns=60).stdout
+    assert widest_line(out) <= 60 and "…" not in out
+    lines = out.splitlines()
+    at = next(k for k, line in enumerate(lines) if "2 x 12.5 GB/s" in line)
+    assert lines[at + 1].strip().endswith("+ 1 x 25 GB/s")
 
 
 @pytest.mark.parametrize("name, ranks, bisection", [

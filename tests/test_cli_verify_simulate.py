@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,14 +11,16 @@ from pathlib import Path
 import pytest
 
 from tests.support.schedules import ring_schedule
+from tests.support.tables import read_table, widest_line
 
 ROOT = Path(__file__).resolve().parents[1]
 DDL = str(ROOT / "topologies" / "ddl_two_switch.yaml")
 
 
-def topoplan(*args: str) -> subprocess.CompletedProcess:
+def topoplan(*args: str, columns: int | None = None) -> subprocess.CompletedProcess:
+    env = None if columns is None else {**os.environ, "COLUMNS": str(columns)}
     return subprocess.run([sys.executable, "-m", "topoplan", *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=120)
+                          text=True, cwd=ROOT, timeout=120, env=env)
 
 
 def test_verify_accepts_a_ring(tmp_path):
@@ -92,20 +95,43 @@ def test_simulate_prints_one_row_per_size(tmp_path):
     done = topoplan("simulate", DDL, str(plan), "--sizes", "1KiB:1MiB:32", "--profile", "ideal")
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    for column in ("size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "bound(us)",
-                   "% of bound", "bandwidth(us)", "latency(us)", "overhead(us)", "reduce(us)"):
-        assert column in out
-    assert ("lower bound (any schedule, bound(us) below): 2 groups (switch level 1), 20 GB/s "
-            "out of them in all") in out
-    assert ("RS+AG cut bound (reduce-scatter + allgather schedules): 1 x bound(us), 2 GPUs "
-            "behind 10 GB/s") in out
+    assert "lower bound: 2 groups (switch level 1), 20 GB/s out of them in all" in out
+    assert "RS+AG cut bound (reduce-scatter + allgather schedules): 1 x the lower bound" in out
+    assert "bottleneck cut: 2 GPUs behind 10 GB/s out" in out
     assert "cost profile ideal: alpha 0 us" in out
-    rows = [line for line in out.splitlines() if line.startswith("│")]
-    assert [row.split("│")[1].strip() for row in rows] == ["1024", "32768", "1048576"]
+    rows = read_table(out)
+    assert [row["size (B)"] for row in rows] == ["1024", "32768", "1048576"]
     # 1 MiB: 6 steps x (2 x 256 KiB / 10 GB/s + 3 us) = 332.57 us; bound 104.86 us.
-    last = [cell.strip() for cell in rows[-1].split("│")[1:-1]]
-    assert last == ["1048576", "262144", "332.57", "3.15", "4.73", "104.86", "31.5",
-                    "314.57", "18.00", "0.00", "0.00", "0.00"]
+    assert rows[-1] == {"size (B)": "1048576", "count": "262144", "time (us)": "332.57",
+                        "algbw (GB/s)": "3.15", "busbw (GB/s)": "4.73", "bound (us)": "104.86",
+                        "vs bound": "3.17x"}
+    parts = read_table(out, 1)
+    assert parts[-1] == {"size (B)": "1048576", "bandwidth (us)": "314.57",
+                         "latency (us)": "18.00", "overhead (us)": "0.00", "reduce (us)": "0.00"}
+
+
+@pytest.mark.parametrize("plan_size, sizes", [("1MiB", "1KiB:1GiB:32"), ("64MiB", "64MiB")])
+def test_simulate_tables_fit_80_columns_and_print_the_json_numbers(tmp_path, plan_size, sizes):
+    plan = tmp_path / "plan.json"
+    made = topoplan("plan", DDL, "--size", plan_size, "--candidates", "ring,tree", "-o", str(plan))
+    assert made.returncode == 0, made.stderr
+    out = topoplan("simulate", DDL, str(plan), "--sizes", sizes, columns=80).stdout
+    assert widest_line(out) <= 80 and "…" not in out
+    data = json.loads(topoplan("simulate", DDL, str(plan), "--sizes", sizes, "--json").stdout)
+    rows, parts = read_table(out), read_table(out, 1)
+    assert len(rows) == len(parts) == len(data["results"])
+    for row, part, r in zip(rows, parts, data["results"]):
+        assert int(row["size (B)"].rstrip("*")) == r["size_bytes"]
+        assert int(row["count"]) == r["count"]
+        for column, value in (("time (us)", r["time_s"] * 1e6), ("bound (us)",
+                              r["lower_bound_s"] * 1e6), ("algbw (GB/s)", r["algbw_GBps"]),
+                              ("busbw (GB/s)", r["busbw_GBps"])):
+            assert float(row[column]) == pytest.approx(value, abs=0.005), column
+        assert row["vs bound"] == f"{r['x_bound']:.2f}x"
+        assert r["x_bound"] == pytest.approx(r["time_s"] / r["lower_bound_s"])
+        for name, seconds in r["breakdown"].items():
+            if f"{name} (us)" in part:
+                assert float(part[f"{name} (us)"]) == pytest.approx(seconds * 1e6, abs=0.005)
 
 
 def test_simulate_json(tmp_path):

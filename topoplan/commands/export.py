@@ -70,7 +70,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.output:
         atomic_write(Path(args.output), text)
         assert err is not None
-        err.print(f"wrote {args.output}: {summary}")
+        err.print(f"wrote {args.output}: {summary}", soft_wrap=True)
     else:
         sys.stdout.write(text)
         print(summary, file=sys.stderr)

@@ -34,7 +34,7 @@ def cmd_import(args: argparse.Namespace) -> int:
                f"{schedule.nmessages} messages; verified")
     if args.output:
         schedule.save(args.output)
-        console().print(f"wrote {args.output}: {summary}")
+        console().print(f"wrote {args.output}: {summary}", soft_wrap=True)
     else:
         sys.stdout.write(schedule.to_json() + "\n")
         print(summary, file=sys.stderr)

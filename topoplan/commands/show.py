@@ -124,10 +124,11 @@ def cmd_show(args: argparse.Namespace) -> int:
         report = simulate(cluster, schedule, args.size, profile=costs, record=True)
         from ..bound import rsag_bound
         out.print(f"{cluster.name}: {report.algorithm or 'schedule'} at {format_size(args.size)}: "
-                  f"{format_time(report.time_s)} predicted under cost profile {costs.name}, "
-                  f"lower bound {format_time(report.lower_bound_s)} "
-                  f"({report.efficiency:.0%} of it; RS+AG cut bound "
-                  f"{format_time(rsag_bound(cluster, args.size))})")
+                  f"{format_time(report.time_s)} predicted under cost profile {costs.name}")
+        if report.lower_bound_s > 0:
+            out.print(f"lower bound {format_time(report.lower_bound_s)} (the plan takes "
+                      f"{report.time_s / report.lower_bound_s:.2f}x it); RS+AG cut bound "
+                      f"{format_time(rsag_bound(cluster, args.size))}")
 
     for name, path in paths.items():
         if name == "cluster":
@@ -149,5 +150,5 @@ def cmd_show(args: argparse.Namespace) -> int:
             fig.savefig(path, dpi=args.dpi)
         except (OSError, ValueError) as exc:  # unwritable path, unknown image format
             raise TopoplanError(f"cannot write {path}: {exc}") from None
-        out.print(f"wrote {path}  ({name})")
+        out.print(f"wrote {path}  ({name})", soft_wrap=True)
     return 0

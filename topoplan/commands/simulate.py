@@ -17,7 +17,8 @@ from ..schedule import load_schedule
 from ..sim.base import EPS_T
 from ..simulate import SimReport, simulate
 from ..units import format_bandwidth, parse_bandwidth, parse_latency
-from .common import add_profile_argument, checked_arg, console, sizes_arg, table
+from .common import (Column, add_profile_argument, checked_arg, console, fit_table,
+                     left_out_note, sizes_arg)
 
 #: The parts of SimReport.breakdown, in the order the table and JSON show them.
 PARTS = ("bandwidth", "latency", "overhead", "reduce", "contention")
@@ -122,6 +123,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                          "busbw_GBps": r.busbw / 1e9, "lower_bound_s": r.lower_bound_s,
                          "rsag_bound_s": _rsag(cluster, r.size, args.dtype_size),
                          "efficiency": r.efficiency, "messages": r.messages,
+                         "x_bound": (r.time_s / r.lower_bound_s if r.lower_bound_s > 0
+                                     else None),
                          "breakdown": {part: r.breakdown.get(part, 0.0) for part in PARTS}}
                         for r in reports],
         }))
@@ -135,23 +138,48 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         out.print(f"time resolution {reports[0].resolution:g} of the clock (events closer "
                   "than that happen at once)")
     if part is not None and schedule.collective != "allreduce":
-        out.print(f"lower bound (any {schedule.collective}, ForestColl's cut, bound(us) "
-                  f"below): {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)}")
+        out.print(f"lower bound (any {schedule.collective}): ForestColl's cut")
     elif part is not None:
         # Both bounds grow linearly with the size: one factor says where the other is.
         factor = rsag_bound(cluster, 1 << 20) / lower_bound(cluster, 1 << 20)
-        out.print(f"lower bound (any schedule, bound(us) below): {part}")
+        out.print(f"lower bound: {part}")
         out.print(f"RS+AG cut bound (reduce-scatter + allgather schedules): {factor:.3g} x "
-                  f"bound(us), {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)}")
-    rows = table("size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "bound(us)",
-                 "% of bound", *(f"{name}(us)" for name in PARTS))
-    for r in reports:
-        rows.add_row(str(r.size), str(r.size // args.dtype_size), f"{r.time_s * 1e6:.2f}",
-                     f"{r.algbw / 1e9:.2f}", f"{r.busbw / 1e9:.2f}",
-                     f"{r.lower_bound_s * 1e6:.2f}", f"{100 * r.efficiency:.1f}",
-                     *(f"{r.breakdown.get(name, 0.0) * 1e6:.2f}" for name in PARTS))
-    out.print(rows)
-    out.print("bandwidth: bytes moving (link sharing included); latency: alpha and path "
-              "latency; overhead: call, step and posting costs; reduce: adds; contention: "
-              "ranks taking turns on a host with fewer cores than ranks")
+                  f"the lower bound")
+    if part is not None:
+        out.print(f"bottleneck cut: {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)} out")
+    sizes = [str(r.size) for r in reports]
+    t, left_out = fit_table(COLUMNS, [
+        [size, str(r.size // args.dtype_size), f"{r.time_s * 1e6:.2f}", f"{r.algbw / 1e9:.2f}",
+         f"{r.busbw / 1e9:.2f}", f"{r.lower_bound_s * 1e6:.2f}", _x_bound(r)]
+        for size, r in zip(sizes, reports)], out.width)
+    out.print(t)
+    note = left_out_note(left_out, out.width)
+    if note:
+        out.print(note)
+    out.print("vs bound: time / lower bound (1.00x: no schedule is faster)")
+    # Contention exists on a calibrated host only: a column of zeros elsewhere.
+    parts = [name for name in PARTS
+             if name != "contention" or any(r.breakdown.get(name, 0.0) for r in reports)]
+    t, left_out = fit_table([Column("size\n(B)"), *(Column(f"{name}\n(us)") for name in parts)],
+                            [[size, *(f"{r.breakdown.get(name, 0.0) * 1e6:.2f}"
+                                      for name in parts)]
+                             for size, r in zip(sizes, reports)], out.width,
+                            title="Where the time goes (critical path)")
+    out.print(t)
+    out.print("bandwidth: bytes moving, link sharing included; latency: alpha and path")
+    out.print("latency; overhead: call, step and posting costs; reduce: adds")
+    if "contention" in parts:
+        out.print("contention: ranks taking turns on a host with fewer cores than ranks")
     return 0
+
+
+#: The table's columns: the essentials always, the others (drop > 0) while they fit.
+COLUMNS = (Column("size\n(B)"), Column("count", drop=2), Column("time\n(us)"),
+           Column("algbw\n(GB/s)", drop=3), Column("busbw\n(GB/s)"),
+           Column("bound\n(us)", drop=1), Column("vs\nbound"))
+
+
+def _x_bound(report: SimReport) -> str:
+    if not report.lower_bound_s > 0:
+        return "-"  # one GPU: nothing to move, no bound
+    return f"{report.time_s / report.lower_bound_s:.2f}x"

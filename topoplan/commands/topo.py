@@ -16,7 +16,7 @@ from ..cluster import Cluster, Nic, load_cluster
 from ..errors import TopoplanWarning
 from ..schedule import atomic_write
 from ..units import format_bandwidth, format_time, parse_bandwidth
-from .common import console, positive_int, table
+from .common import Column, console, fit_table, left_out_note, positive_int, table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -97,21 +97,24 @@ def cmd_show(args: argparse.Namespace) -> int:
     graph = cluster.graph
     out.print(f"[bold]{cluster.name}[/bold]  ({args.cluster})")
     out.print(f"{cluster.nranks} ranks in {len(cluster.boxes)} boxes, {len(cluster.switches)} "
-              f"switches, {len(cluster.links)} switch links; graph: {graph.number_of_nodes()} "
-              f"nodes, {graph.number_of_edges()} directed edges")
+              f"switches, {len(cluster.links)} switch links")
+    out.print(f"graph: {graph.number_of_nodes()} nodes, {graph.number_of_edges()} directed edges")
 
-    boxes = table("box", "count", "ranks", "GPUs", "in-box per GPU", "NICs", "injection per box",
-                  title="Boxes")
+    rows = []
     for template, group in groupby(cluster.boxes, key=lambda b: (b.template, b.signature())):
         members = list(group)
         first, last = members[0], members[-1]
         label = first.name if len(members) == 1 else f"{first.name} .. {last.name}"
-        nics = nic_summary(first.nics)
         inbox = first.in_box_bandwidth()
-        boxes.add_row(label, str(len(members)), f"{first.first_rank}..{last.ranks[-1]}",
-                      str(first.gpus), format_bandwidth(inbox) if inbox else "-", nics,
-                      format_bandwidth(cluster.injection_bandwidth(first)) if first.nics else "-")
+        rows.append([label, str(len(members)), f"{first.first_rank}..{last.ranks[-1]}",
+                     str(first.gpus), format_bandwidth(inbox) if inbox else "-",
+                     nic_summary(first.nics),
+                     format_bandwidth(cluster.injection_bandwidth(first)) if first.nics else "-"])
+    boxes, left_out = fit_table(BOX_COLUMNS, rows, out.width, title="Boxes")
     out.print(boxes)
+    note = left_out_note(left_out, out.width)
+    if note:
+        out.print(note)
 
     if cluster.links:
         links = table("a", "b", "bandwidth", "latency", title="Switch links")
@@ -121,32 +124,39 @@ def cmd_show(args: argparse.Namespace) -> int:
             links.add_row(f"... {len(cluster.links) - args.links} more", "", "", "")
         out.print(links)
 
-    summary = table("measure", "value", title="Bandwidth")
+    summary: list[list[str]] = []
     if len(cluster.boxes) > 1:
         inj = [cluster.injection_bandwidth(b) for b in cluster.boxes]
-        summary.add_row("per-box injection (min .. max)",
-                        f"{format_bandwidth(min(inj))} .. {format_bandwidth(max(inj))}")
+        summary.append(["per-box injection (min .. max)",
+                        f"{format_bandwidth(min(inj))} .. {format_bandwidth(max(inj))}"])
     per_gpu = [b.in_box_bandwidth() for b in cluster.boxes if b.gpus > 1]
     if per_gpu:
-        summary.add_row("in-box per GPU (min)", format_bandwidth(min(per_gpu)))
+        summary.append(["in-box per GPU (min)", format_bandwidth(min(per_gpu))])
     if cluster.nranks < 2:
         # One GPU: no cut separates GPUs and an allreduce moves nothing.
-        summary.add_row("bisection (rank-order halves)", "- (one GPU)")
-        summary.add_row("lower bound partition", "none: one GPU, nothing to move")
-        out.print(summary)
-        return 0
-    summary.add_row("bisection (rank-order halves)", format_bandwidth(cluster.bisection_bandwidth()))
-    try:
-        from ..bound import best_partition, bottleneck
-        summary.add_row("lower bound partition (any schedule)", str(best_partition(cluster)))
-        cut = bottleneck(cluster)
-        summary.add_row("RS+AG bottleneck cut",
-                        f"{cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)} "
-                        f"({format_bandwidth(cut.bandwidth / cut.gpus)} per GPU)")
-    except ImportError:
-        pass
-    out.print(summary)
+        summary.append(["bisection (rank-order halves)", "- (one GPU)"])
+        summary.append(["lower bound partition", "none: one GPU, nothing to move"])
+    else:
+        summary.append(["bisection (rank-order halves)",
+                        format_bandwidth(cluster.bisection_bandwidth())])
+        try:
+            from ..bound import best_partition, bottleneck
+            summary.append(["lower bound partition (any schedule)", str(best_partition(cluster))])
+            cut = bottleneck(cluster)
+            summary.append(["RS+AG bottleneck cut",
+                            f"{cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)} "
+                            f"({format_bandwidth(cut.bandwidth / cut.gpus)} per GPU)"])
+        except ImportError:
+            pass
+    out.print(fit_table(SUMMARY_COLUMNS, summary, out.width, title="Bandwidth")[0])
     return 0
+
+
+#: Bandwidths are each way; NICs of several speeds stack one speed a line when narrow.
+BOX_COLUMNS = (Column("box", "left"), Column("count", drop=1), Column("ranks"),
+               Column("GPUs"), Column("in-box\nper GPU"), Column("NICs", stack=" + "),
+               Column("injection\nper box"))
+SUMMARY_COLUMNS = (Column("measure", "left", wrap=True), Column("value", "left"))
 
 
 def nic_summary(nics: tuple[Nic, ...]) -> str:
@@ -163,7 +173,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
         verdict = "ok" if not found else f"{len(found)} warning{'s' * (len(found) > 1)}"
         warned = warned or bool(found)
         out.print(f"{path}: {verdict}: {cluster.name}, {cluster.nranks} ranks in "
-                  f"{len(cluster.boxes)} boxes, {len(cluster.switches)} switches")
+                  f"{len(cluster.boxes)} boxes, {len(cluster.switches)} switches", soft_wrap=True)
     return 1 if warned and args.strict else 0
 
 

@@ -31,5 +31,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
         except ScheduleError as exc:
             raise ScheduleError(f"{path}: {exc}") from None
         out.print(f"{path}: ok: {schedule.algorithm} {report.collective}, {report.nranks} ranks, "
-                  f"{report.nchunks} chunks, {report.nsteps} steps, {report.nmessages} messages")
+                  f"{report.nchunks} chunks, {report.nsteps} steps, {report.nmessages} messages",
+                  soft_wrap=True)
     return 0
