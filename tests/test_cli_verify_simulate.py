@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import topoplan as topoplan_api
 from tests.support.schedules import ring_schedule
 from tests.support.tables import read_table, widest_line
 
@@ -132,6 +133,35 @@ def test_simulate_tables_fit_80_columns_and_print_the_json_numbers(tmp_path, pla
         for name, seconds in r["breakdown"].items():
             if f"{name} (us)" in part:
                 assert float(part[f"{name} (us)"]) == pytest.approx(seconds * 1e6, abs=0.005)
+
+
+def test_simulate_says_the_size_the_plan_was_made_for_and_marks_the_others(tmp_path):
+    plan = tmp_path / "plan.json"
+    made = topoplan("plan", DDL, "--size", "1MiB", "--candidates", "rhd", "-o", str(plan))
+    assert made.returncode == 0, made.stderr
+    out = topoplan("simulate", DDL, str(plan), "--sizes", "1KiB:32MiB:32").stdout
+    assert "planned for 1MiB (1048576 B); * marks other sizes" in out
+    assert [row["size (B)"] for row in read_table(out)] == ["1024*", "32768*", "1048576",
+                                                            "33554432*"]
+    data = json.loads(topoplan("simulate", DDL, str(plan), "--sizes", "1KiB,1MiB",
+                               "--json").stdout)
+    assert data["planned_size_bytes"] == 1 << 20
+    assert [r["at_planned_size"] for r in data["results"]] == [False, True]
+    # The plan's own size alone: nothing to mark; a plan without the key: said, unmarked.
+    assert "planned for this size, 1MiB" in topoplan("simulate", DDL, str(plan), "--sizes",
+                                                     "1MiB").stdout
+    bare = tmp_path / "ring.json"
+    ring_schedule([0, 1, 2, 3]).save(bare)
+    out = topoplan("simulate", DDL, str(bare), "--sizes", "1KiB,1MiB").stdout
+    assert "the plan records no size it was made for" in out
+    assert [row["size (B)"] for row in read_table(out)] == ["1024", "1048576"]
+    data = json.loads(topoplan("simulate", DDL, str(bare), "--sizes", "1MiB", "--json").stdout)
+    assert data["planned_size_bytes"] is None and data["results"][0]["at_planned_size"] is None
+
+
+def test_the_api_records_the_size_a_plan_was_made_for(topology):
+    schedule = topoplan_api.plan(topology("ddl_two_switch"), "ring", size=4 << 20)
+    assert schedule.meta["size_bytes"] == 4 << 20
 
 
 def test_simulate_json(tmp_path):

@@ -16,7 +16,7 @@ from ..fingerprint import check_fingerprint
 from ..schedule import load_schedule
 from ..sim.base import EPS_T
 from ..simulate import SimReport, simulate
-from ..units import format_bandwidth, parse_bandwidth, parse_latency
+from ..units import format_bandwidth, format_size, parse_bandwidth, parse_latency
 from .common import (Column, add_profile_argument, checked_arg, console, fit_table,
                      left_out_note, sizes_arg)
 
@@ -66,6 +66,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=cmd_simulate)
 
 
+def _planned_size(schedule: Any) -> int | None:
+    """The size the plan was made for (``meta["size_bytes"]``, which ``topoplan plan -o``
+    writes), or None."""
+    size = schedule.meta.get("size_bytes")
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
 def _resolution(text: str) -> float:
     try:
         value = float(text)
@@ -110,10 +117,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print("\r" + " " * 24 + "\r", end="", file=sys.stderr)
     cut = bottleneck(cluster)
     part = best_partition(cluster) if cluster.nranks > 1 else None
+    planned = _planned_size(schedule)
     if args.json:
         print(json.dumps({
             "cluster": cluster.name, "algorithm": schedule.algorithm, "nranks": cluster.nranks,
             "profile": costs.to_dict(), "resolution": reports[0].resolution if reports else None,
+            "planned_size_bytes": planned,
             "bottleneck": {"gpus": cut.gpus, "bandwidth_Bps": cut.bandwidth,
                            "nodes": sorted(cut.nodes)},
             "bound_partition": ({"name": part.name, "groups": len(part.groups),
@@ -125,6 +134,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                          "efficiency": r.efficiency, "messages": r.messages,
                          "x_bound": (r.time_s / r.lower_bound_s if r.lower_bound_s > 0
                                      else None),
+                         "at_planned_size": None if planned is None else r.size == planned,
                          "breakdown": {part: r.breakdown.get(part, 0.0) for part in PARTS}}
                         for r in reports],
         }))
@@ -147,7 +157,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                   f"the lower bound")
     if part is not None:
         out.print(f"bottleneck cut: {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)} out")
-    sizes = [str(r.size) for r in reports]
+    for line in _made_for(planned, args.sizes):
+        out.print(line)
+    sizes = [f"{r.size}{'*' if planned not in (None, r.size) else ' '}" for r in reports]
     t, left_out = fit_table(COLUMNS, [
         [size, str(r.size // args.dtype_size), f"{r.time_s * 1e6:.2f}", f"{r.algbw / 1e9:.2f}",
          f"{r.busbw / 1e9:.2f}", f"{r.lower_bound_s * 1e6:.2f}", _x_bound(r)]
@@ -183,3 +195,14 @@ def _x_bound(report: SimReport) -> str:
     if not report.lower_bound_s > 0:
         return "-"  # one GPU: nothing to move, no bound
     return f"{report.time_s / report.lower_bound_s:.2f}x"
+
+
+def _made_for(planned: int | None, sizes: list[int]) -> list[str]:
+    """The lines that say which size the plan was made for, and what ``*`` marks."""
+    if planned is None:
+        return ["the plan records no size it was made for (topoplan plan -o writes it);",
+                "every size runs the same schedule"]
+    if set(sizes) == {planned}:
+        return [f"planned for this size, {format_size(planned)}"]
+    return [f"planned for {format_size(planned)} ({planned} B); * marks other sizes: they run "
+            "that", "schedule, which a plan for their size may beat (topoplan plan -s SIZE)"]

@@ -3,7 +3,8 @@
 Every planner is ``plan_x(cluster, *, size, chunks=None, profile=None, **options) ->
 Schedule`` and sets ``meta["algorithm"]``, ``meta["cluster"]`` and ``meta["profile"]``;
 a planner that plans more than allreduce takes ``collective=`` (:func:`collectives_of`);
-:func:`plan` adds ``meta["cluster_fingerprint"]`` (:mod:`topoplan.fingerprint`).
+:func:`plan` adds ``meta["cluster_fingerprint"]`` (:mod:`topoplan.fingerprint`) and
+``meta["size_bytes"]``.
 ``profile`` is the runtime's :class:`~topoplan.cost.CostProfile` (or a name): planners
 pick their pipelining depth, and ``mcf`` its construction, against it. :data:`PLANNERS`
 maps the names the CLI shows to them; adding one is one line (or :func:`register`).
@@ -155,7 +156,8 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
     -------
     Schedule
         With ``meta["cluster_fingerprint"]``, the cluster's
-        :func:`~topoplan.fingerprint.cluster_fingerprint`.
+        :func:`~topoplan.fingerprint.cluster_fingerprint`, and ``meta["size_bytes"]``,
+        the size it was planned for.
 
     Raises
     ------
@@ -178,7 +180,8 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
     if takes(planner, "profile"):
         options["profile"] = costs
     schedule = planner(cluster, size=size, **options)
-    extra: dict[str, Any] = {META_KEY: cluster_fingerprint(cluster)}
+    # The size it was made for: simulate marks the sizes it runs that are not this one.
+    extra: dict[str, Any] = {META_KEY: cluster_fingerprint(cluster), "size_bytes": size}
     if "profile" not in schedule.meta:
         extra["profile"] = costs.name
     return schedule.with_meta(**extra)
