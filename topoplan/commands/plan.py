@@ -150,7 +150,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             out.print(f"RS+AG cut bound (reduce-scatter + allgather schedules): "
                       f"{format_time(rsag)}")
         else:
-            out.print(f"lower bound (any {collective}): ForestColl's cut")
+            out.print(f"lower bound (any {collective}, ForestColl's cut): {format_time(bound)}")
         out.print(f"bottleneck cut: {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)} out")
     out.print(f"chosen: {chosen.algorithm}" + (f" -> {args.output}" if args.output else
                                                " (write it with -o PLAN.json)"), soft_wrap=True)

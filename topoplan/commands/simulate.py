@@ -148,7 +148,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         out.print(f"time resolution {reports[0].resolution:g} of the clock (events closer "
                   "than that happen at once)")
     if part is not None and schedule.collective != "allreduce":
-        out.print(f"lower bound (any {schedule.collective}): ForestColl's cut")
+        out.print(f"lower bound (any {schedule.collective}, ForestColl's cut): the "
+                  "bound (us) column")
     elif part is not None:
         # Both bounds grow linearly with the size: one factor says where the other is.
         factor = rsag_bound(cluster, 1 << 20) / lower_bound(cluster, 1 << 20)
