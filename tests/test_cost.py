@@ -166,13 +166,17 @@ def test_ring_matches_the_alpha_beta_formula(n):
     assert report.profile == "test" and report.messages == 2 * (n - 1) * n
 
 
-def test_ideal_profile_is_the_links_alone():
+def test_ideal_profile_is_the_links_alone_and_nccl_the_default():
     cluster = switch_cluster(4, latency="0 us")
     schedule = ring_schedule([0, 1, 2, 3])
-    a = simulate(cluster, schedule, 1 << 16)
-    b = simulate(cluster, schedule, 1 << 16, profile="ideal")
-    assert a.time_s == b.time_s == pytest.approx(6 * (1 << 14) / 10e9)
-    assert b.breakdown["bandwidth"] == pytest.approx(b.time_s)
+    ideal = simulate(cluster, schedule, 1 << 16, profile="ideal")
+    assert ideal.time_s == pytest.approx(6 * (1 << 14) / 10e9)
+    assert ideal.breakdown["bandwidth"] == pytest.approx(ideal.time_s)
+    # No profile named: the runtime's, as topoplan plan / simulate and topoplan.plan do.
+    default = simulate(cluster, schedule, 1 << 16)
+    assert default.profile == DEFAULT_PROFILE == "nccl"
+    assert default.time_s == simulate(cluster, schedule, 1 << 16, profile="nccl").time_s
+    assert default.time_s > ideal.time_s
 
 
 def test_alpha_per_link_class():
@@ -228,12 +232,16 @@ def test_empty_messages_cost_nothing():
     assert report.time_s == pytest.approx(PROFILE.call_overhead) and report.messages == 0
 
 
-def test_profile_and_plain_costs_do_not_mix():
-    cluster = switch_cluster(2)
-    with pytest.raises(ValueError, match="not both"):
-        simulate(cluster, ring_schedule([0, 1]), 64, profile=PROFILE, alpha=1e-6)
+def test_alpha_and_reduce_bandwidth_replace_the_profiles_own():
+    cluster, schedule = switch_cluster(2), ring_schedule([0, 1])
+    mixed = simulate(cluster, schedule, 64, profile=PROFILE, alpha=1e-6, reduce_bandwidth=2e9)
+    same = PROFILE.with_costs(alpha_box=1e-6, alpha_network=1e-6, reduce_bandwidth=2e9)
+    assert mixed.profile == "test*"
+    assert mixed.time_s == simulate(cluster, schedule, 64, profile=same).time_s
+    with pytest.raises(ValueError, match="alpha must be >= 0"):
+        simulate(cluster, schedule, 64, alpha=-1e-6)
     with pytest.raises(ProfileError, match="unknown cost profile"):
-        simulate(cluster, ring_schedule([0, 1]), 64, profile="nope")
+        simulate(cluster, schedule, 64, profile="nope")
 
 
 def _random_schedule(data: st.DataObject, n: int):

@@ -171,7 +171,7 @@ def simulated(cluster, size=64 << 20, record=True):
 
     schedule = ring_schedule(cluster.nranks)
     verify(schedule)
-    return schedule, simulate(cluster, schedule, size, record=record)
+    return schedule, simulate(cluster, schedule, size, record=record, profile="ideal")
 
 
 # --------------------------------------------------------------------------------------
@@ -502,7 +502,7 @@ def test_every_shipped_topology_keeps_its_texts_inside_the_figure(path):
     if cluster.nranks <= 256:  # planning the 1024-GPU cluster takes longer than the check
         size = 256 << 20
         schedule = planners.plan(cluster, algorithm="hierarchical", size=size)
-        report = simulate(cluster, schedule, size)
+        report = simulate(cluster, schedule, size, profile="ideal")
     fig = draw_cluster(cluster, report)
     assert cropped(fig) == []
     assert overlaps(fig) == []

@@ -21,7 +21,8 @@ Messages of zero bytes are not sent (the executor skips them): they cost nothing
 
 Shipped profiles (``topoplan/profiles/*.yaml``, each citing its sources): ``ideal`` (links
 only, the model before profiles), ``nccl`` (NCCL point-to-point, from NCCL's own tuning
-tables and published measurements; the default of :func:`topoplan.plan` and the CLI),
+tables and published measurements; the default of :func:`topoplan.plan`,
+:func:`topoplan.simulate` and the CLI),
 ``mpi`` and ``gloo`` (this project's executor over Open MPI and torch.distributed/gloo,
 measured by ``topoplan calibrate``).
 """
@@ -40,8 +41,9 @@ from .errors import ProfileError, UnitWarning
 __all__ = ["CostProfile", "load_profile", "loads_profile", "get_profile", "profile_names",
            "DEFAULT_PROFILE", "IDEAL"]
 
-#: The profile ``topoplan plan`` and :func:`topoplan.plan` use when none is named: GPU
-#: clusters run NCCL (topoplan's NCCL transport posts each step as one NCCL group).
+#: The profile the CLI, :func:`topoplan.plan` and :func:`topoplan.simulate` use when none
+#: is named: GPU clusters run NCCL (topoplan's NCCL transport posts each step as one NCCL
+#: group).
 DEFAULT_PROFILE = "nccl"
 
 _PROFILE_DIR = Path(__file__).with_name("profiles")

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import EstimateError
 from .models import MODELS, Model, canonical
+from .units import as_bytes
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -232,7 +233,7 @@ def one_box(cluster: Cluster) -> Cluster:
 def estimate(cluster: Cluster, *, model: Model, compute_s: float | None = None,
              batch_per_gpu: int | None = None, gpu: str | None = None, fp16: bool = False,
              overlap: bool = False, double_buffering: bool = False,
-             fusion: int = 64 << 20, backward_fraction: float = 2 / 3,
+             fusion: int | str = 64 << 20, backward_fraction: float = 2 / 3,
              algorithm: str = "auto", profile: CostProfile | str | None = None,
              _cache: dict | None = None) -> Estimate:
     """Estimate one training iteration of ``model`` on every GPU of ``cluster``.
@@ -257,8 +258,9 @@ def estimate(cluster: Cluster, *, model: Model, compute_s: float | None = None,
         Start each bucket's allreduce during backward, as soon as it is full.
     double_buffering : bool
         ChainerMN's: step i's allreduce overlaps step i+1's whole compute.
-    fusion : int
-        Bucket size in bytes (Horovod's 64 MiB); 0: one allreduce per tensor.
+    fusion : int or str
+        Bucket size in bytes (Horovod's 64 MiB), or a size such as ``"64MiB"``; 0: one
+        allreduce per tensor.
     backward_fraction : float
         Share of ``compute_s`` that is backward (default 2/3: backward costs about
         twice the forward).
@@ -289,6 +291,10 @@ def estimate(cluster: Cluster, *, model: Model, compute_s: float | None = None,
     costs = get_profile(profile)
     if not 0 < backward_fraction <= 1:
         raise EstimateError(f"backward fraction must be in (0, 1], got {backward_fraction}")
+    try:
+        fusion = int(as_bytes(fusion))
+    except ValueError as exc:
+        raise EstimateError(f"fusion threshold: {exc}") from None
     if fusion < 0:
         raise EstimateError(f"fusion threshold must be >= 0 bytes, got {fusion}")
     if batch_per_gpu is not None and batch_per_gpu < 1:

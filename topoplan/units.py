@@ -15,6 +15,7 @@ from .collectives import get_collective
 
 __all__ = [
     "parse_bandwidth", "parse_latency", "parse_size", "parse_size_range", "bare_number_note",
+    "as_bytes",
     "format_size", "format_bandwidth", "format_time", "bus_factor",
 ]
 
@@ -128,6 +129,19 @@ def parse_size(value: object) -> int:
     if number < 0 or number != math.floor(number):
         raise ValueError(f"a size must be a whole number of bytes >= 0, got {value!r}")
     return int(number)
+
+
+def as_bytes(size: float | str) -> float:
+    """A size as the API takes it: a number of bytes, as it is, or a string such as
+    ``"256MiB"`` (:func:`parse_size`), so ``topoplan.plan(cluster, size="256MiB")`` works
+    as ``topoplan plan --size 256MiB`` does.
+
+    Raises
+    ------
+    ValueError
+        For a string that is not a size.
+    """
+    return parse_size(size) if isinstance(size, str) else size
 
 
 def parse_size_range(text: str) -> list[int]:

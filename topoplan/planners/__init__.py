@@ -128,7 +128,7 @@ def _check_options(name: str, planner: Planner, options: dict[str, Any]) -> None
         raise unknown_options(name, unknown, known)
 
 
-def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
+def plan(cluster: Cluster, algorithm: str = "auto", *, size: int | str = 256 << 20,
          profile: CostProfile | str | None = None, collective: str = DEFAULT_COLLECTIVE,
          **options: Any) -> Schedule:
     """Plan ``collective`` (an allreduce) of ``size`` bytes on ``cluster`` with the named
@@ -141,8 +141,9 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
         A key of :data:`PLANNERS` (``ring``, ``ring-topo``, ``tree``, ``rhd``,
         ``hierarchical``, ``mcf``, and whatever else is registered), or ``auto``, which
         simulates the candidates and returns the fastest (:mod:`topoplan.planners.auto`).
-    size : int
-        Message size in bytes.
+    size : int or str
+        Message size in bytes, or a size such as ``"256MiB"``
+        (:func:`~topoplan.units.parse_size`, as ``topoplan plan --size``).
     profile : CostProfile or str, optional
         The runtime's costs (:mod:`topoplan.cost`), a shipped profile's name or a YAML
         path. Default :data:`topoplan.cost.DEFAULT_PROFILE` (``nccl``).
