@@ -239,6 +239,19 @@ def test_simulate_refuses_a_plan_for_another_cluster(tmp_path):
                                   "(cluster 'ddl-two-switch') has 4 GPUs")
 
 
+def test_simulate_force_runs_a_plan_made_for_another_cluster(tmp_path):
+    plan = tmp_path / "wide.json"
+    wide = tmp_path / "wide.yaml"
+    wide.write_text(Path(DDL).read_text().replace("10 GB/s", "20 GB/s"))
+    made = topoplan("plan", str(wide), "--size", "1MiB", "--candidates", "ring", "-o", str(plan))
+    assert made.returncode == 0, made.stderr
+    refused = topoplan("simulate", DDL, str(plan), "--sizes", "1MiB")
+    assert refused.returncode == 1 and "pass --force to use it anyway" in refused.stderr
+    forced = topoplan("simulate", DDL, str(plan), "--sizes", "1MiB", "--force", "--json")
+    assert forced.returncode == 0, forced.stderr
+    assert json.loads(forced.stdout)["results"][0]["time_s"] > 0
+
+
 def test_simulate_bad_size_range_is_a_usage_error(tmp_path):
     plan = tmp_path / "ring.json"
     ring_schedule([0, 1, 2, 3]).save(plan)

@@ -121,7 +121,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             schedule = plan(cluster, **kwargs)
         from ..simulate import simulate
 
-        report = simulate(cluster, schedule, args.size, profile=costs, record=True)
+        report = simulate(cluster, schedule, args.size, profile=costs, record=True,
+                          force=args.force)
         from ..bound import rsag_bound
         out.print(f"{cluster.name}: {report.algorithm or 'schedule'} at {format_size(args.size)}: "
                   f"{format_time(report.time_s)} predicted under cost profile {costs.name}")

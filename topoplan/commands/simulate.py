@@ -112,7 +112,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for size in args.sizes:
         reports.append(simulate(cluster, schedule, size, profile=costs,
                                 dtype_size=args.dtype_size, progress=progress,
-                                resolution=args.resolution))
+                                resolution=args.resolution, force=args.force))
     if progress is not None:
         print("\r" + " " * 24 + "\r", end="", file=sys.stderr)
     cut = bottleneck(cluster)
