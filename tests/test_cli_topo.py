@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -39,14 +40,23 @@ def test_show_is_readable_in_80_columns(path):
     assert result.returncode == 0 and "Traceback" not in result.stderr
     assert "Boxes" in out and "bisection" in out and " ranks in " in out
     assert widest_line(out) <= 80 and "…" not in out
-    cluster = load_cluster(path)
+    facts = json.loads(run_cli("topo", "show", str(path), "--json").stdout)
     rows = read_table(out)
-    assert sum(int(row.get("count", "1")) for row in rows) == len(cluster.boxes)
-    for row in rows:
-        first = next(b for b in cluster.boxes if row["box"].split(" .. ")[0] == b.name)
-        assert row["GPUs"] == str(first.gpus)
-        assert row["injection per box"] == (format_bandwidth(cluster.injection_bandwidth(first))
-                                            if first.nics else "-")
+    assert len(rows) == len(facts["boxes"])
+    for row, group in zip(rows, facts["boxes"]):
+        assert row["box"] == group["boxes"]
+        assert row.get("count", str(group["count"])) == str(group["count"])
+        assert row["ranks"] == f"{group['first_rank']}..{group['last_rank']}"
+        assert row["GPUs"] == str(group["gpus"])
+        for column, key in (("in-box per GPU", "in_box_per_gpu_Bps"),
+                            ("injection per box", "injection_Bps")):
+            assert row[column] == (format_bandwidth(group[key]) if group[key] else "-")
+        assert row["NICs"] == (" + ".join(f"{n['count']} x {format_bandwidth(n['bandwidth_Bps'])}"
+                                          for n in group["nics"]) or "-")
+    bisection = next(line for line in out.splitlines() if line.startswith("bisection"))
+    assert bisection.rstrip().endswith(format_bandwidth(facts["bandwidth"]["bisection_Bps"]))
+    cluster = load_cluster(path)
+    assert facts["nranks"] == cluster.nranks and len(facts["links"]) == len(cluster.links)
 
 
 def test_show_stacks_mixed_nics_rather_than_clip_them(tmp_path):
@@ -107,6 +117,24 @@ def test_lint_reports_bare_numbers_instead_of_ok(tmp_path):
         "25 GB/s (200 Gbit/s); write '25 GB/s' or '25 Gbit/s'"]
     assert run_cli("topo", "lint", "--strict", str(path)).returncode == 1
     assert run_cli("topo", "lint", "--strict", str(topology_path("mn1_10gbe"))).returncode == 0
+
+
+def test_lint_json_reports_every_file_with_its_warnings_or_its_error(tmp_path):
+    good, bare, bad = (tmp_path / f"{n}.yaml" for n in ("good", "bare", "bad"))
+    good.write_text(topology_path("mn1_10gbe").read_text())
+    bare.write_text(BARE)
+    bad.write_text("name: x\nboxes: []\n")
+    result = run_cli("topo", "lint", "--json", str(good), str(bare), str(bad))
+    assert result.returncode == 1
+    files = json.loads(result.stdout)["files"]
+    assert [(f["file"], f["ok"]) for f in files] == [(str(good), True), (str(bare), True),
+                                                      (str(bad), False)]
+    assert files[0]["warnings"] == [] and files[0]["nranks"] == 32
+    assert files[1]["warnings"] == [
+        f"{bare}:11: boxes[0].nics[2].bandwidth: bare number 25 read as 25 GB/s (200 Gbit/s); "
+        "write '25 GB/s' or '25 Gbit/s'"]
+    assert files[2]["error"] == f"{bad}:2: boxes: must list at least one box"
+    assert json.loads(run_cli("topo", "lint", "--json", str(good)).stdout)["files"][0]["ok"]
 
 
 def test_every_command_reading_a_cluster_warns_once_per_bare_number(tmp_path):

@@ -33,6 +33,21 @@ def test_verify_accepts_a_ring(tmp_path):
                                    "24 messages")
 
 
+def test_verify_json_reports_every_plan(tmp_path):
+    good, bad = tmp_path / "ring.json", tmp_path / "bad.json"
+    ring_schedule([0, 1, 2, 3]).save(good)
+    bad.write_text("{}")
+    done = topoplan("verify", "--json", str(good))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"plans": [
+        {"file": str(good), "ok": True, "algorithm": "ring", "collective": "allreduce",
+         "nranks": 4, "nchunks": 4, "nsteps": 6, "nmessages": 24}]}
+    done = topoplan("verify", "--json", str(good), str(bad))
+    assert done.returncode == 1
+    plans = json.loads(done.stdout)["plans"]
+    assert [p["ok"] for p in plans] == [True, False] and str(bad) in plans[1]["error"]
+
+
 def _ring_dict() -> dict:
     return json.loads(ring_schedule([0, 1, 2]).to_json())
 

@@ -116,15 +116,21 @@ def test_compute_time_comes_from_the_cited_table_and_the_cluster_file():
         compute_time("gpt2-1.5b", "V100")
 
 
-def test_json_prints_exactly_the_six_numbers(tmp_path, capsys):
+def test_json_leads_with_the_six_numbers_then_the_buckets_and_the_box(tmp_path, capsys):
     path = tmp_path / "four.yaml"
     path.write_text(FOUR)
     assert main(["estimate", str(path), "--params", "1000000", "--compute-time", "500 ms",
                  "--algorithm", "ring", "--profile", "ideal", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert tuple(out) == JSON_KEYS
+    assert tuple(out)[:len(JSON_KEYS)] == JSON_KEYS
     assert out["iteration_s"] == pytest.approx(0.5 + 6.06e-3)
-    assert all(isinstance(v, float) and math.isfinite(v) for v in out.values())
+    assert all(isinstance(out[k], float) and math.isfinite(out[k]) for k in JSON_KEYS)
+    assert 0 < out["efficiency_box"] <= 1 and out["box_gpus"] == 1
+    assert (out["nranks"], out["params"], out["bytes_per_param"]) == (4, 1000000, 4)
+    (bucket,) = out["buckets"]  # 4 MB of gradients: one 64 MiB bucket
+    assert (bucket["bytes"], bucket["algorithm"]) == (4000000, "ring")
+    assert bucket["ready_s"] <= bucket["start_s"] < bucket["end_s"]
+    assert out["comm_s"] == pytest.approx(bucket["end_s"] - bucket["start_s"])
     assert main(["estimate", str(path), "--params", "1000000", "--compute-time", "0.5",
                  "--overlap", "--fp16"]) == 0
     assert "efficiency vs 1 GPU" in capsys.readouterr().out

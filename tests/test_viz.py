@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import itertools
 import subprocess
 import sys
@@ -416,6 +418,19 @@ def test_show_output_names():
         "cluster": "out/pic.svg", "timeline": "out/pic-timeline.svg",
         "links": "out/pic-links.svg", "sweep": "out/pic-sweep.svg"}
     assert str(output_paths("pic", ["timeline"])["timeline"]) == "pic-timeline.png"
+
+
+def test_show_json_has_the_prediction_and_the_files(tmp_path):
+    need_planners()
+    out = tmp_path / "ddl.png"
+    proc = run_cli("show", "topologies/ddl_two_switch.yaml", "--algorithm", "ring",
+                   "--size", "1MiB", "--figures", "cluster,timeline", "-o", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["figures"] == {"cluster": str(out), "timeline": str(tmp_path / "ddl-timeline.png")}
+    assert (data["algorithm"], data["size_bytes"], data["profile"]) == ("ring", 1 << 20, "nccl")
+    assert data["x_bound"] == pytest.approx(data["time_s"] / data["lower_bound_s"])
+    assert out.exists() and (tmp_path / "ddl-timeline.png").exists()
 
 
 def test_show_writes_every_figure(tmp_path):

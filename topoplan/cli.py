@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # not built yet
             raise
         module.register(subparsers)
+    from .commands.common import plain_help
+    plain_help(parser)  # descriptions taken from docstrings keep no ``markup``
     return parser
 
 

@@ -38,7 +38,8 @@ __all__ = ["Throughput", "THROUGHPUTS", "GPUS", "Bucket", "Estimate", "estimate"
 #: The GPUs the throughput table knows.
 GPUS = ("K80", "P100", "V100", "A100", "H100")
 
-#: The keys of :meth:`Estimate.to_json`, in order (``topoplan estimate --json``).
+#: The headline numbers of :meth:`Estimate.to_json`, its first keys, in order
+#: (``topoplan estimate --json``).
 JSON_KEYS = ("iteration_s", "compute_s", "comm_s", "exposed_comm_s", "samples_per_s",
              "efficiency")
 
@@ -217,9 +218,20 @@ class Estimate:
     compute_source: str = ""
     gpu: str | None = None
 
-    def to_json(self) -> dict[str, float]:
-        """The six numbers of ``topoplan estimate --json`` (:data:`JSON_KEYS`)."""
-        return {key: float(getattr(self, key)) for key in JSON_KEYS}
+    def to_json(self) -> dict[str, Any]:
+        """``topoplan estimate --json``: the six headline numbers (:data:`JSON_KEYS`), then
+        the efficiency against one box, what was estimated, and the buckets (each fused
+        allreduce: bytes, tensors, ready, start and end in seconds, its plan)."""
+        out: dict[str, Any] = {key: float(getattr(self, key)) for key in JSON_KEYS}
+        out.update(efficiency_box=float(self.efficiency_box), box_gpus=self.box_gpus,
+                   cluster=self.cluster, nranks=self.nranks, model=self.model,
+                   params=self.params, batch_per_gpu=self.batch_per_gpu, mode=self.mode,
+                   bytes_per_param=self.bytes_per_param, gpu=self.gpu,
+                   compute_source=self.compute_source,
+                   buckets=[{"bytes": b.nbytes, "tensors": b.tensors, "ready_s": b.ready_s,
+                             "start_s": b.start_s, "end_s": b.end_s,
+                             "algorithm": b.algorithm} for b in self.buckets])
+        return out
 
 
 def one_box(cluster: Cluster) -> Cluster:

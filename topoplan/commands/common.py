@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import warnings
 from dataclasses import dataclass
@@ -20,6 +21,37 @@ def console() -> Console:
     without $COLUMNS, wide enough that notes do not wrap in a file or CI log."""
     wide = None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 160
     return Console(width=wide, highlight=False)
+
+
+#: Sphinx roles (``:func:`~topoplan.plan```) and inline literals (````x````) in docstrings.
+_ROLE = re.compile(r":(?:mod|func|class|meth|data|attr|exc|obj|ref|doc):`~?([^`<]*?)(?:\s*<[^>]*>)?`")
+_LITERAL = re.compile(r"``(.+?)``", re.S)
+
+
+def plain(text: str) -> str:
+    """``text`` without reStructuredText markup, for ``--help`` (descriptions come from
+    docstrings): ````x```` -> ``x``, ``:func:`~a.b``` -> ``b``, ``:mod:`a.b``` -> ``a.b``."""
+    text = _ROLE.sub(lambda m: m.group(1).rsplit(".", 1)[-1] if m.group(0).count("~")
+                     else m.group(1), text)
+    return _LITERAL.sub(r"\1", text)
+
+
+def plain_help(parser: argparse.ArgumentParser) -> None:
+    """Strip docstring markup (:func:`plain`) from ``parser``'s description, epilog and
+    option help, and from every subcommand's, all the way down."""
+    for attr in ("description", "epilog", "usage"):
+        value = getattr(parser, attr)
+        if isinstance(value, str):
+            setattr(parser, attr, plain(value))
+    for action in parser._actions:
+        if isinstance(action.help, str) and action.help != argparse.SUPPRESS:
+            action.help = plain(action.help)
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                if isinstance(choice.help, str):
+                    choice.help = plain(choice.help)
+            for sub in action.choices.values():
+                plain_help(sub)
 
 
 def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,

@@ -62,8 +62,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="planner for each bucket (default auto)")
     add_profile_argument(p, "the plans are made for and simulated with")
     p.add_argument("--json", action="store_true",
-                   help="print {iteration_s, compute_s, comm_s, exposed_comm_s, "
-                        "samples_per_s, efficiency}")
+                   help="print one JSON object: iteration_s, compute_s, comm_s, "
+                        "exposed_comm_s, samples_per_s, efficiency, then efficiency_box, "
+                        "what was estimated and the buckets")
     p.set_defaults(func=cmd_estimate)
 
 
@@ -104,5 +105,5 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if len(result.buckets) <= 20:
         out.print(buckets)
     else:
-        out.print(f"{len(result.buckets)} buckets (--json for the totals)")
+        out.print(f"{len(result.buckets)} buckets (--json lists them)")
     return 0
