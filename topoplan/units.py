@@ -15,7 +15,7 @@ from .collectives import get_collective
 
 __all__ = [
     "parse_bandwidth", "parse_latency", "parse_size", "parse_size_range", "bare_number_note",
-    "as_bytes",
+    "as_bytes", "parse_count",
     "format_size", "format_bandwidth", "format_time", "bus_factor",
 ]
 
@@ -142,6 +142,36 @@ def as_bytes(size: float | str) -> float:
         For a string that is not a size.
     """
     return parse_size(size) if isinstance(size, str) else size
+
+
+_COUNT = re.compile(r"^\s*((?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([KMBGT]?)\s*$", re.I)
+_COUNT_SCALE = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+
+
+def parse_count(value: object) -> int:
+    """A whole count such as a model's parameters from ``1557611200``, ``"1.5e9"``,
+    ``"1.5B"``, ``"350M"``, ``"7B"`` or ``"64K"`` (decimal: K 1e3, M 1e6, B or G 1e9,
+    T 1e12; case is ignored).
+
+    Raises
+    ------
+    ValueError
+        For anything else, or a count that is not a whole number >= 1.
+    """
+    from decimal import Decimal, InvalidOperation
+
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"expected a count, got {type(value).__name__} {value!r}")
+    match = _COUNT.match(str(value))
+    if match is None:
+        raise ValueError(f"not a count: {value!r} (e.g. 350M, 1.5B, 7B or 1.5e9)")
+    try:
+        count = Decimal(match.group(1)) * _COUNT_SCALE[match.group(2).upper()]
+    except InvalidOperation:
+        raise ValueError(f"not a count: {value!r} (e.g. 350M, 1.5B, 7B or 1.5e9)") from None
+    if count != count.to_integral_value() or count < 1:
+        raise ValueError(f"a count must be a whole number >= 1, got {value!r}")
+    return int(count)
 
 
 def parse_size_range(text: str) -> list[int]:
