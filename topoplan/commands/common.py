@@ -24,7 +24,8 @@ def console() -> Console:
 
 
 #: Sphinx roles (``:func:`~topoplan.plan```) and inline literals (````x````) in docstrings.
-_ROLE = re.compile(r":(?:mod|func|class|meth|data|attr|exc|obj|ref|doc):`~?([^`<]*?)(?:\s*<[^>]*>)?`")
+_ROLE = re.compile(r":(?:mod|func|class|meth|data|attr|exc|obj|ref|doc):"
+                   r"`~?([^`<]*?)(?:\s*<[^>]*>)?`")
 _LITERAL = re.compile(r"``(.+?)``", re.S)
 
 
