@@ -179,7 +179,7 @@ def run_mpi(args: argparse.Namespace) -> list[dict]:
                     same = next((p["planner"] for p in plans if p["schedule"] == schedule), None)
                     plans.append({"planner": name, "path": path, "schedule": schedule,
                                   "same_as": same})
-                    pred = simulate(host, schedule, size, profile=profile)
+                    pred = simulate(host, schedule, size, profile=profile, force=True)
                     meta[(size, name)] = {
                         "messages": schedule.nmessages, "steps": schedule.nsteps,
                         "chunks": schedule.nchunks, "plan_s": plan_s,

@@ -82,8 +82,8 @@ def run_case(topology: str, planner: str, size: int, collective: str = "allreduc
                rounded=any("rounded" in n for n in result.notes),
                steps=(back.nsteps, schedule.nsteps), coll=algo.coll)
     assert back.collective == collective, (back.collective, collective)
-    t0 = topoplan.simulate(cluster, schedule, size=size).time_s
-    t1 = topoplan.simulate(cluster, back, size=size).time_s
+    t0 = topoplan.simulate(cluster, schedule, size=size, profile="ideal").time_s
+    t1 = topoplan.simulate(cluster, back, size=size, profile="ideal").time_s
     row["ratio"] = t1 / t0
     return row
 

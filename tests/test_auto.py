@@ -33,7 +33,7 @@ def test_compare_plans_and_simulates_under_the_profile(ddl):
     rows = compare(ddl, 1 << 20, ["ring", "tree", "hierarchical"], profile="ideal")
     for name, schedule, report, _ in rows:
         assert report.profile == "ideal" and schedule.meta["profile"] == "ideal", name
-        assert report.time_s == simulate(ddl, schedule, 1 << 20).time_s
+        assert report.time_s == simulate(ddl, schedule, 1 << 20, profile="ideal").time_s
     schedule = plan_auto(ddl, size=1 << 20, candidates=["ring", "tree"], profile="ideal")
     assert schedule.meta["profile"] == "ideal"
     for row in schedule.meta["comparison"]:
@@ -56,7 +56,7 @@ def test_small_messages_go_to_a_latency_optimal_plan(ddl):
 
 def test_large_messages_go_to_a_bandwidth_optimal_plan(ddl):
     schedule = plan_auto(ddl, size=256 << 20)
-    report = simulate(ddl, schedule, 256 << 20)
+    report = simulate(ddl, schedule, 256 << 20, profile="ideal")
     assert report.time_s <= 1.01 * report.lower_bound_s
     assert schedule.meta["chosen"] in ("mcf", "hierarchical")
     verify(schedule)

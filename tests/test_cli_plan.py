@@ -1,20 +1,23 @@
 """``topoplan plan`` through the real CLI: table, --json contract, -o, errors."""
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 import topoplan
+from tests.support.tables import read_table, widest_line
 from topoplan.cost import CostProfile
 
 DDL = "topologies/ddl_two_switch.yaml"
 
 
-def run(*args, check=True):
+def run(*args, check=True, columns=None):
+    env = None if columns is None else {**os.environ, "COLUMNS": str(columns)}
     return subprocess.run([sys.executable, "-m", "topoplan", *args], capture_output=True,
-                          text=True, check=check)
+                          text=True, check=check, env=env)
 
 
 def test_plan_json_follows_design_md(tmp_path):
@@ -108,8 +111,46 @@ def test_plan_profiles_by_name_and_file(tmp_path):
     table = run("plan", DDL, "--size", "1MiB", "--candidates", "ring,rhd", "--profile",
                 str(path)).stdout
     assert "cost profile slow: alpha 50 us, op 5 us, step 20 us, call 0 us, reduce free" in table
-    for column in ("messages", "steps", "chunks", "lat+ovh"):
+    for column in ("msgs", "steps", "chunks", "lat+"):
         assert column in table
+
+
+@pytest.mark.parametrize("cluster, size, candidates", [
+    (DDL, "1MiB", "mcf,hierarchical,ring,ring-topo,tree,rhd"),
+    ("topologies/dgx_a100_x4.yaml", "256MiB", "hierarchical,ring,rhd"),
+])
+def test_plan_table_fits_80_columns_and_prints_the_json_numbers(cluster, size, candidates):
+    args = ("plan", cluster, "--size", size, "--candidates", candidates)
+    out = run(*args, columns=80).stdout
+    assert widest_line(out) <= 80 and "…" not in out
+    data = json.loads(run(*args, "--json").stdout)
+    rows = {row["algorithm"].removesuffix(" *"): row for row in read_table(out)}
+    assert rows.keys() == {c["algorithm"] for c in data["candidates"]}
+    assert rows[data["chosen"]]["algorithm"].endswith(" *")
+    for c in data["candidates"]:
+        row = rows[c["algorithm"]]
+        if "time (ms)" in row:  # ms once the fastest takes a millisecond
+            assert float(row["time (ms)"]) == pytest.approx(c["time_s"] * 1e3, abs=0.0005)
+        else:
+            assert float(row["time (us)"]) == pytest.approx(c["time_s"] * 1e6, abs=0.005)
+        assert float(row["busbw (GB/s)"]) == pytest.approx(c["busbw_GBps"], abs=0.005)
+        # vs bound is time / bound: the x the plan is slower than any schedule can be
+        assert row["vs bound"] == f"{c['time_s'] / data['lower_bound_s']:.2f}x"
+        assert c["x_bound"] == pytest.approx(c["time_s"] / data["lower_bound_s"])
+        assert float(row["plan (s)"]) >= 0
+        for column, key in (("msgs", "messages"), ("steps", "steps"), ("chunks", "chunks")):
+            if column in row:
+                assert int(row[column]) == c[key]
+    assert "vs bound: time / lower bound" in out
+
+
+def test_plan_table_leaves_secondary_columns_out_when_narrow():
+    out = run("plan", DDL, "--size", "1MiB", "--candidates", "ring,rhd", columns=60).stdout
+    assert widest_line(out) <= 60 and "…" not in out
+    row = read_table(out)[0]
+    assert {"algorithm", "time (us)", "busbw (GB/s)", "vs bound", "plan (s)"} <= row.keys()
+    assert "algbw (GB/s)" not in row
+    assert "algbw (GB/s)" in out.replace("\n", " ") and "left out to fit 60 columns" in out
 
 
 @pytest.mark.parametrize("profile, message", [

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 
@@ -9,14 +11,18 @@ import pytest
 
 from tests.support.clusters import ROOT, topology_path
 from tests.support.clusters import SHIPPED as SHIPPED_NAMES
+from tests.support.tables import read_table, widest_line
 from topoplan.cli import main
+from topoplan.cluster import load_cluster
+from topoplan.units import format_bandwidth
 
 SHIPPED = [topology_path(name) for name in SHIPPED_NAMES]
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
+def run_cli(*args: str, columns: int | None = None) -> subprocess.CompletedProcess:
+    env = None if columns is None else {**os.environ, "COLUMNS": str(columns)}
     return subprocess.run([sys.executable, "-m", "topoplan", *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=60)
+                          text=True, cwd=ROOT, timeout=60, env=env)
 
 
 def test_lint_accepts_every_shipped_topology(capsys):
@@ -28,12 +34,39 @@ def test_lint_accepts_every_shipped_topology(capsys):
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
-def test_show_is_readable(path, capsys):
-    assert main(["topo", "show", str(path)]) == 0
-    out = capsys.readouterr().out
+def test_show_is_readable_in_80_columns(path):
+    result = run_cli("topo", "show", str(path), columns=80)
+    out = result.stdout
+    assert result.returncode == 0 and "Traceback" not in result.stderr
     assert "Boxes" in out and "bisection" in out and " ranks in " in out
-    assert "Traceback" not in out
-    assert max(len(line) for line in out.splitlines()) <= 160
+    assert widest_line(out) <= 80 and "…" not in out
+    facts = json.loads(run_cli("topo", "show", str(path), "--json").stdout)
+    rows = read_table(out)
+    assert len(rows) == len(facts["boxes"])
+    for row, group in zip(rows, facts["boxes"]):
+        assert row["box"] == group["boxes"]
+        assert row.get("count", str(group["count"])) == str(group["count"])
+        assert row["ranks"] == f"{group['first_rank']}..{group['last_rank']}"
+        assert row["GPUs"] == str(group["gpus"])
+        for column, key in (("in-box per GPU", "in_box_per_gpu_Bps"),
+                            ("injection per box", "injection_Bps")):
+            assert row[column] == (format_bandwidth(group[key]) if group[key] else "-")
+        assert row["NICs"] == (" + ".join(f"{n['count']} x {format_bandwidth(n['bandwidth_Bps'])}"
+                                          for n in group["nics"]) or "-")
+    bisection = next(line for line in out.splitlines() if line.startswith("bisection"))
+    assert bisection.rstrip().endswith(format_bandwidth(facts["bandwidth"]["bisection_Bps"]))
+    cluster = load_cluster(path)
+    assert facts["nranks"] == cluster.nranks and len(facts["links"]) == len(cluster.links)
+
+
+def test_show_stacks_mixed_nics_rather_than_clip_them(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(BARE.replace("bandwidth: 25,", "bandwidth: 200 Gbit/s,"))
+    out = run_cli("topo", "show", str(path), columns=60).stdout
+    assert widest_line(out) <= 60 and "…" not in out
+    lines = out.splitlines()
+    at = next(k for k, line in enumerate(lines) if "2 x 12.5 GB/s" in line)
+    assert lines[at + 1].strip().endswith("+ 1 x 25 GB/s")
 
 
 @pytest.mark.parametrize("name, ranks, bisection", [
@@ -55,6 +88,70 @@ def test_show_lists_box_groups_and_truncates_links(capsys):
     out = capsys.readouterr().out
     assert "dgx0 .. dgx3" in out and "8 x 25 GB/s" in out and "300 GB/s" in out
     assert "... 13 more" in out
+
+
+BARE = """\
+name: bare
+switches: [s]
+boxes:
+  - name: "a{i}"
+    count: 2
+    gpus: 4
+    fabric: {bandwidth: 300 GB/s}
+    nics:
+      - {switch: s, bandwidth: 100 Gbit/s, gpus: [0, 1]}
+      - {switch: s, bandwidth: 100 Gbit/s, gpus: [2]}
+      - {switch: s, bandwidth: 25, gpus: [3]}
+"""
+
+
+def test_lint_reports_bare_numbers_instead_of_ok(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(BARE)
+    result = run_cli("topo", "lint", str(path))
+    assert result.returncode == 0
+    assert result.stdout.splitlines() == [
+        f"{path}: 1 warning: bare, 8 ranks in 2 boxes, 1 switches"]
+    assert result.stderr.splitlines() == [
+        f"topoplan: warning: {path}:11: boxes[0].nics[2].bandwidth: bare number 25 read as "
+        "25 GB/s (200 Gbit/s); write '25 GB/s' or '25 Gbit/s'"]
+    assert run_cli("topo", "lint", "--strict", str(path)).returncode == 1
+    assert run_cli("topo", "lint", "--strict", str(topology_path("mn1_10gbe"))).returncode == 0
+
+
+def test_lint_json_reports_every_file_with_its_warnings_or_its_error(tmp_path):
+    good, bare, bad = (tmp_path / f"{n}.yaml" for n in ("good", "bare", "bad"))
+    good.write_text(topology_path("mn1_10gbe").read_text())
+    bare.write_text(BARE)
+    bad.write_text("name: x\nboxes: []\n")
+    result = run_cli("topo", "lint", "--json", str(good), str(bare), str(bad))
+    assert result.returncode == 1
+    files = json.loads(result.stdout)["files"]
+    assert [(f["file"], f["ok"]) for f in files] == [(str(good), True), (str(bare), True),
+                                                      (str(bad), False)]
+    assert files[0]["warnings"] == [] and files[0]["nranks"] == 32
+    assert files[1]["warnings"] == [
+        f"{bare}:11: boxes[0].nics[2].bandwidth: bare number 25 read as 25 GB/s (200 Gbit/s); "
+        "write '25 GB/s' or '25 Gbit/s'"]
+    assert files[2]["error"] == f"{bad}:2: boxes: must list at least one box"
+    assert json.loads(run_cli("topo", "lint", "--json", str(good)).stdout)["files"][0]["ok"]
+
+
+def test_every_command_reading_a_cluster_warns_once_per_bare_number(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(BARE)
+    result = run_cli("plan", str(path), "-a", "ring", "--candidates", "ring", "-s", "1MiB")
+    assert result.returncode == 0
+    assert [line for line in result.stderr.splitlines() if "warning" in line] == [
+        f"topoplan: warning: {path}:11: boxes[0].nics[2].bandwidth: bare number 25 read as "
+        "25 GB/s (200 Gbit/s); write '25 GB/s' or '25 Gbit/s'"]
+
+
+def test_show_writes_mixed_nics_as_counts_per_speed(tmp_path, capsys):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(BARE.replace("bandwidth: 25,", "bandwidth: 200 Gbit/s,"))
+    assert main(["topo", "show", str(path)]) == 0
+    assert "2 x 12.5 GB/s + 1 x 25 GB/s" in capsys.readouterr().out
 
 
 def test_lint_bad_file_prints_one_error_line_and_no_traceback(tmp_path):

@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import topoplan as topoplan_api
 from tests.support.schedules import ring_schedule
+from tests.support.tables import read_table, widest_line
 
 ROOT = Path(__file__).resolve().parents[1]
 DDL = str(ROOT / "topologies" / "ddl_two_switch.yaml")
 
 
-def topoplan(*args: str) -> subprocess.CompletedProcess:
+def topoplan(*args: str, columns: int | None = None) -> subprocess.CompletedProcess:
+    env = None if columns is None else {**os.environ, "COLUMNS": str(columns)}
     return subprocess.run([sys.executable, "-m", "topoplan", *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=120)
+                          text=True, cwd=ROOT, timeout=120, env=env)
 
 
 def test_verify_accepts_a_ring(tmp_path):
@@ -27,6 +31,21 @@ def test_verify_accepts_a_ring(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == (f"{plan}: ok: ring allreduce, 4 ranks, 4 chunks, 6 steps, "
                                    "24 messages")
+
+
+def test_verify_json_reports_every_plan(tmp_path):
+    good, bad = tmp_path / "ring.json", tmp_path / "bad.json"
+    ring_schedule([0, 1, 2, 3]).save(good)
+    bad.write_text("{}")
+    done = topoplan("verify", "--json", str(good))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"plans": [
+        {"file": str(good), "ok": True, "algorithm": "ring", "collective": "allreduce",
+         "nranks": 4, "nchunks": 4, "nsteps": 6, "nmessages": 24}]}
+    done = topoplan("verify", "--json", str(good), str(bad))
+    assert done.returncode == 1
+    plans = json.loads(done.stdout)["plans"]
+    assert [p["ok"] for p in plans] == [True, False] and str(bad) in plans[1]["error"]
 
 
 def _ring_dict() -> dict:
@@ -92,20 +111,72 @@ def test_simulate_prints_one_row_per_size(tmp_path):
     done = topoplan("simulate", DDL, str(plan), "--sizes", "1KiB:1MiB:32", "--profile", "ideal")
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    for column in ("size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "bound(us)",
-                   "% of bound", "bandwidth(us)", "latency(us)", "overhead(us)", "reduce(us)"):
-        assert column in out
-    assert ("lower bound (any schedule, bound(us) below): 2 groups (switch level 1), 20 GB/s "
-            "out of them in all") in out
-    assert ("RS+AG cut bound (reduce-scatter + allgather schedules): 1 x bound(us), 2 GPUs "
-            "behind 10 GB/s") in out
+    assert "lower bound: 2 groups (switch level 1), 20 GB/s out of them in all" in out
+    assert "RS+AG cut bound (reduce-scatter + allgather schedules): 1 x the lower bound" in out
+    assert "bottleneck cut: 2 GPUs behind 10 GB/s out" in out
     assert "cost profile ideal: alpha 0 us" in out
-    rows = [line for line in out.splitlines() if line.startswith("│")]
-    assert [row.split("│")[1].strip() for row in rows] == ["1024", "32768", "1048576"]
+    rows = read_table(out)
+    assert [row["size (B)"] for row in rows] == ["1024", "32768", "1048576"]
     # 1 MiB: 6 steps x (2 x 256 KiB / 10 GB/s + 3 us) = 332.57 us; bound 104.86 us.
-    last = [cell.strip() for cell in rows[-1].split("│")[1:-1]]
-    assert last == ["1048576", "262144", "332.57", "3.15", "4.73", "104.86", "31.5",
-                    "314.57", "18.00", "0.00", "0.00", "0.00"]
+    assert rows[-1] == {"size (B)": "1048576", "count": "262144", "time (us)": "332.57",
+                        "algbw (GB/s)": "3.15", "busbw (GB/s)": "4.73", "bound (us)": "104.86",
+                        "vs bound": "3.17x"}
+    parts = read_table(out, 1)
+    assert parts[-1] == {"size (B)": "1048576", "bandwidth (us)": "314.57",
+                         "latency (us)": "18.00", "overhead (us)": "0.00", "reduce (us)": "0.00"}
+
+
+@pytest.mark.parametrize("plan_size, sizes", [("1MiB", "1KiB:1GiB:32"), ("64MiB", "64MiB")])
+def test_simulate_tables_fit_80_columns_and_print_the_json_numbers(tmp_path, plan_size, sizes):
+    plan = tmp_path / "plan.json"
+    made = topoplan("plan", DDL, "--size", plan_size, "--candidates", "ring,tree", "-o", str(plan))
+    assert made.returncode == 0, made.stderr
+    out = topoplan("simulate", DDL, str(plan), "--sizes", sizes, columns=80).stdout
+    assert widest_line(out) <= 80 and "…" not in out
+    data = json.loads(topoplan("simulate", DDL, str(plan), "--sizes", sizes, "--json").stdout)
+    rows, parts = read_table(out), read_table(out, 1)
+    assert len(rows) == len(parts) == len(data["results"])
+    for row, part, r in zip(rows, parts, data["results"]):
+        assert int(row["size (B)"].rstrip("*")) == r["size_bytes"]
+        assert int(row["count"]) == r["count"]
+        for column, value in (("time (us)", r["time_s"] * 1e6), ("bound (us)",
+                              r["lower_bound_s"] * 1e6), ("algbw (GB/s)", r["algbw_GBps"]),
+                              ("busbw (GB/s)", r["busbw_GBps"])):
+            assert float(row[column]) == pytest.approx(value, abs=0.005), column
+        assert row["vs bound"] == f"{r['x_bound']:.2f}x"
+        assert r["x_bound"] == pytest.approx(r["time_s"] / r["lower_bound_s"])
+        for name, seconds in r["breakdown"].items():
+            if f"{name} (us)" in part:
+                assert float(part[f"{name} (us)"]) == pytest.approx(seconds * 1e6, abs=0.005)
+
+
+def test_simulate_says_the_size_the_plan_was_made_for_and_marks_the_others(tmp_path):
+    plan = tmp_path / "plan.json"
+    made = topoplan("plan", DDL, "--size", "1MiB", "--candidates", "rhd", "-o", str(plan))
+    assert made.returncode == 0, made.stderr
+    out = topoplan("simulate", DDL, str(plan), "--sizes", "1KiB:32MiB:32").stdout
+    assert "planned for 1MiB (1048576 B); * marks other sizes" in out
+    assert [row["size (B)"] for row in read_table(out)] == ["1024*", "32768*", "1048576",
+                                                            "33554432*"]
+    data = json.loads(topoplan("simulate", DDL, str(plan), "--sizes", "1KiB,1MiB",
+                               "--json").stdout)
+    assert data["planned_size_bytes"] == 1 << 20
+    assert [r["at_planned_size"] for r in data["results"]] == [False, True]
+    # The plan's own size alone: nothing to mark; a plan without the key: said, unmarked.
+    assert "planned for this size, 1MiB" in topoplan("simulate", DDL, str(plan), "--sizes",
+                                                     "1MiB").stdout
+    bare = tmp_path / "ring.json"
+    ring_schedule([0, 1, 2, 3]).save(bare)
+    out = topoplan("simulate", DDL, str(bare), "--sizes", "1KiB,1MiB").stdout
+    assert "the plan records no size it was made for" in out
+    assert [row["size (B)"] for row in read_table(out)] == ["1024", "1048576"]
+    data = json.loads(topoplan("simulate", DDL, str(bare), "--sizes", "1MiB", "--json").stdout)
+    assert data["planned_size_bytes"] is None and data["results"][0]["at_planned_size"] is None
+
+
+def test_the_api_records_the_size_a_plan_was_made_for(topology):
+    schedule = topoplan_api.plan(topology("ddl_two_switch"), "ring", size=4 << 20)
+    assert schedule.meta["size_bytes"] == 4 << 20
 
 
 def test_simulate_json(tmp_path):
@@ -181,6 +252,19 @@ def test_simulate_refuses_a_plan_for_another_cluster(tmp_path):
     assert done.returncode == 1
     assert done.stderr.startswith(f"topoplan: error: {plan} has 3 ranks but {DDL} "
                                   "(cluster 'ddl-two-switch') has 4 GPUs")
+
+
+def test_simulate_force_runs_a_plan_made_for_another_cluster(tmp_path):
+    plan = tmp_path / "wide.json"
+    wide = tmp_path / "wide.yaml"
+    wide.write_text(Path(DDL).read_text().replace("10 GB/s", "20 GB/s"))
+    made = topoplan("plan", str(wide), "--size", "1MiB", "--candidates", "ring", "-o", str(plan))
+    assert made.returncode == 0, made.stderr
+    refused = topoplan("simulate", DDL, str(plan), "--sizes", "1MiB")
+    assert refused.returncode == 1 and "pass --force to use it anyway" in refused.stderr
+    forced = topoplan("simulate", DDL, str(plan), "--sizes", "1MiB", "--force", "--json")
+    assert forced.returncode == 0, forced.stderr
+    assert json.loads(forced.stdout)["results"][0]["time_s"] > 0
 
 
 def test_simulate_bad_size_range_is_a_usage_error(tmp_path):

@@ -16,8 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.clusters import SHIPPED, topology_path
 from topoplan.cluster import load_cluster, loads_cluster
-from topoplan.errors import ClusterSpecError, TopoplanError
+from topoplan.errors import ClusterSpecError, TopoplanError, TopoplanWarning, UnitWarning
 
 
 def load(text: str):
@@ -284,6 +285,65 @@ def test_gpus_without_a_nic_hop_to_one_that_has_it():
 
 
 # --------------------------------------------------------------------------------------
+# Bare numbers: read in the default unit, never silently
+# --------------------------------------------------------------------------------------
+
+def test_every_bare_number_is_warned_about_once_with_how_to_write_it():
+    with pytest.warns(UnitWarning) as caught:
+        cluster = load("""\
+            name: bare
+            switches: [s]
+            boxes:
+              - name: "a{i}"
+                count: 3
+                gpus: 2
+                fabric: {bandwidth: 300 GB/s, latency: 1}
+                nics:
+                  - {switch: s, bandwidth: 100, gpus: [0]}
+                  - {switch: s, bandwidth: "12.5", latency: 0, gpus: [1]}
+            """)
+    # The default stays (GB/s, us); each key is named once, not once per box of count: 3;
+    # 0 is 0 in any unit.
+    assert cluster.boxes[0].nics[0].bandwidth == 100e9
+    assert cluster.boxes[0].fabric.latency == pytest.approx(1e-6)
+    assert [str(w.message) for w in caught] == [
+        "c.yaml:7: boxes[0].fabric.latency: bare number 1 read as 1 us; write '1 us' "
+        "(or '1 ns', '1 ms' if that is what you meant)",
+        "c.yaml:9: boxes[0].nics[0].bandwidth: bare number 100 read as 100 GB/s "
+        "(800 Gbit/s); write '100 GB/s' or '100 Gbit/s'",
+        "c.yaml:10: boxes[0].nics[1].bandwidth: bare number 12.5 read as 12.5 GB/s "
+        "(100 Gbit/s); write '12.5 GB/s' or '12.5 Gbit/s'"]
+    first = caught[1].message
+    assert (first.file, first.line, first.key) == ("c.yaml", 9, "boxes[0].nics[0].bandwidth")
+    assert isinstance(first, TopoplanWarning) and isinstance(first, UserWarning)
+
+
+@pytest.mark.filterwarnings("error::topoplan.errors.UnitWarning")
+def test_quantities_with_units_load_without_a_warning():
+    load(TWO_TYPES)
+    for path in SHIPPED:
+        load_cluster(topology_path(path))
+
+
+def test_bare_numbers_on_links_and_gpu_links_are_named():
+    with pytest.warns(UnitWarning) as caught:
+        load("""\
+            name: x
+            switches: [s0, s1]
+            links:
+              - {a: s0, b: s1, bandwidth: 5 GB/s, latency: 2}
+            boxes:
+              - name: a
+                gpus: 2
+                gpu_links: [{a: 0, b: 1, bandwidth: 25}]
+                nics: [{switch: s0, bandwidth: 10 GB/s}]
+              - {name: b, gpus: 1, nics: [{switch: s1, bandwidth: 10 GB/s}]}
+            """)
+    assert [f"{w.message.line}: {w.message.key}" for w in caught] == [
+        "8: boxes[0].gpu_links[0].bandwidth", "4: links[0].latency"]
+
+
+# --------------------------------------------------------------------------------------
 # One test per error kind: the exact one-line message
 # --------------------------------------------------------------------------------------
 
@@ -526,6 +586,23 @@ def test_error_yaml_syntax():
           - name: a
            gpus: 1
         """) == "c.yaml:4: YAML syntax error: expected <block end>, but found '<block mapping start>'"
+
+
+@pytest.mark.parametrize("text, where", [
+    ("name: x\nboxes:\n\t- {name: a, gpus: 1}\n", "c.yaml:3: a tab at column 1"),
+    ("name: x\nboxes:\n  - name: a\n  \tgpus: 1\n", "c.yaml:4: a tab at column 3"),
+    ("name:\tx\nboxes: [{name: a, gpus: 1}]\n", "c.yaml:1: a tab at column 6"),
+])
+def test_error_tab_says_indent_with_spaces(text, where):
+    assert error(text) == (f"{where}: indent with spaces (YAML allows tabs only inside "
+                           "quoted strings)")
+
+
+def test_tab_in_a_profile_says_indent_with_spaces():
+    from topoplan.cost import loads_profile
+    from topoplan.errors import ProfileError
+    with pytest.raises(ProfileError, match=r"^p.yaml:3: a tab at column 1: indent with spaces"):
+        loads_profile("name: x\nalpha:\n\tbox: 1 us\n", "p.yaml")
 
 
 def test_error_duplicate_yaml_key():

@@ -8,6 +8,7 @@ random schedules with every cost switched on.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,10 +16,11 @@ from hypothesis import strategies as st
 from tests.support.clusters import switch_cluster
 from tests.support.schedules import ring_schedule
 
+import topoplan.cost
 from topoplan.cluster import loads_cluster
 from topoplan.cost import (DEFAULT_PROFILE, IDEAL, CostProfile, get_profile, load_profile,
                            loads_profile, profile_names)
-from topoplan.errors import ProfileError
+from topoplan.errors import ProfileError, UnitWarning
 from topoplan.schedule import build_schedule, equal_chunks, recv, send
 from topoplan.sim.reference import simulate_reference as _simulate_reference
 from topoplan.simulate import simulate
@@ -29,6 +31,12 @@ PROFILE = CostProfile("test", alpha_box=2 * US, alpha_network=5 * US, op_overhea
 
 
 # ---- the YAML form ------------------------------------------------------------------
+@pytest.mark.filterwarnings("error::topoplan.errors.UnitWarning")
+def test_shipped_profiles_write_their_units():
+    for name in profile_names():
+        load_profile(Path(topoplan.cost.__file__).with_name("profiles") / f"{name}.yaml")
+
+
 def test_shipped_profiles_load_and_name_their_sources():
     names = profile_names()
     assert {"ideal", "nccl", "mpi", "gloo"} <= set(names)
@@ -80,9 +88,16 @@ def test_profile_round_trips_through_yaml(tmp_path):
 
 
 def test_profile_units_and_bare_numbers():
-    p = loads_profile("name: x\nalpha: {box: 500 ns, network: 0.02 ms}\nop_overhead: 2\n"
-                      "step_overhead: 1 us\ncall_overhead: 0\nreduce_bandwidth: 80 Gbit/s\n"
-                      "host: {bandwidth: 1.5, ranks: 4}\n")
+    with pytest.warns(UnitWarning) as caught:
+        p = loads_profile("name: x\nalpha: {box: 500 ns, network: 0.02 ms}\nop_overhead: 2\n"
+                          "step_overhead: 1 us\ncall_overhead: 0\nreduce_bandwidth: 80 Gbit/s\n"
+                          "host: {bandwidth: 1.5, ranks: 4}\n", "p.yaml")
+    # Every bare number but 0 (0 in any unit) is named, with what it was read as.
+    assert [str(w.message) for w in caught] == [
+        "p.yaml:3: op_overhead: bare number 2 read as 2 us; write '2 us' "
+        "(or '2 ns', '2 ms' if that is what you meant)",
+        "p.yaml:7: host.bandwidth: bare number 1.5 read as 1.5 GB/s (12 Gbit/s); "
+        "write '1.5 GB/s' or '1.5 Gbit/s'"]
     assert p.alpha_box == pytest.approx(0.5e-6) and p.alpha_network == pytest.approx(20e-6)
     assert p.op_overhead == pytest.approx(2e-6)  # bare numbers are microseconds
     assert p.reduce_bandwidth == pytest.approx(10e9)
@@ -151,13 +166,17 @@ def test_ring_matches_the_alpha_beta_formula(n):
     assert report.profile == "test" and report.messages == 2 * (n - 1) * n
 
 
-def test_ideal_profile_is_the_links_alone():
+def test_ideal_profile_is_the_links_alone_and_nccl_the_default():
     cluster = switch_cluster(4, latency="0 us")
     schedule = ring_schedule([0, 1, 2, 3])
-    a = simulate(cluster, schedule, 1 << 16)
-    b = simulate(cluster, schedule, 1 << 16, profile="ideal")
-    assert a.time_s == b.time_s == pytest.approx(6 * (1 << 14) / 10e9)
-    assert b.breakdown["bandwidth"] == pytest.approx(b.time_s)
+    ideal = simulate(cluster, schedule, 1 << 16, profile="ideal")
+    assert ideal.time_s == pytest.approx(6 * (1 << 14) / 10e9)
+    assert ideal.breakdown["bandwidth"] == pytest.approx(ideal.time_s)
+    # No profile named: the runtime's, as topoplan plan / simulate and topoplan.plan do.
+    default = simulate(cluster, schedule, 1 << 16)
+    assert default.profile == DEFAULT_PROFILE == "nccl"
+    assert default.time_s == simulate(cluster, schedule, 1 << 16, profile="nccl").time_s
+    assert default.time_s > ideal.time_s
 
 
 def test_alpha_per_link_class():
@@ -213,12 +232,16 @@ def test_empty_messages_cost_nothing():
     assert report.time_s == pytest.approx(PROFILE.call_overhead) and report.messages == 0
 
 
-def test_profile_and_plain_costs_do_not_mix():
-    cluster = switch_cluster(2)
-    with pytest.raises(ValueError, match="not both"):
-        simulate(cluster, ring_schedule([0, 1]), 64, profile=PROFILE, alpha=1e-6)
+def test_alpha_and_reduce_bandwidth_replace_the_profiles_own():
+    cluster, schedule = switch_cluster(2), ring_schedule([0, 1])
+    mixed = simulate(cluster, schedule, 64, profile=PROFILE, alpha=1e-6, reduce_bandwidth=2e9)
+    same = PROFILE.with_costs(alpha_box=1e-6, alpha_network=1e-6, reduce_bandwidth=2e9)
+    assert mixed.profile == "test*"
+    assert mixed.time_s == simulate(cluster, schedule, 64, profile=same).time_s
+    with pytest.raises(ValueError, match="alpha must be >= 0"):
+        simulate(cluster, schedule, 64, alpha=-1e-6)
     with pytest.raises(ProfileError, match="unknown cost profile"):
-        simulate(cluster, ring_schedule([0, 1]), 64, profile="nope")
+        simulate(cluster, schedule, 64, profile="nope")
 
 
 def _random_schedule(data: st.DataObject, n: int):

@@ -76,8 +76,8 @@ def test_rounded_chunk_grid_is_said_and_stays_close():
     assert "grid of 4096" in note and "of the buffer changes chunk" in note
     back = import_msccl(algo)
     assert back.nsteps == schedule.nsteps and _shape(back) == _shape(schedule)
-    t0 = topoplan.simulate(cluster, schedule, size=1 << 28).time_s
-    t1 = topoplan.simulate(cluster, back, size=1 << 28).time_s
+    t0 = topoplan.simulate(cluster, schedule, size=1 << 28, profile="ideal").time_s
+    t1 = topoplan.simulate(cluster, back, size=1 << 28, profile="ideal").time_s
     assert t1 == pytest.approx(t0, rel=0.01)
 
 
@@ -270,10 +270,60 @@ def test_cli_export_import_verify_simulate(tmp_path, capsys):
     assert "checked" in capsys.readouterr().out
     assert xml.read_text().startswith("<algo ")
     back = tmp_path / "back.json"
-    assert main(["import", "msccl", str(xml), "-o", str(back)]) == 0
+    assert main(["import", str(xml), "--format", "msccl", "-o", str(back)]) == 0
     assert json.loads(back.read_text())["nranks"] == 8
     assert main(["verify", str(back)]) == 0
     assert main(["simulate", "topologies/dgx1_v100.yaml", str(back), "--size", "1MiB"]) == 0
+
+
+def test_cli_export_and_import_take_the_format_the_same_way(tmp_path, capsys):
+    plan = _plan_file(tmp_path)
+    xml = tmp_path / "algo.xml"
+    assert main(["export", str(plan), "--format", "msccl", "-o", str(xml)]) == 0
+    capsys.readouterr()
+    spellings = {"option": ["import", str(xml), "--format", "msccl"],
+                 "default": ["import", str(xml)],
+                 "first": ["import", "msccl", str(xml)]}  # the first spelling, with a note
+    plans = {}
+    for name, argv in spellings.items():
+        out = tmp_path / f"{name}.json"
+        assert main([*argv, "-o", str(out)]) == 0
+        err = capsys.readouterr().err
+        assert ("is now 'topoplan import FILE --format msccl'" in err) == (name == "first")
+        plans[name] = out.read_text()
+    assert plans["option"] == plans["default"] == plans["first"]
+
+
+@pytest.mark.parametrize("argv", [["import", "nccl", "node.xml"],
+                                  ["import", "node.xml", "--format", "nccl"]])
+def test_cli_import_of_a_topology_points_to_topo_import(argv, capsys):
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == ("topoplan: error: 'nccl' is a topology format, not an algorithm: "
+                           "did you mean `topoplan topo import nccl node.xml`?")
+
+
+def test_cli_export_and_import_json(tmp_path, capsys):
+    plan = _plan_file(tmp_path)
+    capsys.readouterr()
+    assert main(["export", str(plan), "--json"]) == 0
+    exported = json.loads(capsys.readouterr().out)
+    assert exported["output"] is None and exported["xml"].startswith("<algo ")
+    assert (exported["collective"], exported["ngpus"], exported["checked"]) == ("allreduce", 8,
+                                                                                True)
+    xml = tmp_path / "algo.xml"
+    assert main(["export", str(plan), "-o", str(xml), "--json"]) == 0
+    written = json.loads(capsys.readouterr().out)
+    assert written["output"] == str(xml) and written["xml"] is None
+    assert xml.read_text() == exported["xml"]
+    assert main(["import", str(xml), "--json"]) == 0
+    imported = json.loads(capsys.readouterr().out)
+    assert imported["verified"] and imported["nranks"] == 8
+    assert imported["plan"]["nranks"] == 8 and imported["output"] is None
+    back = tmp_path / "back.json"
+    assert main(["import", str(xml), "--json", "-o", str(back)]) == 0
+    assert json.loads(capsys.readouterr().out)["plan"] is None
+    assert json.loads(back.read_text()) == imported["plan"]
 
 
 def test_cli_export_to_stdout(tmp_path, capsys):
@@ -565,7 +615,7 @@ def test_cli_exports_and_imports_a_planned_allgather(tmp_path, capsys):
     assert re.search(r"count\s+per\s+rank\s+is\s+a\s+multiple\s+of\s+8", out)
     assert 'coll="allgather"' in xml.read_text()
     back = tmp_path / "back.json"
-    assert main(["import", "msccl", str(xml), "-o", str(back)]) == 0
+    assert main(["import", str(xml), "-o", str(back)]) == 0
     assert json.loads(back.read_text())["collective"] == "allgather"
     assert main(["verify", str(back)]) == 0
     assert main(["simulate", "topologies/dgx1_v100.yaml", str(back), "--size", "1MiB"]) == 0

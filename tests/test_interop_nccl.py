@@ -8,13 +8,14 @@ each NIC with the GPU on its PCIe bridge, checked here against the bus ids in th
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import pytest
 
 from topoplan.cli import main
 from topoplan.cluster import load_cluster, loads_cluster
-from topoplan.errors import ClusterSpecError, TopoplanError, XmlFormatError
+from topoplan.errors import ClusterSpecError, TopoplanError, UnitWarning, XmlFormatError
 from topoplan.interop.nccl_topo import (import_nccl_topology, inter_cpu_bandwidth,
                                         nvlink_bandwidth, pci_bandwidth, render_cluster_yaml)
 from topoplan.interop.xmlfile import parse_xml
@@ -171,6 +172,25 @@ def test_overlay_gives_the_network(tmp_path):
     with pytest.raises(ClusterSpecError, match=r"net.yaml: the cluster built with the overlay"
                                                r".*unknown switch 'leaf'"):
         import_nccl_topology(H100, overlay=overlay)
+
+
+def test_overlay_bare_numbers_are_named_in_the_overlay_and_written_with_units(tmp_path):
+    overlay = tmp_path / "net.yaml"
+    overlay.write_text("switches: [leaf, core]\n"
+                       "links:\n  - {a: leaf, b: core, bandwidth: 400, latency: 1}\n"
+                       "nic_switches: leaf\n")
+    with pytest.warns(UnitWarning) as caught:
+        imported = import_nccl_topology(H100, overlay=overlay)
+    assert [str(w.message) for w in caught] == [
+        f"{overlay}:3: links[0].bandwidth: bare number 400 read as 400 GB/s (3200 Gbit/s); "
+        "write '400 GB/s' or '400 Gbit/s'",
+        f"{overlay}:3: links[0].latency: bare number 1 read as 1 us; write '1 us' "
+        "(or '1 ns', '1 ms' if that is what you meant)"]
+    text = render_cluster_yaml(imported)
+    assert "bandwidth: 400 GB/s" in text and "latency: 1 us" in text
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnitWarning)  # the file written says its units
+        assert loads_cluster(text).links[0].bandwidth == 400e9
 
 
 def test_partial_file_needs_flags_and_names_them(tmp_path, capsys):

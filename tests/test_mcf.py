@@ -183,7 +183,7 @@ def test_random_clusters_verify_and_respect_the_cut_bound(text):
     if 1 < n <= 8:
         size = 64 << 20
         schedule = plan_mcf(cluster, size=size)
-        got = simulate(cluster, schedule, size)
+        got = simulate(cluster, schedule, size, profile="ideal")
         if schedule.meta["construction"].startswith("grid"):  # reduce-scatter + allgather
             assert got.time_s >= got.lower_bound_s * (1 - 1e-9)
         else:
@@ -191,7 +191,7 @@ def test_random_clusters_verify_and_respect_the_cut_bound(text):
             # they send M (one partial sum) where RS + AG sends 2 (M/N) |S|. Any
             # allreduce still moves M across every cut: at least half the RS + AG bound.
             assert got.time_s >= 0.5 * got.lower_bound_s * (1 - 1e-9)
-        ring = simulate(cluster, plan(cluster, "ring", size=size), size)
+        ring = simulate(cluster, plan(cluster, "ring", size=size), size, profile="ideal")
         assert got.time_s <= ring.time_s * (1 + 1e-9)
 
 
@@ -210,7 +210,7 @@ def test_shipped_topologies_verify_and_never_beat_the_bound(name):
     assert schedule.meta["algorithm"] == "mcf"
     assert schedule.meta["construction"] in schedule.meta["candidates"]
     if schedule.nops <= 60_000:
-        got = simulate(cluster, schedule, M)
+        got = simulate(cluster, schedule, M, profile="ideal")
         assert got.time_s >= got.lower_bound_s * (1 - 1e-9)
 
 
@@ -225,14 +225,14 @@ def test_hand_solved_cases_reach_the_bound_in_simulation(name, within):
     # aws_p2_8xlarge 1.29x the allreduce bound, which every schedule respects).
     cluster = load_topology(name)
     size = 1 << 30
-    got = simulate(cluster, plan_mcf(cluster, size=size), size)
+    got = simulate(cluster, plan_mcf(cluster, size=size), size, profile="ideal")
     assert got.lower_bound_s <= got.time_s <= within * rsag_bound(cluster, size)
 
 
 def test_ddl_two_switch_bound_by_hand():
     cluster = load_topology("ddl_two_switch")
     assert lower_bound(cluster, M) == pytest.approx(M / 10e9, rel=1e-9)
-    got = simulate(cluster, plan_mcf(cluster, size=M), M)
+    got = simulate(cluster, plan_mcf(cluster, size=M), M, profile="ideal")
     assert got.time_s == pytest.approx(M / 10e9, rel=0.01)
 
 
@@ -243,7 +243,7 @@ def test_dgx1_rings_carry_85_7_GBps():
     # Ring allreduce time at unit bandwidth: each ring link carries its share; the LP
     # value is 600/7 GB/s of algorithm bandwidth when every NVLink is saturated.
     schedule = plan_mcf(cluster, size=1 << 30)
-    got = simulate(cluster, schedule, 1 << 30)
+    got = simulate(cluster, schedule, 1 << 30, profile="ideal")
     assert (1 << 30) / got.time_s / 1e9 == pytest.approx(600 / 7, rel=0.01)
     assert len(rings) >= 6 and w.sum() == pytest.approx(1.0)
 
@@ -267,8 +267,8 @@ boxes:
 """
     cluster = loads_cluster(text)
     assert "mcf" in PLANNERS
-    mine = simulate(cluster, plan(cluster, "mcf", size=M), M)
-    ring = simulate(cluster, plan(cluster, "ring", size=M), M)
+    mine = simulate(cluster, plan(cluster, "mcf", size=M), M, profile="ideal")
+    ring = simulate(cluster, plan(cluster, "ring", size=M), M, profile="ideal")
     assert mine.time_s <= ring.time_s
     assert mine.time_s <= 1.10 * mine.lower_bound_s
 
@@ -341,11 +341,11 @@ boxes:
     schedule = H.build(12, msgs, H.chunk_fractions(layout, np.ones(1)), 1, algorithm="mcf")
     assert schedule.version == 2  # a rank adds 3 partial sums of its segment in one step
     verify(schedule)
-    report = simulate(cluster, schedule, M)
+    report = simulate(cluster, schedule, M, profile="ideal")
     assert report.time_s >= report.lower_bound_s * (1 - 1e-9)
     # Planned for real: the direct grid is near the bound with pipelining.
     planned = plan_mcf(cluster, size=M)
-    assert simulate(cluster, planned, M).time_s <= 1.05 * report.lower_bound_s
+    assert simulate(cluster, planned, M, profile="ideal").time_s <= 1.05 * report.lower_bound_s
 
 
 # ---- under a cost profile ---------------------------------------------------------------

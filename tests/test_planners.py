@@ -387,13 +387,23 @@ def test_bad_options_are_planner_errors(bad: dict, message: str) -> None:
         plan(c, "ring", **kwargs)
 
 
-@pytest.mark.parametrize("size", [0, -5, float("nan"), "1MiB", True])
+@pytest.mark.parametrize("size", [0, -5, float("nan"), "0 KiB", True])
 def test_every_planner_checks_the_size_the_same_way(size: object) -> None:
     c = cluster("single-switch", 4)
     for name, planner in PLANNERS.items():
         for call in (lambda: plan(c, name, size=size), lambda: planner(c, size=size)):
             with pytest.raises(PlannerError,
                                match=f"^{name}: size must be a positive number of bytes, got "):
+                call()
+
+
+def test_every_planner_reads_a_size_string_as_the_cli_does() -> None:
+    c = cluster("single-switch", 4)
+    for name, planner in PLANNERS.items():
+        assert planner(c, size="1MiB") == planner(c, size=MiB), name
+        for call in (lambda: plan(c, name, size="12 parsecs"),
+                     lambda: planner(c, size="12 parsecs")):
+            with pytest.raises(PlannerError, match=f"^{name}: size: unknown unit 'parsecs'"):
                 call()
 
 
@@ -442,7 +452,7 @@ def test_simulated_time_is_never_below_the_lower_bound(kind: str) -> None:
         c = cluster(kind, n)
         for planner in BASELINES:
             for size in (64 << 10, 64 * MiB):
-                report = simulate(c, plan(c, planner, size=size), size=size)
+                report = simulate(c, plan(c, planner, size=size), size=size, profile="ideal")
                 assert report.time_s >= report.lower_bound_s * (1 - 1e-9), \
                     f"{planner} on {kind} with {n} ranks, {size} B: simulated " \
                     f"{report.time_s} s < lower bound {report.lower_bound_s} s"
@@ -456,7 +466,7 @@ def test_pre_reducing_planners_beat_the_rs_ag_bound_on_an_uneven_cut() -> None:
     c = cluster("two-switch", 3)
     size = 64 * MiB
     for planner in ("tree", "rhd"):
-        report = simulate(c, plan(c, planner, size=size), size=size)
+        report = simulate(c, plan(c, planner, size=size), size=size, profile="ideal")
         assert report.lower_bound_s == pytest.approx(size / 10e9, rel=1e-12)
         assert report.lower_bound_s <= report.time_s < rsag_bound(c, size), planner
 
@@ -467,7 +477,7 @@ def test_ring_on_one_switch_matches_the_hand_computed_time(n: int) -> None:
     from topoplan.simulate import simulate
     c = cluster("single-switch", n)
     size = 64 * MiB
-    report = simulate(c, plan(c, "ring", size=size), size=size)
+    report = simulate(c, plan(c, "ring", size=size), size=size, profile="ideal")
     path = c.routes(0, 1)[0]
     latency = sum(c.graph[u][v]["latency"] for u, v in zip(path, path[1:]))
     bandwidth = 100e9 / 8
@@ -482,8 +492,8 @@ def test_ddl_good_ring_order_beats_the_bad_one_by_two() -> None:
     from topoplan.simulate import simulate
     c = load_topology("ddl_two_switch")
     size = 256 * MiB
-    good = simulate(c, plan(c, "ring-topo", size=size), size=size)
-    bad = simulate(c, plan(c, "ring", size=size, order=[0, 2, 1, 3]), size=size)
+    good = simulate(c, plan(c, "ring-topo", size=size), size=size, profile="ideal")
+    bad = simulate(c, plan(c, "ring", size=size, order=[0, 2, 1, 3]), size=size, profile="ideal")
     narrow = 10e9
     assert good.time_s == pytest.approx(6 * (size / 4) / narrow, rel=2e-3)
     assert bad.time_s == pytest.approx(6 * 2 * (size / 4) / narrow, rel=2e-3)

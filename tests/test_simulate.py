@@ -25,7 +25,7 @@ def test_ring_on_one_switch_matches_hand_computation(n):
     cluster = switch_cluster(n, bandwidth="10 GB/s", latency="1 us")
     schedule = ring_schedule(list(range(n)))
     size = n * 4096 * 4  # chunks divide exactly
-    report = simulate(cluster, schedule, size)
+    report = simulate(cluster, schedule, size, profile="ideal")
     # 2(n-1) steps; each moves M/n over a 10 GB/s NIC and pays two NIC latencies.
     step = (size / n) / 10e9 + 2e-6
     assert report.time_s == pytest.approx(2 * (n - 1) * step, rel=1e-9)
@@ -46,8 +46,8 @@ def test_ring_on_one_switch_matches_hand_computation(n):
 def test_ddl_two_switch_bad_ring_order_is_twice_as_slow(topology):
     cluster = topology("ddl_two_switch")
     size = 4 * (1 << 20)
-    good = simulate(cluster, ring_schedule([0, 1, 2, 3]), size)
-    bad = simulate(cluster, ring_schedule([0, 2, 1, 3]), size)
+    good = simulate(cluster, ring_schedule([0, 1, 2, 3]), size, profile="ideal")
+    bad = simulate(cluster, ring_schedule([0, 2, 1, 3]), size, profile="ideal")
     chunk = size / 4
     # Good: the 10 GB/s link carries one chunk per direction per step; path latency 3 us.
     assert good.time_s == pytest.approx(6 * (chunk / 10e9 + 3e-6), rel=1e-9)
@@ -62,7 +62,7 @@ def test_link_bytes_add_up_to_bytes_times_hops(topology):
     cluster = topology("ddl_two_switch")
     schedule = ring_schedule([0, 2, 1, 3])
     size = 3 * 1000 * 4  # 3000 elements: chunks of 750
-    report = simulate(cluster, schedule, size, record=True)
+    report = simulate(cluster, schedule, size, record=True, profile="ideal")
     expected = 0.0
     for rank, step, op in schedule.ops():
         if op.kind.value == "send":
@@ -97,7 +97,7 @@ links:
     schedule = build_schedule(2, [1.0], [[[send(1, 0)], [recv(1, 0)]],
                                          [[recv(0, 0, reduce=True)], [send(0, 0)]]])
     verify(schedule)
-    report = simulate(cluster, schedule, 8000)
+    report = simulate(cluster, schedule, 8000, profile="ideal")
     assert report.link_bytes[("leaf0", "spine0")] == report.link_bytes[("leaf0", "spine1")] == 4000
     assert report.time_s == pytest.approx(2 * 4000 / 10e9)  # two 10 GB/s paths in parallel
 
@@ -106,8 +106,8 @@ def test_reduce_bandwidth_adds_reduction_time():
     cluster = switch_cluster(2, bandwidth="10 GB/s", latency="0 us")
     schedule = ring_schedule([0, 1])
     size = 8000
-    free = simulate(cluster, schedule, size)
-    slow = simulate(cluster, schedule, size, reduce_bandwidth=1e9)
+    free = simulate(cluster, schedule, size, profile="ideal")
+    slow = simulate(cluster, schedule, size, reduce_bandwidth=1e9, profile="ideal")
     assert free.time_s == pytest.approx(2 * 4000 / 10e9)
     # Only the reduce-scatter step reduces: 4000 bytes at 1 GB/s.
     assert slow.time_s == pytest.approx(free.time_s + 4000 / 1e9)
@@ -116,18 +116,19 @@ def test_reduce_bandwidth_adds_reduction_time():
 def test_alpha_is_paid_per_message_step():
     cluster = switch_cluster(4, latency="0 us")
     schedule = ring_schedule([0, 1, 2, 3])
-    base = simulate(cluster, schedule, 1 << 16)
-    slow = simulate(cluster, schedule, 1 << 16, alpha=5e-6)
+    base = simulate(cluster, schedule, 1 << 16, profile="ideal")
+    slow = simulate(cluster, schedule, 1 << 16, alpha=5e-6, profile="ideal")
     assert slow.time_s == pytest.approx(base.time_s + 6 * 5e-6)
 
 
 def test_tiny_buffers_have_empty_chunks_and_still_finish():
     cluster = switch_cluster(4)
-    report = simulate(cluster, ring_schedule([0, 1, 2, 3]), 8)  # 2 fp32 elements, 4 chunks
+    # 2 fp32 elements, 4 chunks
+    report = simulate(cluster, ring_schedule([0, 1, 2, 3]), 8, profile="ideal")
     # Chunks hold 0, 1, 0, 1 elements: every step some rank still moves one element.
     assert report.time_s == pytest.approx(6 * (2e-6 + 4 / 10e9), rel=1e-9)
     # An empty buffer sends nothing (the executor skips empty messages): no time at all.
-    zero = simulate(cluster, ring_schedule([0, 1, 2, 3]), 0)
+    zero = simulate(cluster, ring_schedule([0, 1, 2, 3]), 0, profile="ideal")
     assert zero.link_bytes == {} and zero.time_s == 0.0 and zero.messages == 0
 
 
@@ -147,7 +148,7 @@ def test_resolution_batches_events_and_is_reported(monkeypatch):
     assert simulate(cluster, schedule, 12345 * 4, profile="nccl").resolution == base.COARSE
     for bad in (0.0, -1e-7, 0.5):
         with pytest.raises(ValueError, match="resolution must be in"):
-            simulate(cluster, schedule, 4000, resolution=bad)
+            simulate(cluster, schedule, 4000, resolution=bad, profile="ideal")
 
 
 def test_report_fields_are_the_contract():
@@ -156,7 +157,7 @@ def test_report_fields_are_the_contract():
     assert names == ["cluster", "algorithm", "nranks", "size", "time_s", "lower_bound_s", "algbw",
                      "busbw", "link_bytes", "link_busy_s", "step_times", "transfers",
                      "link_timeline", "profile", "breakdown", "messages", "resolution", "nccl"]
-    report = simulate(switch_cluster(2), ring_schedule([0, 1]), M)
+    report = simulate(switch_cluster(2), ring_schedule([0, 1]), M, profile="ideal")
     assert report.nccl is not None and report.nccl.collective == "allreduce"
     assert report.speedup_vs_nccl == pytest.approx(report.nccl.time_s / report.time_s)
     assert (report.cluster, report.algorithm, report.nranks, report.size) == ("switch-2", "ring", 2, M)
@@ -186,7 +187,8 @@ def test_unverified_schedules_fail_cleanly():
 
 def test_progress_callback_is_optional_and_harmless():
     calls = []
-    simulate(switch_cluster(3), ring_schedule([0, 1, 2]), M, progress=lambda f, t: calls.append(f))
+    simulate(switch_cluster(3), ring_schedule([0, 1, 2]), M, profile="ideal",
+             progress=lambda f, t: calls.append(f))
     assert all(0 <= f <= 1 for f in calls)
 
 
@@ -219,7 +221,7 @@ def test_simulated_time_never_beats_the_lower_bound(case, size):
     cluster, order = case
     if cluster.nranks < 2:
         return
-    report = simulate(cluster, ring_schedule(order), size)
+    report = simulate(cluster, ring_schedule(order), size, profile="ideal")
     assert report.time_s >= report.lower_bound_s * (1 - 1e-9)
     assert report.time_s > 0
 
@@ -319,10 +321,10 @@ def test_a_first_step_with_nothing_to_do_is_not_a_deadlock():
     cluster = switch_cluster(2, latency="0 us")
     schedule = build_schedule(2, [1.0], [[[], [send(1, 0)]], [[], [recv(0, 0)]]])
     for size in (0, 4000):
-        report = simulate(cluster, schedule, size)
+        report = simulate(cluster, schedule, size, profile="ideal")
         assert report.step_times[0][0] == (0.0, 0.0)
         assert report.time_s == pytest.approx(size / 10e9)
-        assert report.time_s == _simulate_reference(cluster, schedule, size).time_s
+        assert report.time_s == _simulate_reference(cluster, schedule, size, profile="ideal").time_s
 
 
 def test_hierarchical_helper_schedule_is_correct():
@@ -375,15 +377,16 @@ def test_random_rings_match_the_reference(case, size):
     if cluster.nranks < 2:
         return
     schedule = ring_schedule(order)
-    assert_same_report(simulate(cluster, schedule, size, record=True),
-                       _simulate_reference(cluster, schedule, size, record=True))
+    assert_same_report(simulate(cluster, schedule, size, record=True, profile="ideal"),
+                       _simulate_reference(cluster, schedule, size, record=True, profile="ideal"))
 
 
 def test_one_schedule_at_many_sizes_reuses_its_flattened_ops():
     cluster = leaf_spine_cluster(4, boxes_per_leaf=2, gpus=2)
     schedule = hierarchical_schedule(8, 2)
-    first = [simulate(cluster, schedule, size).time_s for size in (1 << 10, 1 << 20, 8)]
-    again = [simulate(cluster, hierarchical_schedule(8, 2), size).time_s
+    first = [simulate(cluster, schedule, size, profile="ideal").time_s
+             for size in (1 << 10, 1 << 20, 8)]
+    again = [simulate(cluster, hierarchical_schedule(8, 2), size, profile="ideal").time_s
              for size in (1 << 10, 1 << 20, 8)]
     assert first == again
 
@@ -395,7 +398,7 @@ def test_two_messages_on_one_link_share_it_then_the_larger_speeds_up():
     cluster = switch_cluster(2, latency="0 us")
     schedule = build_schedule(2, [0.25, 0.75], [[[send(1, 0), send(1, 1)]],
                                                 [[recv(0, 0), recv(0, 1)]]])
-    report = simulate(cluster, schedule, 4000, record=True)
+    report = simulate(cluster, schedule, 4000, record=True, profile="ideal")
     small, large = sorted(report.transfers, key=lambda t: t.nbytes)
     assert (small.nbytes, large.nbytes) == (1000, 3000)
     assert small.end_s == pytest.approx(2e-7, rel=1e-12)

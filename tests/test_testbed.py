@@ -255,7 +255,7 @@ def test_calibration_fit_recovers_alpha_and_reduce_bandwidth():
         # run pays five times the alpha of the pipelined ones.
         a = alpha * (5 if label == "cal:latency" else 1)
         measured[label] = simulate(cluster, schedule, size=size, alpha=a,
-                                   reduce_bandwidth=reduce_bw).time_s
+                                   reduce_bandwidth=reduce_bw, profile="ideal").time_s
     cal = fit(cluster, cases, measured)
     assert cal.reduce_bandwidth == pytest.approx(reduce_bw)
     assert cal.alpha_s == pytest.approx(alpha, rel=0.05)
@@ -271,7 +271,8 @@ def test_calibration_fit_recovers_alpha_and_reduce_bandwidth():
         assert s.fitted_s == pytest.approx(s.measured_s, rel=0.01)
         assert s.alphas > 0 and s.base_s < s.measured_s
     # Runs no slower than the links alone: alpha 0, and the calibration says why.
-    quick = {label: (simulate(cluster, schedule, size=size, reduce_bandwidth=reduce_bw).time_s
+    quick = {label: (simulate(cluster, schedule, size=size, reduce_bandwidth=reduce_bw,
+                              profile="ideal").time_s
                      * 0.98 if schedule is not None else measured[label])
              for label, size, _, schedule in cases}
     zero = fit(cluster, cases, quick)

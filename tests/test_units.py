@@ -6,7 +6,7 @@ import math
 import pytest
 
 from topoplan.units import (format_bandwidth, format_size, format_time, parse_bandwidth,
-                            parse_latency, parse_size, parse_size_range)
+                            parse_count, parse_latency, parse_size, parse_size_range)
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -109,3 +109,20 @@ def test_formatting_round_trips():
 def test_unparsable_values_show_an_example(parse, example):
     with pytest.raises(ValueError, match=f"e.g. {example}"):
         parse("garbage")
+
+
+@pytest.mark.parametrize("text, count", [("1.5e9", 1_500_000_000), ("1.5B", 1_500_000_000),
+                                         ("1.5G", 1_500_000_000), ("350M", 350_000_000),
+                                         ("7b", 7_000_000_000), ("2T", 2 * 10**12),
+                                         ("64K", 64_000), (25_557_032, 25_557_032)])
+def test_counts_read_as_people_write_them(text, count):
+    assert parse_count(text) == count
+
+
+@pytest.mark.parametrize("text, message", [("0", "whole number >= 1"), ("0.5", "whole number"),
+                                           ("1.23456789012B", "whole number"),
+                                           ("1.5X", "e.g. 350M, 1.5B"), ("-7B", "not a count"),
+                                           (True, "expected a count")])
+def test_bad_counts_say_what_a_count_is(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_count(text)

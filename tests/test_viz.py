@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import itertools
 import subprocess
 import sys
@@ -171,7 +173,7 @@ def simulated(cluster, size=64 << 20, record=True):
 
     schedule = ring_schedule(cluster.nranks)
     verify(schedule)
-    return schedule, simulate(cluster, schedule, size, record=record)
+    return schedule, simulate(cluster, schedule, size, record=record, profile="ideal")
 
 
 # --------------------------------------------------------------------------------------
@@ -418,6 +420,19 @@ def test_show_output_names():
     assert str(output_paths("pic", ["timeline"])["timeline"]) == "pic-timeline.png"
 
 
+def test_show_json_has_the_prediction_and_the_files(tmp_path):
+    need_planners()
+    out = tmp_path / "ddl.png"
+    proc = run_cli("show", "topologies/ddl_two_switch.yaml", "--algorithm", "ring",
+                   "--size", "1MiB", "--figures", "cluster,timeline", "-o", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["figures"] == {"cluster": str(out), "timeline": str(tmp_path / "ddl-timeline.png")}
+    assert (data["algorithm"], data["size_bytes"], data["profile"]) == ("ring", 1 << 20, "nccl")
+    assert data["x_bound"] == pytest.approx(data["time_s"] / data["lower_bound_s"])
+    assert out.exists() and (tmp_path / "ddl-timeline.png").exists()
+
+
 def test_show_writes_every_figure(tmp_path):
     need_planners()
     pytest.importorskip("topoplan.simulate")
@@ -502,7 +517,7 @@ def test_every_shipped_topology_keeps_its_texts_inside_the_figure(path):
     if cluster.nranks <= 256:  # planning the 1024-GPU cluster takes longer than the check
         size = 256 << 20
         schedule = planners.plan(cluster, algorithm="hierarchical", size=size)
-        report = simulate(cluster, schedule, size)
+        report = simulate(cluster, schedule, size, profile="ideal")
     fig = draw_cluster(cluster, report)
     assert cropped(fig) == []
     assert overlaps(fig) == []

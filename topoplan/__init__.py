@@ -17,7 +17,8 @@ import importlib
 from typing import Any
 
 from .errors import (ClusterSpecError, InfeasiblePlanError, PlannerError, ProfileError,
-                     ScheduleError, SpecError, TopoplanError, TransportError, XmlFormatError)
+                     ScheduleError, SpecError, TopoplanError, TopoplanWarning, TransportError,
+                     UnitWarning, XmlFormatError)
 
 # These functions share their module's name: importing the submodule anywhere would
 # rebind ``topoplan.verify`` to the module, so they are bound eagerly here. Both modules
@@ -51,7 +52,8 @@ _SUBMODULES = {"bench", "bound", "calibrate", "cluster", "collectives", "cost", 
 
 __all__ = ["TopoplanError", "SpecError", "ClusterSpecError", "ProfileError", "XmlFormatError",
            "ScheduleError",
-           "PlannerError", "InfeasiblePlanError", "TransportError", "verify", "simulate",
+           "PlannerError", "InfeasiblePlanError", "TransportError", "TopoplanWarning",
+           "UnitWarning", "verify", "simulate",
            "SimReport", *_LAZY]
 
 

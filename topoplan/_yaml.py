@@ -113,6 +113,11 @@ def load_yaml(text: str, file: str, error: type[SpecError] = ClusterSpecError) -
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = mark.line + 1 if mark is not None else None
+        if mark is not None and (exc.problem or "").startswith("found character '\\t'"):
+            # PyYAML's "found character '\t' that cannot start any token" is an editor
+            # that indents with tabs.
+            raise error(f"a tab at column {mark.column + 1}: indent with spaces (YAML allows "
+                        "tabs only inside quoted strings)", file=file, line=where) from None
         problem = " ".join((exc.problem or exc.context or "invalid YAML").split())
         raise error(f"YAML syntax error: {problem}", file=file, line=where) from None
     except yaml.YAMLError as exc:

@@ -396,8 +396,9 @@ def predict_rows(rows: Sequence[BenchRow], schedule: Schedule, profile: Any,
     host = profile.host_cluster(nranks)
     out = []
     for r in rows:
+        # force: the plan runs on this host, whatever cluster it was planned for.
         predicted = simulate(host, schedule, r.size, profile=profile,
-                             dtype_size=ITEMSIZE[r.type]).time_s
+                             dtype_size=ITEMSIZE[r.type], force=True).time_s
         out.append(replace(r, predicted_us=predicted * 1e6,
                            measured_over_predicted=r.time_us / (predicted * 1e6)
                            if predicted > 0 else None))

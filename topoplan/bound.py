@@ -60,6 +60,7 @@ from scipy.sparse.csgraph import breadth_first_order, connected_components, maxi
 from ._cache import ObjectCache
 from .cluster import Box, Cluster
 from .collectives import get_collective
+from .units import as_bytes
 
 __all__ = ["Cut", "Partition", "bottleneck", "best_partition", "partitions", "lower_bound",
            "rsag_bound", "shard_bound", "collective_bound", "latency_bound", "sink_classes"]
@@ -127,14 +128,14 @@ class Partition:
                 f"{format_bandwidth(self.bandwidth)} out of them in all")
 
 
-def lower_bound(cluster: Cluster, size: float) -> float:
+def lower_bound(cluster: Cluster, size: float | str) -> float:
     """Seconds any allreduce of ``size`` bytes needs at least on ``cluster``.
 
     Parameters
     ----------
     cluster : Cluster
-    size : float
-        Bytes per rank (``M``).
+    size : float or str
+        Bytes per rank (``M``), or a size such as ``"256MiB"``.
 
     Returns
     -------
@@ -155,17 +156,17 @@ def lower_bound(cluster: Cluster, size: float) -> float:
     """
     if cluster.nranks < 2:
         return 0.0
-    return float(size) * best_partition(cluster).ratio
+    return float(as_bytes(size)) * best_partition(cluster).ratio
 
 
-def rsag_bound(cluster: Cluster, size: float) -> float:
+def rsag_bound(cluster: Cluster, size: float | str) -> float:
     """Seconds a reduce-scatter + allgather allreduce of ``size`` bytes needs at least.
 
     Parameters
     ----------
     cluster : Cluster
-    size : float
-        Bytes per rank (``M``).
+    size : float or str
+        Bytes per rank (``M``), or a size such as ``"256MiB"``.
 
     Returns
     -------
@@ -182,15 +183,15 @@ def rsag_bound(cluster: Cluster, size: float) -> float:
     return 2.0 * shard_bound(cluster, size)
 
 
-def shard_bound(cluster: Cluster, size: float) -> float:
+def shard_bound(cluster: Cluster, size: float | str) -> float:
     """Seconds any allgather or reduce-scatter of a ``size``-byte buffer needs at least.
 
     Parameters
     ----------
     cluster : Cluster
-    size : float
+    size : float or str
         Bytes of the full buffer (``M``: an allgather's output, a reduce-scatter's
-        input), ``M / N`` per shard.
+        input), ``M / N`` per shard; or a size such as ``"256MiB"``.
 
     Returns
     -------
@@ -218,10 +219,11 @@ def shard_bound(cluster: Cluster, size: float) -> float:
     n = cluster.nranks
     if n < 2:
         return 0.0
-    return (float(size) / n) * bottleneck(cluster).ratio
+    return (float(as_bytes(size)) / n) * bottleneck(cluster).ratio
 
 
-def collective_bound(cluster: Cluster, size: float, collective: str = "allreduce") -> float:
+def collective_bound(cluster: Cluster, size: float | str,
+                     collective: str = "allreduce") -> float:
     """The bandwidth lower bound of ``collective`` over a ``size``-byte buffer.
 
     :func:`lower_bound` for an allreduce, :func:`shard_bound` for a reduce-scatter or
@@ -237,7 +239,7 @@ def collective_bound(cluster: Cluster, size: float, collective: str = "allreduce
     return lower_bound(cluster, size)
 
 
-def latency_bound(cluster: Cluster, size: float, profile: Any = None) -> float:
+def latency_bound(cluster: Cluster, size: float | str, profile: Any = None) -> float:
     """The bandwidth bound plus what the fewest steps cost under a cost profile.
 
     A bandwidth-optimal allreduce reduces every chunk before it broadcasts it: at
@@ -253,8 +255,8 @@ def latency_bound(cluster: Cluster, size: float, profile: Any = None) -> float:
     Parameters
     ----------
     cluster : Cluster
-    size : float
-        Bytes per rank.
+    size : float or str
+        Bytes per rank, or a size such as ``"256MiB"``.
     profile : CostProfile or str, optional
         Default: :data:`topoplan.cost.DEFAULT_PROFILE`.
     """

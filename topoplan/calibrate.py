@@ -642,7 +642,8 @@ def fit(cases: Sequence[tuple[str, Schedule, int, float]], start: CostProfile,
         out = []
         for _, schedule, size, _ in cases:
             where = cluster if cluster is not None else profile.host_cluster(schedule.nranks)
-            out.append(simulate(where, schedule, size, profile=profile).time_s)
+            # force: the cases ran on this host, whatever cluster they were planned for.
+            out.append(simulate(where, schedule, size, profile=profile, force=True).time_s)
         return np.array(out, dtype=float)
 
     theta = np.array([max(_theta_of(start, name), _LOWER[_unit(name)]) for name in names])
@@ -823,7 +824,7 @@ def fit_profile(samples: Sequence[Sample], *, name: str = "calibrated", nranks: 
         model: float | None = None
         if s.case.kind == "allreduce" and s.case.schedule is not None:
             model = simulate(profile.host_cluster(nranks), s.case.schedule, s.case.size,
-                             profile=profile).time_s
+                             profile=profile, force=True).time_s
         if model is not None:
             row["fitted_us"] = _us(model)
             row["residual_pct"] = round(100 * (s.measured_s - model) / s.measured_s, 1)

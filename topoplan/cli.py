@@ -2,7 +2,8 @@
 
 Each command lives in ``topoplan/commands/<name>.py`` with ``register(subparsers)``;
 the parser it adds sets ``func(args) -> int``. Errors a user can cause
-(:class:`TopoplanError`) print ``topoplan: error: ...`` and exit 1, without a traceback.
+(:class:`TopoplanError`) print ``topoplan: error: ...`` and exit 1, without a traceback;
+warnings (:class:`TopoplanWarning`) print ``topoplan: warning: ...``, one line each.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import argparse
 import importlib
 import signal
 import sys
+import warnings
 
-from .errors import TopoplanError
+from .errors import TopoplanError, TopoplanWarning
 
 COMMANDS = ("topo", "plan", "verify", "simulate", "bench", "calibrate", "show", "launch",
             "testbed", "export", "import", "estimate")
@@ -36,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # not built yet
             raise
         module.register(subparsers)
+    from .commands.common import plain_help
+    plain_help(parser)  # descriptions taken from docstrings keep no ``markup``
     return parser
 
 
@@ -54,6 +58,16 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .commands.common import show_warning
+
+    with warnings.catch_warnings():
+        # Each warning once per command (a file read twice warns once), one line each.
+        warnings.simplefilter("default", TopoplanWarning)
+        warnings.showwarning = show_warning
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = _parse(parser, sys.argv[1:] if argv is None else list(argv))
     if not getattr(args, "func", None):

@@ -21,7 +21,8 @@ Messages of zero bytes are not sent (the executor skips them): they cost nothing
 
 Shipped profiles (``topoplan/profiles/*.yaml``, each citing its sources): ``ideal`` (links
 only, the model before profiles), ``nccl`` (NCCL point-to-point, from NCCL's own tuning
-tables and published measurements; the default of :func:`topoplan.plan` and the CLI),
+tables and published measurements; the default of :func:`topoplan.plan`,
+:func:`topoplan.simulate` and the CLI),
 ``mpi`` and ``gloo`` (this project's executor over Open MPI and torch.distributed/gloo,
 measured by ``topoplan calibrate``).
 """
@@ -29,18 +30,20 @@ measured by ``topoplan calibrate``).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from .errors import ProfileError
+from .errors import ProfileError, UnitWarning
 
 __all__ = ["CostProfile", "load_profile", "loads_profile", "get_profile", "profile_names",
            "DEFAULT_PROFILE", "IDEAL"]
 
-#: The profile ``topoplan plan`` and :func:`topoplan.plan` use when none is named: GPU
-#: clusters run NCCL (topoplan's NCCL transport posts each step as one NCCL group).
+#: The profile the CLI, :func:`topoplan.plan` and :func:`topoplan.simulate` use when none
+#: is named: GPU clusters run NCCL (topoplan's NCCL transport posts each step as one NCCL
+#: group).
 DEFAULT_PROFILE = "nccl"
 
 _PROFILE_DIR = Path(__file__).with_name("profiles")
@@ -356,7 +359,8 @@ def load_profile(path: str | Path) -> CostProfile:
 def loads_profile(text: str, file: str = "<string>") -> CostProfile:
     """Like :func:`load_profile`, from YAML text; ``file`` names it in errors.
 
-    The format (bare numbers are microseconds and GB/s, as in cluster files)::
+    The format (bare numbers are microseconds and GB/s, as in cluster files, and warned
+    about as :class:`~topoplan.errors.UnitWarning`)::
 
         name: mpi
         description: topoplan's executor over Open MPI, 8 ranks on one host
@@ -371,7 +375,7 @@ def loads_profile(text: str, file: str = "<string>") -> CostProfile:
         calibration: {...}               # what topoplan calibrate recorded
     """
     from ._yaml import LineDict, load_yaml
-    from .units import parse_bandwidth, parse_latency, parse_size
+    from .units import bare_number_note, parse_bandwidth, parse_latency, parse_size
 
     doc = load_yaml(text, file, ProfileError)
     if doc is None:
@@ -396,6 +400,13 @@ def loads_profile(text: str, file: str = "<string>") -> CostProfile:
             raise fail(doc, key, f"expected a string, got {value!r}")
         return value
 
+    def unit_note(mapping: LineDict, key: str, path: str, what: str) -> None:
+        """Warn about a bare number: it has a default unit, which may not be the one meant."""
+        note = bare_number_note(mapping[key], what)
+        if note is not None:
+            warnings.warn(UnitWarning(note, file=file, line=mapping.line_of(key), key=path),
+                          stacklevel=3)
+
     def seconds(mapping: LineDict, key: str, path: str) -> float:
         value = mapping[key]
         try:
@@ -404,6 +415,7 @@ def loads_profile(text: str, file: str = "<string>") -> CostProfile:
             raise fail(mapping, key, str(exc), path) from None
         if out < 0:
             raise fail(mapping, key, f"must be >= 0, got {value!r}", path)
+        unit_note(mapping, key, path, "latency")
         return out
 
     def bandwidth(mapping: LineDict, key: str, path: str, allow_none: bool) -> float | None:
@@ -417,6 +429,7 @@ def loads_profile(text: str, file: str = "<string>") -> CostProfile:
             raise fail(mapping, key, str(exc), path) from None
         if not out > 0:
             raise fail(mapping, key, f"must be > 0, got {value!r}", path)
+        unit_note(mapping, key, path, "bandwidth")
         return out
 
     name = string("name")

@@ -10,6 +10,10 @@
 
 The CLI turns any of them into ``topoplan: error: <message>`` and a non-zero
 exit; the library never prints or exits on user input.
+
+Input that is read but may not mean what its author meant is a warning, issued with
+:mod:`warnings` so that callers can filter it (:class:`TopoplanWarning`, and under it
+:class:`UnitWarning`); the CLI prints each as ``topoplan: warning: <message>``.
 """
 
 from __future__ import annotations
@@ -28,12 +32,17 @@ class SpecError(TopoplanError, ValueError):
     def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
                  key: str | None = None) -> None:
         self.file, self.line, self.key, self.reason = file, line, key, message
-        where = ""
-        if file is not None:
-            where = f"{file}:{line}: " if line is not None else f"{file}: "
-        if key:
-            where += f"{key}: "
-        super().__init__(where + message)
+        super().__init__(_where(file, line, key) + message)
+
+
+def _where(file: str | None, line: int | None, key: str | None) -> str:
+    """``FILE:LINE: KEY: `` (the parts known), the prefix of spec errors and warnings."""
+    where = ""
+    if file is not None:
+        where = f"{file}:{line}: " if line is not None else f"{file}: "
+    if key:
+        where += f"{key}: "
+    return where
 
 
 class ClusterSpecError(SpecError):
@@ -102,3 +111,25 @@ class EstimateError(TopoplanError, ValueError):
     ``--compute-time``), a non-positive time, batch or fraction; the message names the
     input and what to give instead.
     """
+
+
+class TopoplanWarning(UserWarning):
+    """Base class of the warnings topoplan issues: input it reads, but which may not mean
+    what its author meant. Filter them with :mod:`warnings`, e.g.
+    ``warnings.simplefilter("error", topoplan.TopoplanWarning)`` to refuse such input."""
+
+
+class UnitWarning(TopoplanWarning):
+    """A bandwidth or latency written as a bare number, read in the default unit.
+
+    A bare bandwidth is GB/s and a bare latency microseconds (docs/CLUSTER.md); a NIC
+    written ``bandwidth: 100`` by someone who meant 100 Gbit/s is then 8 times too fast.
+    The message reads ``cluster.yaml:12: boxes[0].nics[0].bandwidth: bare number 100 read
+    as 100 GB/s (800 Gbit/s); write '100 GB/s' or '100 Gbit/s'``; ``file``, ``line`` and
+    ``key`` hold the parts.
+    """
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
+                 key: str | None = None) -> None:
+        self.file, self.line, self.key, self.reason = file, line, key, message
+        super().__init__(_where(file, line, key) + message)

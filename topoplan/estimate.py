@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import EstimateError
-from .models import MODELS, Model, canonical
+from .models import MODELS, Model, canonical, get_model
+from .units import as_bytes
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -34,10 +35,12 @@ if TYPE_CHECKING:
 __all__ = ["Throughput", "THROUGHPUTS", "GPUS", "Bucket", "Estimate", "estimate",
            "compute_time", "gpu_of", "fuse", "one_box", "JSON_KEYS"]
 
-#: The GPUs the throughput table knows.
-GPUS = ("K80", "P100", "V100", "A100", "H100")
+#: The GPUs the estimator knows: a published throughput (:data:`THROUGHPUTS`) or a peak
+#: (:data:`PEAKS`) to derive one from.
+GPUS = ("K80", "P100", "V100", "A100", "H100", "H200", "B200")
 
-#: The keys of :meth:`Estimate.to_json`, in order (``topoplan estimate --json``).
+#: The headline numbers of :meth:`Estimate.to_json`, its first keys, in order
+#: (``topoplan estimate --json``).
 JSON_KEYS = ("iteration_s", "compute_s", "comm_s", "exposed_comm_s", "samples_per_s",
              "efficiency")
 
@@ -64,8 +67,9 @@ class Throughput:
 #: Published single-GPU training throughputs, ``(model, gpu) -> [Throughput, ...]``.
 #: Compute time per iteration is ``batch / samples_per_s`` from the entry whose batch is
 #: nearest the one asked for, scaled linearly to that batch. No entry was fitted to the
-#: tables the estimator is checked against. Empty cells (H100, GPT-2 1.5B, ResNet-152 on
-#: V100/A100, BERT-large on K80/P100/A100) have no source here: give ``compute_time``.
+#: tables the estimator is checked against. Empty cells are derived from the GPU's peak
+#: where :data:`PEAKS` has it (:func:`derive`: every H100, H200 and B200, GPT-2 1.5B,
+#: ResNet-152 on V100/A100, BERT-large on A100); on K80 and P100 they need ``compute_s``.
 THROUGHPUTS: dict[tuple[str, str], tuple[Throughput, ...]] = {
     ("resnet50", "K80"): (
         Throughput(51.5, 64, "fp32", _TF_BENCH + ", Amazon EC2 p2.8xlarge"),
@@ -87,23 +91,123 @@ THROUGHPUTS: dict[tuple[str, str], tuple[Throughput, ...]] = {
 }
 
 
+#: Dense peak FLOP/s of one GPU (SXM module) by the precision it trains in, from the
+#: vendor's datasheet; where the datasheet quotes tensor-core figures "with sparsity"
+#: (2:4 structured), half of them. ``fp16`` on V100 is its tensor cores' mixed precision.
+PEAKS: dict[str, dict[str, float]] = {
+    "V100": {"fp32": 15.7e12, "fp16": 125e12},
+    "A100": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12},
+    "H100": {"fp32": 67e12, "tf32": 989e12 / 2, "bf16": 1979e12 / 2},
+    "H200": {"fp32": 67e12, "tf32": 989e12 / 2, "bf16": 1979e12 / 2},
+    "B200": {"fp32": 75e12, "tf32": 2.2e15 / 2, "bf16": 4.5e15 / 2},
+}
+#: Where each peak comes from.
+PEAK_SOURCES = {
+    "V100": "NVIDIA Tesla V100 datasheet, SXM2: 15.7 TFLOPS FP32, 125 tensor",
+    "A100": "NVIDIA A100 datasheet, SXM: 19.5 TFLOPS FP32, 156 TF32, 312 BF16 (dense)",
+    "H100": "NVIDIA H100 datasheet, SXM: 67 TFLOPS FP32; 989 TF32 and 1,979 BF16 with "
+            "sparsity",
+    "H200": "NVIDIA H200 datasheet, SXM: 67 TFLOPS FP32; 989 TF32 and 1,979 BF16 with "
+            "sparsity",
+    "B200": "NVIDIA HGX B200 datasheet, per GPU: 75 TFLOPS FP32; 2.2 PFLOPS TF32 and 4.5 "
+            "BF16 with sparsity",
+}
+
+#: Model-FLOP utilization of transformer training in 16-bit precision: Narayanan et al.,
+#: "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"
+#: (SC21), table 1: a 1.7B-parameter GPT (the size of GPT-2 1.5B) on 32 A100s ran at
+#: 137 TFLOP/s per GPU, 44% of the 312 TFLOP/s peak, counting the forward pass that
+#: activation recomputation repeats (96 B s l h^2 FLOPs per iteration where training
+#: needs 72): 44% x 3/4 = 33% of peak in the 6 FLOPs per multiply-accumulate and sample
+#: that :func:`derive` charges.
+TRANSFORMER_UTILIZATION = 0.44 * 72 / 96
+
+#: The network kinds :func:`derive` prices: convolutional networks train in TF32 (FP32
+#: where a GPU has no TF32), transformers in mixed 16-bit precision.
+KINDS = {"resnet50": "convnet", "resnet152": "convnet", "bert-large": "transformer",
+         "gpt2-1.5b": "transformer"}
+#: The published entry whose utilization a convnet without its own figure takes, by the
+#: precision it trains in: the same network family, measured by NVIDIA.
+_CONVNET_REFERENCE = {"tf32": ("resnet50", "A100"), "fp32": ("resnet50", "V100")}
+#: Batch per GPU of a derived entry: the network's published batch where the table has
+#: one, else the 1.7B GPT's in Narayanan et al. (512 sequences over 32 GPUs).
+_DERIVED_BATCH = {"gpt2-1.5b": 16}
+
+
+def _train_flops(model: str) -> float:
+    """FLOPs of one training sample: forward 2 per multiply-accumulate, backward twice the
+    forward (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", 2.1)."""
+    return 6.0 * sum(t.macs for t in get_model(model).tensors)
+
+
+def _precision(model: str, gpu: str) -> str:
+    if KINDS[model] == "transformer":
+        return "fp16" if "fp16" in PEAKS[gpu] else "bf16"
+    return "tf32" if "tf32" in PEAKS[gpu] else "fp32"
+
+
+def derive(model: str, gpu: str) -> Throughput | None:
+    """A throughput for ``model`` on ``gpu`` from the GPU's peak and a stated utilization,
+    where no published figure exists: ``peak x utilization / (6 x MACs per sample)``.
+
+    The peak is the datasheet's dense figure (:data:`PEAKS`) for the precision the
+    network trains in; the utilization is :data:`TRANSFORMER_UTILIZATION` for
+    transformers, and for convnets that of NVIDIA's published ResNet-50 figure at the
+    same precision (A100 for TF32, V100 for FP32) on its own GPU's peak. ``None`` for a
+    GPU without a peak here (K80, P100: give the compute time).
+    """
+    model, gpu = canonical(model), _gpu_name(gpu)
+    if gpu not in PEAKS or model not in KINDS:
+        return None
+    precision = _precision(model, gpu)
+    peak = PEAKS[gpu][precision]
+    if KINDS[model] == "transformer":
+        utilization = TRANSFORMER_UTILIZATION
+        why = ("Narayanan et al. 2021, Megatron-LM, table 1: GPT 1.7B on A100 at 44% of "
+               "peak counting recomputation, x 3/4")
+        batch = _DERIVED_BATCH.get(model) or next(
+            entries[0].batch for (name, _), entries in THROUGHPUTS.items() if name == model)
+    else:
+        ref_model, ref_gpu = _CONVNET_REFERENCE[precision]
+        ref = THROUGHPUTS[ref_model, ref_gpu][0]
+        utilization = ref.samples_per_s * _train_flops(ref_model) / PEAKS[ref_gpu][precision]
+        why = (f"that of the published {ref_model} {ref_gpu} entry, {ref.samples_per_s:g} "
+               "images/s" + ("" if ref_gpu == gpu else
+                             "; convnets are bound by memory more than by FLOPs, so this "
+                             f"may flatter the {gpu}"))
+        batch = ref.batch
+    flops = _train_flops(model)
+    return Throughput(
+        peak * utilization / flops, batch, precision,
+        f"derived, not measured: {peak / 1e12:g} TFLOP/s ({gpu} dense {precision.upper()} "
+        f"peak; {PEAK_SOURCES[gpu]}) x {utilization:.1%} utilization ({why}) / "
+        f"{flops / 1e9:.4g} GFLOP per {get_model(model).sample} (6 x MACs)")
+
+
 def compute_time(model: str, gpu: str, batch: int | None = None) -> tuple[float, int, Throughput]:
-    """Seconds of compute per iteration of one ``gpu`` at ``batch``, from :data:`THROUGHPUTS`.
+    """Seconds of compute per iteration of one ``gpu`` at ``batch``, from :data:`THROUGHPUTS`,
+    or where it has no figure for the pair, derived from the GPU's peak (:func:`derive`).
 
     Returns ``(seconds, batch, entry)``; ``batch=None`` takes the entry's own batch.
 
     Raises
     ------
     EstimateError
-        For an unknown model or GPU, or a pair the table has no published figure for.
+        For an unknown model or GPU, or a pair with no published figure and no peak to
+        derive one from.
     """
     key = (canonical(model), _gpu_name(gpu))
     entries = THROUGHPUTS.get(key)
     if not entries:
+        derived = derive(*key)
+        if derived is not None:
+            entries = (derived,)
+    if not entries:
         have = sorted(g for m, g in THROUGHPUTS if m == key[0])
         raise EstimateError(
             f"no published throughput for {key[0]} on {key[1]} in the table (it has "
-            f"{', '.join(have) or 'none'}); give --compute-time SECONDS per iteration")
+            f"{', '.join(have) or 'none'}) and no peak to derive one from (it has "
+            f"{', '.join(PEAKS)}); give --compute-time SECONDS per iteration")
     if batch is None:
         entry = entries[0]
         return entry.batch / entry.samples_per_s, entry.batch, entry
@@ -131,7 +235,8 @@ def gpu_of(cluster: Cluster) -> str | None:
         text = Path(cluster.source).read_text(encoding="utf-8")
     except OSError:
         return None
-    found = {m.upper() for m in re.findall(r"\b(K80|P100|V100|A100|H100)\b", text, re.I)}
+    found = {m.upper() for m in re.findall(r"\b(K80|P100|V100|A100|H100|H200|B200)\b", text,
+                                           re.I)}
     return found.pop() if len(found) == 1 else None
 
 
@@ -216,9 +321,20 @@ class Estimate:
     compute_source: str = ""
     gpu: str | None = None
 
-    def to_json(self) -> dict[str, float]:
-        """The six numbers of ``topoplan estimate --json`` (:data:`JSON_KEYS`)."""
-        return {key: float(getattr(self, key)) for key in JSON_KEYS}
+    def to_json(self) -> dict[str, Any]:
+        """``topoplan estimate --json``: the six headline numbers (:data:`JSON_KEYS`), then
+        the efficiency against one box, what was estimated, and the buckets (each fused
+        allreduce: bytes, tensors, ready, start and end in seconds, its plan)."""
+        out: dict[str, Any] = {key: float(getattr(self, key)) for key in JSON_KEYS}
+        out.update(efficiency_box=float(self.efficiency_box), box_gpus=self.box_gpus,
+                   cluster=self.cluster, nranks=self.nranks, model=self.model,
+                   params=self.params, batch_per_gpu=self.batch_per_gpu, mode=self.mode,
+                   bytes_per_param=self.bytes_per_param, gpu=self.gpu,
+                   compute_source=self.compute_source,
+                   buckets=[{"bytes": b.nbytes, "tensors": b.tensors, "ready_s": b.ready_s,
+                             "start_s": b.start_s, "end_s": b.end_s,
+                             "algorithm": b.algorithm} for b in self.buckets])
+        return out
 
 
 def one_box(cluster: Cluster) -> Cluster:
@@ -232,7 +348,7 @@ def one_box(cluster: Cluster) -> Cluster:
 def estimate(cluster: Cluster, *, model: Model, compute_s: float | None = None,
              batch_per_gpu: int | None = None, gpu: str | None = None, fp16: bool = False,
              overlap: bool = False, double_buffering: bool = False,
-             fusion: int = 64 << 20, backward_fraction: float = 2 / 3,
+             fusion: int | str = 64 << 20, backward_fraction: float = 2 / 3,
              algorithm: str = "auto", profile: CostProfile | str | None = None,
              _cache: dict | None = None) -> Estimate:
     """Estimate one training iteration of ``model`` on every GPU of ``cluster``.
@@ -250,15 +366,16 @@ def estimate(cluster: Cluster, *, model: Model, compute_s: float | None = None,
         Samples per GPU per iteration. Default: the table entry's batch, else 1 (then
         ``samples_per_s`` counts iterations).
     gpu : str, optional
-        K80, P100, V100, A100 or H100; default :func:`gpu_of` (the cluster file's).
+        One of :data:`GPUS`; default :func:`gpu_of` (the cluster file's).
     fp16 : bool
         Gradients on the wire in 2 bytes per parameter (compute unchanged).
     overlap : bool
         Start each bucket's allreduce during backward, as soon as it is full.
     double_buffering : bool
         ChainerMN's: step i's allreduce overlaps step i+1's whole compute.
-    fusion : int
-        Bucket size in bytes (Horovod's 64 MiB); 0: one allreduce per tensor.
+    fusion : int or str
+        Bucket size in bytes (Horovod's 64 MiB), or a size such as ``"64MiB"``; 0: one
+        allreduce per tensor.
     backward_fraction : float
         Share of ``compute_s`` that is backward (default 2/3: backward costs about
         twice the forward).
@@ -289,6 +406,10 @@ def estimate(cluster: Cluster, *, model: Model, compute_s: float | None = None,
     costs = get_profile(profile)
     if not 0 < backward_fraction <= 1:
         raise EstimateError(f"backward fraction must be in (0, 1], got {backward_fraction}")
+    try:
+        fusion = int(as_bytes(fusion))
+    except ValueError as exc:
+        raise EstimateError(f"fusion threshold: {exc}") from None
     if fusion < 0:
         raise EstimateError(f"fusion threshold must be >= 0 bytes, got {fusion}")
     if batch_per_gpu is not None and batch_per_gpu < 1:

@@ -1,8 +1,9 @@
 """A fingerprint of a cluster's graph, so a plan knows which cluster it was made for.
 
-Planning records it as ``meta["cluster_fingerprint"]``; ``simulate``, ``show`` and
-``bench`` refuse a plan whose fingerprint is not the cluster's (``--force`` runs it
-anyway). A plan without one (written before the key existed) is taken as it is.
+Planning records it as ``meta["cluster_fingerprint"]``; :func:`topoplan.simulate` and
+the CLI's ``simulate``, ``show`` and ``bench`` refuse a plan whose fingerprint is not the
+cluster's (``force=True``, ``--force`` run it anyway). A plan without one (written
+before the key existed) is taken as it is.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING
 
+from ._cache import ObjectCache
 from .errors import ScheduleError
 
 if TYPE_CHECKING:
@@ -63,7 +65,8 @@ def cluster_fingerprint(cluster: Cluster) -> str:
 
 
 def check_fingerprint(schedule: Schedule, cluster: Cluster, *, plan: str = "the plan",
-                      cluster_file: str | None = None, force: bool = False) -> None:
+                      cluster_file: str | None = None, force: bool = False,
+                      force_hint: str = "pass --force") -> None:
     """Refuse ``schedule`` on ``cluster`` when it was planned for another cluster.
 
     Parameters
@@ -76,6 +79,9 @@ def check_fingerprint(schedule: Schedule, cluster: Cluster, *, plan: str = "the 
         How to name the cluster in the message (default: its source).
     force : bool
         Accept the mismatch (nothing is checked).
+    force_hint : str
+        How the caller accepts it, for the message (the CLI's ``pass --force``, the
+        API's ``pass force=True``).
 
     Raises
     ------
@@ -86,7 +92,7 @@ def check_fingerprint(schedule: Schedule, cluster: Cluster, *, plan: str = "the 
     recorded = schedule.meta.get(META_KEY)
     if force or recorded is None:
         return
-    actual = cluster_fingerprint(cluster)
+    actual = _fingerprint_of(cluster)
     if recorded == actual:
         return
     where = cluster_file or cluster.source or "the cluster"
@@ -95,4 +101,8 @@ def check_fingerprint(schedule: Schedule, cluster: Cluster, *, plan: str = "the 
     raise ScheduleError(
         f"{plan} was planned for another cluster ({made_for}fingerprint {recorded}) than "
         f"{where} (cluster {cluster.name!r}, fingerprint {actual}); plan it for this "
-        f"cluster (topoplan plan {where} -o PLAN.json), or pass --force to use it anyway")
+        f"cluster (topoplan plan {where} -o PLAN.json), or {force_hint} to use it anyway")
+
+
+#: Each cluster's fingerprint, once per cluster object: simulate checks it on every call.
+_fingerprint_of: ObjectCache[Cluster, str] = ObjectCache(cluster_fingerprint)

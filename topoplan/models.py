@@ -182,11 +182,15 @@ def get_model(name: str) -> Model:
     return MODELS[canonical(name)]()
 
 
-def uniform_model(params: int, *, tensors: int = 100) -> Model:
-    """``params`` parameters of an unknown network: ``tensors`` equal tensors of equal cost,
-    so gradients become ready at an even pace during backward."""
-    if isinstance(params, bool) or not isinstance(params, int) or params < 1:
-        raise EstimateError(f"--params must be a whole number >= 1, got {params!r}")
+def uniform_model(params: int | str, *, tensors: int = 100) -> Model:
+    """``params`` parameters of an unknown network (a count, or ``"1.5B"``, ``"350M"``:
+    :func:`~topoplan.units.parse_count`): ``tensors`` equal tensors of equal cost, so
+    gradients become ready at an even pace during backward."""
+    from .units import parse_count
+    try:
+        params = parse_count(params)
+    except ValueError as exc:
+        raise EstimateError(f"--params: {exc}") from None
     n = min(tensors, params)
     sizes = [params // n + (1 if i < params % n else 0) for i in range(n)]
     return Model(f"{params:,} params", tuple(Tensor(f"t{i}", s, s) for i, s in enumerate(sizes)))

@@ -1,7 +1,8 @@
 """Units of bandwidth, latency and size, as written in cluster files and on the CLI.
 
 Internally topoplan works in bytes, bytes per second and seconds. A bare number
-is GB/s for a bandwidth and microseconds for a latency (docs/CLUSTER.md). GB, MB, TB are
+is GB/s for a bandwidth and microseconds for a latency (docs/CLUSTER.md); the readers of
+cluster files and profiles warn about each one (:func:`bare_number_note`). GB, MB, TB are
 decimal (1 GB/s = 1e9 bytes/s, as nccl-tests reports); KiB, MiB, GiB are binary.
 """
 
@@ -13,7 +14,8 @@ import re
 from .collectives import get_collective
 
 __all__ = [
-    "parse_bandwidth", "parse_latency", "parse_size", "parse_size_range",
+    "parse_bandwidth", "parse_latency", "parse_size", "parse_size_range", "bare_number_note",
+    "as_bytes", "parse_count",
     "format_size", "format_bandwidth", "format_time", "bus_factor",
 ]
 
@@ -89,6 +91,35 @@ def parse_latency(value: object) -> float:
     return amount * (1e-6 if unit == "" else _LATENCY_UNITS[unit])
 
 
+def bare_number_note(value: object, what: str) -> str | None:
+    """For a bandwidth or latency written without a unit (``100``, ``"100"``): what it was
+    read as and how to write the unit; ``None`` when it has a unit, or is 0 (in any unit).
+
+    ``what`` is ``"bandwidth"`` or ``"latency"``. The text is the reason of a
+    :class:`~topoplan.errors.UnitWarning`: ``bare number 100 read as 100 GB/s
+    (800 Gbit/s); write '100 GB/s' or '100 Gbit/s'``.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    if isinstance(value, str):
+        match = _NUMBER_UNIT.match(value)
+        if match is None or match.group(2):
+            return None
+        number = float(match.group(1))
+    else:
+        number = float(value)
+    if number == 0:  # 0 is 0 in any unit
+        return None
+    shown = f"{number:g}"
+    if what == "bandwidth":
+        return (f"bare number {shown} read as {shown} GB/s ({number * 8:g} Gbit/s); "
+                f"write '{shown} GB/s' or '{shown} Gbit/s'")
+    if what == "latency":
+        return (f"bare number {shown} read as {shown} us; write '{shown} us' "
+                f"(or '{shown} ns', '{shown} ms' if that is what you meant)")
+    raise ValueError(f"what must be 'bandwidth' or 'latency', got {what!r}")
+
+
 def parse_size(value: object) -> int:
     """Bytes from ``"256MiB"``, ``"1G"``, ``"4096"`` or an int. K/M/G are binary."""
     number = _number(value, "size")
@@ -98,6 +129,49 @@ def parse_size(value: object) -> int:
     if number < 0 or number != math.floor(number):
         raise ValueError(f"a size must be a whole number of bytes >= 0, got {value!r}")
     return int(number)
+
+
+def as_bytes(size: float | str) -> float:
+    """A size as the API takes it: a number of bytes, as it is, or a string such as
+    ``"256MiB"`` (:func:`parse_size`), so ``topoplan.plan(cluster, size="256MiB")`` works
+    as ``topoplan plan --size 256MiB`` does.
+
+    Raises
+    ------
+    ValueError
+        For a string that is not a size.
+    """
+    return parse_size(size) if isinstance(size, str) else size
+
+
+_COUNT = re.compile(r"^\s*((?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([KMBGT]?)\s*$", re.I)
+_COUNT_SCALE = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+
+
+def parse_count(value: object) -> int:
+    """A whole count such as a model's parameters from ``1557611200``, ``"1.5e9"``,
+    ``"1.5B"``, ``"350M"``, ``"7B"`` or ``"64K"`` (decimal: K 1e3, M 1e6, B or G 1e9,
+    T 1e12; case is ignored).
+
+    Raises
+    ------
+    ValueError
+        For anything else, or a count that is not a whole number >= 1.
+    """
+    from decimal import Decimal, InvalidOperation
+
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"expected a count, got {type(value).__name__} {value!r}")
+    match = _COUNT.match(str(value))
+    if match is None:
+        raise ValueError(f"not a count: {value!r} (e.g. 350M, 1.5B, 7B or 1.5e9)")
+    try:
+        count = Decimal(match.group(1)) * _COUNT_SCALE[match.group(2).upper()]
+    except InvalidOperation:
+        raise ValueError(f"not a count: {value!r} (e.g. 350M, 1.5B, 7B or 1.5e9)") from None
+    if count != count.to_integral_value() or count < 1:
+        raise ValueError(f"a count must be a whole number >= 1, got {value!r}")
+    return int(count)
 
 
 def parse_size_range(text: str) -> list[int]:

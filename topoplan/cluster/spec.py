@@ -7,14 +7,15 @@ Every mistake a user can make is reported as :class:`ClusterSpecError` naming
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import networkx as nx
 
 from .._yaml import LineDict, LineList, load_yaml
-from ..errors import ClusterSpecError
-from ..units import parse_bandwidth, parse_latency
+from ..errors import ClusterSpecError, UnitWarning
+from ..units import bare_number_note, parse_bandwidth, parse_latency
 from .model import FABRIC_KINDS, GPU_MODELS, Box, Cluster, Fabric, GpuLink, Nic, SwitchLink
 
 __all__ = ["load_cluster", "loads_cluster", "flat_cluster", "MAX_COUNT", "MAX_GPUS"]
@@ -31,6 +32,7 @@ class _Reader:
 
     def __init__(self, file: str) -> None:
         self.file = file
+        self.warned: set[tuple[int, str]] = set()  # a box with count: N is read N times
 
     def fail(self, line: int | None, key: str, message: str) -> ClusterSpecError:
         return ClusterSpecError(message, file=self.file, line=line, key=key)
@@ -86,6 +88,11 @@ class _Reader:
             raise self.fail(line, where, f"must be > 0, got {_show(value)}")
         if not positive and number < 0:
             raise self.fail(line, where, f"must be >= 0, got {_show(value)}")
+        # A bare number has a default unit, which may not be the one meant: never silent.
+        note = bare_number_note(value, key)
+        if note is not None and (line, where) not in self.warned:
+            self.warned.add((line, where))
+            warnings.warn(UnitWarning(note, file=self.file, line=line, key=where), stacklevel=2)
         return number
 
     def boolean(self, mapping: LineDict, key: str, path: str) -> bool:

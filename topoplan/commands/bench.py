@@ -66,7 +66,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "for those a multiple of N elements), e.g. 1KiB:256MiB (powers of 2), "
                         f"1K:1G:4, 8,64,1M (default {DEFAULT_SIZES}, rounded down to multiples "
                         "of N elements for reduce_scatter and allgather, as nccl-tests does)")
-    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="element type of the buffers (default float32)")
     p.add_argument("--transport", choices=("mpi", "torch", "nccl"), default="mpi",
                    help="mpi (Open MPI), torch (torch.distributed over gloo, loopback) or nccl "
                         "(CuPy arrays on the GPUs; one GPU per rank) (default mpi)")
@@ -77,7 +78,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "dist.all_reduce / reduce_scatter_tensor / all_gather_into_tensor)")
     p.add_argument("--iters", type=int, default=None,
                    help="timed runs per size (default: as many as fit ~0.3 s)")
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=1,
+                   help="untimed runs per size before the timed ones (default 1)")
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds a step may wait for a peer before failing (default 60)")
     p.add_argument("--profile", metavar="NAME|FILE",

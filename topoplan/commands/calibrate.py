@@ -233,7 +233,7 @@ def _print(profile: Any, output: Path) -> None:
     load = record.get("load_average") or ()
     out.print(f"rms residual {record.get('rms_residual_pct')}% over the executor runs; 1-minute "
               f"load average {' -> '.join(str(x) for x in load)}")
-    out.print(f"wrote {output}")
+    out.print(f"wrote {output}", soft_wrap=True)
 
 
 # ---------------------------------------------------------------------------

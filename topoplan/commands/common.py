@@ -3,23 +3,158 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
-from typing import Any, Callable
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Sequence
 
+from rich import box
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 
 
 def console() -> Console:
-    # Wide enough that tables do not wrap when piped into a file or CI log.
-    return Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+    """Standard output: a terminal's width, or $COLUMNS when set (rich reads it); piped
+    without $COLUMNS, wide enough that notes do not wrap in a file or CI log."""
+    wide = None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 160
+    return Console(width=wide, highlight=False)
+
+
+#: Sphinx roles (``:func:`~topoplan.plan```) and inline literals (````x````) in docstrings.
+_ROLE = re.compile(r":(?:mod|func|class|meth|data|attr|exc|obj|ref|doc):"
+                   r"`~?([^`<]*?)(?:\s*<[^>]*>)?`")
+_LITERAL = re.compile(r"``(.+?)``", re.S)
+
+
+def plain(text: str) -> str:
+    """``text`` without reStructuredText markup, for ``--help`` (descriptions come from
+    docstrings): ````x```` -> ``x``, ``:func:`~a.b``` -> ``b``, ``:mod:`a.b``` -> ``a.b``."""
+    text = _ROLE.sub(lambda m: m.group(1).rsplit(".", 1)[-1] if m.group(0).count("~")
+                     else m.group(1), text)
+    return _LITERAL.sub(r"\1", text)
+
+
+def plain_help(parser: argparse.ArgumentParser) -> None:
+    """Strip docstring markup (:func:`plain`) from ``parser``'s description, epilog and
+    option help, and from every subcommand's, all the way down."""
+    for attr in ("description", "epilog", "usage"):
+        value = getattr(parser, attr)
+        if isinstance(value, str):
+            setattr(parser, attr, plain(value))
+    for action in parser._actions:
+        if isinstance(action.help, str) and action.help != argparse.SUPPRESS:
+            action.help = plain(action.help)
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                if isinstance(choice.help, str):
+                    choice.help = plain(choice.help)
+            for sub in action.choices.values():
+                plain_help(sub)
+
+
+def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: Any = None, line: str | None = None) -> None:
+    """``warnings.showwarning`` for the CLI: a topoplan warning is one line on stderr,
+    ``topoplan: warning: <message>``; any other keeps Python's format."""
+    from ..errors import TopoplanWarning
+    out = sys.stderr if file is None else file
+    if issubclass(category, TopoplanWarning):
+        print(f"topoplan: warning: {message}", file=out)
+    else:
+        out.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+def _table(title: str | None) -> Table:
+    """One style for every table: a rule under the header, two spaces between columns,
+    no borders (they cost three columns of an 80-column terminal per column)."""
+    return Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD,
+                 show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
 
 
 def table(*columns: str, title: str | None = None) -> Table:
-    t = Table(title=title, title_justify="left", header_style="bold")
+    """A table whose first column is a left-aligned label and the others right-aligned
+    values; a cell too long for the terminal folds onto a second line, never ``…``."""
+    t = _table(title)
     for i, column in enumerate(columns):
-        t.add_column(column, justify="left" if i == 0 else "right", no_wrap=i == 0)
+        t.add_column(column, justify="left" if i == 0 else "right", no_wrap=i == 0,
+                     overflow="fold")
     return t
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of :func:`fit_table`.
+
+    ``header`` may stack on lines (``"time\n(us)"``: the unit under the name). ``drop``:
+    0 for a column always shown; columns with higher values are left out first when the
+    table is too wide. ``stack``: a separator at which cells may break onto lines before
+    any column is left out (``" + "``). ``wrap``: prose that may wrap at spaces (labels),
+    never numbers.
+    """
+
+    header: str
+    justify: Literal["left", "right"] = "right"
+    drop: int = 0
+    stack: str | None = None
+    wrap: bool = False
+
+
+def fit_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int, *,
+              title: str | None = None) -> tuple[Table, list[str]]:
+    """A table of ``rows`` (cells as text) no wider than ``width`` where that can be done.
+
+    Every number is printed whole: rather than clip a cell, cells break at their
+    column's ``stack`` separator, then secondary columns are left out, the highest
+    ``drop`` first. Returns the table and the headers of the columns left out (for a
+    note; ``--json`` has them all).
+    """
+    stacked: set[int] = set()
+
+    def cells(i: int) -> list[str]:
+        texts = [columns[i].header] + [row[i] for row in rows]
+        sep = columns[i].stack
+        if i in stacked and sep:
+            texts = [text.replace(sep, "\n" + sep.lstrip()) for text in texts]
+        return texts
+
+    def need(shown: list[int]) -> int:
+        total = 2 * (len(shown) - 1)
+        for i in shown:
+            lines = [line for text in cells(i) for line in text.split("\n")]
+            parts = [word for line in lines for word in line.split()] if columns[i].wrap else lines
+            total += max((cell_len(part) for part in parts), default=0)
+        return total
+
+    shown = list(range(len(columns)))
+    for i in shown:
+        if need(shown) <= width:
+            break
+        if columns[i].stack:
+            stacked.add(i)
+    for i in sorted((i for i in shown if columns[i].drop), key=lambda i: (-columns[i].drop, -i)):
+        if need(shown) <= width:
+            break
+        shown.remove(i)
+    t = _table(title)
+    for i in shown:
+        t.add_column(columns[i].header, justify=columns[i].justify, overflow="fold",
+                     no_wrap=not columns[i].wrap)
+    texts = {i: cells(i)[1:] for i in shown}
+    for r in range(len(rows)):
+        t.add_row(*(texts[i][r] for i in shown))
+    left_out = [" ".join(columns[i].header.split()) for i in range(len(columns)) if i not in shown]
+    return t, left_out
+
+
+def left_out_note(left_out: list[str], width: int) -> str | None:
+    """The line under a :func:`fit_table` that left columns out (``None`` if none)."""
+    if not left_out:
+        return None
+    return (f"{', '.join(left_out)}: left out to fit {width} columns (a wider terminal or "
+            "--json shows them)")
 
 
 def checked_arg(parse: Callable[[str], Any], ok: Callable[[Any], bool], rule: str,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..units import format_size, format_time, parse_latency, parse_size
+from ..units import format_size, format_time, parse_count, parse_latency, parse_size
 from .common import add_profile_argument, checked_arg, console, positive_int, table
 
 
@@ -22,6 +22,7 @@ _seconds = checked_arg(lambda text: parse_latency(text if any(c.isalpha() for c 
 _fusion = checked_arg(parse_size, lambda v: v >= 0, "must be >= 0 bytes",
                       " (e.g. 64MiB, or 0 for no fusion)")
 _fraction = checked_arg(_number, lambda v: 0 < v <= 1, "must be in (0, 1]")
+_count = checked_arg(parse_count, lambda v: v >= 1, "must be >= 1")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,17 +39,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--model", metavar="NAME",
                       help=f"a known network: {', '.join(MODELS)}")
-    what.add_argument("--params", type=positive_int, metavar="N",
-                      help="parameter count of another network (gradients ready at an even "
-                           "pace during backward)")
+    what.add_argument("--params", type=_count, metavar="N",
+                      help="parameter count of another network, e.g. 350M, 1.5B, 7B or 1.5e9 "
+                           "(gradients ready at an even pace during backward)")
     p.add_argument("--compute-time", type=_seconds, metavar="T",
                    help="forward + backward + update of one GPU per iteration at the batch, "
                         "e.g. 0.29 or '290 ms' (default: from the published-throughput table)")
     p.add_argument("--batch-per-gpu", type=positive_int, metavar="B",
                    help="samples per GPU per iteration (default: the table entry's)")
     p.add_argument("--gpu", type=str.upper, metavar="GPU",
-                   help=f"GPU model for the table: {', '.join(GPUS)} (default: the one the "
-                        "cluster file names)")
+                   help=f"GPU model for the compute time: {', '.join(GPUS)} (default: the one "
+                        "the cluster file names); a published throughput, else one derived "
+                        "from the GPU's peak FLOP/s (docs/ESTIMATE.md)")
     p.add_argument("--fp16", action="store_true", help="gradients on the wire in fp16")
     p.add_argument("--double-buffering", action="store_true",
                    help="ChainerMN's: the allreduce of step i overlaps step i+1's compute")
@@ -62,8 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="planner for each bucket (default auto)")
     add_profile_argument(p, "the plans are made for and simulated with")
     p.add_argument("--json", action="store_true",
-                   help="print {iteration_s, compute_s, comm_s, exposed_comm_s, "
-                        "samples_per_s, efficiency}")
+                   help="print one JSON object: iteration_s, compute_s, comm_s, "
+                        "exposed_comm_s, samples_per_s, efficiency, then efficiency_box, "
+                        "what was estimated and the buckets")
     p.set_defaults(func=cmd_estimate)
 
 
@@ -104,5 +107,5 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if len(result.buckets) <= 20:
         out.print(buckets)
     else:
-        out.print(f"{len(result.buckets)} buckets (--json for the totals)")
+        out.print(f"{len(result.buckets)} buckets (--json lists them)")
     return 0

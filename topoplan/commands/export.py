@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -40,6 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-fuse", action="store_true",
                         help="keep recv and send as separate steps on separate thread blocks")
     parser.add_argument("--name", help="the algorithm's name (default topoplan-<planner>)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object: what was written (and the XML itself "
+                             "without -o), its notes")
     parser.set_defaults(func=cmd_export)
 
 
@@ -58,6 +62,18 @@ def cmd_export(args: argparse.Namespace) -> int:
     algo = result.algo
     text = to_xml(algo)
     err = console() if args.output else None
+    if args.json:
+        if args.output:
+            atomic_write(Path(args.output), text)
+        print(json.dumps({
+            "plan": args.plan, "format": args.format, "output": args.output,
+            "name": algo.name, "collective": algo.coll, "ngpus": algo.ngpus,
+            "nchannels": algo.nchannels, "nchunksperloop": algo.nchunksperloop,
+            "proto": args.proto, "max_thread_blocks": result.max_tbs,
+            "max_steps_per_thread_block": result.max_steps, "fused_steps": result.fused,
+            "checked": True, "notes": list(result.notes),
+            "xml": None if args.output else text}))
+        return 0
     for note in result.notes:
         print(f"topoplan: note: {note}", file=sys.stderr)
     # msccl_lifecycle.cc: NCCL's count (per rank for reducescatter and allgather) must
@@ -71,7 +87,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.output:
         atomic_write(Path(args.output), text)
         assert err is not None
-        err.print(f"wrote {args.output}: {summary}")
+        err.print(f"wrote {args.output}: {summary}", soft_wrap=True)
     else:
         sys.stdout.write(text)
         print(summary, file=sys.stderr)

@@ -1,40 +1,90 @@
-"""``topoplan import msccl ALGO.xml``: another tool's algorithm as a topoplan plan."""
+"""``topoplan import ALGO.xml [--format msccl]``: another tool's algorithm as a topoplan plan.
+
+The format is an option, as ``topoplan export --format``; ``topoplan import msccl ALGO.xml``
+(the first spelling) still works, with a note.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
+from ..errors import TopoplanError
 from .common import console
+
+#: The formats ``import`` reads (``export --format`` writes the same).
+FORMATS = ("msccl",)
+#: Formats of other commands, for a "did you mean" (topology files, not algorithms).
+_ELSEWHERE = {"nccl": "topoplan topo import nccl"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "import", help="read another tool's algorithm (MSCCL XML) as a plan JSON",
         description="Check an MSCCL XML allreduce, reduce-scatter or allgather symbolically "
-                    "and turn it into a topoplan "
-                    "schedule, so verify, simulate, show and bench work on it "
-                    "(docs/INTEROP.md).")
-    parser.add_argument("format", choices=["msccl"], help="input format")
-    parser.add_argument("algo", help="MSCCL XML algorithm file")
+                    "and turn it into a topoplan schedule, so verify, simulate, show and bench "
+                    "work on it (docs/INTEROP.md). An NCCL topology file is a cluster, not "
+                    "an algorithm: topoplan topo import nccl reads it.")
+    parser.add_argument("algo", metavar="ALGO.xml", help="the algorithm file")
+    # The first spelling, `import msccl ALGO.xml`: the format, then the file.
+    parser.add_argument("old_algo", nargs="?", help=argparse.SUPPRESS)
+    parser.add_argument("--format", default=None, metavar="{msccl}",
+                        help="the input's format (default msccl, the only one)")
     parser.add_argument("-o", "--output", metavar="PLAN.json",
                         help="write the plan here (default: print it to stdout)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object: the check's result (and the plan itself "
+                             "without -o)")
     parser.set_defaults(func=cmd_import)
+
+
+def _format(args: argparse.Namespace) -> tuple[str, str]:
+    """(format, file) from ``--format F FILE``, ``FILE`` or the first ``F FILE``."""
+    fmt, path = args.format, args.algo
+    if args.old_algo is not None:
+        if fmt is not None:
+            raise TopoplanError(f"two formats: {args.algo!r} and --format {fmt}; write "
+                                f"topoplan import --format {fmt} {args.old_algo}")
+        fmt, path = args.algo, args.old_algo
+        if fmt in FORMATS:
+            print(f"topoplan: note: 'topoplan import {fmt} FILE' is now 'topoplan import "
+                  f"FILE --format {fmt}' (as export --format); the old spelling still works",
+                  file=sys.stderr)
+    fmt = fmt or FORMATS[0]
+    if fmt in _ELSEWHERE:
+        raise TopoplanError(f"{fmt!r} is a topology format, not an algorithm: did you mean "
+                            f"`{_ELSEWHERE[fmt]} {path}`?")
+    if fmt not in FORMATS:
+        raise TopoplanError(f"unknown format {fmt!r}; topoplan import reads "
+                            f"{', '.join(FORMATS)} (cluster files: topoplan topo import)")
+    return fmt, path
 
 
 def cmd_import(args: argparse.Namespace) -> int:
     from ..interop.msccl import check_msccl, read_msccl
     from ..interop.msccl_import import import_msccl
 
-    algo = read_msccl(args.algo)
+    fmt, path = _format(args)
+    algo = read_msccl(path)
     report = check_msccl(algo)
     schedule = import_msccl(algo, check=False)
-    summary = (f"{args.algo}: MSCCL check ok ({', '.join(report.modes)}); "
+    if args.json:
+        if args.output:
+            schedule.save(args.output)
+        print(json.dumps({
+            "input": path, "format": fmt, "output": args.output, "modes": list(report.modes),
+            "collective": schedule.collective, "nranks": schedule.nranks,
+            "nchunks": schedule.nchunks, "nsteps": schedule.nsteps,
+            "nmessages": schedule.nmessages, "verified": True,
+            "plan": None if args.output else json.loads(schedule.to_json())}))
+        return 0
+    summary = (f"{path}: MSCCL check ok ({', '.join(report.modes)}); "
                f"{schedule.nranks} ranks, {schedule.nchunks} chunks, {schedule.nsteps} steps, "
                f"{schedule.nmessages} messages; verified")
     if args.output:
         schedule.save(args.output)
-        console().print(f"wrote {args.output}: {summary}")
+        console().print(f"wrote {args.output}: {summary}", soft_wrap=True)
     else:
         sys.stdout.write(schedule.to_json() + "\n")
         print(summary, file=sys.stderr)

@@ -14,7 +14,8 @@ from ..cost import get_profile
 from ..errors import InfeasiblePlanError, TopoplanError
 from ..fingerprint import cluster_fingerprint
 from ..units import bus_factor, format_bandwidth, format_size, format_time
-from .common import add_profile_argument, console, positive_int, size_arg, status, table
+from .common import (Column, add_profile_argument, console, fit_table, left_out_note,
+                     positive_int, size_arg, status)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -112,6 +113,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                             "busbw_GBps": _finite(c.algbw(args.size, cluster.nranks,
                                                           collective)[1] / 1e9),
                             "percent_of_bound": _percent(bound, c.time_s),
+                            "x_bound": x_bound(c.time_s, bound),
                             "simulated": c.report is not None,
                             "messages": c.messages, "steps": c.schedule.nsteps,
                             "chunks": c.schedule.nchunks, "ops": c.schedule.nops,
@@ -124,38 +126,44 @@ def cmd_plan(args: argparse.Namespace) -> int:
     out.print(f"[bold]{cluster.name}[/bold]: {cluster.nranks} ranks, {collective} of "
               f"{format_size(args.size)}; lower bound {format_time(bound)}")
     out.print(f"cost profile {costs.summary()}")
-    t = table("algorithm", "time", "algbw (GB/s)", "busbw (GB/s)", "% of bound", "messages",
-              "steps", "chunks", "lat+ovh", "plan time")
-    for c in rows:
-        mark = " *" if c is chosen else ""
-        algbw, busbw = c.algbw(args.size, cluster.nranks, collective)
-        approx = "" if c.report is not None else "~"
-        t.add_row(c.algorithm + mark, approx + format_time(c.time_s), _gbps(algbw), _gbps(busbw),
-                  f"{approx}{_percent(bound, c.time_s):.1f}", str(c.messages),
-                  str(c.schedule.nsteps), str(c.schedule.nchunks), c.fixed_share(),
-                  format_time(c.plan_s))
+    # One unit for the column: ms once the fastest takes a millisecond, so that 256 MiB
+    # reads 27.108, not 27108.37.
+    unit = "ms" if min(c.time_s for c in rows) >= 1e-3 else "us"
+    t, left_out_columns = fit_table(columns(unit), [
+        c.cells(args.size, cluster.nranks, collective, bound, chosen=c is chosen, unit=unit)
+        for c in rows], out.width)
     out.print(t)
-    if any(c.report is None for c in rows):
-        out.print("~ estimated by the planner's own cost model: the schedule is too big to "
-                  "simulate quickly")
-    out.print("lat+ovh: share of the time spent on message latency and software overhead "
-              "(the rest moves and adds bytes)")
+    for note in (left_out_note(left_out_columns, out.width),
+                 "~ estimated by the planner's own cost model: the schedule is too big to "
+                 "simulate quickly" if any(c.report is None for c in rows) else None):
+        if note:
+            out.print(note)
+    out.print("vs bound: time / lower bound of any schedule (1.00x: none is faster); * chosen")
+    out.print("lat+ovh: share of the time on message latency and software overhead")
     for name, reason in left_out.items():
         out.print(f"left out: {reason}" if reason.startswith(f"{name}:")
                   else f"left out: {name}: {reason}")
     if cluster.nranks > 1:
         cut = bottleneck(cluster)
-        where = f"bottleneck cut: {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)} out"
         if collective == "allreduce":
-            out.print(f"lower bound (any schedule; % of bound): {best_partition(cluster)}")
+            out.print(f"lower bound: {best_partition(cluster)}")
             out.print(f"RS+AG cut bound (reduce-scatter + allgather schedules): "
-                      f"{format_time(rsag)}, {where}")
+                      f"{format_time(rsag)}")
         else:
-            out.print(f"lower bound (any {collective}, ForestColl's cut; % of bound): "
-                      f"{format_time(bound)}, {where}")
+            out.print(f"lower bound (any {collective}, ForestColl's cut): {format_time(bound)}")
+        out.print(f"bottleneck cut: {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)} out")
     out.print(f"chosen: {chosen.algorithm}" + (f" -> {args.output}" if args.output else
-                                               " (write it with -o PLAN.json)"))
+                                               " (write it with -o PLAN.json)"), soft_wrap=True)
     return 0
+
+
+def columns(unit: str) -> tuple[Column, ...]:
+    """The table's columns (time in ``unit``): the essentials always, the others
+    (drop > 0) while they fit."""
+    return (Column("algorithm", "left"), Column(f"time\n({unit})"),
+            Column("algbw\n(GB/s)", drop=5), Column("busbw\n(GB/s)"), Column("vs\nbound"),
+            Column("msgs", drop=2), Column("steps", drop=3), Column("chunks", drop=4),
+            Column("lat+\novh", drop=1), Column("plan\n(s)"))
 
 
 def _partition_json(cluster: Any) -> dict[str, Any] | None:
@@ -169,6 +177,12 @@ def _partition_json(cluster: Any) -> dict[str, Any] | None:
 
 def _percent(bound: float, time_s: float) -> float:
     return 100.0 * bound / time_s if time_s > 0 else 100.0
+
+
+def x_bound(time_s: float, bound: float) -> float | None:
+    """Time over the lower bound (1.0: as fast as any schedule can be); None without a
+    bound (one GPU moves nothing)."""
+    return time_s / bound if bound > 0 else None
 
 
 @dataclass(frozen=True)
@@ -197,6 +211,19 @@ class Candidate:
     def breakdown(self) -> dict[str, float] | None:
         """The simulated time split into bandwidth, latency, overhead and reduce."""
         return dict(self.report.breakdown) if self.report is not None else None
+
+    def cells(self, size: int, nranks: int, collective: str, bound: float, *,
+              chosen: bool, unit: str) -> list[str]:
+        """The row of the table (:func:`columns`), the time in ``unit`` (us or ms);
+        ``~``: estimated, not simulated."""
+        algbw, busbw = self.algbw(size, nranks, collective)
+        approx = "" if self.report is not None else "~"
+        ratio = x_bound(self.time_s, bound)
+        time = f"{self.time_s * 1e3:.3f}" if unit == "ms" else f"{self.time_s * 1e6:.2f}"
+        return [self.algorithm + (" *" if chosen else ""), approx + time,
+                _gbps(algbw), _gbps(busbw), "-" if ratio is None else f"{approx}{ratio:.2f}x",
+                str(self.messages), str(self.schedule.nsteps), str(self.schedule.nchunks),
+                self.fixed_share(), f"{self.plan_s:.3f}"]
 
     def fixed_share(self) -> str:
         """Latency + overhead as a percentage of the simulated time (``-`` if none)."""

@@ -12,6 +12,7 @@ default nccl).
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show.add_argument("--force", action="store_true",
                       help="draw a PLAN.json made for another cluster (its recorded cluster "
                            "fingerprint differs)")
+    show.add_argument("--json", action="store_true",
+                      help="print one JSON object: the prediction and the files written")
     show.set_defaults(func=cmd_show)
 
 
@@ -96,6 +99,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         raise TopoplanError(f"-o {output}: folder {Path(output).parent} does not exist")
 
     needs_report = any(name in paths for name in ("cluster", "timeline", "links"))
+    summary: dict[str, Any] = {}
     report = None
     schedule = None
     if needs_report:
@@ -122,13 +126,23 @@ def cmd_show(args: argparse.Namespace) -> int:
             schedule = plan(cluster, **kwargs)
         from ..simulate import simulate
 
-        report = simulate(cluster, schedule, args.size, profile=costs, record=True)
+        report = simulate(cluster, schedule, args.size, profile=costs, record=True,
+                          force=args.force)
         from ..bound import rsag_bound
+        summary = {"algorithm": report.algorithm, "size_bytes": args.size,
+                   "profile": costs.name, "time_s": report.time_s,
+                   "lower_bound_s": report.lower_bound_s,
+                   "x_bound": (report.time_s / report.lower_bound_s
+                               if report.lower_bound_s > 0 else None),
+                   "rsag_bound_s": rsag_bound(cluster, args.size)}
+    if needs_report and not args.json:
+        assert report is not None
         out.print(f"{cluster.name}: {report.algorithm or 'schedule'} at {format_size(args.size)}: "
-                  f"{format_time(report.time_s)} predicted under cost profile {costs.name}, "
-                  f"lower bound {format_time(report.lower_bound_s)} "
-                  f"({report.efficiency:.0%} of it; RS+AG cut bound "
-                  f"{format_time(rsag_bound(cluster, args.size))})")
+                  f"{format_time(report.time_s)} predicted under cost profile {costs.name}")
+        if report.lower_bound_s > 0:
+            out.print(f"lower bound {format_time(report.lower_bound_s)} (the plan takes "
+                      f"{report.time_s / report.lower_bound_s:.2f}x it); RS+AG cut bound "
+                      f"{format_time(summary['rsag_bound_s'])}")
 
     for name, path in paths.items():
         if name == "cluster":
@@ -150,7 +164,11 @@ def cmd_show(args: argparse.Namespace) -> int:
             _save(fig, path, args.dpi)
         except (OSError, ValueError) as exc:  # unwritable path, unknown image format
             raise TopoplanError(f"cannot write {path}: {exc}") from None
-        out.print(f"wrote {path}  ({name})")
+        if not args.json:
+            out.print(f"wrote {path}  ({name})", soft_wrap=True)
+    if args.json:
+        print(json.dumps({"cluster": cluster.name, "plan": args.plan, **summary,
+                          "figures": {name: str(path) for name, path in paths.items()}}))
     return 0
 
 

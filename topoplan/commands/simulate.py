@@ -16,8 +16,9 @@ from ..fingerprint import check_fingerprint
 from ..schedule import load_schedule
 from ..sim.base import EPS_T
 from ..simulate import SimReport, simulate
-from ..units import format_bandwidth, parse_bandwidth, parse_latency
-from .common import add_profile_argument, checked_arg, console, sizes_arg, table
+from ..units import format_bandwidth, format_size, parse_bandwidth, parse_latency
+from .common import (Column, add_profile_argument, checked_arg, console, fit_table,
+                     left_out_note, sizes_arg)
 
 #: The parts of SimReport.breakdown, in the order the table and JSON show them.
 PARTS = ("bandwidth", "latency", "overhead", "reduce", "contention")
@@ -65,6 +66,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=cmd_simulate)
 
 
+def _planned_size(schedule: Any) -> int | None:
+    """The size the plan was made for (``meta["size_bytes"]``, which ``topoplan plan -o``
+    writes), or None."""
+    size = schedule.meta.get("size_bytes")
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
 def _resolution(text: str) -> float:
     try:
         value = float(text)
@@ -104,15 +112,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for size in args.sizes:
         reports.append(simulate(cluster, schedule, size, profile=costs,
                                 dtype_size=args.dtype_size, progress=progress,
-                                resolution=args.resolution))
+                                resolution=args.resolution, force=args.force))
     if progress is not None:
         print("\r" + " " * 24 + "\r", end="", file=sys.stderr)
     cut = bottleneck(cluster)
     part = best_partition(cluster) if cluster.nranks > 1 else None
+    planned = _planned_size(schedule)
     if args.json:
         print(json.dumps({
             "cluster": cluster.name, "algorithm": schedule.algorithm, "nranks": cluster.nranks,
             "profile": costs.to_dict(), "resolution": reports[0].resolution if reports else None,
+            "planned_size_bytes": planned,
             "bottleneck": {"gpus": cut.gpus, "bandwidth_Bps": cut.bandwidth,
                            "nodes": sorted(cut.nodes)},
             "bound_partition": ({"name": part.name, "groups": len(part.groups),
@@ -122,6 +132,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                          "busbw_GBps": r.busbw / 1e9, "lower_bound_s": r.lower_bound_s,
                          "rsag_bound_s": _rsag(cluster, r.size, args.dtype_size),
                          "efficiency": r.efficiency, "messages": r.messages,
+                         "x_bound": (r.time_s / r.lower_bound_s if r.lower_bound_s > 0
+                                     else None),
+                         "at_planned_size": None if planned is None else r.size == planned,
                          "breakdown": {part: r.breakdown.get(part, 0.0) for part in PARTS}}
                         for r in reports],
         }))
@@ -135,23 +148,62 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         out.print(f"time resolution {reports[0].resolution:g} of the clock (events closer "
                   "than that happen at once)")
     if part is not None and schedule.collective != "allreduce":
-        out.print(f"lower bound (any {schedule.collective}, ForestColl's cut, bound(us) "
-                  f"below): {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)}")
+        out.print(f"lower bound (any {schedule.collective}, ForestColl's cut): the "
+                  "bound (us) column")
     elif part is not None:
         # Both bounds grow linearly with the size: one factor says where the other is.
         factor = rsag_bound(cluster, 1 << 20) / lower_bound(cluster, 1 << 20)
-        out.print(f"lower bound (any schedule, bound(us) below): {part}")
+        out.print(f"lower bound: {part}")
         out.print(f"RS+AG cut bound (reduce-scatter + allgather schedules): {factor:.3g} x "
-                  f"bound(us), {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)}")
-    rows = table("size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "bound(us)",
-                 "% of bound", *(f"{name}(us)" for name in PARTS))
-    for r in reports:
-        rows.add_row(str(r.size), str(r.size // args.dtype_size), f"{r.time_s * 1e6:.2f}",
-                     f"{r.algbw / 1e9:.2f}", f"{r.busbw / 1e9:.2f}",
-                     f"{r.lower_bound_s * 1e6:.2f}", f"{100 * r.efficiency:.1f}",
-                     *(f"{r.breakdown.get(name, 0.0) * 1e6:.2f}" for name in PARTS))
-    out.print(rows)
-    out.print("bandwidth: bytes moving (link sharing included); latency: alpha and path "
-              "latency; overhead: call, step and posting costs; reduce: adds; contention: "
-              "ranks taking turns on a host with fewer cores than ranks")
+                  f"the lower bound")
+    if part is not None:
+        out.print(f"bottleneck cut: {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)} out")
+    for line in _made_for(planned, args.sizes):
+        out.print(line)
+    sizes = [f"{r.size}{'*' if planned not in (None, r.size) else ' '}" for r in reports]
+    t, left_out = fit_table(COLUMNS, [
+        [size, str(r.size // args.dtype_size), f"{r.time_s * 1e6:.2f}", f"{r.algbw / 1e9:.2f}",
+         f"{r.busbw / 1e9:.2f}", f"{r.lower_bound_s * 1e6:.2f}", _x_bound(r)]
+        for size, r in zip(sizes, reports)], out.width)
+    out.print(t)
+    note = left_out_note(left_out, out.width)
+    if note:
+        out.print(note)
+    out.print("vs bound: time / lower bound (1.00x: no schedule is faster)")
+    # Contention exists on a calibrated host only: a column of zeros elsewhere.
+    parts = [name for name in PARTS
+             if name != "contention" or any(r.breakdown.get(name, 0.0) for r in reports)]
+    t, left_out = fit_table([Column("size\n(B)"), *(Column(f"{name}\n(us)") for name in parts)],
+                            [[size, *(f"{r.breakdown.get(name, 0.0) * 1e6:.2f}"
+                                      for name in parts)]
+                             for size, r in zip(sizes, reports)], out.width,
+                            title="Where the time goes (critical path)")
+    out.print(t)
+    out.print("bandwidth: bytes moving, link sharing included; latency: alpha and path")
+    out.print("latency; overhead: call, step and posting costs; reduce: adds")
+    if "contention" in parts:
+        out.print("contention: ranks taking turns on a host with fewer cores than ranks")
     return 0
+
+
+#: The table's columns: the essentials always, the others (drop > 0) while they fit.
+COLUMNS = (Column("size\n(B)"), Column("count", drop=2), Column("time\n(us)"),
+           Column("algbw\n(GB/s)", drop=3), Column("busbw\n(GB/s)"),
+           Column("bound\n(us)", drop=1), Column("vs\nbound"))
+
+
+def _x_bound(report: SimReport) -> str:
+    if not report.lower_bound_s > 0:
+        return "-"  # one GPU: nothing to move, no bound
+    return f"{report.time_s / report.lower_bound_s:.2f}x"
+
+
+def _made_for(planned: int | None, sizes: list[int]) -> list[str]:
+    """The lines that say which size the plan was made for, and what ``*`` marks."""
+    if planned is None:
+        return ["the plan records no size it was made for (topoplan plan -o writes it);",
+                "every size runs the same schedule"]
+    if set(sizes) == {planned}:
+        return [f"planned for this size, {format_size(planned)}"]
+    return [f"planned for {format_size(planned)} ({planned} B); * marks other sizes: they run "
+            "that", "schedule, which a plan for their size may beat (topoplan plan -s SIZE)"]

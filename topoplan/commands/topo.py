@@ -5,27 +5,50 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
+import warnings
+from collections import Counter
 from itertools import groupby
 from pathlib import Path
+from typing import Any
 
-from ..cluster import load_cluster
+from ..cluster import Cluster, load_cluster
+from ..errors import TopoplanError, TopoplanWarning
 from ..schedule import atomic_write
 from ..units import format_bandwidth, format_time, parse_bandwidth
-from .common import console, positive_int, table
+from .common import Column, console, fit_table, left_out_note, positive_int, table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    topo = subparsers.add_parser("topo", help="show, lint or import a cluster YAML file")
+    topo = subparsers.add_parser(
+        "topo", help="cluster YAML files: topo show, topo lint, topo import (from an NCCL "
+                     "topology), topo generate (rail or fat-tree)",
+        description="Look at a cluster YAML file (show, lint), or make one: from an NCCL "
+                    "topology file (import), or for a rail-optimised or fat-tree fabric "
+                    "(generate).")
     sub = topo.add_subparsers(dest="topo_command", metavar="ACTION", required=True)
     show = sub.add_parser("show", help="ranks, boxes, links, per-box and bisection bandwidth")
     show.add_argument("cluster", help="cluster YAML file")
     show.add_argument("--links", type=int, default=24, metavar="N",
-                      help="list at most N switch links (default 24)")
+                      help="list at most N switch links (default 24; --json lists all)")
+    show.add_argument("--json", action="store_true",
+                      help="print one JSON object (bandwidths in bytes/s) instead of tables")
     show.set_defaults(func=cmd_show)
-    lint = sub.add_parser("lint", help="validate a cluster file; exit 0 when it is good")
+    lint = sub.add_parser(
+        "lint", help="validate a cluster file; exit 0 when it loads",
+        description="Load each cluster file: print 'FILE: ok: ...' for a file that loads "
+                    "cleanly, or 'FILE: N warning(s): ...' (each warning on stderr) for one "
+                    "that loads but has something that may not mean what was meant, such "
+                    "as a bandwidth without a unit. A file that does not load is an error "
+                    "(exit 1).")
     lint.add_argument("cluster", nargs="+", help="cluster YAML file(s)")
+    lint.add_argument("--strict", action="store_true",
+                      help="exit 1 when any file has a warning, too")
+    lint.add_argument("--json", action="store_true",
+                      help="print one JSON object: every file with ok, its warnings, or its "
+                           "error")
     lint.set_defaults(func=cmd_lint)
     imp = sub.add_parser(
         "import", help="make a cluster YAML file from another tool's topology file",
@@ -33,7 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "NCCL_TOPO_DUMP_FILE writes or NCCL_TOPO_FILE reads) of one host. "
                     "Every assumption is printed to stderr and written at the top of the "
                     "file; see docs/CLUSTER.md, 'Importing an NCCL topology file'.")
-    imp.add_argument("format", choices=["nccl"], help="the input's format: nccl (topology XML)")
+    imp.add_argument("format", type=_topology_format, metavar="{nccl}",
+                     help="the input's format: nccl (topology XML)")
     imp.add_argument("file", help="the topology file of one host")
     imp.add_argument("-o", "--output", metavar="CLUSTER.yaml",
                      help="write the cluster file here (default: print it)")
@@ -62,8 +86,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "box's NICs on one leaf, leaves joined by oversubscribed spines). "
                     "Defaults follow the DGX SuperPOD design: 8 GPUs per box, a 200 Gbit/s "
                     "NIC per GPU, NVSwitch at 300 GB/s.")
-    gen.add_argument("fabric", choices=["rail", "fat-tree"])
-    gen.add_argument("--boxes", type=positive_int, required=True, metavar="N")
+    gen.add_argument("fabric", choices=["rail", "fat-tree"],
+                     help="rail: NIC k of every box on rail k; fat-tree: a box's NICs on one "
+                          "leaf")
+    gen.add_argument("--boxes", type=positive_int, required=True, metavar="N",
+                     help="boxes in the cluster")
     gen.add_argument("--gpus", type=positive_int, default=8, metavar="G", help="per box (8)")
     gen.add_argument("--boxes-per-leaf", type=positive_int, metavar="K",
                      help="boxes on one leaf (rail: 32 per rail leaf; fat-tree: 8)")
@@ -81,28 +108,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    cluster = load_cluster(args.cluster)
+    cluster, found = _load_warned(args.cluster)
+    facts = cluster_facts(cluster)
+    if args.json:
+        print(json.dumps({"file": args.cluster, **facts,
+                          "warnings": [str(w) for w in found]}))
+        return 0
     out = console()
-    graph = cluster.graph
     out.print(f"[bold]{cluster.name}[/bold]  ({args.cluster})")
     out.print(f"{cluster.nranks} ranks in {len(cluster.boxes)} boxes, {len(cluster.switches)} "
-              f"switches, {len(cluster.links)} switch links; graph: {graph.number_of_nodes()} "
-              f"nodes, {graph.number_of_edges()} directed edges")
+              f"switches, {len(cluster.links)} switch links")
+    out.print(f"graph: {facts['graph']['nodes']} nodes, {facts['graph']['directed_edges']} "
+              "directed edges")
 
-    boxes = table("box", "count", "ranks", "GPUs", "in-box per GPU", "NICs", "injection per box",
-                  title="Boxes")
-    for template, group in groupby(cluster.boxes, key=lambda b: (b.template, b.signature())):
-        members = list(group)
-        first, last = members[0], members[-1]
-        label = first.name if len(members) == 1 else f"{first.name} .. {last.name}"
-        nic_bw = sorted({nic.bandwidth for nic in first.nics})
-        nics = (f"{len(first.nics)} x " + "/".join(format_bandwidth(b) for b in nic_bw)
-                if first.nics else "-")
-        inbox = first.in_box_bandwidth()
-        boxes.add_row(label, str(len(members)), f"{first.first_rank}..{last.ranks[-1]}",
-                      str(first.gpus), format_bandwidth(inbox) if inbox else "-", nics,
-                      format_bandwidth(cluster.injection_bandwidth(first)) if first.nics else "-")
+    rows = [[group["boxes"], str(group["count"]),
+             f"{group['first_rank']}..{group['last_rank']}", str(group["gpus"]),
+             _bw(group["in_box_per_gpu_Bps"]),
+             " + ".join(f"{n['count']} x {format_bandwidth(n['bandwidth_Bps'])}"
+                        for n in group["nics"]) or "-",
+             _bw(group["injection_Bps"])]
+            for group in facts["boxes"]]
+    boxes, left_out = fit_table(BOX_COLUMNS, rows, out.width, title="Boxes")
     out.print(boxes)
+    note = left_out_note(left_out, out.width)
+    if note:
+        out.print(note)
 
     if cluster.links:
         links = table("a", "b", "bandwidth", "latency", title="Switch links")
@@ -112,41 +142,131 @@ def cmd_show(args: argparse.Namespace) -> int:
             links.add_row(f"... {len(cluster.links) - args.links} more", "", "", "")
         out.print(links)
 
-    summary = table("measure", "value", title="Bandwidth")
-    if len(cluster.boxes) > 1:
-        inj = [cluster.injection_bandwidth(b) for b in cluster.boxes]
-        summary.add_row("per-box injection (min .. max)",
-                        f"{format_bandwidth(min(inj))} .. {format_bandwidth(max(inj))}")
-    per_gpu = [b.in_box_bandwidth() for b in cluster.boxes if b.gpus > 1]
-    if per_gpu:
-        summary.add_row("in-box per GPU (min)", format_bandwidth(min(per_gpu)))
+    bw = facts["bandwidth"]
+    summary: list[list[str]] = []
+    if bw["injection_min_Bps"] is not None and len(cluster.boxes) > 1:
+        summary.append(["per-box injection (min .. max)", f"{_bw(bw['injection_min_Bps'])} .. "
+                                                          f"{_bw(bw['injection_max_Bps'])}"])
+    if bw["in_box_per_gpu_min_Bps"] is not None:
+        summary.append(["in-box per GPU (min)", _bw(bw["in_box_per_gpu_min_Bps"])])
     if cluster.nranks < 2:
         # One GPU: no cut separates GPUs and an allreduce moves nothing.
-        summary.add_row("bisection (rank-order halves)", "- (one GPU)")
-        summary.add_row("lower bound partition", "none: one GPU, nothing to move")
-        out.print(summary)
-        return 0
-    summary.add_row("bisection (rank-order halves)", format_bandwidth(cluster.bisection_bandwidth()))
-    try:
-        from ..bound import best_partition, bottleneck
-        summary.add_row("lower bound partition (any schedule)", str(best_partition(cluster)))
-        cut = bottleneck(cluster)
-        summary.add_row("RS+AG bottleneck cut",
-                        f"{cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)} "
-                        f"({format_bandwidth(cut.bandwidth / cut.gpus)} per GPU)")
-    except ImportError:
-        pass
-    out.print(summary)
+        summary.append(["bisection (rank-order halves)", "- (one GPU)"])
+        summary.append(["lower bound partition", "none: one GPU, nothing to move"])
+    else:
+        summary.append(["bisection (rank-order halves)", _bw(bw["bisection_Bps"])])
+        if bw["bound_partition"] is not None:
+            summary.append(["lower bound partition (any schedule)", bw["bound_partition"]["text"]])
+            cut = bw["bottleneck"]
+            summary.append(["RS+AG bottleneck cut",
+                            f"{cut['gpus']} GPUs behind {_bw(cut['bandwidth_Bps'])} "
+                            f"({_bw(cut['bandwidth_Bps'] / cut['gpus'])} per GPU)"])
+    out.print(fit_table(SUMMARY_COLUMNS, summary, out.width, title="Bandwidth")[0])
     return 0
+
+
+def cluster_facts(cluster: Cluster) -> dict[str, Any]:
+    """What ``topo show`` prints, as data (``--json``): bandwidths in bytes/s, each way."""
+    groups = []
+    for _, group in groupby(cluster.boxes, key=lambda b: (b.template, b.signature())):
+        members = list(group)
+        first, last = members[0], members[-1]
+        speeds = Counter(nic.bandwidth for nic in first.nics)
+        groups.append({
+            "boxes": first.name if len(members) == 1 else f"{first.name} .. {last.name}",
+            "count": len(members), "first_rank": first.first_rank,
+            "last_rank": last.ranks[-1], "gpus": first.gpus,
+            "in_box_per_gpu_Bps": first.in_box_bandwidth() or None,
+            "nics": [{"count": speeds[bw], "bandwidth_Bps": bw} for bw in sorted(speeds)],
+            "injection_Bps": cluster.injection_bandwidth(first) if first.nics else None})
+    inj = [cluster.injection_bandwidth(b) for b in cluster.boxes if b.nics]
+    per_gpu = [b.in_box_bandwidth() for b in cluster.boxes if b.gpus > 1]
+    bandwidth: dict[str, Any] = {
+        "injection_min_Bps": min(inj) if inj else None,
+        "injection_max_Bps": max(inj) if inj else None,
+        "in_box_per_gpu_min_Bps": min(per_gpu) if per_gpu else None,
+        "bisection_Bps": cluster.bisection_bandwidth() if cluster.nranks > 1 else None,
+        "bound_partition": None, "bottleneck": None}
+    if cluster.nranks > 1:
+        try:
+            from ..bound import best_partition, bottleneck
+        except ImportError:  # a partial installation: the bounds are left out
+            pass
+        else:
+            part, cut = best_partition(cluster), bottleneck(cluster)
+            bandwidth["bound_partition"] = {"name": part.name, "groups": len(part.groups),
+                                            "bandwidth_Bps": part.bandwidth, "text": str(part)}
+            bandwidth["bottleneck"] = {"gpus": cut.gpus, "bandwidth_Bps": cut.bandwidth}
+    graph = cluster.graph
+    return {"cluster": cluster.name, "nranks": cluster.nranks, "switches": len(cluster.switches),
+            "graph": {"nodes": graph.number_of_nodes(), "directed_edges": graph.number_of_edges()},
+            "boxes": groups,
+            "links": [{"a": link.a, "b": link.b, "bandwidth_Bps": link.bandwidth,
+                       "latency_s": link.latency} for link in cluster.links],
+            "bandwidth": bandwidth}
+
+
+def _bw(bytes_per_s: float | None) -> str:
+    return format_bandwidth(bytes_per_s) if bytes_per_s else "-"
+
+
+#: Bandwidths are each way; NICs of several speeds stack one speed a line when narrow.
+BOX_COLUMNS = (Column("box", "left"), Column("count", drop=1), Column("ranks"),
+               Column("GPUs"), Column("in-box\nper GPU"), Column("NICs", stack=" + "),
+               Column("injection\nper box"))
+SUMMARY_COLUMNS = (Column("measure", "left", wrap=True), Column("value", "left"))
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
     out = console()
+    files: list[dict[str, Any]] = []
     for path in args.cluster:
+        if not args.json:
+            cluster, found = _load_warned(path)
+        else:  # every file is reported, a bad one too, in one object at the end
+            try:
+                cluster, found = _load_warned(path)
+            except TopoplanError as exc:
+                files.append({"file": path, "ok": False, "error": str(exc), "warnings": []})
+                continue
+        files.append({"file": path, "ok": True, "warnings": [str(w) for w in found],
+                      "cluster": cluster.name, "nranks": cluster.nranks,
+                      "boxes": len(cluster.boxes), "switches": len(cluster.switches)})
+        if not args.json:
+            verdict = "ok" if not found else f"{len(found)} warning{'s' * (len(found) > 1)}"
+            out.print(f"{path}: {verdict}: {cluster.name}, {cluster.nranks} ranks in "
+                      f"{len(cluster.boxes)} boxes, {len(cluster.switches)} switches",
+                      soft_wrap=True)
+    if args.json:
+        print(json.dumps({"files": files}))
+    if not all(f["ok"] for f in files):
+        return 1
+    return 1 if args.strict and any(f["warnings"] for f in files) else 0
+
+
+def _load_warned(path: str) -> tuple[Cluster, list[TopoplanWarning]]:
+    """The cluster in ``path`` and the warnings its reading issued (each also shown)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TopoplanWarning)
         cluster = load_cluster(path)
-        out.print(f"{path}: ok: {cluster.name}, {cluster.nranks} ranks in {len(cluster.boxes)} "
-                  f"boxes, {len(cluster.switches)} switches")
-    return 0
+    found = []
+    for w in caught:
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+        if isinstance(w.message, TopoplanWarning):
+            found.append(w.message)
+    return cluster, found
+
+
+def _topology_format(text: str) -> str:
+    """argparse type of ``topo import FORMAT``: nccl; an algorithm format says where it goes."""
+    if text == "msccl":
+        raise argparse.ArgumentTypeError(
+            "'msccl' is an algorithm, not a topology: did you mean `topoplan import ALGO.xml "
+            "--format msccl`?")
+    if text != "nccl":
+        raise argparse.ArgumentTypeError(f"unknown format {text!r}; topo import reads nccl "
+                                         "(an NCCL topology XML)")
+    return text
 
 
 def _bandwidth_arg(text: str) -> float:

@@ -4,8 +4,10 @@ a reduce-scatter or an allgather)."""
 from __future__ import annotations
 
 import argparse
+import json
+from typing import Any
 
-from ..errors import ScheduleError
+from ..errors import ScheduleError, TopoplanError
 from ..schedule import load_schedule
 from ..verify import verify
 from .common import console
@@ -19,17 +21,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "and print one line per file when correct; otherwise name the first "
                     "violation.")
     parser.add_argument("plan", nargs="+", help="schedule JSON file(s)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object: every file with ok and what it computes, "
+                             "or its error")
     parser.set_defaults(func=cmd_verify)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     out = console()
+    plans: list[dict[str, Any]] = []
     for path in args.plan:
-        schedule = load_schedule(path)  # format errors already name the file
         try:
-            report = verify(schedule)
-        except ScheduleError as exc:
-            raise ScheduleError(f"{path}: {exc}") from None
-        out.print(f"{path}: ok: {schedule.algorithm} {report.collective}, {report.nranks} ranks, "
-                  f"{report.nchunks} chunks, {report.nsteps} steps, {report.nmessages} messages")
-    return 0
+            schedule = load_schedule(path)  # format errors already name the file
+            try:
+                report = verify(schedule)
+            except ScheduleError as exc:
+                raise ScheduleError(f"{path}: {exc}") from None
+        except TopoplanError as exc:
+            if not args.json:
+                raise
+            plans.append({"file": path, "ok": False, "error": str(exc)})
+            continue
+        plans.append({"file": path, "ok": True, "algorithm": schedule.algorithm,
+                      "collective": report.collective, "nranks": report.nranks,
+                      "nchunks": report.nchunks, "nsteps": report.nsteps,
+                      "nmessages": report.nmessages})
+        if not args.json:
+            out.print(f"{path}: ok: {schedule.algorithm} {report.collective}, {report.nranks} "
+                      f"ranks, {report.nchunks} chunks, {report.nsteps} steps, "
+                      f"{report.nmessages} messages", soft_wrap=True)
+    if args.json:
+        print(json.dumps({"plans": plans}))
+    return 0 if all(p["ok"] for p in plans) else 1

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,8 @@ from typing import Any
 import networkx as nx
 import yaml
 
-from ..errors import ClusterSpecError, TopoplanError
-from ..units import format_bandwidth
+from ..errors import ClusterSpecError, TopoplanError, UnitWarning
+from ..units import bare_number_note, format_bandwidth
 from .xmlfile import Element, read_xml
 
 __all__ = [
@@ -800,7 +801,17 @@ def _read_overlay(path: str | Path, nnics: int) -> tuple[list[Any], list[Any], l
     for key in ("switches", "links"):
         if key in doc and not isinstance(doc[key], LineList):
             raise ClusterSpecError("expected a list", file=file, line=doc.line_of(key), key=key)
-    return _plain(doc.get("switches", [])), _plain(doc.get("links", [])), list(names)
+    links = _plain(doc.get("links", []))
+    for n, link in enumerate(doc.get("links", [])):
+        for key in ("bandwidth", "latency") if isinstance(link, LineDict) else ():
+            # Warned about here, naming the overlay's line; the cluster file written
+            # gets the unit, so its reader has nothing left to warn about.
+            note = bare_number_note(link.get(key), key)
+            if note is not None:
+                warnings.warn(UnitWarning(note, file=file, line=link.line_of(key),
+                                          key=f"links[{n}].{key}"), stacklevel=3)
+                links[n][key] = f"{float(link[key]):g} {'GB/s' if key == 'bandwidth' else 'us'}"
+    return _plain(doc.get("switches", [])), links, list(names)
 
 
 def _plain(value: Any) -> Any:

@@ -3,7 +3,8 @@
 Every planner is ``plan_x(cluster, *, size, chunks=None, profile=None, **options) ->
 Schedule`` and sets ``meta["algorithm"]``, ``meta["cluster"]`` and ``meta["profile"]``;
 a planner that plans more than allreduce takes ``collective=`` (:func:`collectives_of`);
-:func:`plan` adds ``meta["cluster_fingerprint"]`` (:mod:`topoplan.fingerprint`).
+:func:`plan` adds ``meta["cluster_fingerprint"]`` (:mod:`topoplan.fingerprint`) and
+``meta["size_bytes"]``.
 ``profile`` is the runtime's :class:`~topoplan.cost.CostProfile` (or a name): planners
 pick their pipelining depth, and ``mcf`` its construction, against it. :data:`PLANNERS`
 maps the names the CLI shows to them; adding one is one line (or :func:`register`).
@@ -127,7 +128,7 @@ def _check_options(name: str, planner: Planner, options: dict[str, Any]) -> None
         raise unknown_options(name, unknown, known)
 
 
-def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
+def plan(cluster: Cluster, algorithm: str = "auto", *, size: int | str = 256 << 20,
          profile: CostProfile | str | None = None, collective: str = DEFAULT_COLLECTIVE,
          **options: Any) -> Schedule:
     """Plan ``collective`` (an allreduce) of ``size`` bytes on ``cluster`` with the named
@@ -140,8 +141,9 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
         A key of :data:`PLANNERS` (``ring``, ``ring-topo``, ``tree``, ``rhd``,
         ``hierarchical``, ``mcf``, and whatever else is registered), or ``auto``, which
         simulates the candidates and returns the fastest (:mod:`topoplan.planners.auto`).
-    size : int
-        Message size in bytes.
+    size : int or str
+        Message size in bytes, or a size such as ``"256MiB"``
+        (:func:`~topoplan.units.parse_size`, as ``topoplan plan --size``).
     profile : CostProfile or str, optional
         The runtime's costs (:mod:`topoplan.cost`), a shipped profile's name or a YAML
         path. Default :data:`topoplan.cost.DEFAULT_PROFILE` (``nccl``).
@@ -155,8 +157,9 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
     -------
     Schedule
         With ``meta["cluster_fingerprint"]``, the cluster's
-        :func:`~topoplan.fingerprint.cluster_fingerprint`, and ``meta["nccl"]``: what NCCL
-        itself runs for the same collective and size on the cluster and its time there
+        :func:`~topoplan.fingerprint.cluster_fingerprint`, ``meta["size_bytes"]``, the size
+        it was planned for, and ``meta["nccl"]``: what NCCL itself runs for the same
+        collective and size on the cluster and its time there
         (:meth:`topoplan.native.nccl.NcclChoice.to_dict`; ``algorithm`` is ``"nccl"``,
         NCCL's own is ``nccl_algorithm``, with ``protocol`` and ``channels``).
 
@@ -181,7 +184,8 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int = 256 << 20,
     if takes(planner, "profile"):
         options["profile"] = costs
     schedule = planner(cluster, size=size, **options)
-    extra: dict[str, Any] = {META_KEY: cluster_fingerprint(cluster)}
+    # The size it was made for: simulate marks the sizes it runs that are not this one.
+    extra: dict[str, Any] = {META_KEY: cluster_fingerprint(cluster), "size_bytes": size}
     if "profile" not in schedule.meta:
         extra["profile"] = costs.name
     from ..sim.run import nccl_row

@@ -29,6 +29,7 @@ import numpy as np
 from ..cluster import Box, Cluster
 from ..cost import CostProfile, get_profile
 from ..errors import InfeasiblePlanError, PlannerError
+from ..units import as_bytes
 from ..collectives import COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE
 from ..schedule import Op, OpKind, RankProgram, Schedule
 
@@ -49,7 +50,12 @@ OP_BUDGET = 1 << 21
 # --------------------------------------------------------------------------------------
 
 def check_size(size: Any, algorithm: str) -> int:
-    """``size`` in bytes as a positive int, or :class:`PlannerError`."""
+    """``size`` in bytes as a positive int, or :class:`PlannerError`; a string such as
+    ``"256MiB"`` is read as the CLI reads it (:func:`~topoplan.units.parse_size`)."""
+    try:
+        size = as_bytes(size)
+    except ValueError as exc:
+        raise PlannerError(f"{algorithm}: size: {exc}") from None
     if isinstance(size, bool) or not isinstance(size, (int, float)) or not size > 0 \
             or not math.isfinite(size):
         raise PlannerError(f"{algorithm}: size must be a positive number of bytes, got {size!r}")

@@ -40,7 +40,7 @@ MAX_PLAN_RANKS = 256
 _LARGE = ("mcf", "hierarchical")
 
 
-def compare(cluster: Cluster, size: int, candidates: Sequence[str] | None = None, *,
+def compare(cluster: Cluster, size: int | str, candidates: Sequence[str] | None = None, *,
             profile: CostProfile | str | None = None, max_step_ops: int | None = None,
             max_chunks: int | None = None, max_sim_ops: int = MAX_SIM_OPS,
             max_plan_ranks: int = MAX_PLAN_RANKS, left_out: dict[str, str] | None = None,
@@ -51,8 +51,8 @@ def compare(cluster: Cluster, size: int, candidates: Sequence[str] | None = None
     Parameters
     ----------
     cluster : Cluster
-    size : int
-        Bytes per rank.
+    size : int or str
+        Bytes per rank, or a size such as ``"256MiB"``.
     candidates : sequence of str, optional
         Planner names (keys of :data:`topoplan.planners.PLANNERS`); default
         :data:`DEFAULT_CANDIDATES` (those registered).
@@ -95,14 +95,16 @@ def compare(cluster: Cluster, size: int, candidates: Sequence[str] | None = None
     InfeasiblePlanError
         If no candidate produced a schedule (the last error is chained).
     PlannerError
-        For a cap that is not an integer >= 1, or a candidate named in ``candidates``
-        that does not plan ``collective`` (naming those that do).
+        For a size that is not a positive number of bytes, a cap that is not an integer
+        >= 1, or a candidate named in ``candidates`` that does not plan ``collective``
+        (naming those that do).
     ProfileError
         For an unknown profile name or a bad profile file.
     """
     from . import PLANNERS, options_of, planners_for, require_collective, takes
     from ..simulate import simulate
 
+    size = check_size(size, "auto")
     costs = get_profile(profile)
     check_cap_args(max_step_ops, max_chunks, "auto")
     where = cluster if machine is None else machine
@@ -183,7 +185,8 @@ def _check_plan(schedule: Schedule, max_step_ops: int | None, max_chunks: int | 
                                   "not fit its plans to the caps)")
 
 
-def plan_auto(cluster: Cluster, *, size: int = 256 << 20, candidates: Sequence[str] | None = None,
+def plan_auto(cluster: Cluster, *, size: int | str = 256 << 20,
+              candidates: Sequence[str] | None = None,
               profile: CostProfile | str | None = None, max_step_ops: int | None = None,
               max_chunks: int | None = None, machine: Cluster | None = None,
               collective: str = "allreduce", **options: Any) -> Schedule:
@@ -192,8 +195,8 @@ def plan_auto(cluster: Cluster, *, size: int = 256 << 20, candidates: Sequence[s
     Parameters
     ----------
     cluster : Cluster
-    size : int
-        Bytes per rank.
+    size : int or str
+        Bytes per rank, or a size such as ``"256MiB"``.
     candidates : sequence of str, optional
         Planner names to compare (default: mcf, hierarchical, ring, ring-topo, tree, rhd).
     profile : CostProfile or str, optional

@@ -228,7 +228,7 @@ def plan_hierarchical(cluster: Cluster, *, size: int, chunks: int | None = None,
     M. Cho, U. Finkler, D. Kung, H. Hunter, "BlueConnect: Decomposing all-reduce for
     deep learning on heterogeneous network hierarchy", SysML 2019.
     """
-    check_size(size, "hierarchical")
+    size = check_size(size, "hierarchical")
     given = check_chunks(chunks, "hierarchical", "pipeline parts")
     check_cap_args(max_step_ops, max_chunks, "hierarchical")
     costs = get_profile(profile)

@@ -89,7 +89,7 @@ def plan_rhd(cluster: Cluster, *, size: int, chunks: int | None = None,
     -----
     ``4 p (p - 1) chunks + 4 r p chunks`` ops.
     """
-    check_size(size, "rhd")
+    size = check_size(size, "rhd")
     given = check_chunks(chunks, "rhd", "slices")
     check_cap_args(max_step_ops, max_chunks, "rhd")
     collective = check_collective(collective, "rhd")

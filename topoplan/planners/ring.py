@@ -82,7 +82,7 @@ def plan_ring(cluster: Cluster, *, size: int, order: str | Sequence[int] = "rank
     ``4 n (n - 1) chunks`` ops: 4.2 M at 1024 ranks (every ring step moves another single
     chunk, so IR v2's chunk ranges do not shrink a flat ring).
     """
-    check_size(size, algorithm)
+    size = check_size(size, algorithm)
     given = check_chunks(chunks, algorithm, "slices per ring segment")
     check_cap_args(max_step_ops, max_chunks, algorithm)
     collective = check_collective(collective, algorithm)

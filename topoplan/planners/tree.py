@@ -207,7 +207,7 @@ def plan_tree(cluster: Cluster, *, size: int, chunks: int | None = None,
     -----
     ``8 (n - 1) c`` ops.
     """
-    check_size(size, "tree")
+    size = check_size(size, "tree")
     given = check_chunks(chunks, "tree", "chunks per tree")
     check_cap_args(max_step_ops, max_chunks, "tree")
     costs = get_profile(profile)

@@ -321,7 +321,7 @@ class ReferenceEngine(Setup):
 
 def simulate_reference(cluster: Cluster, schedule: Schedule, size: int, *, dtype_size: int = 4,
                         profile: CostProfile | str | None = None,
-                        reduce_bandwidth: float | None = None, alpha: float = 0.0,
+                        reduce_bandwidth: float | None = None, alpha: float | None = None,
                         record: bool = False) -> SimReport:
     """:func:`simulate` by :class:`ReferenceEngine` (tests and benchmarks only)."""
     if schedule.nranks != cluster.nranks:

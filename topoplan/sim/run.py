@@ -10,9 +10,11 @@ import gc
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..cost import IDEAL, CostProfile, get_profile
+from ..cost import CostProfile, get_profile
 from ..errors import ScheduleError
+from ..fingerprint import check_fingerprint
 from ..schedule import Schedule
+from ..units import parse_size
 from .report import SimReport
 
 if TYPE_CHECKING:
@@ -21,32 +23,38 @@ if TYPE_CHECKING:
 __all__ = ["simulate", "costs_for", "nccl_row"]
 
 
-def simulate(cluster: Cluster, schedule: Schedule, size: int, *,
+def simulate(cluster: Cluster, schedule: Schedule, size: int | str, *,
              profile: CostProfile | str | None = None, dtype_size: int = 4,
-             reduce_bandwidth: float | None = None, alpha: float = 0.0, record: bool = False,
-             progress: Callable[[float, float], None] | None = None,
-             resolution: float | None = None) -> SimReport:
+             reduce_bandwidth: float | None = None, alpha: float | None = None,
+             record: bool = False, progress: Callable[[float, float], None] | None = None,
+             resolution: float | None = None, force: bool = False) -> SimReport:
     """Predict how long ``schedule`` takes on ``cluster`` for ``size`` bytes per rank.
 
     Parameters
     ----------
     cluster : Cluster
     schedule : Schedule
-        Must have ``cluster.nranks`` ranks. It need not be verified: unmatched messages
-        and deadlocks raise :class:`ScheduleError`.
-    size : int
-        Buffer bytes per rank; chunks cover ``size // dtype_size`` elements.
+        Must have ``cluster.nranks`` ranks, and be planned for ``cluster`` if it records
+        the cluster it was planned for (``meta["cluster_fingerprint"]``, which
+        :func:`topoplan.plan` writes). It need not be verified: unmatched messages and
+        deadlocks raise :class:`ScheduleError`.
+    size : int or str
+        Buffer bytes per rank, or a size such as ``"256MiB"``
+        (:func:`~topoplan.units.parse_size`); chunks cover ``size // dtype_size``
+        elements.
     profile : CostProfile or str, optional
         The runtime's costs (a :class:`~topoplan.cost.CostProfile`, a shipped name such as
-        ``"nccl"`` or a profile YAML path). Default: ``ideal`` (links only) plus ``alpha``
-        and ``reduce_bandwidth``.
+        ``"ideal"`` or a profile YAML path). Default
+        :data:`~topoplan.cost.DEFAULT_PROFILE` (``nccl``), as ``topoplan simulate`` and
+        :func:`topoplan.plan`; ``"ideal"`` charges the links alone.
     dtype_size : int
         Bytes per element (4 for fp32).
     reduce_bandwidth : float, optional
-        Without ``profile``: bytes/s a rank adds at (after each step's messages).
-        ``None``: free.
-    alpha : float
-        Without ``profile``: seconds per message, paid before it flows.
+        Bytes/s a rank adds at (after each step's messages), in place of the profile's
+        (``topoplan simulate --reduce-bandwidth``).
+    alpha : float, optional
+        Seconds per message, paid before it flows, in place of the profile's for both
+        link classes (``topoplan simulate --alpha``).
     record : bool
         Also return every transfer and each link's rate over time.
     progress : callable, optional
@@ -58,6 +66,9 @@ def simulate(cluster: Cluster, schedule: Schedule, size: int, *,
         rounding and posting costs scatter events by nanoseconds and the finer
         resolution costs 10x the time (results move by about the resolution, relative;
         :data:`topoplan.sim.base.COARSE`). The report says which was used.
+    force : bool
+        Simulate a schedule planned for another cluster (its recorded fingerprint
+        differs), as ``topoplan simulate --force``.
 
     Returns
     -------
@@ -68,10 +79,14 @@ def simulate(cluster: Cluster, schedule: Schedule, size: int, *,
     Raises
     ------
     ScheduleError
-        If the schedule's rank count differs from the cluster's, a message is
-        unmatched, or the ranks deadlock.
+        If the schedule's rank count differs from the cluster's, it was planned for
+        another cluster (unless ``force``), a message is unmatched, or the ranks
+        deadlock.
     ProfileError
         For an unknown profile name or a bad profile file.
+    ValueError
+        For a size that is not a number of bytes >= 0, or a bad ``dtype_size``,
+        ``alpha``, ``reduce_bandwidth`` or ``resolution``.
 
     Notes
     -----
@@ -86,8 +101,10 @@ def simulate(cluster: Cluster, schedule: Schedule, size: int, *,
         raise ScheduleError(
             f"the schedule has {schedule.nranks} ranks but cluster {cluster.name!r} has "
             f"{cluster.nranks} GPUs; plan it for this cluster")
+    check_fingerprint(schedule, cluster, force=force, force_hint="pass force=True")
     if dtype_size < 1:
         raise ValueError(f"dtype_size must be >= 1, got {dtype_size}")
+    size = parse_size(size)
     costs = costs_for(profile, alpha, reduce_bandwidth)
     from .base import COARSE, COARSE_OPS, EPS_T
 
@@ -134,19 +151,19 @@ def nccl_row(cluster: Cluster, size: int, collective: str) -> Any:
     return nccl_time(cluster, size, collective)
 
 
-def costs_for(profile: CostProfile | str | None, alpha: float,
-           reduce_bandwidth: float | None) -> CostProfile:
-    """The profile to simulate with: ``profile``, or ideal plus the two plain costs."""
-    if reduce_bandwidth is not None and not reduce_bandwidth > 0:
-        raise ValueError(f"reduce_bandwidth must be > 0, got {reduce_bandwidth}")
-    if alpha < 0:
-        raise ValueError(f"alpha must be >= 0, got {alpha}")
-    if profile is not None:
-        if alpha or reduce_bandwidth is not None:
-            raise ValueError("give the costs either as a profile or as alpha and "
-                             "reduce_bandwidth, not both (profile.with_costs changes one)")
-        return get_profile(profile)
-    if not alpha and reduce_bandwidth is None:
-        return IDEAL
-    return IDEAL.with_costs(name="custom", alpha_box=float(alpha), alpha_network=float(alpha),
-                            reduce_bandwidth=reduce_bandwidth)
+def costs_for(profile: CostProfile | str | None, alpha: float | None,
+              reduce_bandwidth: float | None) -> CostProfile:
+    """The profile to simulate with: ``profile`` (default
+    :data:`~topoplan.cost.DEFAULT_PROFILE`), with ``alpha`` and ``reduce_bandwidth`` in
+    place of its own where given (its name then ends in ``*``)."""
+    costs = get_profile(profile)
+    changes: dict[str, float] = {}
+    if alpha is not None:
+        if not alpha >= 0:
+            raise ValueError(f"alpha must be >= 0 seconds, got {alpha}")
+        changes.update(alpha_box=float(alpha), alpha_network=float(alpha))
+    if reduce_bandwidth is not None:
+        if not reduce_bandwidth > 0:
+            raise ValueError(f"reduce_bandwidth must be > 0 bytes/s, got {reduce_bandwidth}")
+        changes["reduce_bandwidth"] = float(reduce_bandwidth)
+    return costs.with_costs(**changes) if changes else costs

@@ -164,7 +164,7 @@ def predict(cluster: Cluster, schedule: Schedule, size: int,
     """The simulator's time for ``schedule``, with the calibrated software costs if given."""
     from ..simulate import simulate
     if calibration is None:
-        return float(simulate(cluster, schedule, size=size).time_s)
+        return float(simulate(cluster, schedule, size=size, profile="ideal").time_s)
     return float(simulate(cluster, schedule, size=size, profile=calibration.profile).time_s)
 
 
