@@ -20,6 +20,11 @@ def run(*args, check=True, columns=None):
                           text=True, check=check, env=env)
 
 
+def planned(data: dict) -> list[dict]:
+    """The candidates a planner made (every row but NCCL's own)."""
+    return [c for c in data["candidates"] if c["algorithm"] != "nccl"]
+
+
 def test_plan_json_follows_design_md(tmp_path):
     out = tmp_path / "plan.json"
     result = run("plan", DDL, "--size", "64MiB", "--json", "-o", str(out))
@@ -28,12 +33,16 @@ def test_plan_json_follows_design_md(tmp_path):
     assert data["cluster"] == "ddl-two-switch" and data["nranks"] == 4
     assert data["size_bytes"] == 64 << 20
     names = [c["algorithm"] for c in data["candidates"]]
-    assert {"ring", "ring-topo", "tree", "rhd", "hierarchical", "mcf"} <= set(names)
+    assert {"ring", "ring-topo", "tree", "rhd", "hierarchical", "mcf", "nccl"} <= set(names)
     for c in data["candidates"]:
-        assert {"algorithm", "time_s", "algbw_GBps", "busbw_GBps"} <= set(c)
+        assert {"algorithm", "time_s", "algbw_GBps", "busbw_GBps", "speedup_vs_nccl"} <= set(c)
         assert c["time_s"] >= data["lower_bound_s"] * (1 - 1e-9)
         assert c["busbw_GBps"] == pytest.approx(c["algbw_GBps"] * 2 * 3 / 4)
-    fastest = min(data["candidates"], key=lambda c: c["time_s"])
+    # NCCL's own collective: a row of its own with what NCCL runs.
+    nccl = next(c for c in data["candidates"] if c["algorithm"] == "nccl")
+    assert {"nccl_algorithm", "protocol", "channels"} <= set(nccl)
+    assert nccl["speedup_vs_nccl"] == pytest.approx(1.0)
+    fastest = min(planned(data), key=lambda c: c["time_s"])
     assert data["chosen"] == fastest["algorithm"]
     schedule = topoplan.load_schedule(out)
     topoplan.verify(schedule)
@@ -98,7 +107,7 @@ def test_plan_profiles_by_name_and_file(tmp_path):
     for spec, data in runs.items():
         name = data["profile"]["name"]
         assert name == {"ideal": "ideal", "nccl": "nccl"}.get(spec, "slow")
-        for c in data["candidates"]:
+        for c in planned(data):
             parts = c["breakdown"]
             assert set(parts) == {"bandwidth", "latency", "overhead", "reduce", "contention"}
             assert sum(parts.values()) == pytest.approx(c["time_s"], rel=1e-9)
@@ -137,10 +146,13 @@ def test_plan_table_fits_80_columns_and_prints_the_json_numbers(cluster, size, c
         # vs bound is time / bound: the x the plan is slower than any schedule can be
         assert row["vs bound"] == f"{c['time_s'] / data['lower_bound_s']:.2f}x"
         assert c["x_bound"] == pytest.approx(c["time_s"] / data["lower_bound_s"])
-        assert float(row["plan (s)"]) >= 0
+        if c["algorithm"] == "nccl":
+            assert row["plan (s)"] == "-" and row["vs nccl"] == "1.00x"
+        else:
+            assert float(row["plan (s)"]) >= 0
         for column, key in (("msgs", "messages"), ("steps", "steps"), ("chunks", "chunks")):
             if column in row:
-                assert int(row[column]) == c[key]
+                assert (row[column] == "-" and c[key] is None) or int(row[column]) == c[key]
     assert "vs bound: time / lower bound" in out
 
 
@@ -178,11 +190,11 @@ def test_bad_profiles_are_one_line_errors(tmp_path, profile, message):
 
 def test_plan_caps_leave_candidates_out():
     data = plan_json("--max-chunks", "3")
-    assert [c["algorithm"] for c in data["candidates"]] == ["tree"]
-    assert data["candidates"][0]["chunks"] <= 3
+    assert [c["algorithm"] for c in planned(data)] == ["tree"]
+    assert planned(data)[0]["chunks"] <= 3
     assert set(data["left_out"]) == {"ring", "rhd"}
     table = run("plan", DDL, "--candidates", "ring,tree", "--max-step-ops", "4").stdout
-    assert "tree" in table and "left out" not in table
+    assert "tree" in table and "\nleft out:" not in table
     result = run("plan", DDL, "-a", "ring", "--max-chunks", "3", check=False)
     assert result.returncode == 1
     assert result.stderr == ("topoplan: error: ring: the smallest plan has 4 chunks, over "

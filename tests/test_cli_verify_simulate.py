@@ -118,9 +118,19 @@ def test_simulate_prints_one_row_per_size(tmp_path):
     rows = read_table(out)
     assert [row["size (B)"] for row in rows] == ["1024", "32768", "1048576"]
     # 1 MiB: 6 steps x (2 x 256 KiB / 10 GB/s + 3 us) = 332.57 us; bound 104.86 us.
+    data = json.loads(topoplan("simulate", DDL, str(plan), "--sizes", "1MiB", "--profile",
+                               "ideal", "--json").stdout)
+    vs_nccl = f"{data['results'][0]['speedup_vs_nccl']:.2f}x"
     assert rows[-1] == {"size (B)": "1048576", "count": "262144", "time (us)": "332.57",
                         "algbw (GB/s)": "3.15", "busbw (GB/s)": "4.73", "bound (us)": "104.86",
-                        "vs bound": "3.17x"}
+                        "vs bound": "3.17x", "vs nccl": vs_nccl}
+    # NCCL's own, per size, in the last table: what it runs and what sets its time.
+    nccl = read_table(out, 2)
+    assert [row["size (B)"] for row in nccl] == ["1024", "32768", "1048576"]
+    choice = data["results"][0]["nccl"]
+    assert nccl[-1]["algorithm"] == choice["nccl_algorithm"]
+    assert nccl[-1]["protocol"] == choice["protocol"]
+    assert float(nccl[-1]["nccl (us)"]) == pytest.approx(choice["time_s"] * 1e6, abs=0.005)
     parts = read_table(out, 1)
     assert parts[-1] == {"size (B)": "1048576", "bandwidth (us)": "314.57",
                          "latency (us)": "18.00", "overhead (us)": "0.00", "reduce (us)": "0.00"}

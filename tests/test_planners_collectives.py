@@ -181,7 +181,8 @@ def test_cli_plans_an_allgather(tmp_path):
                   "allgather", "--json", "-o", str(out))
     data = json.loads(result.stdout)
     assert data["collective"] == "allgather"
-    assert {c["algorithm"] for c in data["candidates"]} == {"ring", "ring-topo", "rhd", "mcf"}
+    assert {c["algorithm"] for c in data["candidates"]} == {"ring", "ring-topo", "rhd", "mcf",
+                                                            "nccl"}
     c = load_topology("ddl_two_switch")
     assert data["lower_bound_s"] == pytest.approx(shard_bound(c, 64 * MiB))
     for row in data["candidates"]:

@@ -4,18 +4,18 @@
 from __future__ import annotations
 
 import argparse
-import json
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..cluster import load_cluster
 from ..collectives import COLLECTIVES
-from ..cost import get_profile
 from ..errors import InfeasiblePlanError, TopoplanError
 from ..fingerprint import cluster_fingerprint
-from ..units import bus_factor, format_bandwidth, format_size, format_time
-from .common import (Column, add_profile_argument, console, fit_table, left_out_note,
-                     positive_int, size_arg, status)
+from ..units import format_bandwidth, format_size, format_time
+from .common import (Column, add_profile_argument, console, fit_table, json_text,
+                     left_out_note, positive_int, size_arg, status)
+
+if TYPE_CHECKING:
+    from ..planners import Candidate, PlanRequest
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -61,13 +61,14 @@ def candidate_names(requested: str | None) -> list[str] | None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from ..bound import best_partition, bottleneck, collective_bound, rsag_bound
-
-    from ..planners import require_collective
-    from ..planners.auto import compare
+    from ..planners import PlanRequest, compare, nccl_candidate, require_collective
     from ..verify import verify
 
     cluster = load_cluster(args.cluster)
-    costs = get_profile(args.profile)
+    request = PlanRequest.make(cluster, size=args.size, collective=args.collective,
+                               profile=args.profile, max_step_ops=args.max_step_ops,
+                               max_chunks=args.max_chunks)
+    costs = request.profile
     names = candidate_names(args.candidates)
     if args.algorithm != "auto":
         named = candidate_names(args.algorithm)
@@ -78,17 +79,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
         elif args.algorithm not in names:
             names = named + names
     left_out: dict[str, str] = {}
-    with status(f"planning and simulating candidates for {cluster.nranks} ranks ..."):
-        rows = [Candidate(*row) for row in compare(
-            cluster, args.size, names, profile=costs, max_step_ops=args.max_step_ops,
-            max_chunks=args.max_chunks, left_out=left_out, collective=args.collective)]
+    with status(f"planning and simulating candidates for {cluster.nranks} ranks ...") as st:
+        def progress(name: str) -> None:
+            st.update(f"planning and simulating {name} for {cluster.nranks} ranks ...")
+        rows = compare(request, names, left_out=left_out, progress=progress)
+        nccl = nccl_candidate(request)
     if args.algorithm == "auto":
         chosen = rows[0]  # compare() sorts fastest first
     elif args.algorithm in left_out:
         raise InfeasiblePlanError(left_out[args.algorithm])
     else:
-        chosen = next(c for c in rows if c.algorithm == args.algorithm)
-    with status(f"verifying the {chosen.algorithm} schedule ..."):
+        chosen = next(c for c in rows if c.name == args.algorithm)
+    assert chosen.schedule is not None
+    with status(f"verifying the {chosen.name} schedule ..."):
         verify(chosen.schedule)
     collective = args.collective
     bound = collective_bound(cluster, args.size, collective)
@@ -98,27 +101,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
         chosen.schedule.with_meta(
             size_bytes=args.size, predicted_time_s=chosen.time_s,
             lower_bound_s=bound, profile=costs.name,
-            cluster_fingerprint=cluster_fingerprint(cluster)).save(args.output)
+            cluster_fingerprint=cluster_fingerprint(cluster),
+            **({"nccl": nccl.nccl.to_dict()} if nccl is not None and nccl.nccl else {})
+        ).save(args.output)
 
+    shown = rows + ([nccl] if nccl is not None else [])
     if args.json:
-        print(json.dumps({
+        print(json_text({
             "cluster": cluster.name, "nranks": cluster.nranks, "size_bytes": args.size,
             "collective": collective,
             "lower_bound_s": bound, "rsag_bound_s": rsag,
             "bound_partition": _partition_json(cluster),
-            "chosen": chosen.algorithm, "profile": costs.to_dict(),
-            "candidates": [{"algorithm": c.algorithm, "time_s": c.time_s,
-                            "algbw_GBps": _finite(c.algbw(args.size, cluster.nranks,
-                                                          collective)[0] / 1e9),
-                            "busbw_GBps": _finite(c.algbw(args.size, cluster.nranks,
-                                                          collective)[1] / 1e9),
-                            "percent_of_bound": _percent(bound, c.time_s),
-                            "x_bound": x_bound(c.time_s, bound),
-                            "simulated": c.report is not None,
-                            "messages": c.messages, "steps": c.schedule.nsteps,
-                            "chunks": c.schedule.nchunks, "ops": c.schedule.nops,
-                            "breakdown": c.breakdown, "plan_s": c.plan_s}
-                           for c in rows],
+            "chosen": chosen.name, "profile": costs.to_dict(),
+            "candidates": [candidate_json(c, request, bound, nccl) for c in shown],
             "left_out": left_out}))
         return 0
 
@@ -128,17 +123,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
     out.print(f"cost profile {costs.summary()}")
     # One unit for the column: ms once the fastest takes a millisecond, so that 256 MiB
     # reads 27.108, not 27108.37.
-    unit = "ms" if min(c.time_s for c in rows) >= 1e-3 else "us"
+    unit = "ms" if min(c.time_s for c in shown) >= 1e-3 else "us"
     t, left_out_columns = fit_table(columns(unit), [
-        c.cells(args.size, cluster.nranks, collective, bound, chosen=c is chosen, unit=unit)
-        for c in rows], out.width)
+        cells(c, request, bound, nccl, chosen=c is chosen, unit=unit) for c in shown],
+        out.width)
     out.print(t)
     for note in (left_out_note(left_out_columns, out.width),
                  "~ estimated by the planner's own cost model: the schedule is too big to "
-                 "simulate quickly" if any(c.report is None for c in rows) else None):
+                 "simulate quickly" if any(not c.simulated for c in rows) else None):
         if note:
             out.print(note)
     out.print("vs bound: time / lower bound of any schedule (1.00x: none is faster); * chosen")
+    if nccl is not None:
+        assert nccl.nccl is not None
+        out.print(f"vs nccl: NCCL's time / the row's (above 1.00x: faster than NCCL); nccl: "
+                  f"what NCCL itself runs here, {nccl.nccl.label()} (algorithm/protocol x "
+                  f"channels), priced by its own tuner on this fabric (docs/NCCL_MODEL.md)")
     out.print("lat+ovh: share of the time on message latency and software overhead")
     for name, reason in left_out.items():
         out.print(f"left out: {reason}" if reason.startswith(f"{name}:")
@@ -152,8 +152,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         else:
             out.print(f"lower bound (any {collective}, ForestColl's cut): {format_time(bound)}")
         out.print(f"bottleneck cut: {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)} out")
-    out.print(f"chosen: {chosen.algorithm}" + (f" -> {args.output}" if args.output else
-                                               " (write it with -o PLAN.json)"), soft_wrap=True)
+    out.print(f"chosen: {chosen.name}" + (f" -> {args.output}" if args.output else
+                                          " (write it with -o PLAN.json)"), soft_wrap=True)
     return 0
 
 
@@ -162,8 +162,56 @@ def columns(unit: str) -> tuple[Column, ...]:
     (drop > 0) while they fit."""
     return (Column("algorithm", "left"), Column(f"time\n({unit})"),
             Column("algbw\n(GB/s)", drop=5), Column("busbw\n(GB/s)"), Column("vs\nbound"),
-            Column("msgs", drop=2), Column("steps", drop=3), Column("chunks", drop=4),
-            Column("lat+\novh", drop=1), Column("plan\n(s)"))
+            Column("vs\nnccl"), Column("msgs", drop=2), Column("steps", drop=3),
+            Column("chunks", drop=4), Column("lat+\novh", drop=1), Column("plan\n(s)"))
+
+
+def cells(c: Candidate, request: PlanRequest, bound: float, nccl: Candidate | None, *,
+          chosen: bool, unit: str) -> list[str]:
+    """The row of the table (:func:`columns`), the time in ``unit`` (us or ms); ``~``:
+    estimated, not simulated; NCCL's row names what NCCL runs in the messages column."""
+    algbw, busbw = c.algbw(request.size, request.cluster.nranks, request.collective)
+    approx = "" if c.simulated else "~"
+    ratio = x_bound(c.time_s, bound)
+    time = f"{c.time_s * 1e3:.3f}" if unit == "ms" else f"{c.time_s * 1e6:.2f}"
+    speedup = c.speedup_over(nccl)
+    vs_nccl = "-" if speedup is None else f"{approx}{speedup:.2f}x"
+    if c.schedule is None:
+        assert c.nccl is not None
+        return [c.name, time, _gbps(algbw), _gbps(busbw),
+                "-" if ratio is None else f"{ratio:.2f}x", vs_nccl,
+                "-", "-", "-", "-", "-"]
+    return [c.name + (" *" if chosen else ""), approx + time,
+            _gbps(algbw), _gbps(busbw), "-" if ratio is None else f"{approx}{ratio:.2f}x",
+            vs_nccl, str(c.messages), str(c.schedule.nsteps), str(c.schedule.nchunks),
+            fixed_share(c), f"{c.plan_s:.3f}"]
+
+
+def candidate_json(c: Candidate, request: PlanRequest, bound: float,
+                   nccl: Candidate | None) -> dict[str, Any]:
+    """A row of ``topoplan plan --json``: the usual fields, and for NCCL's row
+    ``nccl_algorithm``, ``protocol`` and ``channels``."""
+    algbw, busbw = c.algbw(request.size, request.cluster.nranks, request.collective)
+    row: dict[str, Any] = {
+        "algorithm": c.name, "time_s": c.time_s, "algbw_GBps": _finite(algbw / 1e9),
+        "busbw_GBps": _finite(busbw / 1e9), "percent_of_bound": _percent(bound, c.time_s),
+        "x_bound": x_bound(c.time_s, bound), "speedup_vs_nccl": c.speedup_over(nccl),
+        "simulated": c.simulated, "messages": c.messages,
+        "steps": c.schedule.nsteps if c.schedule is not None else None,
+        "chunks": c.schedule.nchunks if c.schedule is not None else None,
+        "ops": c.schedule.nops if c.schedule is not None else None,
+        "breakdown": c.breakdown, "plan_s": c.plan_s}
+    if c.nccl is not None:
+        row.update({k: v for k, v in c.nccl.to_dict().items() if k not in row})
+    return row
+
+
+def fixed_share(c: Candidate) -> str:
+    """Latency + overhead as a percentage of the simulated time (``-`` if none)."""
+    parts = c.breakdown
+    if parts is None or not c.time_s > 0:
+        return "-"
+    return f"{100 * (parts['latency'] + parts['overhead']) / c.time_s:.0f}%"
 
 
 def _partition_json(cluster: Any) -> dict[str, Any] | None:
@@ -183,63 +231,6 @@ def x_bound(time_s: float, bound: float) -> float | None:
     """Time over the lower bound (1.0: as fast as any schedule can be); None without a
     bound (one GPU moves nothing)."""
     return time_s / bound if bound > 0 else None
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One row of the table: a planner's schedule and its simulated (or estimated) time."""
-
-    algorithm: str
-    schedule: Any
-    report: Any  # SimReport, or None when the schedule was too big to simulate
-    plan_s: float
-
-    @property
-    def time_s(self) -> float:
-        if self.report is not None:
-            return float(self.report.time_s)
-        return float(self.schedule.meta.get("estimate_s", float("nan")))
-
-    @property
-    def messages(self) -> int:
-        """Messages that move bytes (simulated), else every send of the schedule."""
-        if self.report is not None:
-            return int(self.report.messages)
-        return int(self.schedule.nmessages)
-
-    @property
-    def breakdown(self) -> dict[str, float] | None:
-        """The simulated time split into bandwidth, latency, overhead and reduce."""
-        return dict(self.report.breakdown) if self.report is not None else None
-
-    def cells(self, size: int, nranks: int, collective: str, bound: float, *,
-              chosen: bool, unit: str) -> list[str]:
-        """The row of the table (:func:`columns`), the time in ``unit`` (us or ms);
-        ``~``: estimated, not simulated."""
-        algbw, busbw = self.algbw(size, nranks, collective)
-        approx = "" if self.report is not None else "~"
-        ratio = x_bound(self.time_s, bound)
-        time = f"{self.time_s * 1e3:.3f}" if unit == "ms" else f"{self.time_s * 1e6:.2f}"
-        return [self.algorithm + (" *" if chosen else ""), approx + time,
-                _gbps(algbw), _gbps(busbw), "-" if ratio is None else f"{approx}{ratio:.2f}x",
-                str(self.messages), str(self.schedule.nsteps), str(self.schedule.nchunks),
-                self.fixed_share(), f"{self.plan_s:.3f}"]
-
-    def fixed_share(self) -> str:
-        """Latency + overhead as a percentage of the simulated time (``-`` if none)."""
-        parts = self.breakdown
-        if parts is None or not self.time_s > 0:
-            return "-"
-        return f"{100 * (parts['latency'] + parts['overhead']) / self.time_s:.0f}%"
-
-    def algbw(self, size: int, nranks: int, collective: str = "allreduce") -> tuple[float, float]:
-        """(algbw, busbw) in bytes/s."""
-        if self.report is not None:
-            return self.report.algbw, self.report.busbw
-        if not self.time_s > 0:
-            return float("inf"), float("inf")
-        algbw = size / self.time_s
-        return algbw, algbw * bus_factor(nranks, collective)
 
 
 def _default_candidates(collective: str = "allreduce") -> list[str]:

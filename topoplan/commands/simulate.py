@@ -135,6 +135,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                          "x_bound": (r.time_s / r.lower_bound_s if r.lower_bound_s > 0
                                      else None),
                          "at_planned_size": None if planned is None else r.size == planned,
+                         "speedup_vs_nccl": r.speedup_vs_nccl,
+                         "nccl": r.nccl.to_dict() if r.nccl is not None else None,
                          "breakdown": {part: r.breakdown.get(part, 0.0) for part in PARTS}}
                         for r in reports],
         }))
@@ -163,13 +165,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     sizes = [f"{r.size}{'*' if planned not in (None, r.size) else ' '}" for r in reports]
     t, left_out = fit_table(COLUMNS, [
         [size, str(r.size // args.dtype_size), f"{r.time_s * 1e6:.2f}", f"{r.algbw / 1e9:.2f}",
-         f"{r.busbw / 1e9:.2f}", f"{r.lower_bound_s * 1e6:.2f}", _x_bound(r)]
+         f"{r.busbw / 1e9:.2f}", f"{r.lower_bound_s * 1e6:.2f}", _x_bound(r), _vs_nccl(r)]
         for size, r in zip(sizes, reports)], out.width)
     out.print(t)
     note = left_out_note(left_out, out.width)
     if note:
         out.print(note)
     out.print("vs bound: time / lower bound (1.00x: no schedule is faster)")
+    if any(r.nccl is not None for r in reports):
+        out.print("vs nccl: NCCL's time / the plan's (above 1.00x: faster than NCCL)")
     # Contention exists on a calibrated host only: a column of zeros elsewhere.
     parts = [name for name in PARTS
              if name != "contention" or any(r.breakdown.get(name, 0.0) for r in reports)]
@@ -183,13 +187,31 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     out.print("latency; overhead: call, step and posting costs; reduce: adds")
     if "contention" in parts:
         out.print("contention: ranks taking turns on a host with fewer cores than ranks")
+    if any(r.nccl is not None for r in reports):
+        t, _ = fit_table(NCCL_COLUMNS, [
+            [size, f"{r.nccl.time_s * 1e6:.2f}", f"{r.nccl.busbw / 1e9:.2f}",
+             r.nccl.algorithm, r.nccl.protocol, str(r.nccl.channels),
+             r.nccl.limited_by]
+            for size, r in zip(sizes, reports) if r.nccl is not None], out.width,
+            title="nccl: what NCCL itself runs here (docs/NCCL_MODEL.md)")
+        out.print(t)
+        out.print("set by: latency, NCCL's own speeds (nccl), or the fabric's busiest "
+                  "link, which NCCL does not see")
     return 0
 
 
 #: The table's columns: the essentials always, the others (drop > 0) while they fit.
 COLUMNS = (Column("size\n(B)"), Column("count", drop=2), Column("time\n(us)"),
            Column("algbw\n(GB/s)", drop=3), Column("busbw\n(GB/s)"),
-           Column("bound\n(us)", drop=1), Column("vs\nbound"))
+           Column("bound\n(us)", drop=1), Column("vs\nbound"), Column("vs\nnccl"))
+NCCL_COLUMNS = (Column("size\n(B)"), Column("nccl\n(us)"), Column("busbw\n(GB/s)"),
+                Column("algorithm", "left"), Column("protocol", "left"),
+                Column("chan-\nnels"), Column("set by", "left", drop=1))
+
+
+def _vs_nccl(report: SimReport) -> str:
+    speedup = report.speedup_vs_nccl
+    return "-" if speedup is None else f"{speedup:.2f}x"
 
 
 def _x_bound(report: SimReport) -> str:

@@ -120,13 +120,22 @@ class NcclChoice:
         """Whether the cluster's links, not NCCL's own speeds, set the time."""
         return self.fabric_s > self.tuner_time_s - self.latency_s + 1e-15
 
+    @property
+    def limited_by(self) -> str:
+        """What sets the time: ``latency`` (at least half of it), else ``fabric`` (the
+        busiest link) or ``nccl`` (NCCL's own speeds)."""
+        if self.latency_s >= 0.5 * self.time_s:
+            return "latency"
+        return "fabric" if self.fabric_bound else "nccl"
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``algorithm`` is ``"nccl"``; NCCL's is ``nccl_algorithm``)."""
         return {"algorithm": "nccl", "nccl_algorithm": self.algorithm,
                 "protocol": self.protocol, "channels": self.channels,
                 "time_s": self.time_s, "tuner_time_s": self.tuner_time_s,
                 "algbw_GBps": self.algbw / 1e9, "busbw_GBps": self.busbw / 1e9,
-                "fabric_bound": self.fabric_bound, "bottleneck": self.bottleneck}
+                "fabric_bound": self.fabric_bound, "limited_by": self.limited_by,
+                "bottleneck": self.bottleneck}
 
     def label(self) -> str:
         """``NVLS/Simple x16``."""

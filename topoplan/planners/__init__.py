@@ -2,12 +2,16 @@
 
 Every planner is ``plan_x(cluster, *, size, chunks=None, profile=None, **options) ->
 Schedule`` and sets ``meta["algorithm"]``, ``meta["cluster"]`` and ``meta["profile"]``;
-a planner that plans more than allreduce takes ``collective=`` (:func:`collectives_of`);
-:func:`plan` adds ``meta["cluster_fingerprint"]`` (:mod:`topoplan.fingerprint`) and
-``meta["size_bytes"]``.
-``profile`` is the runtime's :class:`~topoplan.cost.CostProfile` (or a name): planners
-pick their pipelining depth, and ``mcf`` its construction, against it. :data:`PLANNERS`
-maps the names the CLI shows to them; adding one is one line (or :func:`register`).
+a planner that plans more than allreduce takes ``collective=``. :data:`SPECS` declares
+each one (:class:`~topoplan.planners.pipeline.PlannerSpec`: the collectives it plans, the
+options it takes); :data:`PLANNERS` maps the names to the functions; :func:`register`
+adds one. :func:`plan`, ``auto`` and ``topoplan plan`` go through one pipeline
+(:mod:`~topoplan.planners.pipeline`): a validated
+:class:`~topoplan.planners.pipeline.PlanRequest`, :func:`run` and :func:`compare`.
+:func:`plan` adds ``meta["cluster_fingerprint"]`` (:mod:`topoplan.fingerprint`),
+``meta["size_bytes"]`` and ``meta["nccl"]`` (:func:`stamp`). ``profile`` is the
+runtime's :class:`~topoplan.cost.CostProfile` (or a name): planners pick their
+pipelining depth, and ``mcf`` its construction, against it.
 """
 
 from __future__ import annotations
@@ -18,18 +22,21 @@ from typing import Any, Callable, Sequence
 
 from ..cluster import Cluster
 from ..collectives import COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE
-from ..cost import CostProfile, get_profile
+from ..cost import CostProfile
 from ..fingerprint import META_KEY, cluster_fingerprint
 from ..schedule import Schedule
 from ..errors import PlannerError
-from ._common import check_size, topo_order, unknown_options
+from ._common import topo_order, unknown_options
+from .pipeline import Candidate, PlannerSpec, PlanRequest, compare, nccl_candidate, run
 from .hierarchical import plan_hierarchical
 from .rhd import plan_rhd
 from .ring import plan_ring, plan_ring_topo
 from .tree import plan_tree
 
-__all__ = ["PLANNERS", "plan", "register", "candidates", "takes", "options_of", "PlannerError",
-           "collectives_of", "planners_for", "require_collective",
+__all__ = ["PLANNERS", "SPECS", "plan", "register", "candidates", "takes", "options_of",
+           "PlannerError", "collectives_of", "planners_for", "require_collective",
+           "PlannerSpec", "PlanRequest", "Candidate", "compare", "run", "nccl_candidate",
+           "stamp",
            "LazyPlanner",
            "plan_ring",
            "plan_ring_topo", "plan_tree", "plan_rhd", "plan_hierarchical", "topo_order"]
@@ -60,45 +67,108 @@ class LazyPlanner:
         return f"<planner {self.module}.{self.function}>"
 
 
-PLANNERS: dict[str, Planner] = {
-    "ring": plan_ring,
-    "ring-topo": plan_ring_topo,
-    "tree": plan_tree,
-    "rhd": plan_rhd,
-    "hierarchical": plan_hierarchical,
-    "mcf": LazyPlanner("topoplan.planners.mcf", "plan_mcf"),
-    "auto": LazyPlanner("topoplan.planners.auto", "plan_auto"),
-}
+def _mcf() -> Planner:
+    return LazyPlanner("topoplan.planners.mcf", "plan_mcf")
 
 
-def register(name: str, planner: Planner) -> Planner:
-    """Add (or replace) ``PLANNERS[name]``; returns ``planner`` so it works as a decorator helper."""
-    PLANNERS[name] = planner
+_ALL = tuple(COLLECTIVES)
+
+#: The planners, declared: what each plans and takes (see :class:`PlannerSpec`).
+SPECS: dict[str, PlannerSpec] = {spec.name: spec for spec in (
+    PlannerSpec("ring", plan_ring, _ALL, ("order", "chunks")),
+    PlannerSpec("ring-topo", plan_ring_topo, _ALL, ("chunks", "order")),
+    PlannerSpec("tree", plan_tree, (DEFAULT_COLLECTIVE,), ("chunks", "order")),
+    PlannerSpec("rhd", plan_rhd, _ALL, ("chunks", "order")),
+    PlannerSpec("hierarchical", plan_hierarchical, (DEFAULT_COLLECTIVE,), ("chunks",),
+                large=True),
+    PlannerSpec("mcf", _mcf(), _ALL, ("chunks", "exact", "time_limit", "max_ops",
+                                      "flat_max", "check"), large=True),
+    PlannerSpec("auto", LazyPlanner("topoplan.planners.auto", "plan_auto"), _ALL,
+                ("candidates", "max_sim_ops", "max_plan_ranks"), candidate=False),
+)}
+
+
+class _Planners(dict):
+    """``name -> planner function``, kept in step with :data:`SPECS`: setting an entry
+    registers it (:func:`register`)."""
+
+    def __setitem__(self, name: str, planner: Planner) -> None:
+        register(name, planner)
+
+    def __delitem__(self, name: str) -> None:
+        dict.__delitem__(self, name)
+        SPECS.pop(name, None)
+
+    def pop(self, name: str, *default: Any) -> Any:
+        SPECS.pop(name, None)
+        return dict.pop(self, name, *default)
+
+
+#: The planner functions by name (``PLANNERS["ring"](cluster, size=...)``).
+PLANNERS: dict[str, Planner] = _Planners({name: spec.function for name, spec in SPECS.items()})
+
+
+def register(name: str, planner: Planner, *, collectives: Sequence[str] | None = None,
+             options: Sequence[str] | None = None, candidate: bool = True,
+             large: bool = False) -> Planner:
+    """Add (or replace) planner ``name``; returns ``planner``.
+
+    ``collectives`` and ``options`` declare what it plans and which keyword options it
+    takes beyond ``size``, ``profile``, ``collective``, ``max_step_ops`` and
+    ``max_chunks``; left out, they are read from its signature (every collective when it
+    takes ``collective=``).
+    """
+    params = inspect.signature(planner).parameters
+    if collectives is None:
+        collectives = _ALL if "collective" in params else (DEFAULT_COLLECTIVE,)
+    if options is None:
+        standard = {"size", "profile", "collective", "max_step_ops", "max_chunks"}
+        options = [p for p, v in params.items()
+                   if v.kind is inspect.Parameter.KEYWORD_ONLY and p not in standard]
+    SPECS[name] = PlannerSpec(name, planner, tuple(collectives), tuple(options),
+                              candidate=candidate, large=large,
+                              profile="profile" in params,
+                              caps={"max_step_ops", "max_chunks"} <= set(params))
+    dict.__setitem__(PLANNERS, name, planner)
     return planner
 
 
 def candidates() -> list[str]:
     """The planner names a comparison should run: every registered one but ``auto``."""
-    return [name for name in PLANNERS if name != "auto"]
+    return [name for name, spec in SPECS.items() if spec.candidate]
 
 
-def takes(planner: Planner, option: str) -> bool:
-    """Whether ``planner`` accepts the keyword ``option`` (or any keyword)."""
-    params = inspect.signature(planner).parameters
-    return option in params or any(p.kind is inspect.Parameter.VAR_KEYWORD
-                                   for p in params.values())
+def _spec_of(planner: Planner | str) -> PlannerSpec | None:
+    if isinstance(planner, str):
+        return SPECS.get(planner)
+    return next((s for s in SPECS.values() if s.function is planner), None)
 
 
-def collectives_of(planner: Planner) -> tuple[str, ...]:
-    """The collectives ``planner`` plans: every one when it takes ``collective=``, else
-    allreduce alone."""
-    return tuple(COLLECTIVES) if takes(planner, "collective") else (DEFAULT_COLLECTIVE,)
+def takes(planner: Planner | str, option: str) -> bool:
+    """Whether ``planner`` (a function or a name) accepts the keyword ``option``."""
+    spec = _spec_of(planner)
+    if spec is None:
+        params = inspect.signature(planner).parameters  # type: ignore[arg-type]
+        return option in params or any(p.kind is inspect.Parameter.VAR_KEYWORD
+                                       for p in params.values())
+    standard = {"size"} | ({"profile"} if spec.profile else set()) | (
+        {"max_step_ops", "max_chunks"} if spec.caps else set())
+    return (option in standard or option in spec.options
+            or (option == "collective" and len(spec.collectives) > 1))
+
+
+def collectives_of(planner: Planner | str) -> tuple[str, ...]:
+    """The collectives ``planner`` (a function or a name) plans."""
+    spec = _spec_of(planner)
+    if spec is None:
+        return _ALL if takes(planner, "collective") else (DEFAULT_COLLECTIVE,)
+    return spec.collectives
 
 
 def planners_for(collective: str, names: Sequence[str] | None = None) -> list[str]:
     """The names among ``names`` (default: every registered planner) that plan ``collective``."""
-    return [name for name in (PLANNERS if names is None else names)
-            if name in PLANNERS and collective in collectives_of(PLANNERS[name])]
+    return [name for name in (SPECS if names is None else names)
+            if name in SPECS and SPECS[name].plans(collective)]
 
 
 def require_collective(name: str, collective: Any) -> str:
@@ -106,30 +176,28 @@ def require_collective(name: str, collective: Any) -> str:
     planners that do (or, for an unknown collective, the known collectives)."""
     if not isinstance(collective, str) or collective not in COLLECTIVES:
         raise PlannerError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
-    if collective not in collectives_of(PLANNERS[name]):
+    if not SPECS[name].plans(collective):
         raise PlannerError(f"planner {name!r} plans only allreduce; {collective} is planned "
                            f"by {', '.join(planners_for(collective))}")
     return collective
 
 
-def options_of(planner: Planner) -> list[str]:
-    """The keyword options ``planner`` takes, in signature order."""
-    params = inspect.signature(planner).parameters
-    return [p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY]
-
-
-def _check_options(name: str, planner: Planner, options: dict[str, Any]) -> None:
-    params = inspect.signature(planner).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return
-    known = options_of(planner)
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise unknown_options(name, unknown, known)
+def options_of(planner: Planner | str) -> list[str]:
+    """The keyword options ``planner`` (a function or a name) takes: the request's own
+    (``size``, ``profile``, the caps, ``collective`` where it plans more than allreduce)
+    and its declared ones."""
+    spec = _spec_of(planner)
+    if spec is None:
+        params = inspect.signature(planner).parameters  # type: ignore[arg-type]
+        return [p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY]
+    out = ["size", *spec.options] + (["profile"] if spec.profile else []) + (
+        ["max_step_ops", "max_chunks"] if spec.caps else [])
+    return out + (["collective"] if len(spec.collectives) > 1 else [])
 
 
 def plan(cluster: Cluster, algorithm: str = "auto", *, size: int | str = 256 << 20,
          profile: CostProfile | str | None = None, collective: str = DEFAULT_COLLECTIVE,
+         max_step_ops: int | None = None, max_chunks: int | None = None,
          **options: Any) -> Schedule:
     """Plan ``collective`` (an allreduce) of ``size`` bytes on ``cluster`` with the named
     algorithm.
@@ -150,8 +218,12 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int | str = 256 << 
     collective : {"allreduce", "reduce_scatter", "allgather"}
         What to plan (:mod:`topoplan.collectives`); ``size`` is the full buffer (an
         allgather's output, a reduce-scatter's input).
+    max_step_ops, max_chunks : int, optional
+        Plan-size caps (planners pipeline less to fit, or raise
+        :class:`InfeasiblePlanError`).
     **options
-        Passed to the planner (``chunks``, ``order``, ``max_step_ops``, ...).
+        Passed to the planner (``chunks``, ``order``, ...; ``auto``: ``candidates``,
+        ``machine``).
 
     Returns
     -------
@@ -171,25 +243,33 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int | str = 256 << 
         number of bytes, or a collective the planner does not plan (the message lists
         the planners that do).
     """
-    planner = PLANNERS.get(algorithm)
-    if planner is None:
-        known = ", ".join(sorted(PLANNERS))
-        raise PlannerError(f"unknown algorithm {algorithm!r}; known: {known}")
-    _check_options(algorithm, planner, options)
-    require_collective(algorithm, collective)
-    if takes(planner, "collective"):
-        options["collective"] = collective
-    size = check_size(size, algorithm)
-    costs = get_profile(profile)
-    if takes(planner, "profile"):
-        options["profile"] = costs
-    schedule = planner(cluster, size=size, **options)
+    if algorithm not in SPECS:
+        raise PlannerError(f"unknown algorithm {algorithm!r}; known: {', '.join(sorted(SPECS))}")
+    machine = options.pop("machine", None)
+    request = PlanRequest.make(cluster, size=size, collective=collective, profile=profile,
+                               max_step_ops=max_step_ops, max_chunks=max_chunks,
+                               machine=machine, who=algorithm, **options)
+    if algorithm == "auto":
+        from .auto import choose
+        limits = {k: v for k, v in request.options.items()
+                  if k in ("candidates", "max_sim_ops", "max_plan_ranks")}
+        schedule = choose(request, **limits)
+    else:
+        if machine is not None:
+            raise unknown_options(algorithm, ["machine"], list(SPECS[algorithm].options))
+        schedule = run(request, algorithm)
+    return stamp(request, schedule)
+
+
+def stamp(request: PlanRequest, schedule: Schedule) -> Schedule:
+    """``schedule`` with what :func:`plan` records: the cluster's fingerprint, the size it
+    was made for, the profile and the ``nccl`` row."""
     # The size it was made for: simulate marks the sizes it runs that are not this one.
-    extra: dict[str, Any] = {META_KEY: cluster_fingerprint(cluster), "size_bytes": size}
+    extra: dict[str, Any] = {META_KEY: cluster_fingerprint(request.cluster),
+                             "size_bytes": request.size}
     if "profile" not in schedule.meta:
-        extra["profile"] = costs.name
-    from ..sim.run import nccl_row
-    choice = nccl_row(cluster, size, collective)
-    if choice is not None:
-        extra["nccl"] = choice.to_dict()
+        extra["profile"] = request.profile.name
+    nccl = nccl_candidate(request)
+    if nccl is not None and nccl.nccl is not None:
+        extra["nccl"] = nccl.nccl.to_dict()
     return schedule.with_meta(**extra)

@@ -23,21 +23,20 @@ lock-step model) and otherwise dropped, and on clusters above ``max_plan_ranks``
 
 from __future__ import annotations
 
-import time
 from typing import Any, Sequence
 
 from ..cluster import Cluster
-from ..cost import CostProfile, get_profile
+from ..cost import CostProfile
 from ..errors import InfeasiblePlanError
 from ..schedule import Schedule
-from ._common import check_cap_args, check_collective, check_size, unknown_options
+from .pipeline import (MAX_PLAN_RANKS, MAX_SIM_OPS, Candidate, PlanRequest, compare as
+                       compare_request, nccl_candidate)
 
-__all__ = ["plan_auto", "compare", "DEFAULT_CANDIDATES"]
+__all__ = ["plan_auto", "compare", "choose", "DEFAULT_CANDIDATES"]
 
+#: The planners ``auto`` compares by default (those declared candidates in
+#: :data:`topoplan.planners.SPECS`).
 DEFAULT_CANDIDATES = ("mcf", "hierarchical", "ring", "ring-topo", "tree", "rhd")
-MAX_SIM_OPS = 1_000_000
-MAX_PLAN_RANKS = 256
-_LARGE = ("mcf", "hierarchical")
 
 
 def compare(cluster: Cluster, size: int | str, candidates: Sequence[str] | None = None, *,
@@ -45,24 +44,24 @@ def compare(cluster: Cluster, size: int | str, candidates: Sequence[str] | None 
             max_chunks: int | None = None, max_sim_ops: int = MAX_SIM_OPS,
             max_plan_ranks: int = MAX_PLAN_RANKS, left_out: dict[str, str] | None = None,
             machine: Cluster | None = None, collective: str = "allreduce",
-            **options: Any) -> list[tuple[str, Schedule, Any, float]]:
+            **options: Any) -> list[Candidate]:
     """Plan and simulate every candidate under ``profile``; fastest first.
+
+    A front door to :func:`topoplan.planners.pipeline.compare`: the arguments become one
+    :class:`~topoplan.planners.pipeline.PlanRequest`.
 
     Parameters
     ----------
     cluster : Cluster
     size : int or str
-        Bytes per rank, or a size such as ``"256MiB"``.
+        Bytes of the buffer, or a size such as ``"256MiB"``.
     candidates : sequence of str, optional
-        Planner names (keys of :data:`topoplan.planners.PLANNERS`); default
-        :data:`DEFAULT_CANDIDATES` (those registered).
+        Planner names (default :data:`DEFAULT_CANDIDATES`, those that plan
+        ``collective``; above ``max_plan_ranks`` ranks only ``mcf`` and ``hierarchical``).
     profile : CostProfile or str, optional
-        The runtime's costs (default :data:`topoplan.cost.DEFAULT_PROFILE`): given to
-        the planners that take it and charged by every simulation.
+        The runtime's costs (default :data:`topoplan.cost.DEFAULT_PROFILE`).
     max_step_ops, max_chunks : int, optional
-        Plan-size caps: given to the planners that take them (they pipeline less to fit,
-        or raise :class:`InfeasiblePlanError`); a plan from a planner that does not take
-        them is checked against them afterwards.
+        Plan-size caps.
     max_sim_ops : int
         Schedules with more ops are not simulated (their report is ``None``).
     max_plan_ranks : int
@@ -71,118 +70,85 @@ def compare(cluster: Cluster, size: int | str, candidates: Sequence[str] | None 
     left_out : dict, optional
         Filled with ``name -> reason`` for the candidates left out.
     machine : Cluster, optional
-        Where the plan will run, when not on ``cluster`` itself: the candidates are
-        planned for ``cluster`` and simulated on ``machine`` (the host of a calibrated
-        profile, :meth:`~topoplan.cost.CostProfile.host_cluster`, when a plan for a
-        cluster is tried out on one machine, as ``topoplan bench`` does). It must have
-        as many ranks.
+        Where the plan will run, when not on ``cluster`` (a calibrated profile's host,
+        :meth:`~topoplan.cost.CostProfile.host_cluster`): the candidates are planned for
+        ``cluster`` and simulated on ``machine``, which must have as many ranks.
     collective : {"allreduce", "reduce_scatter", "allgather"}
-        What to plan; by default only the candidates that plan it
-        (:func:`topoplan.planners.planners_for`) are compared.
+        What to plan.
     **options
         Passed to the planners that take them.
 
     Returns
     -------
-    list of (name, schedule, report, plan_seconds)
-        ``report`` is a :class:`topoplan.simulate.SimReport` under ``profile``, or
-        ``None`` when not simulated; sorted by simulated time (unsimulated ones last,
-        by their ``meta["estimate_s"]``). Candidates that raise
-        :class:`InfeasiblePlanError` (or whose plan breaks a cap) are left out.
+    list of Candidate
+        Sorted by simulated time (unsimulated ones last, by their ``meta["estimate_s"]``);
+        each also unpacks as ``(name, schedule, report, plan_seconds)``.
 
     Raises
     ------
     InfeasiblePlanError
-        If no candidate produced a schedule (the last error is chained).
+        If no candidate produced a schedule, a candidate is unknown, or ``machine`` has
+        another rank count.
     PlannerError
         For a size that is not a positive number of bytes, a cap that is not an integer
-        >= 1, or a candidate named in ``candidates`` that does not plan ``collective``
-        (naming those that do).
-    ProfileError
-        For an unknown profile name or a bad profile file.
+        >= 1, an option no candidate takes, or a candidate that does not plan
+        ``collective`` (naming those that do).
     """
-    from . import PLANNERS, options_of, planners_for, require_collective, takes
-    from ..simulate import simulate
+    request = PlanRequest.make(cluster, size=size, collective=collective, profile=profile,
+                               max_step_ops=max_step_ops, max_chunks=max_chunks,
+                               machine=machine, who="auto", **options)
+    return compare_request(request, _names(candidates), max_sim_ops=max_sim_ops,
+                           max_plan_ranks=max_plan_ranks, left_out=left_out)
 
-    size = check_size(size, "auto")
-    costs = get_profile(profile)
-    check_cap_args(max_step_ops, max_chunks, "auto")
-    where = cluster if machine is None else machine
-    if where.nranks != cluster.nranks:
-        raise InfeasiblePlanError(f"auto: the machine {where.name!r} has {where.nranks} ranks "
-                                  f"but cluster {cluster.name!r} has {cluster.nranks}")
-    caps = {k: v for k, v in (("max_step_ops", max_step_ops), ("max_chunks", max_chunks))
-            if v is not None}
-    explicit = candidates is not None
-    collective = check_collective(collective, "auto")
-    names = list(candidates) if candidates is not None else planners_for(
-        collective, DEFAULT_CANDIDATES)
-    if not explicit and cluster.nranks > max_plan_ranks:
-        names = [c for c in names if c in _LARGE]
-    planners = {}
-    for name in names:
-        planner = PLANNERS.get(name)
-        if planner is None or name == "auto":
+
+def _names(candidates: Sequence[str] | None) -> list[str] | None:
+    if candidates is None:
+        return None
+    from . import SPECS
+    for name in candidates:
+        if name not in SPECS or name == "auto":
             raise InfeasiblePlanError(f"auto: unknown candidate {name!r}; known: "
-                                      f"{', '.join(sorted(set(PLANNERS) - {'auto'}))}")
-        require_collective(name, collective)
-        planners[name] = planner
-    # An option no candidate takes is a mistake (a misspelling), not one to drop.
-    unused = sorted(k for k in options if not any(takes(p, k) for p in planners.values()))
-    if unused:
-        known = sorted({o for p in planners.values() for o in options_of(p)} - {"size"})
-        raise unknown_options("auto", unused, known)
-    rows: list[tuple[str, Schedule, Any, float]] = []
-    last: Exception | None = None
-    if collective != "allreduce":
-        options = {**options, "collective": collective}
-    for name, planner in planners.items():
-        usable = {k: v for k, v in {**options, **caps, "profile": costs}.items()
-                  if takes(planner, k)}
-        t0 = time.perf_counter()
-        try:
-            schedule = planner(cluster, size=size, **usable)
-            if caps:
-                _check_plan(schedule, max_step_ops, max_chunks, name)
-        except InfeasiblePlanError as exc:
-            last = exc
-            if left_out is not None:
-                left_out[name] = str(exc)
-            continue
-        plan_s = time.perf_counter() - t0
-        report = None
-        if schedule.nops <= max_sim_ops:
-            report = simulate(where, schedule, size, profile=costs)
-        rows.append((name, schedule, report, plan_s))
-    if not rows:
-        raise InfeasiblePlanError(f"auto on {cluster.name!r}: no candidate produced a plan "
-                                  f"({', '.join(names)})"
-                                  + (f": {last}" if last is not None else "")) from last
-
-    def key(row: tuple[str, Schedule, Any, float]) -> tuple[int, float, int]:
-        # Ties (equal simulated time to 1e-9 relative) go to the smaller schedule.
-        _, schedule, report, _ = row
-        if report is not None:
-            return (0, float(f"{report.time_s:.9e}"), schedule.nops)
-        est = schedule.meta.get("estimate_s")
-        return (1, float(est) if isinstance(est, (int, float)) else float("inf"), schedule.nops)
-
-    rows.sort(key=key)
-    return rows
+                                      f"{', '.join(sorted(set(SPECS) - {'auto'}))}")
+    return list(candidates)
 
 
-def _check_plan(schedule: Schedule, max_step_ops: int | None, max_chunks: int | None,
-                name: str) -> None:
-    """InfeasiblePlanError when a candidate's plan breaks a cap anyway (a planner that does
-    not take the caps, or ignores them)."""
-    if max_chunks is not None and schedule.nchunks > max_chunks:
-        raise InfeasiblePlanError(f"{name}: its plan has {schedule.nchunks} chunks, over "
-                                  f"max_chunks={max_chunks} (the planner does not fit its "
-                                  "plans to the caps)")
-    if max_step_ops is not None and schedule.max_step_ops > max_step_ops:
-        raise InfeasiblePlanError(f"{name}: its plan posts {schedule.max_step_ops} ops in one "
-                                  f"step, over max_step_ops={max_step_ops} (the planner does "
-                                  "not fit its plans to the caps)")
+def choose(request: PlanRequest, candidates: Sequence[str] | None = None, *,
+           max_sim_ops: int = MAX_SIM_OPS, max_plan_ranks: int = MAX_PLAN_RANKS) -> Schedule:
+    """The fastest candidate of ``request`` in simulation, with the comparison in its meta
+    (see :func:`plan_auto`)."""
+    from dataclasses import replace
+    from types import MappingProxyType
+
+    left_out: dict[str, str] = {}
+    request = replace(request, options=MappingProxyType(
+        {k: v for k, v in request.options.items()
+         if k not in ("candidates", "max_sim_ops", "max_plan_ranks")}))
+    rows = compare_request(request, _names(candidates), max_sim_ops=max_sim_ops,
+                           max_plan_ranks=max_plan_ranks, left_out=left_out)
+    best = rows[0]
+    schedule = best.schedule
+    assert schedule is not None
+    nccl = nccl_candidate(request)
+    comparison = [{"algorithm": c.name,
+                   "time_s": c.report.time_s if c.report is not None else None,
+                   "estimate_s": c.schedule.meta.get("estimate_s") if c.schedule else None,
+                   "simulated": c.report is not None,
+                   "nops": c.schedule.nops if c.schedule else None,
+                   "plan_s": round(c.plan_s, 4), "messages": c.messages,
+                   "steps": c.schedule.nsteps if c.schedule else None,
+                   "chunks": c.schedule.nchunks if c.schedule else None,
+                   "breakdown": c.breakdown, "speedup_vs_nccl": c.speedup_over(nccl)}
+                  for c in rows]
+    inner = {k: v for k, v in schedule.meta.items()
+             if isinstance(v, (int, float, str, bool)) or v is None}
+    extra: dict[str, Any] = {"left_out": left_out} if left_out else {}
+    if request.machine is not None:
+        extra["machine"] = request.machine.name
+    return schedule.with_meta(algorithm="auto", chosen=best.name, cluster=request.cluster.name,
+                              chosen_algorithm_meta=inner, comparison=comparison,
+                              profile=request.profile.name, **extra,
+                              predicted_time_s=best.report.time_s if best.report is not None
+                              else None)
 
 
 def plan_auto(cluster: Cluster, *, size: int | str = 256 << 20,
@@ -210,7 +176,8 @@ def plan_auto(cluster: Cluster, *, size: int | str = 256 << 20,
     collective : {"allreduce", "reduce_scatter", "allgather"}
         What to plan: the candidates that plan it are compared (see :func:`compare`).
     **options
-        Passed to :func:`compare` and the planners.
+        Passed to the planners (``max_sim_ops`` and ``max_plan_ranks`` to
+        :func:`compare`).
 
     Returns
     -------
@@ -232,36 +199,8 @@ def plan_auto(cluster: Cluster, *, size: int | str = 256 << 20,
     PlannerError
         If ``size`` is not a positive number of bytes, or an option no candidate takes.
     """
-    size = check_size(size, "auto")
-    costs = get_profile(profile)
-    left_out: dict[str, str] = {}
-    rows = compare(cluster, size, candidates, profile=costs, max_step_ops=max_step_ops,
-                   max_chunks=max_chunks, left_out=left_out, machine=machine,
-                   collective=collective, **options)
-    name, schedule, report, _ = rows[0]
-    from ..sim.run import nccl_row
-    nccl = nccl_row(machine if machine is not None else cluster, size, collective)
-
-    def vs_nccl(seconds: Any) -> float | None:
-        if nccl is None or not isinstance(seconds, (int, float)) or not seconds > 0:
-            return None
-        return nccl.time_s / seconds
-
-    comparison = [{"algorithm": n, "time_s": r.time_s if r is not None else None,
-                   "estimate_s": s.meta.get("estimate_s"), "simulated": r is not None,
-                   "nops": s.nops, "plan_s": round(p, 4),
-                   "messages": r.messages if r is not None else s.nmessages,
-                   "steps": s.nsteps, "chunks": s.nchunks,
-                   "breakdown": dict(r.breakdown) if r is not None else None,
-                   "speedup_vs_nccl": vs_nccl(r.time_s if r is not None
-                                              else s.meta.get("estimate_s"))}
-                  for n, s, r, p in rows]
-    inner = {k: v for k, v in schedule.meta.items()
-             if isinstance(v, (int, float, str, bool)) or v is None}
-    extra: dict[str, Any] = {"left_out": left_out} if left_out else {}
-    if machine is not None:
-        extra["machine"] = machine.name
-    return schedule.with_meta(algorithm="auto", chosen=name, cluster=cluster.name,
-                              chosen_algorithm_meta=inner, comparison=comparison,
-                              profile=costs.name, **extra,
-                              predicted_time_s=report.time_s if report is not None else None)
+    limits = {k: options.pop(k) for k in ("max_sim_ops", "max_plan_ranks") if k in options}
+    request = PlanRequest.make(cluster, size=size, collective=collective, profile=profile,
+                               max_step_ops=max_step_ops, max_chunks=max_chunks,
+                               machine=machine, who="auto", **options)
+    return choose(request, candidates, **limits)
