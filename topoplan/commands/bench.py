@@ -34,7 +34,7 @@ from ..bench import (DTYPES, ITEMSIZE, check_sizes, format_rows, predict_rows, r
 from ..collectives import COLLECTIVES, get_collective
 from ..errors import TopoplanError, TransportError
 from ..schedule import Schedule
-from .calibrate import SHARE_GPUS_HELP
+from .calibrate import MPIEXEC_HELP, SHARE_GPUS_HELP
 from .common import sizes_arg
 
 __all__ = ["register"]
@@ -85,6 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="also print the time the simulator predicts with this calibrated cost "
                         "profile (topoplan calibrate writes one) and measured/predicted")
     p.add_argument("--json", action="store_true", help="print one JSON object with the rows")
+    p.add_argument("--mpiexec", metavar="PATH", default=None, help=MPIEXEC_HELP)
     # The launcher verified the plan already; its ranks need not do it again.
     p.add_argument("--verified", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_bench)
@@ -199,7 +200,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         schedule.save(plan_path)
         os.environ["TOPOPLAN_BENCH_PORT"] = str(_free_port())
         proc = mpiexec(nranks, _forward_argv(args, plan_path), capture=False,
-                       fault_tolerant=True)
+                       fault_tolerant=True, launcher=args.mpiexec)
     return proc.returncode
 
 
@@ -281,8 +282,8 @@ def _transport(args: argparse.Namespace) -> Any:
     except ImportError:
         raise TopoplanError("--transport torch needs PyTorch: pip install 'topoplan[torch]'") from None
     from ..transports.torch import Torch
-    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMIX_RANK", "0")))
-    size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+    from .._mpirun import rank_and_size
+    rank, size = rank_and_size() or (0, 1)
     port = os.environ.get("TOPOPLAN_BENCH_PORT", "29517")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -301,8 +302,10 @@ def _run_rank(args: argparse.Namespace) -> int:
         raise TopoplanError(f"{args.plan} is {with_article(schedule.collective)} plan but "
                             f"--collective asks for {args.collective}")
     if args.sizes is None:
-        args.sizes = _default_sizes(int(os.environ.get("OMPI_COMM_WORLD_SIZE", schedule.nranks)),
-                                    schedule.collective, args.dtype)
+        from .._mpirun import rank_and_size
+        job = rank_and_size()
+        args.sizes = _default_sizes(job[1] if job else schedule.nranks, schedule.collective,
+                                    args.dtype)
     transport = _transport(args)
     try:
         rows = run_bench(schedule, transport, args.sizes, dtype=args.dtype,

@@ -27,6 +27,12 @@ SHARE_GPUS_HELP = ("with --transport nccl: let several ranks use one GPU, for te
                    "machine with fewer GPUs than ranks; NCCL then treats each rank as a host "
                    "of its own and moves every message over its socket transport (loopback)")
 
+#: The help of ``--mpiexec`` (bench, calibrate, launch).
+MPIEXEC_HELP = ("the MPI launcher that starts the ranks: an mpiexec, mpirun or srun, as a path "
+                "or a name on PATH (default: $TOPOPLAN_MPIEXEC, else the one that fits "
+                "mpi4py's MPI library: the mpiexec next to this Python, one on PATH, or srun "
+                "in a Slurm allocation)")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -51,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="seconds a step may wait for a peer before failing (default 60)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (the profile and where it went) instead of tables")
+    p.add_argument("--mpiexec", metavar="PATH", default=None, help=MPIEXEC_HELP)
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)  # ranks -> parent
     p.set_defaults(func=cmd_calibrate)
 
@@ -91,9 +98,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     check_transport(args.transport, nranks, share_gpus=args.share_gpus)
     import tempfile
 
-    from .._mpirun import find_mpiexec, mpiexec
+    from .._mpirun import launch_command, mpiexec
     from .bench import _free_port
-    find_mpiexec()
+    launch_command(nranks, [], launcher=args.mpiexec)  # fail before the run: no launcher
     with tempfile.TemporaryDirectory(prefix="topoplan-calibrate-") as tmp:
         result = Path(tmp, "samples.json")
         argv = [sys.executable, "-m", "topoplan", "calibrate", "--transport", args.transport,
@@ -107,7 +114,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         _progress(f"launching {nranks} ranks over {args.transport}"
                   f"{' (quick)' if args.quick else ''}")
         _warn_if_busy()
-        proc = mpiexec(nranks, argv, capture=False, fault_tolerant=True)
+        proc = mpiexec(nranks, argv, capture=False, fault_tolerant=True,
+                       launcher=args.mpiexec)
         if proc.returncode != 0 or not result.exists():
             raise TopoplanError(f"the calibration run failed (mpiexec exit status "
                                 f"{proc.returncode}); the ranks' errors are above")

