@@ -226,25 +226,9 @@ class CostProfile:
     def save(self, path: str | Path, header: str = "") -> None:
         """Write the YAML form to ``path`` (atomically: a half-written file never stays),
         after ``header`` as ``#`` comment lines."""
-        import os
-        import tempfile
-        path = Path(path)
+        from ._files import atomic_write
         comment = "".join(f"# {line}".rstrip() + "\n" for line in header.splitlines())
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write(comment + self.dumps())
-            # mkstemp makes the file private (0600); give it the mode open() would.
-            mask = os.umask(0)
-            os.umask(mask)
-            os.chmod(tmp, 0o666 & ~mask)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        atomic_write(path, comment + self.dumps())
 
     def summary(self) -> str:
         """One line: ``nccl: alpha 3.4 us (box) / 9.6 us (network), op 0.5 us, ...``."""

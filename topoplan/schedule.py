@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from .collectives import (COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE, chunk_bounds, collective_of,
                           shard_chunks)
+from ._files import atomic_write  # noqa: F401 - topoplan.schedule.atomic_write, as before
 from .errors import ScheduleError, TopoplanError
 
 __all__ = ["OpKind", "Op", "send", "recv", "RankProgram", "Schedule", "load_schedule",
@@ -228,19 +228,6 @@ class Schedule:
     @classmethod
     def from_dict(cls, data: Any, source: str = "<schedule>") -> Schedule:
         return _parse(data, source)
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file, so a failure leaves nothing half-written."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def load_schedule(path: str | os.PathLike) -> Schedule:

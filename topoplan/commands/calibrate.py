@@ -271,10 +271,8 @@ def _run_rank(args: argparse.Namespace) -> int:
                 "samples": [{"label": s.label, "measured_s": s.measured_s,
                              "repeats_s": list(s.repeats_s), "calls": s.calls}
                             for s in samples]}
-        path = Path(args.result)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, path)
+        from .._files import atomic_write
+        atomic_write(args.result, json.dumps(data))
     if args.transport == "torch":
         import torch.distributed as dist
         dist.destroy_process_group()

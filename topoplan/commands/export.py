@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from ..errors import ScheduleError
-from ..schedule import atomic_write, load_schedule
+from .._files import atomic_write
+from ..schedule import load_schedule
 from .common import console, positive_int, size_arg
 
 

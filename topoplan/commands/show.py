@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from ..cluster import load_cluster
 from ..cost import get_profile
@@ -146,8 +147,19 @@ def cmd_show(args: argparse.Namespace) -> int:
             except ValueError as exc:  # an unknown planner name
                 raise TopoplanError(str(exc)) from None
         try:
-            fig.savefig(path, dpi=args.dpi)
+            _save(fig, path, args.dpi)
         except (OSError, ValueError) as exc:  # unwritable path, unknown image format
             raise TopoplanError(f"cannot write {path}: {exc}") from None
         out.print(f"wrote {path}  ({name})")
     return 0
+
+
+def _save(fig: Any, path: str | Path, dpi: float) -> None:
+    """Draw ``fig`` in memory in the format of ``path``'s extension, then write it whole
+    (:func:`topoplan._files.atomic_write`): a failed drawing leaves no partial picture."""
+    import io
+
+    from .._files import atomic_write
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=Path(path).suffix.lstrip(".").lower() or None, dpi=dpi)
+    atomic_write(path, buffer.getvalue())

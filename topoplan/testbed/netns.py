@@ -318,10 +318,9 @@ def interrupts_raise() -> Iterator[None]:
 
 def write_state(layout: Layout, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"format": "topoplan-testbed", "version": 1, "pid": os.getpid(),
-                               "created": time.time(), "layout": layout.to_dict()}, indent=1))
-    os.replace(tmp, path)
+    from .._files import atomic_write
+    atomic_write(path, json.dumps({"format": "topoplan-testbed", "version": 1, "pid": os.getpid(),
+                                   "created": time.time(), "layout": layout.to_dict()}, indent=1))
 
 
 def load_state(path: str | Path) -> Layout:

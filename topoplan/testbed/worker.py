@@ -246,8 +246,8 @@ def main(argv: list[str]) -> int:
     results = [_run_case(case, rank, nranks, comm, torch) for case in job["cases"]]
     if rank == 0:
         out = Path(job["dir"], "result.json")
-        out.with_suffix(".tmp").write_text(json.dumps(results))
-        os.replace(out.with_suffix(".tmp"), out)
+        from .._files import atomic_write
+        atomic_write(out, json.dumps(results))
     comm.close()
     return 0
 
