@@ -22,7 +22,6 @@ measured/predicted.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import sys
@@ -35,7 +34,7 @@ from ..collectives import COLLECTIVES, get_collective
 from ..errors import TopoplanError, TransportError
 from ..schedule import Schedule
 from .calibrate import MPIEXEC_HELP, SHARE_GPUS_HELP
-from .common import sizes_arg
+from .common import json_text, sizes_arg
 
 __all__ = ["register"]
 
@@ -323,7 +322,7 @@ def _run_rank(args: argparse.Namespace) -> int:
     native_name = transport.native_name_of(schedule.collective)
     if transport.rank == 0:
         if args.json:
-            print(json.dumps({
+            print(json_text({
                 "schedule": {"algorithm": schedule.algorithm, "nranks": schedule.nranks,
                              "nchunks": schedule.nchunks, "nsteps": schedule.nsteps,
                              "cluster": schedule.meta.get("cluster"),

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TopoplanError, TransportError
+from .common import json_text
 
 __all__ = ["register"]
 
@@ -124,7 +125,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     header = _header(profile, args, nranks, output, name)
     profile.save(output, header=header)
     if args.json:
-        print(json.dumps({"file": str(output), "profile": profile.to_dict()}))
+        print(json_text({"file": str(output), "profile": profile.to_dict()}))
     else:
         _print(profile, output)
     return 0
@@ -272,7 +273,7 @@ def _run_rank(args: argparse.Namespace) -> int:
                              "repeats_s": list(s.repeats_s), "calls": s.calls}
                             for s in samples]}
         from .._files import atomic_write
-        atomic_write(args.result, json.dumps(data))
+        atomic_write(args.result, json_text(data))
     if args.transport == "torch":
         import torch.distributed as dist
         dist.destroy_process_group()

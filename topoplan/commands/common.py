@@ -103,3 +103,25 @@ def status(message: str):
     """A spinner on stderr for long work (silent when stderr is not a terminal)."""
     from rich.console import Console
     return Console(stderr=True).status(message)
+
+
+def json_text(obj: Any, *, indent: int | None = None) -> str:
+    """``json.dumps`` for every ``--json`` a command prints: numpy scalars and arrays (a
+    measurement's ``numpy.bool_`` or ``float32``) become plain numbers, bools and lists,
+    paths strings and enums their values, so that no report is lost at the last step."""
+    import json
+    return json.dumps(obj, indent=indent, default=_plain)
+
+
+def _plain(value: Any) -> Any:
+    import os
+    from enum import Enum
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")

@@ -15,7 +15,6 @@ launch`` does, over the emulated links: Open MPI or torch.distributed). Needs ro
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from ..cluster import load_cluster
 from ..collectives import COLLECTIVES
 from ..errors import TopoplanError
 from ..units import format_size, parse_size
-from .common import console, table
+from .common import console, json_text, table
 
 
 TOLERANCE_PCT = 10
@@ -220,7 +219,7 @@ def _probe_all(bed, args: argparse.Namespace) -> int:  # type: ignore[no-untyped
                          progress=None if args.json else
                          (lambda line: print(line, file=sys.stderr, flush=True)))
     if args.json:
-        print(json.dumps(report.to_dict(), indent=1))
+        print(json_text(report.to_dict(), indent=1))
         return 0 if report.ok else 1
     out = console()
     alone = [c for c in report.checks if c.pattern is None]
@@ -386,9 +385,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             bed.down()
     rows = report.rows
     if args.json:
-        print(json.dumps({"cluster": cluster.name, "scale": bed.layout.scale,
-                          "nranks": cluster.nranks, "left_out": left_out,
-                          **report.to_dict()}, indent=1))
+        print(json_text({"cluster": cluster.name, "scale": bed.layout.scale,
+                         "nranks": cluster.nranks, "left_out": left_out,
+                         **report.to_dict()}, indent=1))
         return 1 if any(r.wrong for r in rows) else 0
     cal = report.calibration
     t = table("algorithm", "size", "steps", "measured (ms)", "predicted (ms)", "meas/pred",

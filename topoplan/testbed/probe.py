@@ -281,7 +281,7 @@ def predicted_rates(layout: Any, pairs: Sequence[tuple[int, int]]) -> list[float
     for p in range(len(pairs)):
         mine = [flows[f] for f, o in enumerate(owner) if o == p]
         slowest = min(mine)
-        out.append(None if not np.isfinite(slowest) or slowest <= 0 else slowest * len(mine))
+        out.append(None if not np.isfinite(slowest) or slowest <= 0 else float(slowest) * len(mine))
     return out
 
 
