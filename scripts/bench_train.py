@@ -7,8 +7,9 @@ For each rank count it launches ``mpiexec -n N`` once; each rank runs every
 configuration of scripts/train.py's ``train()`` in turn (DistributedOptimizer over the
 topoplan executor and the MPI transport, plus the MPI library's own Allreduce as a
 baseline) and rank 0 prints JSON records. The table has samples/s, test accuracy and
-the time in compute vs communication: ``comm`` is the time inside allreduce calls
-(in the background with double buffering), ``exposed`` the part the training loop
+the time in compute vs communication: ``comm`` is the wall time with gradients in flight
+(inside the allreduce calls, in the background with double buffering, or from each
+overlapped call's start until it was seen done), ``exposed`` the part the training loop
 waited for. ``--json`` prints the records instead.
 
     python scripts/bench_train.py --overlap --model wide --ranks 4 [--overlap-fusion 1048576]
@@ -120,6 +121,10 @@ def launch(n: int, args: argparse.Namespace) -> list[dict]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def table(records: list[dict]) -> str:
     head = (f"{'ranks':>5}  {'configuration':<30} {'samples/s':>10} {'steady/s':>9} "
             f"{'1st step s':>10} {'test acc':>9} {'compute s':>10} {'comm s':>8} "
@@ -129,7 +134,7 @@ def table(records: list[dict]) -> str:
         lines.append(f"{r['ranks']:>5}  {r['config']:<30} {r['samples_per_s']:>10.0f} "
                      f"{r['steady_samples_per_s']:>9.0f} {r['first_step_s']:>10.2f} "
                      f"{r['test_accuracy']:>8.2f}% {r['compute_s']:>10.2f} {r['comm_s']:>8.2f} "
-                     f"{r['comm_exposed_s']:>10.2f} {r['allreduce_calls']:>6}")
+                     f"{_seconds(r['comm_exposed_s']):>10} {r['allreduce_calls']:>6}")
     return "\n".join(lines)
 
 

@@ -15,6 +15,10 @@ fp16 / double-buffering approximations). The last line reads, e.g.::
     train: 4 ranks mpi/optimizer ring fp16 dbuf: 5234 samples/s, test accuracy 97.50%,
     compute 1.20 s, communication 0.80 s (exposed 0.10 s), wall 2.1 s
 
+"communication" is the wall time with gradients in flight, overlapped with backward or
+not; "exposed" the part the training loop waited for (under DDP, which waits inside
+backward, that part is not measured and the line says so).
+
 ``--json`` prints that line as one JSON object instead (scripts/bench_train.py reads it).
 """
 
@@ -382,16 +386,19 @@ def train(args: argparse.Namespace, world: World, progress: bool = False) -> dic
         if bar is not None:
             bar.stop()
     wall = time.perf_counter() - start
+    exposed: float | None
     if isinstance(optimizer, DistributedOptimizer):
         exposed = optimizer.wait_seconds
         compute -= exposed
         optimizer.close()
+        comm = optimizer.comm_seconds
     else:
         assert state is not None  # mode ddp
         state.close()
-        # DDP overlaps the hook with backward: only the total is known, and compute_s
-        # includes whatever part of it backward waited for.
-        exposed = float("nan")
+        # DDP waits for its hooks' Futures inside backward: the time in communication is
+        # known, the part backward waited for is not (compute_s includes it).
+        exposed = None
+        comm = state.comm_seconds
     model.eval()
     with torch.no_grad():
         accuracy = float((model(x_test).argmax(1) == y_test).float().mean()) * 100
@@ -416,10 +423,10 @@ def train(args: argparse.Namespace, world: World, progress: bool = False) -> dic
         "steady_samples_per_s": (
             (samples - args.batch_size) / (start + wall - first_step_end)
             if first_step_end is not None and total_steps > 1 else samples / wall),
-        # started calls run beside backward: only the part step() waited for is known
-        "compute_s": compute, "comm_s": (float("nan") if overlap else
-                                         stats.seconds if stats is not None else 0.0),
-        "comm_exposed_s": exposed, "allreduce_calls": stats.calls if stats is not None else 0,
+        # comm_s: wall time with gradients in flight (overlapped or not); comm_exposed_s:
+        # the part the training loop waited for (None under DDP: not measurable)
+        "compute_s": compute, "comm_s": comm, "comm_exposed_s": exposed,
+        "allreduce_calls": stats.calls if stats is not None else 0,
         "params_consistent": max(sums) - min(sums) <= 1e-6 * max(1.0, abs(sums[0])),
         "param_checksum": sums[0],
     }
@@ -448,7 +455,10 @@ def summary_line(r: dict[str, Any]) -> str:
         what += " dbuf"
     if r.get("overlap"):
         what += " overlap"
-    exposed = "" if r["comm_exposed_s"] != r["comm_exposed_s"] else f" (exposed {r['comm_exposed_s']:.2f} s)"
+    if r["comm_exposed_s"] is None:
+        exposed = " (DDP waits for it inside backward: the exposed part is not measured)"
+    else:
+        exposed = f" (exposed {r['comm_exposed_s']:.2f} s)"
     return (f"train: {what}: {r['samples_per_s']:.0f} samples/s, test accuracy "
             f"{r['test_accuracy']:.2f}%, compute {r['compute_s']:.2f} s, communication "
             f"{r['comm_s']:.2f} s{exposed}, wall {r['wall_s']:.2f} s")

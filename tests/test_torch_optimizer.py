@@ -265,6 +265,16 @@ def test_hook_returns_a_future_the_handle_completes(tmp_path):
         assert gated.started[-1].dtype == torch.float16
         assert half.wait().dtype == torch.float32 and torch.equal(half.value(),
                                                                   torch.full((4,), 1.5))
+        # Two calls in flight together for 0.2 s: communication 0.2 s, not 0.4.
+        gated.gate.clear()
+        before_comm, before_hooks = state.comm_seconds, state.hook_seconds
+        both = [allreduce_hook(state, Bucket(torch.ones(2))) for _ in range(2)]
+        import time
+        time.sleep(0.2)
+        gated.gate.set()
+        [f.wait() for f in both]
+        comm, hooks = state.comm_seconds - before_comm, state.hook_seconds - before_hooks
+        assert 0.2 <= comm < 0.3 and hooks >= 0.4, (comm, hooks)
         gated.fail = True
         failed = allreduce_hook(state, Bucket(torch.ones(3)))
         with pytest.raises(RuntimeError, match="peer 1 died"):
@@ -501,3 +511,51 @@ def test_ranks_that_saw_different_orders_keep_their_layout():
     assert layouts0 == layouts1 and layouts0[0] == [
         "side.bias", "side.weight", "body.bias", "body.weight", "head.bias", "head.weight"]
     assert torch.equal(params0, params1)
+
+
+@pytest.mark.parametrize("overlap, dbuf", [(False, False), (False, True), (True, False),
+                                           (True, True)])
+def test_the_time_in_communication_is_measured_in_every_mode(overlap, dbuf):
+    """With overlap (the default over PlannedAllreduce) the training script printed
+    'communication nan s'. comm_seconds is the wall time with an allreduce in
+    flight, wait_seconds the part step() waited for, in every mode."""
+    import math
+    import time
+
+    from topoplan.cluster import loads_cluster
+    from topoplan.torch import PlannedAllreduce
+    from topoplan.transports import Local
+
+    def rank_fn(t):
+        model, batches = model_and_data()
+        allreduce = PlannedAllreduce(loads_cluster(PAIR), t, algorithm="ring")
+        opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), allreduce,
+                                   fusion_threshold=256, overlap=overlap, double_buffering=dbuf)
+        began = time.perf_counter()
+        for x, y in batches:
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        opt.finalize()
+        opt.close()
+        return opt.comm_seconds, opt.wait_seconds, time.perf_counter() - began, len(opt.groups)
+
+    for comm, wait, wall, buffers in Local.launch(2, rank_fn, timeout=60):
+        assert buffers > 1
+        assert math.isfinite(comm) and 0 < comm <= wall, (comm, wall)
+        assert 0 <= wait <= wall
+        if not overlap and not dbuf:  # the blocking calls are all it waits for
+            assert comm <= wait
+
+
+def test_covered_counts_overlapping_calls_once():
+    import math
+
+    from topoplan.torch.optimizer import _covered
+    nan = float("nan")
+    assert _covered([]) == (0.0, -math.inf)
+    assert _covered([[0.0, 1.0], [0.5, 1.5], [3.0, 4.0]]) == pytest.approx((2.5, 4.0))
+    assert _covered([[0.0, 2.0], [0.5, 1.0]]) == pytest.approx((2.0, 2.0))  # inside another
+    assert _covered([[0.0, 1.0], [0.2, nan]]) == pytest.approx((1.0, 1.0))  # never seen done
+    # the other buffer set (double buffering) counted up to 3.5 already
+    assert _covered([[3.0, 4.0], [5.0, 6.0]], 3.5) == pytest.approx((1.5, 6.0))

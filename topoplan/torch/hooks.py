@@ -93,6 +93,9 @@ class TopoplanHookState:
         self.algorithm = algorithm
         self.allreduce = allreduce
         self.hook_seconds = 0.0   # wall time from each hook's start to its Future's result
+        # Wall time with a call in flight (time when several were counted once).
+        self.comm_seconds = 0.0
+        self._last_done = 0.0
         self._cond = threading.Condition()
         self._inflight: list[tuple[Any, torch.futures.Future, Callable[[], torch.Tensor],
                                    float]] = []
@@ -147,7 +150,12 @@ class TopoplanHookState:
                 result = exc
             with self._cond:
                 self._inflight.pop(0)
-                self.hook_seconds += time.perf_counter() - began
+                now = time.perf_counter()
+                self.hook_seconds += now - began
+                # Calls finish in start order: each adds the time since it began or
+                # since the one before it finished, whichever is later.
+                self.comm_seconds += now - max(began, self._last_done)
+                self._last_done = now
             if isinstance(result, BaseException):
                 future.set_exception(result)
             else:

@@ -89,6 +89,26 @@ def _stop_pollers() -> None:
         optimizer._stop_poller()
 
 
+def _seen_done(calls: list[Any], spans: list[list[float]]) -> None:
+    """Stamp the calls a poll sees done with the time (``spans[i]``: [start, done])."""
+    now = 0.0
+    for call, span in zip(calls, spans):
+        if span[1] != span[1] and call is not None and getattr(call[2], "done", False):
+            now = now or time.perf_counter()
+            span[1] = now
+
+
+def _covered(spans: list[list[float]], reach: float = -math.inf) -> tuple[float, float]:
+    """Seconds covered by the [start, done] intervals (overlaps counted once) after
+    ``reach``, the end of the time already counted; and the new end."""
+    total = 0.0
+    for start, done in sorted(s for s in spans if s[1] == s[1]):
+        if done > reach:
+            total += done - max(start, reach)
+            reach = done
+    return total, reach
+
+
 #: Seconds between the overlap thread's polls of the calls in flight; 0: no thread (the
 #: gradient hooks alone poll). On 4 ranks sharing 2 cores it costs more compute than it
 #: hides (scripts/bench_train.py --overlap); with spare cores it keeps MPI moving.
@@ -130,6 +150,17 @@ class DistributedOptimizer:
         With overlap: seconds between the progress thread's polls of the buffers in
         flight (each poll may move a call one step on); 0: no thread, the gradient
         hooks alone poll. Default :data:`POLL_INTERVAL`.
+
+    Attributes
+    ----------
+    comm_seconds : float
+        Wall time with the gradients' allreduce in flight: inside the blocking calls
+        (no overlap; with double buffering, in the background thread), or with overlap
+        from each call's start until a poll saw it done, counting time when several
+        were in flight once. So it compares with the time of a blocking exchange.
+    wait_seconds : float
+        The part of it :meth:`step` (and :meth:`finalize`) waited for: the exposed
+        communication; the rest ran beside forward and backward.
 
     Raises
     ------
@@ -192,6 +223,8 @@ class DistributedOptimizer:
         self.steps = 0               # step() calls so far
         self.applied = 0             # inner optimizer steps taken
         self.wait_seconds = 0.0      # time step() spent blocked on communication
+        self.comm_seconds = 0.0      # time with an allreduce in flight (see Attributes)
+        self._reach = -math.inf      # where the time counted in comm_seconds ends
         self._synced = False         # synchronize() already ran for this step
         self._ready = False          # p.grad holds averaged gradients to apply
         self._pending: Future | None = None
@@ -255,6 +288,8 @@ class DistributedOptimizer:
         self._started = 0                    # buffers of this step started so far
         self._calls: list[list[tuple[torch.Tensor, Any, Any] | None]] = [
             [None] * len(self.groups) for _ in range(nsets)]
+        # ... and when each started and when a poll first saw it done (comm_seconds).
+        self._spans: list[list[list[float]]] = [[] for _ in range(nsets)]
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
@@ -343,6 +378,8 @@ class DistributedOptimizer:
         call = self._calls[which][started - 1] if started else None
         if call is not None:
             call[2].test()  # moves every call in flight on the transport
+        for calls, spans in zip(self._calls, self._spans):  # both sets: double buffering
+            _seen_done(calls, spans)
 
     def _start_ready(self, everything: bool = False) -> None:
         """Start the full buffers in index order (``everything``: the rest too)."""
@@ -355,6 +392,7 @@ class DistributedOptimizer:
             flat = self._pack_group(self.groups[index], which)
             wire, ctx = self.compression.compress(flat)
             calls[index] = (wire, ctx, start(wire))
+            self._spans[which].append([time.perf_counter(), math.nan])
             self._missing[index] = 0
             self._started += 1
         if self._started and self.poll_interval > 0 and getattr(
@@ -390,13 +428,18 @@ class DistributedOptimizer:
                 assert call is not None
                 wire, ctx, handle = call
                 handle.wait()
+                _seen_done(calls[index:index + 1], self._spans[which][index:index + 1])
                 flat = self.groups[index].buffers[which]
                 restored = self.compression.decompress(wire, ctx)
                 if restored.data_ptr() != flat.data_ptr():
                     flat.copy_(restored)
         finally:
             self.wait_seconds += time.perf_counter() - began
+            # Double buffering: the other set's calls may have been in flight meanwhile.
+            covered, self._reach = _covered(self._spans[which], self._reach)
+            self.comm_seconds += covered
             self._calls[which] = [None] * len(self.groups)
+            self._spans[which] = []
         return True
 
     def _next_step(self) -> None:
@@ -404,6 +447,13 @@ class DistributedOptimizer:
         self._started = 0
 
     def _reduce(self, buffers: list[torch.Tensor]) -> None:
+        began = time.perf_counter()
+        try:
+            self._reduce_all(buffers)
+        finally:
+            self.comm_seconds += time.perf_counter() - began
+
+    def _reduce_all(self, buffers: list[torch.Tensor]) -> None:
         for flat in buffers:
             wire, ctx = self.compression.compress(flat)
             self.allreduce(wire)
