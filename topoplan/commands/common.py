@@ -10,9 +10,30 @@ from rich.console import Console
 from rich.table import Table
 
 
+def is_terminal(stream: Any = None) -> bool:
+    """Whether to draw colour, spinners and progress bars on ``stream`` (default stdout).
+
+    A terminal, unless ``NO_COLOR`` is set or ``TERM`` is ``dumb``. In an MPI rank, only
+    when the launching topoplan's own output is a terminal (``TOPOPLAN_TERMINAL=1``, set
+    by :mod:`topoplan._mpirun`): Open MPI gives each rank a pseudo-terminal even when
+    mpiexec writes into a pipe or a log file, so the rank's ``isatty()`` says nothing.
+    """
+    import os
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    from .._mpirun import ENV_TERMINAL, inside_mpi
+    if inside_mpi():
+        return os.environ.get(ENV_TERMINAL) == "1"
+    try:
+        return bool((stream or sys.stdout).isatty())
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False
+
+
 def console() -> Console:
     # Wide enough that tables do not wrap when piped into a file or CI log.
-    return Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+    return Console(width=None if sys.stdout.isatty() else 160, highlight=False,
+                   force_terminal=is_terminal(sys.stdout))
 
 
 def table(*columns: str, title: str | None = None) -> Table:
@@ -100,9 +121,9 @@ def add_profile_argument(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def status(message: str):
-    """A spinner on stderr for long work (silent when stderr is not a terminal)."""
-    from rich.console import Console
-    return Console(stderr=True).status(message)
+    """A spinner on stderr for long work (silent when stderr is not a terminal:
+    :func:`is_terminal`)."""
+    return Console(stderr=True, force_terminal=is_terminal(sys.stderr)).status(message)
 
 
 def json_text(obj: Any, *, indent: int | None = None) -> str:
