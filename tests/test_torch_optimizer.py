@@ -284,6 +284,70 @@ def test_hook_returns_a_future_the_handle_completes(tmp_path):
         dist.destroy_process_group()
 
 
+def test_hook_state_is_a_context_manager_that_closes_and_collects(tmp_path):
+    """``with register(...) as state:`` replaces ``state.close(); gc.collect()`` by hand:
+    leaving the block stops the progress thread and collects the reference
+    cycles training left, also when the block raises."""
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+    from topoplan.torch import TopoplanHookState, allreduce_hook
+
+    class Bucket:
+        def __init__(self, tensor):
+            self.tensor = tensor
+
+        def buffer(self):
+            return self.tensor
+
+    class Cycle:
+        pass
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    gc.disable()  # only the state's exit may collect the cycle
+    try:
+        gated = _GatedAllreduce()
+        gated.gate.set()
+        with TopoplanHookState(allreduce=gated) as state:
+            assert allreduce_hook(state, Bucket(torch.ones(2))).wait().sum() == 6
+            thread = state._thread
+            cycle = Cycle()
+            cycle.me = cycle
+            left = weakref.ref(cycle)
+            del cycle
+        assert not thread.is_alive() and left() is None
+        with pytest.raises(RuntimeError, match="in the block"):
+            with TopoplanHookState(allreduce=gated) as failing:
+                allreduce_hook(failing, Bucket(torch.ones(2))).wait()
+                raise RuntimeError("in the block")
+        assert failing._closed and not failing._thread.is_alive()
+    finally:
+        gc.enable()
+        dist.destroy_process_group()
+
+
+def test_distributed_optimizer_is_a_context_manager():
+    from topoplan.cluster import loads_cluster
+    from topoplan.torch import PlannedAllreduce
+    from topoplan.transports import Local
+
+    def rank_fn(t):
+        model, batches = model_and_data()
+        allreduce = PlannedAllreduce(loads_cluster(PAIR), t, algorithm="ring")
+        with DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), allreduce,
+                                  double_buffering=True) as opt:
+            for x, y in batches[:2]:
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+            opt.finalize()
+        return opt._hooks, opt._poller
+
+    for hooks, poller in Local.launch(2, rank_fn, timeout=60):
+        assert hooks == [] and poller is None
+
+
 # ---- overlap: buffers started from the gradient hooks during backward ---------------------
 
 PAIR = ("name: pair\nswitches: [{name: s}]\nboxes:\n"

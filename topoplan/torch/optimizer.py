@@ -589,6 +589,13 @@ class DistributedOptimizer:
         self._hooks = []
         self._stop_poller()
 
+    def __enter__(self) -> DistributedOptimizer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        """:meth:`close` (it does not apply pending gradients: :meth:`finalize` does)."""
+        self.close()
+
     def _stop_poller(self) -> None:
         self._closing = True
         self._polling.set()
