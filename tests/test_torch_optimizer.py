@@ -118,8 +118,10 @@ def test_synchronous_step_averages_and_fusion_does_not_change_it():
 
 def test_double_buffering_sequence_single_process():
     model, batches = model_and_data()
-    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                               FakeWorld(1), compression=Compression.none, double_buffering=True)
+    with pytest.warns(UserWarning, match="one step late"):  # momentum 0.9: the sequence is the point
+        opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   FakeWorld(1), compression=Compression.none,
+                                   double_buffering=True)
     seen = [params(model)]
     for x, y in batches:
         opt.zero_grad()
@@ -623,3 +625,23 @@ def test_covered_counts_overlapping_calls_once():
     assert _covered([[0.0, 1.0], [0.2, nan]]) == pytest.approx((1.0, 1.0))  # never seen done
     # the other buffer set (double buffering) counted up to 3.5 already
     assert _covered([[3.0, 4.0], [5.0, 6.0]], 3.5) == pytest.approx((1.5, 6.0))
+
+
+def test_double_buffering_warns_about_high_momentum():
+    """Double buffering applies gradients one step late; with momentum >= 0.9 SGD on the
+    digits CNN loses accuracy or diverges where synchronous training converges."""
+    import warnings
+
+    model = nn.Linear(4, 2)
+    with pytest.warns(UserWarning, match=r"one step late, and momentum 0\.9 .*lower the "
+                                         r"learning rate or the momentum") as caught:
+        DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                             FakeWorld(2), double_buffering=True)
+    assert caught[0].filename == __file__  # points at the caller's line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for momentum, dbuf in ((0.5, True), (0.9, False), (0.0, True)):
+            DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum),
+                                 FakeWorld(2), double_buffering=dbuf)
+        DistributedOptimizer(torch.optim.Adam(model.parameters()), FakeWorld(2),
+                             double_buffering=True)  # no momentum key: betas are its own
