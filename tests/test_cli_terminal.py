@@ -100,3 +100,55 @@ def test_the_training_progress_bar_stays_out_of_a_pipe_under_mpiexec():
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1].startswith("train: 2 ranks mpi/optimizer")
     assert ESC not in done.stdout + done.stderr
+
+
+# ---- long work says what it is doing -------------------------------------------------
+
+def test_a_status_outside_a_terminal_is_quiet_when_quick_and_a_plain_line_when_long(
+        monkeypatch, capsys):
+    import time
+
+    from topoplan import _progress
+    from topoplan.commands import common
+
+    monkeypatch.setattr(common, "QUIET_S", 0.3)
+    with common.status("quick ..."):
+        _progress.step("a step")
+    with common.status("planning ..."):
+        time.sleep(0.6)  # past QUIET_S with no step: the message
+        for i in range(12):  # a step every 0.1 s: a line at most every QUIET_S
+            _progress.step(f"step {i}")
+            time.sleep(0.1)
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert lines[0] == "topoplan: planning ..." and ESC not in err
+    assert 2 <= len(lines) <= 5 and all(ln.startswith("topoplan: step ") for ln in lines[1:])
+    _progress.step("nobody listens")  # outside a status: nothing, no error
+    assert capsys.readouterr().err == ""
+
+
+def test_show_and_plan_say_which_figure_and_which_candidate(monkeypatch, capsys, tmp_path):
+    from topoplan.cli import main
+    from topoplan.commands import common
+
+    monkeypatch.setattr(common, "QUIET_S", 0.0)  # every step shows, as after a long wait
+    assert main(["show", DDL, "-a", "ring", "--size", "1MiB", "--figures", "cluster,sweep",
+                 "--sweep-algorithms", "ring,rhd", "--sizes", "1KiB,1MiB",
+                 "-o", str(tmp_path / "p.png")]) == 0
+    err = capsys.readouterr().err
+    assert ESC not in err
+    for line in ("topoplan: drawing the cluster figure ...", "topoplan: sweep: ring at 1KiB ...",
+                 "topoplan: sweep: rhd at 1MiB ..."):
+        assert line in err.splitlines(), err
+    assert main(["plan", DDL, "--candidates", "ring,mcf"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert "topoplan: ring: planning 4 ranks ..." in err and any(
+        ln.startswith("topoplan: mcf: simulating ") for ln in err), err
+
+
+def test_on_a_terminal_the_status_line_shows_the_step():
+    code = ("import time\nfrom topoplan import _progress\nfrom topoplan.commands.common import status\n"
+            "with status('planning ...'):\n"
+            "    _progress.step('mcf: planning 256 ranks ...')\n    time.sleep(0.5)\n")
+    out = _in_a_terminal([sys.executable, "-c", code], _env())
+    assert "planning ... mcf: planning 256 ranks ..." in out and ESC in out

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from rich.console import Console
 from rich.table import Table
@@ -120,10 +121,50 @@ def add_profile_argument(parser: argparse.ArgumentParser, what: str) -> None:
                              f"(default {DEFAULT_PROFILE})")
 
 
-def status(message: str):
-    """A spinner on stderr for long work (silent when stderr is not a terminal:
-    :func:`is_terminal`)."""
-    return Console(stderr=True, force_terminal=is_terminal(sys.stderr)).status(message)
+#: Seconds of work before a status shows in a pipe or a log: quick commands stay quiet.
+QUIET_S = 2.0
+
+
+@contextmanager
+def status(message: str) -> Iterator[None]:
+    """Show on stderr what the work inside the block is doing, with each step it reports
+    (:func:`topoplan._progress.step`). On a terminal (:func:`is_terminal`): a spinner
+    line, rewritten at each step and gone at the end. Elsewhere (a pipe, a log): nothing
+    for :data:`QUIET_S` seconds, then a plain line ``topoplan: ...`` saying what it is
+    doing, and one more for a step at most every :data:`QUIET_S` seconds."""
+    import threading
+    import time
+
+    from .._progress import listening
+    if is_terminal(sys.stderr):
+        with Console(stderr=True, force_terminal=True).status(message) as line:
+            with listening(lambda text: line.update(f"{message} {text}")):
+                yield
+        return
+    lock = threading.Lock()
+    now = [message]  # the message, then the last step
+    last = [time.perf_counter()]  # when the last line was shown (or the work began)
+    shown = [False]
+
+    def show() -> None:
+        with lock:
+            shown[0] = True
+            last[0] = time.perf_counter()
+            print(f"topoplan: {now[0]}", file=sys.stderr, flush=True)
+
+    def on_step(text: str) -> None:
+        now[0] = text
+        if time.perf_counter() - last[0] >= QUIET_S:
+            show()
+
+    timer = threading.Timer(QUIET_S, lambda: None if shown[0] else show())
+    timer.daemon = True
+    timer.start()
+    try:
+        with listening(on_step):
+            yield
+    finally:
+        timer.cancel()
 
 
 def json_text(obj: Any, *, indent: int | None = None) -> str:

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 from ..cluster import Cluster
 from ..cost import CostProfile, get_profile
+from .._progress import step
 from ..errors import InfeasiblePlanError
 from ..schedule import Schedule
 from ._common import check_cap_args, check_collective, check_size, unknown_options
@@ -137,6 +138,7 @@ def compare(cluster: Cluster, size: int, candidates: Sequence[str] | None = None
     for name, planner in planners.items():
         usable = {k: v for k, v in {**options, **caps, "profile": costs}.items()
                   if takes(planner, k)}
+        step(f"{name}: planning {cluster.nranks} ranks ...")
         t0 = time.perf_counter()
         try:
             schedule = planner(cluster, size=size, **usable)
@@ -150,6 +152,7 @@ def compare(cluster: Cluster, size: int, candidates: Sequence[str] | None = None
         plan_s = time.perf_counter() - t0
         report = None
         if schedule.nops <= max_sim_ops:
+            step(f"{name}: simulating {schedule.nops} ops ...")
             report = simulate(where, schedule, size, profile=costs)
         rows.append((name, schedule, report, plan_s))
     if not rows:
