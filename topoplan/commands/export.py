@@ -40,6 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-fuse", action="store_true",
                         help="keep recv and send as separate steps on separate thread blocks")
     parser.add_argument("--name", help="the algorithm's name (default topoplan-<planner>)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also say why a layout was not used (the checker's findings)")
     parser.set_defaults(func=cmd_export)
 
 
@@ -58,8 +60,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     algo = result.algo
     text = to_xml(algo)
     err = console() if args.output else None
-    for note in result.notes:
-        print(f"topoplan: note: {note}", file=sys.stderr)
+    # One short line per note; why a layout was not used (a deadlock the checker found,
+    # as many lines as thread blocks) only with --verbose.
+    hint = " (--verbose says why)" if result.details and not args.verbose else ""
+    for i, note in enumerate(result.notes):
+        print(f"topoplan: note: {note}{hint if i == len(result.notes) - 1 else ''}",
+              file=sys.stderr)
+    for detail in result.details if args.verbose else []:
+        print(f"topoplan: note: {detail}", file=sys.stderr)
     # msccl_lifecycle.cc: NCCL's count (per rank for reducescatter and allgather) must
     # be a multiple of nchunksperloop
     count = "element count" if algo.coll == "allreduce" else "count per rank"
