@@ -350,9 +350,11 @@ def train(args: argparse.Namespace, world: World, progress: bool = False) -> dic
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                    TimeRemainingColumn)
 
+        from rich.console import Console
         bar = Progress(TextColumn("[bold]epoch {task.fields[epoch]}"), BarColumn(),
                        MofNCompleteColumn(), TextColumn("loss {task.fields[loss]:.3f}"),
-                       TimeRemainingColumn(), transient=False)
+                       TimeRemainingColumn(), transient=False,
+                       console=Console(force_terminal=True))  # main() asked is_terminal
         task = bar.add_task("train", total=args.epochs * steps_per_epoch, epoch=0, loss=float("nan"))
         bar.start()
     total_steps = args.epochs * steps_per_epoch
@@ -512,8 +514,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         world = detect_world(args.launcher)
+        # A bar only on a terminal: not into pipes and logs (not in MPI ranks, which
+        # Open MPI gives a pseudo-terminal, unless topoplan launched them from one).
+        from topoplan.commands.common import is_terminal
         result = train(args, world, progress=world.rank == 0 and not args.no_progress
-                       and not args.json)
+                       and not args.json and is_terminal(sys.stdout))
     except TopoplanError as exc:
         print(f"train: error: {exc}", file=sys.stderr)
         return 1

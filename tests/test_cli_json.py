@@ -1,5 +1,5 @@
-"""Every ``--json`` a command prints is JSON, from a real run (issue 31: ``testbed bench
---json`` lost the whole run to ``Object of type bool is not JSON serializable``, a numpy
+"""Every ``--json`` a command prints is JSON, from a real run (``testbed bench --json``
+lost the whole run to ``Object of type bool is not JSON serializable``, a numpy
 bool of the network probe's report).
 
 The helper all the paths print through (``json_text``) is tested with numpy values and

@@ -1,6 +1,5 @@
 """topoplan._files: every file topoplan writes has the mode open() gives, and a failed
-write leaves nothing behind (issue 31: plans, XML and YAML came out -rw------- under
-umask 022)."""
+write leaves nothing behind (plans, XML and YAML came out -rw------- under umask 022)."""
 
 from __future__ import annotations
 

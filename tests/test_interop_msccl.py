@@ -637,3 +637,56 @@ def test_cli_reduce_scatter_error_names_the_file(tmp_path, capsys):
     assert "bad.xml:1" in err and "coll" in err and "msccl-tools' name" in err
     assert "reducescatter" in err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_the_cluster_fingerprint_goes_through_the_xml_and_back(tmp_path):
+    """Export writes the plan's cluster fingerprint as an <algo> attribute the executor
+    ignores; import puts it back, so the imported plan is still refused elsewhere."""
+    from topoplan.fingerprint import META_KEY, check_fingerprint, cluster_fingerprint
+    from topoplan.interop.msccl import FINGERPRINT_ATTR
+
+    cluster = load_topology("ddl_two_switch")
+    mark = cluster_fingerprint(cluster)
+    schedule = topoplan.plan(cluster, algorithm="ring", size=1 << 20).with_meta(
+        cluster_fingerprint=mark)
+    algo = export_msccl(schedule).algo
+    text = to_xml(algo)
+    head = text.splitlines()[0]
+    assert f' {FINGERPRINT_ATTR}="{mark}">' in head
+    assert head.count('="') <= 16  # the executor's parser keeps 16 attributes (MAX_ATTR_COUNT)
+    again = parse_msccl(text)
+    assert again == algo and again.cluster_fingerprint == mark
+    back = import_msccl(again)
+    assert back.meta[META_KEY] == mark
+    check_fingerprint(back, cluster, plan="back.json", cluster_file="ddl.yaml", force=False)
+    other = load_topology("dgx1_v100")
+    with pytest.raises(ScheduleError, match="was planned for another cluster"):
+        check_fingerprint(back, other, plan="back.json", cluster_file="dgx1.yaml", force=False)
+    # A plan without one (older plans, files of other tools): none is invented.
+    planned = topoplan.plan(cluster, algorithm="ring", size=1 << 20)
+    unmarked = dataclasses.replace(planned, meta={k: v for k, v in planned.meta.items()
+                                                  if k != META_KEY})
+    bare = export_msccl(unmarked).algo
+    assert FINGERPRINT_ATTR not in to_xml(bare)
+    assert META_KEY not in import_msccl(parse_msccl(to_xml(bare))).meta
+
+
+def test_export_says_in_one_line_that_it_fell_back(tmp_path, capsys):
+    """mcf on ddl_two_switch: fused thread blocks could deadlock, the export falls back to
+    separate send and receive thread blocks. One short line says so; the checker's
+    account of the deadlock (a line per thread block) only with --verbose."""
+    cluster = "topologies/ddl_two_switch.yaml"
+    plan, xml = tmp_path / "mcf.json", tmp_path / "mcf.xml"
+    assert main(["plan", cluster, "-a", "mcf", "-o", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["export", str(plan), "-o", str(xml)]) == 0
+    notes = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("topoplan: note")]
+    assert notes == ["topoplan: note: fused thread blocks failed the MSCCL check; exported "
+                     "with separate send and receive thread blocks (--verbose says why)"]
+    assert main(["export", str(plan), "-o", str(xml), "--verbose"]) == 0
+    err = capsys.readouterr().err
+    assert "tbs cannot move" in err and "(--verbose says why)" not in err
+    assert main(["import", "msccl", str(xml), "-o", str(tmp_path / "back.json")]) == 0
+    back = json.loads((tmp_path / "back.json").read_text())
+    assert back["meta"]["cluster_fingerprint"] == json.loads(plan.read_text())["meta"][
+        "cluster_fingerprint"]

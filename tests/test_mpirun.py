@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from topoplan._mpirun import (ENV_LAUNCHER, ENV_RANK_MARK, MPI_ENV, Flavour, Launcher,
-                              choose_launcher, find_launcher, inside_mpi, launch_command,
-                              mpi_library, parse_launcher_version, parse_library_version,
-                              probe, rank_and_size)
+from topoplan._mpirun import (ENV_LAUNCHER, ENV_RANK_MARK, ENV_TERMINAL, MPI_ENV, Flavour,
+                              Launcher, choose_launcher, find_launcher, inside_mpi,
+                              launch_command, mpi_library, parse_launcher_version,
+                              parse_library_version, probe, rank_and_size)
 from topoplan.errors import TopoplanError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,7 +86,7 @@ SRUN_L = Launcher("/usr/bin/srun", Flavour.SRUN, "23.02.7")
 
 
 @pytest.mark.parametrize("candidates, library, chosen, note", [
-    # The GPU machine of issue 31: the system MPI is Open MPI 4.1.6 and mpi4py uses it.
+    # A GPU machine whose system MPI is Open MPI 4.1.6, which mpi4py is built on.
     ([WHEEL, SYSTEM], LIB_OPEN_MPI_4, SYSTEM, None),
     ([WHEEL, SYSTEM], LIB_OPEN_MPI_5, WHEEL, None),
     ([WHEEL, SYSTEM, SRUN_L], LIB_OPEN_MPI_4, SYSTEM, None),
@@ -136,6 +136,7 @@ def test_each_kind_gets_only_the_options_it_knows():
         run = launch_command(4, argv, fault_tolerant=True, launcher=other)
         assert run.command == [other.path, "-n", "4", *argv]
         added = {k: v for k, v in run.env.items() if os.environ.get(k) != v}
+        added.pop(ENV_TERMINAL, None)
         assert added == {ENV_RANK_MARK: other.flavour.value}
         assert len(run.notes) == 1 and "has no fault tolerance" in run.notes[0]
 
@@ -190,8 +191,8 @@ def _topoplan(*args: str, env: dict[str, str], cwd: Path) -> subprocess.Complete
     (["calibrate", "-n", "2", "-o", "out.yaml", "--quick"], "env"),
 ])
 def test_an_open_mpi_4_launcher_gets_no_open_mpi_5_options(command, how, tmp_path):
-    """Issue 31: on a machine whose mpiexec is Open MPI 4, bench / calibrate / launch
-    passed ``--with-ft ulfm`` and died with ``unknown option "--with-ft"``."""
+    """On a machine whose mpiexec is Open MPI 4, bench / calibrate / launch passed
+    ``--with-ft ulfm`` and died with ``unknown option "--with-ft"``; no more."""
     pytest.importorskip("mpi4py")
     fake = _fake_open_mpi_4(tmp_path / "bin")
     env = {k: v for k, v in os.environ.items() if k != ENV_LAUNCHER}

@@ -95,3 +95,43 @@ def test_notebook_runs(path, kernel_dir, monkeypatch):
             for cell in nb.cells if cell.cell_type == "code"]
     assert sum(pngs) > 0, f"{path.name} shows no picture"
     assert max(pngs) == 1, f"{path.name}: a cell shows {max(pngs)} pictures"
+
+
+def _root_code(path: Path) -> str:
+    """The notebook's code up to ``ROOT = ...``: its imports and how it finds the checkout."""
+    nb = json.loads(path.read_text())
+    source = "".join(next(cell["source"] for cell in nb["cells"] if cell["cell_type"] == "code"
+                          and "ROOT = " in "".join(cell["source"])))
+    head, _, _ = source.partition("ROOT = repository_root()\n")
+    assert head != source, f"{path.name}: no ROOT = repository_root() line"
+    return head + "ROOT = repository_root()\nprint(ROOT)\n"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_a_notebook_copied_out_of_the_checkout_finds_it_or_says_why(path, tmp_path):
+    """A notebook copied out of the repository used to die with a bare StopIteration
+    looking for the repository root."""
+    import shutil
+    import subprocess
+
+    code = _root_code(path)
+    elsewhere = tmp_path / "work"
+    elsewhere.mkdir()
+    # topoplan imported from this checkout: the checkout is found from the package
+    found = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, capture_output=True,
+                           text=True, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                           "MPLBACKEND": "Agg"}, timeout=120)
+    assert found.returncode == 0, found.stderr
+    assert Path(found.stdout.strip()) == ROOT
+    # topoplan installed without the checkout (a copy of the package alone): a clear error
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "topoplan", site / "topoplan",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    lost = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(site),
+                                          "MPLBACKEND": "Agg"}, timeout=120)
+    assert lost.returncode == 1 and "StopIteration" not in lost.stderr
+    assert lost.stderr.strip().splitlines()[-1] == (
+        f"FileNotFoundError: no topologies/ folder in {elsewhere}, above it, or beside the "
+        "topoplan package: open this notebook inside a topoplan checkout (its notebooks/ "
+        "folder), or set ROOT = Path('/path/to/topoplan') by hand")

@@ -60,7 +60,7 @@ def test_readme_training_commands_run_as_typed():
     assert shown.stdout.strip() == commands[1].replace(".venv/", f"{venv}/")
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    # The time in communication is a number in both (issue 31: overlapped runs said nan).
+    # The time in communication is a number in both (overlapped runs used to say nan).
     runs = [([*make, "EPOCHS=1"],
              r"train: 4 ranks mpi/optimizer auto( \([a-z/-]+\))? fp16 dbuf overlap: .*"
              r"communication \d+\.\d\d s \(exposed \d+\.\d\d s\), wall"),

@@ -118,8 +118,10 @@ def test_synchronous_step_averages_and_fusion_does_not_change_it():
 
 def test_double_buffering_sequence_single_process():
     model, batches = model_and_data()
-    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                               FakeWorld(1), compression=Compression.none, double_buffering=True)
+    with pytest.warns(UserWarning, match="one step late"):  # momentum 0.9: the sequence is the point
+        opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   FakeWorld(1), compression=Compression.none,
+                                   double_buffering=True)
     seen = [params(model)]
     for x, y in batches:
         opt.zero_grad()
@@ -282,6 +284,70 @@ def test_hook_returns_a_future_the_handle_completes(tmp_path):
         state.close()
     finally:
         dist.destroy_process_group()
+
+
+def test_hook_state_is_a_context_manager_that_closes_and_collects(tmp_path):
+    """``with register(...) as state:`` replaces ``state.close(); gc.collect()`` by hand:
+    leaving the block stops the progress thread and collects the reference
+    cycles training left, also when the block raises."""
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+    from topoplan.torch import TopoplanHookState, allreduce_hook
+
+    class Bucket:
+        def __init__(self, tensor):
+            self.tensor = tensor
+
+        def buffer(self):
+            return self.tensor
+
+    class Cycle:
+        pass
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    gc.disable()  # only the state's exit may collect the cycle
+    try:
+        gated = _GatedAllreduce()
+        gated.gate.set()
+        with TopoplanHookState(allreduce=gated) as state:
+            assert allreduce_hook(state, Bucket(torch.ones(2))).wait().sum() == 6
+            thread = state._thread
+            cycle = Cycle()
+            cycle.me = cycle
+            left = weakref.ref(cycle)
+            del cycle
+        assert not thread.is_alive() and left() is None
+        with pytest.raises(RuntimeError, match="in the block"):
+            with TopoplanHookState(allreduce=gated) as failing:
+                allreduce_hook(failing, Bucket(torch.ones(2))).wait()
+                raise RuntimeError("in the block")
+        assert failing._closed and not failing._thread.is_alive()
+    finally:
+        gc.enable()
+        dist.destroy_process_group()
+
+
+def test_distributed_optimizer_is_a_context_manager():
+    from topoplan.cluster import loads_cluster
+    from topoplan.torch import PlannedAllreduce
+    from topoplan.transports import Local
+
+    def rank_fn(t):
+        model, batches = model_and_data()
+        allreduce = PlannedAllreduce(loads_cluster(PAIR), t, algorithm="ring")
+        with DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), allreduce,
+                                  double_buffering=True) as opt:
+            for x, y in batches[:2]:
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+            opt.finalize()
+        return opt._hooks, opt._poller
+
+    for hooks, poller in Local.launch(2, rank_fn, timeout=60):
+        assert hooks == [] and poller is None
 
 
 # ---- overlap: buffers started from the gradient hooks during backward ---------------------
@@ -516,8 +582,8 @@ def test_ranks_that_saw_different_orders_keep_their_layout():
 @pytest.mark.parametrize("overlap, dbuf", [(False, False), (False, True), (True, False),
                                            (True, True)])
 def test_the_time_in_communication_is_measured_in_every_mode(overlap, dbuf):
-    """Issue 31: with overlap (the default over PlannedAllreduce) the training script
-    printed 'communication nan s'. comm_seconds is the wall time with an allreduce in
+    """With overlap (the default over PlannedAllreduce) the training script printed
+    'communication nan s'. comm_seconds is the wall time with an allreduce in
     flight, wait_seconds the part step() waited for, in every mode."""
     import math
     import time
@@ -559,3 +625,23 @@ def test_covered_counts_overlapping_calls_once():
     assert _covered([[0.0, 1.0], [0.2, nan]]) == pytest.approx((1.0, 1.0))  # never seen done
     # the other buffer set (double buffering) counted up to 3.5 already
     assert _covered([[3.0, 4.0], [5.0, 6.0]], 3.5) == pytest.approx((1.5, 6.0))
+
+
+def test_double_buffering_warns_about_high_momentum():
+    """Double buffering applies gradients one step late; with momentum >= 0.9 SGD on the
+    digits CNN loses accuracy or diverges where synchronous training converges."""
+    import warnings
+
+    model = nn.Linear(4, 2)
+    with pytest.warns(UserWarning, match=r"one step late, and momentum 0\.9 .*lower the "
+                                         r"learning rate or the momentum") as caught:
+        DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                             FakeWorld(2), double_buffering=True)
+    assert caught[0].filename == __file__  # points at the caller's line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for momentum, dbuf in ((0.5, True), (0.9, False), (0.0, True)):
+            DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum),
+                                 FakeWorld(2), double_buffering=dbuf)
+        DistributedOptimizer(torch.optim.Adam(model.parameters()), FakeWorld(2),
+                             double_buffering=True)  # no momentum key: betas are its own

@@ -74,7 +74,7 @@ def test_two_and_four_ranks_match_one_rank_accuracy():
         assert r["chosen"] == [r["algorithm"]], label          # the planner we asked for ran
         assert r["allreduce_calls"] >= r["steps"], label
         assert r["params_consistent"], f"{label}: ranks ended with different models"
-        # the time in communication, overlapped or not (issue 31: nan when overlapped)
+        # the time in communication, overlapped or not (it was nan when overlapped)
         assert 0 < r["comm_s"] < r["wall_s"] and 0 <= r["comm_exposed_s"] <= r["wall_s"], label
         assert abs(r["test_accuracy"] - one["test_accuracy"]) <= 1.0, (
             f"{label}: {r['test_accuracy']:.2f}% vs 1 rank {one['test_accuracy']:.2f}%")

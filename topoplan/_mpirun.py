@@ -26,7 +26,9 @@ What each launcher is given
     Where the launcher has no fault tolerance, ``fault_tolerant`` gives a one-line note:
     a rank that dies then ends the whole job instead of a TransportError naming it.
     Every rank gets ``TOPOPLAN_LAUNCHER`` (the launcher's kind), so that
-    :func:`inside_mpi` knows it was started as a rank whatever the launcher.
+    :func:`inside_mpi` knows it was started as a rank whatever the launcher, and
+    ``TOPOPLAN_TERMINAL`` ("1" when this process writes to a terminal), so that ranks
+    draw progress and colour only then.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import sys
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from .errors import TopoplanError
 
@@ -52,6 +54,9 @@ __all__ = ["Flavour", "Launcher", "Launch", "parse_launcher_version", "parse_lib
 ENV_LAUNCHER = "TOPOPLAN_MPIEXEC"
 #: Set in every rank's environment, to the launcher's kind (:class:`Flavour` name).
 ENV_RANK_MARK = "TOPOPLAN_LAUNCHER"
+#: Set in every rank's environment: "1" when the launching process writes to a terminal
+#: (Open MPI gives ranks a pseudo-terminal whatever mpiexec writes to).
+ENV_TERMINAL = "TOPOPLAN_TERMINAL"
 
 #: What Open MPI 5 needs here (root, more ranks than cores).
 MPI_ENV = {
@@ -354,7 +359,8 @@ def launch_command(nranks: int, argv: Sequence[str], *, fault_tolerant: bool = F
     if fault_tolerant and not launcher.fault_tolerant:
         notes.append(f"{launcher.mpi} has no fault tolerance (Open MPI 5's --with-ft ulfm): "
                      "a rank that dies ends the whole job, with no error naming it")
-    env = {**os.environ, **extra, ENV_RANK_MARK: kind.value}
+    env = {**os.environ, **extra, ENV_RANK_MARK: kind.value,
+           ENV_TERMINAL: "1" if _isatty(sys.stdout) and _isatty(sys.stderr) else "0"}
     return Launch([*command, *argv], env, launcher, tuple(notes))
 
 
@@ -363,6 +369,13 @@ def mpiexec_command(nranks: int, argv: Sequence[str], *, fault_tolerant: bool = 
     """:func:`launch_command`'s command and environment (its notes left out)."""
     launch = launch_command(nranks, argv, fault_tolerant=fault_tolerant, launcher=launcher)
     return launch.command, launch.env
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # replaced by an object without it, or closed
+        return False
 
 
 def note(text: str) -> None:

@@ -7,8 +7,9 @@ import os
 import re
 import sys
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Iterator, Literal, Sequence
 
 from rich import box
 from rich.cells import cell_len
@@ -16,11 +17,31 @@ from rich.console import Console
 from rich.table import Table
 
 
+def is_terminal(stream: Any = None) -> bool:
+    """Whether to draw colour, spinners and progress bars on ``stream`` (default stdout).
+
+    A terminal, unless ``NO_COLOR`` is set or ``TERM`` is ``dumb``. In an MPI rank, only
+    when the launching topoplan's own output is a terminal (``TOPOPLAN_TERMINAL=1``, set
+    by :mod:`topoplan._mpirun`): Open MPI gives each rank a pseudo-terminal even when
+    mpiexec writes into a pipe or a log file, so the rank's ``isatty()`` says nothing.
+    """
+    import os
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    from .._mpirun import ENV_TERMINAL, inside_mpi
+    if inside_mpi():
+        return os.environ.get(ENV_TERMINAL) == "1"
+    try:
+        return bool((stream or sys.stdout).isatty())
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False
+
+
 def console() -> Console:
     """Standard output: a terminal's width, or $COLUMNS when set (rich reads it); piped
     without $COLUMNS, wide enough that notes do not wrap in a file or CI log."""
     wide = None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 160
-    return Console(width=wide, highlight=False)
+    return Console(width=wide, highlight=False, force_terminal=is_terminal(sys.stdout))
 
 
 #: Sphinx roles (``:func:`~topoplan.plan```) and inline literals (````x````) in docstrings.
@@ -234,10 +255,50 @@ def add_profile_argument(parser: argparse.ArgumentParser, what: str) -> None:
                              f"(default {DEFAULT_PROFILE})")
 
 
-def status(message: str):
-    """A spinner on stderr for long work (silent when stderr is not a terminal)."""
-    from rich.console import Console
-    return Console(stderr=True).status(message)
+#: Seconds of work before a status shows in a pipe or a log: quick commands stay quiet.
+QUIET_S = 2.0
+
+
+@contextmanager
+def status(message: str) -> Iterator[None]:
+    """Show on stderr what the work inside the block is doing, with each step it reports
+    (:func:`topoplan._progress.step`). On a terminal (:func:`is_terminal`): a spinner
+    line, rewritten at each step and gone at the end. Elsewhere (a pipe, a log): nothing
+    for :data:`QUIET_S` seconds, then a plain line ``topoplan: ...`` saying what it is
+    doing, and one more for a step at most every :data:`QUIET_S` seconds."""
+    import threading
+    import time
+
+    from .._progress import listening
+    if is_terminal(sys.stderr):
+        with Console(stderr=True, force_terminal=True).status(message) as line:
+            with listening(lambda text: line.update(f"{message} {text}")):
+                yield
+        return
+    lock = threading.Lock()
+    now = [message]  # the message, then the last step
+    last = [time.perf_counter()]  # when the last line was shown (or the work began)
+    shown = [False]
+
+    def show() -> None:
+        with lock:
+            shown[0] = True
+            last[0] = time.perf_counter()
+            print(f"topoplan: {now[0]}", file=sys.stderr, flush=True)
+
+    def on_step(text: str) -> None:
+        now[0] = text
+        if time.perf_counter() - last[0] >= QUIET_S:
+            show()
+
+    timer = threading.Timer(QUIET_S, lambda: None if shown[0] else show())
+    timer.daemon = True
+    timer.start()
+    try:
+        with listening(on_step):
+            yield
+    finally:
+        timer.cancel()
 
 
 def json_text(obj: Any, *, indent: int | None = None) -> str:

@@ -44,6 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object: what was written (and the XML itself "
                              "without -o), its notes")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also say why a layout was not used (the checker's findings)")
     parser.set_defaults(func=cmd_export)
 
 
@@ -72,10 +74,17 @@ def cmd_export(args: argparse.Namespace) -> int:
             "proto": args.proto, "max_thread_blocks": result.max_tbs,
             "max_steps_per_thread_block": result.max_steps, "fused_steps": result.fused,
             "checked": True, "notes": list(result.notes),
+            "details": list(result.details) if args.verbose else [],
             "xml": None if args.output else text}))
         return 0
-    for note in result.notes:
-        print(f"topoplan: note: {note}", file=sys.stderr)
+    # One short line per note; why a layout was not used (a deadlock the checker found,
+    # as many lines as thread blocks) only with --verbose.
+    hint = " (--verbose says why)" if result.details and not args.verbose else ""
+    for i, note in enumerate(result.notes):
+        print(f"topoplan: note: {note}{hint if i == len(result.notes) - 1 else ''}",
+              file=sys.stderr)
+    for detail in result.details if args.verbose else []:
+        print(f"topoplan: note: {detail}", file=sys.stderr)
     # msccl_lifecycle.cc: NCCL's count (per rank for reducescatter and allgather) must
     # be a multiple of nchunksperloop
     count = "element count" if algo.coll == "allreduce" else "count per rank"

@@ -79,10 +79,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         elif args.algorithm not in names:
             names = named + names
     left_out: dict[str, str] = {}
-    with status(f"planning and simulating candidates for {cluster.nranks} ranks ...") as st:
-        def progress(name: str) -> None:
-            st.update(f"planning and simulating {name} for {cluster.nranks} ranks ...")
-        rows = compare(request, names, left_out=left_out, progress=progress)
+    with status(f"planning and simulating candidates for {cluster.nranks} ranks ..."):
+        rows = compare(request, names, left_out=left_out)
         nccl = nccl_candidate(request)
     if args.algorithm == "auto":
         chosen = rows[0]  # compare() sorts fastest first

@@ -20,7 +20,7 @@ from ..cluster import load_cluster
 from ..cost import get_profile
 from ..errors import ScheduleError, TopoplanError
 from ..units import format_size, format_time
-from .common import add_profile_argument, console, size_arg, sizes_arg
+from .common import add_profile_argument, console, size_arg, sizes_arg, status
 
 FIGURES = ("cluster", "timeline", "links", "sweep")
 # The sweep plans and simulates every planner at every size: seconds on a small cluster,
@@ -103,32 +103,36 @@ def cmd_show(args: argparse.Namespace) -> int:
     report = None
     schedule = None
     if needs_report:
-        if args.plan:
-            from ..schedule import load_schedule
+        doing = (f"simulating {args.plan}" if args.plan else
+                 f"planning ({args.algorithm or 'auto'}) and simulating")
+        with status(f"{doing} at {format_size(args.size)} ..."):
+            if args.plan:
+                from ..schedule import load_schedule
 
-            schedule = load_schedule(args.plan)
-            if schedule.nranks != cluster.nranks:
-                raise ScheduleError(f"{args.plan}: the schedule has {schedule.nranks} ranks but "
-                                    f"{args.cluster} has {cluster.nranks}; plan it for this cluster")
-            from ..fingerprint import check_fingerprint
-            check_fingerprint(schedule, cluster, plan=args.plan, cluster_file=args.cluster,
+                schedule = load_schedule(args.plan)
+                if schedule.nranks != cluster.nranks:
+                    raise ScheduleError(f"{args.plan}: the schedule has {schedule.nranks} "
+                                        f"ranks but {args.cluster} has {cluster.nranks}; plan "
+                                        "it for this cluster")
+                from ..fingerprint import check_fingerprint
+                check_fingerprint(schedule, cluster, plan=args.plan, cluster_file=args.cluster,
+                                  force=args.force)
+            else:
+                try:
+                    from ..planners import plan
+                except ImportError as exc:  # a partial installation: say what is missing
+                    raise TopoplanError(f"planning needs topoplan.planners ({exc}); pass a "
+                                        "PLAN.json or --figures sweep-free") from None
+
+                kwargs = {"size": args.size, "profile": costs}
+                if args.algorithm:
+                    kwargs["algorithm"] = args.algorithm
+                schedule = plan(cluster, **kwargs)
+            from ..simulate import simulate
+
+            report = simulate(cluster, schedule, args.size, profile=costs, record=True,
                               force=args.force)
-        else:
-            try:
-                from ..planners import plan
-            except ImportError as exc:  # a partial installation: say what is missing
-                raise TopoplanError(f"planning needs topoplan.planners ({exc}); pass a "
-                                    "PLAN.json or --figures sweep-free") from None
-
-            kwargs = {"size": args.size, "profile": costs}
-            if args.algorithm:
-                kwargs["algorithm"] = args.algorithm
-            schedule = plan(cluster, **kwargs)
-        from ..simulate import simulate
-
-        report = simulate(cluster, schedule, args.size, profile=costs, record=True,
-                          force=args.force)
-        from ..bound import rsag_bound
+            from ..bound import rsag_bound
         summary = {"algorithm": report.algorithm, "size_bytes": args.size,
                    "profile": costs.name, "time_s": report.time_s,
                    "lower_bound_s": report.lower_bound_s,
@@ -145,25 +149,26 @@ def cmd_show(args: argparse.Namespace) -> int:
                       f"{format_time(summary['rsag_bound_s'])}")
 
     for name, path in paths.items():
-        if name == "cluster":
-            fig = viz.draw_cluster(cluster, report, color_by=args.color_by)
-        elif name == "timeline":
-            fig = viz.timeline(report, schedule)
-        elif name == "links":
-            fig = viz.link_utilisation(report, k=args.top, cluster=cluster)
-        else:
-            sizes = args.sizes or list(viz.sweep.DEFAULT_SIZES)
+        with status(f"drawing the {name} figure ..."):
+            if name == "cluster":
+                fig = viz.draw_cluster(cluster, report, color_by=args.color_by)
+            elif name == "timeline":
+                fig = viz.timeline(report, schedule)
+            elif name == "links":
+                fig = viz.link_utilisation(report, k=args.top, cluster=cluster)
+            else:
+                sizes = args.sizes or list(viz.sweep.DEFAULT_SIZES)
+                try:
+                    fig = viz.size_sweep(cluster, algorithms=args.sweep_algorithms, sizes=sizes,
+                                         profile=costs)
+                except ImportError as exc:
+                    raise TopoplanError(f"the sweep needs topoplan.planners ({exc})") from None
+                except ValueError as exc:  # an unknown planner name
+                    raise TopoplanError(str(exc)) from None
             try:
-                fig = viz.size_sweep(cluster, algorithms=args.sweep_algorithms, sizes=sizes,
-                                     profile=costs)
-            except ImportError as exc:
-                raise TopoplanError(f"the sweep needs topoplan.planners ({exc})") from None
-            except ValueError as exc:  # an unknown planner name
-                raise TopoplanError(str(exc)) from None
-        try:
-            _save(fig, path, args.dpi)
-        except (OSError, ValueError) as exc:  # unwritable path, unknown image format
-            raise TopoplanError(f"cannot write {path}: {exc}") from None
+                _save(fig, path, args.dpi)
+            except (OSError, ValueError) as exc:  # unwritable path, unknown image format
+                raise TopoplanError(f"cannot write {path}: {exc}") from None
         if not args.json:
             out.print(f"wrote {path}  ({name})", soft_wrap=True)
     if args.json:

@@ -45,8 +45,13 @@ from .xmlfile import Element, parse_xml, read_xml
 __all__ = [
     "Step", "ThreadBlock", "Gpu", "Algo", "Limits", "CheckReport",
     "parse_msccl", "read_msccl", "to_xml", "limit_violations", "check_msccl",
-    "STEP_TYPES", "PROTOCOLS", "COLLECTIVES", "CHECKED",
+    "STEP_TYPES", "PROTOCOLS", "COLLECTIVES", "CHECKED", "FINGERPRINT_ATTR",
 ]
+
+#: The ``<algo>`` attribute in which topoplan's export records the cluster fingerprint
+#: of the plan. The executor's parser (msccl_parser.h) keeps up to 16 attributes per
+#: element (MAX_ATTR_COUNT; ``<algo>`` has 10 without it) and looks up only those it knows.
+FINGERPRINT_ATTR = "topoplanCluster"
 
 PROTOCOLS = ("Simple", "LL", "LL128")
 #: The collectives the executor's parser knows (``mscclGetAlgoFromXmlFile``).
@@ -136,6 +141,9 @@ class Algo:
 
     ``min_bytes``/``max_bytes`` are the ``minBytes``/``maxBytes`` attributes (the
     message sizes the executor picks the algorithm for; ``maxBytes=0`` means no limit).
+    ``cluster_fingerprint`` is the :data:`FINGERPRINT_ATTR` attribute a file topoplan
+    exported carries (the cluster the plan was made for, :mod:`topoplan.fingerprint`;
+    ``""`` when absent): executors ignore it, topoplan's importer keeps it in the plan.
     ``file`` names the source in errors (not compared).
     """
 
@@ -151,6 +159,7 @@ class Algo:
     max_bytes: int
     gpus: tuple[Gpu, ...]
     file: str = field(default="<algo>", compare=False)
+    cluster_fingerprint: str = ""
 
 
 # --------------------------------------------------------------------------- parsing
@@ -443,7 +452,8 @@ def _parse_root(root: Element, file: str) -> Algo:
                          f"{', '.join(map(str, missing[:8]))}"
                          f"{', ...' if len(missing) > 8 else ''}", "ngpus")
     return Algo(name, proto, nchannels, nchunks, ngpus, coll, inplace, outofplace,
-                min_bytes, max_bytes, tuple(gpus[g] for g in range(ngpus)), file=file)
+                min_bytes, max_bytes, tuple(gpus[g] for g in range(ngpus)), file=file,
+                cluster_fingerprint=root.attrs.get(FINGERPRINT_ATTR, ""))
 
 
 def parse_msccl(text: str | bytes, file: str = "<string>") -> Algo:
@@ -514,7 +524,11 @@ def to_xml(algo: Algo) -> str:
            f'nchannels="{algo.nchannels}" nchunksperloop="{algo.nchunksperloop}" '
            f'ngpus="{algo.ngpus}" coll="{_attr_value(algo.coll, "coll", algo.file)}" '
            f'inplace="{int(algo.inplace)}" outofplace="{int(algo.outofplace)}" '
-           f'minBytes="{algo.min_bytes}" maxBytes="{algo.max_bytes}">']
+           f'minBytes="{algo.min_bytes}" maxBytes="{algo.max_bytes}"']
+    if algo.cluster_fingerprint:
+        value = _attr_value(algo.cluster_fingerprint, FINGERPRINT_ATTR, algo.file)
+        out[0] += f' {FINGERPRINT_ATTR}="{value}"'
+    out[0] += ">"
     for gpu in algo.gpus:
         out.append(f'  <gpu id="{gpu.id}" i_chunks="{gpu.i_chunks}" '
                    f'o_chunks="{gpu.o_chunks}" s_chunks="{gpu.s_chunks}">')

@@ -52,12 +52,13 @@ from __future__ import annotations
 import bisect
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Sequence
 
 from ..collectives import collective_of, shard_chunks
 from ..errors import PlannerError, ScheduleError
+from ..fingerprint import META_KEY
 from ..schedule import OpKind, Schedule
 from .msccl import (MAX_NODES, STEP_TYPES, Algo, Gpu, Limits, Step, ThreadBlock,
                     check_msccl, limit_violations)
@@ -73,7 +74,8 @@ class ExportResult:
     """An exported algorithm and what the export decided."""
 
     algo: Algo
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # one short line each
+    details: list[str] = field(default_factory=list)  # why a layout was not used
     fused: int = 0          # fused steps (rrcs, rrs, rcs) per instance
     segments: int = 1       # channels per instance
     max_steps: int = 0      # the longest thread block, nops included
@@ -836,6 +838,7 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
     sharded = collective_of(schedule).sharded
     bounds, note = _unit_grid(schedule.chunks, schedule.nranks if sharded else 0)
     notes = [note] if note else []
+    details: list[str] = []
     space = _Space(coll, schedule.nranks, bounds[-1], channels)
     name = name or f"topoplan-{schedule.algorithm}"
     max_cnt = limits.max_count - 1
@@ -893,8 +896,9 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
             last_error = exc
             if fused_try and len(attempts) > 1:
                 misfits.append(f"fused thread blocks fail the MSCCL check: {exc}")
-                notes.append(f"fused thread blocks failed the check ({exc}); "
-                             "exported with separate send and receive thread blocks")
+                notes.append("fused thread blocks failed the MSCCL check; exported with "
+                             "separate send and receive thread blocks")
+                details.append(f"fused thread blocks: {exc}")
                 continue
             raise ScheduleError(f"{name}: the exported algorithm fails the MSCCL check: {exc}"
                                 ) from None
@@ -902,6 +906,9 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
         break
     if last_error is not None:  # pragma: no cover - the loop raises or breaks
         raise last_error
-    return ExportResult(algo=algo, notes=notes, fused=nfused, segments=nseg,
+    fingerprint = schedule.meta.get(META_KEY)
+    if isinstance(fingerprint, str) and fingerprint:
+        algo = replace(algo, cluster_fingerprint=fingerprint)
+    return ExportResult(algo=algo, notes=notes, details=details, fused=nfused, segments=nseg,
                         max_steps=max(len(tb.steps) for g in algo.gpus for tb in g.tbs),
                         max_tbs=max(len(g.tbs) for g in algo.gpus))

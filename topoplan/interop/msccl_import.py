@@ -671,6 +671,8 @@ def import_msccl(algo: Algo, *, check: bool = True) -> Schedule:
                 f"does not verify ({exc}); it uses an order or a buffer trick a step-by-step "
                 "schedule cannot express")
             continue
+        if algo.cluster_fingerprint:  # exported by topoplan: the cluster it was planned for
+            schedule = schedule.with_meta(cluster_fingerprint=algo.cluster_fingerprint)
         return schedule
     assert failure is not None
     raise failure

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
+from .._progress import step
 from ..collectives import COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE
 from ..cost import CostProfile, get_profile
 from ..errors import InfeasiblePlanError, PlannerError
@@ -337,7 +338,8 @@ def compare(request: PlanRequest, names: Sequence[str] | None = None, *,
     left_out : dict, optional
         Filled with ``name -> reason`` for the candidates that could not meet the caps.
     progress : callable, optional
-        Called with each planner's name before it plans.
+        Called with each planner's name before it plans (each step is also told to
+        :func:`topoplan._progress.step`, which the CLI's status line shows).
 
     Returns
     -------
@@ -373,6 +375,7 @@ def compare(request: PlanRequest, names: Sequence[str] | None = None, *,
     for spec in specs:
         if progress is not None:
             progress(spec.name)
+        step(f"{spec.name}: planning {request.cluster.nranks} ranks ...")
         options = {k: v for k, v in request.options.items() if k in spec.options}
         t0 = time.perf_counter()
         try:
@@ -385,6 +388,7 @@ def compare(request: PlanRequest, names: Sequence[str] | None = None, *,
         plan_s = time.perf_counter() - t0
         report = None
         if schedule.nops <= max_sim_ops:
+            step(f"{spec.name}: simulating {schedule.nops} ops ...")
             report = simulate(request.where, schedule, request.size, profile=request.profile)
         rows.append(Candidate(spec.name, schedule, report, plan_s))
     if not rows:

@@ -2,8 +2,14 @@
 
 Same contract as ``torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py``::
 
-    state = TopoplanHookState(cluster, algorithm="ring")
-    ddp.register_comm_hook(state, allreduce_hook)          # or fp16_compress_hook
+    with TopoplanHookState(cluster, algorithm="ring") as state:
+        ddp.register_comm_hook(state, allreduce_hook)      # or fp16_compress_hook
+        train(ddp)
+    dist.destroy_process_group()
+
+(or ``with register(ddp, cluster) as state:``). Leaving the block closes the state and
+collects the reference cycles training left (see :meth:`TopoplanHookState.__exit__`);
+``state.close()`` and ``gc.collect()`` by hand do the same.
 
 Each hook takes ``(state, bucket: dist.GradBucket)`` and returns a
 ``torch.futures.Future[torch.Tensor]`` holding the averaged bucket. The state plans
@@ -25,6 +31,7 @@ an active exception``, seen on about half of 2-rank gloo runs).
 # No ``from __future__ import annotations`` here: DDP checks the hook's annotations
 # against dist.GradBucket and Future[Tensor] as objects, and strings fail that check.
 import atexit
+import gc
 import threading
 import time
 import weakref
@@ -171,6 +178,17 @@ class TopoplanHookState:
             thread.join()
         _OPEN.discard(self)
 
+    def __enter__(self) -> "TopoplanHookState":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        """:meth:`close`, then collect reference cycles: training leaves some that keep
+        the gloo process group alive, and one still alive when the interpreter shuts
+        down aborts the process (``terminate called without an active exception``);
+        so leave the block before ``dist.destroy_process_group()``."""
+        self.close()
+        gc.collect()
+
 
 #: States whose progress thread runs; closed at exit (see the module docstring).
 _OPEN: "weakref.WeakSet[TopoplanHookState]" = weakref.WeakSet()
@@ -224,7 +242,8 @@ def register(ddp: torch.nn.parallel.DistributedDataParallel, cluster: Any = None
              algorithm: str = "auto", fp16: bool = False, **state_kwargs: Any) -> TopoplanHookState:
     """Build a :class:`TopoplanHookState` and register the right hook on ``ddp``.
 
-    Returns the state (its ``allreduce.stats`` hold the communication time).
+    Returns the state (``comm_seconds``: the time in communication), a context manager:
+    ``with register(ddp, cluster) as state: ...``.
     """
     state = TopoplanHookState(cluster, algorithm=algorithm,
                               process_group=ddp.process_group, **state_kwargs)

@@ -9,7 +9,8 @@ import numpy as np
 from ..cluster import Cluster
 from ..cost import CostProfile, get_profile
 from ..errors import TopoplanError
-from ..units import bus_factor
+from .._progress import step
+from ..units import bus_factor, format_size
 from ._common import matplotlib, new_figure, size_formatter
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,6 +48,7 @@ def sweep_rows(cluster: Cluster, algorithms: Iterable[str] | None = None,
     failed: dict[str, str] = {}
     for name in names:
         for size in sizes:
+            step(f"sweep: {name} at {format_size(size)} ...")
             try:
                 schedule = plan(cluster, algorithm=name, size=size, profile=costs)
                 report = simulate(cluster, schedule, size, profile=costs)
