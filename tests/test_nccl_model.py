@@ -337,3 +337,26 @@ def test_the_model_cache_keeps_no_cluster_alive():
     gc.collect()
     assert gone() is None
     assert (len(_MODELS), len(_LINKS)) == (before[0] - 1, before[1] - 1)
+
+
+def test_export_nccl_tuner_from_the_cli(tmp_path, capsys):
+    import json
+
+    from topoplan.cli import main
+    out = tmp_path / "nccl_tuner.conf"
+    cluster = str(TOPOLOGIES[0].parent / "ddl_two_switch.yaml")
+    assert main(["export", "--format", "nccl-tuner", cluster, "-o", str(out)]) == 0
+    assert "rules for 4 ranks on 4 nodes" in capsys.readouterr().out
+    text = out.read_text()
+    assert _rules(text) and text.startswith("# NCCL example tuner plugin rules")
+    assert oct(out.stat().st_mode & 0o777) in ("0o644", "0o664", "0o666")
+    assert main(["export", "--format", "nccl-tuner", cluster, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["nranks"] == 4 and len(data["lines"]) == data["rules"]
+    assert data["lines"] == [",".join(rule) for rule in _rules(text)]
+    # A plan is not what NCCL's tuner takes.
+    plan = tmp_path / "plan.json"
+    assert main(["plan", cluster, "--candidates", "ring", "-o", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["export", "--format", "nccl-tuner", str(plan)]) == 1
+    assert "takes a cluster file" in capsys.readouterr().err

@@ -1,4 +1,6 @@
-"""``topoplan export PLAN.json --format msccl``: a plan as an MSCCL XML algorithm."""
+"""``topoplan export PLAN.json --format msccl``: a plan as an MSCCL XML algorithm;
+``topoplan export CLUSTER.yaml --format nccl-tuner``: the rules of NCCL's example tuner
+plugin for a cluster, from the NCCL model."""
 
 from __future__ import annotations
 
@@ -10,21 +12,27 @@ from pathlib import Path
 from ..errors import ScheduleError
 from .._files import atomic_write
 from ..schedule import load_schedule
-from .common import console, positive_int, size_arg
+from .common import console, json_text, positive_int, size_arg, status
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "export", help="write a plan in another tool's format (MSCCL XML)",
-        description="Write a schedule (an allreduce, a reduce-scatter or an allgather: "
-                    "topoplan plan --collective) as an MSCCL XML algorithm that "
-                    "msccl-executor-nccl and RCCL run (docs/INTEROP.md). The result passes "
+        "export", help="write a plan in another tool's format (MSCCL XML), or NCCL's tuner "
+                       "rules for a cluster",
+        description="msccl (default): write a schedule (an allreduce, a reduce-scatter or an "
+                    "allgather: topoplan plan --collective) as an MSCCL XML algorithm that "
+                    "msccl-executor-nccl and RCCL run (docs/INTEROP.md); the result passes "
                     "topoplan's MSCCL checker and the executor's limits, or nothing is "
-                    "written.")
-    parser.add_argument("plan", help="schedule JSON file")
-    parser.add_argument("--format", choices=["msccl"], default="msccl",
+                    "written. nccl-tuner: write, for a cluster file, the configuration of "
+                    "NCCL's example tuner plugin (plugins/tuner/example): per size range the "
+                    "algorithm, protocol and channels the NCCL model prices fastest on this "
+                    "fabric, with a comment where NCCL's own tuner would pick otherwise "
+                    "(docs/NCCL_MODEL.md).")
+    parser.add_argument("plan", metavar="PLAN|CLUSTER",
+                        help="schedule JSON file (msccl), or cluster YAML file (nccl-tuner)")
+    parser.add_argument("--format", choices=["msccl", "nccl-tuner"], default="msccl",
                         help="output format (default msccl)")
-    parser.add_argument("-o", "--output", metavar="ALGO.xml",
+    parser.add_argument("-o", "--output", metavar="FILE",
                         help="write here (default: print to stdout)")
     parser.add_argument("--proto", choices=["Simple", "LL", "LL128"], default="Simple",
                         help="NCCL protocol the executor runs it with (default Simple)")
@@ -50,6 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    if args.format == "nccl-tuner":
+        return _nccl_tuner(args)
     from ..interop.msccl import Limits, to_xml
     from ..interop.msccl_export import export_msccl
 
@@ -97,6 +107,42 @@ def cmd_export(args: argparse.Namespace) -> int:
         atomic_write(Path(args.output), text)
         assert err is not None
         err.print(f"wrote {args.output}: {summary}", soft_wrap=True)
+    else:
+        sys.stdout.write(text)
+        print(summary, file=sys.stderr)
+    return 0
+
+
+def _nccl_tuner(args: argparse.Namespace) -> int:
+    """``--format nccl-tuner``: the tuner plugin's rules for the cluster file given."""
+    from ..cluster import load_cluster
+    from ..interop.nccl_tuner import tuner_config, tuner_rules
+    from ..native.nccl import nccl_model
+
+    path = Path(args.plan)
+    if path.suffix == ".json":
+        raise ScheduleError(f"{args.plan}: --format nccl-tuner takes a cluster file (YAML), "
+                            "not a plan: NCCL's tuner chooses among NCCL's own algorithms")
+    cluster = load_cluster(path)
+    with status(f"pricing NCCL's algorithms on {cluster.name} ..."):
+        text = tuner_config(cluster, command=f"topoplan export --format nccl-tuner {args.plan}")
+        rules = tuner_rules(cluster)
+    model = nccl_model(cluster)
+    differ = sum(rule.overrides for rule in rules)
+    if args.output:
+        atomic_write(Path(args.output), text)
+    if args.json:
+        print(json_text({
+            "cluster": cluster.name, "format": "nccl-tuner", "output": args.output,
+            "nnodes": model.nnodes, "nranks": model.nranks, "rules": len(rules),
+            "differ_from_nccl": differ,
+            "lines": [rule.line(model.nnodes, model.nranks) for rule in rules],
+            "text": None if args.output else text}))
+        return 0
+    summary = (f"{len(rules)} rules for {model.nranks} ranks on {model.nnodes} nodes, "
+               f"{differ} where the fabric makes another choice than NCCL's own")
+    if args.output:
+        console().print(f"wrote {args.output}: {summary}", soft_wrap=True)
     else:
         sys.stdout.write(text)
         print(summary, file=sys.stderr)
