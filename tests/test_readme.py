@@ -83,3 +83,31 @@ def test_readme_shell_commands_need_nothing_on_path():
         for line in (ln.split("#")[0].strip() for ln in lines):
             if line:
                 assert line.startswith(("make ", ".venv/bin/")), line
+
+
+def test_readme_walkthrough_runs_as_typed(tmp_path):
+    """The new user's path, from their own cluster file to a real run: the README's
+    my-cluster.yaml, then every command of the two blocks after it, in a fresh folder,
+    with the virtualenv running this test."""
+    pytest.importorskip("mpi4py")
+    text = (ROOT / "README.md").read_text()
+    cluster = next(b for b in re.findall(r"```yaml\n(.*?)```", text, re.S)
+                   if "my-cluster" in b)
+    (tmp_path / "my-cluster.yaml").write_text(cluster)
+    blocks = [b for b in re.findall(r"```sh\n(.*?)```", text, re.S) if "my-cluster" in b]
+    commands = [line.split("#")[0].strip() for b in blocks
+                for line in b.replace("\\\n", " ").splitlines() if line.strip()]
+    assert [c.split()[1] for c in commands] == ["topo", "topo", "plan", "simulate", "show",
+                                                "export", "bench"]
+    venv = Path(sys.executable).parent.parent
+    env = {**os.environ, "COLUMNS": "80", "OMP_NUM_THREADS": "1"}
+    for command in commands:
+        argv = shlex.split(command.replace(".venv/", f"{venv}/"))
+        done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True,
+                              timeout=600, env=env)
+        assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        assert "Traceback" not in done.stderr
+        if " bench " not in command:  # bench prints nccl-tests' own wide columns
+            assert all(len(line) <= 80 for line in done.stdout.splitlines()), command
+    for made in ("plan.json", "my-cluster.png", "nccl_tuner.conf"):
+        assert (tmp_path / made).exists(), made

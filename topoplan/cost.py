@@ -262,7 +262,7 @@ class CostProfile:
                      self.small_alpha_network else f"{_time_text(self.small_alpha_box)} / "
                      f"{_time_text(self.small_alpha_network)}")
             alpha += f" ({small} up to {self.small_max} B)"
-        nvlink = f", NVLink as {self.nvlink} counts it" if self.nvlink else ""
+        nvlink = f", NVLink at {self.nvlink.upper()}'s rate" if self.nvlink else ""
         return (f"{self.name}: {alpha}, op {_time_text(self.op_overhead)}, step "
                 f"{_time_text(self.step_overhead)}, call {_time_text(self.call_overhead)}, "
                 f"reduce {red}{nvlink}")

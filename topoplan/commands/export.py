@@ -142,7 +142,7 @@ def _nccl_tuner(args: argparse.Namespace) -> int:
     summary = (f"{len(rules)} rules for {model.nranks} ranks on {model.nnodes} nodes, "
                f"{differ} where the fabric makes another choice than NCCL's own")
     if args.output:
-        console().print(f"wrote {args.output}: {summary}", soft_wrap=True)
+        console().print(f"wrote {args.output}: {summary}")
     else:
         sys.stdout.write(text)
         print(summary, file=sys.stderr)
