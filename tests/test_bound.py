@@ -3,13 +3,12 @@ planner on every shipped topology and on random clusters at or above the allredu
 
 from __future__ import annotations
 
-import itertools
-import math
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from tests.support.cluster_shapes import brute_force_ratio, small_clusters, uneven_clusters
 from tests.support.clusters import switch_cluster, topology_text
 from topoplan.bound import (_bottleneck, best_partition, bottleneck, lower_bound, partitions,
                             rsag_bound, sink_classes)
@@ -95,49 +94,11 @@ def test_asymmetric_gpus_are_their_own_class(topology):
     assert sink_classes(topology("ddl_two_switch")) == [0]  # A<->B and switch0<->switch1 are swaps
 
 
-def _brute_force_ratio(cluster) -> float:
-    """max over every node set S (some, not all GPUs) of |S ∩ GPUs| / B_out(S)."""
-    graph = cluster.graph
-    nodes = list(graph.nodes)
-    gpus = {cluster.gpu_node(r) for r in range(cluster.nranks)}
-    best = 0.0
-    for bits in itertools.product((False, True), repeat=len(nodes)):
-        inside = {v for v, b in zip(nodes, bits) if b}
-        g = len(inside & gpus)
-        if g == 0 or g == len(gpus):
-            continue
-        out = math.fsum(d["bandwidth"] for u, v, d in graph.edges(data=True)
-                        if u in inside and v not in inside)
-        best = max(best, g / out)
-    return best
-
-
-@st.composite
-def small_clusters(draw):
-    nswitch = draw(st.integers(1, 2))
-    bw = st.sampled_from([1, 2, 3, 5, 8, 13])
-    lines = ["name: random", "switches: [" + ", ".join(f"s{k}" for k in range(nswitch)) + "]",
-             "boxes:"]
-    nboxes = draw(st.integers(2, 3))
-    nodes = nswitch
-    for b in range(nboxes):
-        gpus = draw(st.integers(1, 2))
-        sw = draw(st.integers(0, nswitch - 1))
-        line = f"  - {{name: b{b}, gpus: {gpus}, nics: [{{switch: s{sw}, bandwidth: {draw(bw)}}}]"
-        if gpus == 2:
-            line += f", gpu_links: [{{a: 0, b: 1, bandwidth: {draw(bw)}}}]"
-        lines.append(line + "}")
-        nodes += gpus + 1
-    if nswitch == 2:
-        lines.append(f"links: [{{a: s0, b: s1, bandwidth: {draw(bw)}}}]")
-    return loads_cluster("\n".join(lines) + "\n")
-
-
 @settings(max_examples=25, deadline=None)
 @given(small_clusters())
 def test_max_flow_matches_brute_force(cluster):
     assert len(cluster.graph) <= 11
-    assert bottleneck(cluster).ratio == pytest.approx(_brute_force_ratio(cluster), rel=1e-9)
+    assert bottleneck(cluster).ratio == pytest.approx(brute_force_ratio(cluster), rel=1e-9)
 
 
 def test_the_bottleneck_is_cached_per_cluster_without_touching_it():
@@ -256,32 +217,6 @@ def test_no_planner_beats_the_allreduce_bound_on_a_shipped_topology(path):
         assert report.time_s >= report.lower_bound_s * (1 - 1e-9), planner
         assert report.efficiency <= 1 + 1e-9
         assert report.lower_bound_s == pytest.approx(lower_bound(cluster, size), rel=1e-9)
-
-
-@st.composite
-def uneven_clusters(draw):
-    """1-3 switches in a chain, boxes of 1-3 GPUs with a fabric or a chain of NVLinks and
-    NICs of uneven bandwidth: cuts with more than half of the GPUs behind them."""
-    nswitch = draw(st.integers(1, 3))
-    bw = st.sampled_from(["5 GB/s", "10 GB/s", "25 GB/s", "100 GB/s"])
-    lines = ["name: uneven", "switches: [" + ", ".join(f"s{k}" for k in range(nswitch)) + "]",
-             "boxes:"]
-    for b in range(draw(st.integers(2, 4))):
-        gpus = draw(st.integers(1, 3))
-        inside = (f"fabric: {{bandwidth: {draw(bw)}}}, " if draw(st.booleans())
-                  else "gpu_links: [" + ", ".join(f"{{a: {j}, b: {(j + 1) % gpus}, "
-                                                  f"bandwidth: {draw(bw)}}}"
-                                                  for j in range(gpus - 1)) + "], ")
-        if gpus == 1:
-            inside = ""
-        lines.append(f"  - {{name: b{b}, gpus: {gpus}, {inside}nics: [{{switch: "
-                     f"s{draw(st.integers(0, nswitch - 1))}, bandwidth: {draw(bw)}, "
-                     f"latency: 1 us}}]}}")
-    if nswitch > 1:
-        lines.append("links:")
-        for k in range(1, nswitch):
-            lines.append(f"  - {{a: s{k - 1}, b: s{k}, bandwidth: {draw(bw)}}}")
-    return loads_cluster("\n".join(lines) + "\n")
 
 
 @settings(max_examples=15, deadline=None)

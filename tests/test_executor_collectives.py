@@ -8,7 +8,7 @@ import pytest
 
 import topoplan
 from tests.support import schedules as S
-from tests.test_planners import cluster
+from tests.support.cluster_shapes import cluster
 from topoplan.errors import TopoplanError
 from topoplan.planners import plan
 from topoplan.transports import Local

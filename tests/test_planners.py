@@ -12,6 +12,7 @@ import math
 
 import pytest
 
+from tests.support.cluster_shapes import CLUSTERS, cluster, single_switch
 from tests.support.clusters import SHIPPED, load_topology
 from topoplan.cluster import Cluster, loads_cluster
 from topoplan.errors import ScheduleError, TopoplanError
@@ -23,88 +24,6 @@ from topoplan.verify import verify
 
 BASELINES = ("ring", "ring-topo", "tree", "rhd", "hierarchical")
 MiB = 1 << 20
-
-
-# --------------------------------------------------------------------------------------
-# Small clusters of n ranks
-# --------------------------------------------------------------------------------------
-
-def _nic(switch: str) -> str:
-    return f"[{{switch: '{switch}', bandwidth: 100 Gbit/s, latency: 2 us}}]"
-
-
-def single_switch(n: int) -> str:
-    """n one-GPU boxes on one switch."""
-    return (f"name: single-switch-{n}\nswitches: [{{name: sw}}]\n"
-            f"boxes:\n  - {{name: 'h{{i}}', count: {n}, gpus: 1, nics: {_nic('sw')}}}\n")
-
-
-def _boxes(sizes: list[int], switch_of, fabric: bool = True) -> str:
-    lines = []
-    for b, g in enumerate(sizes):
-        entry = f"  - {{name: b{b}, gpus: {g}"
-        if g > 1 and fabric:
-            entry += ", fabric: {bandwidth: 200 GB/s, latency: 1 us}"
-        if len(sizes) > 1:
-            entry += f", nics: {_nic(switch_of(b))}"
-        lines.append(entry + "}")
-    return "boxes:\n" + "\n".join(lines) + "\n"
-
-
-def fabric_boxes(n: int) -> str:
-    """Boxes of 4 GPUs with an NVSwitch-like fabric on one switch (last box smaller)."""
-    sizes = [4] * (n // 4) + ([n % 4] if n % 4 else [])
-    return f"name: fabric4-{n}\nswitches: [{{name: sw}}]\n" + _boxes(sizes, lambda b: "sw")
-
-
-def mixed_boxes(n: int) -> str:
-    """Boxes of 3, 1, 2, 3, 1, 2, ... GPUs (as many as n allows) on one switch."""
-    sizes, left, k = [], n, 0
-    while left:
-        g = min([3, 1, 2][k % 3], left)
-        sizes.append(g)
-        left -= g
-        k += 1
-    return f"name: mixed-{n}\nswitches: [{{name: sw}}]\n" + _boxes(sizes, lambda b: "sw")
-
-
-def two_switches(n: int) -> str:
-    """Boxes of 2 GPUs alternating between two switches joined by a narrow link, so
-    file (rank) order crosses the narrow link at every box."""
-    sizes = [2] * (n // 2) + ([1] if n % 2 else [])
-    return (f"name: two-switch-{n}\nswitches: [{{name: s0}}, {{name: s1}}]\n"
-            + _boxes(sizes, lambda b: f"s{b % 2}")
-            + "links: [{a: s0, b: s1, bandwidth: 10 GB/s, latency: 1 us}]\n")
-
-
-def leaf_spine(n: int) -> str:
-    """One-GPU boxes spread over 3 leaves, each leaf joined to 2 spines."""
-    return (f"name: leaf-spine-{n}\nswitches:\n  - {{name: 'leaf{{i}}', count: 3}}\n"
-            "  - {name: 'spine{i}', count: 2}\n"
-            f"boxes:\n  - {{name: 'h{{i}}', count: {n}, gpus: 1, nics: {_nic('leaf{i%3}')}}}\n"
-            "links:\n  - {a: 'leaf{i//2}', b: 'spine{i%2}', count: 6, bandwidth: 50 GB/s}\n")
-
-
-def nvlink_box(n: int) -> str:
-    """One box of n GPUs with only direct links: a ring 0-1-...-(n-1)-0 plus chords
-    0-(n/2) at double width, and no fabric."""
-    links = []
-    if n > 1:
-        pairs = {(j, (j + 1) % n) for j in range(n)} if n > 2 else {(0, 1)}
-        for a, b in sorted({tuple(sorted(p)) for p in pairs}):
-            links.append(f"{{a: {a}, b: {b}, bandwidth: 25 GB/s}}")
-        if n >= 4:
-            links.append(f"{{a: 0, b: {n // 2}, bandwidth: 25 GB/s, count: 2}}")
-    body = f"  - {{name: box, gpus: {n}" + (f", gpu_links: [{', '.join(links)}]" if links else "")
-    return f"name: nvlink-{n}\nboxes:\n{body}}}\n"
-
-
-CLUSTERS = {"single-switch": single_switch, "fabric4": fabric_boxes, "mixed": mixed_boxes,
-            "two-switch": two_switches, "leaf-spine": leaf_spine, "nvlink-box": nvlink_box}
-
-
-def cluster(kind: str, n: int) -> Cluster:
-    return loads_cluster(CLUSTERS[kind](n), f"<{kind}-{n}>")
 
 
 def checked(schedule: Schedule, planner: str, where: str) -> Schedule:

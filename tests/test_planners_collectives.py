@@ -12,8 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 import topoplan
 from tests.support.clusters import SHIPPED, leaf_spine_cluster, load_topology, switch_cluster
-from tests.test_bound import _brute_force_ratio, small_clusters, uneven_clusters
-from tests.test_planners import CLUSTERS, cluster
+from tests.support.cluster_shapes import brute_force_ratio, cluster, small_clusters, uneven_clusters
 from topoplan.bound import collective_bound, rsag_bound, shard_bound
 from topoplan.errors import PlannerError, ScheduleError
 from topoplan.planners import collectives_of, plan, planners_for, PLANNERS
@@ -116,7 +115,7 @@ def test_shard_bound_is_forestcolls_allgather_bound(c):
     |GPUs outside S| / B_in(S), is the brute-force ratio of test_bound over the complements
     T of S (B_in(S) = B_out(T)): max over T of |T ∩ GPUs| / B_out(T)."""
     size = 12 * MiB
-    expected = size / c.nranks * _brute_force_ratio(c)
+    expected = size / c.nranks * brute_force_ratio(c)
     assert shard_bound(c, size) == pytest.approx(expected, rel=1e-9)
     assert rsag_bound(c, size) == pytest.approx(2 * expected, rel=1e-9)
     for collective in SHARDED:
