@@ -192,8 +192,8 @@ class NcclModel:
             self._representative.append(key not in found)
             if key not in found:
                 view = box_view(box, T.COMPCAP[model], count=box.gpu is not None)
-                ring = search_ring(view, inter)
-                graphs = {"ring": ring, "tree": search_tree(view, inter, ring),
+                ring_graph = search_ring(view, inter)
+                graphs = {"ring": ring_graph, "tree": search_tree(view, inter, ring_graph),
                           "nvls": search_nvls(view, inter),
                           "collnet_direct": search_collnet_direct(view) if inter else
                           Graph("none", 0, 0.0, 0.0, False)}

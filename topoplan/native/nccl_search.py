@@ -299,8 +299,8 @@ def search_ring(view: BoxView, inter: bool, pattern: str = "ring",
     """
     speeds = _speeds(view.compcap, inter)
     tree = channels is not None
-    max_ch = channels if tree else T.RING_MAX_CHANNELS
-    min_ch = channels if tree else 1
+    max_ch: int = channels if channels is not None else T.RING_MAX_CHANNELS
+    min_ch: int = channels if channels is not None else 1
     max_bw, total_bw = view.max_bw(inter), view.total_bw()
     total_for_start = total_bw * (view.gpus / (view.gpus - 1) if tree and view.gpus > 1 else 1)
     i = 0
