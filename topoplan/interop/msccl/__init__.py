@@ -1,0 +1,35 @@
+"""The MSCCL XML algorithm format: a model, its parser and writer, the executor's limits
+and a symbolic checker.
+
+MSCCL algorithms are XML files run by the MSCCL executor (Azure/msccl-executor-nccl, and
+RCCL's copy of it). Each module holds one concept:
+
+- :mod:`.model`: the frozen dataclasses (:class:`Algo`, :class:`Gpu`,
+  :class:`ThreadBlock`, :class:`Step`) and the format's vocabulary (:data:`STEP_TYPES`,
+  :data:`PROTOCOLS`, :data:`COLLECTIVES`);
+- :mod:`.parse`: :func:`parse_msccl` and :func:`read_msccl`, refusing what the
+  executor's parser refuses, with file, line and element;
+- :mod:`.write`: :func:`to_xml`, in the form the executor's parser reads;
+- :mod:`.limits`: the executor's compile-time limits (:class:`Limits`) and
+  :func:`limit_violations`;
+- :mod:`.verify`: :func:`check_msccl`, which checks symbolically, without a GPU, that the
+  steps compute their collective (an allreduce, a reduce-scatter or an allgather).
+
+Every name is importable from this package, as it was from the single module it grew
+out of.
+"""
+
+from __future__ import annotations
+
+from .limits import MAX_NODES, Limits, limit_violations
+from .model import (BUFFERS, COLLECTIVES, FINGERPRINT_ATTR, PROTOCOLS, STEP_TYPES, Algo, Gpu,
+                    Step, ThreadBlock)
+from .parse import parse_msccl, read_msccl
+from .verify import CHECKED, DEFAULT_CAPACITY, CheckReport, check_msccl
+from .write import to_xml
+
+__all__ = [
+    "Step", "ThreadBlock", "Gpu", "Algo", "Limits", "CheckReport",
+    "parse_msccl", "read_msccl", "to_xml", "limit_violations", "check_msccl",
+    "STEP_TYPES", "PROTOCOLS", "COLLECTIVES", "CHECKED", "FINGERPRINT_ATTR",
+]
