@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import topoplan
 from topoplan.cli import main
 from topoplan.errors import PlannerError, ScheduleError, XmlFormatError
-from topoplan.interop.msccl import Limits, check_msccl, limit_violations, parse_msccl, to_xml
-from topoplan.interop.msccl_export import _unit_grid, export_msccl
-from topoplan.interop.msccl_import import import_msccl
+from topoplan.interop.msccl import (Limits, check_msccl, export_msccl, import_msccl,
+                                    limit_violations, parse_msccl, to_xml)
+from topoplan.interop.msccl.export import _unit_grid
 from topoplan.schedule import Op, OpKind, build_schedule, coalesce
 from topoplan.verify import verify
 
@@ -176,7 +176,7 @@ def test_ring_interleaved_over_channels_fills_them_exactly(nranks, max_steps, ma
 
 
 def test_no_fit_fused_or_unfused_says_both(monkeypatch):
-    import topoplan.interop.msccl_export as exporter
+    import topoplan.interop.msccl.export as exporter
 
     # Unfused, every op is a step: past the parser's node limit the export says so up
     # front (no layout is tried) and, fused, why neither segment order fit.
@@ -690,3 +690,20 @@ def test_export_says_in_one_line_that_it_fell_back(tmp_path, capsys):
     back = json.loads((tmp_path / "back.json").read_text())
     assert back["meta"]["cluster_fingerprint"] == json.loads(plan.read_text())["meta"][
         "cluster_fingerprint"]
+
+
+@pytest.mark.parametrize("old, new", [
+    ("topoplan.interop.msccl_export", "topoplan.interop.msccl.export"),
+    ("topoplan.interop.msccl_import", "topoplan.interop.msccl.import_")])
+def test_the_old_module_paths_warn_and_are_the_new_modules(old, new, monkeypatch):
+    import importlib
+    import sys
+
+    import topoplan.interop
+    monkeypatch.delitem(sys.modules, old, raising=False)
+    monkeypatch.delattr(topoplan.interop, old.rsplit(".", 1)[1], raising=False)
+    with pytest.warns(DeprecationWarning, match=rf"{re.escape(old)} is deprecated; import "
+                                                rf"{re.escape(new)}"):
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(new)
+    assert module.__name__ == new and sys.modules[old] is module

@@ -17,10 +17,8 @@ from topoplan.bound import lower_bound
 from topoplan.cli import main
 from topoplan.cluster import loads_cluster
 from topoplan.errors import ScheduleError
-from topoplan.interop.msccl import (Algo, Gpu, ThreadBlock, check_msccl, parse_msccl,
-                                    read_msccl, to_xml)
-from topoplan.interop.msccl_export import export_msccl
-from topoplan.interop.msccl_import import import_msccl
+from topoplan.interop.msccl import (Algo, Gpu, ThreadBlock, check_msccl, export_msccl,
+                                    import_msccl, parse_msccl, read_msccl, to_xml)
 from topoplan.verify import verify
 
 from .support.clusters import flat_cluster_yaml

@@ -62,8 +62,7 @@ def _format(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from ..interop.msccl import check_msccl, read_msccl
-    from ..interop.msccl_import import import_msccl
+    from ..interop.msccl import check_msccl, import_msccl, read_msccl
 
     fmt, path = _format(args)
     algo = read_msccl(path)

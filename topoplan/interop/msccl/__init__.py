@@ -13,14 +13,21 @@ RCCL's copy of it). Each module holds one concept:
 - :mod:`.limits`: the executor's compile-time limits (:class:`Limits`) and
   :func:`limit_violations`;
 - :mod:`.verify`: :func:`check_msccl`, which checks symbolically, without a GPU, that the
-  steps compute their collective (an allreduce, a reduce-scatter or an allgather).
+  steps compute their collective (an allreduce, a reduce-scatter or an allgather);
+- :mod:`.export`: :func:`export_msccl`, a topoplan schedule as an MSCCL algorithm
+  (``topoplan export --format msccl``);
+- :mod:`.import_`: :func:`import_msccl`, an MSCCL algorithm as a topoplan schedule
+  (``topoplan import msccl``; the underscore because ``import`` is a keyword).
 
 Every name is importable from this package, as it was from the single module it grew
-out of.
+out of; ``topoplan.interop.msccl_export`` and ``topoplan.interop.msccl_import``, the
+exporter's and importer's old paths, still work and warn (DeprecationWarning).
 """
 
 from __future__ import annotations
 
+from .export import ExportResult, export_msccl
+from .import_ import import_msccl
 from .limits import MAX_NODES, Limits, limit_violations
 from .model import (BUFFERS, COLLECTIVES, FINGERPRINT_ATTR, PROTOCOLS, STEP_TYPES, Algo, Gpu,
                     Step, ThreadBlock)
@@ -32,4 +39,5 @@ __all__ = [
     "Step", "ThreadBlock", "Gpu", "Algo", "Limits", "CheckReport",
     "parse_msccl", "read_msccl", "to_xml", "limit_violations", "check_msccl",
     "STEP_TYPES", "PROTOCOLS", "COLLECTIVES", "CHECKED", "FINGERPRINT_ATTR",
+    "export_msccl", "ExportResult", "import_msccl",
 ]
