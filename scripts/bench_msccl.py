@@ -41,7 +41,7 @@ def run_case(topology: str, planner: str, size: int, collective: str = "allreduc
     import topoplan
     from topoplan.cluster import load_cluster
     from topoplan.errors import PlannerError, TopoplanError
-    from topoplan.interop.msccl import export_msccl, import_msccl, parse_msccl, to_xml
+    from topoplan.interop.msccl import export_msccl, import_msccl, loads_msccl, to_xml
 
     cluster = load_cluster(ROOT / "topologies" / f"{topology}.yaml")
     row: dict = {"topology": topology, "ranks": cluster.nranks, "planner": planner,
@@ -71,7 +71,7 @@ def run_case(topology: str, planner: str, size: int, collective: str = "allreduc
     algo = result.algo
     xml = to_xml(algo)
     start = time.perf_counter()
-    back = import_msccl(parse_msccl(xml), check=False)  # export has checked it
+    back = import_msccl(loads_msccl(xml), check=False)  # export has checked it
     row["import_s"] = time.perf_counter() - start
     row["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     row.update(xml_mib=len(xml) / 2**20, channels=algo.nchannels, max_tbs=result.max_tbs,

@@ -42,7 +42,7 @@ How a topoplan schedule becomes thread blocks:
   would exceed the executor's steps per thread block; when the channels run out, the
   error names the plan options that make the plan smaller.
 
-The result is run through :func:`topoplan.interop.msccl.check_msccl`, an independent
+The result is run through :func:`topoplan.interop.msccl.verify_msccl`, an independent
 interpreter of the step types; when fused thread blocks could deadlock under the
 executor's buffering, the export falls back to separate send and receive thread blocks.
 """
@@ -62,7 +62,7 @@ from ...fingerprint import META_KEY
 from ...schedule import OpKind, Schedule
 from .limits import MAX_NODES, Limits, limit_violations
 from .model import PROTOCOLS, STEP_TYPES, Algo, Gpu, Step, ThreadBlock
-from .verify import check_msccl
+from .verify import verify_msccl
 
 __all__ = ["export_msccl", "ExportResult", "PROTOCOLS"]
 
@@ -891,7 +891,7 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
         if not check:
             break
         try:
-            check_msccl(algo)
+            verify_msccl(algo)
         except ScheduleError as exc:
             last_error = exc
             if fused_try and len(attempts) > 1:

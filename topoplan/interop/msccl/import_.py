@@ -5,7 +5,7 @@ schedule keeps one value per chunk of one buffer, and runs each rank's ops in
 steps. An MSCCL algorithm has thread blocks that run concurrently, ordered by their own
 step order and ``depid``/``deps``, over three buffers. The import:
 
-- **checks** the algorithm with :func:`topoplan.interop.msccl.check_msccl` first, so a
+- **checks** the algorithm with :func:`topoplan.interop.msccl.verify_msccl` first, so a
   broken file is reported in MSCCL's terms (GPU, thread block, step);
 - **buffers** (:class:`_Where`): reads ``i`` and ``o`` as one buffer, the full buffer
   in the collective's in-place view (an allgather's ``i`` is the rank's shard of ``o``;
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from ...errors import ScheduleError
 from ...schedule import Op, OpKind, Schedule, build_schedule, coalesce, equal_chunks
 from .model import Algo, Step, ThreadBlock
-from .verify import check_msccl
+from .verify import verify_msccl
 
 __all__ = ["import_msccl"]
 
@@ -582,7 +582,7 @@ def import_msccl(algo: Algo, *, check: bool = True) -> Schedule:
     Parameters
     ----------
     algo : Algo
-        From :func:`topoplan.interop.msccl.read_msccl`.
+        From :func:`topoplan.interop.msccl.load_msccl`.
     check : bool
         Run the MSCCL checker first (recommended: it names faults in MSCCL's terms).
 
@@ -598,7 +598,7 @@ def import_msccl(algo: Algo, *, check: bool = True) -> Schedule:
         raise ScheduleError(f"{algo.file}: coll={algo.coll!r}: only "
                             f"{', '.join(_COLLECTIVE)} algorithms can be imported")
     if check:
-        check_msccl(algo)
+        verify_msccl(algo)
     elif algo.coll != "allreduce" and algo.nchunksperloop % algo.ngpus:
         raise ScheduleError(f"{algo.file}: coll={algo.coll!r}: nchunksperloop="
                             f"{algo.nchunksperloop} is not a multiple of ngpus={algo.ngpus}")

@@ -1,6 +1,6 @@
 """Reading MSCCL XML: what the executor's parser accepts, refused with file, line and element.
 
-:func:`parse_msccl` (text) and :func:`read_msccl` (a file) build an :class:`~.model.Algo`
+:func:`loads_msccl` (text) and :func:`load_msccl` (a file) build an :class:`~.model.Algo`
 and refuse what msccl-executor-nccl's parser refuses (``src/misc/msccl/msccl_parser.cc``),
 what well-formed XML allows but its hand-written reader does not, and what it would run
 differently from what the file says.
@@ -16,7 +16,7 @@ from ..xmlfile import Element, parse_xml, read_xml
 from .model import (BUFFERS, COLLECTIVES, FINGERPRINT_ATTR, PROTOCOLS, STEP_TYPES, Algo, Gpu,
                     Step, ThreadBlock)
 
-__all__ = ["parse_msccl", "read_msccl"]
+__all__ = ["loads_msccl", "load_msccl"]
 
 
 def _flag(el: Element, attr: str) -> bool:
@@ -310,7 +310,7 @@ def _parse_root(root: Element, file: str) -> Algo:
                 cluster_fingerprint=root.attrs.get(FINGERPRINT_ATTR, ""))
 
 
-def parse_msccl(text: str | bytes, file: str = "<string>") -> Algo:
+def loads_msccl(text: str | bytes, file: str = "<string>") -> Algo:
     """Parse an MSCCL XML algorithm and check its structure.
 
     Refuses what the executor's parser refuses (a missing attribute, an unknown step
@@ -348,8 +348,8 @@ def parse_msccl(text: str | bytes, file: str = "<string>") -> Algo:
     return _parse_root(root, file)
 
 
-def read_msccl(path: str | Path) -> Algo:
-    """Read and parse an MSCCL XML file; see :func:`parse_msccl`."""
+def load_msccl(path: str | Path) -> Algo:
+    """Read and parse an MSCCL XML file; see :func:`loads_msccl`."""
     root = read_xml(path)
     _check_executor_lexing(Path(path).read_bytes(), str(path))
     return _parse_root(root, str(path))

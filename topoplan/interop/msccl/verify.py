@@ -1,6 +1,6 @@
 """A symbolic checker of MSCCL algorithms: do the steps compute their collective?
 
-:func:`check_msccl` checks an allreduce, a reduce-scatter or an allgather
+:func:`verify_msccl` checks an allreduce, a reduce-scatter or an allgather
 (:data:`CHECKED`) without running a GPU. It interprets the step types over contribution
 sets (which ranks' inputs a buffer unit holds), with FIFO connections of bounded capacity
 between thread blocks, dependency flags as the kernel sets them
@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from ...errors import ScheduleError
 from .model import BUFFERS, STEP_TYPES, Algo, Step, ThreadBlock
 
-__all__ = ["check_msccl", "CheckReport", "CHECKED", "DEFAULT_CAPACITY"]
+__all__ = ["verify_msccl", "CheckReport", "CHECKED", "DEFAULT_CAPACITY"]
 
 
 @dataclass(frozen=True, slots=True)
 class CheckReport:
-    """What :func:`check_msccl` checked.
+    """What :func:`verify_msccl` checked.
 
     ``modes`` are the buffer modes run (``"inplace"``, ``"outofplace"``); ``steps`` and
     ``messages`` count the steps executed and messages delivered per mode; ``capacity``
@@ -527,7 +527,7 @@ class _Run:
                            f" (extra {_ranks_text(v & self.full & ~want)})"))
 
 
-def check_msccl(algo: Algo, *, capacity: int | None = None) -> CheckReport:
+def verify_msccl(algo: Algo, *, capacity: int | None = None) -> CheckReport:
     """Check symbolically that an MSCCL algorithm computes its collective.
 
     ``coll`` is ``allreduce``, ``allgather`` or ``reducescatter``; the buffers are NCCL's
@@ -558,7 +558,7 @@ def check_msccl(algo: Algo, *, capacity: int | None = None) -> CheckReport:
     Parameters
     ----------
     algo
-        A parsed algorithm (:func:`parse_msccl`); ``coll`` one of :data:`CHECKED`, and
+        A parsed algorithm (:func:`loads_msccl`); ``coll`` one of :data:`CHECKED`, and
         for an allgather or a reduce-scatter ``nchunksperloop`` a multiple of ``ngpus``.
     capacity
         Units a connection buffers; default by protocol (Simple 2, LL and LL128 8).
@@ -580,7 +580,7 @@ def check_msccl(algo: Algo, *, capacity: int | None = None) -> CheckReport:
     the number of tbs on the gpu (vector-clock joins).
     """
     if algo.coll not in CHECKED:
-        raise ScheduleError(f"{algo.file}: check_msccl checks {', '.join(CHECKED)} "
+        raise ScheduleError(f"{algo.file}: verify_msccl checks {', '.join(CHECKED)} "
                             f"algorithms; coll={algo.coll!r} is not supported yet")
     if algo.coll != "allreduce" and algo.nchunksperloop % algo.ngpus:
         raise ScheduleError(

@@ -22,7 +22,7 @@ def to_xml(algo: Algo) -> str:
     Every attribute is written (``minBytes`` and ``maxBytes`` too), one element per line
     with 2-space indentation, attributes separated by single spaces in double quotes,
     and no ``<?xml?>`` declaration (the executor's hand-written parser reads neither
-    tabs between attributes nor a declaration). ``parse_msccl(to_xml(a)) == a``.
+    tabs between attributes nor a declaration). ``loads_msccl(to_xml(a)) == a``.
     """
     out = [f'<algo name="{_attr_value(algo.name, "name", algo.file)}" proto="{algo.proto}" '
            f'nchannels="{algo.nchannels}" nchunksperloop="{algo.nchunksperloop}" '
