@@ -1,9 +1,9 @@
 """MSCCL round trip on the shipped topologies: plan, export, check, import, simulate.
 
 For every topology, collective, planner and size: plan (``nccl`` profile), export as MSCCL XML
-(:func:`topoplan.interop.msccl_export.export_msccl`, which runs the independent checker
+(:func:`topoplan.interop.msccl.export_msccl`, which runs the independent checker
 and the executor's limits), write and re-read the XML, import it
-(:func:`topoplan.interop.msccl_import.import_msccl`, verified), and simulate the import
+(:func:`topoplan.interop.msccl.import_msccl`, verified), and simulate the import
 against the original plan on the same cluster. The ratio of the two simulated times is
 the round trip's fidelity (1.0000: the same plan came back); the thread block shape is
 what the executor would run. A plan too big for the executor's limits is planned again
@@ -41,9 +41,7 @@ def run_case(topology: str, planner: str, size: int, collective: str = "allreduc
     import topoplan
     from topoplan.cluster import load_cluster
     from topoplan.errors import PlannerError, TopoplanError
-    from topoplan.interop.msccl import parse_msccl, to_xml
-    from topoplan.interop.msccl_export import export_msccl
-    from topoplan.interop.msccl_import import import_msccl
+    from topoplan.interop.msccl import export_msccl, import_msccl, loads_msccl, to_xml
 
     cluster = load_cluster(ROOT / "topologies" / f"{topology}.yaml")
     row: dict = {"topology": topology, "ranks": cluster.nranks, "planner": planner,
@@ -73,7 +71,7 @@ def run_case(topology: str, planner: str, size: int, collective: str = "allreduc
     algo = result.algo
     xml = to_xml(algo)
     start = time.perf_counter()
-    back = import_msccl(parse_msccl(xml), check=False)  # export has checked it
+    back = import_msccl(loads_msccl(xml), check=False)  # export has checked it
     row["import_s"] = time.perf_counter() - start
     row["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     row.update(xml_mib=len(xml) / 2**20, channels=algo.nchannels, max_tbs=result.max_tbs,

@@ -243,3 +243,22 @@ def test_library_errors_are_topoplan_errors(four):
             estimate(four, model=model, **kwargs)
     with pytest.raises(EstimateError):
         uniform_model(0)
+
+
+def test_to_json_is_text_and_to_dict_the_data_with_a_deprecation_path():
+    cluster = loads_cluster(FOUR)
+    result = estimate(cluster, model=uniform_model(1000), compute_s=0.1, algorithm="ring",
+                      profile="ideal")
+    data = result.to_dict()
+    text = result.to_json()
+    assert isinstance(data, dict) and isinstance(text, str)
+    assert json.loads(text) == data and json.loads(result.to_json(indent=1)) == data
+    assert tuple(data)[:len(JSON_KEYS)] == JSON_KEYS
+    # It returned the dict: its lookups still answer, each warning and naming to_dict().
+    with pytest.warns(DeprecationWarning, match=r"use Estimate\.to_dict\(\)"):
+        assert text["iteration_s"] == data["iteration_s"]
+    with pytest.warns(DeprecationWarning, match=r"\.get\(\).*to_dict"):
+        assert text.get("nranks") == 4
+    with pytest.warns(DeprecationWarning, match="to_dict"):
+        assert dict(text.items()) == data and list(text.keys()) == list(data)
+    assert text[0] == "{"  # the text's own indexing is untouched

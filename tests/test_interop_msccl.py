@@ -2,7 +2,7 @@
 reduce-scatter and allgather with NCCL's buffers.
 
 Every exported algorithm goes through the independent checker
-(:func:`topoplan.interop.msccl.check_msccl`) and the executor's limits; imports must
+(:func:`topoplan.interop.msccl.verify_msccl`) and the executor's limits; imports must
 verify; the CLI writes nothing on error.
 """
 
@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import topoplan
 from topoplan.cli import main
 from topoplan.errors import PlannerError, ScheduleError, XmlFormatError
-from topoplan.interop.msccl import Limits, check_msccl, limit_violations, parse_msccl, to_xml
-from topoplan.interop.msccl_export import _unit_grid, export_msccl
-from topoplan.interop.msccl_import import import_msccl
+from topoplan.interop.msccl import (Limits, export_msccl, import_msccl, limit_violations,
+                                    loads_msccl, to_xml, verify_msccl)
+from topoplan.interop.msccl.export import _unit_grid
 from topoplan.schedule import Op, OpKind, build_schedule, coalesce
 from topoplan.verify import verify
 
@@ -34,10 +34,10 @@ SIZES = [1 << 20, 1 << 28]
 
 def _round_trip(schedule, **options):
     result = export_msccl(schedule, **options)
-    algo = parse_msccl(to_xml(result.algo))
+    algo = loads_msccl(to_xml(result.algo))
     assert algo.gpus == result.algo.gpus  # the XML holds everything the model does
     assert limit_violations(algo) == []
-    report = check_msccl(algo)
+    report = verify_msccl(algo)
     assert set(report.modes) == {"inplace", "outofplace"}
     return result, algo
 
@@ -98,14 +98,14 @@ def test_plan_steps_are_a_hint_the_import_checks():
     assert ' tp="' in xml
     # without the hints (an algorithm from another tool) every op goes at its earliest
     # step: still the same algorithm, verified, but not the plan's pipeline
-    bare = import_msccl(parse_msccl(re.sub(r' tp="[0-9,]+"', "", xml)))
+    bare = import_msccl(loads_msccl(re.sub(r' tp="[0-9,]+"', "", xml)))
     verify(bare)
     assert _shape(bare) != _shape(schedule)
     # hints that break a rule (a recv moved before what it waits for) are not trusted
     edited = re.sub(r' tp="([0-9]+),', lambda m: f' tp="{max(0, int(m[1]) - 3)},', xml)
-    verify(import_msccl(parse_msccl(edited)))
+    verify(import_msccl(loads_msccl(edited)))
     with pytest.raises(XmlFormatError, match=r"tp.*'step,op'"):
-        parse_msccl(xml.replace(' tp="', ' tp="x', 1))
+        loads_msccl(xml.replace(' tp="', ' tp="x', 1))
 
 
 def test_ring_fuses_into_rrs_rrcs_and_rcs():
@@ -121,7 +121,7 @@ def test_unfused_export_uses_separate_thread_blocks():
     algo = export_msccl(schedule, fuse=False).algo
     for gpu in algo.gpus:
         assert all((tb.send < 0) != (tb.recv < 0) for tb in gpu.tbs)
-    check_msccl(algo)
+    verify_msccl(algo)
     verify(import_msccl(algo))
 
 
@@ -130,7 +130,7 @@ def test_channels_stack_instances_on_disjoint_chunks():
     algo = export_msccl(schedule, channels=3, proto="LL128").algo
     assert algo.nchannels == 3 and algo.nchunksperloop == 12 and algo.proto == "LL128"
     assert sorted({tb.chan for tb in algo.gpus[0].tbs}) == [0, 1, 2]
-    check_msccl(algo)
+    verify_msccl(algo)
     back = import_msccl(algo)
     verify(back)
 
@@ -153,7 +153,7 @@ def test_a_pair_that_needs_every_channel_gets_every_channel(nranks, max_steps, m
     result = export_msccl(schedule, limits=limits)
     assert result.segments == max_channels and result.max_steps <= max_steps
     assert limit_violations(result.algo, limits) == []
-    check_msccl(result.algo)
+    verify_msccl(result.algo)
     assert import_msccl(result.algo).nsteps == schedule.nsteps
 
 
@@ -169,14 +169,14 @@ def test_ring_interleaved_over_channels_fills_them_exactly(nranks, max_steps, ma
     assert result.segments == max_channels and result.max_steps == max_steps
     assert result.fused > 0 and any("in turn" in note for note in result.notes)
     assert limit_violations(result.algo, limits) == []
-    check_msccl(result.algo)
-    back = import_msccl(parse_msccl(to_xml(result.algo)))
+    verify_msccl(result.algo)
+    back = import_msccl(loads_msccl(to_xml(result.algo)))
     assert back.nsteps == schedule.nsteps
     assert coalesce(back).ranks == coalesce(schedule).ranks
 
 
 def test_no_fit_fused_or_unfused_says_both(monkeypatch):
-    import topoplan.interop.msccl_export as exporter
+    import topoplan.interop.msccl.export as exporter
 
     # Unfused, every op is a step: past the parser's node limit the export says so up
     # front (no layout is tried) and, fused, why neither segment order fit.
@@ -228,8 +228,8 @@ def test_property_export_check_import_verify(data, fuse, channels):
     if data.draw(st.booleans(), label="coalesce"):
         schedule = coalesce(schedule)
     result = export_msccl(schedule, fuse=fuse, channels=channels)
-    algo = parse_msccl(to_xml(result.algo))
-    check_msccl(algo)
+    algo = loads_msccl(to_xml(result.algo))
+    verify_msccl(algo)
     assert limit_violations(algo) == []
     back = import_msccl(algo)
     verify(back)
@@ -241,14 +241,14 @@ def test_import_refuses_what_a_schedule_cannot_hold():
     xml = to_xml(export_msccl(ring_schedule([0, 1])).algo)
     moved = xml.replace('type="s" srcbuf="i" srcoff="0"', 'type="s" srcbuf="s" srcoff="0"', 1)
     moved = moved.replace('s_chunks="0"', 's_chunks="2"')
-    algo = parse_msccl(moved)
+    algo = loads_msccl(moved)
     with pytest.raises(ScheduleError):
         import_msccl(algo)
-    other = parse_msccl(xml.replace('coll="allreduce"', 'coll="broadcast"'))
+    other = loads_msccl(xml.replace('coll="allreduce"', 'coll="broadcast"'))
     with pytest.raises(ScheduleError, match="only allreduce, allgather, reducescatter"):
         import_msccl(other, check=False)
     # relabelled, without the checker: the import's own bounds name the step
-    other = parse_msccl(xml.replace('coll="allreduce"', 'coll="allgather"'))
+    other = loads_msccl(xml.replace('coll="allreduce"', 'coll="allgather"'))
     with pytest.raises(ScheduleError, match=r"<string>:\d+: gpu 0 tb 0 step \d \(\w+\): "
                        r"cannot be a topoplan schedule: i\[1\] x1 lies past the 1 chunks of i"):
         import_msccl(other, check=False)
@@ -350,7 +350,7 @@ def test_cli_errors_name_the_file_and_write_nothing(tmp_path, capsys):
 
 def test_parse_errors_are_xml_format_errors():
     with pytest.raises(XmlFormatError, match=r"algo.xml:1"):
-        parse_msccl("<algo", file="algo.xml")
+        loads_msccl("<algo", file="algo.xml")
 
 
 # ---- reduce-scatter and allgather ---------------------------------------------------------
@@ -476,7 +476,7 @@ def test_reduce_scatter_sums_in_the_output_shard_and_passes_partial_sums_on():
         assert {buf for buf, _ in writes} == {"s", "o"} and gpu.s_chunks <= 3
         assert not any(st.dstbuf == "i" for tb in gpu.tbs for st in tb.steps
                        if st.type in ("r", "rrc", "rrcs", "rcs"))
-    check_msccl(unfused)
+    verify_msccl(unfused)
     assert import_msccl(unfused).nsteps == schedule.nsteps
 
 
@@ -495,7 +495,7 @@ def _edit(algo, g, t, s, **changes):
 
 def test_wrong_allgather_xml_is_caught_naming_mode_gpu_and_unit():
     xml = to_xml(export_msccl(ring_allgather([0, 1, 2, 3])).algo)
-    algo = parse_msccl(xml, file="ag.xml")
+    algo = loads_msccl(xml, file="ag.xml")
     # without the copy, out of place the rank's own shard never reaches o
     lines = xml.splitlines()
     copy_line = next(i for i, line in enumerate(lines) if 'type="cpy"' in line and
@@ -504,7 +504,7 @@ def test_wrong_allgather_xml_is_caught_naming_mode_gpu_and_unit():
         'type="cpy"', 'type="nop"').replace('cnt="1"', 'cnt="0"')] + lines[copy_line + 1:])
     with pytest.raises(ScheduleError, match=r"ag\.xml \(out-of-place\): gpu 1 o\[1\] is never "
                                             r"written; expected \{1\} only"):
-        check_msccl(parse_msccl(no_copy + "\n", file="ag.xml"))
+        verify_msccl(loads_msccl(no_copy + "\n", file="ag.xml"))
     # the copy without its dependency: in place it writes the memory a send reads
     g1 = algo.gpus[1]
     t = next(tb.id for tb in g1.tbs if tb.send == tb.recv == -1)
@@ -512,7 +512,7 @@ def test_wrong_allgather_xml_is_caught_naming_mode_gpu_and_unit():
     with pytest.raises(ScheduleError, match=r"\(in-place\): gpu 1: race on o\[1\] \(i is "
                                             r"o\[1\.\.1\] in-place\) between tb \d step 0 "
                                             r"\((s|cpy)\) and tb \d step 0 \((s|cpy)\)"):
-        check_msccl(racy)
+        verify_msccl(racy)
     # a received chunk written one unit off
     t = next(tb.id for tb in g1.tbs if tb.recv >= 0)
     k = next(i for i, st in enumerate(g1.tbs[t].steps) if st.type == "r")
@@ -520,7 +520,7 @@ def test_wrong_allgather_xml_is_caught_naming_mode_gpu_and_unit():
     with pytest.raises(ScheduleError, match=r"gpu 1 o\[\d\] (holds chunk \d of \{\d\}; expected "
                                             r"chunk \d of \{\d\} only|is never written; "
                                             r"expected \{\d\} only)"):
-        check_msccl(moved)
+        verify_msccl(moved)
 
 
 def test_wrong_reduce_scatter_xml_is_caught_naming_mode_gpu_and_unit():
@@ -533,16 +533,16 @@ def test_wrong_reduce_scatter_xml_is_caught_naming_mode_gpu_and_unit():
     into_input = _edit(algo, 0, t, k, dstbuf="i", dstoff=0)
     with pytest.raises(ScheduleError, match=r"\(out-of-place\): gpu 0 tb \d step \d \(rrc\) "
                                             r"writes i\[0\], the input buffer"):
-        check_msccl(into_input)
+        verify_msccl(into_input)
     # a partial sum of the wrong chunk
     wrong = _edit(algo, 0, t, 0, srcoff=(g0.tbs[t].steps[0].srcoff + 1) % 4)
     with pytest.raises(ScheduleError, match="a sum of two different chunks"):
-        check_msccl(wrong)
+        verify_msccl(wrong)
     # the output shard holds one unit: an offset past it is the parser's error, with line
     text = to_xml(algo).replace('dstbuf="o" dstoff="0"', 'dstbuf="o" dstoff="1"', 1)
     with pytest.raises(XmlFormatError, match=r"rs\.xml:\d+: .*dstoff: units 1\.\.1 are outside "
                                              r"buffer o of gpu 0 \(o_chunks=1\)"):
-        parse_msccl(text, file="rs.xml")
+        loads_msccl(text, file="rs.xml")
 
 
 def test_import_refuses_scratch_reused_for_another_chunk():
@@ -557,7 +557,7 @@ def test_import_refuses_scratch_reused_for_another_chunk():
             if st.dstbuf == "s" and st.dstoff == 0:
                 edited = _edit(edited, 0, tb.id, k, dstoff=1)
     with pytest.raises(ScheduleError, match="race on s"):
-        check_msccl(edited)  # the checker sees the overwrite race first
+        verify_msccl(edited)  # the checker sees the overwrite race first
     with pytest.raises(ScheduleError, match=r"gpu 0 tb \d step \d \(\w+\): cannot be a topoplan "
                                             r"schedule: s\[1\] holds chunks 1, 2"):
         import_msccl(edited, check=False)
@@ -595,8 +595,8 @@ def test_property_sharded_export_check_import_verify(data, fuse, channels):
     if data.draw(st.booleans(), label="coalesce"):
         schedule = coalesce(schedule)
     result = export_msccl(schedule, fuse=fuse, channels=channels)
-    algo = parse_msccl(to_xml(result.algo))
-    assert set(check_msccl(algo).modes) == {"inplace", "outofplace"}
+    algo = loads_msccl(to_xml(result.algo))
+    assert set(verify_msccl(algo).modes) == {"inplace", "outofplace"}
     assert limit_violations(algo) == []
     back = import_msccl(algo)
     assert verify(back).collective == collective
@@ -654,7 +654,7 @@ def test_the_cluster_fingerprint_goes_through_the_xml_and_back(tmp_path):
     head = text.splitlines()[0]
     assert f' {FINGERPRINT_ATTR}="{mark}">' in head
     assert head.count('="') <= 16  # the executor's parser keeps 16 attributes (MAX_ATTR_COUNT)
-    again = parse_msccl(text)
+    again = loads_msccl(text)
     assert again == algo and again.cluster_fingerprint == mark
     back = import_msccl(again)
     assert back.meta[META_KEY] == mark
@@ -668,7 +668,7 @@ def test_the_cluster_fingerprint_goes_through_the_xml_and_back(tmp_path):
                                                   if k != META_KEY})
     bare = export_msccl(unmarked).algo
     assert FINGERPRINT_ATTR not in to_xml(bare)
-    assert META_KEY not in import_msccl(parse_msccl(to_xml(bare))).meta
+    assert META_KEY not in import_msccl(loads_msccl(to_xml(bare))).meta
 
 
 def test_export_says_in_one_line_that_it_fell_back(tmp_path, capsys):
@@ -690,3 +690,39 @@ def test_export_says_in_one_line_that_it_fell_back(tmp_path, capsys):
     back = json.loads((tmp_path / "back.json").read_text())
     assert back["meta"]["cluster_fingerprint"] == json.loads(plan.read_text())["meta"][
         "cluster_fingerprint"]
+
+
+@pytest.mark.parametrize("old, new", [
+    ("topoplan.interop.msccl_export", "topoplan.interop.msccl.export"),
+    ("topoplan.interop.msccl_import", "topoplan.interop.msccl.import_")])
+def test_the_old_module_paths_warn_and_are_the_new_modules(old, new, monkeypatch):
+    import importlib
+    import sys
+
+    import topoplan.interop
+    monkeypatch.delitem(sys.modules, old, raising=False)
+    monkeypatch.delattr(topoplan.interop, old.rsplit(".", 1)[1], raising=False)
+    with pytest.warns(DeprecationWarning, match=rf"{re.escape(old)} is deprecated; import "
+                                                rf"{re.escape(new)}"):
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(new)
+    assert module.__name__ == new and sys.modules[old] is module
+
+
+def test_the_old_verbs_warn_naming_the_new_and_do_the_same(tmp_path):
+    import topoplan.interop.msccl as msccl
+
+    text = to_xml(export_msccl(ring_schedule([0, 1, 2])).algo)
+    path = tmp_path / "ring.xml"
+    path.write_text(text)
+    for old, new, arg in (("read_msccl", "load_msccl", path), ("parse_msccl", "loads_msccl", text)):
+        with pytest.warns(DeprecationWarning,
+                          match=f"^{old} is deprecated; use topoplan.interop.msccl.{new}$"):
+            algo = getattr(msccl, old)(arg)
+        assert algo == getattr(msccl, new)(arg)
+    with pytest.warns(DeprecationWarning, match="^check_msccl is deprecated; use "
+                                                "topoplan.interop.msccl.verify_msccl$"):
+        report = msccl.check_msccl(algo, capacity=4)
+    assert report == verify_msccl(algo, capacity=4)
+    assert msccl.check_msccl.__name__ == "check_msccl"
+    assert "verify_msccl" in (msccl.check_msccl.__doc__ or "")

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from topoplan.errors import ScheduleError, XmlFormatError
 from topoplan.interop.msccl import (
-    Algo, Gpu, Limits, Step, ThreadBlock, check_msccl, limit_violations, parse_msccl,
-    read_msccl, to_xml,
+    Algo, Gpu, Limits, Step, ThreadBlock, limit_violations, load_msccl, loads_msccl, to_xml,
+    verify_msccl,
 )
 
 DATA = Path(__file__).parent / "data" / "msccl"
@@ -108,7 +108,7 @@ def set_steps(a: Algo, g: int, t: int, steps: list[Step]) -> Algo:
 
 def roundtrip(a: Algo) -> Algo:
     """Through the XML text, so every fixture is also a file the parser accepts."""
-    return parse_msccl(to_xml(a), file="algo.xml")
+    return loads_msccl(to_xml(a), file="algo.xml")
 
 
 def xml_lines(a: Algo) -> list[str]:
@@ -116,18 +116,18 @@ def xml_lines(a: Algo) -> list[str]:
 
 
 def parse_lines(lines: list[str]) -> Algo:
-    return parse_msccl("\n".join(lines) + "\n", file="algo.xml")
+    return loads_msccl("\n".join(lines) + "\n", file="algo.xml")
 
 
 # --------------------------------------------------------------------------- parser
 
 
 def test_ring_file_fixture_parses_and_checks() -> None:
-    a = read_msccl(DATA / "ring4.xml")
+    a = load_msccl(DATA / "ring4.xml")
     assert a.ngpus == 4 and a.name == "ring4" and a.proto == "Simple"
     assert a.gpus[2].tbs[0].steps[1].type == "rrs"
     assert a.gpus[2].tbs[0].steps[1].line == 28
-    report = check_msccl(a)
+    report = verify_msccl(a)
     assert report.modes == ("inplace", "outofplace")
 
 
@@ -141,7 +141,7 @@ def test_unknown_attributes_and_comments_are_ignored() -> None:
 def test_roundtrip_ring_and_allpairs() -> None:
     for a in (ring(), allpairs(), ring(3, first_cnt=3)):
         text = to_xml(a)
-        assert parse_msccl(text) == a
+        assert loads_msccl(text) == a
         assert "<?xml" not in text and "\t" not in text
         assert text.splitlines()[1].startswith('  <gpu id="0"')
         assert 'minBytes="0" maxBytes="0"' in text.splitlines()[0]
@@ -185,7 +185,7 @@ def algos(draw: st.DrawFn) -> Algo:
 @settings(max_examples=60, deadline=None)
 @given(algos())
 def test_roundtrip_property(a: Algo) -> None:
-    assert parse_msccl(to_xml(a)) == a
+    assert loads_msccl(to_xml(a)) == a
 
 
 def bad(lines: list[str], pattern: str) -> None:
@@ -281,13 +281,13 @@ def test_gpu_and_algo_errors() -> None:
     text = to_xml(algo([empty, empty], nchunks=1))
     with pytest.raises(XmlFormatError, match=r"algo\.xml:4: algo/gpu\[1\]: id: duplicate "
                                               r"gpu id 0 \(first at line 2\)"):
-        parse_msccl(text, file="algo.xml")
+        loads_msccl(text, file="algo.xml")
     with pytest.raises(XmlFormatError, match=r"unexpected element <stp>"):
-        parse_msccl(to_xml(ring()).replace("<step s=\"3\"", "<stp s=\"3\""), file="algo.xml")
+        loads_msccl(to_xml(ring()).replace("<step s=\"3\"", "<stp s=\"3\""), file="algo.xml")
     with pytest.raises(XmlFormatError, match=r"the root element must be <algo>"):
-        parse_msccl("<algorithm/>")
+        loads_msccl("<algorithm/>")
     with pytest.raises(XmlFormatError, match=r"not well-formed"):
-        parse_msccl("<algo")
+        loads_msccl("<algo")
 
 
 def test_two_tbs_on_one_connection_refused() -> None:
@@ -327,7 +327,7 @@ def test_nop_without_dependency_refused() -> None:
         roundtrip(a)
     # at the end of a tb it changes nothing
     raw = list(ring().gpus[0].tbs[0].steps) + [step(0, "nop", cnt=0)]
-    check_msccl(roundtrip(set_steps(ring(), 0, 0, raw)))
+    verify_msccl(roundtrip(set_steps(ring(), 0, 0, raw)))
 
 
 def test_fused_re_with_different_cnt_refused() -> None:
@@ -354,7 +354,7 @@ def test_xml_the_executor_cannot_lex(edit: object, line: int, pattern: str) -> N
     text = edit(to_xml(ring()))  # type: ignore[operator]
     with pytest.raises(XmlFormatError, match=rf"^algo\.xml:{line}: {pattern}.*the executor's "
                                               r"parser cannot read it"):
-        parse_msccl(text, file="algo.xml")
+        loads_msccl(text, file="algo.xml")
 
 
 def test_to_xml_refuses_unreadable_name() -> None:
@@ -390,7 +390,7 @@ def test_limit_violations() -> None:
 @pytest.mark.parametrize("n", [2, 3, 4, 8])
 def test_ring_passes_both_modes(n: int) -> None:
     a = roundtrip(ring(n))
-    report = check_msccl(a)
+    report = verify_msccl(a)
     assert report.modes == ("inplace", "outofplace")
     assert report.steps == n * (2 * n - 1)
     assert report.messages == n * (2 * n - 2)
@@ -401,13 +401,13 @@ def test_ring_passes_both_modes(n: int) -> None:
 def test_allpairs_with_scratch_nops_and_dependencies_passes(n: int) -> None:
     a = roundtrip(allpairs(n))
     assert any(s.type == "nop" for s in a.gpus[0].tbs[-1].steps) or n == 2
-    report = check_msccl(a)
+    report = verify_msccl(a)
     assert report.modes == ("inplace", "outofplace")
 
 
 def check_error(a: Algo, pattern: str, **kw: object) -> str:
     with pytest.raises(ScheduleError) as err:
-        check_msccl(a, **kw)  # type: ignore[arg-type]
+        verify_msccl(a, **kw)  # type: ignore[arg-type]
     assert re.search(pattern, str(err.value)), str(err.value)
     return str(err.value)
 
@@ -511,7 +511,7 @@ def test_two_gpus_that_both_receive_first_deadlock() -> None:
     fixed = [set_steps(a, g, 0, [a.gpus[g].tbs[0].steps[k] for k in (1, 0, 2, 3)])
              for g in range(1)][0]
     fixed = set_steps(fixed, 1, 0, [a.gpus[1].tbs[0].steps[k] for k in (1, 0, 2, 3)])
-    assert check_msccl(fixed).messages == 2
+    assert verify_msccl(fixed).messages == 2
 
 
 def test_capacity_deadlock_under_simple_passes_with_more_room() -> None:
@@ -520,8 +520,8 @@ def test_capacity_deadlock_under_simple_passes_with_more_room() -> None:
     text = check_error(a, r"deadlock: 4 tbs cannot move")
     assert "gpu 0 tb 0 (send 1, recv 3, chan 0) step 0 s: waits for buffer space toward " \
            "gpu 1 on channel 0 (0 of 2 units queued, the message is 3)" in text
-    assert check_msccl(a, capacity=4).max_fifo_depth == 3
-    assert check_msccl(dataclasses.replace(a, proto="LL")).capacity == 8
+    assert verify_msccl(a, capacity=4).max_fifo_depth == 3
+    assert verify_msccl(dataclasses.replace(a, proto="LL")).capacity == 8
 
 
 def test_rendezvous_when_receiver_waits() -> None:
@@ -531,7 +531,7 @@ def test_rendezvous_when_receiver_waits() -> None:
                                                                   cnt=3)]),
                    (1, [step(0, "rrcs", "i", 0, "o", 0, cnt=3)])):
         gpus.append(Gpu(g, 3, 3, 0, (ThreadBlock(0, 1 - g, 1 - g, 0, numbered(raw)),)))
-    report = check_msccl(algo(gpus, nchunks=3))
+    report = verify_msccl(algo(gpus, nchunks=3))
     assert report.max_fifo_depth == 0 and report.messages == 2
 
 
@@ -550,7 +550,7 @@ def test_out_of_place_must_not_write_input() -> None:
     a = replace_step(ring(), 0, 0, 6, dstbuf="i")
     check_error(a, r"\(out-of-place\): gpu 0 tb 0 step 6 \(r\) writes i\[2\], the input "
                    r"buffer")
-    check_msccl(dataclasses.replace(a, outofplace=False))
+    verify_msccl(dataclasses.replace(a, outofplace=False))
 
 
 def test_other_collectives_refused() -> None:
@@ -605,4 +605,4 @@ def test_any_moved_offset_in_the_ring_is_caught(data: st.DataObject) -> None:
         field = data.draw(st.sampled_from(["srcoff", "dstoff"]), label="field")
     new = data.draw(st.integers(0, n - 1).filter(lambda x: x != getattr(old, field)))
     with pytest.raises(ScheduleError):
-        check_msccl(replace_step(a, g, 0, k, **{field: new}))
+        verify_msccl(replace_step(a, g, 0, k, **{field: new}))

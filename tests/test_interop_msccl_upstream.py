@@ -17,10 +17,8 @@ from topoplan.bound import lower_bound
 from topoplan.cli import main
 from topoplan.cluster import loads_cluster
 from topoplan.errors import ScheduleError
-from topoplan.interop.msccl import (Algo, Gpu, ThreadBlock, check_msccl, parse_msccl,
-                                    read_msccl, to_xml)
-from topoplan.interop.msccl_export import export_msccl
-from topoplan.interop.msccl_import import import_msccl
+from topoplan.interop.msccl import (Algo, Gpu, ThreadBlock, export_msccl, import_msccl,
+                                    load_msccl, loads_msccl, to_xml, verify_msccl)
 from topoplan.verify import verify
 
 from .support.clusters import flat_cluster_yaml
@@ -85,7 +83,7 @@ def _rows_ops(schedule) -> list[list[set[tuple]]]:
 @pytest.mark.parametrize("n", [2, 3, 4, 5])
 def test_a_received_row_added_chunk_by_chunk_is_one_reducing_recv(n: int) -> None:
     a = roundtrip(rows(n))
-    assert check_msccl(a).modes == ("inplace",)
+    assert verify_msccl(a).modes == ("inplace",)
     schedule = import_msccl(a)
     verify(schedule)
     assert schedule.nsteps == 2  # all-pairs: one exchange to sum the rows, one to share
@@ -114,7 +112,7 @@ def _edit(a: Algo, g: int, tb: int, k: int, **changes: object) -> Algo:
 def _refused(a: Algo, checker: str, why: str) -> None:
     """The checker refuses ``a`` (``checker``); unchecked, the import names the step."""
     with pytest.raises(ScheduleError, match=checker):
-        check_msccl(a)
+        verify_msccl(a)
     with pytest.raises(ScheduleError, match=why):
         import_msccl(a, check=False)
 
@@ -146,7 +144,7 @@ def test_scratch_added_twice_never_or_across_chunks_is_refused() -> None:
 @pytest.mark.parametrize("n, split", [(3, 1), (4, 2), (5, 3)])
 def test_a_reduce_that_reads_two_receives_waits_for_both(n: int, split: int) -> None:
     a = roundtrip(rows(n, split))
-    assert check_msccl(a).modes == ("inplace",)
+    assert verify_msccl(a).modes == ("inplace",)
     schedule = import_msccl(a)
     verify(schedule)
     assert schedule.nsteps == 2
@@ -168,15 +166,15 @@ UPSTREAM = {"allreduce_a100_allpairs_8.xml": 8,
 
 
 def _upstream(name: str):
-    return import_msccl(read_msccl(DATA / name))
+    return import_msccl(load_msccl(DATA / name))
 
 
 @pytest.mark.parametrize("name", UPSTREAM)
 def test_msccl_tools_allpairs_imports_as_its_exchanges(name: str) -> None:
     ranks = UPSTREAM[name]
-    a = read_msccl(DATA / name)
+    a = load_msccl(DATA / name)
     assert (a.ngpus, a.nchunksperloop, a.proto, a.inplace) == (ranks, 64, "LL", True)
-    assert check_msccl(a).modes == ("inplace",)
+    assert verify_msccl(a).modes == ("inplace",)
     schedule = import_msccl(a)
     verify(schedule)
     assert schedule.collective == "allreduce" and schedule.nranks == ranks
@@ -215,8 +213,8 @@ def test_msccl_tools_allpairs_simulates_near_the_bound(name: str) -> None:
 def test_msccl_tools_allpairs_exports_and_comes_back_the_same(name: str) -> None:
     schedule = _upstream(name)
     result = export_msccl(schedule, proto="LL")  # the file's protocol
-    algo = parse_msccl(to_xml(result.algo))
-    assert check_msccl(algo).modes == ("inplace", "outofplace")
+    algo = loads_msccl(to_xml(result.algo))
+    assert verify_msccl(algo).modes == ("inplace", "outofplace")
     back = import_msccl(algo)
     assert _rows_ops(back) == _rows_ops(schedule)
     cluster = loads_cluster(flat_cluster_yaml(schedule.nranks, 8))

@@ -18,8 +18,10 @@ cluster under the runtime's cost profile. docs/ESTIMATE.md states the model; in 
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,8 +41,8 @@ __all__ = ["Throughput", "THROUGHPUTS", "GPUS", "Bucket", "Estimate", "estimate"
 #: (:data:`PEAKS`) to derive one from.
 GPUS = ("K80", "P100", "V100", "A100", "H100", "H200", "B200")
 
-#: The headline numbers of :meth:`Estimate.to_json`, its first keys, in order
-#: (``topoplan estimate --json``).
+#: The headline numbers of :meth:`Estimate.to_dict` (and :meth:`Estimate.to_json`), its
+#: first keys, in order (``topoplan estimate --json``).
 JSON_KEYS = ("iteration_s", "compute_s", "comm_s", "exposed_comm_s", "samples_per_s",
              "efficiency")
 
@@ -321,8 +323,8 @@ class Estimate:
     compute_source: str = ""
     gpu: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        """``topoplan estimate --json``: the six headline numbers (:data:`JSON_KEYS`), then
+    def to_dict(self) -> dict[str, Any]:
+        """The estimate as plain data: the six headline numbers (:data:`JSON_KEYS`), then
         the efficiency against one box, what was estimated, and the buckets (each fused
         allreduce: bytes, tensors, ready, start and end in seconds, its plan)."""
         out: dict[str, Any] = {key: float(getattr(self, key)) for key in JSON_KEYS}
@@ -335,6 +337,51 @@ class Estimate:
                              "start_s": b.start_s, "end_s": b.end_s,
                              "algorithm": b.algorithm} for b in self.buckets])
         return out
+
+    def to_json(self, indent: int | None = None) -> str:
+        """:meth:`to_dict` as JSON text (``topoplan estimate --json``), as
+        :meth:`topoplan.schedule.Schedule.to_json` returns text.
+
+        It used to return the dict; for a deprecation period the text still answers the
+        dict's lookups (``["iteration_s"]``, ``get``, ``keys``, ``items``, ``values``),
+        each with a DeprecationWarning naming :meth:`to_dict`.
+        """
+        return _JsonText(self.to_dict(), indent)
+
+
+class _JsonText(str):
+    """JSON text that also answers, with a DeprecationWarning, the dict lookups callers of
+    :meth:`Estimate.to_json` made when it returned the dict. Everything else (iterating,
+    ``len``, ``in``, ``json.dumps``) sees the text it is."""
+
+    _data: dict[str, Any]
+
+    def __new__(cls, data: dict[str, Any], indent: int | None = None) -> _JsonText:
+        text = super().__new__(cls, json.dumps(data, indent=indent))
+        text._data = data
+        return text
+
+    def _dict(self, use: str) -> dict[str, Any]:
+        warnings.warn(f"Estimate.to_json() returns JSON text; {use} on it is deprecated: use "
+                      "Estimate.to_dict() for the dict", DeprecationWarning, stacklevel=3)
+        return self._data
+
+    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
+        if isinstance(key, str):
+            return self._dict(f"[{key!r}]")[key]
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._dict(".get()").get(key, default)
+
+    def keys(self) -> Any:
+        return self._dict(".keys()").keys()
+
+    def items(self) -> Any:
+        return self._dict(".items()").items()
+
+    def values(self) -> Any:
+        return self._dict(".values()").values()
 
 
 def one_box(cluster: Cluster) -> Cluster:

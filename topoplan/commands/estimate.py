@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from ..units import format_size, format_time, parse_count, parse_latency, parse_size
 from .common import add_profile_argument, checked_arg, console, positive_int, table
@@ -83,7 +82,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
                       fusion=args.fusion, backward_fraction=args.backward_fraction,
                       algorithm=args.algorithm, profile=args.profile)
     if args.json:
-        print(json.dumps(result.to_json()))
+        print(result.to_json())
         return 0
     out = console()
     out.print(f"[bold]{result.model}[/bold] ({result.params:,} parameters) on {result.cluster}: "

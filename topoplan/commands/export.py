@@ -60,8 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     if args.format == "nccl-tuner":
         return _nccl_tuner(args)
-    from ..interop.msccl import Limits, to_xml
-    from ..interop.msccl_export import export_msccl
+    from ..interop.msccl import Limits, export_msccl, to_xml
 
     schedule = load_schedule(args.plan)
     try:

@@ -62,12 +62,11 @@ def _format(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from ..interop.msccl import check_msccl, read_msccl
-    from ..interop.msccl_import import import_msccl
+    from ..interop.msccl import import_msccl, load_msccl, verify_msccl
 
     fmt, path = _format(args)
-    algo = read_msccl(path)
-    report = check_msccl(algo)
+    algo = load_msccl(path)
+    report = verify_msccl(algo)
     schedule = import_msccl(algo, check=False)
     if args.json:
         if args.output:

@@ -7,6 +7,11 @@ a :class:`~topoplan.errors.TransportError` names the rank. :func:`bench` plans e
 algorithm for the collective on the *scaled* cluster (the one the testbed emulates),
 verifies and simulates it, runs it and the transport's native collective, and returns
 one row per (algorithm, size).
+
+Three modules are named bench: this one (runs inside the emulated testbed, behind
+``topoplan testbed bench``); :mod:`topoplan.bench`, the library that replays a schedule
+over a transport on the ranks it is given and prints nccl-tests rows; and
+:mod:`topoplan.commands.bench`, the ``topoplan bench`` command in front of that library.
 """
 
 from __future__ import annotations

@@ -16,6 +16,13 @@ separate ``alpha`` from the transfers; the step, op and call overheads of the ho
 profile are folded into it. The calibration runs differ from the measured cases (small
 sizes, ring and tree only), so a calibrated prediction of a large ``mcf`` run is
 still a prediction.
+
+Three modules are named calibrate: this one (the testbed's, used by
+:mod:`topoplan.testbed.bench` behind ``topoplan testbed bench``);
+:mod:`topoplan.calibrate`, the library that calibrates a transport on one host (and whose
+:func:`~topoplan.calibrate.fit` this module fits with); and
+:mod:`topoplan.commands.calibrate`, the ``topoplan calibrate`` command in front of that
+library.
 """
 
 from __future__ import annotations
