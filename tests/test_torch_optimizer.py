@@ -313,7 +313,7 @@ def test_hook_state_is_a_context_manager_that_closes_and_collects(tmp_path):
         gated.gate.set()
         with TopoplanHookState(allreduce=gated) as state:
             assert allreduce_hook(state, Bucket(torch.ones(2))).wait().sum() == 6
-            thread = state._thread
+            thread = state._progress.thread
             cycle = Cycle()
             cycle.me = cycle
             left = weakref.ref(cycle)
@@ -323,7 +323,7 @@ def test_hook_state_is_a_context_manager_that_closes_and_collects(tmp_path):
             with TopoplanHookState(allreduce=gated) as failing:
                 allreduce_hook(failing, Bucket(torch.ones(2))).wait()
                 raise RuntimeError("in the block")
-        assert failing._closed and not failing._thread.is_alive()
+        assert failing._progress.closed and not failing._progress.thread.is_alive()
     finally:
         gc.enable()
         dist.destroy_process_group()
