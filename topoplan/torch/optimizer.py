@@ -55,26 +55,11 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from .buffers import BufferPool
 from .compression import Compression, Compressor
+from .fusion import fuse
 
 __all__ = ["DistributedOptimizer", "broadcast_parameters"]
-
-
-class _Group:
-    """Parameters fused into one flat buffer: same dtype, at most the threshold in bytes."""
-
-    __slots__ = ("params", "names", "numels", "dtype", "buffers")
-
-    def __init__(self, dtype: torch.dtype) -> None:
-        self.params: list[torch.nn.Parameter] = []
-        self.names: list[str] = []
-        self.numels: list[int] = []
-        self.dtype = dtype
-        self.buffers: list[torch.Tensor] = []   # two of them with double buffering
-
-    @property
-    def numel(self) -> int:
-        return sum(self.numels)
 
 
 _SUBCLASSES: dict[type, type] = {}
@@ -281,31 +266,12 @@ class DistributedOptimizer:
             seen[id(p)] = name
         return [(name, p) for name, p in named if p.requires_grad]
 
-    def _fuse(self, named: list[tuple[str, torch.nn.Parameter]]) -> list[_Group]:
-        groups: list[_Group] = []
-        open_group: dict[tuple[torch.dtype, torch.device], _Group] = {}
-        for name, p in named:
-            key = (p.dtype, p.device)
-            nbytes = p.numel() * p.element_size()
-            group = open_group.get(key)
-            if (group is None or self.fusion_threshold == 0
-                    or (group.numel * p.element_size() + nbytes > self.fusion_threshold)):
-                group = _Group(p.dtype)
-                groups.append(group)
-                open_group[key] = group
-            group.params.append(p)
-            group.names.append(name)
-            group.numels.append(p.numel())
-        return groups
-
     def _layout(self, named: list[tuple[str, torch.nn.Parameter]]) -> None:
         """Fuse ``named`` (in buffer order) into groups with their buffers, and (overlap)
         the per-step state and the gradient hooks."""
-        self.groups = self._fuse(named)
+        self.groups = fuse(named, self.fusion_threshold)
         nsets = 2 if self.double_buffering else 1
-        for group in self.groups:
-            group.buffers = [torch.empty(group.numel, dtype=group.dtype,
-                                         device=group.params[0].device) for _ in range(nsets)]
+        self._pool = BufferPool(self.groups, nsets)
         # Overlap: per buffer, gradients still to come this step, and calls in flight per
         # buffer set: (wire, ctx, handle) in start order.
         self._missing: list[int] = [len(g.params) for g in self.groups]
@@ -356,24 +322,6 @@ class DistributedOptimizer:
         self._layout([(name, by_name[name]) for name in order])
 
     # -- the exchange -----------------------------------------------------------------------
-    def _pack(self, which: int) -> list[torch.Tensor]:
-        return [self._pack_group(group, which) for group in self.groups]
-
-    def _pack_group(self, group: _Group, which: int) -> torch.Tensor:
-        flat = group.buffers[which]
-        offset = 0
-        with torch.no_grad():
-            for p, n in zip(group.params, group.numels):
-                piece = flat[offset:offset + n]
-                if p.grad is None:   # unused this step: contribute zeros, as Horovod does
-                    piece.zero_()
-                else:
-                    piece.copy_(p.grad.reshape(-1))
-                offset += n
-            # Pre-scale so the sum is the mean: keeps fp16 in range and needs no post-divide.
-            flat.div_(self.world_size)
-        return flat
-
     # -- overlap: start buffers from the gradient hooks -------------------------------------
     def _make_hook(self, index: int, name: str) -> Callable[[torch.Tensor], None]:
         def hook(_param: torch.Tensor) -> None:
@@ -394,7 +342,7 @@ class DistributedOptimizer:
 
     def _this_set(self) -> int:
         """The buffer set this step packs into (double buffering alternates two)."""
-        return self.steps % 2 if self.double_buffering else 0
+        return self._pool.set_of(self.steps)
 
     def _poll(self) -> None:
         which = self._this_set()
@@ -413,7 +361,7 @@ class DistributedOptimizer:
         while self._started < len(self.groups) and (
                 everything or self._missing[self._started] == 0):
             index = self._started
-            flat = self._pack_group(self.groups[index], which)
+            flat = self._pool.pack_one(index, which, self.world_size)
             wire, ctx = self.compression.compress(flat)
             calls[index] = (wire, ctx, start(wire))
             self._spans[which].append([time.perf_counter(), math.nan])
@@ -453,7 +401,7 @@ class DistributedOptimizer:
                 wire, ctx, handle = call
                 handle.wait()
                 _seen_done(calls[index:index + 1], self._spans[which][index:index + 1])
-                flat = self.groups[index].buffers[which]
+                flat = self._pool.flat(index, which)
                 restored = self.compression.decompress(wire, ctx)
                 if restored.data_ptr() != flat.data_ptr():
                     flat.copy_(restored)
@@ -485,18 +433,6 @@ class DistributedOptimizer:
             if restored.data_ptr() != flat.data_ptr():
                 flat.copy_(restored)
 
-    def _unpack(self, which: int) -> None:
-        for group in self.groups:
-            flat = group.buffers[which]
-            offset = 0
-            for p, n in zip(group.params, group.numels):
-                piece = flat[offset:offset + n].view_as(p)
-                if p.grad is None:
-                    p.grad = piece.clone()
-                else:
-                    p.grad.copy_(piece)
-                offset += n
-
     def synchronize(self) -> bool:
         """Exchange gradients; afterwards ``p.grad`` holds what :meth:`step` will apply.
 
@@ -519,31 +455,31 @@ class DistributedOptimizer:
             self._start_ready(everything=True)
             if not self.double_buffering:
                 self._finish(0)
-                self._unpack(0)
+                self._pool.unpack(0)
                 self._ready = True
                 return True
             had_pending = self._finish(1 - which)
             if had_pending:
-                self._unpack(1 - which)
+                self._pool.unpack(1 - which)
             self._pending_set = which
             self._ready = had_pending
             return had_pending
         if not self.double_buffering:
-            buffers = self._pack(0)
+            buffers = self._pool.pack(0, self.world_size)
             start = time.perf_counter()
             self._reduce(buffers)
             self.wait_seconds += time.perf_counter() - start
-            self._unpack(0)
+            self._pool.unpack(0)
             self._ready = True
             return True
         had_pending = self._wait()
-        which = self.steps % 2
-        buffers = self._pack(which)
+        which = self._this_set()
+        buffers = self._pool.pack(which, self.world_size)
         assert self._worker is not None
         self._pending = self._worker.submit(self._reduce, buffers)
         self._pending_set = which
         if had_pending:
-            self._unpack(1 - which)
+            self._pool.unpack(1 - which)
         self._ready = had_pending
         return had_pending
 
@@ -593,7 +529,7 @@ class DistributedOptimizer:
                 return False
         elif not self._wait():
             return False
-        self._unpack(self._pending_set)
+        self._pool.unpack(self._pending_set)
         self.optimizer.step()
         self.applied += 1
         return True
