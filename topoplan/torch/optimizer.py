@@ -58,6 +58,7 @@ import torch
 from .buffers import BufferPool
 from .compression import Compression, Compressor
 from .fusion import fuse
+from .relayout import backward_order
 
 __all__ = ["DistributedOptimizer", "broadcast_parameters"]
 
@@ -291,37 +292,15 @@ class DistributedOptimizer:
 
     def _relayout(self) -> None:
         """After the first overlapped step: lay the buffers out in the order backward made
-        the gradients, as DDP rebuilds its buckets, where reverse parameter order had a
-        buffer fill before the one ahead of it (a model that registers its layers out of
-        forward order would otherwise start its first buffer only when its last gradient
-        came). Ranks must agree on the layout: every rank allreduces a fingerprint of the
-        order it saw (one small call, once), and on any difference all keep theirs. Not
-        with double buffering, whose previous buffers are still in flight, nor with one
-        buffer."""
+        the gradients (see :mod:`topoplan.torch.relayout`). Not with double buffering,
+        whose previous buffers are still in flight."""
         made, self._made = self._made, None
-        if made is None or self.double_buffering or len(self.groups) < 2:
-            return  # (one buffer: no order to fix; the same on every rank)
-        current = [(name, p) for g in self.groups for name, p in zip(g.names, g.params)]
-        position = {name: i for i, (name, _) in enumerate(current)}
-        order = list(dict.fromkeys(made))
-        arrived = {name: i for i, name in enumerate(order)}
-        order += [name for name, _ in current if name not in arrived]  # unused ones last
-        weight = torch.arange(1, len(order) + 1, dtype=torch.float64)  # place in the order
-        index = torch.tensor([position[name] for name in order], dtype=torch.float64)
-        mine = torch.stack([(weight * index).sum(), (weight * index * index).sum()])
-        total = mine.clone()
-        self.allreduce(total)
-        if not torch.equal(total, mine * self.world_size):
-            return  # ranks saw different orders: keep the layout they share
-        # A buffer is full when its last gradient arrives (never, with an unused one):
-        # in index order, every buffer starts the moment it is full; keep that layout.
-        full = [max(arrived.get(name, math.inf) for name in g.names) for g in self.groups]
-        if all(a <= b for a, b in zip(full, full[1:])):
+        if made is None or self.double_buffering:
             return
-        by_name = dict(current)
-        self._layout([(name, by_name[name]) for name in order])
+        order = backward_order(self.groups, made, self.allreduce, self.world_size)
+        if order is not None:
+            self._layout(order)
 
-    # -- the exchange -----------------------------------------------------------------------
     # -- overlap: start buffers from the gradient hooks -------------------------------------
     def _make_hook(self, index: int, name: str) -> Callable[[torch.Tensor], None]:
         def hook(_param: torch.Tensor) -> None:
