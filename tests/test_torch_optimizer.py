@@ -344,10 +344,11 @@ def test_distributed_optimizer_is_a_context_manager():
                 F.cross_entropy(model(x), y).backward()
                 opt.step()
             opt.finalize()
-        return opt._hooks, opt._poller
+        progress = opt._overlap.progress
+        return opt._overlap.hooks, progress.closed, progress.thread
 
-    for hooks, poller in Local.launch(2, rank_fn, timeout=60):
-        assert hooks == [] and poller is None
+    for hooks, closed, thread in Local.launch(2, rank_fn, timeout=60):
+        assert hooks == [] and closed and (thread is None or not thread.is_alive())
 
 
 # ---- overlap: buffers started from the gradient hooks during backward ---------------------
@@ -612,19 +613,6 @@ def test_the_time_in_communication_is_measured_in_every_mode(overlap, dbuf):
         assert 0 <= wait <= wall
         if not overlap and not dbuf:  # the blocking calls are all it waits for
             assert comm <= wait
-
-
-def test_covered_counts_overlapping_calls_once():
-    import math
-
-    from topoplan.torch.optimizer import _covered
-    nan = float("nan")
-    assert _covered([]) == (0.0, -math.inf)
-    assert _covered([[0.0, 1.0], [0.5, 1.5], [3.0, 4.0]]) == pytest.approx((2.5, 4.0))
-    assert _covered([[0.0, 2.0], [0.5, 1.0]]) == pytest.approx((2.0, 2.0))  # inside another
-    assert _covered([[0.0, 1.0], [0.2, nan]]) == pytest.approx((1.0, 1.0))  # never seen done
-    # the other buffer set (double buffering) counted up to 3.5 already
-    assert _covered([[3.0, 4.0], [5.0, 6.0]], 3.5) == pytest.approx((1.5, 6.0))
 
 
 def test_double_buffering_warns_about_high_momentum():

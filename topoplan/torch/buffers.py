@@ -4,16 +4,22 @@ With double buffering (ChainerMN's ``double_buffering=True``, Suzuki 2018) step 
 packs its gradients into set ``t % 2`` and starts their allreduce while set
 ``1 - t % 2``, the previous step's, is still in flight or waiting to be applied; without
 it every step uses set 0. :class:`~topoplan.torch.DistributedOptimizer` keeps one
-:class:`BufferPool` a layout.
+:class:`BufferPool` a layout and, with double buffering but without overlap, one
+:class:`Background` worker that reduces a set while the next step computes.
 """
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
+
 import torch
 
 from .fusion import FusionGroup
+from .timing import CommTime
 
-__all__ = ["BufferPool"]
+__all__ = ["BufferPool", "Background"]
 
 
 class BufferPool:
@@ -52,3 +58,42 @@ class BufferPool:
         """Write set ``which`` back into the gradients."""
         for group, flats in zip(self.groups, self._flats):
             group.unpack(flats[which])
+
+
+class Background:
+    """One worker thread that reduces a packed buffer set while the next step computes.
+
+    Parameters
+    ----------
+    reduce : callable
+        ``reduce(buffers)`` allreduces the buffers in place (on the worker thread).
+    clock : CommTime
+        :meth:`wait` adds the time it blocked to ``clock.wait_seconds``.
+    """
+
+    def __init__(self, reduce: Callable[[list[torch.Tensor]], None], clock: CommTime) -> None:
+        self.reduce = reduce
+        self.clock = clock
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="topoplan-dbuf")
+        self._pending: Future | None = None
+
+    def submit(self, buffers: list[torch.Tensor]) -> None:
+        """Start reducing ``buffers`` on the worker (after :meth:`wait` for the last)."""
+        self._pending = self._worker.submit(self.reduce, buffers)
+
+    def wait(self) -> bool:
+        """Block until the reduction submitted last (if any) is done; whether there was one."""
+        if self._pending is None:
+            return False
+        start = time.perf_counter()
+        try:
+            self._pending.result()   # re-raises a TransportError from the worker
+        finally:
+            self.clock.wait_seconds += time.perf_counter() - start
+            self._pending = None
+        return True
+
+    def close(self) -> None:
+        """Wait for the pending reduction and stop the worker."""
+        self.wait()
+        self._worker.shutdown(wait=True)
