@@ -7,7 +7,8 @@ Same contract as ``torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py`
         train(ddp)
     dist.destroy_process_group()
 
-(or ``with register(ddp, cluster) as state:``). Leaving the block closes the state and
+(or ``with register_hook(ddp, cluster) as state:``; ``register`` is the same function).
+Leaving the block closes the state and
 collects the reference cycles training left (see :meth:`TopoplanHookState.__exit__`);
 ``state.close()`` and ``gc.collect()`` by hand do the same.
 
@@ -43,7 +44,8 @@ from .compression import Compression
 from .planned import PlannedAllreduce
 from .progress import ProgressThread
 
-__all__ = ["TopoplanHookState", "allreduce_hook", "fp16_compress_hook", "register"]
+__all__ = ["TopoplanHookState", "allreduce_hook", "fp16_compress_hook", "register_hook",
+           "register"]
 
 
 class TopoplanHookState:
@@ -213,14 +215,42 @@ def fp16_compress_hook(state: TopoplanHookState,
     return state.launch(wire, finish)
 
 
-def register(ddp: torch.nn.parallel.DistributedDataParallel, cluster: Any = None, *,
-             algorithm: str = "auto", fp16: bool = False, **state_kwargs: Any) -> TopoplanHookState:
-    """Build a :class:`TopoplanHookState` and register the right hook on ``ddp``.
+def register_hook(ddp: torch.nn.parallel.DistributedDataParallel, cluster: Any = None, *,
+                  algorithm: str = "auto", fp16: bool = False,
+                  **state_kwargs: Any) -> TopoplanHookState:
+    """Register topoplan's DDP communication hook on ``ddp``; return its state.
 
-    Returns the state (``comm_seconds``: the time in communication), a context manager:
-    ``with register(ddp, cluster) as state: ...``.
+    Builds a :class:`TopoplanHookState` on ``ddp``'s process group and calls
+    ``ddp.register_comm_hook(state, hook)`` with :func:`allreduce_hook`, or
+    :func:`fp16_compress_hook` with ``fp16=True``. ``register`` is the same function
+    (the name it had first); neither registers a planner (:mod:`topoplan.planners`) or
+    a CLI subcommand (:mod:`topoplan.commands`).
+
+    Parameters
+    ----------
+    ddp : torch.nn.parallel.DistributedDataParallel
+        The model to hook.
+    cluster : topoplan.cluster.Cluster, optional
+        The topology (see :class:`TopoplanHookState`).
+    algorithm : str
+        Planner for every bucket size.
+    fp16 : bool
+        Send fp16 on the wire.
+    **state_kwargs
+        More :class:`TopoplanHookState` arguments (``allreduce=``, ``timeout=``).
+
+    Returns
+    -------
+    TopoplanHookState
+        ``comm_seconds``: the time in communication; a context manager:
+        ``with register_hook(ddp, cluster) as state: ...``.
     """
     state = TopoplanHookState(cluster, algorithm=algorithm,
                               process_group=ddp.process_group, **state_kwargs)
     ddp.register_comm_hook(state, fp16_compress_hook if fp16 else allreduce_hook)
     return state
+
+
+#: The first name of :func:`register_hook`, kept: torch's own verb
+#: (``register_comm_hook``) and the one the README uses.
+register = register_hook
