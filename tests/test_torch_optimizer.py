@@ -615,6 +615,21 @@ def test_the_time_in_communication_is_measured_in_every_mode(overlap, dbuf):
             assert comm <= wait
 
 
+def test_the_time_counters_are_attributes_a_user_can_reset():
+    """comm_seconds and wait_seconds live in the optimizer's CommTime, which its parts add
+    to; setting them (say, between epochs) still works."""
+    model, batches = model_and_data()
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), FakeWorld(2))
+    for x, y in batches[:2]:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        assert opt.comm_seconds > 0 and opt.wait_seconds > 0
+        opt.comm_seconds = opt.wait_seconds = 0.0
+        assert (opt.comm_seconds, opt.wait_seconds) == (0.0, 0.0)
+        assert (opt._time.comm_seconds, opt._time.wait_seconds) == (0.0, 0.0)
+
+
 def test_double_buffering_warns_about_high_momentum():
     """Double buffering applies gradients one step late; with momentum >= 0.9 SGD on the
     digits CNN loses accuracy or diverges where synchronous training converges."""

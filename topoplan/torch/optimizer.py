@@ -87,6 +87,13 @@ def _warn_if_stale_momentum(optimizer: Any) -> None:
             "momentum (e.g. 0.5)", UserWarning, stacklevel=3)
 
 
+def _counter(name: str, doc: str) -> Any:
+    """A read-write attribute of DistributedOptimizer kept in its :class:`CommTime`, which
+    the parts that communicate add to."""
+    return property(lambda self: getattr(self._time, name),
+                    lambda self, seconds: setattr(self._time, name, seconds), doc=doc)
+
+
 #: Seconds between the overlap thread's polls of the calls in flight; 0: no thread (the
 #: gradient hooks alone poll). On 4 ranks sharing 2 cores it costs more compute than it
 #: hides (scripts/bench_train.py --overlap); with spare cores it keeps MPI moving.
@@ -215,23 +222,10 @@ class DistributedOptimizer:
         self._ready = False          # p.grad holds averaged gradients to apply
         self._pending_set = 0        # double buffering: the set in flight, to apply next
 
-    @property
-    def comm_seconds(self) -> float:
-        """Wall time with an allreduce in flight (see Attributes)."""
-        return self._time.comm_seconds
-
-    @comm_seconds.setter
-    def comm_seconds(self, seconds: float) -> None:
-        self._time.comm_seconds = seconds
-
-    @property
-    def wait_seconds(self) -> float:
-        """Time :meth:`step` and :meth:`finalize` spent blocked on communication."""
-        return self._time.wait_seconds
-
-    @wait_seconds.setter
-    def wait_seconds(self, seconds: float) -> None:
-        self._time.wait_seconds = seconds
+    comm_seconds = _counter("comm_seconds", "Wall time with an allreduce in flight "
+                                            "(see Attributes).")
+    wait_seconds = _counter("wait_seconds", "Time :meth:`step` and :meth:`finalize` spent "
+                                            "blocked on communication.")
 
     # -- set-up -----------------------------------------------------------------------------
     def _named(self, named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None
