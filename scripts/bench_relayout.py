@@ -84,7 +84,7 @@ def main() -> int:
                 named_parameters=model.named_parameters(), fusion_threshold=1 << 20,
                 overlap=mode != MODES[0])
             if mode == MODES[1]:
-                opt._made = None  # keep the first layout
+                opt._overlap.made = None  # keep the first layout
             steps = []
             gen = torch.Generator().manual_seed(world.rank)
             for _step in range(args.steps):

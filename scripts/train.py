@@ -295,7 +295,8 @@ def make_allreduce(world: World, cluster: Any, algorithm: str, timeout: float) -
 # -- training ---------------------------------------------------------------------------------
 def train(args: argparse.Namespace, world: World, progress: bool = False) -> dict[str, Any]:
     """Train, evaluate, and return the result record (the same on every rank but timings)."""
-    from topoplan.torch import Compression, DistributedOptimizer, broadcast_parameters, register
+    from topoplan.torch import (Compression, DistributedOptimizer, broadcast_parameters,
+                                register_hook)
 
     if args.batch_size % world.size:
         raise TopoplanError(f"--batch-size {args.batch_size} is not divisible by {world.size} ranks")
@@ -326,10 +327,11 @@ def train(args: argparse.Namespace, world: World, progress: bool = False) -> dic
         if args.algorithm == "native":
             from topoplan.torch.planned import torch_native_allreduce
 
-            state = register(ddp, fp16=args.fp16_allreduce, allreduce=torch_native_allreduce())
+            state = register_hook(ddp, fp16=args.fp16_allreduce,
+                                  allreduce=torch_native_allreduce())
         else:
-            state = register(ddp, cluster, algorithm=args.algorithm, fp16=args.fp16_allreduce,
-                             timeout=args.timeout)
+            state = register_hook(ddp, cluster, algorithm=args.algorithm,
+                                  fp16=args.fp16_allreduce, timeout=args.timeout)
         net: nn.Module = ddp
         optimizer: Any = inner
         allreduce = state.allreduce

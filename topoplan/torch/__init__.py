@@ -3,7 +3,8 @@
 ``import topoplan`` does not import torch; ``import topoplan.torch`` does.
 
 - :func:`allreduce_hook` / :func:`fp16_compress_hook` with :class:`TopoplanHookState`:
-  ``ddp.register_comm_hook(state, hook)``, PyTorch's exact hook contract.
+  ``ddp.register_comm_hook(state, hook)``, PyTorch's exact hook contract;
+  :func:`register_hook` (alias ``register``) does both.
 - :class:`DistributedOptimizer`: tensor fusion, fp16 allreduce, double buffering.
 - :class:`Compression`: ``none`` / ``fp16`` with ``compress(t) -> (t, ctx)``.
 - :class:`PlannedAllreduce`: a topoplan schedule per byte size over any transport.
@@ -20,7 +21,8 @@ except ImportError:  # pragma: no cover - depends on the environment
     raise ImportError("topoplan.torch needs PyTorch: pip install 'topoplan[torch]'") from None
 
 from .compression import Compression, Compressor, FP16Compressor, NoneCompressor
-from .hooks import TopoplanHookState, allreduce_hook, fp16_compress_hook, register
+from .hooks import (TopoplanHookState, allreduce_hook, fp16_compress_hook, register,
+                    register_hook)
 from .optimizer import DistributedOptimizer, broadcast_parameters
 from .planned import (AllreduceStats, PlannedAllreduce, mpi_native_allreduce,
                       torch_native_allreduce)
@@ -28,7 +30,7 @@ from .sharded import (FSDPAllGather, FSDPReduceScatter, PlannedCollectives, Plan
                       register_fsdp)
 
 __all__ = ["Compression", "Compressor", "FP16Compressor", "NoneCompressor", "TopoplanHookState",
-           "allreduce_hook", "fp16_compress_hook", "register", "DistributedOptimizer",
-           "broadcast_parameters", "AllreduceStats", "PlannedAllreduce", "mpi_native_allreduce",
-           "torch_native_allreduce", "PlannedCollectives", "PlannedWork", "FSDPAllGather",
-           "FSDPReduceScatter", "register_fsdp"]
+           "allreduce_hook", "fp16_compress_hook", "register_hook", "register",
+           "DistributedOptimizer", "broadcast_parameters", "AllreduceStats", "PlannedAllreduce",
+           "mpi_native_allreduce", "torch_native_allreduce", "PlannedCollectives", "PlannedWork",
+           "FSDPAllGather", "FSDPReduceScatter", "register_fsdp"]

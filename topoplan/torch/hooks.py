@@ -7,7 +7,8 @@ Same contract as ``torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py`
         train(ddp)
     dist.destroy_process_group()
 
-(or ``with register(ddp, cluster) as state:``). Leaving the block closes the state and
+(or ``with register_hook(ddp, cluster) as state:``; ``register`` is the same function).
+Leaving the block closes the state and
 collects the reference cycles training left (see :meth:`TopoplanHookState.__exit__`);
 ``state.close()`` and ``gc.collect()`` by hand do the same.
 
@@ -19,22 +20,20 @@ in the order DDP hands buckets over (bucket index order on every rank) and retur
 Future that the handle completes, so the allreduce of bucket k overlaps the backward
 pass that fills bucket k+1. DDP waits on the Futures from C++, where nothing moves the
 transport, and gloo's point-to-point work only completes inside a wait, so one progress
-thread per state waits on the calls in flight in start order and completes their
-Futures (one thread for all calls, not one per call). An ``allreduce`` callable
-without ``start`` runs whole on that thread instead. :meth:`TopoplanHookState.close`
-stops the thread; states still open at interpreter exit are closed by an ``atexit``
-handler, because a progress thread that has run DDP's Future callbacks and is still
-alive when the interpreter shuts down aborts the process (``terminate called without
-an active exception``, seen on about half of 2-rank gloo runs).
+thread per state (a :class:`~topoplan.torch.progress.ProgressThread`) waits on the calls
+in flight in start order and completes their Futures (one thread for all calls, not one
+per call). An ``allreduce`` callable without ``start`` runs whole on that thread
+instead. :meth:`TopoplanHookState.close` stops the thread; threads still running at
+interpreter exit are closed by an ``atexit`` handler, because a progress thread that
+has run DDP's Future callbacks and is still alive when the interpreter shuts down
+aborts the process (``terminate called without an active exception``, seen on about
+half of 2-rank gloo runs).
 """
 
 # No ``from __future__ import annotations`` here: DDP checks the hook's annotations
 # against dist.GradBucket and Future[Tensor] as objects, and strings fail that check.
-import atexit
 import gc
-import threading
 import time
-import weakref
 from typing import Any, Callable
 
 import torch
@@ -43,8 +42,10 @@ import torch.distributed as dist
 from ..errors import TopoplanError
 from .compression import Compression
 from .planned import PlannedAllreduce
+from .progress import ProgressThread
 
-__all__ = ["TopoplanHookState", "allreduce_hook", "fp16_compress_hook", "register"]
+__all__ = ["TopoplanHookState", "allreduce_hook", "fp16_compress_hook", "register_hook",
+           "register"]
 
 
 class TopoplanHookState:
@@ -103,11 +104,12 @@ class TopoplanHookState:
         # Wall time with a call in flight (time when several were counted once).
         self.comm_seconds = 0.0
         self._last_done = 0.0
-        self._cond = threading.Condition()
+        # Calls in flight in start order, guarded by the progress thread's lock; at close
+        # the thread finishes them all (drain) before it stops.
         self._inflight: list[tuple[Any, torch.futures.Future, Callable[[], torch.Tensor],
                                    float]] = []
-        self._closed = False
-        self._thread: threading.Thread | None = None
+        self._progress = ProgressThread(self._complete_first, lambda: bool(self._inflight),
+                                        name="topoplan-ddp-progress", drain=True)
 
     def _share(self, obj: Any) -> Any:
         holder = [obj]
@@ -128,55 +130,40 @@ class TopoplanHookState:
         except BaseException as exc:  # noqa: BLE001 - handed to DDP, which re-raises it
             future.set_exception(exc)
             return future
-        with self._cond:
-            if self._closed:
+        with self._progress.lock:
+            if self._progress.closed:
                 raise TopoplanError("TopoplanHookState is closed")
             self._inflight.append((handle, future, finish, began))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._progress, daemon=True,
-                                                name="topoplan-ddp-progress")
-                self._thread.start()
-                _OPEN.add(self)
-            self._cond.notify()
+            self._progress.wake()
         return future
 
-    def _progress(self) -> None:
-        while True:
-            with self._cond:
-                while not self._inflight and not self._closed:
-                    self._cond.wait()
-                if not self._inflight:
-                    return  # closed and drained
-                # Start order: every rank waits for the same call first.
-                handle, future, finish, began = self._inflight[0]
-            result: Any = None
-            try:
-                handle.wait()  # moves this call and those behind it (gloo: only in wait)
-                result = finish()
-            except BaseException as exc:  # noqa: BLE001 - handed to DDP, which re-raises it
-                result = exc
-            with self._cond:
-                self._inflight.pop(0)
-                now = time.perf_counter()
-                self.hook_seconds += now - began
-                # Calls finish in start order: each adds the time since it began or
-                # since the one before it finished, whichever is later.
-                self.comm_seconds += now - max(began, self._last_done)
-                self._last_done = now
-            if isinstance(result, BaseException):
-                future.set_exception(result)
-            else:
-                future.set_result(result)
+    def _complete_first(self) -> None:
+        """The progress thread's step: wait for the oldest call, complete its Future."""
+        with self._progress.lock:
+            # Start order: every rank waits for the same call first.
+            handle, future, finish, began = self._inflight[0]
+        result: Any = None
+        try:
+            handle.wait()  # moves this call and those behind it (gloo: only in wait)
+            result = finish()
+        except BaseException as exc:  # noqa: BLE001 - handed to DDP, which re-raises it
+            result = exc
+        with self._progress.lock:
+            self._inflight.pop(0)
+            now = time.perf_counter()
+            self.hook_seconds += now - began
+            # Calls finish in start order: each adds the time since it began or
+            # since the one before it finished, whichever is later.
+            self.comm_seconds += now - max(began, self._last_done)
+            self._last_done = now
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
 
     def close(self) -> None:
         """Finish the calls in flight and stop the progress thread."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-            thread = self._thread
-        if thread is not None:
-            thread.join()
-        _OPEN.discard(self)
+        self._progress.close()
 
     def __enter__(self) -> "TopoplanHookState":
         return self
@@ -188,16 +175,6 @@ class TopoplanHookState:
         so leave the block before ``dist.destroy_process_group()``."""
         self.close()
         gc.collect()
-
-
-#: States whose progress thread runs; closed at exit (see the module docstring).
-_OPEN: "weakref.WeakSet[TopoplanHookState]" = weakref.WeakSet()
-
-
-@atexit.register
-def _close_open_states() -> None:
-    for state in list(_OPEN):
-        state.close()
 
 
 class _Deferred:
@@ -238,14 +215,42 @@ def fp16_compress_hook(state: TopoplanHookState,
     return state.launch(wire, finish)
 
 
-def register(ddp: torch.nn.parallel.DistributedDataParallel, cluster: Any = None, *,
-             algorithm: str = "auto", fp16: bool = False, **state_kwargs: Any) -> TopoplanHookState:
-    """Build a :class:`TopoplanHookState` and register the right hook on ``ddp``.
+def register_hook(ddp: torch.nn.parallel.DistributedDataParallel, cluster: Any = None, *,
+                  algorithm: str = "auto", fp16: bool = False,
+                  **state_kwargs: Any) -> TopoplanHookState:
+    """Register topoplan's DDP communication hook on ``ddp``; return its state.
 
-    Returns the state (``comm_seconds``: the time in communication), a context manager:
-    ``with register(ddp, cluster) as state: ...``.
+    Builds a :class:`TopoplanHookState` on ``ddp``'s process group and calls
+    ``ddp.register_comm_hook(state, hook)`` with :func:`allreduce_hook`, or
+    :func:`fp16_compress_hook` with ``fp16=True``. ``register`` is the same function
+    (the name it had first); neither registers a planner (:mod:`topoplan.planners`) or
+    a CLI subcommand (:mod:`topoplan.commands`).
+
+    Parameters
+    ----------
+    ddp : torch.nn.parallel.DistributedDataParallel
+        The model to hook.
+    cluster : topoplan.cluster.Cluster, optional
+        The topology (see :class:`TopoplanHookState`).
+    algorithm : str
+        Planner for every bucket size.
+    fp16 : bool
+        Send fp16 on the wire.
+    **state_kwargs
+        More :class:`TopoplanHookState` arguments (``allreduce=``, ``timeout=``).
+
+    Returns
+    -------
+    TopoplanHookState
+        ``comm_seconds``: the time in communication; a context manager:
+        ``with register_hook(ddp, cluster) as state: ...``.
     """
     state = TopoplanHookState(cluster, algorithm=algorithm,
                               process_group=ddp.process_group, **state_kwargs)
     ddp.register_comm_hook(state, fp16_compress_hook if fp16 else allreduce_hook)
     return state
+
+
+#: The first name of :func:`register_hook`, kept: torch's own verb
+#: (``register_comm_hook``) and the one the README uses.
+register = register_hook

@@ -41,72 +41,32 @@ layout: only the time changes. One backward pass per step.
 The wrapper is an instance of the wrapped optimizer's class (``isinstance(opt,
 torch.optim.SGD)``), as Horovod's is, so learning-rate schedulers and code that checks
 the type take it; ``param_groups``, ``state`` and ``defaults`` are the inner optimizer's.
+
+The optimizer composes one part a concept, each in its module: :mod:`.fusion` (which
+gradients share a buffer; packing), :mod:`.buffers` (the buffer sets double buffering
+alternates, and its background worker), :mod:`.overlap` (the gradient hooks and the calls
+they start, polled by a :mod:`.progress` thread), :mod:`.relayout` (the layout after the
+first step) and :mod:`.timing` (``comm_seconds``, ``wait_seconds``).
 """
 
 from __future__ import annotations
 
-import atexit
-import math
-import threading
 import time
-import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterable
 
 import torch
 
+from .buffers import Background, BufferPool
 from .compression import Compression, Compressor
+from .fusion import fuse
+from .overlap import Overlap
+from .relayout import backward_order
+from .timing import CommTime
 
 __all__ = ["DistributedOptimizer", "broadcast_parameters"]
 
 
-class _Group:
-    """Parameters fused into one flat buffer: same dtype, at most the threshold in bytes."""
-
-    __slots__ = ("params", "names", "numels", "dtype", "buffers")
-
-    def __init__(self, dtype: torch.dtype) -> None:
-        self.params: list[torch.nn.Parameter] = []
-        self.names: list[str] = []
-        self.numels: list[int] = []
-        self.dtype = dtype
-        self.buffers: list[torch.Tensor] = []   # two of them with double buffering
-
-    @property
-    def numel(self) -> int:
-        return sum(self.numels)
-
-
 _SUBCLASSES: dict[type, type] = {}
-#: Optimizers whose overlap thread runs. At exit their threads stop before the transport
-#: shuts down (mpi4py finalizes MPI at exit; a poll after that is an MPI error).
-_POLLING: weakref.WeakSet[DistributedOptimizer] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_pollers() -> None:
-    for optimizer in list(_POLLING):
-        optimizer._stop_poller()
-
-
-def _seen_done(calls: list[Any], spans: list[list[float]]) -> None:
-    """Stamp the calls a poll sees done with the time (``spans[i]``: [start, done])."""
-    now = 0.0
-    for call, span in zip(calls, spans):
-        if span[1] != span[1] and call is not None and getattr(call[2], "done", False):
-            now = now or time.perf_counter()
-            span[1] = now
-
-
-def _covered(spans: list[list[float]], reach: float = -math.inf) -> tuple[float, float]:
-    """Seconds covered by the [start, done] intervals (overlaps counted once) after
-    ``reach``, the end of the time already counted; and the new end."""
-    total = 0.0
-    for start, done in sorted(s for s in spans if s[1] == s[1]):
-        if done > reach:
-            total += done - max(start, reach)
-            reach = done
-    return total, reach
 
 
 #: Momentum from which double buffering's one-step-late gradients are warned about.
@@ -125,6 +85,13 @@ def _warn_if_stale_momentum(optimizer: Any) -> None:
             f"late, and momentum {high:g} carries the stale gradients on: training can "
             "diverge where synchronous training converges; lower the learning rate or the "
             "momentum (e.g. 0.5)", UserWarning, stacklevel=3)
+
+
+def _counter(name: str, doc: str) -> Any:
+    """A read-write attribute of DistributedOptimizer kept in its :class:`CommTime`, which
+    the parts that communicate add to."""
+    return property(lambda self: getattr(self._time, name),
+                    lambda self, seconds: setattr(self._time, name, seconds), doc=doc)
 
 
 #: Seconds between the overlap thread's polls of the calls in flight; 0: no thread (the
@@ -239,27 +206,26 @@ class DistributedOptimizer:
         if self.double_buffering:
             _warn_if_stale_momentum(optimizer)
         named = self._named(named_parameters)
+        self._time = CommTime()      # comm_seconds and wait_seconds (see Attributes)
+        # Overlap: the gradient hooks start the buffers, a progress thread polls them.
+        self._overlap = (Overlap(allreduce, compression, self.world_size, self._time,
+                                 poll_interval=self.poll_interval) if self.overlap else None)
+        # Double buffering without overlap: a worker reduces while the next step computes.
+        self._background = (Background(self._reduce, self._time)
+                            if self.double_buffering and not self.overlap else None)
         # Overlap: buffers in the order backward fills them (last layers first), until
         # the first step shows the real order (see _relayout).
-        self._hooks: list[Any] = []
-        self._made: list[str] | None = [] if self.overlap else None  # first step's order
         self._layout(named[::-1] if self.overlap else named)
         self.steps = 0               # step() calls so far
         self.applied = 0             # inner optimizer steps taken
-        self.wait_seconds = 0.0      # time step() spent blocked on communication
-        self.comm_seconds = 0.0      # time with an allreduce in flight (see Attributes)
-        self._reach = -math.inf      # where the time counted in comm_seconds ends
         self._synced = False         # synchronize() already ran for this step
         self._ready = False          # p.grad holds averaged gradients to apply
-        self._pending: Future | None = None
-        self._pending_set = 0
-        self._worker = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="topoplan-dbuf")
-                        if self.double_buffering and not self.overlap else None)
-        # Overlap: one thread polls the calls in flight while backward computes (MPI
-        # moves messages only inside MPI calls); it sleeps while none is in flight.
-        self._poller: threading.Thread | None = None
-        self._polling = threading.Event()
-        self._closing = False
+        self._pending_set = 0        # double buffering: the set in flight, to apply next
+
+    comm_seconds = _counter("comm_seconds", "Wall time with an allreduce in flight "
+                                            "(see Attributes).")
+    wait_seconds = _counter("wait_seconds", "Time :meth:`step` and :meth:`finalize` spent "
+                                            "blocked on communication.")
 
     # -- set-up -----------------------------------------------------------------------------
     def _named(self, named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None
@@ -281,201 +247,37 @@ class DistributedOptimizer:
             seen[id(p)] = name
         return [(name, p) for name, p in named if p.requires_grad]
 
-    def _fuse(self, named: list[tuple[str, torch.nn.Parameter]]) -> list[_Group]:
-        groups: list[_Group] = []
-        open_group: dict[tuple[torch.dtype, torch.device], _Group] = {}
-        for name, p in named:
-            key = (p.dtype, p.device)
-            nbytes = p.numel() * p.element_size()
-            group = open_group.get(key)
-            if (group is None or self.fusion_threshold == 0
-                    or (group.numel * p.element_size() + nbytes > self.fusion_threshold)):
-                group = _Group(p.dtype)
-                groups.append(group)
-                open_group[key] = group
-            group.params.append(p)
-            group.names.append(name)
-            group.numels.append(p.numel())
-        return groups
-
     def _layout(self, named: list[tuple[str, torch.nn.Parameter]]) -> None:
         """Fuse ``named`` (in buffer order) into groups with their buffers, and (overlap)
         the per-step state and the gradient hooks."""
-        self.groups = self._fuse(named)
-        nsets = 2 if self.double_buffering else 1
-        for group in self.groups:
-            group.buffers = [torch.empty(group.numel, dtype=group.dtype,
-                                         device=group.params[0].device) for _ in range(nsets)]
-        # Overlap: per buffer, gradients still to come this step, and calls in flight per
-        # buffer set: (wire, ctx, handle) in start order.
-        self._missing: list[int] = [len(g.params) for g in self.groups]
-        self._started = 0                    # buffers of this step started so far
-        self._calls: list[list[tuple[torch.Tensor, Any, Any] | None]] = [
-            [None] * len(self.groups) for _ in range(nsets)]
-        # ... and when each started and when a poll first saw it done (comm_seconds).
-        self._spans: list[list[list[float]]] = [[] for _ in range(nsets)]
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks = []
-        if self.overlap:
-            for index, group in enumerate(self.groups):
-                for name, p in zip(group.names, group.params):
-                    self._hooks.append(p.register_post_accumulate_grad_hook(
-                        self._make_hook(index, name)))
+        self.groups = fuse(named, self.fusion_threshold)
+        self._pool = BufferPool(self.groups, 2 if self.double_buffering else 1)
+        if self._overlap is not None:
+            self._overlap.layout(self._pool)
 
     def _relayout(self) -> None:
         """After the first overlapped step: lay the buffers out in the order backward made
-        the gradients, as DDP rebuilds its buckets, where reverse parameter order had a
-        buffer fill before the one ahead of it (a model that registers its layers out of
-        forward order would otherwise start its first buffer only when its last gradient
-        came). Ranks must agree on the layout: every rank allreduces a fingerprint of the
-        order it saw (one small call, once), and on any difference all keep theirs. Not
-        with double buffering, whose previous buffers are still in flight, nor with one
-        buffer."""
-        made, self._made = self._made, None
-        if made is None or self.double_buffering or len(self.groups) < 2:
-            return  # (one buffer: no order to fix; the same on every rank)
-        current = [(name, p) for g in self.groups for name, p in zip(g.names, g.params)]
-        position = {name: i for i, (name, _) in enumerate(current)}
-        order = list(dict.fromkeys(made))
-        arrived = {name: i for i, name in enumerate(order)}
-        order += [name for name, _ in current if name not in arrived]  # unused ones last
-        weight = torch.arange(1, len(order) + 1, dtype=torch.float64)  # place in the order
-        index = torch.tensor([position[name] for name in order], dtype=torch.float64)
-        mine = torch.stack([(weight * index).sum(), (weight * index * index).sum()])
-        total = mine.clone()
-        self.allreduce(total)
-        if not torch.equal(total, mine * self.world_size):
-            return  # ranks saw different orders: keep the layout they share
-        # A buffer is full when its last gradient arrives (never, with an unused one):
-        # in index order, every buffer starts the moment it is full; keep that layout.
-        full = [max(arrived.get(name, math.inf) for name in g.names) for g in self.groups]
-        if all(a <= b for a, b in zip(full, full[1:])):
+        the gradients (see :mod:`topoplan.torch.relayout`). Not with double buffering,
+        whose previous buffers are still in flight."""
+        assert self._overlap is not None
+        made, self._overlap.made = self._overlap.made, None
+        if made is None or self.double_buffering:
             return
-        by_name = dict(current)
-        self._layout([(name, by_name[name]) for name in order])
-
-    # -- the exchange -----------------------------------------------------------------------
-    def _pack(self, which: int) -> list[torch.Tensor]:
-        return [self._pack_group(group, which) for group in self.groups]
-
-    def _pack_group(self, group: _Group, which: int) -> torch.Tensor:
-        flat = group.buffers[which]
-        offset = 0
-        with torch.no_grad():
-            for p, n in zip(group.params, group.numels):
-                piece = flat[offset:offset + n]
-                if p.grad is None:   # unused this step: contribute zeros, as Horovod does
-                    piece.zero_()
-                else:
-                    piece.copy_(p.grad.reshape(-1))
-                offset += n
-            # Pre-scale so the sum is the mean: keeps fp16 in range and needs no post-divide.
-            flat.div_(self.world_size)
-        return flat
-
-    # -- overlap: start buffers from the gradient hooks -------------------------------------
-    def _make_hook(self, index: int, name: str) -> Callable[[torch.Tensor], None]:
-        def hook(_param: torch.Tensor) -> None:
-            if self._missing[index] == 0:
-                from ..errors import TopoplanError
-                raise TopoplanError(
-                    f"DistributedOptimizer(overlap=True): the gradient of {name!r} changed "
-                    "after its buffer's allreduce started; call step() after each backward "
-                    "(or pass overlap=False to accumulate gradients over several)")
-            if self._made is not None:
-                self._made.append(name)
-            self._missing[index] -= 1
-            if self._missing[index] == 0:
-                self._start_ready()
-            elif self._started:
-                self._poll()  # move the calls in flight while backward goes on
-        return hook
+        order = backward_order(self.groups, made, self.allreduce, self.world_size)
+        if order is not None:
+            self._layout(order)
 
     def _this_set(self) -> int:
         """The buffer set this step packs into (double buffering alternates two)."""
-        return self.steps % 2 if self.double_buffering else 0
+        return self._pool.set_of(self.steps)
 
-    def _poll(self) -> None:
-        which = self._this_set()
-        started = self._started
-        call = self._calls[which][started - 1] if started else None
-        if call is not None:
-            call[2].test()  # moves every call in flight on the transport
-        for calls, spans in zip(self._calls, self._spans):  # both sets: double buffering
-            _seen_done(calls, spans)
-
-    def _start_ready(self, everything: bool = False) -> None:
-        """Start the full buffers in index order (``everything``: the rest too)."""
-        which = self._this_set()
-        calls = self._calls[which]
-        start = self.allreduce.start  # type: ignore[attr-defined]
-        while self._started < len(self.groups) and (
-                everything or self._missing[self._started] == 0):
-            index = self._started
-            flat = self._pack_group(self.groups[index], which)
-            wire, ctx = self.compression.compress(flat)
-            calls[index] = (wire, ctx, start(wire))
-            self._spans[which].append([time.perf_counter(), math.nan])
-            self._missing[index] = 0
-            self._started += 1
-        if self._started and self.poll_interval > 0 and getattr(
-                getattr(self.allreduce, "transport", None), "pollable", False):
-            if self._poller is None:
-                self._poller = threading.Thread(target=self._poll_loop, daemon=True,
-                                                name="topoplan-overlap-progress")
-                self._poller.start()
-                _POLLING.add(self)
-            self._polling.set()
-
-    def _poll_loop(self) -> None:
-        while not self._closing:
-            self._polling.wait()
-            if self._closing:
-                return
-            try:
-                self._poll()
-            except Exception:  # noqa: BLE001 - the handle keeps its error for step()
-                self._polling.clear()
-            time.sleep(self.poll_interval)
-
-    def _finish(self, which: int) -> bool:
-        """Wait for the buffers of set ``which`` in start order and restore them;
-        whether there were any."""
-        calls = self._calls[which]
-        if calls[0] is None:
-            return False
-        self._polling.clear()
-        began = time.perf_counter()
-        try:
-            for index, call in enumerate(calls):
-                assert call is not None
-                wire, ctx, handle = call
-                handle.wait()
-                _seen_done(calls[index:index + 1], self._spans[which][index:index + 1])
-                flat = self.groups[index].buffers[which]
-                restored = self.compression.decompress(wire, ctx)
-                if restored.data_ptr() != flat.data_ptr():
-                    flat.copy_(restored)
-        finally:
-            self.wait_seconds += time.perf_counter() - began
-            # Double buffering: the other set's calls may have been in flight meanwhile.
-            covered, self._reach = _covered(self._spans[which], self._reach)
-            self.comm_seconds += covered
-            self._calls[which] = [None] * len(self.groups)
-            self._spans[which] = []
-        return True
-
-    def _next_step(self) -> None:
-        self._missing = [len(g.params) for g in self.groups]
-        self._started = 0
-
+    # -- the exchange -----------------------------------------------------------------------
     def _reduce(self, buffers: list[torch.Tensor]) -> None:
         began = time.perf_counter()
         try:
             self._reduce_all(buffers)
         finally:
-            self.comm_seconds += time.perf_counter() - began
+            self._time.comm_seconds += time.perf_counter() - began
 
     def _reduce_all(self, buffers: list[torch.Tensor]) -> None:
         for flat in buffers:
@@ -484,18 +286,6 @@ class DistributedOptimizer:
             restored = self.compression.decompress(wire, ctx)
             if restored.data_ptr() != flat.data_ptr():
                 flat.copy_(restored)
-
-    def _unpack(self, which: int) -> None:
-        for group in self.groups:
-            flat = group.buffers[which]
-            offset = 0
-            for p, n in zip(group.params, group.numels):
-                piece = flat[offset:offset + n].view_as(p)
-                if p.grad is None:
-                    p.grad = piece.clone()
-                else:
-                    p.grad.copy_(piece)
-                offset += n
 
     def synchronize(self) -> bool:
         """Exchange gradients; afterwards ``p.grad`` holds what :meth:`step` will apply.
@@ -514,50 +304,37 @@ class DistributedOptimizer:
         if self._synced:
             return self._ready
         self._synced = True
-        if self.overlap:
+        if self._overlap is not None:
             which = self._this_set()
-            self._start_ready(everything=True)
+            self._overlap.start_ready(everything=True)
             if not self.double_buffering:
-                self._finish(0)
-                self._unpack(0)
+                self._overlap.finish(0)
+                self._pool.unpack(0)
                 self._ready = True
                 return True
-            had_pending = self._finish(1 - which)
+            had_pending = self._overlap.finish(1 - which)
             if had_pending:
-                self._unpack(1 - which)
+                self._pool.unpack(1 - which)
             self._pending_set = which
             self._ready = had_pending
             return had_pending
         if not self.double_buffering:
-            buffers = self._pack(0)
+            buffers = self._pool.pack(0, self.world_size)
             start = time.perf_counter()
             self._reduce(buffers)
-            self.wait_seconds += time.perf_counter() - start
-            self._unpack(0)
+            self._time.wait_seconds += time.perf_counter() - start
+            self._pool.unpack(0)
             self._ready = True
             return True
-        had_pending = self._wait()
-        which = self.steps % 2
-        buffers = self._pack(which)
-        assert self._worker is not None
-        self._pending = self._worker.submit(self._reduce, buffers)
+        assert self._background is not None
+        had_pending = self._background.wait()
+        which = self._this_set()
+        self._background.submit(self._pool.pack(which, self.world_size))
         self._pending_set = which
         if had_pending:
-            self._unpack(1 - which)
+            self._pool.unpack(1 - which)
         self._ready = had_pending
         return had_pending
-
-    def _wait(self) -> bool:
-        """Block until the background allreduce (if any) is done; whether there was one."""
-        if self._pending is None:
-            return False
-        start = time.perf_counter()
-        try:
-            self._pending.result()   # re-raises a TransportError from the worker
-        finally:
-            self.wait_seconds += time.perf_counter() - start
-            self._pending = None
-        return True
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Synchronize (if not done yet) and step the inner optimizer on averaged gradients.
@@ -574,9 +351,9 @@ class DistributedOptimizer:
         self.steps += 1
         self._synced = False
         self._ready = False
-        if self.overlap:
-            self._next_step()
-            if self._made is not None:
+        if self._overlap is not None:
+            self._overlap.next_step(self._this_set())
+            if self._overlap.made is not None:
                 self._relayout()
         return result
 
@@ -588,12 +365,12 @@ class DistributedOptimizer:
         """
         if not self.double_buffering:
             return False
-        if self.overlap:
-            if not self._finish(self._pending_set):
+        if self._overlap is not None:
+            if not self._overlap.finish(self._pending_set):
                 return False
-        elif not self._wait():
+        elif self._background is None or not self._background.wait():
             return False
-        self._unpack(self._pending_set)
+        self._pool.unpack(self._pending_set)
         self.optimizer.step()
         self.applied += 1
         return True
@@ -602,16 +379,10 @@ class DistributedOptimizer:
 
     def close(self) -> None:
         """Finish pending work, stop the background thread and remove the hooks."""
-        self._wait()
-        if self.overlap:
-            for which in range(len(self._calls)):
-                self._finish(which)
-        if self._worker is not None:
-            self._worker.shutdown(wait=True)
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks = []
-        self._stop_poller()
+        if self._background is not None:
+            self._background.close()
+        if self._overlap is not None:
+            self._overlap.close()
 
     def __enter__(self) -> DistributedOptimizer:
         return self
@@ -619,14 +390,6 @@ class DistributedOptimizer:
     def __exit__(self, *exc: Any) -> None:
         """:meth:`close` (it does not apply pending gradients: :meth:`finalize` does)."""
         self.close()
-
-    def _stop_poller(self) -> None:
-        self._closing = True
-        self._polling.set()
-        if self._poller is not None:
-            self._poller.join()
-            self._poller = None
-        _POLLING.discard(self)
 
     # -- the rest behaves like the wrapped optimizer ----------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
