@@ -22,7 +22,7 @@ from topoplan.interop.msccl import (Algo, Gpu, ThreadBlock, export_msccl, import
 from topoplan.verify import verify
 
 from .support.clusters import flat_cluster_yaml
-from .test_interop_msccl_check import algo, allpairs, numbered, replace_step, roundtrip, step
+from tests.support.msccl_algos import algo, allpairs, numbered, replace_step, roundtrip, step
 
 DATA = Path(__file__).parent / "data" / "msccl"
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -139,10 +138,7 @@ def _worker(rank: int, port: int, outdir: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support.ports import free_port as _free_port  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from tests.support.clusters import load_topology, switch_cluster  # noqa: E402
-from tests.test_torch_distributed import _free_port  # noqa: E402
+from tests.support.ports import free_port as _free_port  # noqa: E402
 from topoplan.errors import TopoplanError  # noqa: E402
 
 try:  # FSDP2 with custom collectives (recent PyTorch; 2.13 here)
