@@ -19,12 +19,19 @@ grouped into the shards in order: shard ``r`` is the chunks that cover the fract
 shards. Shards may hold different numbers of chunks, as long as their fractions add
 up to ``1 / nranks`` each.
 
+The classes are *specifications* (:class:`AllReduceSpec`, :class:`ReduceScatterSpec`,
+:class:`AllGatherSpec`, one instance per schedule: :func:`collective_of`); the calls that
+run a schedule are the executor's :class:`topoplan.Allreduce`, :class:`topoplan.ReduceScatter`
+and :class:`topoplan.AllGather`. The old names of the classes here (``AllReduce``,
+``ReduceScatter``, ``AllGather``) still work, with a :class:`DeprecationWarning`.
+
 This module is part of the schedule IR's layer: it imports nothing but the errors.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -35,7 +42,7 @@ from .errors import ScheduleError
 if TYPE_CHECKING:
     from .schedule import Schedule
 
-__all__ = ["Collective", "AllReduce", "ReduceScatter", "AllGather", "COLLECTIVES",
+__all__ = ["Collective", "AllReduceSpec", "ReduceScatterSpec", "AllGatherSpec", "COLLECTIVES",
            "get_collective", "collective_of", "chunk_bounds", "shard_chunks", "DEFAULT",
            "SHARD_TOLERANCE"]
 
@@ -167,7 +174,7 @@ class Collective:
         return [run for run in runs if run[0] < run[1]]
 
 
-class AllReduce(Collective):
+class AllReduceSpec(Collective):
     """Every rank ends with the sum of every rank's full buffer (in = out = ``size``)."""
 
     name = "allreduce"
@@ -185,7 +192,7 @@ class AllReduce(Collective):
         return [(0, self.nchunks, self.full)]
 
 
-class ReduceScatter(Collective):
+class ReduceScatterSpec(Collective):
     """Rank ``r`` ends with shard ``r`` of the sum of every rank's full buffer.
 
     In ``size`` elements, out ``size / nranks`` (MPI_Reduce_scatter_block). Every chunk
@@ -210,7 +217,7 @@ class ReduceScatter(Collective):
         return self._own_shard(rank, self.full, None)
 
 
-class AllGather(Collective):
+class AllGatherSpec(Collective):
     """Every rank ends with every rank's shard, in rank order.
 
     In ``size / nranks`` elements (rank ``r``'s shard), out ``size`` (MPI_Allgather).
@@ -242,7 +249,7 @@ class AllGather(Collective):
 
 #: The collectives by the name a schedule's JSON gives them.
 COLLECTIVES: dict[str, type[Collective]] = {
-    cls.name: cls for cls in (AllReduce, ReduceScatter, AllGather)}
+    cls.name: cls for cls in (AllReduceSpec, ReduceScatterSpec, AllGatherSpec)}
 
 
 def get_collective(name: str) -> type[Collective]:
@@ -305,3 +312,21 @@ def shard_chunks(nranks: int, chunks: Sequence[float], collective: str = "reduce
             f"cut the chunks at every multiple of 1/{nranks}")
     bounds.append(len(chunks))
     return tuple(zip(bounds[:-1], bounds[1:]))
+
+
+#: The classes' old names -> (their new names, the executor's call of the old name). The
+#: old names clashed with the calls (``collectives.AllReduce`` and ``Allreduce`` differed
+#: in case only), so they are deprecated.
+_RENAMED = {"AllReduce": ("AllReduceSpec", "Allreduce"),
+            "ReduceScatter": ("ReduceScatterSpec", "ReduceScatter"),
+            "AllGather": ("AllGatherSpec", "AllGather")}
+
+
+def __getattr__(name: str) -> type[Collective]:
+    if name not in _RENAMED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    new, call = _RENAMED[name]
+    warnings.warn(f"topoplan.collectives.{name} is deprecated; use topoplan.collectives.{new} "
+                  f"(topoplan.{call} is the executor's call that runs a schedule)",
+                  DeprecationWarning, stacklevel=2)
+    return globals()[new]  # type: ignore[no-any-return]
