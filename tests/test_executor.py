@@ -408,9 +408,9 @@ def test_calls_of_different_executors_run_side_by_side_in_lanes() -> None:
 def test_an_executor_whose_tags_do_not_fit_a_lane_runs_alone(monkeypatch) -> None:
     """An executor with more messages per pair than a lane holds takes lane 0's tags and
     runs its calls alone; the others still run side by side around it."""
-    import topoplan.executor as E
+    from topoplan.executor import lanes
     n = 4
-    monkeypatch.setattr(E, "LANE_WIDTH", 8)  # the ring's 6 messages a pair x 4 epochs > 8
+    monkeypatch.setattr(lanes, "LANE_WIDTH", 8)  # the ring's 6 messages a pair x 4 epochs > 8
 
     def rank_fn(t: Local):
         if t.rank == 3:

@@ -1,0 +1,241 @@
+"""The three public collectives: :class:`Allreduce`, :class:`ReduceScatter` and
+:class:`AllGather`, each ``Call(schedule, transport)(buffers)`` or ``.start(buffers)``.
+
+They differ only in their call signatures and how their buffers lay out over the full
+buffer the schedule runs on; the engine (:class:`~topoplan.executor.engine.Executor`)
+does the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..collectives import collective_of
+from ..errors import TopoplanError
+from .arrays import ArrayOps
+from .engine import Executor
+from .handle import AllreduceHandle
+
+__all__ = ["Allreduce", "ReduceScatter", "AllGather"]
+
+
+class Allreduce(Executor):
+    """Run an allreduce schedule over a transport, in place.
+
+    Parameters
+    ----------
+    schedule : Schedule
+        A verified schedule (:func:`topoplan.verify`) for ``transport.size`` ranks.
+    transport : Transport
+        :class:`~topoplan.transports.MPI`, :class:`~topoplan.transports.Torch`,
+        :class:`~topoplan.transports.NCCL` or :class:`~topoplan.transports.Local`.
+    timeout : float
+        Seconds any one step may wait for its messages. A peer that died or never
+        posts its side ends the call with :class:`~topoplan.TransportError` after
+        at most this long, on every rank that waits for it.
+    accumulate_fp32 : bool
+        For float16/bfloat16 buffers: run the schedule on a float32 copy (twice the
+        bytes on the wire) and round once at the end, instead of rounding every
+        partial sum to the buffer dtype. Ignored for other dtypes.
+
+    Raises
+    ------
+    TopoplanError
+        When the schedule is for a different number of ranks than the transport
+        (before anything is sent), or is not an allreduce.
+
+    Examples
+    --------
+    >>> from topoplan.transports import Local
+    >>> def rank_fn(t):
+    ...     x = np.full(10, t.rank + 1.0)
+    ...     Allreduce(schedule, t)(x)
+    ...     return x
+    >>> Local.launch(4, rank_fn)  # doctest: +SKIP
+
+    Several in flight, overlapping other work (``start`` returns at once)::
+
+        handles = [allreduce.start(bucket) for bucket in buckets]
+        ...                       # compute; every start/test/wait moves them all
+        for h in handles:
+            h.wait()
+    """
+
+    collective = "allreduce"
+
+    def _layout(self, ops: ArrayOps, flats: list[Any], shadow: bool
+                ) -> tuple[Any, list[tuple[Any, Any]], list[tuple[Any, Any]]]:
+        flat, = flats
+        if not shadow:
+            return flat, [], []
+        work = ops.empty(flat.shape[0], flat, ops.float32(flat))
+        return work, [(work, flat)], [(flat, work)]
+
+    def start(self, buffer: Any) -> AllreduceHandle:
+        """Start summing ``buffer`` over all ranks, in place; returns at once.
+
+        Every rank must start the same calls in the same order. The buffer must not be
+        read or written until the handle's ``wait()`` (or a true ``test()``) says the
+        call is done. See the module docstring for how calls in flight progress.
+
+        Raises
+        ------
+        TopoplanError
+            When ``buffer`` already has a call of this executor in flight.
+        """
+        return self._start(buffer)
+
+    def __call__(self, buffer: Any) -> Any:
+        """Sum ``buffer`` over all ranks, in place; returns ``buffer``.
+
+        Parameters
+        ----------
+        buffer : numpy.ndarray, torch.Tensor or cupy.ndarray
+            Contiguous, same element count and dtype on every rank.
+
+        Raises
+        ------
+        TransportError
+            When a step's messages do not complete within ``timeout`` or the
+            transport reports a failed peer; names rank, step, peer and chunk.
+        """
+        return self._call(buffer)
+
+    allreduce = __call__
+
+
+class _Sharded(Executor):
+    """A reduce-scatter or an allgather: an input and an output of different sizes."""
+
+    def _shard(self, flats: list[Any]) -> tuple[int, tuple[int, int]]:
+        """The full buffer's size and this rank's shard ``[start, end)`` in it, checking
+        the call's input and output sizes against the collective's layout."""
+        (inp, out), nranks = flats, self.schedule.nranks
+        full = inp.shape[0] if self.collective == "reduce_scatter" else out.shape[0]
+        coll = collective_of(self.schedule)
+        if full % nranks or (inp.shape[0], out.shape[0]) != (coll.input_size(full),
+                                                             coll.output_size(full)):
+            raise TopoplanError(
+                f"{self.collective} of {nranks} ranks: input of {inp.shape[0]} and output of "
+                f"{out.shape[0]} elements; expected {self._expected()}")
+        m = full // nranks
+        return full, (self.rank * m, (self.rank + 1) * m)
+
+    def _expected(self) -> str:
+        raise NotImplementedError
+
+    def start(self, input: Any, output: Any) -> AllreduceHandle:
+        """Start the collective from ``input`` into ``output``; returns at once.
+
+        As :meth:`Allreduce.start`; neither buffer may be touched until the handle is
+        done, and its ``wait()`` returns ``output``.
+        """
+        return self._start(input, output)
+
+    def __call__(self, input: Any, output: Any) -> Any:
+        """Run the collective from ``input`` into ``output``; returns ``output``.
+
+        Parameters
+        ----------
+        input : numpy.ndarray, torch.Tensor or cupy.ndarray
+            Contiguous, the same element count and dtype on every rank: ``size``
+            elements for a reduce-scatter, ``size / nranks`` (this rank's shard) for an
+            allgather.
+        output : same kind and dtype
+            ``size / nranks`` elements for a reduce-scatter (this rank's shard of the
+            sum), ``size`` for an allgather (every shard, in rank order).
+
+        Raises
+        ------
+        TopoplanError
+            For buffers of the wrong sizes, kinds or dtypes.
+        TransportError
+            As for :class:`Allreduce`.
+        """
+        return self._call(input, output)
+
+
+class ReduceScatter(_Sharded):
+    """Run a reduce-scatter schedule over a transport: ``ReduceScatter(schedule, t)(input, output)``.
+
+    Every rank passes an input of ``size`` elements; rank ``r``'s output (``size /
+    nranks`` elements) receives shard ``r`` (elements ``r * size / nranks`` up to
+    ``(r + 1) * size / nranks``) of the sum of every rank's input, as
+    ``MPI_Reduce_scatter_block`` and torch's ``reduce_scatter_tensor``. The schedule runs on
+    a private copy of the input, so the input is left as it was.
+
+    Parameters
+    ----------
+    schedule : Schedule
+        A verified ``reduce_scatter`` schedule (``topoplan.plan(..., collective=
+        "reduce_scatter")``) for ``transport.size`` ranks.
+    transport : Transport
+        As for :class:`Allreduce`.
+    timeout : float
+        As for :class:`Allreduce`.
+    accumulate_fp32 : bool
+        For float16/bfloat16 buffers: sum in a float32 copy and round once into the
+        output.
+
+    Raises
+    ------
+    TopoplanError
+        When the schedule is for a different number of ranks than the transport, or is
+        not a reduce-scatter.
+    """
+
+    collective = "reduce_scatter"
+
+    def _expected(self) -> str:
+        return f"an input of nranks ({self.schedule.nranks}) times the output's elements"
+
+    def _layout(self, ops: ArrayOps, flats: list[Any], shadow: bool
+                ) -> tuple[Any, list[tuple[Any, Any]], list[tuple[Any, Any]]]:
+        inp, out = flats
+        full, (a, b) = self._shard(flats)
+        work = ops.empty(full, inp, ops.float32(inp) if shadow else None)
+        return work, [(work, inp)], [(out, work[a:b])]
+
+    reduce_scatter = _Sharded.__call__
+
+
+class AllGather(_Sharded):
+    """Run an allgather schedule over a transport: ``AllGather(schedule, t)(input, output)``.
+
+    Rank ``r`` passes an input of ``size / nranks`` elements, its shard; every rank's
+    output (``size`` elements) receives every rank's shard in rank order, as
+    ``MPI_Allgather`` and torch's ``all_gather_into_tensor``. The schedule runs in place
+    on the output, the input copied into shard ``r`` first (the input may be that very
+    shard of the output).
+
+    Parameters
+    ----------
+    schedule : Schedule
+        A verified ``allgather`` schedule (``topoplan.plan(..., collective="allgather")``)
+        for ``transport.size`` ranks.
+    transport : Transport
+        As for :class:`Allreduce`.
+    timeout : float
+        As for :class:`Allreduce`.
+    accumulate_fp32 : bool
+        Ignored: an allgather adds nothing.
+
+    Raises
+    ------
+    TopoplanError
+        When the schedule is for a different number of ranks than the transport, or is
+        not an allgather.
+    """
+
+    collective = "allgather"
+
+    def _expected(self) -> str:
+        return f"an output of nranks ({self.schedule.nranks}) times the input's elements"
+
+    def _layout(self, ops: ArrayOps, flats: list[Any], shadow: bool
+                ) -> tuple[Any, list[tuple[Any, Any]], list[tuple[Any, Any]]]:
+        inp, out = flats
+        _, (a, b) = self._shard(flats)
+        return out, [(out[a:b], inp)], []
+
+    allgather = _Sharded.__call__
