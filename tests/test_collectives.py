@@ -52,6 +52,20 @@ def test_buffer_layout(cls, sizes):
     assert (coll.input_size(12), coll.output_size(12)) == sizes
 
 
+@pytest.mark.parametrize("cls, rank1, reduces", [
+    (AllReduceSpec, ((0, 12), (0, 12)), True),
+    (ReduceScatterSpec, ((0, 12), (3, 6)), True),
+    (AllGatherSpec, ((3, 6), (0, 12)), False)])
+def test_each_rank_passes_in_and_gets_out_its_part_of_the_full_buffer(cls, rank1, reduces):
+    coll = cls(4, equal_chunks(8))
+    assert (coll.input_range(1, 12), coll.output_range(1, 12)) == rank1
+    assert coll.reduces is reduces
+    for rank in range(4):
+        for part, (a, b) in ((coll.input_part, coll.input_range(rank, 12)),
+                             (coll.output_part, coll.output_range(rank, 12))):
+            assert (a, b) == ((0, 12) if part == "all" else (3 * rank, 3 * rank + 3))
+
+
 @pytest.mark.parametrize("cls", [ReduceScatterSpec, AllGatherSpec])
 def test_sharded_sizes_must_divide_by_the_ranks(cls):
     coll = cls(4, equal_chunks(4))

@@ -35,7 +35,7 @@ import warnings
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import TYPE_CHECKING, ClassVar, Sequence
+from typing import TYPE_CHECKING, ClassVar, Literal, Sequence
 
 from .errors import ScheduleError
 
@@ -52,6 +52,8 @@ DEFAULT = "allreduce"
 SHARD_TOLERANCE = 1e-9
 
 Run = tuple[int, int, int]  # chunks [start, end) all holding one bitmask of ranks
+#: The part of the full buffer a rank passes in or gets out: all of it, or its own shard.
+Part = Literal["all", "shard"]
 Expected = tuple[int, int, "int | None"]  # the same, None: the result does not matter
 
 
@@ -73,8 +75,9 @@ class Collective:
 
     Notes
     -----
-    Subclasses set :attr:`name` (the schedule JSON's ``"collective"``) and implement
-    :meth:`input_size`, :meth:`output_size`, :meth:`initial` and :meth:`postcondition`.
+    Subclasses set :attr:`name` (the schedule JSON's ``"collective"``), :attr:`sharded`,
+    the buffer layout (:attr:`input_part`, :attr:`output_part`, :attr:`reduces`) and
+    implement :meth:`initial` and :meth:`postcondition`.
     Initial states and postconditions are given per rank as runs of chunks, so a rank's
     state costs O(runs), not O(chunks): one run for an allreduce, up to ``nranks`` for an
     allgather's result.
@@ -82,6 +85,11 @@ class Collective:
 
     name: ClassVar[str] = ""
     sharded: ClassVar[bool] = False  #: whether the buffer is cut into per-rank shards
+    #: What each rank passes in and gets out: the full buffer, or its own shard of it.
+    input_part: ClassVar[Part] = "all"
+    output_part: ClassVar[Part] = "all"
+    #: Whether contributions are added (an allgather only copies them).
+    reduces: ClassVar[bool] = True
 
     nranks: int
     chunks: tuple[float, ...]
@@ -105,12 +113,35 @@ class Collective:
 
     # ---- buffer layout -------------------------------------------------------
     def input_size(self, size: int) -> int:
-        """Elements each rank passes in, for a full buffer of ``size`` elements."""
-        raise NotImplementedError
+        """Elements each rank passes in, for a full buffer of ``size`` elements.
+
+        Raises
+        ------
+        ScheduleError
+            For a sharded collective, when ``size`` is not a multiple of ``nranks``.
+        """
+        a, b = self.input_range(0, size)
+        return b - a
 
     def output_size(self, size: int) -> int:
-        """Elements each rank gets out, for a full buffer of ``size`` elements."""
-        raise NotImplementedError
+        """Elements each rank gets out, for a full buffer of ``size`` elements (raises as
+        :meth:`input_size`)."""
+        a, b = self.output_range(0, size)
+        return b - a
+
+    def input_range(self, rank: int, size: int) -> tuple[int, int]:
+        """The elements ``[start, end)`` of the full buffer of ``size`` elements that
+        ``rank`` passes in (raises as :meth:`input_size`)."""
+        return self._part_range(self.input_part, rank, size)
+
+    def output_range(self, rank: int, size: int) -> tuple[int, int]:
+        """The elements ``[start, end)`` of the full buffer of ``size`` elements that
+        ``rank`` gets out (raises as :meth:`input_size`)."""
+        return self._part_range(self.output_part, rank, size)
+
+    def _part_range(self, part: Part, rank: int, size: int) -> tuple[int, int]:
+        m = self.shard_size(size) if self.sharded else size
+        return (rank * m, (rank + 1) * m) if part == "shard" else (0, size)
 
     def shard_size(self, size: int) -> int:
         """Elements of one shard: ``size / nranks``.
@@ -179,12 +210,6 @@ class AllReduceSpec(Collective):
 
     name = "allreduce"
 
-    def input_size(self, size: int) -> int:
-        return size
-
-    def output_size(self, size: int) -> int:
-        return size
-
     def initial(self, rank: int) -> list[Run]:
         return [(0, self.nchunks, 1 << rank)]
 
@@ -202,13 +227,7 @@ class ReduceScatterSpec(Collective):
 
     name = "reduce_scatter"
     sharded = True
-
-    def input_size(self, size: int) -> int:
-        self.shard_size(size)
-        return size
-
-    def output_size(self, size: int) -> int:
-        return self.shard_size(size)
+    output_part = "shard"
 
     def initial(self, rank: int) -> list[Run]:
         return [(0, self.nchunks, 1 << rank)]
@@ -228,13 +247,8 @@ class AllGatherSpec(Collective):
 
     name = "allgather"
     sharded = True
-
-    def input_size(self, size: int) -> int:
-        return self.shard_size(size)
-
-    def output_size(self, size: int) -> int:
-        self.shard_size(size)
-        return size
+    input_part = "shard"
+    reduces = False
 
     def initial(self, rank: int) -> list[Run]:
         return self._own_shard(rank, 1 << rank, 0)

@@ -1,18 +1,15 @@
 """The three public collectives: :class:`Allreduce`, :class:`ReduceScatter` and
 :class:`AllGather`, each ``Call(schedule, transport)(buffers)`` or ``.start(buffers)``.
 
-They differ only in their call signatures and how their buffers lay out over the full
-buffer the schedule runs on; the engine (:class:`~topoplan.executor.engine.Executor`)
-does the rest.
+They differ only in the collective they run and their call signatures (one buffer in
+place, or an input and an output); the engine (:class:`~topoplan.executor.engine.Executor`)
+does the rest, the buffers' layout included, from the schedule's collective.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..collectives import collective_of
-from ..errors import TopoplanError
-from .arrays import ArrayOps
 from .engine import Executor
 from .handle import AllreduceHandle
 
@@ -63,14 +60,6 @@ class Allreduce(Executor):
 
     collective = "allreduce"
 
-    def _layout(self, ops: ArrayOps, flats: list[Any], shadow: bool
-                ) -> tuple[Any, list[tuple[Any, Any]], list[tuple[Any, Any]]]:
-        flat, = flats
-        if not shadow:
-            return flat, [], []
-        work = ops.empty(flat.shape[0], flat, ops.float32(flat))
-        return work, [(work, flat)], [(flat, work)]
-
     def start(self, buffer: Any) -> AllreduceHandle:
         """Start summing ``buffer`` over all ranks, in place; returns at once.
 
@@ -106,23 +95,6 @@ class Allreduce(Executor):
 
 class _Sharded(Executor):
     """A reduce-scatter or an allgather: an input and an output of different sizes."""
-
-    def _shard(self, flats: list[Any]) -> tuple[int, tuple[int, int]]:
-        """The full buffer's size and this rank's shard ``[start, end)`` in it, checking
-        the call's input and output sizes against the collective's layout."""
-        (inp, out), nranks = flats, self.schedule.nranks
-        full = inp.shape[0] if self.collective == "reduce_scatter" else out.shape[0]
-        coll = collective_of(self.schedule)
-        if full % nranks or (inp.shape[0], out.shape[0]) != (coll.input_size(full),
-                                                             coll.output_size(full)):
-            raise TopoplanError(
-                f"{self.collective} of {nranks} ranks: input of {inp.shape[0]} and output of "
-                f"{out.shape[0]} elements; expected {self._expected()}")
-        m = full // nranks
-        return full, (self.rank * m, (self.rank + 1) * m)
-
-    def _expected(self) -> str:
-        raise NotImplementedError
 
     def start(self, input: Any, output: Any) -> AllreduceHandle:
         """Start the collective from ``input`` into ``output``; returns at once.
@@ -186,16 +158,6 @@ class ReduceScatter(_Sharded):
 
     collective = "reduce_scatter"
 
-    def _expected(self) -> str:
-        return f"an input of nranks ({self.schedule.nranks}) times the output's elements"
-
-    def _layout(self, ops: ArrayOps, flats: list[Any], shadow: bool
-                ) -> tuple[Any, list[tuple[Any, Any]], list[tuple[Any, Any]]]:
-        inp, out = flats
-        full, (a, b) = self._shard(flats)
-        work = ops.empty(full, inp, ops.float32(inp) if shadow else None)
-        return work, [(work, inp)], [(out, work[a:b])]
-
     reduce_scatter = _Sharded.__call__
 
 
@@ -228,14 +190,5 @@ class AllGather(_Sharded):
     """
 
     collective = "allgather"
-
-    def _expected(self) -> str:
-        return f"an output of nranks ({self.schedule.nranks}) times the input's elements"
-
-    def _layout(self, ops: ArrayOps, flats: list[Any], shadow: bool
-                ) -> tuple[Any, list[tuple[Any, Any]], list[tuple[Any, Any]]]:
-        inp, out = flats
-        _, (a, b) = self._shard(flats)
-        return out, [(out[a:b], inp)], []
 
     allgather = _Sharded.__call__

@@ -2,18 +2,22 @@
 
 :class:`Executor` compiles the rank's program (:mod:`~topoplan.executor.compiler`) once
 per element count, binds the call's buffers (cached per buffer address), and runs calls
-to the end (``__call__``) or in flight (``start``, moved by every poll of any call on the
-transport, :mod:`~topoplan.executor.lanes`). A subclass names its :attr:`collective` and
-lays its buffers out (:meth:`~Executor._layout`). The rules it keeps are in
-:mod:`topoplan.executor`.
+to the end or in flight (moved by every poll of any call on the transport,
+:mod:`~topoplan.executor.lanes`). How a call's buffers lie over the full buffer the
+schedule runs on comes from the schedule's collective
+(:class:`~topoplan.collectives.Collective`: its input and output parts, and whether it
+adds), so one engine runs all three; the public calls
+(:mod:`~topoplan.executor.calls`) only name their collective and their arguments. The
+rules it keeps are in :mod:`topoplan.executor`.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
+from ..collectives import collective_of
 from ..errors import TopoplanError, TransportError
 from ..schedule import Schedule
 from ..transports.base import TAG_LIMIT, Message, PeerFailure, Transport
@@ -31,15 +35,16 @@ BOUND_CACHE = 8
 class Executor:
     """What :class:`Allreduce`, :class:`ReduceScatter` and :class:`AllGather` share:
     compiling the rank's program, binding buffers, running calls in flight, tags and
-    epochs. A subclass names its :attr:`collective` and lays its buffers out
-    (:meth:`_layout`).
+    epochs, for any schedule; the buffers' layout is the schedule's collective's
+    (:attr:`spec`). A subclass that names its :attr:`collective` runs only schedules of it.
     """
 
-    collective = "allreduce"
+    #: The collective a subclass runs (the schedule's ``collective``); None: any.
+    collective: ClassVar[str | None] = None
 
     def __init__(self, schedule: Schedule, transport: Transport, *, timeout: float = 60.0,
                  accumulate_fp32: bool = False) -> None:
-        if schedule.collective != self.collective:
+        if self.collective is not None and schedule.collective != self.collective:
             raise TopoplanError(f"{type(self).__name__} runs {self.collective} schedules, got "
                                 f"{schedule.collective!r}")
         if schedule.nranks != transport.size:
@@ -50,6 +55,8 @@ class Executor:
         if not timeout > 0:
             raise TopoplanError(f"timeout must be > 0 seconds, got {timeout!r}")
         self.schedule = schedule
+        #: What the schedule computes, over its ranks and chunks: the buffers' layout.
+        self.spec = collective_of(schedule)
         self.transport = transport
         self.rank = transport.rank
         self.timeout = float(timeout)
@@ -80,8 +87,38 @@ class Executor:
     def _layout(self, ops: ArrayOps, flats: list[Any], shadow: bool
                 ) -> tuple[Any, list[tuple[Any, Any]], list[tuple[Any, Any]]]:
         """The full buffer the steps run on, and the copies into it before the first step
-        and out of it after the last, for the call's flat user buffers."""
-        raise NotImplementedError
+        and out of it after the last, for the call's flat user buffers: one (the input is
+        the output, in place) or an input and an output, each all of the full buffer or
+        the rank's shard of it (:attr:`spec`).
+
+        The steps run in the output itself when it is the full buffer (an allreduce in
+        place, an allgather: the input copied into its shard first); otherwise, or with
+        ``shadow`` (a float32 copy to add in), in a buffer of their own, the input
+        copied in first and the output copied out last. So a reduce-scatter's input is
+        left as it was.
+        """
+        spec, inp, out = self.spec, flats[0], flats[-1]
+        full = self._full_size(inp.shape[0], out.shape[0])
+        a, b = spec.input_range(self.rank, full)
+        c, d = spec.output_range(self.rank, full)
+        if spec.output_part == "all" and not shadow:
+            return out, ([] if inp is out else [(out[a:b], inp)]), []
+        work = ops.empty(full, inp, ops.float32(inp) if shadow else None)
+        return work, [(work[a:b], inp)], [(out, work[c:d])]
+
+    def _full_size(self, n_in: int, n_out: int) -> int:
+        """The full buffer's elements for a call's input and output of ``n_in`` and
+        ``n_out`` elements, checked against the collective's layout."""
+        spec, nranks = self.spec, self.schedule.nranks
+        full = n_out if spec.output_part == "all" else n_in
+        if spec.sharded and (full % nranks or (n_in, n_out) != (spec.input_size(full),
+                                                                 spec.output_size(full))):
+            whole, part = ("output", "input") if spec.output_part == "all" else ("input", "output")
+            raise TopoplanError(
+                f"{spec.name} of {nranks} ranks: input of {n_in} and output of {n_out} "
+                f"elements; expected an {whole} of nranks ({nranks}) times the {part}'s "
+                "elements")
+        return full
 
     # -- compile and bind ------------------------------------------------------
     def compiled(self, n: int) -> Program:
@@ -99,10 +136,10 @@ class Executor:
         for other in buffers[1:]:
             if array_ops(other) is not ops or ops.dtype(ops.flat(other)) != dtype:
                 raise TopoplanError(
-                    f"{self.collective}: input and output must be arrays of one kind and "
+                    f"{self.spec.name}: input and output must be arrays of one kind and "
                     f"dtype, got {ops.kind} {dtype} and {array_ops(other).kind} "
                     f"{array_ops(other).dtype(other)}")
-        shadow = self.accumulate_fp32 and dtype in ("float16", "bfloat16")
+        shadow = self.accumulate_fp32 and self.spec.reduces and dtype in ("float16", "bfloat16")
         key = (*(a for f in flats for a in ops.address(f)), *(f.shape[0] for f in flats),
                dtype, ops.kind)
         bound = self._bound.get(key)
@@ -133,7 +170,7 @@ class Executor:
             for other in queue.calls:
                 if other._bound is bound:
                     raise TopoplanError(
-                        f"rank {self.rank}: this buffer already has an {self.collective} in "
+                        f"rank {self.rank}: this buffer already has an {self.spec.name} in "
                         f"flight (call {other.call}); wait for it before starting another")
             call = self._calls
             self._calls = call + 1
@@ -340,6 +377,6 @@ class Executor:
         else:
             why = f"failed: {reason}"
         return TransportError(
-            f"rank {self.rank}: {self.transport.name} {self.schedule.algorithm} {self.collective}, "
+            f"rank {self.rank}: {self.transport.name} {self.schedule.algorithm} {self.spec.name}, "
             f"step {step.index}: {what}{more} {why}",
             rank=self.rank, step=step.index, peer=blamed.peer, chunk=blamed.chunk)
