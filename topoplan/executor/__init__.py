@@ -31,7 +31,7 @@ a peer is never more than one call ahead of this rank (no allreduce, reduce-scat
 allgather can finish without every rank's data), so a message still tagged with a failed call's epoch is
 stale, never one of the calls still to come.
 
-Calls in flight (:meth:`Allreduce.start`, :class:`AllreduceHandle`): a started call is
+Calls in flight (:meth:`Allreduce.start`, :class:`Handle`): a started call is
 a small state machine (the step it is at, that step's posted messages, its deadline)
 that moves whenever anything polls the transport: ``start``, ``handle.test()``,
 ``handle.wait()`` or :meth:`Allreduce.progress`, for every call in flight on the
@@ -56,7 +56,8 @@ The package holds one concept per module:
   :class:`ReduceScatter` and :class:`AllGather`;
 - :mod:`~topoplan.executor.engine`: the engine they share (:class:`~.engine.Executor`):
   binding buffers, running calls to the end or in flight, epochs, errors;
-- :mod:`~topoplan.executor.handle`: a call in flight (:class:`AllreduceHandle`);
+- :mod:`~topoplan.executor.handle`: a call in flight (:class:`Handle`, also
+  ``AllreduceHandle``);
 - :mod:`~topoplan.executor.lanes`: tag epochs and lanes, and the queue of calls in flight
   on a transport;
 - :mod:`~topoplan.executor.compiler`: a schedule -> one rank's program -> its steps bound
@@ -68,12 +69,12 @@ from __future__ import annotations
 
 from .arrays import array_ops
 from .calls import AllGather, Allreduce, ReduceScatter
-from .handle import AllreduceHandle
+from .handle import AllreduceHandle, Handle
 
-# What topoplan/executor.py held before it became this package, and tests import from it.
+# Names topoplan/executor.py had before it became this package (tests import them).
 from .arrays import ArrayOps  # noqa: E402,F401
 from .compiler import compile_program as _compile  # noqa: E402,F401
-from .engine import BOUND_CACHE, Executor  # noqa: E402,F401
+from .engine import BOUND_CACHE  # noqa: E402,F401
 from .lanes import EPOCHS, LANE_WIDTH, LANES  # noqa: E402,F401
 
-__all__ = ["Allreduce", "ReduceScatter", "AllGather", "AllreduceHandle", "array_ops"]
+__all__ = ["Allreduce", "ReduceScatter", "AllGather", "Handle", "AllreduceHandle", "array_ops"]

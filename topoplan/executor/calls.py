@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from .engine import Executor
-from .handle import AllreduceHandle
+from .handle import Handle
 
 __all__ = ["Allreduce", "ReduceScatter", "AllGather"]
 
@@ -60,7 +60,7 @@ class Allreduce(Executor):
 
     collective = "allreduce"
 
-    def start(self, buffer: Any) -> AllreduceHandle:
+    def start(self, buffer: Any) -> Handle:
         """Start summing ``buffer`` over all ranks, in place; returns at once.
 
         Every rank must start the same calls in the same order. The buffer must not be
@@ -96,7 +96,7 @@ class Allreduce(Executor):
 class _Sharded(Executor):
     """A reduce-scatter or an allgather: an input and an output of different sizes."""
 
-    def start(self, input: Any, output: Any) -> AllreduceHandle:
+    def start(self, input: Any, output: Any) -> Handle:
         """Start the collective from ``input`` into ``output``; returns at once.
 
         As :meth:`Allreduce.start`; neither buffer may be touched until the handle is

@@ -23,7 +23,7 @@ from ..schedule import Schedule
 from ..transports.base import TAG_LIMIT, Message, PeerFailure, Transport
 from .arrays import ArrayOps, array_ops
 from .compiler import BoundProgram, BoundStep, Program, bind_steps, compile_program, pair_span
-from .handle import AllreduceHandle
+from .handle import Handle
 from .lanes import LANES, CallQueue, epochs_for, fits_a_lane, queue_of, tag_shift
 
 __all__ = ["Executor", "BOUND_CACHE"]
@@ -78,7 +78,7 @@ class Executor:
         # The buffers of the last call: training loops pass the same ones again and
         # again, and recognising them skips building the cache key (microseconds).
         self._last: tuple | None = None
-        self._queue: CallQueue[AllreduceHandle] = queue_of(transport)
+        self._queue: CallQueue[Handle] = queue_of(transport)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.schedule.algorithm}, "
@@ -162,7 +162,7 @@ class Executor:
         return bound, ops
 
     # -- calls in flight --------------------------------------------------------
-    def _start(self, *buffers: Any) -> AllreduceHandle:
+    def _start(self, *buffers: Any) -> Handle:
         """Start a call on ``buffers`` (the last one is the result); returns at once."""
         bound, ops = self._bind(*buffers)
         queue = self._queue
@@ -174,7 +174,7 @@ class Executor:
                         f"flight (call {other.call}); wait for it before starting another")
             call = self._calls
             self._calls = call + 1
-            handle = AllreduceHandle(self, buffers[-1], bound, ops, call, call % self._epochs,
+            handle = Handle(self, buffers[-1], bound, ops, call, call % self._epochs,
                                      self._lane_of(queue.lane()))
             queue.calls.append(handle)
             self._progress_all()
@@ -199,7 +199,7 @@ class Executor:
         """The lane a call of this executor runs in: its turn's, or 0 when unlaned."""
         return lane if self._laned else 0
 
-    def _can_begin(self, handle: AllreduceHandle) -> bool:
+    def _can_begin(self, handle: Handle) -> bool:
         """Whether ``handle`` may begin beside every call started before it that is
         still running: never on an untagged or unpollable transport; with a call of
         this executor when their epochs (tags) and scratch differ; with another
@@ -220,7 +220,7 @@ class Executor:
                 return False
         return True  # pragma: no cover - a handle is in its queue until it is done
 
-    def _advance(self, h: AllreduceHandle, *, block: bool) -> bool:
+    def _advance(self, h: Handle, *, block: bool) -> bool:
         """Run ``h`` as far as it goes (``block``: to the end); whether it moved."""
         if not h._begun:
             if not self._can_begin(h):

@@ -19,22 +19,22 @@ if TYPE_CHECKING:
     from .compiler import BoundProgram
     from .lanes import CallQueue
 
-__all__ = ["AllreduceHandle"]
+__all__ = ["Handle", "AllreduceHandle"]
 
 
 class _Owner(Protocol):
     """What a handle, and the executors of the calls beside it, need of the executor
     that started it (:class:`~topoplan.executor.engine.Executor`)."""
 
-    _queue: CallQueue[AllreduceHandle]
+    _queue: CallQueue[Handle]
     _laned: bool
 
     def _progress_all(self) -> bool: ...
 
-    def _advance(self, h: AllreduceHandle, *, block: bool) -> bool: ...
+    def _advance(self, h: Handle, *, block: bool) -> bool: ...
 
 
-class AllreduceHandle:
+class Handle:
     """A call in flight, returned by :meth:`Allreduce.start` (and the ``start`` of
     :class:`ReduceScatter` and :class:`AllGather`).
 
@@ -112,4 +112,8 @@ class AllreduceHandle:
     def __repr__(self) -> str:
         state = "failed" if self._error else "done" if self.done else (
             f"at step {self._step}" if self._begun else "queued")
-        return f"<AllreduceHandle call {self.call} {state}>"
+        return f"<Handle call {self.call} {state}>"
+
+
+#: The handle's first name, from when only :class:`~topoplan.executor.Allreduce` had one.
+AllreduceHandle = Handle
