@@ -31,3 +31,20 @@ def fail_on(transport: tuple[int, int], bad: int, die: int) -> int:
     if rank == die:
         os._exit(7)
     return rank
+
+
+def torch_by_factory(init_method: str, rank: int, nranks: int):
+    """Join a gloo group through :func:`topoplan.transports.connect`."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    from topoplan.transports import connect
+    return connect("torch", init_method=init_method, rank=rank, size=nranks, timeout=60)
+
+
+def torch_report(transport) -> tuple[int, int, str, float]:
+    return transport.rank, transport.size, transport.name, transport.allreduce_max(transport.rank)
+
+
+def torch_close() -> None:
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
