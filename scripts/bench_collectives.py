@@ -33,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from topoplan.bench import load_average  # noqa: E402
 from topoplan.units import format_size  # noqa: E402
 
 PROFILE = {"mpi": "mpi", "torch": "gloo"}
@@ -53,13 +54,6 @@ def _run(transport: str, collective: str, algorithm: str, cluster: str, sizes: s
     return json.loads(proc.stdout)
 
 
-def _load() -> float:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return float("nan")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cluster", default=str(ROOT / "topologies" / "dgx1_v100.yaml"))
@@ -76,12 +70,12 @@ def main() -> int:
     cells = [(t, c, a) for t in args.transport.split(",") for c in args.collective.split(",")
              for a in args.algorithms.split(",")]
     runs: dict[tuple[str, str, str], list[dict]] = {cell: [] for cell in cells}
-    started, load = time.perf_counter(), [_load()]
+    started, load = time.perf_counter(), [load_average()]
     for k in range(args.repeat):
         for cell in cells:
             print(f"[{k + 1}/{args.repeat}] {' '.join(cell)}", file=sys.stderr, flush=True)
             runs[cell].append(_run(*cell, args.cluster, args.sizes, args.timeout))
-            load.append(_load())
+            load.append(load_average())
     seconds = time.perf_counter() - started
     first = next(iter(runs.values()))[0]
     nranks = first["schedule"]["nranks"]

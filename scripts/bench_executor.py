@@ -132,20 +132,19 @@ def rank_main(args) -> None:
 
 
 def torch_part(args, comm, mpi, n, rank, schedule):
-    import datetime
-
     import torch
     import torch.distributed as dist
 
     from topoplan.bench import expected_sum, pattern
     from topoplan.executor import Allreduce
-    from topoplan.transports.torch import Torch
+    from topoplan.transports import connect
+    from topoplan.transports.launch import free_port
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    port = comm.bcast(_free_port() if rank == 0 else None, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=n, timeout=datetime.timedelta(seconds=600))
-    replay = Allreduce(schedule, Torch(), timeout=300)
+    port = comm.bcast(free_port() if rank == 0 else None, root=0)
+    transport = connect("torch", init_method=f"tcp://127.0.0.1:{port}", rank=rank, size=n,
+                        timeout=600)
+    replay = Allreduce(schedule, transport, timeout=300)
     out = []
     for size in args.sizes:
         count = size // 4
@@ -168,13 +167,6 @@ def torch_part(args, comm, mpi, n, rank, schedule):
                         **{f"{k}_s": v for k, v in t.items()}})
     dist.destroy_process_group()
     return out
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def report(records) -> str:

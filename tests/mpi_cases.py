@@ -19,7 +19,7 @@ import numpy as np
 from tests.support import schedules as S
 from tests.support import transport_cases as C
 from topoplan.executor import BOUND_CACHE, Allreduce
-from topoplan.transports import MPI
+from topoplan.transports import MPI, connect
 from topoplan.transports.mpi import leave_after_failure
 
 
@@ -57,7 +57,17 @@ def mpi_cases(t: MPI) -> tuple[list[str], int]:
         failures.append(f"rank {rank}: an evicted binding's persistent requests were not freed")
     if not made or not made[-1] or not all(made[-1]):
         failures.append(f"rank {rank}: a cached binding's persistent requests were freed")
-    return failures, len(options) + BOUND_CACHE + 4
+    # The factory and the classmethod build the transport over COMM_WORLD.
+    builders = {"connect('mpi', spin=0)": (lambda: connect("mpi", spin=0), 0),
+                "MPI.world()": (MPI.world, 64)}
+    for name, (build, spin) in builders.items():
+        v = build()
+        x = np.arange(1001, dtype=np.float64) + rank
+        if not isinstance(v, MPI) or (v.rank, v.size, v.spin) != (rank, n, spin):
+            failures.append(f"rank {rank}: {name} is {v!r}")
+        elif not np.array_equal(Allreduce(S.ring(n), v, timeout=30)(x), want):
+            failures.append(f"rank {rank}: {name}: wrong sum")
+    return failures, len(options) + BOUND_CACHE + 4 + len(builders)
 
 
 def main() -> None:

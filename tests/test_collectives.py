@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tests.support import schedules as S
-from topoplan.collectives import (COLLECTIVES, AllGather, AllReduce, ReduceScatter,
+from topoplan.collectives import (COLLECTIVES, AllGatherSpec, AllReduceSpec, ReduceScatterSpec,
                                   collective_of, get_collective, shard_chunks)
 from topoplan.errors import ScheduleError
 from topoplan.schedule import (OpKind, RankProgram, build_schedule, equal_chunks, loads_schedule,
@@ -19,10 +19,23 @@ from topoplan.verify import verify
 
 
 def test_registry_names_the_three_collectives():
-    assert COLLECTIVES == {"allreduce": AllReduce, "reduce_scatter": ReduceScatter,
-                           "allgather": AllGather}
+    assert COLLECTIVES == {"allreduce": AllReduceSpec, "reduce_scatter": ReduceScatterSpec,
+                           "allgather": AllGatherSpec}
     for name, cls in COLLECTIVES.items():
         assert get_collective(name) is cls and cls.name == name
+
+
+@pytest.mark.parametrize("old, new, call", [("AllReduce", AllReduceSpec, "Allreduce"),
+                                            ("ReduceScatter", ReduceScatterSpec, "ReduceScatter"),
+                                            ("AllGather", AllGatherSpec, "AllGather")])
+def test_the_old_class_names_work_with_a_warning_naming_the_new_one(old, new, call):
+    import topoplan.collectives as C
+    with pytest.warns(DeprecationWarning, match=rf"topoplan\.collectives\.{old} is deprecated; "
+                                                rf"use topoplan\.collectives\.{new.__name__} "
+                                                rf"\(topoplan\.{call} is the executor's call"):
+        assert getattr(C, old) is new
+    with pytest.raises(AttributeError, match="has no attribute 'Allreduce'"):
+        C.Allreduce  # noqa: B018 - the executor's name was never one of this module's
 
 
 @pytest.mark.parametrize("name", ["alltoall", "AllGather", "", 3])
@@ -32,29 +45,43 @@ def test_unknown_collective_names_the_valid_ones(name):
         get_collective(name)
 
 
-@pytest.mark.parametrize("cls, sizes", [(AllReduce, (12, 12)), (ReduceScatter, (12, 3)),
-                                        (AllGather, (3, 12))])
+@pytest.mark.parametrize("cls, sizes", [(AllReduceSpec, (12, 12)), (ReduceScatterSpec, (12, 3)),
+                                        (AllGatherSpec, (3, 12))])
 def test_buffer_layout(cls, sizes):
     coll = cls(4, equal_chunks(8))
     assert (coll.input_size(12), coll.output_size(12)) == sizes
 
 
-@pytest.mark.parametrize("cls", [ReduceScatter, AllGather])
+@pytest.mark.parametrize("cls, rank1, reduces", [
+    (AllReduceSpec, ((0, 12), (0, 12)), True),
+    (ReduceScatterSpec, ((0, 12), (3, 6)), True),
+    (AllGatherSpec, ((3, 6), (0, 12)), False)])
+def test_each_rank_passes_in_and_gets_out_its_part_of_the_full_buffer(cls, rank1, reduces):
+    coll = cls(4, equal_chunks(8))
+    assert (coll.input_range(1, 12), coll.output_range(1, 12)) == rank1
+    assert coll.reduces is reduces
+    for rank in range(4):
+        for part, (a, b) in ((coll.input_part, coll.input_range(rank, 12)),
+                             (coll.output_part, coll.output_range(rank, 12))):
+            assert (a, b) == ((0, 12) if part == "all" else (3 * rank, 3 * rank + 3))
+
+
+@pytest.mark.parametrize("cls", [ReduceScatterSpec, AllGatherSpec])
 def test_sharded_sizes_must_divide_by_the_ranks(cls):
     coll = cls(4, equal_chunks(4))
     with pytest.raises(ScheduleError, match=r"\(10 elements\) must be a multiple of 4"):
-        coll.output_size(10) if cls is ReduceScatter else coll.input_size(10)
+        coll.output_size(10) if cls is ReduceScatterSpec else coll.input_size(10)
 
 
 def test_shards_group_chunks_in_order():
     # 3 ranks, shards of 1, 2 and 3 chunks.
     chunks = (1 / 3, 1 / 6, 1 / 6, 1 / 9, 1 / 9, 1 / 9)
     assert shard_chunks(3, chunks) == ((0, 1), (1, 3), (3, 6))
-    coll = AllGather(3, chunks)
+    coll = AllGatherSpec(3, chunks)
     assert [coll.shard_of(k) for k in range(6)] == [0, 1, 1, 2, 2, 2]
 
 
-@pytest.mark.parametrize("cls", [ReduceScatter, AllGather])
+@pytest.mark.parametrize("cls", [ReduceScatterSpec, AllGatherSpec])
 def test_a_chunk_straddling_two_shards_is_refused(cls):
     with pytest.raises(ScheduleError, match=r"of 3 ranks: chunk 1 covers 0.25..0.5 of the buffer "
                                             r"and straddles shards 0 and 1 \(each 1/3 of it\)"):
@@ -64,7 +91,7 @@ def test_a_chunk_straddling_two_shards_is_refused(cls):
 
 
 def test_allreduce_needs_no_shards():
-    coll = AllReduce(3, equal_chunks(4))
+    coll = AllReduceSpec(3, equal_chunks(4))
     assert coll.shards == ()
     assert coll.initial(2) == [(0, 4, 0b100)]
     assert coll.postcondition(0) == [(0, 4, 0b111)]
@@ -72,7 +99,7 @@ def test_allreduce_needs_no_shards():
 
 
 def test_reduce_scatter_states():
-    coll = ReduceScatter(3, equal_chunks(6))
+    coll = ReduceScatterSpec(3, equal_chunks(6))
     assert coll.initial(1) == [(0, 6, 0b010)]
     assert coll.postcondition(0) == [(0, 2, 0b111), (2, 6, None)]
     assert coll.postcondition(1) == [(0, 2, None), (2, 4, 0b111), (4, 6, None)]
@@ -81,13 +108,13 @@ def test_reduce_scatter_states():
 
 
 def test_allgather_states():
-    coll = AllGather(3, equal_chunks(6))
+    coll = AllGatherSpec(3, equal_chunks(6))
     assert coll.initial(0) == [(0, 2, 0b001), (2, 6, 0)]
     assert coll.initial(1) == [(0, 2, 0), (2, 4, 0b010), (4, 6, 0)]
     for r in range(3):
         assert coll.postcondition(r) == [(0, 2, 0b001), (2, 4, 0b010), (4, 6, 0b100)]
     assert coll.starts_empty
-    assert not AllGather(1, (1.0,)).starts_empty
+    assert not AllGatherSpec(1, (1.0,)).starts_empty
 
 
 @settings(max_examples=60, deadline=None)
@@ -98,7 +125,7 @@ def test_shard_element_bounds_are_exact(nranks, per_shard, scale):
     boundary sits at ``r * size / nranks`` exactly."""
     chunks = [1 / (nranks * per_shard[r]) for r in range(nranks) for _ in range(per_shard[r])]
     size = nranks * scale
-    for cls in (ReduceScatter, AllGather):
+    for cls in (ReduceScatterSpec, AllGatherSpec):
         coll = cls(nranks, chunks)
         bounds = coll.chunk_bounds(size)
         assert bounds[0][0] == 0 and bounds[-1][1] == size

@@ -408,9 +408,9 @@ def test_calls_of_different_executors_run_side_by_side_in_lanes() -> None:
 def test_an_executor_whose_tags_do_not_fit_a_lane_runs_alone(monkeypatch) -> None:
     """An executor with more messages per pair than a lane holds takes lane 0's tags and
     runs its calls alone; the others still run side by side around it."""
-    import topoplan.executor as E
+    from topoplan.executor import lanes
     n = 4
-    monkeypatch.setattr(E, "LANE_WIDTH", 8)  # the ring's 6 messages a pair x 4 epochs > 8
+    monkeypatch.setattr(lanes, "LANE_WIDTH", 8)  # the ring's 6 messages a pair x 4 epochs > 8
 
     def rank_fn(t: Local):
         if t.rank == 3:
@@ -429,6 +429,24 @@ def test_an_executor_whose_tags_do_not_fit_a_lane_runs_alone(monkeypatch) -> Non
         assert lanes == [0, 0, 2] and not laned
         if rank == 0:
             assert begun == [True, False, False]
+
+
+def test_start_returns_the_exported_handle_of_every_call() -> None:
+    import topoplan
+    from topoplan.executor import AllreduceHandle, Handle
+    assert AllreduceHandle is Handle is topoplan.Handle is topoplan.AllreduceHandle
+
+    def rank_fn(t: Local):
+        x, y = np.full(4, t.rank + 1.0), np.empty(2)
+        handles = [Allreduce(S.ring(2), t, timeout=10).start(x),
+                   topoplan.ReduceScatter(S.ring_reduce_scatter([0, 1]), t, timeout=10).start(
+                       np.ones(4), y)]
+        kinds = [type(h) for h in handles]
+        return kinds, [h.wait() is b for h, b in zip(handles, (x, y))], repr(handles[0])
+
+    for kinds, results, text in Local.launch(2, rank_fn, timeout=30):
+        assert kinds == [Handle, Handle] and all(results)
+        assert text == "<Handle call 0 done>"
 
 
 def test_a_call_in_flight_moves_while_the_caller_polls() -> None:

@@ -141,6 +141,38 @@ def test_bad_buffers_and_schedules_are_refused():
         gather(np.zeros(3), np.zeros(7))
 
 
+def test_one_engine_lays_out_every_collective_from_the_schedules_spec():
+    """The engine behind the three calls has no branch per collective: given any schedule,
+    it takes the buffers' layout from the schedule's collective and computes the same as
+    the call that names it."""
+    from topoplan.executor.engine import Executor
+    n, m = 3, 4
+    cases = [(topoplan.Allreduce, S.ring(n), n * m, n * m),
+             (topoplan.ReduceScatter, S.ring_reduce_scatter(list(range(n))), n * m, m),
+             (topoplan.AllGather, S.ring_allgather(list(range(n))), m, n * m)]
+
+    def rank_fn(t: Local) -> list[tuple[np.ndarray, np.ndarray]]:
+        out = []
+        for call, schedule, n_in, n_out in cases:
+            engine = Executor(schedule, t, timeout=10)
+            assert Executor.collective is None and engine.spec.name == call.collective
+            results = []
+            for run in (engine._call, call(schedule, t, timeout=10)):
+                x = np.arange(n_in, dtype=np.float64) + 100.0 * t.rank
+                buffers = (x,) if call is topoplan.Allreduce else (x, np.full(n_out, np.nan))
+                results.append(run(*buffers).copy())
+            out.append(tuple(results))
+        return out
+
+    total = n * np.arange(n * m) + 100.0 * sum(range(n))
+    gathered = np.concatenate([np.arange(m) + 100.0 * r for r in range(n)])
+    for rank, rank_results in enumerate(Local.launch(n, rank_fn, timeout=30)):
+        expected = [total, total[rank * m:(rank + 1) * m], gathered]
+        for want, (engine_result, call_result) in zip(expected, rank_results):
+            assert np.array_equal(engine_result, want), rank
+            assert np.array_equal(call_result, want), rank
+
+
 # ---- run_bench: nccl-tests rows for reduce-scatter and allgather ------------------------------
 
 @pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])

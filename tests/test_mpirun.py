@@ -18,7 +18,7 @@ import pytest
 
 from topoplan._mpirun import (ENV_LAUNCHER, ENV_RANK_MARK, ENV_TERMINAL, MPI_ENV, Flavour,
                               Launcher, choose_launcher, find_launcher, inside_mpi,
-                              launch_command, mpi_library, parse_launcher_version,
+                              launch_command, launcher_args, mpi_library, parse_launcher_version,
                               parse_library_version, probe, rank_and_size)
 from topoplan.errors import TopoplanError
 
@@ -121,6 +121,10 @@ def test_each_kind_gets_only_the_options_it_knows():
     assert five.command == [WHEEL.path, "--with-ft", "ulfm", "-n", "3",
                             "--mca", "mpi_yield_when_idle", "1", *argv]
     assert all(five.env[k] == v for k, v in MPI_ENV.items()) and five.notes == ()
+    # The launcher's part alone (which the testbed's command starts with, too).
+    assert launcher_args(WHEEL, 3, fault_tolerant=True) == (five.command[:-2], MPI_ENV)
+    assert launcher_args(SYSTEM, 3)[0] == launch_command(3, argv, launcher=SYSTEM).command[:-2]
+    assert launcher_args(HYDRA, 2) == ([HYDRA.path, "-n", "2"], {})
     assert launch_command(3, argv, launcher=WHEEL).command[1:3] == ["-n", "3"]
 
     four = launch_command(3, argv, fault_tolerant=True, launcher=SYSTEM)

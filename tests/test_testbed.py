@@ -302,6 +302,11 @@ def test_mpi_launcher_maps_each_host_to_its_namespace(tmp_path):
                  f"btl_tcp_eager_limit {64 << 20}", f"btl_tcp_max_send_size {64 << 20}"):
         assert flag in flags
     assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
+    # mpiexec -n N and the flags every Open MPI 5 run gets come from topoplan._mpirun, once.
+    from topoplan._mpirun import find_launcher, launcher_args
+    base, _ = launcher_args(find_launcher()[0], layout.nranks)
+    start = command.index(base[0])
+    assert command[start:start + len(base)] == base and flags.count("mpi_yield_when_idle") == 1
 
 
 def _too_big() -> tuple[int, str]:

@@ -41,6 +41,8 @@ _LAZY = {
     "Allreduce": "topoplan.executor",
     "ReduceScatter": "topoplan.executor",
     "AllGather": "topoplan.executor",
+    "Handle": "topoplan.executor",
+    "AllreduceHandle": "topoplan.executor",
     "CostProfile": "topoplan.cost",
     "get_profile": "topoplan.cost",
     "run_bench": "topoplan.bench",

@@ -47,7 +47,7 @@ from typing import Any, Sequence
 from .errors import TopoplanError
 
 __all__ = ["Flavour", "Launcher", "Launch", "parse_launcher_version", "parse_library_version",
-           "choose_launcher", "find_launcher", "find_mpiexec", "launch_command",
+           "choose_launcher", "find_launcher", "find_mpiexec", "launcher_args", "launch_command",
            "mpiexec_command", "mpiexec", "inside_mpi", "rank_and_size", "stop", "note"]
 
 #: The variable that chooses the launcher (a path, or a name on PATH).
@@ -342,26 +342,37 @@ def launch_command(nranks: int, argv: Sequence[str], *, fault_tolerant: bool = F
     notes: list[str] = []
     if not isinstance(launcher, Launcher):
         launcher, notes = find_launcher(launcher)
-    n = ["-n", str(nranks)]
-    yield_cpu = ["--mca", "mpi_yield_when_idle", "1"]
+    command, extra = launcher_args(launcher, nranks, fault_tolerant=fault_tolerant)
     kind = launcher.flavour
-    if kind is Flavour.OPEN_MPI_5:
-        command = [launcher.path, *(["--with-ft", "ulfm"] if fault_tolerant else []), *n,
-                   *yield_cpu]
-        extra = MPI_ENV
-    elif kind is Flavour.OPEN_MPI_4:
-        command, extra = [launcher.path, "--oversubscribe", *n, *yield_cpu], MPI4_ENV
-    else:
-        command, extra = [launcher.path, *n], {}
-        if kind is Flavour.UNKNOWN:
-            notes.append(f"{launcher.path} --version names no MPI topoplan knows; it gets "
-                         f"-n {nranks} and nothing else")
+    if kind is Flavour.UNKNOWN:
+        notes.append(f"{launcher.path} --version names no MPI topoplan knows; it gets "
+                     f"-n {nranks} and nothing else")
     if fault_tolerant and not launcher.fault_tolerant:
         notes.append(f"{launcher.mpi} has no fault tolerance (Open MPI 5's --with-ft ulfm): "
                      "a rank that dies ends the whole job, with no error naming it")
     env = {**os.environ, **extra, ENV_RANK_MARK: kind.value,
            ENV_TERMINAL: "1" if _isatty(sys.stdout) and _isatty(sys.stderr) else "0"}
     return Launch([*command, *argv], env, launcher, tuple(notes))
+
+
+def launcher_args(launcher: Launcher, nranks: int, *, fault_tolerant: bool = False
+                  ) -> tuple[list[str], dict[str, str]]:
+    """The launcher's part of a command line, which the program's own part follows: its
+    path, ``-n N`` and the flags its kind needs here (see the module's docstring), and
+    the variables it needs in the environment (running as root, oversubscribed).
+
+    :func:`launch_command` adds the program and the variables every rank gets; the
+    testbed (:mod:`topoplan.testbed.mpi`) adds its hostfile and network flags.
+    """
+    n = ["-n", str(nranks)]
+    yield_cpu = ["--mca", "mpi_yield_when_idle", "1"]
+    kind = launcher.flavour
+    if kind is Flavour.OPEN_MPI_5:
+        return ([launcher.path, *(["--with-ft", "ulfm"] if fault_tolerant else []), *n,
+                 *yield_cpu], dict(MPI_ENV))
+    if kind is Flavour.OPEN_MPI_4:
+        return [launcher.path, "--oversubscribe", *n, *yield_cpu], dict(MPI4_ENV)
+    return [launcher.path, *n], {}
 
 
 def mpiexec_command(nranks: int, argv: Sequence[str], *, fault_tolerant: bool = False,

@@ -27,6 +27,7 @@ measured on.
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -38,6 +39,7 @@ from .transports.base import NoNative
 from .units import bus_factor
 
 __all__ = ["BenchRow", "run_bench", "format_rows", "predict_rows", "bus_factor", "pattern",
+           "load_average",
            "expected_sum", "expected_output", "count_wrong", "check_sizes", "array_kind",
            "DTYPES", "ITEMSIZE"]
 
@@ -135,6 +137,15 @@ def check_sizes(sizes: Sequence[int], nranks: int, collective: str, dtype: str) 
                 f"size {size} B: {with_article(collective)} of {nranks} ranks cuts the full "
                 f"buffer into {nranks} equal shards, so it must be a multiple of {nranks} "
                 f"{dtype} elements ({step} B); use {good} B")
+
+
+def load_average() -> float:
+    """This machine's 1-minute load average (NaN where the system has none): benchmarks
+    record it beside their timings, which other work on the machine stretches."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return float("nan")
 
 
 def with_article(word: str) -> str:

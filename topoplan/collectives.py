@@ -19,23 +19,30 @@ grouped into the shards in order: shard ``r`` is the chunks that cover the fract
 shards. Shards may hold different numbers of chunks, as long as their fractions add
 up to ``1 / nranks`` each.
 
+The classes are *specifications* (:class:`AllReduceSpec`, :class:`ReduceScatterSpec`,
+:class:`AllGatherSpec`, one instance per schedule: :func:`collective_of`); the calls that
+run a schedule are the executor's :class:`topoplan.Allreduce`, :class:`topoplan.ReduceScatter`
+and :class:`topoplan.AllGather`. The old names of the classes here (``AllReduce``,
+``ReduceScatter``, ``AllGather``) still work, with a :class:`DeprecationWarning`.
+
 This module is part of the schedule IR's layer: it imports nothing but the errors.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import TYPE_CHECKING, ClassVar, Sequence
+from typing import TYPE_CHECKING, ClassVar, Literal, Sequence
 
 from .errors import ScheduleError
 
 if TYPE_CHECKING:
     from .schedule import Schedule
 
-__all__ = ["Collective", "AllReduce", "ReduceScatter", "AllGather", "COLLECTIVES",
+__all__ = ["Collective", "AllReduceSpec", "ReduceScatterSpec", "AllGatherSpec", "COLLECTIVES",
            "get_collective", "collective_of", "chunk_bounds", "shard_chunks", "DEFAULT",
            "SHARD_TOLERANCE"]
 
@@ -45,6 +52,8 @@ DEFAULT = "allreduce"
 SHARD_TOLERANCE = 1e-9
 
 Run = tuple[int, int, int]  # chunks [start, end) all holding one bitmask of ranks
+#: The part of the full buffer a rank passes in or gets out: all of it, or its own shard.
+Part = Literal["all", "shard"]
 Expected = tuple[int, int, "int | None"]  # the same, None: the result does not matter
 
 
@@ -66,8 +75,9 @@ class Collective:
 
     Notes
     -----
-    Subclasses set :attr:`name` (the schedule JSON's ``"collective"``) and implement
-    :meth:`input_size`, :meth:`output_size`, :meth:`initial` and :meth:`postcondition`.
+    Subclasses set :attr:`name` (the schedule JSON's ``"collective"``), :attr:`sharded`,
+    the buffer layout (:attr:`input_part`, :attr:`output_part`, :attr:`reduces`) and
+    implement :meth:`initial` and :meth:`postcondition`.
     Initial states and postconditions are given per rank as runs of chunks, so a rank's
     state costs O(runs), not O(chunks): one run for an allreduce, up to ``nranks`` for an
     allgather's result.
@@ -75,6 +85,11 @@ class Collective:
 
     name: ClassVar[str] = ""
     sharded: ClassVar[bool] = False  #: whether the buffer is cut into per-rank shards
+    #: What each rank passes in and gets out: the full buffer, or its own shard of it.
+    input_part: ClassVar[Part] = "all"
+    output_part: ClassVar[Part] = "all"
+    #: Whether contributions are added (an allgather only copies them).
+    reduces: ClassVar[bool] = True
 
     nranks: int
     chunks: tuple[float, ...]
@@ -98,12 +113,35 @@ class Collective:
 
     # ---- buffer layout -------------------------------------------------------
     def input_size(self, size: int) -> int:
-        """Elements each rank passes in, for a full buffer of ``size`` elements."""
-        raise NotImplementedError
+        """Elements each rank passes in, for a full buffer of ``size`` elements.
+
+        Raises
+        ------
+        ScheduleError
+            For a sharded collective, when ``size`` is not a multiple of ``nranks``.
+        """
+        a, b = self.input_range(0, size)
+        return b - a
 
     def output_size(self, size: int) -> int:
-        """Elements each rank gets out, for a full buffer of ``size`` elements."""
-        raise NotImplementedError
+        """Elements each rank gets out, for a full buffer of ``size`` elements (raises as
+        :meth:`input_size`)."""
+        a, b = self.output_range(0, size)
+        return b - a
+
+    def input_range(self, rank: int, size: int) -> tuple[int, int]:
+        """The elements ``[start, end)`` of the full buffer of ``size`` elements that
+        ``rank`` passes in (raises as :meth:`input_size`)."""
+        return self._part_range(self.input_part, rank, size)
+
+    def output_range(self, rank: int, size: int) -> tuple[int, int]:
+        """The elements ``[start, end)`` of the full buffer of ``size`` elements that
+        ``rank`` gets out (raises as :meth:`input_size`)."""
+        return self._part_range(self.output_part, rank, size)
+
+    def _part_range(self, part: Part, rank: int, size: int) -> tuple[int, int]:
+        m = self.shard_size(size) if self.sharded else size
+        return (rank * m, (rank + 1) * m) if part == "shard" else (0, size)
 
     def shard_size(self, size: int) -> int:
         """Elements of one shard: ``size / nranks``.
@@ -167,16 +205,10 @@ class Collective:
         return [run for run in runs if run[0] < run[1]]
 
 
-class AllReduce(Collective):
+class AllReduceSpec(Collective):
     """Every rank ends with the sum of every rank's full buffer (in = out = ``size``)."""
 
     name = "allreduce"
-
-    def input_size(self, size: int) -> int:
-        return size
-
-    def output_size(self, size: int) -> int:
-        return size
 
     def initial(self, rank: int) -> list[Run]:
         return [(0, self.nchunks, 1 << rank)]
@@ -185,7 +217,7 @@ class AllReduce(Collective):
         return [(0, self.nchunks, self.full)]
 
 
-class ReduceScatter(Collective):
+class ReduceScatterSpec(Collective):
     """Rank ``r`` ends with shard ``r`` of the sum of every rank's full buffer.
 
     In ``size`` elements, out ``size / nranks`` (MPI_Reduce_scatter_block). Every chunk
@@ -195,13 +227,7 @@ class ReduceScatter(Collective):
 
     name = "reduce_scatter"
     sharded = True
-
-    def input_size(self, size: int) -> int:
-        self.shard_size(size)
-        return size
-
-    def output_size(self, size: int) -> int:
-        return self.shard_size(size)
+    output_part = "shard"
 
     def initial(self, rank: int) -> list[Run]:
         return [(0, self.nchunks, 1 << rank)]
@@ -210,7 +236,7 @@ class ReduceScatter(Collective):
         return self._own_shard(rank, self.full, None)
 
 
-class AllGather(Collective):
+class AllGatherSpec(Collective):
     """Every rank ends with every rank's shard, in rank order.
 
     In ``size / nranks`` elements (rank ``r``'s shard), out ``size`` (MPI_Allgather).
@@ -221,13 +247,8 @@ class AllGather(Collective):
 
     name = "allgather"
     sharded = True
-
-    def input_size(self, size: int) -> int:
-        return self.shard_size(size)
-
-    def output_size(self, size: int) -> int:
-        self.shard_size(size)
-        return size
+    input_part = "shard"
+    reduces = False
 
     def initial(self, rank: int) -> list[Run]:
         return self._own_shard(rank, 1 << rank, 0)
@@ -242,7 +263,7 @@ class AllGather(Collective):
 
 #: The collectives by the name a schedule's JSON gives them.
 COLLECTIVES: dict[str, type[Collective]] = {
-    cls.name: cls for cls in (AllReduce, ReduceScatter, AllGather)}
+    cls.name: cls for cls in (AllReduceSpec, ReduceScatterSpec, AllGatherSpec)}
 
 
 def get_collective(name: str) -> type[Collective]:
@@ -305,3 +326,21 @@ def shard_chunks(nranks: int, chunks: Sequence[float], collective: str = "reduce
             f"cut the chunks at every multiple of 1/{nranks}")
     bounds.append(len(chunks))
     return tuple(zip(bounds[:-1], bounds[1:]))
+
+
+#: The classes' old names -> (their new names, the executor's call of the old name). The
+#: old names clashed with the calls (``collectives.AllReduce`` and ``Allreduce`` differed
+#: in case only), so they are deprecated.
+_RENAMED = {"AllReduce": ("AllReduceSpec", "Allreduce"),
+            "ReduceScatter": ("ReduceScatterSpec", "ReduceScatter"),
+            "AllGather": ("AllGatherSpec", "AllGather")}
+
+
+def __getattr__(name: str) -> type[Collective]:
+    if name not in _RENAMED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    new, call = _RENAMED[name]
+    warnings.warn(f"topoplan.collectives.{name} is deprecated; use topoplan.collectives.{new} "
+                  f"(topoplan.{call} is the executor's call that runs a schedule)",
+                  DeprecationWarning, stacklevel=2)
+    return globals()[new]  # type: ignore[no-any-return]

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 from dataclasses import asdict
 from typing import Any
@@ -33,8 +32,8 @@ from ..bench import (DTYPES, ITEMSIZE, check_sizes, format_rows, predict_rows, r
 from ..collectives import COLLECTIVES, get_collective
 from ..errors import TopoplanError, TransportError
 from ..schedule import Schedule
-from .calibrate import MPIEXEC_HELP, SHARE_GPUS_HELP
-from .common import json_text, sizes_arg
+from .common import (MPIEXEC_HELP, SHARE_GPUS_HELP, check_transport, choose_port, json_text,
+                     rank_transport, sizes_arg)
 
 __all__ = ["register"]
 
@@ -156,12 +155,6 @@ def _forward_argv(args: argparse.Namespace, plan_path: str) -> list[str]:
     return argv
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _default_sizes(nranks: int, collective: str, dtype: str) -> list[int]:
     """:data:`DEFAULT_SIZES`, for a reduce-scatter or an allgather rounded down to
     multiples of ``nranks`` elements (nccl-tests' rounding), none below one element each."""
@@ -199,7 +192,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="topoplan-bench-") as tmp:
         plan_path = os.path.join(tmp, "plan.json")
         schedule.save(plan_path)
-        os.environ["TOPOPLAN_BENCH_PORT"] = str(_free_port())
+        choose_port()
         proc = mpiexec(nranks, _forward_argv(args, plan_path), capture=False,
                        fault_tolerant=True, launcher=args.mpiexec)
     return proc.returncode
@@ -231,67 +224,6 @@ def _check_profile(args: argparse.Namespace) -> None:
         args.profile = os.path.abspath(args.profile)
 
 
-def check_transport(transport: str, nranks: int, *, share_gpus: bool = False) -> None:
-    """Fail before launching anything when the transport cannot run ``nranks`` here."""
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        raise TopoplanError(f"--transport {transport}: the ranks are launched with mpiexec, which "
-                            "needs mpi4py: pip install 'topoplan[mpi]'") from None
-    if share_gpus and transport != "nccl":
-        raise TopoplanError(f"--share-gpus is for --transport nccl, not {transport}")
-    if transport == "torch":
-        try:
-            import torch.distributed as dist
-        except ImportError:
-            raise TopoplanError("--transport torch needs PyTorch: pip install "
-                                "'topoplan[torch]'") from None
-        if not dist.is_available():
-            raise TopoplanError("--transport torch: this PyTorch has no torch.distributed")
-    elif transport == "nccl":
-        try:
-            import cupy
-            from cupy.cuda import nccl
-        except ImportError:
-            raise TopoplanError("--transport nccl needs CuPy with NCCL and CUDA GPUs: pip "
-                                "install 'topoplan[gpu]'") from None
-        if not getattr(nccl, "available", True):
-            raise TopoplanError("--transport nccl: this CuPy was built without NCCL")
-        try:
-            gpus = cupy.cuda.runtime.getDeviceCount()
-        except Exception:  # noqa: BLE001 - no driver, no device: CuPy raises its own kinds
-            gpus = 0
-        if gpus == 0:
-            raise TopoplanError("--transport nccl: this machine has no CUDA GPU")
-        if gpus < nranks and not share_gpus:
-            raise TopoplanError(f"--transport nccl -n {nranks}: needs one GPU per rank, this "
-                                f"machine has {gpus} (for testing, --share-gpus lets ranks "
-                                f"share them over NCCL's sockets)")
-
-
-def _transport(args: argparse.Namespace) -> Any:
-    if args.transport == "mpi":
-        from ..transports.mpi import MPI
-        return MPI()
-    if args.transport == "nccl":
-        from ..transports.nccl import NCCL
-        return NCCL.from_mpi(share_gpus=getattr(args, "share_gpus", False))
-    import datetime
-
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        raise TopoplanError("--transport torch needs PyTorch: pip install 'topoplan[torch]'") from None
-    from ..transports.torch import Torch
-    from .._mpirun import rank_and_size
-    rank, size = rank_and_size() or (0, 1)
-    port = os.environ.get("TOPOPLAN_BENCH_PORT", "29517")
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=size, timeout=datetime.timedelta(seconds=args.timeout))
-    return Torch()
-
-
 def _run_rank(args: argparse.Namespace) -> int:
     from ..schedule import load_schedule
     if not args.plan:
@@ -307,7 +239,7 @@ def _run_rank(args: argparse.Namespace) -> int:
         job = rank_and_size()
         args.sizes = _default_sizes(job[1] if job else schedule.nranks, schedule.collective,
                                     args.dtype)
-    transport = _transport(args)
+    transport = rank_transport(args.transport, timeout=args.timeout, share_gpus=args.share_gpus)
     try:
         rows = run_bench(schedule, transport, args.sizes, dtype=args.dtype,
                          baseline=args.baseline == "native", iters=args.iters,

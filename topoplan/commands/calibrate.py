@@ -18,21 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TopoplanError, TransportError
-from .common import json_text
+from .common import (MPIEXEC_HELP, SHARE_GPUS_HELP, check_transport, choose_port, json_text,
+                     rank_transport)
 
 __all__ = ["register"]
 
 TRANSPORTS = ("mpi", "torch", "nccl")
-#: The help of ``--share-gpus`` (calibrate and bench).
-SHARE_GPUS_HELP = ("with --transport nccl: let several ranks use one GPU, for testing on a "
-                   "machine with fewer GPUs than ranks; NCCL then treats each rank as a host "
-                   "of its own and moves every message over its socket transport (loopback)")
-
-#: The help of ``--mpiexec`` (bench, calibrate, launch).
-MPIEXEC_HELP = ("the MPI launcher that starts the ranks: an mpiexec, mpirun or srun, as a path "
-                "or a name on PATH (default: $TOPOPLAN_MPIEXEC, else the one that fits "
-                "mpi4py's MPI library: the mpiexec next to this Python, one on PATH, or srun "
-                "in a Slurm allocation)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -95,12 +86,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if inside_mpi():
         return _run_rank(args)
     nranks, output, name = _check_args(args)
-    from .bench import check_transport
     check_transport(args.transport, nranks, share_gpus=args.share_gpus)
     import tempfile
 
     from .._mpirun import launch_command, mpiexec
-    from .bench import _free_port
     launch_command(nranks, [], launcher=args.mpiexec)  # fail before the run: no launcher
     with tempfile.TemporaryDirectory(prefix="topoplan-calibrate-") as tmp:
         result = Path(tmp, "samples.json")
@@ -111,7 +100,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             argv.append("--quick")
         if args.share_gpus:
             argv.append("--share-gpus")
-        os.environ["TOPOPLAN_BENCH_PORT"] = str(_free_port())
+        choose_port()
         _progress(f"launching {nranks} ranks over {args.transport}"
                   f"{' (quick)' if args.quick else ''}")
         _warn_if_busy()
@@ -239,20 +228,12 @@ def _print(profile: Any, output: Path) -> None:
 # ---------------------------------------------------------------------------
 # Inside mpiexec
 # ---------------------------------------------------------------------------
-def _transport(args: argparse.Namespace) -> Any:
-    if args.transport == "nccl":
-        from ..transports.nccl import NCCL
-        return NCCL.from_mpi(share_gpus=args.share_gpus)
-    from .bench import _transport as bench_transport
-    return bench_transport(args)
-
-
 def _run_rank(args: argparse.Namespace) -> int:
     from ..calibrate import (FULL, QUICK, calibration_cases, host_cores, load_average, measure,
                              small_limit, transport_info)
     if not args.result:
         raise TopoplanError("inside mpiexec, calibrate is started by topoplan calibrate itself")
-    transport = _transport(args)
+    transport = rank_transport(args.transport, timeout=args.timeout, share_gpus=args.share_gpus)
     repeats, block = QUICK if args.quick else FULL
     load = [load_average()]
     try:

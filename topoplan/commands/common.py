@@ -1,4 +1,7 @@
-"""Helpers shared by the CLI commands: console output and tables."""
+"""Helpers shared by the CLI commands: console output and tables, argument types, and
+what the commands that run ranks under mpiexec share (bench, calibrate, launch: their
+help texts, :func:`check_transport` before launching, :func:`rank_transport` in a rank).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ from rich import box
 from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
+
+from ..errors import TopoplanError
 
 
 def is_terminal(stream: Any = None) -> bool:
@@ -321,3 +326,89 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (set, frozenset)):
         return sorted(value)
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+# ---------------------------------------------------------------------------
+# Ranks under mpiexec (bench, calibrate, launch)
+# ---------------------------------------------------------------------------
+#: The help of ``--share-gpus`` (calibrate and bench).
+SHARE_GPUS_HELP = ("with --transport nccl: let several ranks use one GPU, for testing on a "
+                   "machine with fewer GPUs than ranks; NCCL then treats each rank as a host "
+                   "of its own and moves every message over its socket transport (loopback)")
+
+#: The help of ``--mpiexec`` (bench, calibrate, launch).
+MPIEXEC_HELP = ("the MPI launcher that starts the ranks: an mpiexec, mpirun or srun, as a path "
+                "or a name on PATH (default: $TOPOPLAN_MPIEXEC, else the one that fits "
+                "mpi4py's MPI library: the mpiexec next to this Python, one on PATH, or srun "
+                "in a Slurm allocation)")
+
+#: The variable through which the launching command tells its torch ranks their port.
+ENV_PORT = "TOPOPLAN_BENCH_PORT"
+
+
+def choose_port() -> None:
+    """Pick the loopback port the ranks' torch.distributed group will meet at, for the
+    ranks the launching command is about to start (they read :data:`ENV_PORT`)."""
+    from ..transports.launch import free_port
+    os.environ[ENV_PORT] = str(free_port())
+
+
+def check_transport(transport: str, nranks: int, *, share_gpus: bool = False) -> None:
+    """Fail before launching anything when the transport cannot run ``nranks`` here."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        raise TopoplanError(f"--transport {transport}: the ranks are launched with mpiexec, which "
+                            "needs mpi4py: pip install 'topoplan[mpi]'") from None
+    if share_gpus and transport != "nccl":
+        raise TopoplanError(f"--share-gpus is for --transport nccl, not {transport}")
+    if transport == "torch":
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            raise TopoplanError("--transport torch needs PyTorch: pip install "
+                                "'topoplan[torch]'") from None
+        if not dist.is_available():
+            raise TopoplanError("--transport torch: this PyTorch has no torch.distributed")
+    elif transport == "nccl":
+        try:
+            import cupy
+            from cupy.cuda import nccl
+        except ImportError:
+            raise TopoplanError("--transport nccl needs CuPy with NCCL and CUDA GPUs: pip "
+                                "install 'topoplan[gpu]'") from None
+        if not getattr(nccl, "available", True):
+            raise TopoplanError("--transport nccl: this CuPy was built without NCCL")
+        try:
+            gpus = cupy.cuda.runtime.getDeviceCount()
+        except Exception:  # noqa: BLE001 - no driver, no device: CuPy raises its own kinds
+            gpus = 0
+        if gpus == 0:
+            raise TopoplanError("--transport nccl: this machine has no CUDA GPU")
+        if gpus < nranks and not share_gpus:
+            raise TopoplanError(f"--transport nccl -n {nranks}: needs one GPU per rank, this "
+                                f"machine has {gpus} (for testing, --share-gpus lets ranks "
+                                f"share them over NCCL's sockets)")
+
+
+def rank_transport(transport: str, *, timeout: float, share_gpus: bool = False) -> Any:
+    """This rank's transport (:func:`topoplan.transports.connect`), in a job that bench or
+    calibrate launched under mpiexec: MPI and NCCL over ``COMM_WORLD``; torch.distributed
+    over gloo, the ranks meeting on loopback at the port the launching command chose
+    (:func:`choose_port`), with ``timeout`` seconds for the process group."""
+    from ..transports import connect
+    if transport == "mpi":
+        return connect("mpi")
+    if transport == "nccl":
+        return connect("nccl", share_gpus=share_gpus)
+    try:
+        import torch.distributed  # noqa: F401
+    except ImportError:
+        raise TopoplanError("--transport torch needs PyTorch: pip install "
+                            "'topoplan[torch]'") from None
+    from .._mpirun import rank_and_size
+    rank, size = rank_and_size() or (0, 1)
+    port = os.environ.get(ENV_PORT, "29517")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    return connect("torch", init_method=f"tcp://127.0.0.1:{port}", rank=rank, size=size,
+                   backend="gloo", timeout=timeout)

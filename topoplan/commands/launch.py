@@ -23,8 +23,7 @@ import subprocess
 import sys
 
 from ..errors import TopoplanError
-from .calibrate import MPIEXEC_HELP
-from .common import positive_int
+from .common import MPIEXEC_HELP, positive_int
 
 PYTHONS = ("python", "python3")
 

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..bench import load_average
 from ..cluster import Cluster
 from ..errors import ScheduleError, TopoplanError, TransportError
 from ..schedule import Schedule
@@ -329,7 +330,7 @@ def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence
     for size in sizes:
         _check_case_size(size, bed.layout.nranks, collective)
     scaled = emulated_cluster(cluster, bed.layout)
-    load_before = _load()
+    load_before = load_average()
     report = check_network(bed, progress=progress) if probe else None
     calibration = None
     if calibrate:
@@ -390,7 +391,7 @@ def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence
                              nat, nat / measured if nat else None, r["wrong"],
                              tuple(r["times_s"]), cal, measured / cal if cal else None, steps,
                              collective))
-    return BenchReport(rows, calibration, transport, (load_before, _load()), report,
+    return BenchReport(rows, calibration, transport, (load_before, load_average()), report,
                        collective, native_name, notes)
 
 
@@ -419,10 +420,3 @@ def check_network(bed: Any, progress: Any = None) -> Any:
             "`topoplan testbed probe STATE --all-pairs` shows every pair; a busy machine "
             "is the usual cause (--no-probe to run anyway)")
     return report
-
-
-def _load() -> float:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return float("nan")

