@@ -42,7 +42,7 @@ from ..cluster import Box, Cluster
 from ..cost import CostProfile
 from ..errors import InfeasiblePlanError
 from ..schedule import OpKind, Schedule
-from ._common import no_gc, schedule_from_arrays
+from ._lockstep import no_gc, schedule_from_arrays
 
 __all__ = ["Layout", "layouts", "Messages", "messages", "message_count", "estimate", "choose_pieces",
            "build", "box_rings", "box_ring_sets", "SoftCosts", "shard_messages",

@@ -19,7 +19,7 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import breadth_first_order
 
 from ..schedule import RankProgram, Schedule
-from ._common import schedule_from_arrays
+from ._lockstep import schedule_from_arrays
 
 
 __all__ = ["Tree", "make_tree", "inorder_edges", "path_edges", "materialize"]

@@ -30,8 +30,9 @@ from ..errors import InfeasiblePlanError
 from ..schedule import Schedule
 from . import _mcf_hier as H
 from ..collectives import DEFAULT as DEFAULT_COLLECTIVE
-from ._common import (check_cap_args, check_caps, check_collective, check_size, empty_schedule,
-                      topo_order)
+from ._checks import check_cap_args, check_caps, check_collective, check_size
+from ._lockstep import empty_schedule
+from ._order import topo_order
 from ._mcf_lp import LinkModel, Packing, price_mst, solve_exact, solve_packing
 from ._mcf_trees import Tree, btree_edges, choose_pipeline, inorder_edges, make_tree, materialize, path_edges
 
