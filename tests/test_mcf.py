@@ -237,7 +237,7 @@ def test_ddl_two_switch_bound_by_hand():
 
 
 def test_dgx1_rings_carry_85_7_GBps():
-    from topoplan.planners._mcf_hier import box_rings
+    from topoplan.planners.mcf.grids import box_rings
     cluster = load_topology("dgx1_v100")
     rings, w = box_rings(cluster, cluster.boxes[0])
     # Ring allreduce time at unit bandwidth: each ring link carries its share; the LP
@@ -313,7 +313,7 @@ boxes:
 
 
 def test_direct_levels_take_one_step_each_and_add_every_partial_sum_at_once():
-    from topoplan.planners import _mcf_hier as H
+    from topoplan.planners.mcf import grids as H
     cluster = loads_cluster("""
 name: nvswitch-2x4
 switches: [sw]
@@ -350,7 +350,7 @@ boxes:
 
 # ---- under a cost profile ---------------------------------------------------------------
 def test_dgx1_ring_sets_fewest_rings_at_the_optimum():
-    from topoplan.planners._mcf_hier import box_ring_sets
+    from topoplan.planners.mcf.grids import box_ring_sets
     cluster = load_topology("dgx1_v100")
     sets = box_ring_sets(cluster, cluster.boxes[0])
     # One directed ring uses 1/6 of the NVLinks' capacity per direction: 3x slower;
@@ -428,7 +428,7 @@ def test_an_op_budget_between_powers_of_two_is_used():
     that fit are priced too: a budget for 12 pieces gives 12, never fewer than 8 and never
     over the budget, and its estimate beats the 8-piece one."""
     from topoplan.cluster.generate import rail_optimized
-    from topoplan.planners import _mcf_hier as H
+    from topoplan.planners.mcf import grids as H
     cluster = loads_cluster(rail_optimized(16))  # 128 GPUs
     model = H.CostModel(cluster)
     layout = next(lay for lay in H.layouts(cluster) if "halving" in lay.name)

@@ -305,7 +305,7 @@ def small_leaf_spine():
 
 
 def _rail_grid(c):
-    from topoplan.planners import _mcf_rails as R
+    from topoplan.planners.mcf import rails as R
     grids = R._layout(c)
     return next(grid for grid, where in grids if "groups" in where)
 
@@ -319,8 +319,8 @@ def test_rail_rounds_verify_for_any_cut_of_the_shards(rounds, parts, collective)
     every part of every shard to every rank (or reduces it at its owner) exactly once,
     its message count is the formula's, and rank r's shard is its own chunks."""
     import numpy as np
-    from topoplan.planners import _mcf_hier as H
-    from topoplan.planners._mcf_rails import rail_message_count
+    from topoplan.planners.mcf import grids as H
+    from topoplan.planners.mcf.rails import rail_message_count
     c = small_leaf_spine()
     grid = _rail_grid(c)
     layout = H.Layout("rails", grid.shape, (grid,), np.ones(1), rails=True, rounds=rounds,
@@ -344,8 +344,8 @@ def test_best_rounds_are_what_the_cost_model_prices_best(profile):
     symmetric fabric its own sum is that estimate."""
     import numpy as np
     from topoplan.cost import get_profile
-    from topoplan.planners import _mcf_hier as H
-    from topoplan.planners._mcf_rails import rail_layouts
+    from topoplan.planners.mcf import grids as H
+    from topoplan.planners.mcf.rails import rail_layouts
     c = small_leaf_spine()
     costs = get_profile(profile)
     model = H.CostModel(c)

@@ -3,7 +3,7 @@
 Pipeline: ``_build`` (link model and candidate trees) -> ``solve_packing`` (LP with
 column generation, MST pricing; optional MILP "exact mode") -> compose levels ->
 ``materialize`` (pipelined schedule IR v1) -> ``verify``; the grid constructions
-(``_mcf_hier``) write IR v2 chunk ranges.
+(:mod:`.grids`) write IR v2 chunk ranges.
 
 Small clusters (``nranks <= flat_max``) are solved flat, on the complete graph of
 GPU pairs: column generation then proves the LP optimum over *all* spanning trees.
@@ -23,18 +23,18 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..cluster import Cluster
-from ..native.nccl import runtime_cluster
-from ..cost import CostProfile, get_profile
-from ..errors import InfeasiblePlanError
-from ..schedule import Schedule
-from . import _mcf_hier as H
-from ..collectives import DEFAULT as DEFAULT_COLLECTIVE
-from ._checks import check_cap_args, check_caps, check_collective, check_size
-from ._lockstep import empty_schedule
-from ._order import topo_order
-from ._mcf_lp import LinkModel, Packing, price_mst, solve_exact, solve_packing
-from ._mcf_trees import Tree, btree_edges, choose_pipeline, inorder_edges, make_tree, materialize, path_edges
+from ...cluster import Cluster
+from ...native.nccl import runtime_cluster
+from ...cost import CostProfile, get_profile
+from ...errors import InfeasiblePlanError
+from ...schedule import Schedule
+from . import grids as H
+from ...collectives import DEFAULT as DEFAULT_COLLECTIVE
+from .._checks import check_cap_args, check_caps, check_collective, check_size
+from .._lockstep import empty_schedule
+from .._order import topo_order
+from .lp import LinkModel, Packing, price_mst, solve_exact, solve_packing
+from .trees import Tree, btree_edges, choose_pipeline, inorder_edges, make_tree, materialize, path_edges
 
 __all__ = ["plan_mcf", "MCFSolution", "solve_mcf"]
 
@@ -276,7 +276,7 @@ def _grid_candidate(cluster: Cluster, model: H.CostModel, layout: H.Layout, size
                     profile: CostProfile | None = None, max_step_ops: int | None = None,
                     max_chunks: int | None = None,
                     collective: str = DEFAULT_COLLECTIVE) -> _Candidate | None:
-    """A pipelined multi-level reduce-scatter/allgather on ``layout`` (see _mcf_hier),
+    """A pipelined multi-level reduce-scatter/allgather on ``layout`` (see :mod:`.grids`),
     or for a sharded ``collective`` its one half; None when even one piece is over the
     op budget or a cap."""
     n = cluster.nranks
@@ -568,7 +568,7 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     close = sorted((c for c in cands if c.estimate_s <= best_est * 1.05 or c.name == "grid ring"),
                    key=lambda c: c.estimate_s)
     if len(close) > 1 and sum(c.nops for c in close) <= SIM_OPS:
-        from ..simulate import simulate
+        from ...simulate import simulate
         timed = []
         for c in close:
             sched = schedule if c is pick else c.make()
@@ -580,7 +580,7 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         check_caps(schedule, max_step_ops, max_chunks, "mcf")  # trees: checked once built
     verify_s = 0.0
     if check:
-        from ..verify import verify
+        from ...verify import verify
         v0 = time.perf_counter()
         verify(schedule.with_meta(algorithm="mcf"))
         verify_s = time.perf_counter() - v0

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from ..cluster import Cluster
-from ..cost import CostProfile
+from ...cluster import Cluster
+from ...cost import CostProfile
 
 __all__ = ["rail_layouts", "rail_messages", "rail_message_count", "best_rounds"]
 
@@ -51,7 +51,7 @@ def _layout(cluster: Cluster) -> list[tuple[np.ndarray, str]]:
     nb = len(boxes)
     if nb < 2 or any(box.signature() != boxes[0].signature() for box in boxes[1:]):
         return []
-    from ._mcf_hier import _switch_groups
+    from .grids import _switch_groups
     g = boxes[0].gpus
     shapes = [[[b] for b in sorted(range(nb), key=lambda b: (
         tuple(n.switch for n in boxes[b].nics), b))]]
@@ -83,7 +83,7 @@ def rail_layouts(cluster: Cluster, model: Any = None, profile: CostProfile | Non
     """The rail layouts of ``cluster`` (empty for one box, or boxes that differ): for
     each grid, rounds of ``m`` groups for ``m`` in 1, 4, 16, all, and with a cost
     ``model`` the rounds :func:`best_rounds` picks for a ``size``-byte buffer."""
-    from ._mcf_hier import Layout
+    from .grids import Layout
     out = []
     for grid, where in _layout(cluster):
         a, size_, g = grid.shape
@@ -138,7 +138,7 @@ def rail_messages(layout: Any, collective: str) -> Any:
     of the box at position ``p`` of group ``x`` (``s`` boxes a group); a message
     carries a run of one shard's parts.
     """
-    from ._mcf_hier import Messages
+    from .grids import Messages
     a, size, g = layout.dims
     parts = layout.parts
     grid = layout.grids[0]
@@ -190,7 +190,7 @@ def _unit_costs(model: Any, grid: np.ndarray, profile: CostProfile | None
     """Per kind of message, the links' seconds per byte of buffer when every rank sends
     one such message of the whole buffer: crossing ``k`` groups (``(a - 1, links)``),
     one to every in-group peer, one to every box mate; their latencies; the soft costs."""
-    from ._mcf_hier import Messages, piece_profile
+    from .grids import Messages, piece_profile
     a, size, g = grid.shape
     x, p, j = (v.ravel() for v in np.indices((a, size, g)))
     n = a * size * g

@@ -38,11 +38,11 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
-from ..cluster import Box, Cluster
-from ..cost import CostProfile
-from ..errors import InfeasiblePlanError
-from ..schedule import OpKind, Schedule
-from ._lockstep import no_gc, schedule_from_arrays
+from ...cluster import Box, Cluster
+from ...cost import CostProfile
+from ...errors import InfeasiblePlanError
+from ...schedule import OpKind, Schedule
+from .._lockstep import no_gc, schedule_from_arrays
 
 __all__ = ["Layout", "layouts", "Messages", "messages", "message_count", "estimate", "choose_pieces",
            "build", "box_rings", "box_ring_sets", "SoftCosts", "shard_messages",
@@ -80,7 +80,7 @@ class Layout:
     grids: tuple[np.ndarray, ...]
     weights: np.ndarray
     direct: tuple[bool, ...] = ()
-    #: A sharded-only construction (:mod:`._mcf_rails`): ``dims`` are (groups, boxes a
+    #: A sharded-only construction (:mod:`.rails`): ``dims`` are (groups, boxes a
     #: group, GPUs a box), ``grids[0]`` is that grid of ranks and the chunks are
     #: numbered along it, ``parts`` a shard; not a grid of levels.
     rails: bool = False
@@ -173,7 +173,7 @@ def _ring_lp(load: sp.csr_array, cap: np.ndarray, max_rings: int | None = None
     """
     from scipy.optimize import Bounds, LinearConstraint
 
-    from ._mcf_lp import quiet_milp
+    from .lp import quiet_milp
     nlinks, m = load.shape
     # Capacities relative to the widest link: HiGHS' tolerances are absolute.
     scaled = sp.diags(cap.max() / cap) @ load
@@ -539,8 +539,8 @@ def messages(layout: Layout) -> Messages:
 
 def rail_layouts(cluster: Cluster, model: CostModel | None = None,
                  profile: CostProfile | None = None, size: float = 256 << 20) -> list[Layout]:
-    """Rail exchanges with in-box fan-out (:mod:`._mcf_rails`)."""
-    from ._mcf_rails import rail_layouts as _rails
+    """Rail exchanges with in-box fan-out (:mod:`.rails`)."""
+    from .rails import rail_layouts as _rails
     return _rails(cluster, model, profile, size)
 
 
@@ -548,7 +548,7 @@ def shard_message_count(layout: Layout) -> int:
     """``len(shard_messages(layout, ...).step)``, without building them: one message per
     final chunk a segment holds, ``R N sum_d (b_d - 1) stride_d`` (one phase)."""
     if layout.rails:
-        from ._mcf_rails import rail_message_count
+        from .rails import rail_message_count
         return rail_message_count(layout)
     dims = layout.dims
     n = int(np.prod(dims)) if dims else 1
@@ -567,7 +567,7 @@ def shard_messages(layout: Layout, collective: str) -> Messages:
     is a run of owners only by accident, so each becomes its own op.
     """
     if layout.rails:
-        from ._mcf_rails import rail_messages
+        from .rails import rail_messages
         return rail_messages(layout, collective)
     full = messages(layout)
     keep = full.reduce if collective == "reduce_scatter" else ~full.reduce
