@@ -28,13 +28,20 @@ from ...native.nccl import runtime_cluster
 from ...cost import CostProfile, get_profile
 from ...errors import InfeasiblePlanError
 from ...schedule import Schedule
-from . import grids as H
 from ...collectives import DEFAULT as DEFAULT_COLLECTIVE
 from .._checks import check_cap_args, check_caps, check_collective, check_size
 from .._lockstep import empty_schedule
 from .._order import topo_order
+from .build import build, build_sharded
+from .grids import flat_ring_layout, layouts
+from .layout import Layout
 from .lp import LinkModel, Packing, price_mst, solve_exact, solve_packing
-from .trees import Tree, btree_edges, choose_pipeline, inorder_edges, make_tree, materialize, path_edges
+from .messages import chunk_fractions, message_count, messages, shard_message_count, shard_messages
+from .pieces import choose_pieces, piece_sizes
+from .pricing import CostModel, piece_profile
+from .rails import rail_layouts
+from .trees import (Tree, btree_edges, choose_pipeline, inorder_edges, make_tree, materialize,
+                    path_edges)
 
 __all__ = ["plan_mcf", "MCFSolution", "solve_mcf"]
 
@@ -271,7 +278,7 @@ class _Candidate:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def _grid_candidate(cluster: Cluster, model: H.CostModel, layout: H.Layout, size: int,
+def _grid_candidate(cluster: Cluster, model: CostModel, layout: Layout, size: int,
                     chunks: int | None, max_ops: int, pieces: int | None = None,
                     profile: CostProfile | None = None, max_step_ops: int | None = None,
                     max_chunks: int | None = None,
@@ -283,23 +290,23 @@ def _grid_candidate(cluster: Cluster, model: H.CostModel, layout: H.Layout, size
     sharded = collective != DEFAULT_COLLECTIVE
     # One piece holds 2 ops per message; refuse layouts whose single piece is over budget
     # before generating anything (a flat ring: about 4 N ops per rank per piece).
-    ops_per_piece = 2 * (H.shard_message_count(layout) if sharded else H.message_count(layout))
+    ops_per_piece = 2 * (shard_message_count(layout) if sharded else message_count(layout))
     if ops_per_piece > max(max_ops, GRID_OPS):
         return None
-    msgs = H.shard_messages(layout, collective) if sharded else H.messages(layout)
+    msgs = shard_messages(layout, collective) if sharded else messages(layout)
     if max_chunks is not None and msgs.nchunks > max_chunks:
         return None
-    loads, lat, soft = H.piece_profile(model, msgs, H.chunk_fractions(layout, np.ones(1)),
+    loads, lat, soft = piece_profile(model, msgs, chunk_fractions(layout, np.ones(1)),
                                        profile)
     if max_step_ops is not None and soft.peak_ops(1) > max_step_ops:
         return None
     if pieces is not None:
-        sizes, est = H.piece_sizes(loads, lat, pieces, size, soft)
+        sizes, est = piece_sizes(loads, lat, pieces, size, soft)
     elif chunks is not None:
-        sizes, est = H.piece_sizes(loads, lat, max(1, chunks // max(1, msgs.nchunks)), size,
+        sizes, est = piece_sizes(loads, lat, max(1, chunks // max(1, msgs.nchunks)), size,
                                    soft)
     else:
-        sizes, est = H.choose_pieces(loads, lat, size, ops_per_piece,
+        sizes, est = choose_pieces(loads, lat, size, ops_per_piece,
                                      max(max_ops, ops_per_piece), soft=soft,
                                      max_step_ops=max_step_ops, chunks_per_piece=msgs.nchunks,
                                      max_chunks=max_chunks)
@@ -307,8 +314,8 @@ def _grid_candidate(cluster: Cluster, model: H.CostModel, layout: H.Layout, size
 
     def make() -> Schedule:
         if sharded:
-            return H.build_sharded(n, msgs, layout, sizes, collective)
-        return H.build(n, msgs, H.chunk_fractions(layout, sizes), q)
+            return build_sharded(n, msgs, layout, sizes, collective)
+        return build(n, msgs, chunk_fractions(layout, sizes), q)
 
     return _Candidate(f"grid {layout.name}", est, ops_per_piece * q, make,
                       {"layout": layout.name, "dims": list(layout.dims),
@@ -492,14 +499,14 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         return materialize(1, [], np.ones(1), 1, algorithm="mcf", cluster=cluster.name,
                            construction="none", profile=costs.name)
     _check_connected(cluster)
-    model = H.CostModel(cluster)
+    model = CostModel(cluster)
     cands: list[_Candidate] = []
     status = "optimal"
-    grids = H.layouts(cluster)
+    grids = layouts(cluster)
     if n > 256:
         # Pricing a layout costs a pass over its messages and a route per new pair:
         # skip those with over 64 messages per rank (a ring of all boxes, ~2 N).
-        small = [g for g in grids if H.message_count(g) <= 64 * n]
+        small = [g for g in grids if message_count(g) <= 64 * n]
         grids = small or grids
     seen: set[bytes] = set()
     unique = []
@@ -512,14 +519,14 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     grids = unique
     if n <= 256 or not grids:
         order = topo_order(cluster)
-        grids.append(H.flat_ring_layout(order, "ring-topo"))
+        grids.append(flat_ring_layout(order, "ring-topo"))
     if sharded:
-        grids += H.rail_layouts(cluster, model, costs, size)
+        grids += rail_layouts(cluster, model, costs, size)
     failure: InfeasiblePlanError | None = None
     if n <= 256:
         # The plain ring (rank order, one piece), so that mcf is never behind it.
         try:
-            cand = _grid_candidate(cluster, model, H.flat_ring_layout(list(range(n)), "ring"),
+            cand = _grid_candidate(cluster, model, flat_ring_layout(list(range(n)), "ring"),
                                    size, None, max_ops, pieces=1, profile=costs,
                                    collective=collective, **caps)
             if cand is not None:
