@@ -5,6 +5,7 @@ each module importing only those listed above it:
 
 - :mod:`.lp`: link loads of GPU pairs and the tree-packing LP (column generation);
 - :mod:`.trees`: tree shapes, rooting and the pipelined tree schedule;
+- :mod:`.packing`: the tree packing, flat or by hierarchy (:func:`solve_mcf`);
 - :mod:`.layout`: what the grid and rail constructions are made of (``Layout``,
   ``Messages``, switch groups);
 - :mod:`.rings`: Hamiltonian rings inside a box, weighted by an LP;
@@ -19,6 +20,7 @@ each module importing only those listed above it:
 
 from __future__ import annotations
 
-from .planner import MCFSolution, plan_mcf, solve_mcf
+from .packing import MCFSolution, solve_mcf
+from .planner import plan_mcf
 
 __all__ = ["plan_mcf", "MCFSolution", "solve_mcf"]
