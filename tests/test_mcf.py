@@ -237,7 +237,7 @@ def test_ddl_two_switch_bound_by_hand():
 
 
 def test_dgx1_rings_carry_85_7_GBps():
-    from topoplan.planners._mcf_hier import box_rings
+    from topoplan.planners.mcf.rings import box_rings
     cluster = load_topology("dgx1_v100")
     rings, w = box_rings(cluster, cluster.boxes[0])
     # Ring allreduce time at unit bandwidth: each ring link carries its share; the LP
@@ -313,7 +313,9 @@ boxes:
 
 
 def test_direct_levels_take_one_step_each_and_add_every_partial_sum_at_once():
-    from topoplan.planners import _mcf_hier as H
+    from topoplan.planners.mcf.build import build
+    from topoplan.planners.mcf.grids import layouts
+    from topoplan.planners.mcf.messages import chunk_fractions, messages
     cluster = loads_cluster("""
 name: nvswitch-2x4
 switches: [sw]
@@ -328,9 +330,9 @@ boxes:
       - {switch: sw, bandwidth: 25 GB/s, gpus: [2]}
       - {switch: sw, bandwidth: 25 GB/s, gpus: [3]}
 """)
-    layout = next(g for g in H.layouts(cluster) if g.name.endswith("(direct)"))
+    layout = next(g for g in layouts(cluster) if g.name.endswith("(direct)"))
     assert layout.dims == (4, 3) and layout.direct == (True, True)
-    msgs = H.messages(layout)
+    msgs = messages(layout)
     assert msgs.nsteps == 4  # one step per level and phase (rings: 2 * (3 + 2))
     for step, b, stride in ((0, 4, 3), (1, 3, 1)):  # reduce-scatter: in box, then across
         at = msgs.step == step
@@ -338,7 +340,7 @@ boxes:
             mine = at & (msgs.src == r)
             assert len(set(msgs.dst[mine].tolist())) == b - 1
             assert set(msgs.count[mine].tolist()) == {stride}
-    schedule = H.build(12, msgs, H.chunk_fractions(layout, np.ones(1)), 1, algorithm="mcf")
+    schedule = build(12, msgs, chunk_fractions(layout, np.ones(1)), 1, algorithm="mcf")
     assert schedule.version == 2  # a rank adds 3 partial sums of its segment in one step
     verify(schedule)
     report = simulate(cluster, schedule, M, profile="ideal")
@@ -350,7 +352,7 @@ boxes:
 
 # ---- under a cost profile ---------------------------------------------------------------
 def test_dgx1_ring_sets_fewest_rings_at_the_optimum():
-    from topoplan.planners._mcf_hier import box_ring_sets
+    from topoplan.planners.mcf.rings import box_ring_sets
     cluster = load_topology("dgx1_v100")
     sets = box_ring_sets(cluster, cluster.boxes[0])
     # One directed ring uses 1/6 of the NVLinks' capacity per direction: 3x slower;
@@ -428,16 +430,19 @@ def test_an_op_budget_between_powers_of_two_is_used():
     that fit are priced too: a budget for 12 pieces gives 12, never fewer than 8 and never
     over the budget, and its estimate beats the 8-piece one."""
     from topoplan.cluster.generate import rail_optimized
-    from topoplan.planners import _mcf_hier as H
+    from topoplan.planners.mcf.grids import layouts
+    from topoplan.planners.mcf.messages import chunk_fractions, message_count, messages
+    from topoplan.planners.mcf.pieces import choose_pieces
+    from topoplan.planners.mcf.pricing import CostModel, piece_profile
     cluster = loads_cluster(rail_optimized(16))  # 128 GPUs
-    model = H.CostModel(cluster)
-    layout = next(lay for lay in H.layouts(cluster) if "halving" in lay.name)
-    msgs = H.messages(layout)
-    loads, lat, soft = H.piece_profile(model, msgs, H.chunk_fractions(layout, np.ones(1)))
-    per = 2 * H.message_count(layout)
+    model = CostModel(cluster)
+    layout = next(lay for lay in layouts(cluster) if "halving" in lay.name)
+    msgs = messages(layout)
+    loads, lat, soft = piece_profile(model, msgs, chunk_fractions(layout, np.ones(1)))
+    per = 2 * message_count(layout)
     size = 256 * M
-    sizes8, est8 = H.choose_pieces(loads, lat, size, per, 8 * per)
-    sizes12, est12 = H.choose_pieces(loads, lat, size, per, 12 * per + per // 2)
+    sizes8, est8 = choose_pieces(loads, lat, size, per, 8 * per)
+    sizes12, est12 = choose_pieces(loads, lat, size, per, 12 * per + per // 2)
     assert (len(sizes8), len(sizes12)) == (8, 12)
     assert est12 < est8
-    assert H.choose_pieces(loads, lat, size, per, 12 * per, max_q=10)[0].size == 10
+    assert choose_pieces(loads, lat, size, per, 12 * per, max_q=10)[0].size == 10

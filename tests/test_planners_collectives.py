@@ -304,7 +304,7 @@ def small_leaf_spine():
 
 
 def _rail_grid(c):
-    from topoplan.planners import _mcf_rails as R
+    from topoplan.planners.mcf import rails as R
     grids = R._layout(c)
     return next(grid for grid, where in grids if "groups" in where)
 
@@ -318,15 +318,17 @@ def test_rail_rounds_verify_for_any_cut_of_the_shards(rounds, parts, collective)
     every part of every shard to every rank (or reduces it at its owner) exactly once,
     its message count is the formula's, and rank r's shard is its own chunks."""
     import numpy as np
-    from topoplan.planners import _mcf_hier as H
-    from topoplan.planners._mcf_rails import rail_message_count
+    from topoplan.planners.mcf.build import build_sharded
+    from topoplan.planners.mcf.layout import Layout
+    from topoplan.planners.mcf.messages import shard_message_count, shard_messages
+    from topoplan.planners.mcf.rails import rail_message_count
     c = small_leaf_spine()
     grid = _rail_grid(c)
-    layout = H.Layout("rails", grid.shape, (grid,), np.ones(1), rails=True, rounds=rounds,
-                      parts=parts)
-    msgs = H.shard_messages(layout, collective)
-    assert len(msgs.step) == rail_message_count(layout) == H.shard_message_count(layout)
-    s = H.build_sharded(c.nranks, msgs, layout, np.ones(1), collective)
+    layout = Layout("rails", grid.shape, (grid,), np.ones(1), rails=True, rounds=rounds,
+                    parts=parts)
+    msgs = shard_messages(layout, collective)
+    assert len(msgs.step) == rail_message_count(layout) == shard_message_count(layout)
+    s = build_sharded(c.nranks, msgs, layout, np.ones(1), collective)
     checked(s, "mcf rails", f"rounds {rounds} of 1/{parts} shards, {collective}")
     assert s.nchunks == c.nranks * parts
     # the first step's sends: only parts of the sender's own shard (allgather)
@@ -343,18 +345,19 @@ def test_best_rounds_are_what_the_cost_model_prices_best(profile):
     symmetric fabric its own sum is that estimate."""
     import numpy as np
     from topoplan.cost import get_profile
-    from topoplan.planners import _mcf_hier as H
-    from topoplan.planners._mcf_rails import rail_layouts
+    from topoplan.planners.mcf.messages import chunk_fractions, shard_messages
+    from topoplan.planners.mcf.pricing import CostModel, estimate, piece_profile
+    from topoplan.planners.mcf.rails import rail_layouts
     c = small_leaf_spine()
     costs = get_profile(profile)
-    model = H.CostModel(c)
+    model = CostModel(c)
     size = 256 * MiB
 
     def priced(layout):
-        msgs = H.shard_messages(layout, "allgather")
-        loads, lat, soft = H.piece_profile(model, msgs, H.chunk_fractions(layout, np.ones(1)),
-                                           costs)
-        return H.estimate(loads, lat, np.ones(1), size, soft)
+        msgs = shard_messages(layout, "allgather")
+        loads, lat, soft = piece_profile(model, msgs, chunk_fractions(layout, np.ones(1)),
+                                         costs)
+        return estimate(loads, lat, np.ones(1), size, soft)
 
     layouts = [lay for lay in rail_layouts(c, model, costs, size) if lay.dims[1] > 1]
     fixed = [priced(lay) for lay in layouts if "a round" in lay.name]

@@ -26,7 +26,8 @@ from ..cost import CostProfile
 from ..fingerprint import META_KEY, cluster_fingerprint
 from ..schedule import Schedule
 from ..errors import PlannerError
-from ._common import topo_order, unknown_options
+from ._checks import unknown_options
+from ._order import topo_order
 from .pipeline import Candidate, PlannerSpec, PlanRequest, compare, nccl_candidate, run
 from .hierarchical import plan_hierarchical
 from .rhd import plan_rhd

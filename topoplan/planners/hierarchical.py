@@ -10,9 +10,10 @@ from ..cluster import Cluster
 from ..native.nccl import runtime_cluster
 from ..cost import CostProfile, get_profile
 from ..schedule import Schedule, equal_chunks
-from ._common import (OP_BUDGET, Timeline, TopoNode, check_cap_args, check_chunks, check_size,
-                      empty_schedule, fit_depth, link_params, message_latency, no_gc,
-                      ring_allgather, ring_reduce_scatter, split, topo_order, topo_tree)
+from ._checks import check_cap_args, check_chunks, check_size
+from ._lockstep import Timeline, empty_schedule, no_gc, ring_allgather, ring_reduce_scatter, split
+from ._order import TopoNode, topo_order, topo_tree
+from ._pipeline_depth import OP_BUDGET, fit_depth, link_params, message_latency
 
 __all__ = ["plan_hierarchical", "hierarchy", "STEP_OPS"]
 
@@ -157,7 +158,7 @@ def _default_parts(cluster: Cluster, size: int, per_part: int, profile: CostProf
     hide under network stages of another. A chunk of ``size / (per_part * parts)``
     bytes should take at least ``4 x`` the per-step latency over the bottleneck link:
     path latency plus, under ``profile``, the step overhead, posting :data:`STEP_OPS`
-    ops and alpha (:func:`~topoplan.planners._common.message_latency`), or per-step
+    ops and alpha (:func:`~topoplan.planners._pipeline_depth.message_latency`), or per-step
     costs eat the overlap (measured with topoplan.simulate on the shipped topologies:
     under ``ideal`` 256 MiB gains 5-30% and 1 MiB loses with any split; under ``nccl``
     this picks the best depth of 1..64 or one within 2%). At most 16 parts, and 1 when

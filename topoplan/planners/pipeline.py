@@ -25,7 +25,7 @@ from ..cost import CostProfile, get_profile
 from ..errors import InfeasiblePlanError, PlannerError
 from ..schedule import Schedule
 from ..units import bus_factor
-from ._common import check_cap_args, check_caps, check_size, unknown_options
+from ._checks import check_cap_args, check_caps, check_size, unknown_options
 
 if TYPE_CHECKING:
     from ..cluster import Cluster

@@ -10,8 +10,10 @@ from ..cluster import Cluster
 from ..native.nccl import runtime_cluster
 from ..cost import CostProfile, get_profile
 from ..schedule import Schedule, equal_chunks
-from ._common import (Timeline, check_cap_args, check_chunks, check_collective, check_size,
-                      empty_schedule, fit_depth, no_gc, resolve_order)
+from ._checks import check_cap_args, check_chunks, check_collective, check_size
+from ._lockstep import Timeline, empty_schedule, no_gc
+from ._order import resolve_order
+from ._pipeline_depth import fit_depth
 
 __all__ = ["plan_rhd"]
 
@@ -46,7 +48,7 @@ def plan_rhd(cluster: Cluster, *, size: int, chunks: int | None = None,
         ``s`` slots later, so near (in-box) exchanges of one slice overlap far ones
         of the previous. Default 1 under every profile: rhd is the candidate with the
         fewest steps (``2 log2 p``), for messages where the per-step cost
-        (:func:`~topoplan.planners._common.message_latency`) dominates, and each slice
+        (:func:`~topoplan.planners._pipeline_depth.message_latency`) dominates, and each slice
         adds a step. Large messages can gain from slices where the levels use different
         links (simulated under nccl, 256 MiB on a DGX-1: 14.3 ms unsliced, 7.7 ms with 4
         slices), but no depth is chosen for them yet: ask with ``chunks``.

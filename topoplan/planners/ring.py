@@ -9,9 +9,10 @@ from ..cluster import Cluster
 from ..native.nccl import runtime_cluster
 from ..cost import CostProfile, get_profile
 from ..schedule import Schedule, equal_chunks
-from ._common import (Timeline, check_cap_args, check_chunks, check_collective, check_size,
-                      empty_schedule, fit_depth, no_gc, resolve_order, ring_allgather,
-                      ring_reduce_scatter)
+from ._checks import check_cap_args, check_chunks, check_collective, check_size
+from ._lockstep import Timeline, empty_schedule, no_gc, ring_allgather, ring_reduce_scatter
+from ._order import resolve_order
+from ._pipeline_depth import fit_depth
 
 __all__ = ["plan_ring", "plan_ring_topo"]
 
@@ -38,7 +39,7 @@ def plan_ring(cluster: Cluster, *, size: int, order: str | Sequence[int] = "rank
         Slices per ring segment (pipelining, as NCCL's slices): slice ``p`` runs its
         own ring ``p`` slots after slice 0. Default 1 under every profile: a ring step
         already moves ``M/n`` on every link, so ``c`` slices only add ``c - 1`` steps,
-        each paying the per-step cost of :func:`~topoplan.planners._common.message_latency`
+        each paying the per-step cost of :func:`~topoplan.planners._pipeline_depth.message_latency`
         (step overhead, posting ``2c`` ops instead of 2, alpha), and a step adds what it
         received after its messages (the simulator's and the executor's order), so
         slicing hides no reduction either.

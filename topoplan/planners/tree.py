@@ -9,9 +9,10 @@ from ..cluster import Cluster
 from ..native.nccl import runtime_cluster
 from ..cost import CostProfile, get_profile
 from ..schedule import Schedule, equal_chunks
-from ._common import (OP_BUDGET, Timeline, TopoNode, check_cap_args, check_chunks, check_size,
-                      empty_schedule, fit_depth, link_params, message_latency, no_gc,
-                      pipeline_depth, resolve_order, topo_tree)
+from ._checks import check_cap_args, check_chunks, check_size
+from ._lockstep import Timeline, empty_schedule, no_gc
+from ._order import TopoNode, resolve_order, topo_tree
+from ._pipeline_depth import OP_BUDGET, fit_depth, link_params, message_latency, pipeline_depth
 
 __all__ = ["plan_tree", "btree", "double_btree", "STEP_OPS"]
 
@@ -165,7 +166,7 @@ def plan_tree(cluster: Cluster, *, size: int, chunks: int | None = None,
         bottleneck bandwidth between far ranks and alpha what one step costs before
         its bytes flow under ``profile``: path latency, step overhead, posting
         :data:`STEP_OPS` ops and the alpha of their link class,
-        :func:`~topoplan.planners._common.message_latency`), at most 256 and capped so
+        :func:`~topoplan.planners._pipeline_depth.message_latency`), at most 256 and capped so
         the plan stays under ~2 M ops; then lowered until the plan fits ``max_chunks``
         and ``max_step_ops``. Under ``ideal`` alpha is the path latency alone (the
         depth of profile-free topoplan); a costlier runtime gets fewer, larger chunks.

@@ -37,8 +37,8 @@ import scipy.sparse as sp
 from scipy.optimize import linprog, milp, LinearConstraint, Bounds
 from scipy.sparse.csgraph import connected_components, minimum_spanning_tree
 
-from ..cluster import Box, Cluster
-from ..errors import InfeasiblePlanError
+from ...cluster import Box, Cluster
+from ...errors import InfeasiblePlanError
 
 __all__ = ["LinkModel", "Packing", "solve_packing", "price_mst", "quiet_milp"]
 

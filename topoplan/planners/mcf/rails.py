@@ -25,12 +25,12 @@ may share a chunk in a step).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from ..cluster import Cluster
-from ..cost import CostProfile
+from ...cluster import Cluster
+from ...cost import CostProfile
+from .layout import Layout, Messages, switch_groups
+from .pricing import CostModel, SoftCosts, piece_profile
 
 __all__ = ["rail_layouts", "rail_messages", "rail_message_count", "best_rounds"]
 
@@ -51,11 +51,10 @@ def _layout(cluster: Cluster) -> list[tuple[np.ndarray, str]]:
     nb = len(boxes)
     if nb < 2 or any(box.signature() != boxes[0].signature() for box in boxes[1:]):
         return []
-    from ._mcf_hier import _switch_groups
     g = boxes[0].gpus
     shapes = [[[b] for b in sorted(range(nb), key=lambda b: (
         tuple(n.switch for n in boxes[b].nics), b))]]
-    groups = _switch_groups(cluster)
+    groups = switch_groups(cluster)
     if len(groups) > 1 and len({len(grp) for grp in groups}) == 1 and len(groups[0]) > 1:
         shapes.append(groups)
     out = []
@@ -78,12 +77,11 @@ def _rounds_text(rounds: tuple[int, ...], parts: int) -> str:
     return "rounds " + ",".join(one(u) for u in rounds)
 
 
-def rail_layouts(cluster: Cluster, model: Any = None, profile: CostProfile | None = None,
-                 size: float = 256 << 20) -> list[Any]:
+def rail_layouts(cluster: Cluster, model: CostModel | None = None,
+                 profile: CostProfile | None = None, size: float = 256 << 20) -> list[Layout]:
     """The rail layouts of ``cluster`` (empty for one box, or boxes that differ): for
     each grid, rounds of ``m`` groups for ``m`` in 1, 4, 16, all, and with a cost
     ``model`` the rounds :func:`best_rounds` picks for a ``size``-byte buffer."""
-    from ._mcf_hier import Layout
     out = []
     for grid, where in _layout(cluster):
         a, size_, g = grid.shape
@@ -114,14 +112,14 @@ def _runs(start: int, units: int, parts: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def _plan(layout: Any) -> tuple[list[list[tuple[int, int, int]]], int]:
+def _plan(layout: Layout) -> tuple[list[list[tuple[int, int, int]]], int]:
     """Each round's runs, and the total number of runs."""
     bounds = np.concatenate([[0], np.cumsum(layout.rounds)]).astype(int).tolist()
     runs = [_runs(b, e - b, layout.parts) for b, e in zip(bounds, bounds[1:])]
     return runs, sum(len(r) for r in runs)
 
 
-def rail_message_count(layout: Any) -> int:
+def rail_message_count(layout: Layout) -> int:
     """``len(rail_messages(layout, ...).step)`` without building them: per rank one
     message per run crossing groups, ``size - 1`` per run held before the in-group step
     (its own shard and each cross run), ``g - 1`` per run held at all."""
@@ -131,14 +129,13 @@ def rail_message_count(layout: Any) -> int:
     return a * size * g * (nruns + (size - 1) * (1 + nruns) + (g - 1) * held)
 
 
-def rail_messages(layout: Any, collective: str) -> Any:
+def rail_messages(layout: Layout, collective: str) -> Messages:
     """One piece of a rail allgather (or, reversed, its reduce-scatter).
 
     Chunk ``((x * s + p) * g + j) * parts + i`` is part ``i`` of the shard of GPU ``j``
     of the box at position ``p`` of group ``x`` (``s`` boxes a group); a message
     carries a run of one shard's parts.
     """
-    from ._mcf_hier import Messages
     a, size, g = layout.dims
     parts = layout.parts
     grid = layout.grids[0]
@@ -185,17 +182,17 @@ def rail_messages(layout: Any, collective: str) -> Any:
 # Choosing the rounds
 # --------------------------------------------------------------------------------------
 
-def _unit_costs(model: Any, grid: np.ndarray, profile: CostProfile | None
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, float, Any]:
+def _unit_costs(model: CostModel, grid: np.ndarray, profile: CostProfile | None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, float,
+                           SoftCosts]:
     """Per kind of message, the links' seconds per byte of buffer when every rank sends
     one such message of the whole buffer: crossing ``k`` groups (``(a - 1, links)``),
     one to every in-group peer, one to every box mate; their latencies; the soft costs."""
-    from ._mcf_hier import Messages, piece_profile
     a, size, g = grid.shape
     x, p, j = (v.ravel() for v in np.indices((a, size, g)))
     n = a * size * g
 
-    def kind(dsts: list[np.ndarray]) -> tuple[np.ndarray, float, Any]:
+    def kind(dsts: list[np.ndarray]) -> tuple[np.ndarray, float, SoftCosts]:
         dst = np.concatenate(dsts)
         m = len(dst)
         msgs = Messages(np.zeros(m, np.int64), np.tile(grid[x, p, j], len(dsts)), dst,
@@ -212,7 +209,7 @@ def _unit_costs(model: Any, grid: np.ndarray, profile: CostProfile | None
             box[0], group[1], box[1], cross[0][2])
 
 
-def best_rounds(model: Any, grid: np.ndarray, size: float,
+def best_rounds(model: CostModel, grid: np.ndarray, size: float,
                 profile: CostProfile | None = None) -> tuple[tuple[int, ...], int]:
     """The rounds (in units of ``1 / parts`` shard) and ``parts`` of least lock-step
     time for a ``size``-byte allgather on the rail ``grid`` (group, position, rail).

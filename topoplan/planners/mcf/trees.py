@@ -18,8 +18,8 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import breadth_first_order
 
-from ..schedule import RankProgram, Schedule
-from ._common import schedule_from_arrays
+from ...schedule import RankProgram, Schedule
+from .._lockstep import schedule_from_arrays
 
 
 __all__ = ["Tree", "make_tree", "inorder_edges", "path_edges", "materialize"]

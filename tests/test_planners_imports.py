@@ -1,0 +1,45 @@
+"""The planners' parts import one way: no cycle through the mcf package or the shared
+modules (``planners/_*.py``), and the names that moved out of ``_common`` still import
+from it."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import networkx as nx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _import_graph():
+    spec = importlib.util.spec_from_file_location("topoplan_import_graph",
+                                                  ROOT / "scripts" / "import_graph.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_import_cycle_runs_through_the_mcf_package_or_the_shared_modules():
+    """Imports in function bodies count (a cycle hidden there is still one to follow);
+    those under ``if TYPE_CHECKING:`` do not."""
+    graph = _import_graph().module_graph(typing=False)
+
+    def ours(module: str) -> bool:
+        return (module.startswith("topoplan.planners.mcf")
+                or module.startswith("topoplan.planners._"))
+
+    cycles = [sorted(c) for c in nx.strongly_connected_components(graph)
+              if len(c) > 1 and any(ours(m) for m in c)]
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_names_that_left_common_still_import_from_it():
+    from topoplan.planners import _checks, _common, _lockstep, _order, _pipeline_depth
+
+    homes = (_checks, _lockstep, _order, _pipeline_depth)
+    for name in _common.__all__:
+        home = next((m for m in homes if name in m.__all__), None)
+        assert home is not None, f"_common.{name} has no home among the split modules"
+        assert getattr(_common, name) is getattr(home, name), name

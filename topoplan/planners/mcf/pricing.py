@@ -1,0 +1,161 @@
+"""The lock-step cost model that prices the ``mcf`` constructions.
+
+A step of a piece lasts as long as its busiest link, plus its worst path latency (and,
+under a cost profile, alpha), plus what the runtime pays per step and per op
+(:class:`SoftCosts`); piece ``p`` of a pipeline runs ``p`` steps after piece ``p - 1``
+(:func:`estimate`). :class:`CostModel` holds the links of each rank pair (split over
+equal-cost routes), :func:`piece_profile` the links' load in each step of one piece.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from ...cluster import Cluster
+from ...cost import CostProfile
+from ...errors import InfeasiblePlanError
+from .layout import Messages
+
+__all__ = ["CostModel", "SoftCosts", "NO_COSTS", "piece_profile", "estimate"]
+
+
+class CostModel:
+    """Per-pair link incidence (ECMP split) for a lock-step estimate of a schedule."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        graph = cluster.graph
+        self.edges = list(graph.edges)
+        self.index = {e: i for i, e in enumerate(self.edges)}
+        self.cap = np.array([graph.edges[e]["bandwidth"] for e in self.edges])
+        self.lat = np.array([graph.edges[e]["latency"] for e in self.edges])
+        self.box_of_rank = np.asarray([cluster.box_index(r) for r in range(cluster.nranks)],
+                                      dtype=np.int64)
+        self._pairs: dict[int, tuple[list[int], list[float], float]] = {}
+
+    def incidence(self, keys: np.ndarray) -> tuple[sp.csr_array, np.ndarray]:
+        """(pairs x links) bytes per byte sent, and each pair's worst path latency."""
+        n = self.cluster.nranks
+        rows, cols, vals, lat = [], [], [], np.zeros(len(keys))
+        for i, key in enumerate(keys.tolist()):
+            if key not in self._pairs:
+                src, dst = divmod(key, n)
+                paths = self.cluster.route_edges(src, dst)
+                if not paths:
+                    raise InfeasiblePlanError(
+                        f"no route from rank {src} ({self.cluster.gpu_node(src)}) to rank {dst} "
+                        f"({self.cluster.gpu_node(dst)}) in cluster {self.cluster.name!r}; "
+                        "connect their boxes or switches")
+                use: dict[int, float] = {}
+                worst = 0.0
+                for path in paths:
+                    idx = [self.index[e] for e in path]
+                    worst = max(worst, float(self.lat[idx].sum()))
+                    for j in idx:
+                        use[j] = use.get(j, 0.0) + 1.0 / len(paths)
+                self._pairs[key] = (list(use), list(use.values()), worst)
+            c, v, w = self._pairs[key]
+            rows += [i] * len(c)
+            cols += c
+            vals += v
+            lat[i] = w
+        return sp.csr_array((vals, (rows, cols)), shape=(len(keys), len(self.edges))), lat
+
+
+@dataclass(frozen=True)
+class SoftCosts:
+    """What a runtime pays per step of one piece beyond its bytes (a cost profile applied
+    to a layout): ``ops[s]``, the most ops any rank posts in step ``s``; the profile's
+    ``step_overhead``, ``op_overhead`` and ``call_overhead`` (seconds)."""
+
+    ops: np.ndarray
+    step: float = 0.0
+    op: float = 0.0
+    call: float = 0.0
+
+    def total(self, q: int) -> float:
+        """Seconds of software cost of ``q`` pieces, piece ``p`` ``p`` steps late: every
+        combined step pays the step overhead once and posts the ops of all its pieces
+        (serially, at the busiest rank), and the call pays its overhead."""
+        nsteps = len(self.ops) + q - 1 if len(self.ops) else 0
+        return self.call + nsteps * self.step + q * float(self.ops.sum()) * self.op
+
+    def peak_ops(self, q: int) -> int:
+        """The most ops a rank posts in one combined step of ``q`` pieces."""
+        if not len(self.ops):
+            return 0
+        return int(np.convolve(self.ops, np.ones(q, dtype=np.int64)).max())
+
+
+NO_COSTS = SoftCosts(np.zeros(0, np.int64))
+
+
+def piece_profile(model: CostModel, msgs: Messages, fractions: np.ndarray,
+                  profile: CostProfile | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, SoftCosts]:
+    """Seconds each link is busy per byte of buffer in each step of one piece
+    (``(nsteps, links)``, for a piece of the whole buffer), each step's latency, and the
+    software costs of its steps under ``profile``.
+
+    With a profile, a step's latency adds the worst alpha of its messages (box or
+    network class) and every link column adds the seconds the busiest rank spends
+    adding what the step's reducing recvs brought (the executor adds after the wait),
+    per byte of buffer.
+    """
+    n = model.cluster.nranks
+    key = msgs.src * n + msgs.dst
+    pairs, inv = np.unique(key, return_inverse=True)
+    inv = inv.reshape(-1)
+    inc, lat = model.incidence(pairs)
+    cum = np.concatenate([[0.0], np.cumsum(fractions)])
+    w = cum[msgs.chunk + msgs.count] - cum[msgs.chunk]
+    sp_steps = sp.csr_array((w, (msgs.step, inv)), shape=(msgs.nsteps, len(pairs)))
+    loads = (sp_steps @ inc).toarray() / model.cap[None, :]
+    # Ops per rank and step: a send at src, a recv at dst.
+    per_rank = np.zeros((msgs.nsteps, n), dtype=np.int64)
+    np.add.at(per_rank, (msgs.step, msgs.src), 1)
+    np.add.at(per_rank, (msgs.step, msgs.dst), 1)
+    ops = per_rank.max(axis=1) if n else np.zeros(msgs.nsteps, np.int64)
+    step_lat = np.zeros(msgs.nsteps)
+    if profile is None or profile.is_ideal:
+        np.maximum.at(step_lat, msgs.step, lat[inv])
+        return loads, step_lat, SoftCosts(ops)
+    box = model.box_of_rank
+    alpha = np.where(box[msgs.src] == box[msgs.dst], profile.alpha_box, profile.alpha_network)
+    np.maximum.at(step_lat, msgs.step, lat[inv] + alpha)
+    if profile.reduce_bandwidth is not None:
+        red = np.zeros((msgs.nsteps, n))
+        np.add.at(red, (msgs.step[msgs.reduce], msgs.dst[msgs.reduce]), w[msgs.reduce])
+        loads = loads + (red.max(axis=1) / profile.reduce_bandwidth)[:, None]
+    return loads, step_lat, SoftCosts(ops, profile.step_overhead, profile.op_overhead,
+                                      profile.call_overhead)
+
+
+def _window_max(step_lat: np.ndarray, q: int) -> np.ndarray:
+    """Latency of each of the ``S + q - 1`` steps: the worst of the pieces in it."""
+    s = len(step_lat)
+    padded = np.concatenate([np.zeros(q - 1), step_lat, np.zeros(q - 1)])
+    if q <= 256:
+        return np.lib.stride_tricks.sliding_window_view(padded, q).max(axis=1)[: s + q - 1]
+    return np.full(s + q - 1, step_lat.max())
+
+
+def estimate(loads: np.ndarray, step_lat: np.ndarray, sizes: np.ndarray, size: float,
+             soft: SoftCosts = NO_COSTS) -> float:
+    """Lock-step time of pieces of ``sizes`` (fractions, piece ``p`` ``p`` steps late).
+
+    ``loads[s, e]``: seconds per byte of buffer that link ``e`` is busy in step ``s``
+    of a piece carrying the whole buffer. A step lasts as long as its busiest link
+    plus its worst path latency (and alpha), plus the software costs ``soft`` (step
+    overhead, and posting the ops of every piece in it).
+    """
+    q = len(sizes)
+    s, m = loads.shape
+    total = np.zeros((s + q - 1, m))
+    for p, x in enumerate(sizes.tolist()):
+        total[p:p + s] += x * loads
+    return float((total.max(axis=1) * size).sum() + _window_max(step_lat, q).sum()
+                 + soft.total(q))
