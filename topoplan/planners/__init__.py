@@ -3,7 +3,7 @@
 Every planner is ``plan_x(cluster, *, size, chunks=None, profile=None, **options) ->
 Schedule`` and sets ``meta["algorithm"]``, ``meta["cluster"]`` and ``meta["profile"]``;
 a planner that plans more than allreduce takes ``collective=``. :data:`SPECS` declares
-each one (:class:`~topoplan.planners.pipeline.PlannerSpec`: the collectives it plans, the
+each one (:class:`~topoplan.planners.registry.PlannerSpec`: the collectives it plans, the
 options it takes); :data:`PLANNERS` maps the names to the functions; :func:`register`
 adds one. :func:`plan`, ``auto`` and ``topoplan plan`` go through one pipeline
 (:mod:`~topoplan.planners.pipeline`): a validated
@@ -16,20 +16,20 @@ pipelining depth, and ``mcf`` its construction, against it.
 
 from __future__ import annotations
 
-import importlib
-import inspect
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..cluster import Cluster
-from ..collectives import COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE
+from ..collectives import DEFAULT as DEFAULT_COLLECTIVE
 from ..cost import CostProfile
 from ..fingerprint import META_KEY, cluster_fingerprint
 from ..schedule import Schedule
 from ..errors import PlannerError
 from ._checks import unknown_options
 from ._order import topo_order
-from .pipeline import Candidate, PlannerSpec, PlanRequest, compare, nccl_candidate, run
 from .hierarchical import plan_hierarchical
+from .pipeline import Candidate, PlanRequest, compare, nccl_candidate, run
+from .registry import (PLANNERS, SPECS, LazyPlanner, PlannerSpec, candidates, collectives_of,
+                       options_of, planners_for, register, require_collective, takes)
 from .rhd import plan_rhd
 from .ring import plan_ring, plan_ring_topo
 from .tree import plan_tree
@@ -41,160 +41,6 @@ __all__ = ["PLANNERS", "SPECS", "plan", "register", "candidates", "takes", "opti
            "LazyPlanner",
            "plan_ring",
            "plan_ring_topo", "plan_tree", "plan_rhd", "plan_hierarchical", "topo_order"]
-
-Planner = Callable[..., Schedule]
-
-
-class LazyPlanner:
-    """A planner imported on first use (``mcf`` pulls in scipy: seconds of import time).
-
-    Calls and ``inspect.signature`` go to ``module.function``.
-    """
-
-    def __init__(self, module: str, function: str) -> None:
-        self.module, self.function = module, function
-
-    def resolve(self) -> Planner:
-        return getattr(importlib.import_module(self.module), self.function)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Schedule:
-        return self.resolve()(*args, **kwargs)
-
-    @property
-    def __signature__(self) -> inspect.Signature:
-        return inspect.signature(self.resolve())
-
-    def __repr__(self) -> str:
-        return f"<planner {self.module}.{self.function}>"
-
-
-def _mcf() -> Planner:
-    return LazyPlanner("topoplan.planners.mcf", "plan_mcf")
-
-
-_ALL = tuple(COLLECTIVES)
-
-#: The planners, declared: what each plans and takes (see :class:`PlannerSpec`).
-SPECS: dict[str, PlannerSpec] = {spec.name: spec for spec in (
-    PlannerSpec("ring", plan_ring, _ALL, ("order", "chunks")),
-    PlannerSpec("ring-topo", plan_ring_topo, _ALL, ("chunks", "order")),
-    PlannerSpec("tree", plan_tree, (DEFAULT_COLLECTIVE,), ("chunks", "order")),
-    PlannerSpec("rhd", plan_rhd, _ALL, ("chunks", "order")),
-    PlannerSpec("hierarchical", plan_hierarchical, (DEFAULT_COLLECTIVE,), ("chunks",),
-                large=True),
-    PlannerSpec("mcf", _mcf(), _ALL, ("chunks", "exact", "time_limit", "max_ops",
-                                      "flat_max", "check"), large=True),
-    PlannerSpec("auto", LazyPlanner("topoplan.planners.auto", "plan_auto"), _ALL,
-                ("candidates", "max_sim_ops", "max_plan_ranks"), candidate=False),
-)}
-
-
-class _Planners(dict):
-    """``name -> planner function``, kept in step with :data:`SPECS`: setting an entry
-    registers it (:func:`register`)."""
-
-    def __setitem__(self, name: str, planner: Planner) -> None:
-        register(name, planner)
-
-    def __delitem__(self, name: str) -> None:
-        dict.__delitem__(self, name)
-        SPECS.pop(name, None)
-
-    def pop(self, name: str, *default: Any) -> Any:
-        SPECS.pop(name, None)
-        return dict.pop(self, name, *default)
-
-
-#: The planner functions by name (``PLANNERS["ring"](cluster, size=...)``).
-PLANNERS: dict[str, Planner] = _Planners({name: spec.function for name, spec in SPECS.items()})
-
-
-def register(name: str, planner: Planner, *, collectives: Sequence[str] | None = None,
-             options: Sequence[str] | None = None, candidate: bool = True,
-             large: bool = False) -> Planner:
-    """Add (or replace) planner ``name``; returns ``planner``.
-
-    ``collectives`` and ``options`` declare what it plans and which keyword options it
-    takes beyond ``size``, ``profile``, ``collective``, ``max_step_ops`` and
-    ``max_chunks``; left out, they are read from its signature (every collective when it
-    takes ``collective=``).
-    """
-    params = inspect.signature(planner).parameters
-    if collectives is None:
-        collectives = _ALL if "collective" in params else (DEFAULT_COLLECTIVE,)
-    if options is None:
-        standard = {"size", "profile", "collective", "max_step_ops", "max_chunks"}
-        options = [p for p, v in params.items()
-                   if v.kind is inspect.Parameter.KEYWORD_ONLY and p not in standard]
-    SPECS[name] = PlannerSpec(name, planner, tuple(collectives), tuple(options),
-                              candidate=candidate, large=large,
-                              profile="profile" in params,
-                              caps={"max_step_ops", "max_chunks"} <= set(params))
-    dict.__setitem__(PLANNERS, name, planner)
-    return planner
-
-
-def candidates() -> list[str]:
-    """The planner names a comparison should run: every registered one but ``auto``."""
-    return [name for name, spec in SPECS.items() if spec.candidate]
-
-
-def _spec_of(planner: Planner | str) -> PlannerSpec | None:
-    if isinstance(planner, str):
-        return SPECS.get(planner)
-    return next((s for s in SPECS.values() if s.function is planner), None)
-
-
-def takes(planner: Planner | str, option: str) -> bool:
-    """Whether ``planner`` (a function or a name) accepts the keyword ``option``."""
-    spec = _spec_of(planner)
-    if spec is None:
-        params = inspect.signature(planner).parameters  # type: ignore[arg-type]
-        return option in params or any(p.kind is inspect.Parameter.VAR_KEYWORD
-                                       for p in params.values())
-    standard = {"size"} | ({"profile"} if spec.profile else set()) | (
-        {"max_step_ops", "max_chunks"} if spec.caps else set())
-    return (option in standard or option in spec.options
-            or (option == "collective" and len(spec.collectives) > 1))
-
-
-def collectives_of(planner: Planner | str) -> tuple[str, ...]:
-    """The collectives ``planner`` (a function or a name) plans."""
-    spec = _spec_of(planner)
-    if spec is None:
-        return _ALL if takes(planner, "collective") else (DEFAULT_COLLECTIVE,)
-    return spec.collectives
-
-
-def planners_for(collective: str, names: Sequence[str] | None = None) -> list[str]:
-    """The names among ``names`` (default: every registered planner) that plan ``collective``."""
-    return [name for name in (SPECS if names is None else names)
-            if name in SPECS and SPECS[name].plans(collective)]
-
-
-def require_collective(name: str, collective: Any) -> str:
-    """``collective`` if planner ``name`` plans it, else a :class:`PlannerError` naming the
-    planners that do (or, for an unknown collective, the known collectives)."""
-    if not isinstance(collective, str) or collective not in COLLECTIVES:
-        raise PlannerError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
-    if not SPECS[name].plans(collective):
-        raise PlannerError(f"planner {name!r} plans only allreduce; {collective} is planned "
-                           f"by {', '.join(planners_for(collective))}")
-    return collective
-
-
-def options_of(planner: Planner | str) -> list[str]:
-    """The keyword options ``planner`` (a function or a name) takes: the request's own
-    (``size``, ``profile``, the caps, ``collective`` where it plans more than allreduce)
-    and its declared ones."""
-    spec = _spec_of(planner)
-    if spec is None:
-        params = inspect.signature(planner).parameters  # type: ignore[arg-type]
-        return [p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY]
-    out = ["size", *spec.options] + (["profile"] if spec.profile else []) + (
-        ["max_step_ops", "max_chunks"] if spec.caps else [])
-    return out + (["collective"] if len(spec.collectives) > 1 else [])
-
 
 def plan(cluster: Cluster, algorithm: str = "auto", *, size: int | str = 256 << 20,
          profile: CostProfile | str | None = None, collective: str = DEFAULT_COLLECTIVE,

@@ -104,7 +104,7 @@ def compare(cluster: Cluster, size: int | str, candidates: Sequence[str] | None 
 def _names(candidates: Sequence[str] | None) -> list[str] | None:
     if candidates is None:
         return None
-    from . import SPECS
+    from .registry import SPECS
     for name in candidates:
         if name not in SPECS or name == "auto":
             raise InfeasiblePlanError(f"auto: unknown candidate {name!r}; known: "

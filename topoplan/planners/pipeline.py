@@ -26,13 +26,14 @@ from ..errors import InfeasiblePlanError, PlannerError
 from ..schedule import Schedule
 from ..units import bus_factor
 from ._checks import check_cap_args, check_caps, check_size, unknown_options
+from .registry import SPECS, PlannerSpec, planners_for
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..native.nccl import NcclChoice
     from ..sim import SimReport
 
-__all__ = ["PlannerSpec", "PlanRequest", "Candidate", "run", "compare", "nccl_candidate",
+__all__ = ["PlanRequest", "Candidate", "run", "compare", "nccl_candidate",
            "MAX_SIM_OPS", "MAX_PLAN_RANKS"]
 
 #: Candidates with more ops are not simulated but ranked by their own estimate.
@@ -41,44 +42,6 @@ MAX_SIM_OPS = 1_000_000
 MAX_PLAN_RANKS = 256
 
 Planner = Callable[..., Schedule]
-
-
-@dataclass(frozen=True)
-class PlannerSpec:
-    """What a planner is: its name, its function, what it plans and takes.
-
-    Attributes
-    ----------
-    name : str
-        The name the CLI and :func:`topoplan.plan` use.
-    function : callable
-        ``function(cluster, *, size, profile, max_step_ops, max_chunks[, collective],
-        **options) -> Schedule``.
-    collectives : tuple of str
-        The collectives it plans (``collective=`` is passed when it plans more than
-        allreduce).
-    options : tuple of str
-        Its own keyword options, beyond the request's.
-    candidate : bool
-        Compared by ``auto`` unless candidates are named.
-    large : bool
-        Still compared on clusters above :data:`MAX_PLAN_RANKS` ranks.
-    profile, caps : bool
-        Whether it takes ``profile=`` and the caps (``max_step_ops``, ``max_chunks``);
-        a plan from one that does not take the caps is checked against them.
-    """
-
-    name: str
-    function: Planner
-    collectives: tuple[str, ...] = (DEFAULT_COLLECTIVE,)
-    options: tuple[str, ...] = ()
-    candidate: bool = True
-    large: bool = False
-    profile: bool = True
-    caps: bool = True
-
-    def plans(self, collective: str) -> bool:
-        return collective in self.collectives
 
 
 @dataclass(frozen=True)
@@ -162,7 +125,6 @@ class PlanRequest:
 
 
 def _spec(name: str) -> PlannerSpec:
-    from . import SPECS
     spec = SPECS.get(name)
     if spec is None or name == "auto":
         known = ", ".join(sorted(n for n in SPECS if n != "auto"))
@@ -172,7 +134,6 @@ def _spec(name: str) -> PlannerSpec:
 
 def _require(spec: PlannerSpec, collective: str) -> None:
     if not spec.plans(collective):
-        from . import planners_for
         raise PlannerError(f"planner {spec.name!r} plans only "
                            f"{', '.join(spec.collectives)}; {collective} is planned by "
                            f"{', '.join(planners_for(collective))}")
@@ -312,7 +273,6 @@ class Candidate:
 def default_names(request: PlanRequest, max_plan_ranks: int = MAX_PLAN_RANKS) -> list[str]:
     """The planners ``auto`` compares for ``request``: every declared candidate that plans
     its collective, only the ``large`` ones above ``max_plan_ranks`` ranks."""
-    from . import SPECS
     return [s.name for s in SPECS.values()
             if s.candidate and s.plans(request.collective)
             and (request.cluster.nranks <= max_plan_ranks or s.large)]

@@ -1,0 +1,218 @@
+"""The planners, declared: what each one plans and takes, by name.
+
+:data:`SPECS` holds a :class:`PlannerSpec` per planner (the collectives it plans, its
+options, whether ``auto`` compares it and on large clusters); :data:`PLANNERS` maps the
+names to the functions; :func:`register` adds one. The pipeline
+(:mod:`~topoplan.planners.pipeline`) and ``auto`` look planners up here; nothing here
+imports them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from ..collectives import COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE
+from ..errors import PlannerError
+from ..schedule import Schedule
+from .hierarchical import plan_hierarchical
+from .rhd import plan_rhd
+from .ring import plan_ring, plan_ring_topo
+from .tree import plan_tree
+
+__all__ = ["PlannerSpec", "LazyPlanner", "SPECS", "PLANNERS", "register", "candidates",
+           "takes", "collectives_of", "planners_for", "require_collective", "options_of"]
+
+Planner = Callable[..., Schedule]
+
+
+@dataclass(frozen=True)
+class PlannerSpec:
+    """What a planner is: its name, its function, what it plans and takes.
+
+    Attributes
+    ----------
+    name : str
+        The name the CLI and :func:`topoplan.plan` use.
+    function : callable
+        ``function(cluster, *, size, profile, max_step_ops, max_chunks[, collective],
+        **options) -> Schedule``.
+    collectives : tuple of str
+        The collectives it plans (``collective=`` is passed when it plans more than
+        allreduce).
+    options : tuple of str
+        Its own keyword options, beyond the request's.
+    candidate : bool
+        Compared by ``auto`` unless candidates are named.
+    large : bool
+        Still compared on clusters above :data:`MAX_PLAN_RANKS` ranks.
+    profile, caps : bool
+        Whether it takes ``profile=`` and the caps (``max_step_ops``, ``max_chunks``);
+        a plan from one that does not take the caps is checked against them.
+    """
+
+    name: str
+    function: Planner
+    collectives: tuple[str, ...] = (DEFAULT_COLLECTIVE,)
+    options: tuple[str, ...] = ()
+    candidate: bool = True
+    large: bool = False
+    profile: bool = True
+    caps: bool = True
+
+    def plans(self, collective: str) -> bool:
+        return collective in self.collectives
+
+
+
+class LazyPlanner:
+    """A planner imported on first use (``mcf`` pulls in scipy: seconds of import time).
+
+    Calls and ``inspect.signature`` go to ``module.function``.
+    """
+
+    def __init__(self, module: str, function: str) -> None:
+        self.module, self.function = module, function
+
+    def resolve(self) -> Planner:
+        return getattr(importlib.import_module(self.module), self.function)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Schedule:
+        return self.resolve()(*args, **kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        return inspect.signature(self.resolve())
+
+    def __repr__(self) -> str:
+        return f"<planner {self.module}.{self.function}>"
+
+
+def _mcf() -> Planner:
+    return LazyPlanner("topoplan.planners.mcf", "plan_mcf")
+
+
+_ALL = tuple(COLLECTIVES)
+
+#: The planners, declared: what each plans and takes (see :class:`PlannerSpec`).
+SPECS: dict[str, PlannerSpec] = {spec.name: spec for spec in (
+    PlannerSpec("ring", plan_ring, _ALL, ("order", "chunks")),
+    PlannerSpec("ring-topo", plan_ring_topo, _ALL, ("chunks", "order")),
+    PlannerSpec("tree", plan_tree, (DEFAULT_COLLECTIVE,), ("chunks", "order")),
+    PlannerSpec("rhd", plan_rhd, _ALL, ("chunks", "order")),
+    PlannerSpec("hierarchical", plan_hierarchical, (DEFAULT_COLLECTIVE,), ("chunks",),
+                large=True),
+    PlannerSpec("mcf", _mcf(), _ALL, ("chunks", "exact", "time_limit", "max_ops",
+                                      "flat_max", "check"), large=True),
+    PlannerSpec("auto", LazyPlanner("topoplan.planners.auto", "plan_auto"), _ALL,
+                ("candidates", "max_sim_ops", "max_plan_ranks"), candidate=False),
+)}
+
+
+class _Planners(dict):
+    """``name -> planner function``, kept in step with :data:`SPECS`: setting an entry
+    registers it (:func:`register`)."""
+
+    def __setitem__(self, name: str, planner: Planner) -> None:
+        register(name, planner)
+
+    def __delitem__(self, name: str) -> None:
+        dict.__delitem__(self, name)
+        SPECS.pop(name, None)
+
+    def pop(self, name: str, *default: Any) -> Any:
+        SPECS.pop(name, None)
+        return dict.pop(self, name, *default)
+
+
+#: The planner functions by name (``PLANNERS["ring"](cluster, size=...)``).
+PLANNERS: dict[str, Planner] = _Planners({name: spec.function for name, spec in SPECS.items()})
+
+
+def register(name: str, planner: Planner, *, collectives: Sequence[str] | None = None,
+             options: Sequence[str] | None = None, candidate: bool = True,
+             large: bool = False) -> Planner:
+    """Add (or replace) planner ``name``; returns ``planner``.
+
+    ``collectives`` and ``options`` declare what it plans and which keyword options it
+    takes beyond ``size``, ``profile``, ``collective``, ``max_step_ops`` and
+    ``max_chunks``; left out, they are read from its signature (every collective when it
+    takes ``collective=``).
+    """
+    params = inspect.signature(planner).parameters
+    if collectives is None:
+        collectives = _ALL if "collective" in params else (DEFAULT_COLLECTIVE,)
+    if options is None:
+        standard = {"size", "profile", "collective", "max_step_ops", "max_chunks"}
+        options = [p for p, v in params.items()
+                   if v.kind is inspect.Parameter.KEYWORD_ONLY and p not in standard]
+    SPECS[name] = PlannerSpec(name, planner, tuple(collectives), tuple(options),
+                              candidate=candidate, large=large,
+                              profile="profile" in params,
+                              caps={"max_step_ops", "max_chunks"} <= set(params))
+    dict.__setitem__(PLANNERS, name, planner)
+    return planner
+
+
+def candidates() -> list[str]:
+    """The planner names a comparison should run: every registered one but ``auto``."""
+    return [name for name, spec in SPECS.items() if spec.candidate]
+
+
+def _spec_of(planner: Planner | str) -> PlannerSpec | None:
+    if isinstance(planner, str):
+        return SPECS.get(planner)
+    return next((s for s in SPECS.values() if s.function is planner), None)
+
+
+def takes(planner: Planner | str, option: str) -> bool:
+    """Whether ``planner`` (a function or a name) accepts the keyword ``option``."""
+    spec = _spec_of(planner)
+    if spec is None:
+        params = inspect.signature(planner).parameters  # type: ignore[arg-type]
+        return option in params or any(p.kind is inspect.Parameter.VAR_KEYWORD
+                                       for p in params.values())
+    standard = {"size"} | ({"profile"} if spec.profile else set()) | (
+        {"max_step_ops", "max_chunks"} if spec.caps else set())
+    return (option in standard or option in spec.options
+            or (option == "collective" and len(spec.collectives) > 1))
+
+
+def collectives_of(planner: Planner | str) -> tuple[str, ...]:
+    """The collectives ``planner`` (a function or a name) plans."""
+    spec = _spec_of(planner)
+    if spec is None:
+        return _ALL if takes(planner, "collective") else (DEFAULT_COLLECTIVE,)
+    return spec.collectives
+
+
+def planners_for(collective: str, names: Sequence[str] | None = None) -> list[str]:
+    """The names among ``names`` (default: every registered planner) that plan ``collective``."""
+    return [name for name in (SPECS if names is None else names)
+            if name in SPECS and SPECS[name].plans(collective)]
+
+
+def require_collective(name: str, collective: Any) -> str:
+    """``collective`` if planner ``name`` plans it, else a :class:`PlannerError` naming the
+    planners that do (or, for an unknown collective, the known collectives)."""
+    if not isinstance(collective, str) or collective not in COLLECTIVES:
+        raise PlannerError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+    if not SPECS[name].plans(collective):
+        raise PlannerError(f"planner {name!r} plans only allreduce; {collective} is planned "
+                           f"by {', '.join(planners_for(collective))}")
+    return collective
+
+
+def options_of(planner: Planner | str) -> list[str]:
+    """The keyword options ``planner`` (a function or a name) takes: the request's own
+    (``size``, ``profile``, the caps, ``collective`` where it plans more than allreduce)
+    and its declared ones."""
+    spec = _spec_of(planner)
+    if spec is None:
+        params = inspect.signature(planner).parameters  # type: ignore[arg-type]
+        return [p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY]
+    out = ["size", *spec.options] + (["profile"] if spec.profile else []) + (
+        ["max_step_ops", "max_chunks"] if spec.caps else [])
+    return out + (["collective"] if len(spec.collectives) > 1 else [])
