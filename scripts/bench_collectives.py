@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from topoplan.bench import load_average  # noqa: E402
+from topoplan.runtime.bench import load_average  # noqa: E402
 from topoplan.units import format_size  # noqa: E402
 
 PROFILE = {"mpi": "mpi", "torch": "gloo"}

@@ -109,9 +109,9 @@ def rank_main(manifest_path: str) -> None:
     import numpy as np
     from mpi4py import MPI as mpi
 
-    from topoplan.executor import Allreduce
-    from topoplan.schedule import load_schedule
-    from topoplan.transports.mpi import MPI
+    from topoplan.runtime.executor import Allreduce
+    from topoplan.ir.schedule import load_schedule
+    from topoplan.runtime.transports.mpi import MPI
 
     with open(manifest_path) as f:
         manifest = json.load(f)
@@ -149,11 +149,11 @@ def rank_main(manifest_path: str) -> None:
 
 
 def run_mpi(args: argparse.Namespace) -> list[dict]:
-    from topoplan._mpirun import mpiexec
-    from topoplan.cost import get_profile
+    from topoplan.runtime.mpirun import mpiexec
+    from topoplan.analysis.cost import get_profile
     from topoplan.planners import plan
-    from topoplan.simulate import simulate
-    from topoplan.verify import verify
+    from topoplan.analysis.sim import simulate
+    from topoplan.ir.verify import verify
 
     profile = get_profile(args.profile)
     records = []
@@ -276,10 +276,10 @@ def report_mpi(records: list[dict], profile: Any) -> str:
 # sim: the simulator under a profile
 # --------------------------------------------------------------------------------------
 def run_sim(args: argparse.Namespace) -> list[dict]:
-    from topoplan.bound import latency_bound, lower_bound
-    from topoplan.cost import get_profile
+    from topoplan.analysis.bound import latency_bound, lower_bound
+    from topoplan.analysis.cost import get_profile
     from topoplan.planners.auto import compare
-    from topoplan.simulate import simulate
+    from topoplan.analysis.sim import simulate
     from topoplan.units import parse_size_range
 
     profile = get_profile(args.profile)
@@ -387,7 +387,7 @@ def main() -> int:
     if args.part == "rank":
         rank_main(args.manifest)
         return 0
-    from topoplan.cost import get_profile
+    from topoplan.analysis.cost import get_profile
     profile = get_profile(args.profile)
     load = os.getloadavg()
     started = time.time()

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from topoplan.cluster import load_cluster  # noqa: E402
 from topoplan.estimate import estimate  # noqa: E402
-from topoplan.models import get_model  # noqa: E402
+from topoplan.estimate.models import get_model  # noqa: E402
 
 IMAGENET = 1_281_167
 #: ChainerMN's 90-epoch schedule: (epochs, batch per GPU).

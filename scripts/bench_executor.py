@@ -10,7 +10,7 @@ per size and interleaved round by round (so machine load hits all alike):
 - ``native``: ``MPI_Allreduce``,
 - ``hand``: a minimal mpi4py ring (Isend/Irecv/Waitall, numpy adds; no generality),
 
-then the same for gloo: the replayed ring over ``topoplan.transports.Torch``
+then the same for gloo: the replayed ring over ``topoplan.runtime.transports.Torch``
 against ``dist.all_reduce``. It prints busbw per method (the slowest rank's mean
 over the interleaved rounds), the ratios replay/native and replay/hand, the time
 per step of the replay and of the hand ring (call time / steps: at small sizes,
@@ -89,9 +89,9 @@ def rank_main(args) -> None:
     import numpy as np
     from mpi4py import MPI as mpi
 
-    from topoplan.bench import expected_sum, pattern
-    from topoplan.executor import Allreduce
-    from topoplan.transports.mpi import MPI
+    from topoplan.runtime.bench import expected_sum, pattern
+    from topoplan.runtime.executor import Allreduce
+    from topoplan.runtime.transports.mpi import MPI
 
     comm = mpi.COMM_WORLD
     n, rank = comm.Get_size(), comm.Get_rank()
@@ -135,10 +135,10 @@ def torch_part(args, comm, mpi, n, rank, schedule):
     import torch
     import torch.distributed as dist
 
-    from topoplan.bench import expected_sum, pattern
-    from topoplan.executor import Allreduce
-    from topoplan.transports import connect
-    from topoplan.transports.launch import free_port
+    from topoplan.runtime.bench import expected_sum, pattern
+    from topoplan.runtime.executor import Allreduce
+    from topoplan.runtime.transports import connect
+    from topoplan.runtime.transports.launch import free_port
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     port = comm.bcast(free_port() if rank == 0 else None, root=0)
@@ -170,7 +170,8 @@ def torch_part(args, comm, mpi, n, rank, schedule):
 
 
 def report(records) -> str:
-    from topoplan.units import bus_factor, format_size
+    from topoplan.units import format_size
+    from topoplan.ir.collectives import bus_factor
     lines = []
     for transport in ("mpi", "gloo"):
         for n in sorted({r["nranks"] for r in records if r["transport"] == transport}):
@@ -219,7 +220,7 @@ def main() -> int:
     if args.rank_mode:
         rank_main(args)
         return 0
-    from topoplan._mpirun import mpiexec
+    from topoplan.runtime.mpirun import mpiexec
 
     records = []
     load = os.getloadavg()

@@ -24,13 +24,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from topoplan.bound import lower_bound  # noqa: E402
-from topoplan.cost import DEFAULT_PROFILE  # noqa: E402
+from topoplan.analysis.bound import lower_bound  # noqa: E402
+from topoplan.analysis.cost import DEFAULT_PROFILE  # noqa: E402
 from topoplan.cluster import load_cluster, loads_cluster  # noqa: E402
 from topoplan.planners import PLANNERS  # noqa: E402
 from topoplan.planners.mcf import plan_mcf  # noqa: E402
-from topoplan.simulate import simulate  # noqa: E402
-from topoplan.verify import verify  # noqa: E402
+from topoplan.analysis.sim import simulate  # noqa: E402
+from topoplan.ir.verify import verify  # noqa: E402
 
 BASELINES = ("ring", "ring-topo", "tree", "rhd", "hierarchical")
 #: Plans are made under the default profile (meta["profile"]); simulate them under it too.

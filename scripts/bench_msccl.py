@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON row per case")
     args = parser.parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes]
-    from topoplan.collectives import COLLECTIVES
+    from topoplan.ir.collectives import COLLECTIVES
     from topoplan.planners import planners_for
 
     collectives = [c.strip() for c in args.collectives.split(",") if c.strip()]

@@ -1,4 +1,4 @@
-"""The NCCL model (topoplan.native.nccl) against published nccl-tests figures.
+"""The NCCL model (topoplan.analysis.native.nccl) against published nccl-tests figures.
 
 Every row is a published measurement: a cluster as its source describes it (GPU model,
 NVLink per GPU from the datasheet, NICs), the collective, the size, what NCCL was told
@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from topoplan.cluster import loads_cluster  # noqa: E402
-from topoplan.native.nccl import nccl_model  # noqa: E402
+from topoplan.analysis.native.nccl import nccl_model  # noqa: E402
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from topoplan.cluster import load_cluster  # noqa: E402
 from topoplan.errors import TopoplanError  # noqa: E402
-from topoplan.collectives import COLLECTIVES  # noqa: E402
+from topoplan.ir.collectives import COLLECTIVES  # noqa: E402
 from topoplan.planners import PLANNERS, candidates, planners_for  # noqa: E402
 from topoplan.units import format_size, parse_size  # noqa: E402
 
@@ -44,11 +44,11 @@ def bench(paths: list[Path], planners: list[str], sizes: list[int], max_ranks: i
           profile: str | None = None) -> list[dict[str, Any]]:
     """Plan + simulate every (topology, planner, size); one record each."""
     try:
-        from topoplan.simulate import simulate
+        from topoplan.analysis.sim import simulate
     except ImportError:
         raise SystemExit("bench_planners: topoplan.simulate is not available in this checkout "
                          "(the simulator has not been merged yet)") from None
-    from topoplan.verify import verify
+    from topoplan.ir.verify import verify
 
     rows: list[dict[str, Any]] = []
     for path in paths:
@@ -136,7 +136,7 @@ def plan_times(planners: list[str], ranks: list[int], size: int) -> list[dict[st
     import gc
 
     from topoplan.cluster import loads_cluster
-    from topoplan.schedule import Op, OpKind
+    from topoplan.ir.schedule import Op, OpKind
 
     rows = []
     for n in ranks:

@@ -35,12 +35,12 @@ def case(fabric: str, gpus: int, size: int, max_sim_ops: int) -> dict:
     import resource
     import warnings
 
-    from topoplan.bound import lower_bound
+    from topoplan.analysis.bound import lower_bound
     from topoplan.cluster import loads_cluster
     from topoplan.cluster.generate import fat_tree, rail_optimized
     from topoplan.planners.mcf import plan_mcf
-    from topoplan.simulate import simulate
-    from topoplan.verify import verify
+    from topoplan.analysis.sim import simulate
+    from topoplan.ir.verify import verify
 
     make = rail_optimized if fabric == "rail" else fat_tree
     cluster = loads_cluster(make(gpus // 8))

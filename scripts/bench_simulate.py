@@ -7,7 +7,7 @@ leaf-spine fabric of 8-GPU boxes: ``topologies/leaf_spine_1024.yaml`` at 1024 ra
 same shape scaled down below. "old" is the engine as first merged (commit cbb8359, loaded
 from git history, with its own op flattening); where git is missing, and for the mcf plan
 (version 2 schedules, which that engine predates), the in-module reference
-(:func:`topoplan.sim.reference.simulate_reference`) stands in. Both run in the
+(:func:`topoplan.analysis.sim.reference.simulate_reference`) stands in. Both run in the
 same process, one after the other; wall and CPU seconds are reported (CPU time is the
 fairer figure on a shared machine). The old engine is skipped above ``--old-max`` ranks
 (it takes minutes at 1024).
@@ -34,9 +34,9 @@ from tests.support.clusters import leaf_spine_cluster  # noqa: E402
 from tests.support.schedules import hierarchical_schedule, ring_schedule  # noqa: E402
 from topoplan import plan  # noqa: E402
 from topoplan.cluster import load_cluster  # noqa: E402
-from topoplan.sim.base import EPS_T  # noqa: E402
-from topoplan.sim.reference import simulate_reference as _simulate_reference  # noqa: E402
-from topoplan.simulate import simulate  # noqa: E402
+from topoplan.analysis.sim.base import EPS_T  # noqa: E402
+from topoplan.analysis.sim.reference import simulate_reference as _simulate_reference  # noqa: E402
+from topoplan.analysis.sim import simulate  # noqa: E402
 
 OLD_COMMIT = "cbb8359"
 SIZE = 256 << 20

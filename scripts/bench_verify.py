@@ -58,7 +58,7 @@ def _best(check: Callable, schedule, repeat: int) -> tuple[float, object]:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     from tests.support.verify_reference import verify_reference
-    from topoplan.verify import verify
+    from topoplan.ir.verify import verify
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="skip the 8192-GPU plan")

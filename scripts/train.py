@@ -275,14 +275,14 @@ def make_allreduce(world: World, cluster: Any, algorithm: str, timeout: float) -
     if world.launcher == "mpi":
         if algorithm == "native":
             return mpi_native_allreduce(world.comm)
-        from topoplan.transports import MPI as MPITransport
+        from topoplan.runtime.transports import MPI as MPITransport
 
         return PlannedAllreduce(cluster, MPITransport(world.comm), algorithm=algorithm,
                                 share=lambda obj: world.comm.bcast(obj, root=0), timeout=timeout)
     if algorithm == "native":
         return torch_native_allreduce()
     import torch.distributed as dist
-    from topoplan.transports import Torch
+    from topoplan.runtime.transports import Torch
 
     def share(obj: Any) -> Any:
         holder = [obj]

@@ -18,9 +18,9 @@ import numpy as np
 
 from tests.support import schedules as S
 from tests.support import transport_cases as C
-from topoplan.executor import BOUND_CACHE, Allreduce
-from topoplan.transports import MPI, connect
-from topoplan.transports.mpi import leave_after_failure
+from topoplan.runtime.executor import BOUND_CACHE, Allreduce
+from topoplan.runtime.transports import MPI, connect
+from topoplan.runtime.transports.mpi import leave_after_failure
 
 
 def mpi_cases(t: MPI) -> tuple[list[str], int]:

@@ -4,7 +4,7 @@
 DIR holds planned schedules named ``COLLECTIVE-ALGORITHM.json`` (written by
 tests/test_transports_mpi.py). Every rank runs each of them with
 :class:`topoplan.ReduceScatter` or :class:`topoplan.AllGather` over
-:class:`topoplan.transports.MPI` on uneven shard sizes and two dtypes, then with calls in
+:class:`topoplan.runtime.transports.MPI` on uneven shard sizes and two dtypes, then with calls in
 flight (``start`` twice on one executor, a reduce-scatter and an allgather started
 together and waited for in reverse order), checks every element against numpy, checks
 the native MPI_Reduce_scatter_block / MPI_Allgather give the same, and prints one line
@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 import topoplan
-from topoplan.schedule import load_schedule
-from topoplan.transports import MPI
+from topoplan.ir.schedule import load_schedule
+from topoplan.runtime.transports import MPI
 
 SHARDS = (0, 1, 7, 1000, (1 << 16) + 3)  # elements per shard
 

@@ -21,8 +21,8 @@ from mpi4py import MPI as mpi  # noqa: E402
 
 from tests.support import schedules as S  # noqa: E402
 from topoplan.errors import TransportError  # noqa: E402
-from topoplan.executor import Allreduce  # noqa: E402
-from topoplan.transports import MPI  # noqa: E402
+from topoplan.runtime.executor import Allreduce  # noqa: E402
+from topoplan.runtime.transports import MPI  # noqa: E402
 
 
 def main() -> None:

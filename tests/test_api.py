@@ -11,11 +11,11 @@ import pytest
 
 import topoplan
 from tests.support.clusters import ROOT, load_topology, topology_path, topology_text
-from topoplan.bound import collective_bound, latency_bound, lower_bound, rsag_bound
-from topoplan.cost import DEFAULT_PROFILE
+from topoplan.analysis.bound import collective_bound, latency_bound, lower_bound, rsag_bound
+from topoplan.analysis.cost import DEFAULT_PROFILE
 from topoplan.errors import EstimateError, PlannerError, ScheduleError
 from topoplan.estimate import estimate
-from topoplan.models import uniform_model
+from topoplan.estimate.models import uniform_model
 from topoplan.planners.auto import compare, plan_auto
 
 DDL = "ddl_two_switch"

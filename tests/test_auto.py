@@ -8,8 +8,8 @@ from tests.support.clusters import load_topology
 from topoplan.errors import InfeasiblePlanError
 from topoplan.planners import plan
 from topoplan.planners.auto import compare, plan_auto
-from topoplan.simulate import simulate
-from topoplan.verify import verify
+from topoplan.analysis.sim import simulate
+from topoplan.ir.verify import verify
 
 @pytest.fixture(scope="module")
 def ddl():
@@ -78,7 +78,7 @@ def test_auto_ranks_candidates_on_the_machine_they_run_on():
     their time there: on a host of equal ports every bandwidth-optimal plan ties, and
     the fewest steps win under costly steps."""
     from topoplan.cluster import host_cluster
-    from topoplan.cost import CostProfile
+    from topoplan.analysis.cost import CostProfile
     from topoplan.planners.auto import compare, plan_auto
     cluster = load_topology("dgx1_v100")
     host = host_cluster("host", 8, 1e9)

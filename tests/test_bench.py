@@ -1,4 +1,4 @@
-"""topoplan.bench's helpers that need no transport (run_bench runs in
+"""topoplan.runtime.bench's helpers that need no transport (run_bench runs in
 tests/test_executor_collectives.py and under MPI and gloo in tests/test_transports_*.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from topoplan.bench import load_average
+from topoplan.runtime.bench import load_average
 
 
 def test_load_average_is_the_one_minute_load_or_nan(monkeypatch):
@@ -23,7 +23,7 @@ def test_load_average_is_the_one_minute_load_or_nan(monkeypatch):
 
 
 def test_the_testbed_records_the_same_load_average():
-    """One reader: the testbed's calibration and benchmark record topoplan.bench's."""
+    """One reader: the testbed's calibration and benchmark record topoplan.runtime.bench's."""
     testbed_bench = pytest.importorskip("topoplan.testbed.bench")
     testbed_calibrate = pytest.importorskip("topoplan.testbed.calibrate")
     assert testbed_bench.load_average is load_average

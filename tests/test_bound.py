@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from tests.support.cluster_shapes import brute_force_ratio, small_clusters, uneven_clusters
 from tests.support.clusters import switch_cluster, topology_text
-from topoplan.bound import (_bottleneck, best_partition, bottleneck, lower_bound, partitions,
+from topoplan.analysis.bound import (_bottleneck, best_partition, bottleneck, lower_bound, partitions,
                             rsag_bound, sink_classes)
 from topoplan.cluster import loads_cluster
 
@@ -83,7 +83,7 @@ def test_symmetry_classes_give_the_all_sinks_answer(uplink, monkeypatch):
     # Leaves are twins, boxes on a leaf are twins, GPUs 0/1 and 2/3 swap: 2 classes.
     assert classes == [0, 2]
     fast = _bottleneck(cluster)
-    import topoplan.bound as bound_module
+    import topoplan.analysis.bound as bound_module
     monkeypatch.setattr(bound_module, "sink_classes", lambda c: list(range(c.nranks)))
     slow = _bottleneck(cluster)
     assert fast.ratio == pytest.approx(slow.ratio, rel=1e-12)
@@ -195,7 +195,7 @@ def test_switch_levels_group_what_hangs_below_each_switch():
 
 def _simulated(cluster, planner, size):
     from topoplan.planners import plan
-    from topoplan.simulate import simulate
+    from topoplan.analysis.sim import simulate
     schedule = plan(cluster, planner, size=size, profile="ideal")
     return simulate(cluster, schedule, size, profile="ideal")
 

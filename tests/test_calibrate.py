@@ -1,4 +1,4 @@
-"""topoplan.calibrate and ``topoplan calibrate``: the fit recovers known costs, from the
+"""topoplan.runtime.calibrate and ``topoplan calibrate``: the fit recovers known costs, from the
 simulator's own times and from a real run of a thread transport with injected delays;
 the command writes a profile that loads back; ``bench --profile`` predicts beside it.
 """
@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from topoplan.calibrate import (HOST_PARAMETERS, Case, Sample, calibrate, calibration_cases,
+from topoplan.runtime.calibrate import (HOST_PARAMETERS, Case, Sample, calibrate, calibration_cases,
                                 fit, fit_profile, measure)
 from topoplan.cli import main
-from topoplan.cost import CostProfile, load_profile, loads_profile
+from topoplan.analysis.cost import CostProfile, load_profile, loads_profile
 from topoplan.errors import TopoplanError
-from topoplan.simulate import simulate
-from topoplan.transports.local import Local, LocalWorld, _snapshot
-from topoplan.verify import verify
+from topoplan.analysis.sim import simulate
+from topoplan.runtime.transports.local import Local, LocalWorld, _snapshot
+from topoplan.ir.verify import verify
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -327,7 +327,7 @@ def test_cli_bench_nccl_refusals_are_one_line(argv, message, capsys):
 # ---- bench --profile ---------------------------------------------------------------------
 
 def test_predict_rows_simulates_each_size_on_the_profiles_host():
-    from topoplan.bench import BenchRow, format_rows, predict_rows
+    from topoplan.runtime.bench import BenchRow, format_rows, predict_rows
     from topoplan.cluster import flat_cluster
     from topoplan.planners import plan
     schedule = plan(flat_cluster(4), algorithm="ring", size=1 << 20)
@@ -383,7 +383,7 @@ def test_bench_profile_prints_predicted_and_ratio(tmp_path):
 def test_cli_calibrate_leaves_the_old_file_alone_when_the_run_stops(outcome, capsys, tmp_path,
                                                                      monkeypatch):
     pytest.importorskip("mpi4py")
-    import topoplan._mpirun as mpirun
+    import topoplan.runtime.mpirun as mpirun
     out = tmp_path / "old.yaml"
     out.write_text("name: old\n")
 

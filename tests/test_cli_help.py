@@ -58,9 +58,9 @@ def test_help_shows_no_docstring_markup(command):
 
 
 def test_plain_strips_roles_and_literals():
-    assert plain("``-o x.png`` with :func:`~topoplan.plan` and :mod:`topoplan._mpirun`, "
+    assert plain("``-o x.png`` with :func:`~topoplan.plan` and :mod:`topoplan.runtime.mpirun`, "
                  ":class:`a label <topoplan.X>`") == \
-        "-o x.png with plan and topoplan._mpirun, a label"
+        "-o x.png with plan and topoplan.runtime.mpirun, a label"
     assert plain("``python -m torch.distributed.run\n--nproc-per-node N``") == \
         "python -m torch.distributed.run\n--nproc-per-node N"
 

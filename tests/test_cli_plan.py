@@ -9,7 +9,7 @@ import pytest
 
 import topoplan
 from tests.support.tables import read_table, widest_line
-from topoplan.cost import CostProfile
+from topoplan.analysis.cost import CostProfile
 
 DDL = "topologies/ddl_two_switch.yaml"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from topoplan._mpirun import ENV_RANK_MARK, ENV_TERMINAL
+from topoplan.runtime.mpirun import ENV_RANK_MARK, ENV_TERMINAL
 from topoplan.commands.common import is_terminal
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -236,7 +236,7 @@ def test_simulate_json_splits_the_time_under_the_profile(tmp_path):
     parts = result["breakdown"]
     assert set(parts) == {"bandwidth", "latency", "overhead", "reduce", "contention"}
     assert sum(parts.values()) == pytest.approx(result["time_s"], rel=1e-9)
-    from topoplan.cost import get_profile
+    from topoplan.analysis.cost import get_profile
     nccl = get_profile("nccl")
     assert parts["bandwidth"] == pytest.approx(6 * (1 << 18) / 10e9, rel=1e-6)
     assert parts["latency"] == pytest.approx(6 * (nccl.alpha_network + 3e-6), rel=1e-6)

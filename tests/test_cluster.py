@@ -599,7 +599,7 @@ def test_error_tab_says_indent_with_spaces(text, where):
 
 
 def test_tab_in_a_profile_says_indent_with_spaces():
-    from topoplan.cost import loads_profile
+    from topoplan.analysis.cost import loads_profile
     from topoplan.errors import ProfileError
     with pytest.raises(ProfileError, match=r"^p.yaml:3: a tab at column 1: indent with spaces"):
         loads_profile("name: x\nalpha:\n\tbox: 1 us\n", "p.yaml")

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tests.support import schedules as S
-from topoplan.collectives import (COLLECTIVES, AllGatherSpec, AllReduceSpec, ReduceScatterSpec,
+from topoplan.ir.collectives import (COLLECTIVES, AllGatherSpec, AllReduceSpec, ReduceScatterSpec,
                                   collective_of, get_collective, shard_chunks)
 from topoplan.errors import ScheduleError
-from topoplan.schedule import (OpKind, RankProgram, build_schedule, equal_chunks, loads_schedule,
+from topoplan.ir.schedule import (OpKind, RankProgram, build_schedule, equal_chunks, loads_schedule,
                                recv, send)
-from topoplan.verify import verify
+from topoplan.ir.verify import verify
 
 
 def test_registry_names_the_three_collectives():
@@ -29,9 +29,9 @@ def test_registry_names_the_three_collectives():
                                             ("ReduceScatter", ReduceScatterSpec, "ReduceScatter"),
                                             ("AllGather", AllGatherSpec, "AllGather")])
 def test_the_old_class_names_work_with_a_warning_naming_the_new_one(old, new, call):
-    import topoplan.collectives as C
-    with pytest.warns(DeprecationWarning, match=rf"topoplan\.collectives\.{old} is deprecated; "
-                                                rf"use topoplan\.collectives\.{new.__name__} "
+    import topoplan.ir.collectives as C
+    with pytest.warns(DeprecationWarning, match=rf"topoplan\.ir\.collectives\.{old} is deprecated; "
+                                                rf"use topoplan\.ir\.collectives\.{new.__name__} "
                                                 rf"\(topoplan\.{call} is the executor's call"):
         assert getattr(C, old) is new
     with pytest.raises(AttributeError, match="has no attribute 'Allreduce'"):

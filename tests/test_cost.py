@@ -16,14 +16,14 @@ from hypothesis import strategies as st
 from tests.support.clusters import switch_cluster
 from tests.support.schedules import ring_schedule
 
-import topoplan.cost
+import topoplan.analysis.cost
 from topoplan.cluster import loads_cluster
-from topoplan.cost import (DEFAULT_PROFILE, IDEAL, CostProfile, get_profile, load_profile,
+from topoplan.analysis.cost import (DEFAULT_PROFILE, IDEAL, CostProfile, get_profile, load_profile,
                            loads_profile, profile_names)
 from topoplan.errors import ProfileError, UnitWarning
-from topoplan.schedule import build_schedule, equal_chunks, recv, send
-from topoplan.sim.reference import simulate_reference as _simulate_reference
-from topoplan.simulate import simulate
+from topoplan.ir.schedule import build_schedule, equal_chunks, recv, send
+from topoplan.analysis.sim.reference import simulate_reference as _simulate_reference
+from topoplan.analysis.sim import simulate
 
 US = 1e-6
 PROFILE = CostProfile("test", alpha_box=2 * US, alpha_network=5 * US, op_overhead=1 * US,
@@ -34,7 +34,7 @@ PROFILE = CostProfile("test", alpha_box=2 * US, alpha_network=5 * US, op_overhea
 @pytest.mark.filterwarnings("error::topoplan.errors.UnitWarning")
 def test_shipped_profiles_write_their_units():
     for name in profile_names():
-        load_profile(Path(topoplan.cost.__file__).with_name("profiles") / f"{name}.yaml")
+        load_profile(Path(topoplan.analysis.cost.__file__).with_name("profiles") / f"{name}.yaml")
 
 
 def test_shipped_profiles_load_and_name_their_sources():
@@ -348,7 +348,7 @@ def test_one_pair_at_a_time_does_not_contend():
     """A chain (reduce up 0 -> 1 -> 2 -> 3, broadcast back): one message at a time, so at
     most two ranks work at once, which 2 cores serve; only the start, where every rank
     posts its first step (a receive, for most), waits for a core."""
-    from topoplan.calibrate import _chain
+    from topoplan.runtime.calibrate import _chain
     from topoplan.cluster import host_cluster
     profile = CostProfile("posting", step_overhead=10e-6, reduce_bandwidth=1e9)
     schedule = _chain(4, "chain")

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from topoplan.cluster import loads_cluster
-from topoplan.schedule import loads_schedule
-from topoplan.verify import verify
+from topoplan.ir.schedule import loads_schedule
+from topoplan.ir.verify import verify
 
 ROOT = Path(__file__).resolve().parents[1]
 # Built from pieces so that this file does not name them itself.

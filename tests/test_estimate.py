@@ -12,7 +12,7 @@ from topoplan.cli import main
 from topoplan.cluster import load_cluster, loads_cluster
 from topoplan.errors import EstimateError, TopoplanError
 from topoplan.estimate import JSON_KEYS, compute_time, estimate, fuse, gpu_of
-from topoplan.models import get_model, uniform_model
+from topoplan.estimate.models import get_model, uniform_model
 
 ROOT = Path(__file__).resolve().parent.parent
 

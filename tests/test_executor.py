@@ -14,11 +14,11 @@ import pytest
 
 from tests.support import schedules as S
 from topoplan.errors import TopoplanError, TransportError
-from topoplan.executor import Allreduce, _compile
-from topoplan.schedule import build_schedule, recv, send
-from topoplan.transports import Local
-from topoplan.transports.local import LocalWorld
-from topoplan.verify import verify
+from topoplan.runtime.executor import Allreduce, _compile
+from topoplan.ir.schedule import build_schedule, recv, send
+from topoplan.runtime.transports import Local
+from topoplan.runtime.transports.local import LocalWorld
+from topoplan.ir.verify import verify
 
 
 def _all_schedules() -> list[tuple[str, int, object]]:
@@ -309,7 +309,7 @@ def test_local_launch_helpers() -> None:
 
 
 def test_run_bench_returns_rows_with_a_real_check() -> None:
-    from topoplan.bench import format_rows, run_bench
+    from topoplan.runtime.bench import format_rows, run_bench
 
     rows = Local.launch(3, lambda t: run_bench(S.direct(3), t, [1024, 40_000], baseline=True,
                                                iters=2))
@@ -322,7 +322,7 @@ def test_run_bench_returns_rows_with_a_real_check() -> None:
 
 
 def test_run_bench_counts_wrong_elements() -> None:
-    from topoplan.bench import run_bench
+    from topoplan.runtime.bench import run_bench
 
     # A schedule that is not an allreduce: the check must notice.
     rows = Local.launch(2, lambda t: run_bench(S.swap(2), t, [4096], iters=1))
@@ -335,10 +335,10 @@ def test_run_bench_counts_wrong_elements() -> None:
 
 def test_benchmarks_and_the_simulator_share_one_bus_bandwidth_convention() -> None:
     """busbw = algbw x 2(n-1)/n (nccl-tests), which is 0 for one rank, everywhere."""
-    from topoplan.bench import run_bench
+    from topoplan.runtime.bench import run_bench
     from topoplan.cluster import loads_cluster
-    from topoplan.simulate import simulate
-    from topoplan.units import bus_factor
+    from topoplan.analysis.sim import simulate
+    from topoplan.ir.collectives import bus_factor
 
     assert bus_factor(1) == 0.0 and bus_factor(4) == 1.5
     alone = build_schedule(1, [1.0], [[]], algorithm="none")
@@ -408,7 +408,7 @@ def test_calls_of_different_executors_run_side_by_side_in_lanes() -> None:
 def test_an_executor_whose_tags_do_not_fit_a_lane_runs_alone(monkeypatch) -> None:
     """An executor with more messages per pair than a lane holds takes lane 0's tags and
     runs its calls alone; the others still run side by side around it."""
-    from topoplan.executor import lanes
+    from topoplan.runtime.executor import lanes
     n = 4
     monkeypatch.setattr(lanes, "LANE_WIDTH", 8)  # the ring's 6 messages a pair x 4 epochs > 8
 
@@ -433,7 +433,7 @@ def test_an_executor_whose_tags_do_not_fit_a_lane_runs_alone(monkeypatch) -> Non
 
 def test_start_returns_the_exported_handle_of_every_call() -> None:
     import topoplan
-    from topoplan.executor import AllreduceHandle, Handle
+    from topoplan.runtime.executor import AllreduceHandle, Handle
     assert AllreduceHandle is Handle is topoplan.Handle is topoplan.AllreduceHandle
 
     def rank_fn(t: Local):

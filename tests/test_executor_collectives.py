@@ -11,9 +11,9 @@ from tests.support import schedules as S
 from tests.support.cluster_shapes import cluster
 from topoplan.errors import TopoplanError
 from topoplan.planners import plan
-from topoplan.transports import Local
-from topoplan.transports.local import LocalWorld
-from topoplan.verify import verify
+from topoplan.runtime.transports import Local
+from topoplan.runtime.transports.local import LocalWorld
+from topoplan.ir.verify import verify
 
 
 def _schedules(collective: str) -> list[tuple[str, int, object]]:
@@ -145,7 +145,7 @@ def test_one_engine_lays_out_every_collective_from_the_schedules_spec():
     """The engine behind the three calls has no branch per collective: given any schedule,
     it takes the buffers' layout from the schedule's collective and computes the same as
     the call that names it."""
-    from topoplan.executor.engine import Executor
+    from topoplan.runtime.executor.engine import Executor
     n, m = 3, 4
     cases = [(topoplan.Allreduce, S.ring(n), n * m, n * m),
              (topoplan.ReduceScatter, S.ring_reduce_scatter(list(range(n))), n * m, m),
@@ -177,7 +177,7 @@ def test_one_engine_lays_out_every_collective_from_the_schedules_spec():
 
 @pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
 def test_run_bench_runs_the_schedules_collective_with_a_real_check(collective):
-    from topoplan.bench import format_rows, run_bench
+    from topoplan.runtime.bench import format_rows, run_bench
     n = 3
     schedule = plan(cluster("two-switch", n), "ring", size=1 << 20, collective=collective)
     sizes = [12, 12 * 1000 + 24]
@@ -209,7 +209,7 @@ def _wrong_reduce_scatter() -> object:
 
 def test_run_bench_counts_wrong_elements_of_a_reduce_scatter_and_an_allgather():
     from tests.support.schedules import build_schedule
-    from topoplan.bench import run_bench
+    from topoplan.runtime.bench import run_bench
     count = 4096 // 4
     m = count // 2
     rows = Local.launch(2, lambda t: run_bench(_wrong_reduce_scatter(), t, [4096], iters=1))
@@ -224,8 +224,8 @@ def test_run_bench_counts_wrong_elements_of_a_reduce_scatter_and_an_allgather():
 
 
 def test_run_bench_refuses_sizes_that_do_not_shard_and_reports_a_missing_native():
-    from topoplan.bench import format_rows, run_bench
-    from topoplan.transports.base import NoNative
+    from topoplan.runtime.bench import format_rows, run_bench
+    from topoplan.runtime.transports.base import NoNative
     schedule = S.ring_allgather([0, 1, 2])
     with pytest.raises(TopoplanError, match=r"size 1000 B: an allgather of 3 ranks cuts the "
                                             r"full buffer into 3 equal shards, so it must be "

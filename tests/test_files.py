@@ -33,7 +33,7 @@ def mode(path: Path) -> int:
 def test_every_writer_gives_the_mode_open_would(umask, tmp_path, capsys):
     from topoplan import plan
     from topoplan.cluster import load_cluster
-    from topoplan.cost import get_profile
+    from topoplan.analysis.cost import get_profile
 
     written = {}
     schedule = plan(load_cluster(CLUSTER), algorithm="ring", size=1 << 20)

@@ -12,7 +12,7 @@ import pytest
 
 import topoplan
 from topoplan.errors import ScheduleError
-from topoplan.fingerprint import META_KEY, check_fingerprint, cluster_fingerprint
+from topoplan.ir.fingerprint import META_KEY, check_fingerprint, cluster_fingerprint
 
 ROOT = Path(__file__).resolve().parent.parent
 DDL = ROOT / "topologies" / "ddl_two_switch.yaml"

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from tests.support.clusters import ROOT
-from topoplan.bound import lower_bound
+from topoplan.analysis.bound import lower_bound
 from topoplan.cli import main
 from topoplan.cluster import load_cluster, loads_cluster
 from topoplan.cluster.generate import fat_tree, rail_optimized
 from topoplan.errors import TopoplanError
 from topoplan.planners.mcf import plan_mcf
-from topoplan.verify import verify
+from topoplan.ir.verify import verify
 
 
 def _uplinks(cluster, leaf: str) -> float:

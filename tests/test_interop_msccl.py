@@ -21,8 +21,8 @@ from topoplan.errors import PlannerError, ScheduleError, XmlFormatError
 from topoplan.interop.msccl import (Limits, export_msccl, import_msccl, limit_violations,
                                     loads_msccl, to_xml, verify_msccl)
 from topoplan.interop.msccl.export import _unit_grid
-from topoplan.schedule import Op, OpKind, build_schedule, coalesce
-from topoplan.verify import verify
+from topoplan.ir.schedule import Op, OpKind, build_schedule, coalesce
+from topoplan.ir.verify import verify
 
 from .support.clusters import load_topology, switch_cluster
 from .support.schedules import (builders, hierarchical_schedule, ring_allgather,
@@ -642,7 +642,7 @@ def test_cli_reduce_scatter_error_names_the_file(tmp_path, capsys):
 def test_the_cluster_fingerprint_goes_through_the_xml_and_back(tmp_path):
     """Export writes the plan's cluster fingerprint as an <algo> attribute the executor
     ignores; import puts it back, so the imported plan is still refused elsewhere."""
-    from topoplan.fingerprint import META_KEY, check_fingerprint, cluster_fingerprint
+    from topoplan.ir.fingerprint import META_KEY, check_fingerprint, cluster_fingerprint
     from topoplan.interop.msccl import FINGERPRINT_ATTR
 
     cluster = load_topology("ddl_two_switch")

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 import topoplan
-from topoplan.bound import lower_bound
+from topoplan.analysis.bound import lower_bound
 from topoplan.cli import main
 from topoplan.cluster import loads_cluster
 from topoplan.errors import ScheduleError
 from topoplan.interop.msccl import (Algo, Gpu, ThreadBlock, export_msccl, import_msccl,
                                     load_msccl, loads_msccl, to_xml, verify_msccl)
-from topoplan.verify import verify
+from topoplan.ir.verify import verify
 
 from .support.clusters import flat_cluster_yaml
 from tests.support.msccl_algos import algo, allpairs, numbered, replace_step, roundtrip, step

@@ -9,11 +9,11 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from tests.support.clusters import SHIPPED, load_topology, topology_text
 from topoplan.cluster import loads_cluster
 from topoplan.errors import InfeasiblePlanError
-from topoplan.bound import latency_bound, lower_bound, rsag_bound
+from topoplan.analysis.bound import latency_bound, lower_bound, rsag_bound
 from topoplan.planners import PLANNERS, plan
 from topoplan.planners.mcf import plan_mcf, solve_mcf
-from topoplan.simulate import simulate
-from topoplan.verify import verify
+from topoplan.analysis.sim import simulate
+from topoplan.ir.verify import verify
 
 M = 256 << 20
 
@@ -365,7 +365,7 @@ def test_dgx1_ring_sets_fewest_rings_at_the_optimum():
 
 
 def test_dgx1_plan_is_compact_and_near_the_bound_under_nccl():
-    from topoplan.cost import get_profile
+    from topoplan.analysis.cost import get_profile
     cluster = load_topology("dgx1_v100")
     nccl = get_profile("nccl")
     schedule = plan_mcf(cluster, size=M, profile=nccl)
@@ -390,7 +390,7 @@ def test_cube_mesh_without_latency_is_not_cut_into_hundreds_of_pieces():
 
 
 def test_dearer_ops_give_fewer_rings_and_pieces():
-    from topoplan.cost import CostProfile
+    from topoplan.analysis.cost import CostProfile
     cluster = load_topology("dgx_a100_x4")
     cheap = CostProfile("cheap", alpha_box=1e-6, alpha_network=2e-6, op_overhead=0.1e-6)
     dear = cheap.with_costs(name="dear", op_overhead=20e-6, step_overhead=50e-6)

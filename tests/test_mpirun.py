@@ -1,4 +1,4 @@
-"""topoplan._mpirun: which MPI launcher, and what each kind is given.
+"""topoplan.runtime.mpirun: which MPI launcher, and what each kind is given.
 
 The version texts below are what each launcher's ``--version`` and each library's
 ``MPI_Get_library_version`` print. The end-to-end tests put a small executable that
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from topoplan._mpirun import (ENV_LAUNCHER, ENV_RANK_MARK, ENV_TERMINAL, MPI_ENV, Flavour,
+from topoplan.runtime.mpirun import (ENV_LAUNCHER, ENV_RANK_MARK, ENV_TERMINAL, MPI_ENV, Flavour,
                               Launcher, choose_launcher, find_launcher, inside_mpi,
                               launch_command, launcher_args, mpi_library, parse_launcher_version,
                               parse_library_version, probe, rank_and_size)

@@ -1,4 +1,4 @@
-"""The model of NCCL's own collectives (topoplan.native): its pieces against hand
+"""The model of NCCL's own collectives (topoplan.analysis.native): its pieces against hand
 calculations from NCCL's tuning.cc, its choices, and what it does not see."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from topoplan.bound import collective_bound
+from topoplan.analysis.bound import collective_bound
 from topoplan.cluster import load_cluster, loads_cluster
-from topoplan.native import nccl_tables as T
-from topoplan.native.nccl import NcclModel, nccl_links, nccl_model, nccl_time
-from topoplan.native.nccl_search import box_view, nvlink_view, search_nvls, search_ring
+from topoplan.analysis.native import nccl_tables as T
+from topoplan.analysis.native.nccl import NcclModel, nccl_links, nccl_model, nccl_time
+from topoplan.analysis.native.nccl_search import box_view, nvlink_view, search_nvls, search_ring
 
 GiB = 1 << 30
 TOPOLOGIES = sorted(Path(__file__).resolve().parent.parent.glob("topologies/*.yaml"))
@@ -327,7 +327,7 @@ def test_the_model_cache_keeps_no_cluster_alive():
     import gc
     import weakref
 
-    from topoplan.native.nccl import _LINKS, _MODELS
+    from topoplan.analysis.native.nccl import _LINKS, _MODELS
     cluster = loads_cluster(rails(2, fabric="450 GB/s"))
     nccl_time(cluster, GiB)
     nccl_links(cluster)

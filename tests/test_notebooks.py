@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 KERNEL = "topoplan-tests"
 # What each notebook imports from topoplan beyond the core (they land separately).
-NEEDS = {"01_plan_a_cluster": ["topoplan.planners", "topoplan.simulate"],
-         "02_compare_planners": ["topoplan.planners", "topoplan.simulate"],
-         "03_training": ["topoplan.planners", "topoplan.simulate", "topoplan.executor",
-                         "topoplan.transports", "torch"]}
+NEEDS = {"01_plan_a_cluster": ["topoplan.planners", "topoplan.analysis.sim"],
+         "02_compare_planners": ["topoplan.planners", "topoplan.analysis.sim"],
+         "03_training": ["topoplan.planners", "topoplan.analysis.sim", "topoplan.runtime.executor",
+                         "topoplan.runtime.transports", "torch"]}
 CELL_TIMEOUT_S = 120  # generous for a loaded 2-core CI machine; each notebook runs in < 30 s
 
 

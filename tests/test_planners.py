@@ -19,8 +19,8 @@ from topoplan.errors import ScheduleError, TopoplanError
 from topoplan.planners import PLANNERS, PlannerError, plan, topo_order
 from topoplan.planners.hierarchical import hierarchy
 from topoplan.planners.tree import double_btree
-from topoplan.schedule import OpKind, Schedule
-from topoplan.verify import verify
+from topoplan.ir.schedule import OpKind, Schedule
+from topoplan.ir.verify import verify
 
 BASELINES = ("ring", "ring-topo", "tree", "rhd", "hierarchical")
 MiB = 1 << 20
@@ -366,7 +366,7 @@ def test_simulated_time_is_never_below_the_lower_bound(kind: str) -> None:
     """No planner beats the allreduce bound (valid for every schedule; uneven clusters
     in tests/test_bound.py). The RS+AG cut bound is for reduce-scatter + allgather only:
     see test_pre_reducing_planners_beat_the_rs_ag_bound_on_an_uneven_cut."""
-    from topoplan.simulate import simulate
+    from topoplan.analysis.sim import simulate
     for n in (2, 4, 8, 12):
         c = cluster(kind, n)
         for planner in BASELINES:
@@ -380,8 +380,8 @@ def test_simulated_time_is_never_below_the_lower_bound(kind: str) -> None:
 def test_pre_reducing_planners_beat_the_rs_ag_bound_on_an_uneven_cut() -> None:
     """2 GPUs | 1 GPU over a 10 GB/s link: the RS+AG bound charges 2 * (2/3) M across
     it; reduce + broadcast needs only M each way, which is the allreduce bound."""
-    from topoplan.bound import rsag_bound
-    from topoplan.simulate import simulate
+    from topoplan.analysis.bound import rsag_bound
+    from topoplan.analysis.sim import simulate
     c = cluster("two-switch", 3)
     size = 64 * MiB
     for planner in ("tree", "rhd"):
@@ -393,7 +393,7 @@ def test_pre_reducing_planners_beat_the_rs_ag_bound_on_an_uneven_cut() -> None:
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_ring_on_one_switch_matches_the_hand_computed_time(n: int) -> None:
     """2(n-1) steps of (path latency + (M/n) / B): Patarasuk and Yuan's bound plus latency."""
-    from topoplan.simulate import simulate
+    from topoplan.analysis.sim import simulate
     c = cluster("single-switch", n)
     size = 64 * MiB
     report = simulate(c, plan(c, "ring", size=size), size=size, profile="ideal")
@@ -408,7 +408,7 @@ def test_ring_on_one_switch_matches_the_hand_computed_time(n: int) -> None:
 def test_ddl_good_ring_order_beats_the_bad_one_by_two() -> None:
     """DDL's example: A->B->C->D sends M/4 per step over the 10 GB/s link once per
     direction; A->C->B->D twice, so its 6 steps take twice as long."""
-    from topoplan.simulate import simulate
+    from topoplan.analysis.sim import simulate
     c = load_topology("ddl_two_switch")
     size = 256 * MiB
     good = simulate(c, plan(c, "ring-topo", size=size), size=size, profile="ideal")

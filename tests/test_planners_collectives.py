@@ -13,12 +13,12 @@ from hypothesis import given, settings, strategies as st
 import topoplan
 from tests.support.clusters import SHIPPED, leaf_spine_cluster, load_topology, switch_cluster
 from tests.support.cluster_shapes import brute_force_ratio, cluster, small_clusters, uneven_clusters
-from topoplan.bound import collective_bound, rsag_bound, shard_bound
+from topoplan.analysis.bound import collective_bound, rsag_bound, shard_bound
 from topoplan.errors import PlannerError, ScheduleError
 from topoplan.planners import collectives_of, plan, planners_for, PLANNERS
-from topoplan.simulate import simulate
-from topoplan.units import bus_factor
-from topoplan.verify import verify
+from topoplan.analysis.sim import simulate
+from topoplan.ir.collectives import bus_factor
+from topoplan.ir.verify import verify
 
 SHARDED = ("reduce_scatter", "allgather")
 BASELINES = ("ring", "ring-topo", "rhd")
@@ -344,7 +344,7 @@ def test_best_rounds_are_what_the_cost_model_prices_best(profile):
     the messages themselves) at most as high as every fixed round size, and on this
     symmetric fabric its own sum is that estimate."""
     import numpy as np
-    from topoplan.cost import get_profile
+    from topoplan.analysis.cost import get_profile
     from topoplan.planners.mcf.messages import chunk_fractions, shard_messages
     from topoplan.planners.mcf.pricing import CostModel, estimate, piece_profile
     from topoplan.planners.mcf.rails import rail_layouts

@@ -12,11 +12,11 @@ import pytest
 from tests.support.clusters import switch_cluster
 
 from topoplan.cluster import Cluster, loads_cluster
-from topoplan.cost import CostProfile
+from topoplan.analysis.cost import CostProfile
 from topoplan.errors import InfeasiblePlanError
 from topoplan.planners import PlannerError, plan
-from topoplan.simulate import simulate
-from topoplan.verify import verify
+from topoplan.analysis.sim import simulate
+from topoplan.ir.verify import verify
 
 US = 1e-6
 #: A runtime with every cost switched on (the one of tests/test_cost.py).

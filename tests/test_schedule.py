@@ -5,7 +5,7 @@ import json
 import pytest
 
 from topoplan import ScheduleError, load_schedule, loads_schedule
-from topoplan.schedule import (OpKind, build_schedule, chunk_bounds, equal_chunks, recv, send)
+from topoplan.ir.schedule import (OpKind, build_schedule, chunk_bounds, equal_chunks, recv, send)
 
 
 def ring(n):

@@ -12,10 +12,10 @@ from tests.support.clusters import leaf_spine_cluster, switch_cluster
 from tests.support.schedules import hierarchical_schedule, ring_schedule
 from topoplan.cluster import loads_cluster
 from topoplan.errors import ScheduleError
-from topoplan.schedule import build_schedule, coalesce, recv, send
-from topoplan.sim.base import EPS_T
-from topoplan.simulate import SimReport, simulate
-from topoplan.verify import verify
+from topoplan.ir.schedule import build_schedule, coalesce, recv, send
+from topoplan.analysis.sim.base import EPS_T
+from topoplan.analysis.sim import SimReport, simulate
+from topoplan.ir.verify import verify
 
 M = 1 << 20
 
@@ -133,7 +133,7 @@ def test_tiny_buffers_have_empty_chunks_and_still_finish():
 
 
 def test_resolution_batches_events_and_is_reported(monkeypatch):
-    import topoplan.sim.base as base
+    import topoplan.analysis.sim.base as base
 
     cluster = leaf_spine_cluster(4, boxes_per_leaf=2, gpus=4)
     schedule = hierarchical_schedule(cluster.nranks, 4)
@@ -227,10 +227,10 @@ def test_simulated_time_never_beats_the_lower_bound(case, size):
 
 
 # ---- the fast engine against the reference engine -------------------------------------
-# topoplan.sim.reference.simulate_reference is the first engine (every event batch in global
+# topoplan.analysis.sim.reference.simulate_reference is the first engine (every event batch in global
 # time order, global progressive filling): the fast engine must give the same answers.
 
-from topoplan.sim.reference import simulate_reference as _simulate_reference  # noqa: E402
+from topoplan.analysis.sim.reference import simulate_reference as _simulate_reference  # noqa: E402
 
 
 def exchange_schedule(n: int, rounds: list[list[list[int]]], nchunks: int,
@@ -412,8 +412,8 @@ def test_mcf_pipelined_multi_level_plan_matches_the_reference(size):
     """The mcf planner's grid plan (levels in the box, the leaf and across spines, in
     pipeline pieces): many flows on shared NICs and spines at once, one big component."""
     import topoplan
-    from topoplan.cost import IDEAL
-    from topoplan.sim.engine import Engine as _Engine
+    from topoplan.analysis.cost import IDEAL
+    from topoplan.analysis.sim.engine import Engine as _Engine
 
     cluster = leaf_spine_cluster(8, boxes_per_leaf=2, spines=2, gpus=4)
     # Under the ideal profile (free messages) mcf pipelines even 1 MiB.
@@ -455,9 +455,9 @@ def progressive_filling(weight: list[int], links: list[list[int]], cap: list[flo
     st.lists(st.tuples(st.integers(1, 3), st.sets(st.integers(0, nlinks - 1), min_size=1)),
              min_size=1, max_size=8))))
 def test_parallel_water_filling_gives_the_textbook_max_min_rates(case):
-    """Both engines share :func:`topoplan.sim.base.maxmin`; here it meets the textbook
+    """Both engines share :func:`topoplan.analysis.sim.base.maxmin`; here it meets the textbook
     algorithm, one bottleneck at a time."""
-    from topoplan.sim.base import maxmin
+    from topoplan.analysis.sim.base import maxmin
 
     cap, flows = case
     weight = [w for w, _ in flows]

@@ -9,7 +9,7 @@ def test_cli_help_lists_commands():
 
 
 def test_public_api_names_are_the_functions_even_after_submodule_imports():
-    code = ("import topoplan.verify, topoplan.simulate, topoplan.planners, topoplan.bound\n"
+    code = ("import topoplan.ir.verify, topoplan.simulate, topoplan.planners, topoplan.analysis.bound\n"
             "import topoplan\n"
             "from topoplan import verify, simulate, plan, lower_bound, load_cluster\n"
             "assert all(callable(f) for f in (verify, simulate, plan, lower_bound, load_cluster))\n"
@@ -35,8 +35,11 @@ def test_import_topoplan_loads_no_heavy_dependency():
 
 def test_every_submodule_is_an_attribute_of_the_package():
     code = ("import topoplan\n"
-            "for name in ('bench', 'bound', 'cluster', 'cost', 'matching', 'planners',\n"
-            "             'schedule', 'sim', 'units'):\n"
+            "for name in ('analysis', 'cluster', 'estimate', 'interop', 'ir', 'planners',\n"
+            "             'runtime', 'testbed', 'torch', 'units', 'viz'):\n"
             "    assert getattr(topoplan, name).__name__ == 'topoplan.' + name\n"
+            "for old, new in topoplan.MOVED.items():\n"
+            "    assert getattr(topoplan, old.split('.')[1]).__name__ in (new, 'topoplan.ir.verify')"
+            " or old in ('topoplan.verify', 'topoplan.simulate')\n"
             "assert callable(topoplan.simulate) and callable(topoplan.verify)\n")
     subprocess.run([sys.executable, "-c", code], check=True)

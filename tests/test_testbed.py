@@ -248,7 +248,7 @@ def test_calibration_fit_recovers_alpha_and_reduce_bandwidth():
     assert [c[0] for c in cases] == ["cal:reduce", "cal:latency", "cal:ring-pipelined",
                                      "cal:tree-pipelined", "cal:direct"]
     alpha, reduce_bw = 0.7e-3, 3e9
-    from topoplan.simulate import simulate
+    from topoplan.analysis.sim import simulate
     measured = {"cal:reduce": cases[0][1] / reduce_bw}
     for label, size, _, schedule in cases[1:]:
         # A "testbed" exactly as the simulator with software costs; the latency-bound
@@ -302,8 +302,8 @@ def test_mpi_launcher_maps_each_host_to_its_namespace(tmp_path):
                  f"btl_tcp_eager_limit {64 << 20}", f"btl_tcp_max_send_size {64 << 20}"):
         assert flag in flags
     assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
-    # mpiexec -n N and the flags every Open MPI 5 run gets come from topoplan._mpirun, once.
-    from topoplan._mpirun import find_launcher, launcher_args
+    # mpiexec -n N and the flags every Open MPI 5 run gets come from topoplan.runtime.mpirun, once.
+    from topoplan.runtime.mpirun import find_launcher, launcher_args
     base, _ = launcher_args(find_launcher()[0], layout.nranks)
     start = command.index(base[0])
     assert command[start:start + len(base)] == base and flags.count("mpi_yield_when_idle") == 1
@@ -417,7 +417,7 @@ def test_testbed_shapes_runs_a_plan_and_leaves_nothing(state_dir):
 
         cases = [Case("native", 2 << 20, kind="native", warmup=0, iters=1)]
         try:
-            import topoplan.executor  # noqa: F401
+            import topoplan.runtime.executor  # noqa: F401
             from topoplan import plan, verify
         except ImportError:
             plan = None
@@ -450,7 +450,7 @@ def test_testbed_shapes_runs_a_plan_and_leaves_nothing(state_dir):
     assert _host_links() == host_before
     assert not bed.state.exists()
     if plan is None:
-        pytest.xfail("topoplan.executor / planners not available yet: only native gloo ran")
+        pytest.xfail("topoplan.runtime.executor / planners not available yet: only native gloo ran")
 
 
 @needs_netns

@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
-pytest.importorskip("topoplan.executor")
+pytest.importorskip("topoplan.runtime.executor")
 pytest.importorskip("topoplan.planners")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is needed", allow_module_level=True)
@@ -88,7 +88,7 @@ def _ddp_grads(hook: str | None, cluster) -> list[torch.Tensor]:
 def _optimizer_run(cluster, *, fusion_threshold: int, double_buffering: bool, fp16: bool,
                    algorithm: str = "ring") -> dict:
     from topoplan.torch import Compression, DistributedOptimizer, PlannedAllreduce
-    from topoplan.transports import Torch
+    from topoplan.runtime.transports import Torch
 
     model = make_model()
     allreduce = PlannedAllreduce(cluster, Torch(None), algorithm=algorithm)

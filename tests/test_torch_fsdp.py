@@ -19,7 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
-pytest.importorskip("topoplan.executor")
+pytest.importorskip("topoplan.runtime.executor")
 pytest.importorskip("topoplan.planners")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is needed", allow_module_level=True)

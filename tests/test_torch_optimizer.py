@@ -332,7 +332,7 @@ def test_hook_state_is_a_context_manager_that_closes_and_collects(tmp_path):
 def test_distributed_optimizer_is_a_context_manager():
     from topoplan.cluster import loads_cluster
     from topoplan.torch import PlannedAllreduce
-    from topoplan.transports import Local
+    from topoplan.runtime.transports import Local
 
     def rank_fn(t):
         model, batches = model_and_data()
@@ -412,7 +412,7 @@ def test_overlapped_gradients_are_bitwise_those_of_packing_after_backward(fp16, 
     packed after backward from the same local gradients, give bitwise the same averaged
     gradients and parameters; also with one intra-op thread (as scripts/train.py runs),
     where backward itself is not bitwise reproducible between runs."""
-    from topoplan.transports import Local
+    from topoplan.runtime.transports import Local
 
     def rank_fn(t):
         overlapped, layout, local = _overlap_run(t, True, fp16, dbuf)
@@ -457,7 +457,7 @@ def test_overlap_needs_start_and_one_backward_per_step():
     from topoplan import TopoplanError
     from topoplan.cluster import loads_cluster
     from topoplan.torch import PlannedAllreduce
-    from topoplan.transports import Local
+    from topoplan.runtime.transports import Local
 
     model = nn.Linear(4, 2)
     with pytest.raises(ValueError, match="start"):
@@ -486,7 +486,7 @@ def test_planned_allreduce_records_what_auto_picked():
     from topoplan.cluster import loads_cluster
     from topoplan.planners import PLANNERS
     from topoplan.torch import PlannedAllreduce
-    from topoplan.transports import Local
+    from topoplan.runtime.transports import Local
 
     def rank_fn(t):
         planned = PlannedAllreduce(loads_cluster(PAIR), t, algorithm="auto")
@@ -554,7 +554,7 @@ def test_buffers_are_laid_out_again_in_the_order_backward_made_the_gradients():
     """A model that registers its layers out of forward order: after the first step the
     buffers follow backward's order (as DDP rebuilds its buckets), on every rank alike,
     and training goes on to the same parameters on every rank."""
-    from topoplan.transports import Local
+    from topoplan.runtime.transports import Local
 
     results = Local.launch(2, lambda t: _relayout_run(t, False), timeout=60)
     for layouts, made, _ in results:
@@ -570,7 +570,7 @@ def test_ranks_that_saw_different_orders_keep_their_layout():
     """Rank 1 computes its two branches the other way round, so its backward makes the
     gradients in another order: the ranks find out with one allreduce and both keep the
     layout they share, and still train to the same parameters."""
-    from topoplan.transports import Local
+    from topoplan.runtime.transports import Local
 
     results = Local.launch(2, lambda t: _relayout_run(t, True), timeout=60)
     (layouts0, made0, params0), (layouts1, made1, params1) = results
@@ -591,7 +591,7 @@ def test_the_time_in_communication_is_measured_in_every_mode(overlap, dbuf):
 
     from topoplan.cluster import loads_cluster
     from topoplan.torch import PlannedAllreduce
-    from topoplan.transports import Local
+    from topoplan.runtime.transports import Local
 
     def rank_fn(t):
         model, batches = model_and_data()

@@ -39,8 +39,8 @@ def mpiexec() -> str | None:
 @pytest.mark.slow
 def test_two_and_four_ranks_match_one_rank_accuracy():
     pytest.importorskip("mpi4py")
-    pytest.importorskip("topoplan.executor")
-    pytest.importorskip("topoplan.transports")
+    pytest.importorskip("topoplan.runtime.executor")
+    pytest.importorskip("topoplan.runtime.transports")
     launcher = mpiexec()
     if launcher is None:
         pytest.skip("mpiexec not found")

@@ -1,4 +1,4 @@
-"""topoplan.transports.connect: one factory for every transport, with clear refusals.
+"""topoplan.runtime.transports.connect: one factory for every transport, with clear refusals.
 MPI through it runs in tests/mpi_cases.py (under mpiexec); NCCL needs a GPU
 (tests/test_transports_nccl.py runs the CLI, which builds its ranks' transports here)."""
 
@@ -10,10 +10,10 @@ import pytest
 
 from tests.support import launch_ranks
 from topoplan.errors import TopoplanError
-from topoplan.transports import Local, connect
-from topoplan.transports.factory import KINDS
-from topoplan.transports.launch import free_port, run_processes
-from topoplan.transports.local import LocalWorld
+from topoplan.runtime.transports import Local, connect
+from topoplan.runtime.transports.factory import KINDS
+from topoplan.runtime.transports.launch import free_port, run_processes
+from topoplan.runtime.transports.local import LocalWorld
 
 
 def test_kinds_are_the_four_transports():

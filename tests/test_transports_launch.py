@@ -1,4 +1,4 @@
-"""The launchers of topoplan.transports.launch: threads and spawned processes, results in
+"""The launchers of topoplan.runtime.transports.launch: threads and spawned processes, results in
 rank order, the lowest rank's error, and ranks that die without a word."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 from tests.support import launch_ranks
 from topoplan.errors import TransportError
-from topoplan.transports import Local
-from topoplan.transports.launch import free_port, run_processes, run_threads
+from topoplan.runtime.transports import Local
+from topoplan.runtime.transports.launch import free_port, run_processes, run_threads
 
 
 def test_threads_return_results_in_rank_order_and_say_who_left():

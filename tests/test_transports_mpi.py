@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("mpi4py")
 
-from topoplan._mpirun import (MPI_ENV, Flavour, find_launcher, find_mpiexec,  # noqa: E402
+from topoplan.runtime.mpirun import (MPI_ENV, Flavour, find_launcher, find_mpiexec,  # noqa: E402
                               mpiexec, mpiexec_command)
 
 ROOT = Path(__file__).resolve().parents[1]  # ranks run ``python -m tests.mpi_cases`` here
@@ -183,7 +183,7 @@ def test_bench_cli_refuses_a_rank_count_mismatch(tmp_path: Path) -> None:
 def test_bench_cli_refuses_a_plan_that_does_not_verify(tmp_path: Path) -> None:
     """Rank 0 overwrites chunk 0 instead of adding to it: a wrong sum, but chunk 0 is
     0.1% of the buffer, empty at 1 KiB, where the run's own check would find nothing."""
-    from topoplan.schedule import Schedule, load_schedule, recv, send, RankProgram
+    from topoplan.ir.schedule import Schedule, load_schedule, recv, send, RankProgram
     steps = {0: [(send(1, 1), recv(1, 0, reduce=False)), (send(1, 0), recv(1, 1))],
              1: [(send(0, 0), recv(0, 1, reduce=True)), (send(0, 1), recv(0, 0))]}
     broken = Schedule(2, (0.001, 0.999), tuple(RankProgram(r, tuple(steps[r])) for r in (0, 1)),
@@ -223,7 +223,7 @@ def test_reduce_scatter_and_allgather_on_8_mpi_ranks(tmp_path: Path) -> None:
     from tests.support.clusters import leaf_spine_cluster
     from topoplan.cluster import load_cluster
     from topoplan.planners import plan, planners_for
-    from topoplan.verify import verify
+    from topoplan.ir.verify import verify
     cluster = load_cluster(ROOT / "topologies" / "dgx1_v100.yaml")
     assert cluster.nranks == 8
     names = []

@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from tests.support import nccl_ranks  # noqa: E402
 from tests.support import schedules as S  # noqa: E402
-from topoplan.executor import Allreduce  # noqa: E402
-from topoplan.transports import NCCL, Local  # noqa: E402
+from topoplan.runtime.executor import Allreduce  # noqa: E402
+from topoplan.runtime.transports import NCCL, Local  # noqa: E402
 
 
 def test_nccl_schedules_over_every_gpu() -> None:

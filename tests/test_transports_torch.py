@@ -13,7 +13,7 @@ import torch.distributed as dist  # noqa: E402
 
 from tests.support import transport_cases  # noqa: E402
 from topoplan.errors import TopoplanError, TransportError  # noqa: E402
-from topoplan.transports import Torch  # noqa: E402
+from topoplan.runtime.transports import Torch  # noqa: E402
 
 TIMEOUT = 3.0
 
@@ -84,7 +84,7 @@ def test_bench_cli_over_gloo(tmp_path) -> None:
 def _rsag_rank(t: Torch) -> dict:
     """run_bench of a reduce-scatter and an allgather against gloo's own, then with
     reduce_scatter as an older gloo has it: unsupported, reported, not fatal."""
-    from topoplan.bench import run_bench
+    from topoplan.runtime.bench import run_bench
     from topoplan.cluster import flat_cluster
     from topoplan.planners import plan
     out: dict = {}

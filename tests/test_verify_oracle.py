@@ -18,8 +18,8 @@ from tests.support import schedules as S
 from tests.support.clusters import flat_cluster_yaml, leaf_spine_cluster
 from tests.support.verify_reference import verify_reference
 from topoplan.errors import ScheduleError
-from topoplan.schedule import Op, OpKind, RankProgram, Schedule, build_schedule, recv, send
-from topoplan.verify import _Chunks, verify
+from topoplan.ir.schedule import Op, OpKind, RankProgram, Schedule, build_schedule, recv, send
+from topoplan.ir.verify import _Chunks, verify
 
 
 def _outcome(check, schedule: Schedule) -> tuple[str, object]:
@@ -42,7 +42,7 @@ def _bases() -> dict[str, Schedule]:
     """Correct schedules of every shape the verifier handles."""
     from topoplan.cluster import loads_cluster
     from topoplan.planners import plan
-    from topoplan.schedule import coalesce
+    from topoplan.ir.schedule import coalesce
 
     out = {"ring rs": S.ring_reduce_scatter([2, 0, 3, 1]),
            "ring ag": S.ring_allgather([1, 3, 0, 2, 4]),
@@ -236,7 +236,7 @@ def test_single_mask_writes_behave_like_a_plain_list(case):
 def test_the_table_of_unions_may_start_afresh(monkeypatch):
     """Cleared every few pairs, the shared unions still add up (ids of freed masks may
     come back; no entry may outlive its masks)."""
-    from topoplan.verify import _Unions
+    from topoplan.ir.verify import _Unions
 
     monkeypatch.setattr(_Unions, "LIMIT", 3)
     for name, schedule in _bases().items():

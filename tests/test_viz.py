@@ -155,7 +155,7 @@ def need_planners():
 def ring_schedule(n: int):
     """A textbook ring allreduce (reduce-scatter then allgather), built by hand so these
     tests need the simulator but no planner."""
-    from topoplan.schedule import build_schedule, equal_chunks, recv, send
+    from topoplan.ir.schedule import build_schedule, equal_chunks, recv, send
 
     steps = []
     for r in range(n):
@@ -168,8 +168,8 @@ def ring_schedule(n: int):
 
 
 def simulated(cluster, size=64 << 20, record=True):
-    simulate = pytest.importorskip("topoplan.simulate").simulate
-    from topoplan.verify import verify
+    simulate = pytest.importorskip("topoplan.analysis.sim").simulate
+    from topoplan.ir.verify import verify
 
     schedule = ring_schedule(cluster.nranks)
     verify(schedule)
@@ -273,7 +273,7 @@ def test_cluster_with_report_colours_links_by_bytes_and_marks_the_cut():
     assert max(links.get_array()) == pytest.approx(top / scale, rel=1e-9)
     title = fig._suptitle.get_text()
     assert "ring" in title and "predicted" in title and "lower bound" in title
-    pytest.importorskip("topoplan.bound")
+    pytest.importorskip("topoplan.analysis.bound")
     assert collection(fig, "bottleneck") is not None
     assert any("bottleneck cut" in t.get_text() for t in fig.legends[0].get_texts())
     assert overlaps(fig) == []
@@ -341,7 +341,7 @@ def test_link_utilisation_needs_a_recorded_report():
 
 def test_size_sweep_lines_per_planner_and_lower_bound():
     planners = need_planners()
-    pytest.importorskip("topoplan.bound")
+    pytest.importorskip("topoplan.analysis.bound")
     cluster = loads_cluster(FOUR_BOXES)
     algorithms = [a for a in ("ring", "tree") if a in planners.PLANNERS]
     fig = size_sweep(cluster, algorithms=algorithms, sizes=[1 << 12, 1 << 20, 1 << 26])
@@ -435,7 +435,7 @@ def test_show_json_has_the_prediction_and_the_files(tmp_path):
 
 def test_show_writes_every_figure(tmp_path):
     need_planners()
-    pytest.importorskip("topoplan.simulate")
+    pytest.importorskip("topoplan.analysis.sim")
     out = tmp_path / "ddl.png"
     proc = run_cli("show", "topologies/ddl_two_switch.yaml", "--algorithm", "ring",
                    "--size", "64MiB", "--figures", "all", "--sizes", "4KiB,1MiB,64MiB",
@@ -449,7 +449,7 @@ def test_show_writes_every_figure(tmp_path):
 
 
 def test_show_draws_a_saved_plan(tmp_path):
-    pytest.importorskip("topoplan.simulate")
+    pytest.importorskip("topoplan.analysis.sim")
     ring_schedule(4).save(tmp_path / "plan.json")  # ddl_two_switch has 4 ranks
     proc = run_cli("show", "topologies/ddl_two_switch.yaml", str(tmp_path / "plan.json"),
                    "--figures", "cluster,timeline", "-o", str(tmp_path / "p.svg"))
@@ -459,7 +459,7 @@ def test_show_draws_a_saved_plan(tmp_path):
 
 
 def test_show_user_errors_are_one_line(tmp_path):
-    from topoplan.schedule import build_schedule, recv, send
+    from topoplan.ir.schedule import build_schedule, recv, send
 
     two = build_schedule(2, [1.0], [[[send(1, 0), recv(1, 0, reduce=True)]],
                                     [[send(0, 0), recv(0, 0, reduce=True)]]])
@@ -511,7 +511,7 @@ def test_every_shipped_topology_keeps_its_texts_inside_the_figure(path):
     from topoplan.cluster import load_cluster
 
     planners = need_planners()
-    simulate = pytest.importorskip("topoplan.simulate").simulate
+    simulate = pytest.importorskip("topoplan.analysis.sim").simulate
     cluster = load_cluster(path)
     report = None
     if cluster.nranks <= 256:  # planning the 1024-GPU cluster takes longer than the check

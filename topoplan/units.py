@@ -11,12 +11,11 @@ from __future__ import annotations
 import math
 import re
 
-from .collectives import get_collective
 
 __all__ = [
     "parse_bandwidth", "parse_latency", "parse_size", "parse_size_range", "bare_number_note",
     "as_bytes", "parse_count",
-    "format_size", "format_bandwidth", "format_time", "bus_factor",
+    "format_size", "format_bandwidth", "format_time",
 ]
 
 _BANDWIDTH_UNITS = {
@@ -225,14 +224,12 @@ def format_time(seconds: float) -> str:
     return f"{seconds / 1e-9:.3g} ns"
 
 
-def bus_factor(nranks: int, collective: str = "allreduce") -> float:
-    """busbw / algbw of ``collective`` over ``nranks`` ranks: ``2(n-1)/n`` for an
-    allreduce, ``(n-1)/n`` for a reduce-scatter or an allgather.
-
-    nccl-tests' convention (its PERFORMANCE.md): the bus bandwidth a ring would need,
-    comparable across rank counts with the links' own speed. 0 for one rank, which
-    moves nothing.
-    """
-    if nranks < 2:
-        return 0.0
-    return (nranks - 1) / nranks * (1 if get_collective(collective).sharded else 2)
+def __getattr__(name: str) -> object:
+    # bus_factor moved to topoplan.ir.collectives (it depends on the collective).
+    if name == "bus_factor":
+        import importlib
+        import warnings
+        warnings.warn("topoplan.units.bus_factor moved: use topoplan.ir.collectives.bus_factor",
+                      DeprecationWarning, stacklevel=2)
+        return importlib.import_module("topoplan.ir.collectives").bus_factor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,9 +34,9 @@ def fail_on(transport: tuple[int, int], bad: int, die: int) -> int:
 
 
 def torch_by_factory(init_method: str, rank: int, nranks: int):
-    """Join a gloo group through :func:`topoplan.transports.connect`."""
+    """Join a gloo group through :func:`topoplan.runtime.transports.connect`."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    from topoplan.transports import connect
+    from topoplan.runtime.transports import connect
     return connect("torch", init_method=init_method, rank=rank, size=nranks, timeout=60)
 
 

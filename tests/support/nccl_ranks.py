@@ -2,9 +2,9 @@
 
 :func:`launch` starts ``nranks`` spawned processes; rank 0 makes NCCL's unique id and
 hands it to the others through a queue, each builds its ``NcclCommunicator`` and runs
-one of the jobs below with an :class:`~topoplan.transports.NCCL` transport, and the
+one of the jobs below with an :class:`~topoplan.runtime.transports.NCCL` transport, and the
 parent collects what each job returns. With fewer GPUs than ranks the ranks share
-them (:func:`topoplan.transports.nccl.share_gpu`): NCCL then moves every message over
+them (:func:`topoplan.runtime.transports.nccl.share_gpu`): NCCL then moves every message over
 its socket transport on loopback, so a one-GPU machine still runs real multi-rank
 NCCL point-to-point traffic, the executor's stream ordering and the native
 collectives. Each job returns a list of ``(what, ok)`` checks.
@@ -67,14 +67,14 @@ def launch(nranks: int, job: str, *, timeout: float = 300.0) -> list[list[tuple[
 def _rank_main(rank: int, nranks: int, job: str, uid: Any, results: Any) -> None:
     try:
         import cupy
-        from topoplan.transports.nccl import share_gpu
+        from topoplan.runtime.transports.nccl import share_gpu
         gpus = cupy.cuda.runtime.getDeviceCount()
         if gpus < nranks:
             share_gpu(rank, loopback=True)
         os.environ.setdefault("NCCL_DEBUG", "WARN")
         from cupy.cuda import nccl
 
-        from topoplan.transports import NCCL
+        from topoplan.runtime.transports import NCCL
         cupy.cuda.Device(rank % gpus).use()
         if rank == 0:
             unique = nccl.get_unique_id()
@@ -96,7 +96,7 @@ def schedules_on_cupy(t: Any) -> list[tuple[str, bool]]:
     allgather, two calls in flight at once, and NCCL's own collectives, on CuPy arrays."""
     import cupy
 
-    from topoplan.executor import AllGather, Allreduce, ReduceScatter
+    from topoplan.runtime.executor import AllGather, Allreduce, ReduceScatter
     n, rank = t.size, t.rank
     out: list[tuple[str, bool]] = []
     plans = S.builders(n) | S.planner_schedules(n)
@@ -155,7 +155,7 @@ def torch_streams(t: Any) -> list[tuple[str, bool]]:
     """
     import torch
 
-    from topoplan.executor import Allreduce
+    from topoplan.runtime.executor import Allreduce
     n, rank = t.size, t.rank
     torch.cuda.set_device(t.device)
     count = 1 << 24

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from topoplan.schedule import Schedule, build_schedule, equal_chunks, recv, send
+from topoplan.ir.schedule import Schedule, build_schedule, equal_chunks, recv, send
 
 from .clusters import flat_cluster_yaml
 

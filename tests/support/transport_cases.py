@@ -16,7 +16,7 @@ import numpy as np
 
 from . import schedules as S
 from topoplan.errors import TopoplanError, TransportError
-from topoplan.executor import Allreduce
+from topoplan.runtime.executor import Allreduce
 
 
 def _same_on_all_ranks(t: Any, data: bytes) -> bool:
@@ -39,7 +39,7 @@ def schedules_for(n: int) -> dict[str, Any]:
     folder = os.environ.get("TOPOPLAN_TEST_PLANS")
     if folder is None:
         return {**S.builders(n), **S.planner_schedules(n)}
-    from topoplan.schedule import load_schedule
+    from topoplan.ir.schedule import load_schedule
     plans = {}
     for name in sorted(os.listdir(folder)):
         if name.endswith(".json"):

@@ -1,6 +1,6 @@
 """verify() as it was before the fast engine: the oracle of the tests and the benchmark.
 
-A copy of ``topoplan/verify.py`` at commit cf175d6: a Python queue runs each rank as far
+A copy of ``topoplan/ir/verify.py`` at commit cf175d6: a Python queue runs each rank as far
 as its peers let it, op by op, over :class:`_Chunks` runs. The tests check that the fast
 :func:`topoplan.verify.verify` accepts and rejects the same schedules with the same
 message; ``scripts/bench_verify.py`` times both.
@@ -12,10 +12,10 @@ from bisect import bisect_right
 from collections import deque
 from typing import Callable
 
-from topoplan.collectives import Collective, collective_of
+from topoplan.ir.collectives import Collective, collective_of
 from topoplan.errors import ScheduleError
-from topoplan.schedule import Op, OpKind, Schedule, chunk_text, recv_clash
-from topoplan.verify import VerifyReport
+from topoplan.ir.schedule import Op, OpKind, Schedule, chunk_text, recv_clash
+from topoplan.ir.verify import VerifyReport
 
 __all__ = ["verify_reference"]
 
@@ -120,7 +120,7 @@ def verify_reference(schedule: Schedule) -> VerifyReport:
     """Check that ``schedule`` computes its collective and cannot deadlock.
 
     The collective (``schedule.collective``: allreduce, reduce-scatter or allgather,
-    :mod:`topoplan.collectives`) gives each rank's chunks at the start and what they
+    :mod:`topoplan.ir.collectives`) gives each rank's chunks at the start and what they
     must hold at the end (docs/SCHEDULE.md).
 
     Parameters
@@ -153,7 +153,7 @@ def verify_reference(schedule: Schedule) -> VerifyReport:
     # numpy comes in here, on first use, not with ``import topoplan``.
     import numpy as np
 
-    from topoplan.matching import deadlock_error, messages, wait_text
+    from topoplan.ir.matching import deadlock_error, messages, wait_text
 
     n, nchunks = schedule.nranks, schedule.nchunks
     name = f"{schedule.algorithm} schedule"

@@ -3,8 +3,8 @@
 Started by a user, the command checks its arguments, builds the schedule, checks it
 with :func:`topoplan.verify` (a ``--plan`` file that fails is refused with the
 verifier's message), then launches itself under ``mpiexec -n N`` (with the settings of
-:mod:`topoplan._mpirun`); each rank replays the schedule over MPI or
-torch.distributed (gloo) with :func:`topoplan.bench.run_bench` and rank 0 prints one
+:mod:`topoplan.runtime.mpirun`); each rank replays the schedule over MPI or
+torch.distributed (gloo) with :func:`topoplan.runtime.bench.run_bench` and rank 0 prints one
 row per size::
 
     size(B) count type redop time(us) algbw(GB/s) busbw(GB/s) #wrong
@@ -27,11 +27,11 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from ..bench import (DTYPES, ITEMSIZE, check_sizes, format_rows, predict_rows, run_bench,
+from ..runtime.bench import (DTYPES, ITEMSIZE, check_sizes, format_rows, predict_rows, run_bench,
                      with_article)
-from ..collectives import COLLECTIVES, get_collective
+from ..ir.collectives import COLLECTIVES, get_collective
 from ..errors import TopoplanError, TransportError
-from ..schedule import Schedule
+from ..ir.schedule import Schedule
 from .common import (MPIEXEC_HELP, SHARE_GPUS_HELP, check_transport, choose_port, json_text,
                      rank_transport, sizes_arg)
 
@@ -92,7 +92,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _schedule(args: argparse.Namespace) -> Schedule:
-    from ..schedule import load_schedule
+    from ..ir.schedule import load_schedule
     if args.plan:
         schedule = load_schedule(args.plan)
         if args.collective is not None and args.collective != schedule.collective:
@@ -102,7 +102,7 @@ def _schedule(args: argparse.Namespace) -> Schedule:
                                 "-o PLAN.json")
         if args.cluster:
             from ..cluster import load_cluster
-            from ..fingerprint import check_fingerprint
+            from ..ir.fingerprint import check_fingerprint
             cluster = load_cluster(args.cluster)
             if schedule.nranks != cluster.nranks and not args.force:
                 raise TopoplanError(f"{args.plan} has {schedule.nranks} ranks but "
@@ -130,7 +130,7 @@ def _schedule(args: argparse.Namespace) -> Schedule:
     if args.profile:
         # Plan against the runtime that runs it; auto ranks its candidates by their time
         # on the machine the profile measured (this one), where the run happens.
-        from ..cost import get_profile
+        from ..analysis.cost import get_profile
         profile = get_profile(args.profile)
         options["profile"] = profile
         if algorithm == "auto" and profile.host_bandwidth is not None:
@@ -166,14 +166,14 @@ def _default_sizes(nranks: int, collective: str, dtype: str) -> list[int]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .._mpirun import inside_mpi
+    from ..runtime.mpirun import inside_mpi
     if args.sizes is not None and any(s <= 0 for s in args.sizes):
         raise TopoplanError("sizes must be > 0 bytes")
     if inside_mpi():
         return _run_rank(args)
     import tempfile
 
-    from .._mpirun import mpiexec
+    from ..runtime.mpirun import mpiexec
     if args.profile:
         _check_profile(args)
     schedule = _schedule(args)
@@ -202,7 +202,7 @@ def _verify(schedule: Schedule, path: str) -> None:
     """Refuse a plan file that does not compute its collective, with the verifier's
     message (a wrong plan can still come out right on the check pattern of a small size)."""
     from ..errors import ScheduleError
-    from ..verify import verify
+    from ..ir.verify import verify
     try:
         verify(schedule)
     except ScheduleError as exc:
@@ -212,7 +212,7 @@ def _verify(schedule: Schedule, path: str) -> None:
 def _check_profile(args: argparse.Namespace) -> None:
     """Fail before launching when ``--profile`` cannot predict runs on this machine; pass
     the ranks a file path they can open from anywhere."""
-    from ..cost import get_profile
+    from ..analysis.cost import get_profile
     from ..errors import ProfileError
     profile = get_profile(args.profile)
     if profile.host_bandwidth is None:
@@ -225,7 +225,7 @@ def _check_profile(args: argparse.Namespace) -> None:
 
 
 def _run_rank(args: argparse.Namespace) -> int:
-    from ..schedule import load_schedule
+    from ..ir.schedule import load_schedule
     if not args.plan:
         raise TopoplanError("inside mpiexec, bench runs a --plan file (started by topoplan bench)")
     schedule = load_schedule(args.plan)
@@ -235,7 +235,7 @@ def _run_rank(args: argparse.Namespace) -> int:
         raise TopoplanError(f"{args.plan} is {with_article(schedule.collective)} plan but "
                             f"--collective asks for {args.collective}")
     if args.sizes is None:
-        from .._mpirun import rank_and_size
+        from ..runtime.mpirun import rank_and_size
         job = rank_and_size()
         args.sizes = _default_sizes(job[1] if job else schedule.nranks, schedule.collective,
                                     args.dtype)
@@ -248,7 +248,7 @@ def _run_rank(args: argparse.Namespace) -> int:
     except TransportError as exc:
         print(f"topoplan: error: {exc}", file=sys.stderr, flush=True)
         if args.transport == "mpi":
-            from ..transports.mpi import leave_after_failure
+            from ..runtime.transports.mpi import leave_after_failure
             leave_after_failure(1, grace=args.timeout)
         return 1
     if transport.rank == 0 and args.profile:

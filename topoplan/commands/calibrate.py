@@ -2,7 +2,7 @@
 
 Started by a user, the command checks its arguments, then launches itself under
 ``mpiexec -n N`` (as ``topoplan bench`` does); the ranks run the micro-benchmarks of
-:mod:`topoplan.calibrate` over MPI, torch.distributed (gloo over loopback) or NCCL, and
+:mod:`topoplan.runtime.calibrate` over MPI, torch.distributed (gloo over loopback) or NCCL, and
 rank 0 hands the timings back in a file. The command then fits the profile, prints one
 row per micro-benchmark (measured, fitted, residual) and the profile, and writes the
 YAML file atomically: an error or Ctrl-C leaves no file, or the old one untouched.
@@ -82,14 +82,14 @@ def _check_args(args: argparse.Namespace) -> tuple[int, Path, str]:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from .._mpirun import inside_mpi
+    from ..runtime.mpirun import inside_mpi
     if inside_mpi():
         return _run_rank(args)
     nranks, output, name = _check_args(args)
     check_transport(args.transport, nranks, share_gpus=args.share_gpus)
     import tempfile
 
-    from .._mpirun import launch_command, mpiexec
+    from ..runtime.mpirun import launch_command, mpiexec
     launch_command(nranks, [], launcher=args.mpiexec)  # fail before the run: no launcher
     with tempfile.TemporaryDirectory(prefix="topoplan-calibrate-") as tmp:
         result = Path(tmp, "samples.json")
@@ -126,7 +126,7 @@ def _progress(text: str) -> None:
 
 def _warn_if_busy() -> None:
     """Say so when other work already keeps the CPUs busy: the timings will carry it."""
-    from ..calibrate import load_average
+    from ..runtime.calibrate import load_average
     load, cpus = load_average(), os.cpu_count() or 1
     if load > 0.5 * cpus:
         _progress(f"warning: 1-minute load average {load:.2f} on {cpus} CPUs before the run: "
@@ -135,7 +135,7 @@ def _warn_if_busy() -> None:
 
 
 def _fit(data: dict[str, Any], nranks: int, name: str, quick: bool) -> Any:
-    from ..calibrate import Sample, calibration_cases, fit_profile
+    from ..runtime.calibrate import Sample, calibration_cases, fit_profile
     cases = {c.label: c for c in calibration_cases(nranks)}
     samples = []
     for entry in data["samples"]:
@@ -229,7 +229,7 @@ def _print(profile: Any, output: Path) -> None:
 # Inside mpiexec
 # ---------------------------------------------------------------------------
 def _run_rank(args: argparse.Namespace) -> int:
-    from ..calibrate import (FULL, QUICK, calibration_cases, host_cores, load_average, measure,
+    from ..runtime.calibrate import (FULL, QUICK, calibration_cases, host_cores, load_average, measure,
                              small_limit, transport_info)
     if not args.result:
         raise TopoplanError("inside mpiexec, calibrate is started by topoplan calibrate itself")
@@ -242,7 +242,7 @@ def _run_rank(args: argparse.Namespace) -> int:
     except TransportError as exc:
         print(f"topoplan: error: {exc}", file=sys.stderr, flush=True)
         if args.transport == "mpi":
-            from ..transports.mpi import leave_after_failure
+            from ..runtime.transports.mpi import leave_after_failure
             leave_after_failure(1, grace=args.timeout)
         return 1
     load.append(load_average())

@@ -27,13 +27,13 @@ def is_terminal(stream: Any = None) -> bool:
 
     A terminal, unless ``NO_COLOR`` is set or ``TERM`` is ``dumb``. In an MPI rank, only
     when the launching topoplan's own output is a terminal (``TOPOPLAN_TERMINAL=1``, set
-    by :mod:`topoplan._mpirun`): Open MPI gives each rank a pseudo-terminal even when
+    by :mod:`topoplan.runtime.mpirun`): Open MPI gives each rank a pseudo-terminal even when
     mpiexec writes into a pipe or a log file, so the rank's ``isatty()`` says nothing.
     """
     import os
     if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
         return False
-    from .._mpirun import ENV_TERMINAL, inside_mpi
+    from ..runtime.mpirun import ENV_TERMINAL, inside_mpi
     if inside_mpi():
         return os.environ.get(ENV_TERMINAL) == "1"
     try:
@@ -253,7 +253,7 @@ def positive_int(text: str) -> int:
 
 def add_profile_argument(parser: argparse.ArgumentParser, what: str) -> None:
     """``--profile NAME|FILE``: the runtime's cost profile (default: DEFAULT_PROFILE)."""
-    from ..cost import DEFAULT_PROFILE, profile_names
+    from ..analysis.cost import DEFAULT_PROFILE, profile_names
     parser.add_argument("--profile", default=DEFAULT_PROFILE, metavar="NAME|FILE",
                         help=f"cost profile of the runtime {what}: "
                              f"{', '.join(profile_names())} or a profile YAML file "
@@ -349,7 +349,7 @@ ENV_PORT = "TOPOPLAN_BENCH_PORT"
 def choose_port() -> None:
     """Pick the loopback port the ranks' torch.distributed group will meet at, for the
     ranks the launching command is about to start (they read :data:`ENV_PORT`)."""
-    from ..transports.launch import free_port
+    from ..runtime.transports.launch import free_port
     os.environ[ENV_PORT] = str(free_port())
 
 
@@ -392,11 +392,11 @@ def check_transport(transport: str, nranks: int, *, share_gpus: bool = False) ->
 
 
 def rank_transport(transport: str, *, timeout: float, share_gpus: bool = False) -> Any:
-    """This rank's transport (:func:`topoplan.transports.connect`), in a job that bench or
+    """This rank's transport (:func:`topoplan.runtime.transports.connect`), in a job that bench or
     calibrate launched under mpiexec: MPI and NCCL over ``COMM_WORLD``; torch.distributed
     over gloo, the ranks meeting on loopback at the port the launching command chose
     (:func:`choose_port`), with ``timeout`` seconds for the process group."""
-    from ..transports import connect
+    from ..runtime.transports import connect
     if transport == "mpi":
         return connect("mpi")
     if transport == "nccl":
@@ -406,7 +406,7 @@ def rank_transport(transport: str, *, timeout: float, share_gpus: bool = False) 
     except ImportError:
         raise TopoplanError("--transport torch needs PyTorch: pip install "
                             "'topoplan[torch]'") from None
-    from .._mpirun import rank_and_size
+    from ..runtime.mpirun import rank_and_size
     rank, size = rank_and_size() or (0, 1)
     port = os.environ.get(ENV_PORT, "29517")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")

@@ -26,7 +26,7 @@ _count = checked_arg(parse_count, lambda v: v >= 1, "must be >= 1")
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from ..estimate import GPUS
-    from ..models import MODELS
+    from ..estimate.models import MODELS
     p = subparsers.add_parser(
         "estimate", help="estimate training iteration time, throughput and scaling efficiency",
         description="Estimate one data-parallel training iteration on CLUSTER: compute per "
@@ -72,7 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def cmd_estimate(args: argparse.Namespace) -> int:
     from ..cluster import load_cluster
     from ..estimate import estimate
-    from ..models import get_model, uniform_model
+    from ..estimate.models import get_model, uniform_model
 
     cluster = load_cluster(args.cluster)
     model = get_model(args.model) if args.model else uniform_model(args.params)

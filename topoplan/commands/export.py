@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import ScheduleError
 from .._files import atomic_write
-from ..schedule import load_schedule
+from ..ir.schedule import load_schedule
 from .common import console, json_text, positive_int, size_arg, status
 
 
@@ -116,7 +116,7 @@ def _nccl_tuner(args: argparse.Namespace) -> int:
     """``--format nccl-tuner``: the tuner plugin's rules for the cluster file given."""
     from ..cluster import load_cluster
     from ..interop.nccl_tuner import tuner_config, tuner_rules
-    from ..native.nccl import nccl_model
+    from ..analysis.native.nccl import nccl_model
 
     path = Path(args.plan)
     if path.suffix == ".json":

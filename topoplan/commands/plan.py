@@ -7,9 +7,9 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from ..cluster import load_cluster
-from ..collectives import COLLECTIVES
+from ..ir.collectives import COLLECTIVES
 from ..errors import InfeasiblePlanError, TopoplanError
-from ..fingerprint import cluster_fingerprint
+from ..ir.fingerprint import cluster_fingerprint
 from ..units import format_bandwidth, format_size, format_time
 from .common import (Column, add_profile_argument, console, fit_table, json_text,
                      left_out_note, positive_int, size_arg, status)
@@ -60,9 +60,9 @@ def candidate_names(requested: str | None) -> list[str] | None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from ..bound import best_partition, bottleneck, collective_bound, rsag_bound
+    from ..analysis.bound import best_partition, bottleneck, collective_bound, rsag_bound
     from ..planners import PlanRequest, compare, nccl_candidate, require_collective
-    from ..verify import verify
+    from ..ir.verify import verify
 
     cluster = load_cluster(args.cluster)
     request = PlanRequest.make(cluster, size=args.size, collective=args.collective,
@@ -214,7 +214,7 @@ def fixed_share(c: Candidate) -> str:
 
 def _partition_json(cluster: Any) -> dict[str, Any] | None:
     """The partition that sets the lower bound, for --json (None for one GPU)."""
-    from ..bound import best_partition
+    from ..analysis.bound import best_partition
     if cluster.nranks < 2:
         return None
     part = best_partition(cluster)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cluster import load_cluster
-from ..cost import get_profile
+from ..analysis.cost import get_profile
 from ..errors import ScheduleError, TopoplanError
 from ..units import format_size, format_time
 from .common import add_profile_argument, console, size_arg, sizes_arg, status
@@ -107,14 +107,14 @@ def cmd_show(args: argparse.Namespace) -> int:
                  f"planning ({args.algorithm or 'auto'}) and simulating")
         with status(f"{doing} at {format_size(args.size)} ..."):
             if args.plan:
-                from ..schedule import load_schedule
+                from ..ir.schedule import load_schedule
 
                 schedule = load_schedule(args.plan)
                 if schedule.nranks != cluster.nranks:
                     raise ScheduleError(f"{args.plan}: the schedule has {schedule.nranks} "
                                         f"ranks but {args.cluster} has {cluster.nranks}; plan "
                                         "it for this cluster")
-                from ..fingerprint import check_fingerprint
+                from ..ir.fingerprint import check_fingerprint
                 check_fingerprint(schedule, cluster, plan=args.plan, cluster_file=args.cluster,
                                   force=args.force)
             else:
@@ -128,11 +128,11 @@ def cmd_show(args: argparse.Namespace) -> int:
                 if args.algorithm:
                     kwargs["algorithm"] = args.algorithm
                 schedule = plan(cluster, **kwargs)
-            from ..simulate import simulate
+            from ..analysis.sim import simulate
 
             report = simulate(cluster, schedule, args.size, profile=costs, record=True,
                               force=args.force)
-            from ..bound import rsag_bound
+            from ..analysis.bound import rsag_bound
         summary = {"algorithm": report.algorithm, "size_bytes": args.size,
                    "profile": costs.name, "time_s": report.time_s,
                    "lower_bound_s": report.lower_bound_s,

@@ -8,14 +8,14 @@ import sys
 
 from typing import Any
 
-from ..bound import best_partition, bottleneck, lower_bound, rsag_bound
+from ..analysis.bound import best_partition, bottleneck, lower_bound, rsag_bound
 from ..cluster import load_cluster
-from ..cost import get_profile
+from ..analysis.cost import get_profile
 from ..errors import ScheduleError
-from ..fingerprint import check_fingerprint
-from ..schedule import load_schedule
-from ..sim.base import EPS_T
-from ..simulate import SimReport, simulate
+from ..ir.fingerprint import check_fingerprint
+from ..ir.schedule import load_schedule
+from ..analysis.sim.base import EPS_T
+from ..analysis.sim import SimReport, simulate
 from ..units import format_bandwidth, format_size, parse_bandwidth, parse_latency
 from .common import (Column, add_profile_argument, checked_arg, console, fit_table,
                      left_out_note, sizes_arg)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cluster import load_cluster
-from ..collectives import COLLECTIVES
+from ..ir.collectives import COLLECTIVES
 from ..errors import TopoplanError
 from ..units import format_size, parse_size
 from .common import console, json_text, table

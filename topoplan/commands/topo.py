@@ -16,7 +16,7 @@ from typing import Any
 
 from ..cluster import Cluster, load_cluster
 from ..errors import TopoplanError, TopoplanWarning
-from ..schedule import atomic_write
+from ..ir.schedule import atomic_write
 from ..units import format_bandwidth, format_time, parse_bandwidth
 from .common import Column, console, fit_table, left_out_note, positive_int, table
 
@@ -189,7 +189,7 @@ def cluster_facts(cluster: Cluster) -> dict[str, Any]:
         "bound_partition": None, "bottleneck": None}
     if cluster.nranks > 1:
         try:
-            from ..bound import best_partition, bottleneck
+            from ..analysis.bound import best_partition, bottleneck
         except ImportError:  # a partial installation: the bounds are left out
             pass
         else:

@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 from ..errors import ScheduleError, TopoplanError
-from ..schedule import load_schedule
-from ..verify import verify
+from ..ir.schedule import load_schedule
+from ..ir.verify import verify
 from .common import console
 
 

@@ -16,11 +16,11 @@ comments (the plugin's README).
 
 :func:`tuner_config` writes, per collective, contiguous size ranges from 0 to
 4294967295 with the algorithm, protocol and channels that the model prices fastest on
-the cluster's real fabric (:meth:`~topoplan.native.nccl.NcclModel.best`), for this
+the cluster's real fabric (:meth:`~topoplan.analysis.native.nccl.NcclModel.best`), for this
 cluster's node and rank counts. ``channels`` is the model's count where it is one count
 over the whole range, else ``-1``: NCCL's own rule, which adds channels as the size
 grows and which the model follows. Where that differs from what NCCL's own fabric-blind
-tuner would pick (:meth:`~topoplan.native.nccl.NcclModel.choose`), a comment above the
+tuner would pick (:meth:`~topoplan.analysis.native.nccl.NcclModel.choose`), a comment above the
 rule says so, with both predicted times.
 """
 
@@ -30,8 +30,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from ..native import nccl_tables as T
-from ..native.nccl import NcclChoice, nccl_model
+from ..analysis.native import nccl_tables as T
+from ..analysis.native.nccl import NcclChoice, nccl_model
 
 if TYPE_CHECKING:
     from ..cluster import Cluster

@@ -8,9 +8,9 @@ options it takes); :data:`PLANNERS` maps the names to the functions; :func:`regi
 adds one. :func:`plan`, ``auto`` and ``topoplan plan`` go through one pipeline
 (:mod:`~topoplan.planners.pipeline`): a validated
 :class:`~topoplan.planners.pipeline.PlanRequest`, :func:`run` and :func:`compare`.
-:func:`plan` adds ``meta["cluster_fingerprint"]`` (:mod:`topoplan.fingerprint`),
+:func:`plan` adds ``meta["cluster_fingerprint"]`` (:mod:`topoplan.ir.fingerprint`),
 ``meta["size_bytes"]`` and ``meta["nccl"]`` (:func:`stamp`). ``profile`` is the
-runtime's :class:`~topoplan.cost.CostProfile` (or a name): planners pick their
+runtime's :class:`~topoplan.analysis.cost.CostProfile` (or a name): planners pick their
 pipelining depth, and ``mcf`` its construction, against it.
 """
 
@@ -19,10 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..cluster import Cluster
-from ..collectives import DEFAULT as DEFAULT_COLLECTIVE
-from ..cost import CostProfile
-from ..fingerprint import META_KEY, cluster_fingerprint
-from ..schedule import Schedule
+from ..ir.collectives import DEFAULT as DEFAULT_COLLECTIVE
+from ..analysis.cost import CostProfile
+from ..ir.fingerprint import META_KEY, cluster_fingerprint
+from ..ir.schedule import Schedule
 from ..errors import PlannerError
 from ._checks import unknown_options
 from ._order import topo_order
@@ -60,10 +60,10 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int | str = 256 << 
         Message size in bytes, or a size such as ``"256MiB"``
         (:func:`~topoplan.units.parse_size`, as ``topoplan plan --size``).
     profile : CostProfile or str, optional
-        The runtime's costs (:mod:`topoplan.cost`), a shipped profile's name or a YAML
-        path. Default :data:`topoplan.cost.DEFAULT_PROFILE` (``nccl``).
+        The runtime's costs (:mod:`topoplan.analysis.cost`), a shipped profile's name or a YAML
+        path. Default :data:`topoplan.analysis.cost.DEFAULT_PROFILE` (``nccl``).
     collective : {"allreduce", "reduce_scatter", "allgather"}
-        What to plan (:mod:`topoplan.collectives`); ``size`` is the full buffer (an
+        What to plan (:mod:`topoplan.ir.collectives`); ``size`` is the full buffer (an
         allgather's output, a reduce-scatter's input).
     max_step_ops, max_chunks : int, optional
         Plan-size caps (planners pipeline less to fit, or raise
@@ -76,10 +76,10 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int | str = 256 << 
     -------
     Schedule
         With ``meta["cluster_fingerprint"]``, the cluster's
-        :func:`~topoplan.fingerprint.cluster_fingerprint`, ``meta["size_bytes"]``, the size
+        :func:`~topoplan.ir.fingerprint.cluster_fingerprint`, ``meta["size_bytes"]``, the size
         it was planned for, and ``meta["nccl"]``: what NCCL itself runs for the same
         collective and size on the cluster and its time there
-        (:meth:`topoplan.native.nccl.NcclChoice.to_dict`; ``algorithm`` is ``"nccl"``,
+        (:meth:`topoplan.analysis.native.nccl.NcclChoice.to_dict`; ``algorithm`` is ``"nccl"``,
         NCCL's own is ``nccl_algorithm``, with ``protocol`` and ``channels``).
 
     Raises

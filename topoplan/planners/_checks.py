@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from ..collectives import COLLECTIVES
+from ..ir.collectives import COLLECTIVES
 from ..errors import InfeasiblePlanError, PlannerError
-from ..schedule import Schedule
+from ..ir.schedule import Schedule
 from ..units import as_bytes
 
 __all__ = ["PlannerError", "check_size", "check_chunks", "check_collective", "check_cap_args",

@@ -21,8 +21,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..cluster import Cluster
-from ..collectives import DEFAULT as DEFAULT_COLLECTIVE
-from ..schedule import Op, OpKind, RankProgram, Schedule
+from ..ir.collectives import DEFAULT as DEFAULT_COLLECTIVE
+from ..ir.schedule import Op, OpKind, RankProgram, Schedule
 
 __all__ = ["Timeline", "schedule_from_arrays", "runs", "empty_schedule", "no_gc", "split",
            "ring_reduce_scatter", "ring_allgather"]

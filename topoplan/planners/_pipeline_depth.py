@@ -13,9 +13,9 @@ import math
 from typing import Callable, Sequence
 
 from ..cluster import Cluster
-from ..cost import CostProfile, get_profile
+from ..analysis.cost import CostProfile, get_profile
 from ..errors import InfeasiblePlanError
-from ..schedule import Schedule
+from ..ir.schedule import Schedule
 from ._checks import check_cap_args, check_caps
 
 __all__ = ["OP_BUDGET", "link_params", "message_latency", "pipeline_depth", "fit_depth"]

@@ -2,7 +2,7 @@
 
 The candidates are the registered planners (``mcf``, ``hierarchical``, ``ring``,
 ``ring-topo``, ``tree``, ``rhd``). Each plans against the runtime's cost profile
-(:mod:`topoplan.cost`, default :data:`~topoplan.cost.DEFAULT_PROFILE`) within the
+(:mod:`topoplan.analysis.cost`, default :data:`~topoplan.analysis.cost.DEFAULT_PROFILE`) within the
 plan-size caps (``max_step_ops``, ``max_chunks``), is timed (planning seconds) and
 simulated with :func:`topoplan.simulate` under the same profile at the requested size,
 so small messages go to the plans whose steps cost least in all (latency-optimal:
@@ -26,9 +26,9 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..cluster import Cluster
-from ..cost import CostProfile
+from ..analysis.cost import CostProfile
 from ..errors import InfeasiblePlanError
-from ..schedule import Schedule
+from ..ir.schedule import Schedule
 from .pipeline import (MAX_PLAN_RANKS, MAX_SIM_OPS, Candidate, PlanRequest, compare as
                        compare_request, nccl_candidate)
 
@@ -59,7 +59,7 @@ def compare(cluster: Cluster, size: int | str, candidates: Sequence[str] | None 
         Planner names (default :data:`DEFAULT_CANDIDATES`, those that plan
         ``collective``; above ``max_plan_ranks`` ranks only ``mcf`` and ``hierarchical``).
     profile : CostProfile or str, optional
-        The runtime's costs (default :data:`topoplan.cost.DEFAULT_PROFILE`).
+        The runtime's costs (default :data:`topoplan.analysis.cost.DEFAULT_PROFILE`).
     max_step_ops, max_chunks : int, optional
         Plan-size caps.
     max_sim_ops : int
@@ -71,7 +71,7 @@ def compare(cluster: Cluster, size: int | str, candidates: Sequence[str] | None 
         Filled with ``name -> reason`` for the candidates left out.
     machine : Cluster, optional
         Where the plan will run, when not on ``cluster`` (a calibrated profile's host,
-        :meth:`~topoplan.cost.CostProfile.host_cluster`): the candidates are planned for
+        :meth:`~topoplan.analysis.cost.CostProfile.host_cluster`): the candidates are planned for
         ``cluster`` and simulated on ``machine``, which must have as many ranks.
     collective : {"allreduce", "reduce_scatter", "allgather"}
         What to plan.
@@ -167,7 +167,7 @@ def plan_auto(cluster: Cluster, *, size: int | str = 256 << 20,
         Planner names to compare (default: mcf, hierarchical, ring, ring-topo, tree, rhd).
     profile : CostProfile or str, optional
         The runtime's costs the candidates plan against and are simulated under
-        (default :data:`topoplan.cost.DEFAULT_PROFILE`).
+        (default :data:`topoplan.analysis.cost.DEFAULT_PROFILE`).
     max_step_ops, max_chunks : int, optional
         Plan-size caps every candidate must meet (see :func:`compare`).
     machine : Cluster, optional
@@ -189,7 +189,7 @@ def plan_auto(cluster: Cluster, *, size: int | str = 256 << 20,
         planning seconds, ``messages`` (that move bytes; all sends when not simulated),
         ``steps``, ``chunks``, the simulated ``breakdown`` of its time into bandwidth,
         latency, overhead and reduce (or ``None``) and ``speedup_vs_nccl`` (NCCL's time
-        over its own, :mod:`topoplan.native.nccl`), fastest first; and
+        over its own, :mod:`topoplan.analysis.native.nccl`), fastest first; and
         ``meta["left_out"]`` (``name -> reason``) when candidates could not meet the caps.
 
     Raises

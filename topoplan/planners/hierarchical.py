@@ -7,9 +7,9 @@ import math
 from typing import Any, Union
 
 from ..cluster import Cluster
-from ..native.nccl import runtime_cluster
-from ..cost import CostProfile, get_profile
-from ..schedule import Schedule, equal_chunks
+from ..analysis.native.nccl import runtime_cluster
+from ..analysis.cost import CostProfile, get_profile
+from ..ir.schedule import Schedule, equal_chunks
 from ._checks import check_cap_args, check_chunks, check_size
 from ._lockstep import Timeline, empty_schedule, no_gc, ring_allgather, ring_reduce_scatter, split
 from ._order import TopoNode, topo_order, topo_tree
@@ -202,7 +202,7 @@ def plan_hierarchical(cluster: Cluster, *, size: int, chunks: int | None = None,
         ``max_chunks`` and ``max_step_ops``. Under ``ideal`` the step latency is the
         path latency (the depth of profile-free topoplan).
     profile : CostProfile or str, optional
-        The runtime's costs (default :data:`topoplan.cost.DEFAULT_PROFILE`); sets the
+        The runtime's costs (default :data:`topoplan.analysis.cost.DEFAULT_PROFILE`); sets the
         default number of parts; recorded in ``meta["profile"]``.
     max_step_ops : int, optional
         Most ops a rank may post in one step (each part in flight adds a ring step's 2).

@@ -20,18 +20,18 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from .._progress import step
-from ..collectives import COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE
-from ..cost import CostProfile, get_profile
+from ..ir.collectives import COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE
+from ..analysis.cost import CostProfile, get_profile
 from ..errors import InfeasiblePlanError, PlannerError
-from ..schedule import Schedule
-from ..units import bus_factor
+from ..ir.schedule import Schedule
+from ..ir.collectives import bus_factor
 from ._checks import check_cap_args, check_caps, check_size, unknown_options
 from .registry import SPECS, PlannerSpec, planners_for
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
-    from ..native.nccl import NcclChoice
-    from ..sim import SimReport
+    from ..analysis.native.nccl import NcclChoice
+    from ..analysis.sim import SimReport
 
 __all__ = ["PlanRequest", "Candidate", "run", "compare", "nccl_candidate",
            "MAX_SIM_OPS", "MAX_PLAN_RANKS"]
@@ -314,7 +314,7 @@ def compare(request: PlanRequest, names: Sequence[str] | None = None, *,
         An unknown planner, one that does not plan the collective, or an option that no
         candidate takes.
     """
-    from ..simulate import simulate
+    from ..analysis.sim import simulate
 
     names = list(names) if names is not None else default_names(request, max_plan_ranks)
     specs = []
@@ -360,9 +360,9 @@ def compare(request: PlanRequest, names: Sequence[str] | None = None, *,
 
 
 def nccl_candidate(request: PlanRequest) -> Candidate | None:
-    """NCCL's own collective for ``request`` as a row (:mod:`topoplan.native.nccl`), or
+    """NCCL's own collective for ``request`` as a row (:mod:`topoplan.analysis.native.nccl`), or
     ``None`` where there is no such yardstick (a calibrated profile's host)."""
-    from ..sim.run import nccl_row
+    from ..analysis.sim.run import nccl_row
     choice = nccl_row(request.where, request.size, request.collective)
     if choice is None:
         return None

@@ -14,9 +14,9 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..collectives import COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE
+from ..ir.collectives import COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE
 from ..errors import PlannerError
-from ..schedule import Schedule
+from ..ir.schedule import Schedule
 from .hierarchical import plan_hierarchical
 from .rhd import plan_rhd
 from .ring import plan_ring, plan_ring_topo

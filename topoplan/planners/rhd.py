@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..cluster import Cluster
-from ..native.nccl import runtime_cluster
-from ..cost import CostProfile, get_profile
-from ..schedule import Schedule, equal_chunks
+from ..analysis.native.nccl import runtime_cluster
+from ..analysis.cost import CostProfile, get_profile
+from ..ir.schedule import Schedule, equal_chunks
 from ._checks import check_cap_args, check_chunks, check_collective, check_size
 from ._lockstep import Timeline, empty_schedule, no_gc
 from ._order import resolve_order
@@ -55,7 +55,7 @@ def plan_rhd(cluster: Cluster, *, size: int, chunks: int | None = None,
     order : {"topo", "rank"} or sequence of int
         Virtual-rank order; ``"topo"`` makes distance-1 partners NVLink/box neighbours.
     profile : CostProfile or str, optional
-        The runtime's costs (default :data:`topoplan.cost.DEFAULT_PROFILE`); recorded in
+        The runtime's costs (default :data:`topoplan.analysis.cost.DEFAULT_PROFILE`); recorded in
         ``meta["profile"]``.
     max_step_ops : int, optional
         Most ops a rank may post in one step: 2 per slice in flight.
@@ -63,7 +63,7 @@ def plan_rhd(cluster: Cluster, *, size: int, chunks: int | None = None,
         Most chunks the plan may hold: ``p`` per slice (``n`` for a reduce-scatter or an
         allgather).
     collective : {"allreduce", "reduce_scatter", "allgather"}
-        What to plan (:mod:`topoplan.collectives`).
+        What to plan (:mod:`topoplan.ir.collectives`).
 
     Returns
     -------

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..cluster import Cluster
-from ..native.nccl import runtime_cluster
-from ..cost import CostProfile, get_profile
-from ..schedule import Schedule, equal_chunks
+from ..analysis.native.nccl import runtime_cluster
+from ..analysis.cost import CostProfile, get_profile
+from ..ir.schedule import Schedule, equal_chunks
 from ._checks import check_cap_args, check_chunks, check_collective, check_size
 from ._lockstep import Timeline, empty_schedule, no_gc, ring_allgather, ring_reduce_scatter
 from ._order import resolve_order
@@ -46,14 +46,14 @@ def plan_ring(cluster: Cluster, *, size: int, order: str | Sequence[int] = "rank
     algorithm : str
         The name written to ``meta["algorithm"]``.
     profile : CostProfile or str, optional
-        The runtime's costs (default :data:`topoplan.cost.DEFAULT_PROFILE`); recorded in
+        The runtime's costs (default :data:`topoplan.analysis.cost.DEFAULT_PROFILE`); recorded in
         ``meta["profile"]`` (the ring's shape does not depend on it, see ``chunks``).
     max_step_ops : int, optional
         Most ops a rank may post in one step: a ring posts 2 per slice in flight.
     max_chunks : int, optional
         Most chunks the plan may hold: ``n`` per slice.
     collective : {"allreduce", "reduce_scatter", "allgather"}
-        What to plan (:mod:`topoplan.collectives`). A reduce-scatter is the allreduce's
+        What to plan (:mod:`topoplan.ir.collectives`). A reduce-scatter is the allreduce's
         first phase, an allgather its second; both with chunk ``r * chunks + p``
         (slice ``p`` of shard ``r``) ending (reduce-scatter) or starting (allgather) on
         rank ``r``, whatever the ring's order.

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..cluster import Cluster
-from ..native.nccl import runtime_cluster
-from ..cost import CostProfile, get_profile
-from ..schedule import Schedule, equal_chunks
+from ..analysis.native.nccl import runtime_cluster
+from ..analysis.cost import CostProfile, get_profile
+from ..ir.schedule import Schedule, equal_chunks
 from ._checks import check_cap_args, check_chunks, check_size
 from ._lockstep import Timeline, empty_schedule, no_gc
 from ._order import TopoNode, resolve_order, topo_tree
@@ -177,7 +177,7 @@ def plan_tree(cluster: Cluster, *, size: int, chunks: int | None = None,
         on one box, the two trees over its GPUs in ring order. ``"rank"`` or a
         permutation: the two trees directly over the ranks in that order.
     profile : CostProfile or str, optional
-        The runtime's costs (default :data:`topoplan.cost.DEFAULT_PROFILE`); sets the
+        The runtime's costs (default :data:`topoplan.analysis.cost.DEFAULT_PROFILE`); sets the
         default depth; recorded in ``meta["profile"]``.
     max_step_ops : int, optional
         Most ops a rank may post in one step (an interior rank posts more as the

@@ -9,7 +9,7 @@ verifies and simulates it, runs it and the transport's native collective, and re
 one row per (algorithm, size).
 
 Three modules are named bench: this one (runs inside the emulated testbed, behind
-``topoplan testbed bench``); :mod:`topoplan.bench`, the library that replays a schedule
+``topoplan testbed bench``); :mod:`topoplan.runtime.bench`, the library that replays a schedule
 over a transport on the ranks it is given and prints nccl-tests rows; and
 :mod:`topoplan.commands.bench`, the ``topoplan bench`` command in front of that library.
 """
@@ -30,10 +30,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..bench import load_average
+from ..runtime.bench import load_average
 from ..cluster import Cluster
 from ..errors import ScheduleError, TopoplanError, TransportError
-from ..schedule import Schedule
+from ..ir.schedule import Schedule
 from .calibrate import Calibration
 from .netns import kill_namespace_processes
 
@@ -262,16 +262,16 @@ def _tail(path: Path, lines: int = 12) -> str:
 def _check_case_size(size: int, nranks: int, collective: str) -> None:
     """A reduce-scatter's or an allgather's float32 buffer must cut into equal shards."""
     if size % 4 or (size // 4) % nranks:
-        from ..collectives import get_collective
+        from ..ir.collectives import get_collective
         if get_collective(collective).sharded:
-            from ..bench import check_sizes
+            from ..runtime.bench import check_sizes
             check_sizes([size], nranks, collective, "float32")
 
 
 def plan_algorithm(cluster: Cluster, spec: str, size: int, profile: Any = None,
                    collective: str = "allreduce") -> Schedule:
     """Plan ``collective`` with ``spec``: a planner name, or ``ring:ORDER`` with ORDER like
-    ``0,2,1,3``, priced with ``profile`` (a :class:`~topoplan.cost.CostProfile`; the
+    ``0,2,1,3``, priced with ``profile`` (a :class:`~topoplan.analysis.cost.CostProfile`; the
     planners' default when ``None``)."""
     try:
         from ..planners import plan
@@ -322,8 +322,8 @@ def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence
     TestbedError
         The probe found a pair whose path or rate is not the model's.
     """
-    from ..collectives import get_collective
-    from ..verify import verify
+    from ..ir.collectives import get_collective
+    from ..ir.verify import verify
     from .calibrate import calibration_cases, fit, predict
     from .layout import emulated_cluster
     get_collective(collective)
@@ -360,8 +360,8 @@ def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence
             cases.append(Case(spec, size, schedule=schedule, warmup=warmup, iters=iters))
     if any(c.kind == "schedule" for c in cases):
         try:
-            import topoplan.executor  # noqa: F401
-            import topoplan.transports  # noqa: F401
+            import topoplan.runtime.executor  # noqa: F401
+            import topoplan.runtime.transports  # noqa: F401
         except ImportError as exc:
             raise TopoplanError(f"cannot run schedules: {exc}; only 'native' can run") from None
     results = run_cases(bed, cases, timeout=timeout, transport=transport)

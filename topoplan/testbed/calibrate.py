@@ -9,7 +9,7 @@ steps takes far longer than its bytes alone.
 :func:`calibration_cases` are runs where those costs dominate: schedules with many
 steps of small messages, and the adds of a reduction alone. :func:`fit` turns their
 times into ``alpha`` (seconds per message, :func:`topoplan.simulate`'s ``alpha``) with
-the fitting code of ``topoplan calibrate`` (:func:`topoplan.calibrate.fit`: least
+the fitting code of ``topoplan calibrate`` (:func:`topoplan.runtime.calibrate.fit`: least
 squares through the simulator, re-linearised), and a ``reduce_bandwidth``. On the
 testbed every rank is its own namespace, so messages cross shaped links and the runs
 separate ``alpha`` from the transfers; the step, op and call overheads of the host
@@ -19,8 +19,8 @@ still a prediction.
 
 Three modules are named calibrate: this one (the testbed's, used by
 :mod:`topoplan.testbed.bench` behind ``topoplan testbed bench``);
-:mod:`topoplan.calibrate`, the library that calibrates a transport on one host (and whose
-:func:`~topoplan.calibrate.fit` this module fits with); and
+:mod:`topoplan.runtime.calibrate`, the library that calibrates a transport on one host (and whose
+:func:`~topoplan.runtime.calibrate.fit` this module fits with); and
 :mod:`topoplan.commands.calibrate`, the ``topoplan calibrate`` command in front of that
 library.
 """
@@ -30,12 +30,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..bench import load_average
+from ..runtime.bench import load_average
 from ..cluster import Cluster
-from ..schedule import Schedule
+from ..ir.schedule import Schedule
 
 if TYPE_CHECKING:
-    from ..cost import CostProfile
+    from ..analysis.cost import CostProfile
 
 __all__ = ["Calibration", "CalibrationSample", "calibration_cases", "fit", "predict",
            "PROBE_ALPHA"]
@@ -89,7 +89,7 @@ class Calibration:
     @property
     def profile(self) -> CostProfile:
         """The fitted costs as a profile for :func:`topoplan.simulate`."""
-        from ..cost import CostProfile
+        from ..analysis.cost import CostProfile
         return CostProfile("testbed", alpha_box=self.alpha_s, alpha_network=self.alpha_s,
                            op_overhead=self.op_overhead_s,
                            reduce_bandwidth=self.reduce_bandwidth,
@@ -159,7 +159,7 @@ def calibration_cases(cluster: Cluster) -> list[tuple[str, int, str, Schedule | 
     if n > 2:
         # Every rank exchanging with every other at once, DIRECT_ROUNDS times: steps of
         # 2 (n - 1) ops, which the ring and tree (2 and 3 ops a step) cannot tell from alpha.
-        from ..calibrate import _direct
+        from ..runtime.calibrate import _direct
         direct = _direct(n, DIRECT_ROUNDS, "calibrate-direct")
         nbytes = int(STEP_SECONDS * slowest * n * DIRECT_ROUNDS) // 4096 * 4096 or 4096
         cases.append(("cal:direct", nbytes, "schedule", direct))
@@ -169,7 +169,7 @@ def calibration_cases(cluster: Cluster) -> list[tuple[str, int, str, Schedule | 
 def predict(cluster: Cluster, schedule: Schedule, size: int,
             calibration: Calibration | None = None) -> float:
     """The simulator's time for ``schedule``, with the calibrated software costs if given."""
-    from ..simulate import simulate
+    from ..analysis.sim import simulate
     if calibration is None:
         return float(simulate(cluster, schedule, size=size, profile="ideal").time_s)
     return float(simulate(cluster, schedule, size=size, profile=calibration.profile).time_s)
@@ -192,14 +192,14 @@ def fit(cluster: Cluster, cases: Sequence[tuple[str, int, str, Schedule | None]]
     -------
     Calibration
         ``reduce_bandwidth`` is the reduce case's bytes over its time; ``alpha`` is fitted
-        to the pipelined runs by :func:`topoplan.calibrate.fit` (the code ``topoplan
+        to the pipelined runs by :func:`topoplan.runtime.calibrate.fit` (the code ``topoplan
         calibrate`` fits with): least squares, ``alpha >= 0``, through the simulator on
         ``cluster`` with that reduce bandwidth, re-linearised until it settles.
         ``latency_alpha_s`` is the same fit on the latency-bound run alone.
     """
-    from ..calibrate import fit as fit_costs
-    from ..cost import CostProfile
-    from ..simulate import simulate
+    from ..runtime.calibrate import fit as fit_costs
+    from ..analysis.cost import CostProfile
+    from ..analysis.sim import simulate
     reduce_bw = None
     for label, size, kind, _ in cases:
         if kind == "reduce" and measured.get(label, 0) > 0:

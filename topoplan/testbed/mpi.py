@@ -20,7 +20,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Sequence
 
-from .._mpirun import Flavour, find_launcher, launcher_args
+from ..runtime.mpirun import Flavour, find_launcher, launcher_args
 from ..errors import TopoplanError
 
 __all__ = ["write_launcher", "mpiexec_command", "hostname_of", "eager_limit"]

@@ -257,7 +257,7 @@ def predicted_rates(layout: Any, pairs: Sequence[tuple[int, int]]) -> list[float
     interface, as in :func:`topoplan.simulate`; a pair's bytes are split evenly over its
     paths, so it moves at its slowest path's rate times the number of paths.
     """
-    from ..sim.base import maxmin as _maxmin
+    from ..analysis.sim.base import maxmin as _maxmin
     rate = {(v.ns_a, v.name_a): v.rate for v in layout.veths}
     rate |= {(v.ns_b, v.name_b): v.rate for v in layout.veths}
     links: dict[tuple[str, str], int] = {}

@@ -7,12 +7,12 @@ of :mod:`topoplan.testbed.mpi`, the rank from ``COMM_WORLD``). Either way the
 transport's sockets go through the shaped network: gloo's with
 ``GLOO_SOCKET_IFNAME=eth0`` and the TCP store on rank 0's address, Open MPI's with
 ``btl_tcp_if_include eth0``. For every case of the job it runs a schedule through
-:class:`topoplan.executor.Allreduce`, :class:`~topoplan.executor.ReduceScatter` or
-:class:`~topoplan.executor.AllGather` (the case's ``collective``) over
-:class:`topoplan.transports.Torch` or :class:`topoplan.transports.MPI` (or the
+:class:`topoplan.runtime.executor.Allreduce`, :class:`~topoplan.runtime.executor.ReduceScatter` or
+:class:`~topoplan.runtime.executor.AllGather` (the case's ``collective``) over
+:class:`topoplan.runtime.transports.Torch` or :class:`topoplan.runtime.transports.MPI` (or the
 transport's own collective for ``native``: all_reduce / reduce_scatter / all_gather, or
 only the adds of a reduction for ``reduce``, to calibrate the simulator), checks every
-element of the result (:func:`topoplan.bench.expected_output`), and times each
+element of the result (:func:`topoplan.runtime.bench.expected_output`), and times each
 iteration between two barriers. Rank 0 writes ``result.json``.
 """
 
@@ -27,7 +27,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from topoplan.bench import expected_output, pattern
+from topoplan.runtime.bench import expected_output, pattern
 
 
 class _Backend:
@@ -68,7 +68,7 @@ class _Gloo(_Backend):
         self.pg = dist.group.WORLD
 
     def transport(self) -> Any:
-        from topoplan.transports import Torch
+        from topoplan.runtime.transports import Torch
         return Torch(self.pg)
 
     def native(self, buf: Any) -> None:
@@ -101,7 +101,7 @@ class _Mpi(_Backend):
         self.comm = MPI.COMM_WORLD
 
     def transport(self) -> Any:
-        from topoplan.transports import MPI
+        from topoplan.runtime.transports import MPI
         return MPI(self.comm)
 
     def native(self, buf: Any) -> None:
@@ -149,8 +149,8 @@ def _run_case(case: dict[str, Any], rank: int, nranks: int, comm: Any, torch: An
     elif case["kind"] == "native":
         op = comm.native
     else:
-        from topoplan.executor import AllGather, Allreduce, ReduceScatter
-        from topoplan.schedule import load_schedule
+        from topoplan.runtime.executor import AllGather, Allreduce, ReduceScatter
+        from topoplan.ir.schedule import load_schedule
         transport = comm.transport()
         executors: dict[str, Any] = {"allreduce": Allreduce, "reduce_scatter": ReduceScatter,
                                      "allgather": AllGather}
@@ -182,7 +182,7 @@ def _run_case(case: dict[str, Any], rank: int, nranks: int, comm: Any, torch: An
         try:
             op(buf)
         except Exception as exc:  # noqa: BLE001 - only the transport's "has none" is kept
-            from topoplan.transports.base import NoNative
+            from topoplan.runtime.transports.base import NoNative
             if not isinstance(exc, NoNative):
                 raise
             unavailable = str(exc)  # every rank alike, before anything was sent

@@ -90,7 +90,7 @@ class TopoplanHookState:
                 raise TopoplanError(
                     f"cluster {cluster.name!r} has {cluster.nranks} ranks but the process group "
                     f"has {self.world_size}; pick a cluster with {self.world_size} ranks")
-            from topoplan.transports import Torch
+            from topoplan.runtime.transports import Torch
 
             allreduce = PlannedAllreduce(cluster, Torch(process_group), algorithm=algorithm,
                                          share=self._share, timeout=timeout)

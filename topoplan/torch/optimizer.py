@@ -2,7 +2,7 @@
 
 For training without DDP (e.g. under ``mpiexec`` with the MPI transport)::
 
-    allreduce = PlannedAllreduce(cluster, topoplan.transports.MPI(comm), algorithm="ring")
+    allreduce = PlannedAllreduce(cluster, topoplan.runtime.transports.MPI(comm), algorithm="ring")
     opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), allreduce=allreduce,
                                named_parameters=model.named_parameters(),
                                compression=Compression.fp16, double_buffering=True)
@@ -109,7 +109,7 @@ class DistributedOptimizer:
         The local optimizer; its ``step()`` runs on the averaged gradients.
     allreduce : callable
         ``allreduce(buffer)`` sums a contiguous 1-D tensor across ranks in place, e.g.
-        :class:`topoplan.torch.PlannedAllreduce` over ``topoplan.transports.MPI(comm)``.
+        :class:`topoplan.torch.PlannedAllreduce` over ``topoplan.runtime.transports.MPI(comm)``.
         Every rank must pass the same parameters in the same order.
     named_parameters : iterable of (str, Parameter), optional
         Names for messages and the order of fusion; default: the optimizer's params.

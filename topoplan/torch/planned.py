@@ -57,7 +57,7 @@ class PlannedAllreduce:
         The topology; ``cluster.nranks`` must equal the transport's world size, and
         transport rank ``r`` plays cluster rank ``r``.
     transport : object
-        A topoplan transport (``topoplan.transports.Torch(pg)``, ``MPI(comm)``, ...).
+        A topoplan transport (``topoplan.runtime.transports.Torch(pg)``, ``MPI(comm)``, ...).
     algorithm : str
         Planner name for :func:`topoplan.plan` (``ring``, ``tree``, ``rhd``,
         ``hierarchical``, ``mcf``, ``auto``...).
@@ -93,7 +93,7 @@ class PlannedAllreduce:
         executor = self._executors.get(nbytes)
         if executor is None:
             import topoplan
-            from topoplan.executor import Allreduce
+            from topoplan.runtime.executor import Allreduce
 
             schedule = topoplan.plan(self.cluster, algorithm=self.algorithm, size=max(nbytes, 1))
             if self.share is not None:

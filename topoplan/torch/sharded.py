@@ -177,7 +177,7 @@ class PlannedCollectives:
         entry = self._transports.get(id(group))
         if entry is None:
             self._check_group(group)
-            from topoplan.transports import Torch
+            from topoplan.runtime.transports import Torch
 
             entry = self._transports[id(group)] = (group, Torch(group))
         return entry[1]
@@ -197,7 +197,7 @@ class PlannedCollectives:
         executor = self._executors.get(key)
         if executor is None:
             import topoplan
-            from topoplan.executor import AllGather, ReduceScatter
+            from topoplan.runtime.executor import AllGather, ReduceScatter
 
             transport = self._transport(group)
             nbytes = int(numel) * torch.empty((), dtype=dtype).element_size()

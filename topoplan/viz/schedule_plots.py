@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..cluster import Cluster
-from ..schedule import OpKind, Schedule
+from ..ir.schedule import OpKind, Schedule
 from ..units import format_bandwidth, format_size, format_time
 from ._common import (edge_name, fit_text, fitted_legend, keep_titles_inside, matplotlib,
                       new_figure, renderer, time_unit)

@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 import numpy as np
 
 from ..cluster import Cluster
-from ..cost import CostProfile, get_profile
+from ..analysis.cost import CostProfile, get_profile
 from ..errors import TopoplanError
 from .._progress import step
-from ..units import bus_factor, format_size
+from ..units import format_size
+from ..ir.collectives import bus_factor
 from ._common import matplotlib, new_figure, size_formatter
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,7 +27,7 @@ def sweep_rows(cluster: Cluster, algorithms: Iterable[str] | None = None,
                sizes: Sequence[int] = DEFAULT_SIZES,
                profile: CostProfile | str | None = None) -> tuple[list[dict], dict[str, str]]:
     """Plan and simulate every algorithm at every size under ``profile`` (the runtime's
-    costs, default :data:`topoplan.cost.DEFAULT_PROFILE`).
+    costs, default :data:`topoplan.analysis.cost.DEFAULT_PROFILE`).
 
     Returns
     -------
@@ -37,7 +38,7 @@ def sweep_rows(cluster: Cluster, algorithms: Iterable[str] | None = None,
         ``algorithm -> reason`` for planners that cannot plan this cluster.
     """
     from ..planners import PLANNERS, plan
-    from ..simulate import simulate
+    from ..analysis.sim import simulate
 
     costs = get_profile(profile)
     names = [a for a in PLANNERS if a not in _SKIP] if algorithms is None else list(algorithms)
@@ -81,15 +82,15 @@ def size_sweep(cluster: Cluster, algorithms: Iterable[str] | None = None,
         Message sizes in bytes (default 1KiB to 1GiB by factors of 16). Each
         algorithm is planned at each size, since a planner may choose by size.
     profile
-        The runtime's cost profile (:mod:`topoplan.cost`): the planners plan against it
-        and the simulations charge it. Default :data:`topoplan.cost.DEFAULT_PROFILE`.
+        The runtime's cost profile (:mod:`topoplan.analysis.cost`): the planners plan against it
+        and the simulations charge it. Default :data:`topoplan.analysis.cost.DEFAULT_PROFILE`.
 
     Returns
     -------
     matplotlib.figure.Figure
         Two axes side by side, algbw and busbw in GB/s against the message size (log
         x), one line per planner, and the best any schedule can do (size divided by
-        :func:`topoplan.bound.lower_bound`) as a dashed black line.
+        :func:`topoplan.analysis.bound.lower_bound`) as a dashed black line.
 
     Notes
     -----
@@ -98,7 +99,7 @@ def size_sweep(cluster: Cluster, algorithms: Iterable[str] | None = None,
     on 32 GPUs can take minutes to simulate).
     """
     matplotlib()
-    from ..bound import lower_bound
+    from ..analysis.bound import lower_bound
 
     sizes = sorted(int(s) for s in sizes)
     if not sizes or sizes[0] <= 0:

@@ -266,7 +266,7 @@ def _edge_points(a: _Node, b: _Node) -> np.ndarray:
 
 def _bottleneck_edges(cluster: Cluster) -> tuple[Any, set[tuple[str, str]]]:
     try:
-        from ..bound import bottleneck
+        from ..analysis.bound import bottleneck
     except ImportError:
         return None, set()
     cut = bottleneck(cluster)
@@ -299,7 +299,7 @@ def draw_cluster(cluster: Cluster, report: Any = None, *, color_by: str = "bytes
     title
         Replaces the default title (cluster name, algorithm, size, predicted time).
     show_cut
-        Mark the links of the RS+AG bottleneck cut (:func:`topoplan.bound.bottleneck`)
+        Mark the links of the RS+AG bottleneck cut (:func:`topoplan.analysis.bound.bottleneck`)
         with a blue halo.
 
     Returns

@@ -25,7 +25,7 @@ exporter's and importer's old paths, still work and warn (DeprecationWarning).
 
 The verbs are the project's: ``load_x(path)`` and ``loads_x(text)`` read a file and text,
 as :func:`topoplan.load_cluster`, :func:`topoplan.load_schedule` and
-:func:`topoplan.cost.load_profile` do, and ``verify`` checks that an algorithm computes
+:func:`topoplan.analysis.cost.load_profile` do, and ``verify`` checks that an algorithm computes
 its collective, as :func:`topoplan.verify` does for a schedule. The old names
 ``read_msccl``, ``parse_msccl`` and ``check_msccl`` still work and warn
 (DeprecationWarning naming the new one).

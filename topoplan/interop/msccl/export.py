@@ -56,10 +56,10 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Sequence
 
-from ...collectives import collective_of, shard_chunks
+from ...ir.collectives import collective_of, shard_chunks
 from ...errors import PlannerError, ScheduleError
-from ...fingerprint import META_KEY
-from ...schedule import OpKind, Schedule
+from ...ir.fingerprint import META_KEY
+from ...ir.schedule import OpKind, Schedule
 from .limits import MAX_NODES, Limits, limit_violations
 from .model import PROTOCOLS, STEP_TYPES, Algo, Gpu, Step, ThreadBlock
 from .verify import verify_msccl
@@ -128,7 +128,7 @@ def _unit_grid(chunks: Sequence[float], nshards: int = 0
     """Cumulative MSCCL-chunk boundaries of each topoplan chunk, and a note if rounded.
 
     ``nshards``: for a reduce-scatter or an allgather, the ranks whose shards (equal
-    runs of chunks, :func:`topoplan.collectives.shard_chunks`) must each be the same
+    runs of chunks, :func:`topoplan.ir.collectives.shard_chunks`) must each be the same
     whole number of MSCCL chunks; the rounding then keeps every shard boundary.
     """
     fracs = [Fraction(c).limit_denominator(1 << 20) for c in chunks]
@@ -818,7 +818,7 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
         A bad option, or the plan does not fit the executor's limits even with every
         channel used; the message names the plan options that shrink it.
     """
-    from ...verify import verify
+    from ...ir.verify import verify
 
     if proto not in PROTOCOLS:
         raise PlannerError(f"proto: must be one of {', '.join(PROTOCOLS)}, got {proto!r}")

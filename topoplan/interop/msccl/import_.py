@@ -38,7 +38,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ...errors import ScheduleError
-from ...schedule import Op, OpKind, Schedule, build_schedule, coalesce, equal_chunks
+from ...ir.schedule import Op, OpKind, Schedule, build_schedule, coalesce, equal_chunks
 from .model import Algo, Step, ThreadBlock
 from .verify import verify_msccl
 
@@ -92,7 +92,7 @@ def _refuse(algo: Algo, unit: _Unit, why: str) -> ScheduleError:
     return ScheduleError(f"{unit.where(algo)}: cannot be a topoplan schedule: {why}")
 
 
-#: The executor's ``coll`` and topoplan's collective (:mod:`topoplan.collectives`).
+#: The executor's ``coll`` and topoplan's collective (:mod:`topoplan.ir.collectives`).
 _COLLECTIVE = {"allreduce": "allreduce", "allgather": "allgather",
                "reducescatter": "reduce_scatter"}
 
@@ -592,7 +592,7 @@ def import_msccl(algo: Algo, *, check: bool = True) -> Schedule:
         The algorithm is wrong, or uses something a topoplan schedule cannot express
         (the message names the step and why).
     """
-    from ...verify import verify
+    from ...ir.verify import verify
 
     if algo.coll not in _COLLECTIVE:
         raise ScheduleError(f"{algo.file}: coll={algo.coll!r}: only "

@@ -116,7 +116,7 @@ class Algo:
     ``min_bytes``/``max_bytes`` are the ``minBytes``/``maxBytes`` attributes (the
     message sizes the executor picks the algorithm for; ``maxBytes=0`` means no limit).
     ``cluster_fingerprint`` is the :data:`FINGERPRINT_ATTR` attribute a file topoplan
-    exported carries (the cluster the plan was made for, :mod:`topoplan.fingerprint`;
+    exported carries (the cluster the plan was made for, :mod:`topoplan.ir.fingerprint`;
     ``""`` when absent): executors ignore it, topoplan's importer keeps it in the plan.
     ``file`` names the source in errors (not compared).
     """

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ...schedule import Schedule
+from ...ir.schedule import Schedule
 from .._lockstep import no_gc, schedule_from_arrays
 from .layout import Layout, Messages
 from .messages import chunk_fractions, owners

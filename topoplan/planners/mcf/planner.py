@@ -17,11 +17,11 @@ from typing import Any, Callable
 import numpy as np
 
 from ...cluster import Cluster
-from ...native.nccl import runtime_cluster
-from ...cost import CostProfile, get_profile
+from ...analysis.native.nccl import runtime_cluster
+from ...analysis.cost import CostProfile, get_profile
 from ...errors import InfeasiblePlanError
-from ...schedule import Schedule
-from ...collectives import DEFAULT as DEFAULT_COLLECTIVE
+from ...ir.schedule import Schedule
+from ...ir.collectives import DEFAULT as DEFAULT_COLLECTIVE
 from .._checks import check_cap_args, check_caps, check_collective, check_size
 from .._lockstep import empty_schedule
 from .._order import topo_order
@@ -226,7 +226,7 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     chunks : int, optional
         Chunk budget: pipeline pieces are ``chunks // chunks_per_piece`` (at least 1).
     profile : CostProfile or str, optional
-        The runtime's costs (default ``nccl``, :data:`topoplan.cost.DEFAULT_PROFILE`).
+        The runtime's costs (default ``nccl``, :data:`topoplan.analysis.cost.DEFAULT_PROFILE`).
     max_step_ops : int, optional
         Cap on the ops any rank posts in one step (constructions and pipeline depths
         over it are skipped).
@@ -247,8 +247,8 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     check : bool
         Run :func:`topoplan.verify` on the result.
     collective : {"allreduce", "reduce_scatter", "allgather"}
-        What to plan (:mod:`topoplan.collectives`); ``size`` is the full buffer. The
-        sharded ones are within 1.05x of :func:`topoplan.bound.shard_bound` at 256 MiB
+        What to plan (:mod:`topoplan.ir.collectives`); ``size`` is the full buffer. The
+        sharded ones are within 1.05x of :func:`topoplan.analysis.bound.shard_bound` at 256 MiB
         on every shipped topology (scripts/bench_planners.py --collective).
 
     Returns
@@ -368,7 +368,7 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     close = sorted((c for c in cands if c.estimate_s <= best_est * 1.05 or c.name == "grid ring"),
                    key=lambda c: c.estimate_s)
     if len(close) > 1 and sum(c.nops for c in close) <= SIM_OPS:
-        from ...simulate import simulate
+        from ...analysis.sim import simulate
         timed = []
         for c in close:
             sched = schedule if c is pick else c.make()
@@ -380,7 +380,7 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         check_caps(schedule, max_step_ops, max_chunks, "mcf")  # trees: checked once built
     verify_s = 0.0
     if check:
-        from ...verify import verify
+        from ...ir.verify import verify
         v0 = time.perf_counter()
         verify(schedule.with_meta(algorithm="mcf"))
         verify_s = time.perf_counter() - v0

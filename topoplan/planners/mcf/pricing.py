@@ -15,7 +15,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ...cluster import Cluster
-from ...cost import CostProfile
+from ...analysis.cost import CostProfile
 from ...errors import InfeasiblePlanError
 from .layout import Messages
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...cluster import Cluster
-from ...cost import CostProfile
+from ...analysis.cost import CostProfile
 from .layout import Layout, Messages, switch_groups
 from .pricing import CostModel, SoftCosts, piece_profile
 

@@ -18,7 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import breadth_first_order
 
-from ...schedule import RankProgram, Schedule
+from ...ir.schedule import RankProgram, Schedule
 from .._lockstep import schedule_from_arrays
 
 

@@ -1,0 +1,42 @@
+"""An event-driven, flow-level simulator of a schedule on a cluster.
+
+Model (the schedule semantics of docs/SCHEDULE.md, plus time and a
+:class:`~topoplan.analysis.cost.CostProfile` of the runtime; docs/COST_MODEL.md states it with a
+worked example):
+
+- every rank starts after the profile's ``call_overhead`` and runs its steps in order;
+  a step starts when the previous one ends;
+- a step with ops pays ``step_overhead``, then posts its ops one after another,
+  receives first, ``op_overhead`` each;
+- a message (the k-th send src->dst matched with the k-th recv at dst from src,
+  :mod:`topoplan.ir.matching`) starts when both its send and its recv are posted, waits
+  the profile's ``alpha`` for its link class (both ranks in one box, or not) plus the
+  latency of its path, then flows along ``cluster.route_edges(src, dst)``, split evenly
+  over the equal-cost paths; messages of zero bytes are not sent (the executor skips
+  them) and cost nothing;
+- every directed link is shared max-min fairly among the flows crossing it
+  (progressive filling);
+- a step ends when its last op is posted and its messages are done, then adds its
+  reducing receives' bytes at ``reduce_bandwidth`` (the executor adds after the wait).
+
+The report splits the time along the critical path into bandwidth (bytes flowing,
+link sharing included), latency (alpha and path latency), overhead (call, step, posting)
+and reduction (``SimReport.breakdown``). On a host with fewer cores than ranks
+(:class:`topoplan.cluster.HostCluster`, the machine a profile was calibrated on), ranks
+that work at once take turns on the cores: the stretch is the ``contention`` part.
+
+Modules: :mod:`~topoplan.analysis.sim.run` (:func:`simulate`, the entry point),
+:mod:`~topoplan.analysis.sim.report` (what it returns), :mod:`~topoplan.analysis.sim.engine` (the engine:
+all transfers matched up front, messages that can never share a link as timers known at
+launch, the others in lookahead windows, each connected component of flows on its own
+clock), :mod:`~topoplan.analysis.sim.base` (what the engines share) and
+:mod:`~topoplan.analysis.sim.reference` (the first, simpler engine: global event batches, global
+re-rating; kept as the tests' oracle).
+"""
+
+from __future__ import annotations
+
+from .report import SimReport, TransferRecord
+from .run import simulate
+
+__all__ = ["simulate", "SimReport", "TransferRecord"]

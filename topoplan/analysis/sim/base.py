@@ -1,0 +1,350 @@
+"""What both engines share: the schedule's messages at one size and their software
+costs, the route table, max-min fair rates, the contention time map and the
+critical-path breakdown."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from ..cost import CostProfile
+from ...errors import ScheduleError
+from ...ir.matching import deadlock_error, messages, wait_text
+from ...ir.schedule import Schedule
+
+if TYPE_CHECKING:
+    from ...cluster import Cluster
+
+__all__ = ["Setup", "RouteTable", "route_table", "maxmin", "expand", "rank_within", "EPS_T",
+           "COARSE", "COARSE_OPS"]
+
+#: Events closer than this (relative to the clock) are one batch: the simulator's default
+#: time resolution. Times that should coincide (the same step on symmetric ranks) drift
+#: apart by rounding and by the batching itself; at 1e-9 the 256-GPU fat tree's 256 MiB
+#: mcf plan had 36,886 component events in 19,490 distinct times, which fall into 251
+#: groups at 1e-7, and simulating it took 10x longer (12.7 s, 1.3 s). 1e-7 of the clock
+#: is 0.3 ns at 3 ms: results move by at most that per batch along a chain of steps
+#: (5e-7 relative on the fat tree).
+EPS_T = 1e-7
+#: The resolution for schedules of more than COARSE_OPS ops. Under a cost profile the
+#: posting costs spread a step's messages over distinct times and rounding scatters
+#: their ends by nanoseconds: the fat tree's plan under ``nccl`` has 89,518 events in
+#: 68,165 groups at 1e-7 and 5,916 at 1e-5 (27 s, 2.9 s to simulate; results differ by
+#: 1.2e-5 relative); leaf_spine_1024's takes 60 s at 1e-5, more than 10 minutes at 1e-7.
+COARSE = 1e-5
+COARSE_OPS = 200_000
+_INF = math.inf
+
+
+def expand(ptr: np.ndarray, items: np.ndarray,
+           which: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CSR gather: ``items[ptr[w]:ptr[w+1]]`` for each ``w`` in ``which``, concatenated,
+    and the position in ``which`` each item came from."""
+    lo = ptr[which]
+    lengths = ptr[which + 1] - lo
+    total = int(lengths.sum())
+    owner = np.repeat(np.arange(len(which)), lengths)
+    idx = np.arange(total) + np.repeat(lo - (np.cumsum(lengths) - lengths), lengths)
+    return items[idx], owner
+
+
+def maxmin(nflows: int, weight: np.ndarray, pf: np.ndarray, pe: np.ndarray,
+           cap: np.ndarray) -> np.ndarray:
+    """Max-min fair rate per unit of each flow (Bertsekas and Gallager, 6.5.2).
+
+    Flow ``f`` stands for ``weight[f]`` identical flows; ``(pf[i], pe[i])`` are the
+    (flow, link) incidence pairs, links numbered ``0..len(cap)-1``. Parallel
+    water-filling: a link whose share (capacity left over unfrozen flows) is no larger
+    than the smallest share seen by any of its flows is a bottleneck of all of them
+    (shares never fall while filling), so all such links freeze in one round.
+    """
+    nlinks = len(cap)
+    rate = np.zeros(nflows)
+    remaining = cap.astype(np.float64, copy=True)
+    share = np.empty(nlinks)
+    fmin = np.empty(nflows)
+    lmin = np.empty(nlinks)
+    w = weight[pf]
+    while len(pf):
+        count = np.bincount(pe, weights=w, minlength=nlinks)
+        share.fill(_INF)
+        np.divide(remaining, count, out=share, where=count > 0)
+        fmin.fill(_INF)
+        np.minimum.at(fmin, pf, share[pe])
+        lmin.fill(_INF)
+        np.minimum.at(lmin, pe, fmin[pf])
+        tight = share <= lmin * (1 + 1e-12)
+        hit = np.zeros(nflows, dtype=bool)
+        hit[pf[tight[pe]]] = True
+        rate[hit] = fmin[hit]
+        frozen = hit[pf]
+        remaining -= np.bincount(pe[frozen], weights=w[frozen] * rate[pf[frozen]],
+                                 minlength=nlinks)
+        np.maximum(remaining, 0.0, out=remaining)
+        keep = ~frozen
+        pf, pe, w = pf[keep], pe[keep], w[keep]
+    return rate
+
+
+@dataclass(frozen=True)
+class RouteTable:
+    """Every (src, dst) pair's ECMP paths as CSR arrays over the graph's edges.
+
+    ``pair_ptr`` indexes paths per pair, ``path_ptr`` edges per path; ``path_lat``
+    is each path's latency. Built once per simulation from ``cluster.route_edges``.
+    """
+
+    edges: list
+    cap: np.ndarray
+    pair_inverse: np.ndarray
+    path_edges: np.ndarray
+    path_ptr: np.ndarray
+    path_len: np.ndarray
+    pair_ptr: np.ndarray
+    pair_npaths: np.ndarray
+    path_lat: np.ndarray
+    npairs: int
+    pair_keys: np.ndarray
+
+
+def route_table(cluster: Cluster, n: int, src: np.ndarray, dst: np.ndarray) -> RouteTable:
+    """Routes for the pairs ``(src[i], dst[i])``; raises ScheduleError for a pair with none."""
+    graph = cluster.graph
+    edges = list(graph.edges)
+    edge_index = {e: i for i, e in enumerate(edges)}
+    cap = np.array([graph.edges[e]["bandwidth"] for e in edges], dtype=np.float64)
+    lat = np.array([graph.edges[e]["latency"] for e in edges], dtype=np.float64)
+    pairs, inverse = np.unique(src * n + dst, return_inverse=True)
+    path_edges: list[int] = []
+    path_ptr = [0]
+    pair_ptr = [0]
+    for key in pairs.tolist():
+        a, b = divmod(key, n)
+        for path in cluster.route_edges(a, b):
+            path_edges.extend(edge_index[e] for e in path)
+            path_ptr.append(len(path_edges))
+        pair_ptr.append(len(path_ptr) - 1)
+    pe = np.array(path_edges, dtype=np.int64)
+    pp = np.array(path_ptr, dtype=np.int64)
+    pr = np.array(pair_ptr, dtype=np.int64)
+    npaths = np.diff(pr)
+    if len(pairs) and npaths.min() == 0:
+        i = int(np.argmin(npaths))
+        a, b = divmod(int(pairs[i]), n)
+        raise ScheduleError(f"no route from rank {a} to rank {b} in cluster {cluster.name!r}")
+    path_lat = np.add.reduceat(lat[pe], pp[:-1]) if len(pe) else np.zeros(0)
+    return RouteTable(edges=edges, cap=cap, pair_inverse=inverse.reshape(-1), path_edges=pe,
+                       path_ptr=pp, path_len=np.diff(pp), pair_ptr=pr, pair_npaths=npaths,
+                       path_lat=path_lat, npairs=len(pairs), pair_keys=pairs)
+
+
+class Setup:
+    """What both engines start from: costs, chunk sizes, the schedule's messages
+    (:func:`topoplan.ir.matching.messages`), and each transfer's and step's software costs
+    at this size."""
+
+    step_start: np.ndarray  # set by the engines' run()
+    step_end: np.ndarray
+
+    def __init__(self, cluster: Cluster, schedule: Schedule, size: int, dtype_size: int,
+                 costs: CostProfile, record: bool,
+                 progress: Callable[[float, float], None] | None) -> None:
+        self.cluster, self.schedule, self.size = cluster, schedule, size
+        self.dtype_size, self.costs, self.record = dtype_size, costs, record
+        self.reduce_bandwidth = costs.reduce_bandwidth
+        self.progress = progress
+        nelems = size // dtype_size
+        bounds = np.array(schedule.chunk_bounds(nelems), dtype=np.int64).reshape(-1, 2)
+        self.chunk_bytes = (bounds[:, 1] - bounds[:, 0]) * dtype_size
+        self.flat = flat = messages(schedule)
+        # Bytes of chunks [0, k): a transfer of chunks a..b-1 carries cum[b] - cum[a].
+        cum = np.concatenate([[0], np.cumsum(self.chunk_bytes)]).astype(np.float64)
+        self.t_bytes = cum[flat.t_chunk + flat.t_count] - cum[flat.t_chunk]
+        self.step_base, self.step_rank, self.step_last = (flat.step_base, flat.step_rank,
+                                                         flat.step_last)
+        self.nglobal = flat.nglobal
+        self.t0 = costs.call_overhead  # every rank's first step starts here
+        self._software_costs()
+
+    def _software_costs(self) -> None:
+        """Per transfer: when its send and its recv are posted, after their steps start
+        (``t_soff``, ``t_roff``). Per step: when its last op is posted (``step_post``) and
+        how long its adds take after its messages (``step_red``)."""
+        f, c = self.flat, self.costs
+        nglobal = self.nglobal
+        live = self.t_bytes > 0  # zero-byte messages are not sent
+        self.t_live = live
+        s_live, r_live = f.t_sstep[live], f.t_rstep[live]
+        ops = (np.bincount(s_live, minlength=nglobal) + np.bincount(r_live, minlength=nglobal))
+        self.step_ops = ops
+        sigma = np.where(ops > 0, c.step_overhead, 0.0)
+        self.step_post = sigma + ops * c.op_overhead
+        self.t_soff = np.zeros(len(live))
+        self.t_roff = np.zeros(len(live))
+        if c.op_overhead > 0 or c.step_overhead > 0:
+            # The executor posts a step's receives first, then its sends, each kind in
+            # program order; the i-th op (from 0) is posted at sigma + (i + 1) o.
+            nrecv = np.bincount(r_live, minlength=nglobal)
+            rpos = rank_within(r_live, f.t_rop[live])
+            spos = nrecv[s_live] + rank_within(s_live, f.t_sop[live])
+            self.t_soff[live] = sigma[s_live] + (spos + 1) * c.op_overhead
+            self.t_roff[live] = sigma[r_live] + (rpos + 1) * c.op_overhead
+        self.step_red = np.zeros(nglobal)
+        if self.reduce_bandwidth is not None:
+            red = live & f.t_reduce
+            self.step_red = np.bincount(f.t_rstep[red], weights=self.t_bytes[red],
+                                        minlength=nglobal) / self.reduce_bandwidth
+
+    def _pair_network(self, pair_keys: np.ndarray) -> np.ndarray:
+        """Whether each (src * n + dst) pair crosses boxes (the ``network`` class)."""
+        n = self.schedule.nranks
+        if len(self.cluster.boxes) == 1:
+            return np.zeros(len(pair_keys), dtype=bool)
+        box = np.asarray([self.cluster.box_index(r) for r in range(n)], dtype=np.int64)
+        src, dst = np.divmod(pair_keys, n)
+        return box[src] != box[dst]
+
+    def raise_deadlock(self, waiting: np.ndarray) -> None:
+        """Raise the deadlock error for the first step that never ended, naming the
+        transfers of that step still waiting for their peer (``waiting``, per transfer)."""
+        f = self.flat
+        stuck = np.flatnonzero(np.isnan(self.step_end))
+        g = int(stuck[0])
+        r = int(self.step_rank[g])
+        waits = []
+        for tr in np.flatnonzero(waiting & ((f.t_sstep == g) | (f.t_rstep == g))).tolist():
+            if f.t_sstep[tr] == g:
+                kind, peer, peer_step = "send", int(f.t_dst[tr]), int(f.t_rstep[tr])
+            else:
+                kind, peer, peer_step = "recv", int(f.t_src[tr]), int(f.t_sstep[tr])
+            base = int(self.step_base[peer])
+            lo, hi = base, int(self.step_base[peer + 1])
+            peer_stuck = np.flatnonzero(np.isnan(self.step_end[lo:hi]))
+            peer_at = int(peer_stuck[0]) if len(peer_stuck) else hi - lo
+            waits.append(wait_text(kind, int(f.t_chunk[tr]), int(f.t_count[tr]), peer, peer_at,
+                                   peer_step - base))
+        ranks = len(np.unique(self.step_rank[stuck]))
+        raise deadlock_error(f.name, ranks, r, f.local(g), waits)
+
+    def _contention(self, m_dst: np.ndarray, m_flow: np.ndarray, m_end: np.ndarray,
+                    m_live: np.ndarray) -> Callable[[Any], Any] | None:
+        """The time map of a host with fewer cores than ranks, or None.
+
+        A rank works while it pays the call overhead, posts a step's ops, receives a
+        message (from its launch: a transport's handshake and copies need the receiver
+        on a core) and adds; otherwise it waits, and gives its core away. Where ``A`` ranks work at once on a host of ``C < A`` cores
+        (:class:`topoplan.cluster.HostCluster`), they take turns: that stretch of time
+        lasts ``A / C`` times as long (processor sharing, applied as one monotone
+        stretch of the whole timeline). Returns ``t -> t'``.
+        """
+        cores = getattr(self.cluster, "cores", None)
+        n = self.schedule.nranks
+        if not cores or n <= cores or not self.nglobal:
+            return None
+        has = self.step_ops > 0
+        post_end = self.step_start + self.step_post
+        red_start = self.step_end - self.step_red
+        busy = [(np.arange(n), np.zeros(n), np.full(n, self.t0)),
+                (self.step_rank[has], self.step_start[has], post_end[has]),
+                (self.step_rank, red_start, self.step_end),
+                (m_dst[m_live], m_flow[m_live], m_end[m_live])]
+        rank = np.concatenate([b[0] for b in busy])
+        lo = np.concatenate([b[1] for b in busy])
+        hi = np.concatenate([b[2] for b in busy])
+        keep = hi > lo
+        rank, lo, hi = rank[keep], lo[keep], hi[keep]
+        if not len(lo):
+            return None
+        # Union of each rank's intervals: sorted by (rank, start), a new run starts where
+        # the start passes every earlier end of the same rank (offset ranks apart).
+        span = float(hi.max()) + 1.0
+        order = np.lexsort((lo, rank))
+        rank, lo, hi = rank[order], lo[order] + rank[order] * span, hi[order] + rank[order] * span
+        reach = np.maximum.accumulate(hi)
+        new = np.ones(len(lo), dtype=bool)
+        new[1:] = lo[1:] > reach[:-1]
+        starts = np.flatnonzero(new)
+        u_lo = lo[starts] - rank[starts] * span
+        u_hi = np.maximum.reduceat(hi, starts) - rank[starts] * span
+        # Ranks at work over time, and the stretched clock at every change.
+        times = np.concatenate([u_lo, u_hi])
+        delta = np.concatenate([np.ones(len(u_lo)), -np.ones(len(u_hi))])
+        order = np.argsort(times, kind="stable")
+        times, working = times[order], np.cumsum(delta[order])
+        factor = np.maximum(1.0, working[:-1] / cores)
+        clock = np.concatenate([[times[0]], times[0] + np.cumsum(np.diff(times) * factor)])
+        last_t, last_c = float(times[-1]), float(clock[-1])
+
+        def warp(t: Any) -> Any:
+            t = np.asarray(t, dtype=np.float64)
+            out = np.interp(t, times, clock)
+            return np.where(t > last_t, last_c + (t - last_t), out)
+
+        return warp
+
+    def _breakdown(self, m_sstep: np.ndarray, m_rstep: np.ndarray, m_launch: np.ndarray,
+                   m_end: np.ndarray, m_delay: np.ndarray, m_soff: np.ndarray,
+                   m_roff: np.ndarray, st_ptr: np.ndarray, st_msg: np.ndarray
+                   ) -> dict[str, float]:
+        """``time_s`` split along the critical path (see :class:`SimReport`).
+
+        Walks back from the last step to end: a step's end is either its posting (step
+        and op overhead) or its last message's arrival; a message's bandwidth time is its
+        flow after alpha and path latency (``m_delay``), and its launch waits for the
+        posting in the later of its two steps, whose start is the end of that rank's step
+        before (or the call overhead).
+        """
+        out = {"bandwidth": 0.0, "latency": 0.0, "overhead": 0.0, "reduce": 0.0,
+               "contention": 0.0}
+        if not self.nglobal or not np.isfinite(self.step_end).all():
+            return out
+        start, end = self.step_start, self.step_end
+        g = int(np.argmax(end))
+        while True:
+            red = float(self.step_red[g])
+            out["reduce"] += red
+            t = float(end[g]) - red
+            lo, hi = int(st_ptr[g]), int(st_ptr[g + 1])
+            msgs = st_msg[lo:hi]
+            last = -1
+            if len(msgs):
+                ends = m_end[msgs]
+                k = int(np.argmax(ends))
+                if ends[k] >= float(start[g]) + float(self.step_post[g]) - 1e-12 * max(t, 1e-6):
+                    last = int(msgs[k])
+            if last < 0:  # the step waited for its own posting
+                out["overhead"] += t - float(start[g])
+                g2 = g
+            else:
+                flight = float(m_end[last] - m_launch[last])
+                lat = min(float(m_delay[last]), flight)
+                out["latency"] += lat
+                out["bandwidth"] += flight - lat
+                s_at = float(start[m_sstep[last]] + m_soff[last])
+                r_at = float(start[m_rstep[last]] + m_roff[last])
+                g2 = int(m_sstep[last] if s_at >= r_at else m_rstep[last])
+                out["overhead"] += float(m_launch[last]) - float(start[g2])
+            if g2 == self.step_base[self.step_rank[g2]]:  # the rank's first step
+                out["overhead"] += float(start[g2])
+                break
+            g = g2 - 1
+        return out
+
+
+def rank_within(group: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """For each item, how many items of its ``group`` come before it by ``order``."""
+    if not len(group):
+        return np.zeros(0, np.int64)
+    idx = np.lexsort((order, group))
+    g = group[idx]
+    first = np.ones(len(g), dtype=bool)
+    first[1:] = g[1:] != g[:-1]
+    starts = np.flatnonzero(first)
+    run = np.repeat(starts, np.diff(np.append(starts, len(g))))
+    out = np.empty(len(g), np.int64)
+    out[idx] = np.arange(len(g)) - run
+    return out
+

@@ -1,0 +1,498 @@
+"""The schedule IR: frozen dataclasses and their JSON form (docs/SCHEDULE.md).
+
+A :class:`Schedule` says, for every rank, a list of steps; each step is a set of
+point-to-point ops (``send``/``recv``) on numbered chunks of the buffer. The IR
+imports nothing from planners or executors; passes return new schedules.
+
+Version 2 (docs/SCHEDULE.md) adds to version 1 an op's ``count``, the number of
+consecutive chunks it carries (``chunk .. chunk + count - 1``, contiguous in the
+buffer, one message), and lets several *reducing* recvs of one chunk share a step.
+A bandwidth-optimal allreduce moves every chunk to every rank, so with one chunk per
+op (v1) it needs ``Omega(N^2)`` ops; with ranges a multi-level reduce-scatter needs
+``O(N * sum of level sizes)``, and a direct (all-to-all) level pays one step latency
+where a ring pays ``b - 1``. A schedule that uses neither is written as version 1,
+so files that v1 readers can read stay v1.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+from .collectives import (COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE, chunk_bounds, collective_of,
+                          shard_chunks)
+from .._files import atomic_write  # noqa: F401 - topoplan.ir.schedule.atomic_write, as before
+from ..errors import ScheduleError, TopoplanError
+
+__all__ = ["OpKind", "Op", "send", "recv", "RankProgram", "Schedule", "load_schedule",
+           "loads_schedule", "chunk_bounds", "chunk_text", "recv_clash", "coalesce", "FORMAT",
+           "VERSION", "VERSIONS"]
+
+FORMAT = "topoplan-schedule"
+VERSION = 2  #: the newest version written and read; version 1 is read too
+VERSIONS = (1, 2)
+FRACTION_TOLERANCE = 1e-9
+
+
+class OpKind(str, Enum):
+    """An op's code, as written in the JSON."""
+
+    SEND = "send"
+    RECV = "recv"
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One point-to-point op of a step.
+
+    ``send`` transmits chunks ``chunk .. chunk + count - 1`` (their value at the start
+    of the step) to ``peer`` as one message; ``recv`` receives them from ``peer`` and
+    adds them (``reduce=True``) or overwrites.
+    """
+
+    kind: OpKind
+    peer: int
+    chunk: int
+    reduce: bool = False
+    count: int = 1
+
+    @property
+    def end(self) -> int:
+        """One past the last chunk the op carries."""
+        return self.chunk + self.count
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"op": self.kind.value, "peer": self.peer, "chunk": self.chunk}
+        if self.count != 1:
+            out["count"] = self.count
+        if self.kind is OpKind.RECV:
+            out["reduce"] = self.reduce
+        return out
+
+    def chunk_text(self) -> str:
+        """``"chunk 3"`` or ``"chunks 3..6"`` for messages."""
+        return chunk_text(self.chunk, self.count)
+
+
+def chunk_text(first: int, count: int = 1) -> str:
+    """Chunks ``first .. first + count - 1`` in messages: ``"chunk 3"`` or ``"chunks 3..6"``."""
+    return f"chunk {first}" if count == 1 else f"chunks {first}..{first + count - 1}"
+
+
+def send(peer: int, chunk: int, count: int = 1) -> Op:
+    return Op(OpKind.SEND, peer, chunk, False, count)
+
+
+def recv(peer: int, chunk: int, reduce: bool = False, count: int = 1) -> Op:
+    return Op(OpKind.RECV, peer, chunk, reduce, count)
+
+
+Step = tuple[Op, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RankProgram:
+    """The steps one rank runs, in order."""
+
+    rank: int
+    steps: tuple[Step, ...]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A collective's schedule (IR v2: v1 plus chunk ranges).
+
+    Attributes
+    ----------
+    nranks : int
+    chunks : tuple of float
+        Fractions of the buffer, positive, summing to 1.
+    ranks : tuple of RankProgram
+        ``ranks[r].rank == r``.
+    collective : str
+        What it computes: ``"allreduce"`` (the default), ``"reduce_scatter"`` or
+        ``"allgather"`` (:mod:`topoplan.ir.collectives`, docs/SCHEDULE.md).
+    meta : mapping
+        Free-form: ``algorithm``, ``cluster``, planner notes. Not compared.
+    """
+
+    nranks: int
+    chunks: tuple[float, ...]
+    ranks: tuple[RankProgram, ...]
+    collective: str = "allreduce"
+    meta: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def nchunks(self) -> int:
+        return len(self.chunks)
+
+    @property
+    def nsteps(self) -> int:
+        """The most steps any rank runs."""
+        return max((len(p.steps) for p in self.ranks), default=0)
+
+    @property
+    def nops(self) -> int:
+        return sum(len(step) for p in self.ranks for step in p.steps)
+
+    @property
+    def nmessages(self) -> int:
+        """Messages (sends; each pairs with one recv)."""
+        return sum(op.kind is OpKind.SEND for p in self.ranks for step in p.steps for op in step)
+
+    @property
+    def max_step_ops(self) -> int:
+        """The most ops any rank posts in one step."""
+        return max((len(step) for p in self.ranks for step in p.steps), default=0)
+
+    @property
+    def version(self) -> int:
+        """The JSON version this schedule needs: 2 if an op carries a chunk range or a
+        step has several recvs of one chunk (all reducing), else 1."""
+        for program in self.ranks:
+            for step in program.steps:
+                recvs = []
+                for op in step:
+                    if op.count != 1:
+                        return 2
+                    if op.kind is OpKind.RECV:
+                        recvs.append((op.chunk, op.end, False))
+                if recv_clash(recvs) is not None:  # overlapping recvs: legal only in v2
+                    return 2
+        return 1
+
+    @property
+    def algorithm(self) -> str:
+        return str(self.meta.get("algorithm", "?"))
+
+    def chunk_bounds(self, n: int) -> list[tuple[int, int]]:
+        """Element ranges of each chunk for a full buffer of ``n`` elements (for a
+        reduce-scatter or allgather, shard boundaries fall exactly on
+        ``floor(r * n / nranks)``: :meth:`topoplan.ir.collectives.Collective.chunk_bounds`)."""
+        return collective_of(self).chunk_bounds(n)
+
+    def steps_of(self, rank: int) -> tuple[Step, ...]:
+        return self.ranks[rank].steps
+
+    def with_meta(self, **meta: Any) -> Schedule:
+        """A copy with ``meta`` updated."""
+        return replace(self, meta={**self.meta, **meta})
+
+    def ops(self) -> Iterator[tuple[int, int, Op]]:
+        """Every ``(rank, step, op)``."""
+        for program in self.ranks:
+            for s, step in enumerate(program.steps):
+                for op in step:
+                    yield program.rank, s, op
+
+    # ---- JSON --------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT, "version": self.version,
+            "collective": self.collective,
+            "nranks": self.nranks,
+            "chunks": list(self.chunks),
+            "ranks": [{"rank": p.rank, "steps": [[op.to_dict() for op in step] for step in p.steps]}
+                      for p in self.ranks],
+            "meta": dict(self.meta),
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        if indent is not None:
+            return json.dumps(self.to_dict(), indent=indent)
+        # One line per rank keeps big schedules small and still diffable.
+        d = self.to_dict()
+        ranks = d.pop("ranks")
+        head = json.dumps(d, separators=(",", ": "))[:-1]
+        body = ",\n  ".join(json.dumps(r, separators=(",", ":")) for r in ranks)
+        return f'{head}, "ranks": [\n  {body}\n]}}\n'
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the JSON atomically (a crash leaves no half-written file).
+
+        Raises
+        ------
+        TopoplanError
+            If the file cannot be written (missing folder, no permission).
+        """
+        try:
+            atomic_write(Path(path), self.to_json())
+        except OSError as exc:
+            raise TopoplanError(f"{path}: cannot write schedule: {exc.strerror}") from None
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "<schedule>") -> Schedule:
+        return _parse(data, source)
+
+
+def load_schedule(path: str | os.PathLike) -> Schedule:
+    """Read and validate a schedule JSON file.
+
+    Raises
+    ------
+    ScheduleError
+        If the file is unreadable or breaks the format (unknown op, chunk out of range,
+        fractions not summing to 1, ...), naming the place: ``plan.json: ranks[2].steps[0][1]: ...``.
+    """
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScheduleError(f"{source}: cannot read schedule: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        line = Path(path).read_bytes().count(b"\n", 0, exc.start) + 1
+        raise ScheduleError(f"{source}:{line}: not a text file (UTF-8 expected, byte "
+                            f"0x{exc.object[exc.start]:02x})") from None
+    return loads_schedule(text, source)
+
+
+def loads_schedule(text: str, source: str = "<string>") -> Schedule:
+    """Parse schedule JSON text; see :func:`load_schedule`."""
+    if not text.strip():
+        raise ScheduleError(f"{source}: empty file; a schedule is a JSON object "
+                            "(topoplan plan CLUSTER.yaml -o PLAN.json writes one)")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ScheduleError(f"{source}:{exc.lineno}: {_json_problem(text, exc)}") from None
+    except RecursionError:
+        raise ScheduleError(f"{source}: not a schedule: JSON nested too deeply") from None
+    return _parse(data, source)
+
+
+def _json_problem(text: str, exc: json.JSONDecodeError) -> str:
+    """json's message as a whole sentence, saying when the text stops too early."""
+    # Some of json's messages end in "at" and expect the position after them.
+    reason = exc.msg.removesuffix(" at")
+    message = f"not valid JSON: {reason[:1].lower()}{reason[1:]} at column {exc.colno}"
+    if _ends_open(text):
+        message += "; the text ends before its brackets close: a truncated file?"
+    return message
+
+
+def _ends_open(text: str) -> bool:
+    """Whether ``text`` ends inside a string or an unclosed ``[`` or ``{``."""
+    depth, in_string, escaped = 0, False, False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+    return in_string or depth > 0
+
+
+def _parse(data: Any, source: str) -> Schedule:
+    def fail(where: str, message: str) -> ScheduleError:
+        return ScheduleError(f"{source}: {where}: {message}" if where else f"{source}: {message}")
+
+    if not isinstance(data, dict):
+        raise fail("", f"a schedule is a JSON object, got {type(data).__name__}")
+    if data.get("format") != FORMAT:
+        raise fail("format", f"expected {FORMAT!r}, got {data.get('format')!r}")
+    version = data.get("version")
+    if isinstance(version, bool) or version not in VERSIONS:
+        raise fail("version", f"this topoplan reads versions 1 and 2, got {version!r}")
+    collective = data.get("collective", DEFAULT_COLLECTIVE)
+    if not isinstance(collective, str) or collective not in COLLECTIVES:
+        known = ", ".join(repr(name) for name in COLLECTIVES)
+        raise fail("collective", f"expected one of {known}, got {collective!r}")
+    nranks = data.get("nranks")
+    if isinstance(nranks, bool) or not isinstance(nranks, int) or nranks < 1:
+        raise fail("nranks", f"expected an integer >= 1, got {nranks!r}")
+
+    chunks = data.get("chunks")
+    if not isinstance(chunks, list) or not chunks:
+        raise fail("chunks", "expected a non-empty list of fractions")
+    for k, c in enumerate(chunks):
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not c > 0:
+            raise fail(f"chunks[{k}]", f"fractions must be positive numbers, got {c!r}")
+    try:
+        total = math.fsum(chunks)
+    except OverflowError:  # an integer beyond any float
+        total = math.inf
+    if abs(total - 1.0) > FRACTION_TOLERANCE:
+        raise fail("chunks", f"fractions must sum to 1, got {total!r}")
+    nchunks = len(chunks)
+
+    ranks = data.get("ranks")
+    if not isinstance(ranks, list) or len(ranks) != nranks:
+        got = len(ranks) if isinstance(ranks, list) else type(ranks).__name__
+        raise fail("ranks", f"expected a list of {nranks} rank programs, got {got}")
+    programs: list[RankProgram | None] = [None] * nranks
+    for i, entry in enumerate(ranks):
+        where = f"ranks[{i}]"
+        if not isinstance(entry, dict):
+            raise fail(where, "expected an object with rank and steps")
+        rank = entry.get("rank", i)
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < nranks:
+            raise fail(f"{where}.rank", f"expected a rank in range({nranks}), got {rank!r}")
+        if programs[rank] is not None:
+            raise fail(f"{where}.rank", f"rank {rank} appears twice")
+        steps = entry.get("steps")
+        if not isinstance(steps, list):
+            raise fail(f"{where}.steps", "expected a list of steps")
+        parsed_steps = []
+        for s, step in enumerate(steps):
+            if not isinstance(step, list):
+                raise fail(f"{where}.steps[{s}]", "a step is a list of ops")
+            parsed_steps.append(_parse_step(step, rank, nranks, nchunks, version,
+                                            lambda j, m, s=s: fail(f"{where}.steps[{s}][{j}]", m),
+                                            lambda m, s=s: fail(f"{where}.steps[{s}]", m)))
+        programs[rank] = RankProgram(rank, tuple(parsed_steps))
+    meta = data.get("meta", {})
+    if not isinstance(meta, dict):
+        raise fail("meta", "expected an object")
+    if COLLECTIVES[collective].sharded:
+        try:
+            shard_chunks(nranks, chunks, collective)
+        except ScheduleError as exc:
+            raise fail("chunks", str(exc)) from None
+    return Schedule(nranks=nranks, chunks=tuple(float(c) for c in chunks),
+                    ranks=tuple(p for p in programs if p is not None), collective=collective,
+                    meta=meta)
+
+
+_OPS = {"send": OpKind.SEND, "recv": OpKind.RECV}
+
+
+def _parse_step(step: list, rank: int, nranks: int, nchunks: int, version: int, fail_op,
+                fail_step) -> Step:
+    ops = []
+    received: list[tuple[int, int, bool]] = []
+    for j, raw in enumerate(step):
+        if not isinstance(raw, dict):
+            raise fail_op(j, "an op is an object with op, peer and chunk")
+        kind = _OPS.get(raw.get("op"))  # type: ignore[arg-type]
+        if kind is None:
+            raise fail_op(j, f"unknown op {raw.get('op')!r}; expected 'send' or 'recv'")
+        peer, chunk = raw.get("peer"), raw.get("chunk")
+        if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < nranks:
+            raise fail_op(j, f"peer {peer!r} out of range({nranks})")
+        if peer == rank:
+            raise fail_op(j, f"rank {rank} names itself as peer")
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or not 0 <= chunk < nchunks:
+            raise fail_op(j, f"chunk {chunk!r} out of range({nchunks})")
+        count = raw.get("count", 1)
+        if "count" in raw and version < 2:
+            raise fail_op(j, "count (a chunk range) needs \"version\": 2")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise fail_op(j, f"count must be an integer >= 1, got {count!r}")
+        if chunk + count > nchunks:
+            raise fail_op(j, f"{chunk_text(chunk, count)} run past the last chunk "
+                             f"{nchunks - 1}")
+        reduce = raw.get("reduce", False)
+        if not isinstance(reduce, bool):
+            raise fail_op(j, f"reduce must be true or false, got {reduce!r}")
+        op = Op(kind, peer, chunk, reduce if kind is OpKind.RECV else False, count)
+        if kind is OpKind.RECV:
+            received.append((chunk, chunk + count, reduce))
+        ops.append(op)
+    # Version 1 allows one recv per chunk in a step; version 2 lets reducing recvs
+    # share a chunk (they all add).
+    clash = recv_clash(received if version >= 2 else [(a, b, False) for a, b, _ in received])
+    if clash is not None:
+        v2_ok = version < 2 and recv_clash(received) is None
+        raise fail_step(f"two recvs into chunk {clash} in one step"
+                        + (" (several reducing recvs need version 2)" if v2_ok else ""))
+    return tuple(ops)
+
+
+def recv_clash(ranges: Sequence[tuple[int, int, bool]]) -> int | None:
+    """A chunk that two recvs of one step may not share, or None.
+
+    ``ranges`` are ``(start, end, reduce)``. Reducing recvs may overlap each other
+    (IR v2: they all add); a recv that overwrites may overlap no other recv.
+    """
+    if len(ranges) < 2:
+        return None
+    end_any = end_overwrite = -1  # furthest end so far, of any recv / of overwrites
+    for start, end, reduce in sorted(ranges):
+        if start < end_overwrite or (not reduce and start < end_any):
+            return start
+        end_any = max(end_any, end)
+        if not reduce:
+            end_overwrite = max(end_overwrite, end)
+    return None
+
+
+def build_schedule(nranks: int, chunks: Iterable[float], steps: Sequence[Sequence[Iterable[Op]]],
+                   *, collective: str = DEFAULT_COLLECTIVE, **meta: Any) -> Schedule:
+    """Assemble a Schedule from ``steps[rank][step] -> ops`` (planners' helper).
+
+    Trailing empty steps are dropped; empty steps in the middle are kept (a rank may idle).
+    ``collective`` names what it computes (:mod:`topoplan.ir.collectives`); ``meta`` is the rest.
+    """
+    programs = []
+    for rank in range(nranks):
+        rank_steps = [tuple(ops) for ops in steps[rank]]
+        while rank_steps and not rank_steps[-1]:
+            rank_steps.pop()
+        programs.append(RankProgram(rank, tuple(rank_steps)))
+    return Schedule(nranks=nranks, chunks=tuple(chunks), ranks=tuple(programs),
+                    collective=collective, meta=dict(meta))
+
+
+def coalesce(schedule: Schedule) -> Schedule:
+    """Merge each pair's back-to-back messages over consecutive chunks into ranges (v2).
+
+    Messages ``k`` and ``k + 1`` from ``src`` to ``dst`` merge when both sides run
+    them in the same step, their chunks are consecutive and the recv's ``reduce``
+    agrees; the merged op takes the first one's place on both sides. The result
+    computes the same thing with fewer, larger messages. Unmatched messages are left
+    as they are (:func:`topoplan.verify` reports them).
+    """
+    n = schedule.nranks
+    sends: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    recvs: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for program in schedule.ranks:
+        for s, step in enumerate(program.steps):
+            for j, op in enumerate(step):
+                if op.kind is OpKind.SEND:
+                    sends.setdefault((program.rank, op.peer), []).append((s, j))
+                else:
+                    recvs.setdefault((op.peer, program.rank), []).append((s, j))
+    steps = [[list(step) for step in p.steps] for p in schedule.ranks]
+    dropped: set[tuple[int, int, int]] = set()
+    for (src, dst), out in sends.items():
+        into = recvs.get((src, dst), [])
+        if len(into) != len(out):
+            continue
+        head = 0
+        for k in range(1, len(out)):
+            (s0, j0), (r0, i0) = out[head], into[head]
+            (s1, j1), (r1, i1) = out[k], into[k]
+            first, op_s, op_r = steps[src][s0][j0], steps[src][s1][j1], steps[dst][r1][i1]
+            merged_r = steps[dst][r0][i0]
+            if (s1 == s0 and r1 == r0 and op_s.chunk == first.end and op_r.chunk == merged_r.end
+                    and op_r.chunk == op_s.chunk and op_r.reduce == merged_r.reduce
+                    and first.chunk == merged_r.chunk):
+                steps[src][s0][j0] = replace(first, count=first.count + op_s.count)
+                steps[dst][r0][i0] = replace(merged_r, count=merged_r.count + op_r.count)
+                dropped.add((src, s1, j1))
+                dropped.add((dst, r1, i1))
+            else:
+                head = k
+    programs = tuple(
+        RankProgram(r, tuple(tuple(op for j, op in enumerate(step) if (r, s, j) not in dropped)
+                             for s, step in enumerate(steps[r])))
+        for r in range(n))
+    return replace(schedule, ranks=programs)
+
+
+def equal_chunks(n: int) -> tuple[float, ...]:
+    """``n`` equal fractions that sum to 1 as exactly as floats allow."""
+    return tuple([1.0 / n] * n)

@@ -1,8 +1,0 @@
-"""Models of what native collective libraries run: NCCL's own algorithms, priced as its
-tuner prices them, on the channels its topology search builds, loading the real fabric.
-
-- :mod:`~topoplan.native.nccl_tables`: NCCL's constants, each with its source;
-- :mod:`~topoplan.native.nccl_search`: NCCL's channel search on one box;
-- :mod:`~topoplan.native.nccl`: the tuner, NCCL's choice per size, and its time on the
-  cluster (:func:`nccl_model`, :class:`NcclModel`, :class:`NcclChoice`).
-"""

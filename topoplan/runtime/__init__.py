@@ -1,0 +1,13 @@
+"""Running schedules on real ranks.
+
+- :mod:`~topoplan.runtime.executor`: replays a schedule (``Allreduce``, ``ReduceScatter``,
+  ``AllGather``);
+- :mod:`~topoplan.runtime.transports`: point-to-point over MPI, torch.distributed, NCCL
+  (CuPy) or threads, built by :func:`~topoplan.runtime.transports.connect`;
+- :mod:`~topoplan.runtime.mpirun`: finding and driving an MPI launcher (Open MPI,
+  MPICH, Slurm);
+- :mod:`~topoplan.runtime.bench`: measuring a plan against the native collective;
+- :mod:`~topoplan.runtime.calibrate`: fitting a cost profile to measurements.
+
+It stands on the IR, the analyses and the planners.
+"""

@@ -1,0 +1,50 @@
+"""Measure a transport's costs on this machine and fit a :class:`~topoplan.analysis.cost.CostProfile`.
+
+:func:`calibrate` runs micro-benchmarks on any :class:`~topoplan.runtime.transports.Transport`,
+collectively on all ranks, and fits the profile of this machine through the simulator.
+One module per concept:
+
+- :mod:`.cases`: the micro-benchmarks (:class:`Case`, :func:`calibration_cases`):
+  ping-pongs, executor runs built to separate the costs, and the adds alone;
+- :mod:`.measuring`: timing them on a transport (:func:`measure`, one :class:`Sample`
+  per case);
+- :mod:`.fitting`: least squares through the simulator (:func:`fit`, :class:`Fit`);
+- :mod:`.probe`: what the host and the transport say of themselves
+  (:func:`transport_info`, :func:`small_limit`, :func:`host_cores`, :func:`load_average`);
+- :mod:`.profile`: the profile of this machine (:func:`fit_profile`, and
+  :func:`calibrate`, the whole run).
+
+The modules are not named after their functions (``measure``, ``fit``): a submodule and
+a function of the same name in a package make ``import topoplan.runtime.calibrate.fit`` and
+``topoplan.runtime.calibrate.fit`` mean different things.
+
+Three modules are named calibrate:
+
+- this package, the library: measuring and fitting on the ranks of one host;
+- :mod:`topoplan.commands.calibrate`, the ``topoplan calibrate`` command: it launches
+  this package's :func:`measure` under ``mpiexec``, fits with :func:`fit_profile` and
+  writes the profile YAML file;
+- :mod:`topoplan.testbed.calibrate`: the emulated testbed's calibration (``alpha`` and
+  ``reduce_bandwidth`` from runs inside its network namespaces), fitted with this
+  package's :func:`fit`.
+
+Benchmarking a schedule (not a transport's costs) is :mod:`topoplan.runtime.bench`, and
+``topoplan bench`` (:mod:`topoplan.commands.bench`).
+"""
+
+from __future__ import annotations
+
+# Every name the single module had stays importable from here, the private case builders
+# too (topoplan.testbed.calibrate builds its runs with _direct).
+from ..bench import array_kind
+from .cases import (BIG, MEDIUM_CHUNK, PING_BYTES, PING_MESSAGES, TINY_CHUNK, Case, _chain,
+                    _direct, _rings, calibration_cases)
+from .fitting import PARAMETERS, Fit, FittedSample, fit
+from .measuring import Sample, measure
+from .probe import host_cores, load_average, small_limit, transport_info
+from .profile import FULL, HOST_PARAMETERS, QUICK, SPLIT_RULE, calibrate, fit_profile
+
+__all__ = ["Case", "Sample", "FittedSample", "Fit", "PARAMETERS", "HOST_PARAMETERS",
+           "calibration_cases", "measure", "fit", "fit_profile", "calibrate", "SPLIT_RULE",
+           "host_cores", "small_limit",
+           "array_kind", "transport_info", "load_average"]

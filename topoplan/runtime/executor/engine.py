@@ -1,0 +1,382 @@
+"""The executor's engine: one rank's calls of a schedule over a transport.
+
+:class:`Executor` compiles the rank's program (:mod:`~topoplan.runtime.executor.compiler`) once
+per element count, binds the call's buffers (cached per buffer address), and runs calls
+to the end or in flight (moved by every poll of any call on the transport,
+:mod:`~topoplan.runtime.executor.lanes`). How a call's buffers lie over the full buffer the
+schedule runs on comes from the schedule's collective
+(:class:`~topoplan.ir.collectives.Collective`: its input and output parts, and whether it
+adds), so one engine runs all three; the public calls
+(:mod:`~topoplan.runtime.executor.calls`) only name their collective and their arguments. The
+rules it keeps are in :mod:`topoplan.runtime.executor`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import Any, ClassVar, Sequence
+
+from ...ir.collectives import collective_of
+from ...errors import TopoplanError, TransportError
+from ...ir.schedule import Schedule
+from ..transports.base import TAG_LIMIT, Message, PeerFailure, Transport
+from .arrays import ArrayOps, array_ops
+from .compiler import BoundProgram, BoundStep, Program, bind_steps, compile_program, pair_span
+from .handle import Handle
+from .lanes import LANES, CallQueue, epochs_for, fits_a_lane, queue_of, tag_shift
+
+__all__ = ["Executor", "BOUND_CACHE"]
+
+#: How many bound buffers an executor keeps views for (a training loop alternates few).
+BOUND_CACHE = 8
+
+
+class Executor:
+    """What :class:`Allreduce`, :class:`ReduceScatter` and :class:`AllGather` share:
+    compiling the rank's program, binding buffers, running calls in flight, tags and
+    epochs, for any schedule; the buffers' layout is the schedule's collective's
+    (:attr:`spec`). A subclass that names its :attr:`collective` runs only schedules of it.
+    """
+
+    #: The collective a subclass runs (the schedule's ``collective``); None: any.
+    collective: ClassVar[str | None] = None
+
+    def __init__(self, schedule: Schedule, transport: Transport, *, timeout: float = 60.0,
+                 accumulate_fp32: bool = False) -> None:
+        if self.collective is not None and schedule.collective != self.collective:
+            raise TopoplanError(f"{type(self).__name__} runs {self.collective} schedules, got "
+                                f"{schedule.collective!r}")
+        if schedule.nranks != transport.size:
+            raise TopoplanError(
+                f"the {schedule.algorithm} schedule is for {schedule.nranks} ranks but the "
+                f"{transport.name} transport has {transport.size}; plan for {transport.size} "
+                f"ranks or launch {schedule.nranks}")
+        if not timeout > 0:
+            raise TopoplanError(f"timeout must be > 0 seconds, got {timeout!r}")
+        self.schedule = schedule
+        #: What the schedule computes, over its ranks and chunks: the buffers' layout.
+        self.spec = collective_of(schedule)
+        self.transport = transport
+        self.rank = transport.rank
+        self.timeout = float(timeout)
+        self.accumulate_fp32 = accumulate_fp32
+        span = pair_span(schedule)
+        # Epochs must not share tags: with more messages per pair than TAG_LIMIT / EPOCHS
+        # in one call, every call uses the same tags (and nothing is drained).
+        self._epochs = epochs_for(span)
+        self._tag_shift = span
+        # Calls side by side with other executors' in lanes (see LANES) when all the
+        # epochs' tags fit in one; else every call runs alone, in lane 0's tags.
+        self._laned = fits_a_lane(span, self._epochs)
+        self._calls = 0
+        # (call, peer, tag) of receives a failed call left posted or never posted.
+        self._stale: list[tuple[int, int, int]] = []
+        self._compiled: dict[int, Program] = {}
+        self._bound: OrderedDict[tuple, BoundProgram] = OrderedDict()
+        self._scratch: dict[tuple, Any] = {}
+        # The buffers of the last call: training loops pass the same ones again and
+        # again, and recognising them skips building the cache key (microseconds).
+        self._last: tuple | None = None
+        self._queue: CallQueue[Handle] = queue_of(transport)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.schedule.algorithm}, "
+                f"nranks={self.schedule.nranks}, transport={self.transport!r})")
+
+    def _layout(self, ops: ArrayOps, flats: list[Any], shadow: bool
+                ) -> tuple[Any, list[tuple[Any, Any]], list[tuple[Any, Any]]]:
+        """The full buffer the steps run on, and the copies into it before the first step
+        and out of it after the last, for the call's flat user buffers: one (the input is
+        the output, in place) or an input and an output, each all of the full buffer or
+        the rank's shard of it (:attr:`spec`).
+
+        The steps run in the output itself when it is the full buffer (an allreduce in
+        place, an allgather: the input copied into its shard first); otherwise, or with
+        ``shadow`` (a float32 copy to add in), in a buffer of their own, the input
+        copied in first and the output copied out last. So a reduce-scatter's input is
+        left as it was.
+        """
+        spec, inp, out = self.spec, flats[0], flats[-1]
+        full = self._full_size(inp.shape[0], out.shape[0])
+        a, b = spec.input_range(self.rank, full)
+        c, d = spec.output_range(self.rank, full)
+        if spec.output_part == "all" and not shadow:
+            return out, ([] if inp is out else [(out[a:b], inp)]), []
+        work = ops.empty(full, inp, ops.float32(inp) if shadow else None)
+        return work, [(work[a:b], inp)], [(out, work[c:d])]
+
+    def _full_size(self, n_in: int, n_out: int) -> int:
+        """The full buffer's elements for a call's input and output of ``n_in`` and
+        ``n_out`` elements, checked against the collective's layout."""
+        spec, nranks = self.spec, self.schedule.nranks
+        full = n_out if spec.output_part == "all" else n_in
+        if spec.sharded and (full % nranks or (n_in, n_out) != (spec.input_size(full),
+                                                                 spec.output_size(full))):
+            whole, part = ("output", "input") if spec.output_part == "all" else ("input", "output")
+            raise TopoplanError(
+                f"{spec.name} of {nranks} ranks: input of {n_in} and output of {n_out} "
+                f"elements; expected an {whole} of nranks ({nranks}) times the {part}'s "
+                "elements")
+        return full
+
+    # -- compile and bind ------------------------------------------------------
+    def compiled(self, n: int) -> Program:
+        """The rank's program for an ``n``-element buffer (cached)."""
+        plan = self._compiled.get(n)
+        if plan is None:
+            plan = self._compiled[n] = compile_program(self.schedule, self.rank, n)
+        return plan
+
+    def _bind(self, *buffers: Any) -> tuple[BoundProgram, ArrayOps]:
+        ops = array_ops(buffers[0])
+        flats = [ops.flat(b) for b in buffers]
+        flat = flats[0]
+        dtype = ops.dtype(flat)
+        for other in buffers[1:]:
+            if array_ops(other) is not ops or ops.dtype(ops.flat(other)) != dtype:
+                raise TopoplanError(
+                    f"{self.spec.name}: input and output must be arrays of one kind and "
+                    f"dtype, got {ops.kind} {dtype} and {array_ops(other).kind} "
+                    f"{array_ops(other).dtype(other)}")
+        shadow = self.accumulate_fp32 and self.spec.reduces and dtype in ("float16", "bfloat16")
+        key = (*(a for f in flats for a in ops.address(f)), *(f.shape[0] for f in flats),
+               dtype, ops.kind)
+        bound = self._bound.get(key)
+        if bound is not None:
+            self._bound.move_to_end(key)
+            return bound, ops
+        work, copy_in, copy_out = self._layout(ops, flats, shadow)
+        n = work.shape[0]
+        plan = self.compiled(n)
+        skey = (ops.kind, ops.address(flat)[1], ops.dtype(work), plan.scratch)
+        scratch = self._scratch.get(skey)
+        if scratch is None:
+            scratch = self._scratch[skey] = ops.empty(plan.scratch, work)
+        steps = bind_steps(plan, work, scratch, self.transport.prepare,
+                           self._epochs * (LANES if self._laned else 1))
+        bound = BoundProgram(steps, buffers, work, scratch, copy_in, copy_out)
+        self._bound[key] = bound
+        while len(self._bound) > BOUND_CACHE:
+            self._bound.popitem(last=False)
+        return bound, ops
+
+    # -- calls in flight --------------------------------------------------------
+    def _start(self, *buffers: Any) -> Handle:
+        """Start a call on ``buffers`` (the last one is the result); returns at once."""
+        bound, ops = self._bind(*buffers)
+        queue = self._queue
+        with queue.lock:
+            for other in queue.calls:
+                if other._bound is bound:
+                    raise TopoplanError(
+                        f"rank {self.rank}: this buffer already has an {self.spec.name} in "
+                        f"flight (call {other.call}); wait for it before starting another")
+            call = self._calls
+            self._calls = call + 1
+            handle = Handle(self, buffers[-1], bound, ops, call, call % self._epochs,
+                                     self._lane_of(queue.lane()))
+            queue.calls.append(handle)
+            self._progress_all()
+        return handle
+
+    def progress(self) -> int:
+        """Move every call in flight on the transport as far as it goes without
+        blocking; returns how many are still in flight. A failed call keeps its error
+        for its handle."""
+        with self._queue.lock:
+            self._progress_all()
+            return len(self._queue.calls)
+
+    def _progress_all(self) -> bool:
+        moved = False
+        for handle in list(self._queue.calls):
+            if not handle.done:
+                moved |= handle._owner._advance(handle, block=False)
+        return moved
+
+    def _lane_of(self, lane: int) -> int:
+        """The lane a call of this executor runs in: its turn's, or 0 when unlaned."""
+        return lane if self._laned else 0
+
+    def _can_begin(self, handle: Handle) -> bool:
+        """Whether ``handle`` may begin beside every call started before it that is
+        still running: never on an untagged or unpollable transport; with a call of
+        this executor when their epochs (tags) and scratch differ; with another
+        executor's when both are laned and their lanes differ."""
+        transport = self.transport
+        for other in self._queue.calls:
+            if other is handle:
+                return True
+            if other.done:
+                continue
+            if not transport.tagged or not transport.pollable:
+                return False
+            if other._owner is self:
+                if (handle.call - other.call >= self._epochs
+                        or other._bound.scratch is handle._bound.scratch):
+                    return False
+            elif not (self._laned and other._owner._laned) or other.lane == handle.lane:
+                return False
+        return True  # pragma: no cover - a handle is in its queue until it is done
+
+    def _advance(self, h: Handle, *, block: bool) -> bool:
+        """Run ``h`` as far as it goes (``block``: to the end); whether it moved."""
+        if not h._begun:
+            if not self._can_begin(h):
+                return False
+            h._begun = True
+            if self._stale:
+                self._drain(h.call)
+            for dst, src in h._bound.copy_in:
+                h._ops.copy(dst, src)
+        transport, steps = self.transport, h._bound.steps
+        moved = False
+        try:
+            with transport.compute_context():
+                while h._step < len(steps):
+                    step = steps[h._step]
+                    if h._posted is None:
+                        for dst, src in step.snapshots:
+                            h._ops.copy(dst, src)
+                        slot = h.lane * self._epochs + h.epoch
+                        batch = step.batches[slot]
+                        if batch is None:
+                            batch = step.batches[slot] = transport.batch(
+                                self._messages(step, h.epoch, h.lane))
+                        h._posted = transport.start(batch)
+                        h._deadline = time.monotonic() + self.timeout
+                        moved = True
+                    if block:
+                        pending = transport.wait(h._posted, max(0.0, h._deadline - time.monotonic()))
+                    elif not transport.pollable:
+                        return moved  # it moves in wait()
+                    elif transport.test(h._posted):
+                        pending = transport.wait(h._posted, 0.0)
+                    elif time.monotonic() >= h._deadline:
+                        pending = transport.wait(h._posted, 0.0)
+                    else:
+                        return moved
+                    if pending:
+                        transport.abort(h._posted)
+                        self._leave_behind(steps[h._step:], h.call, h.epoch, h.lane)
+                        raise self._error(step, pending, None)
+                    for dst, src in step.reduces:
+                        h._ops.add(dst, src)
+                    h._posted = None
+                    h._step += 1
+                    moved = True
+                for dst, src in h._bound.copy_out:
+                    h._ops.copy(dst, src)
+        except PeerFailure as exc:
+            transport.abort(h._posted)
+            self._leave_behind(steps[h._step:], h.call, h.epoch, h.lane)
+            h._error = self._error(steps[h._step], [exc.index], exc.reason)
+        except TransportError as exc:
+            h._error = exc
+        h.done = True
+        self._queue.calls.remove(h)
+        return True
+
+    # -- run ------------------------------------------------------------------
+    def _call(self, *buffers: Any) -> Any:
+        """Run a call on ``buffers`` to the end; returns the last one (the result)."""
+        if self._queue.calls:  # others in flight: take a turn with them
+            return self._start(*buffers).wait()
+        last = self._last
+        if (last is not None and len(buffers) == len(last[0])
+                and all(b is c for b, c in zip(buffers, last[0]))
+                and [last[1].fast_key(b) for b in buffers] == last[2]):
+            bound, ops = last[3], last[1]
+        else:
+            bound, ops = self._bind(*buffers)
+            self._last = (buffers, ops, [ops.fast_key(b) for b in buffers], bound)
+        with self._queue.lock, self.transport.compute_context():
+            self._run(bound, ops, self._lane_of(self._queue.lane()))
+        return buffers[-1]
+
+    def _run(self, bound: BoundProgram, ops: ArrayOps, lane: int) -> None:
+        call = self._calls
+        self._calls = call + 1
+        if self._stale:
+            self._drain(call)
+        epoch = call % self._epochs
+        slot = lane * self._epochs + epoch
+        add, copy = ops.add, ops.copy
+        for dst, src in bound.copy_in:
+            copy(dst, src)
+        transport, timeout = self.transport, self.timeout
+        for s, step in enumerate(bound.steps):
+            for dst, src in step.snapshots:
+                copy(dst, src)
+            batch = step.batches[slot]
+            if batch is None:
+                batch = step.batches[slot] = transport.batch(self._messages(step, epoch, lane))
+            handle = transport.start(batch)
+            try:
+                pending = transport.wait(handle, timeout)
+            except PeerFailure as exc:
+                transport.abort(handle)
+                self._leave_behind(bound.steps[s:], call, epoch, lane)
+                raise self._error(step, [exc.index], exc.reason) from None
+            if pending:
+                transport.abort(handle)
+                self._leave_behind(bound.steps[s:], call, epoch, lane)
+                raise self._error(step, pending, None)
+            for dst, src in step.reduces:
+                add(dst, src)
+        for dst, src in bound.copy_out:
+            copy(dst, src)
+
+    # -- epochs -------------------------------------------------------------------
+    def _shift(self, epoch: int, lane: int) -> int:
+        """What the tags of a call in ``epoch`` and ``lane`` are offset by."""
+        return tag_shift(epoch, lane, self._tag_shift)
+
+    def _messages(self, step: BoundStep, epoch: int, lane: int) -> list[Message]:
+        """The step's messages with the tags of ``epoch`` in ``lane``."""
+        shift = self._shift(epoch, lane)
+        if shift == 0:
+            return step.messages
+        return [Message(m.send, m.wire, m.peer, (m.tag + shift) % TAG_LIMIT)
+                for m in step.messages]
+
+    def _leave_behind(self, steps: Sequence[BoundStep], call: int, epoch: int,
+                      lane: int) -> None:
+        """Note the receives of a failed call from its failed step on: their messages may
+        still come, and must be dropped before their tags come round again."""
+        if self._epochs == 1:
+            return
+        shift = self._shift(epoch, lane)
+        self._stale += [(call, m.peer, (m.tag + shift) % TAG_LIMIT)
+                        for step in steps for m in step.messages if not m.send]
+
+    def _drain(self, call: int) -> None:
+        """Drop the failed calls' messages that have arrived since (see the module
+        docstring); forget those that can no longer be told from live ones."""
+        keep = []
+        for made, peer, tag in self._stale:
+            age = call - made
+            if age < self._epochs and self.transport.discard(peer, tag, self.timeout):
+                continue
+            if age < self._epochs - 1:
+                keep.append((made, peer, tag))
+        self._stale = keep
+
+    def _error(self, step: BoundStep, indices: Sequence[int], reason: str | None) -> TransportError:
+        # Blame a receive first: a dead peer's sends never arrive, while our own
+        # sends to it may already have completed into its buffers.
+        plans = [step.plans[i] for i in indices]
+        blamed = next((p for p in plans if not p.send), plans[0])
+        what = f"{blamed.what()} peer {blamed.peer}"
+        others = len(plans) - 1
+        more = f" (and {others} more op{'s' if others > 1 else ''})" if others else ""
+        if reason is None:
+            why = (f"timed out after {self.timeout:g} s: the peer died, hangs, or runs a "
+                   f"different schedule")
+        else:
+            why = f"failed: {reason}"
+        return TransportError(
+            f"rank {self.rank}: {self.transport.name} {self.schedule.algorithm} {self.spec.name}, "
+            f"step {step.index}: {what}{more} {why}",
+            rank=self.rank, step=step.index, peer=blamed.peer, chunk=blamed.chunk)

@@ -1,0 +1,238 @@
+"""The one small interface every transport implements.
+
+A transport moves bytes between ranks; it knows nothing about schedules. The
+executor (:mod:`topoplan.runtime.executor`) hands it, per step, a list of
+:class:`Message` objects (sends and receives on buffer views it prepared once
+with :meth:`Transport.prepare`), turns each step's list once into a batch with
+:meth:`Transport.batch`, starts a batch's messages all at once with
+:meth:`Transport.start`, and waits with :meth:`Transport.wait`, which always has a
+deadline. Reductions are the executor's job, not the transport's.
+
+Ordering contract: messages between an ordered pair of ranks that carry the same
+``tag`` match in the order they were started (MPI's non-overtaking rule), and a
+receive matches only a message with its tag. The executor gives every message of a
+call its own tag on its pair, shifted by the call's epoch, so that a failed call's
+late messages cannot match a later call (:mod:`topoplan.runtime.executor`).
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar, ContextManager, Sequence
+
+from ...errors import TopoplanError, TransportError
+
+__all__ = ["Transport", "Message", "PeerFailure", "Deadline", "NoNative"]
+
+#: Tags stay below 2**15: MPI promises at least 32767 for MPI_TAG_UB.
+TAG_LIMIT = 1 << 15
+
+
+@dataclass(slots=True)
+class Message:
+    """One point-to-point transfer of a step.
+
+    Attributes
+    ----------
+    send : bool
+        True for a send, False for a receive.
+    wire : object
+        What the transport moves, as returned by :meth:`Transport.prepare` for the
+        buffer view (a byte view for MPI, a tensor for torch, a pointer for NCCL).
+    peer : int
+    tag : int
+        In ``range(TAG_LIMIT)``.
+    """
+
+    send: bool
+    wire: Any
+    peer: int
+    tag: int
+
+
+class PeerFailure(Exception):
+    """Raised by a transport's :meth:`~Transport.wait` when a message failed.
+
+    ``index`` is the position of the failed message in the started list and
+    ``reason`` what the transport reported (peer gone, connection reset, ...). The
+    executor turns it into a :class:`~topoplan.TransportError` naming the step,
+    peer and chunk.
+    """
+
+    def __init__(self, index: int, reason: str) -> None:
+        self.index, self.reason = index, reason
+        super().__init__(f"message {index}: {reason}")
+
+
+class NoNative(TopoplanError):
+    """The transport has no native collective for this call (gloo without
+    reduce-scatter, MPI without a bfloat16 sum): benchmarks report the baseline as
+    missing instead of failing. Raised on every rank alike, before anything is sent."""
+
+
+class Deadline:
+    """A point in time (``time.monotonic``) with helpers for polling loops."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, timeout: float) -> None:
+        self.at = time.monotonic() + timeout
+
+    def left(self) -> float:
+        return self.at - time.monotonic()
+
+    def passed(self) -> bool:
+        return time.monotonic() >= self.at
+
+
+class Transport(abc.ABC):
+    """A communicator that moves buffer views between ranks.
+
+    Subclasses set ``name`` (``"mpi"``, ``"torch"``, ``"nccl"``, ``"local"``),
+    ``native_name`` (the baseline allreduce's name), ``native_names`` (the baseline
+    of each collective they have natively) and the ``rank``/``size`` attributes.
+    """
+
+    name: str = "?"
+    native_name: str = "?"
+    #: The transport's own collective for each collective name it runs natively
+    #: (``native_reduce_scatter`` / ``native_allgather``); ``native_name`` for allreduce.
+    native_names: ClassVar[dict[str, str]] = {}
+    rank: int
+    size: int
+    #: Messages match by tag (MPI, gloo, local). A transport that matches by posting
+    #: order alone (NCCL) sets False, and the executor then runs one call at a time.
+    tagged: bool = True
+    #: :meth:`test` tells a finished step from a running one without blocking. False
+    #: where messages only complete inside :meth:`wait` (gloo's point-to-point work):
+    #: the executor then runs calls in flight one at a time and moves them in ``wait``.
+    pollable: bool = True
+
+    # -- the hot path ---------------------------------------------------------
+    def prepare(self, view: Any) -> Any:
+        """Turn a 1-D contiguous buffer view into what :meth:`start` moves.
+
+        Called once per view when the executor binds a buffer, never per step.
+        The default passes the view through.
+        """
+        return view
+
+    def batch(self, messages: Sequence[Message]) -> Any:
+        """Turn one step's messages into what :meth:`start` posts, once.
+
+        The executor calls it the first time a step of a bound buffer runs and
+        passes the result to :meth:`start` on every later call: the views are
+        fixed after binding, so a transport can set up per-step state here once
+        (MPI builds persistent requests) instead of on every step. The default
+        passes the list through.
+        """
+        return messages
+
+    @abc.abstractmethod
+    def start(self, batch: Any) -> Any:
+        """Post every message of a step at once and return a handle for :meth:`wait`.
+
+        ``batch`` is what :meth:`batch` returned for the step (by default its list
+        of :class:`Message`). Receives and sends of one step are posted together,
+        so a step that both sends to and receives from the same peer cannot
+        deadlock.
+        """
+
+    @abc.abstractmethod
+    def wait(self, handle: Any, timeout: float) -> list[int]:
+        """Wait up to ``timeout`` seconds for the messages of ``handle``.
+
+        Returns
+        -------
+        list of int
+            Indices (into the started list) of messages still incomplete when the
+            time ran out; empty when everything finished.
+
+        Raises
+        ------
+        PeerFailure
+            When the transport saw a message fail (peer died, connection reset).
+        """
+
+    def test(self, handle: Any) -> bool:
+        """Whether :meth:`wait` on ``handle`` would return at once: every message is
+        done, or one failed. Never blocks, and may be called again and again (the
+        executor polls it for calls in flight, :meth:`topoplan.Allreduce.start`).
+
+        The default asks :meth:`wait` with no time, which suits transports whose wait
+        can be repeated; one that takes messages out as they arrive overrides it.
+        """
+        return not self.wait(handle, 0.0)
+
+    def abort(self, handle: Any) -> None:
+        """Give up on the messages of ``handle`` after a failure (best effort).
+
+        The step's batch must stay usable: a caller may retry the allreduce.
+        """
+
+    def discard(self, peer: int, tag: int, timeout: float) -> bool:
+        """Receive and drop one message from ``peer`` with ``tag`` if it has arrived.
+
+        The executor calls it for the messages a failed call may have left in flight.
+        Returns False when none has arrived, or when the transport cannot look (the
+        default; a late message then waits until its tag comes round again).
+        """
+        return False
+
+    def compute_context(self) -> ContextManager[Any]:
+        """Context the executor runs a whole call in: its copies and reductions
+        happen inside it (for NCCL, on the transport's CUDA stream)."""
+        return contextlib.nullcontext()
+
+    # -- small collectives used by benchmarks and checks ---------------------
+    @abc.abstractmethod
+    def native_allreduce(self, buffer: Any) -> None:
+        """Sum ``buffer`` over all ranks in place with the transport's own allreduce."""
+
+    def native_reduce_scatter(self, input: Any, output: Any) -> None:
+        """Rank ``r``'s ``output`` (``1/size`` of ``input``'s elements) becomes shard ``r``
+        of the sum of every rank's ``input``, with the transport's own reduce-scatter
+        (``MPI_Reduce_scatter_block``'s layout).
+
+        Raises
+        ------
+        NoNative
+            The transport has none (the default).
+        """
+        raise NoNative(f"the {self.name} transport has no native reduce-scatter")
+
+    def native_allgather(self, input: Any, output: Any) -> None:
+        """``output`` (``size`` times ``input``'s elements) becomes every rank's ``input``
+        in rank order, with the transport's own allgather (``MPI_Allgather``'s layout).
+
+        Raises
+        ------
+        NoNative
+            The transport has none (the default).
+        """
+        raise NoNative(f"the {self.name} transport has no native allgather")
+
+    def native_name_of(self, collective: str) -> str:
+        """The name of the transport's own ``collective`` (for tables)."""
+        if collective == "allreduce":
+            return self.native_name
+        return self.native_names.get(collective, f"native {collective}")
+
+    @abc.abstractmethod
+    def allreduce_max(self, value: float) -> float:
+        """The maximum of ``value`` over all ranks (a float; used for timings)."""
+
+    @abc.abstractmethod
+    def barrier(self) -> None:
+        """Wait until every rank has called it."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rank={self.rank}, size={self.size})"
+
+
+def wire_error(rank: int, message: str) -> TransportError:
+    """A TransportError for a failure that no single op can be blamed for."""
+    return TransportError(f"rank {rank}: {message}", rank=rank)
