@@ -97,7 +97,7 @@ def _mutate(fn):
 
 @pytest.mark.parametrize("mutate, message", [
     (lambda d: d["ranks"][1]["steps"][0][0].update(op="sned"),
-     "plan.json: ranks[1].steps[0][0]: unknown op 'sned'; expected 'send' or 'recv'"),
+     "plan.json: ranks[1].steps[0][0]: unknown op 'sned'; expected 'send', 'recv' or a native collective ('allreduce', 'reduce_scatter', 'allgather', 'broadcast', 'reduce')"),
     (lambda d: d["ranks"][2]["steps"][3][1].update(chunk=7),
      "plan.json: ranks[2].steps[3][1]: chunk 7 out of range(3)"),
     (lambda d: d["ranks"][0]["steps"][0][0].update(peer=3),
@@ -108,8 +108,8 @@ def _mutate(fn):
      "plan.json: chunks: fractions must sum to 1, got 0.95"),
     (lambda d: d.update(chunks=[0.5, 0.75, -0.25]),
      "plan.json: chunks[2]: fractions must be positive numbers, got -0.25"),
-    (lambda d: d.update(version=3),
-     "plan.json: version: this topoplan reads versions 1 and 2, got 3"),
+    (lambda d: d.update(version=4),
+     "plan.json: version: this topoplan reads versions 1, 2 and 3, got 4"),
     (lambda d: d["ranks"][0]["steps"][0][0].update(count=2),
      'plan.json: ranks[0].steps[0][0]: count (a chunk range) needs "version": 2'),
     (lambda d: (d.update(version=2), d["ranks"][0]["steps"][0][0].update(count=0)),

@@ -12,6 +12,14 @@ op (v1) it needs ``Omega(N^2)`` ops; with ranges a multi-level reduce-scatter ne
 ``O(N * sum of level sizes)``, and a direct (all-to-all) level pays one step latency
 where a ring pays ``b - 1``. A schedule that uses neither is written as version 1,
 so files that v1 readers can read stay v1.
+
+Version 3 adds *native steps*: a step that holds one :class:`Native` op, a collective
+(``allreduce``, ``reduce_scatter``, ``allgather``, ``broadcast``, ``reduce``) over a
+group of ranks on a chunk range, which the transport's own library runs (NCCL, MPI,
+torch.distributed) over a sub-communicator of the group. That is how a plan composes
+with NCCL: the in-box steps are NCCL's, the fabric steps are planned (PowerAI DDL's
+design). Native ops are a class of their own, not an :class:`Op` kind, so code written
+for point-to-point ops fails loudly on them (no ``peer``) instead of misreading them.
 """
 
 from __future__ import annotations
@@ -29,13 +37,14 @@ from .collectives import (COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE, chunk_boun
 from .._files import atomic_write  # noqa: F401 - topoplan.ir.schedule.atomic_write, as before
 from ..errors import ScheduleError, TopoplanError
 
-__all__ = ["OpKind", "Op", "send", "recv", "RankProgram", "Schedule", "load_schedule",
+__all__ = ["OpKind", "Op", "send", "recv", "NativeKind", "Native", "native", "is_native",
+           "RankProgram", "Schedule", "load_schedule",
            "loads_schedule", "chunk_bounds", "chunk_text", "recv_clash", "coalesce", "FORMAT",
            "VERSION", "VERSIONS"]
 
 FORMAT = "topoplan-schedule"
-VERSION = 2  #: the newest version written and read; version 1 is read too
-VERSIONS = (1, 2)
+VERSION = 3  #: the newest version written and read; versions 1 and 2 are read too
+VERSIONS = (1, 2, 3)
 FRACTION_TOLERANCE = 1e-9
 
 
@@ -92,7 +101,96 @@ def recv(peer: int, chunk: int, reduce: bool = False, count: int = 1) -> Op:
     return Op(OpKind.RECV, peer, chunk, reduce, count)
 
 
-Step = tuple[Op, ...]
+class NativeKind(str, Enum):
+    """A native op's collective, as written in the JSON."""
+
+    ALLREDUCE = "allreduce"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALLGATHER = "allgather"
+    BROADCAST = "broadcast"
+    REDUCE = "reduce"
+
+    @property
+    def rooted(self) -> bool:
+        """Broadcast and reduce have a root."""
+        return self in (NativeKind.BROADCAST, NativeKind.REDUCE)
+
+    @property
+    def parted(self) -> bool:
+        """Reduce-scatter and allgather cut their range into one part per member."""
+        return self in (NativeKind.REDUCE_SCATTER, NativeKind.ALLGATHER)
+
+
+@dataclass(frozen=True, slots=True)
+class Native:
+    """A collective over ``group`` on chunks ``chunk .. chunk + count - 1`` (IR v3).
+
+    Every member of ``group`` runs the same op (same kind, group, range and root), alone
+    in one of its steps; the k-th native op over a group at one member is the k-th at
+    every other member. Values are read when the member's step starts and written when
+    its step ends, and the op completes once every member has started its step (the
+    rendezvous rule of point-to-point messages, over the whole group). With ``m`` the
+    member at index ``i`` of ``group`` and ``g = len(group)``:
+
+    - ``allreduce``: every member's range ends as the sum of the members' ranges;
+    - ``reduce_scatter``: the range is cut into ``g`` parts of ``count / g`` chunks,
+      in group order; part ``i`` of member ``i`` ends as the sum of the members' part
+      ``i``; the other parts of each member keep their values;
+    - ``allgather``: part ``j`` of every member ends as member ``j``'s part ``j``;
+    - ``broadcast``: every member's range ends as ``root``'s;
+    - ``reduce``: ``root``'s range ends as the sum; the others keep theirs.
+
+    ``root`` is a rank of the group (broadcast and reduce only).
+    """
+
+    kind: NativeKind
+    group: tuple[int, ...]
+    chunk: int
+    count: int = 1
+    root: int | None = None
+
+    @property
+    def end(self) -> int:
+        """One past the last chunk the op covers."""
+        return self.chunk + self.count
+
+    def part(self, index: int) -> tuple[int, int]:
+        """Chunks ``[start, end)`` of part ``index`` (reduce-scatter, allgather)."""
+        size = self.count // len(self.group)
+        return self.chunk + index * size, self.chunk + (index + 1) * size
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"op": self.kind.value, "group": list(self.group),
+                               "chunk": self.chunk}
+        if self.count != 1:
+            out["count"] = self.count
+        if self.root is not None:
+            out["root"] = self.root
+        return out
+
+    def chunk_text(self) -> str:
+        return chunk_text(self.chunk, self.count)
+
+    def text(self) -> str:
+        """``"reduce_scatter over {0, 1, 2, 3} of chunks 0..7"`` for messages."""
+        root = f" from root {self.root}" if self.kind is NativeKind.BROADCAST else (
+            f" to root {self.root}" if self.kind is NativeKind.REDUCE else "")
+        return (f"{self.kind.value} over {{{', '.join(map(str, self.group))}}} of "
+                f"{self.chunk_text()}{root}")
+
+
+def native(kind: str | NativeKind, group: Iterable[int], chunk: int, count: int = 1,
+           root: int | None = None) -> Native:
+    """A :class:`Native` op (``kind`` by name or :class:`NativeKind`)."""
+    return Native(NativeKind(kind), tuple(group), chunk, count, root)
+
+
+def is_native(op: Op | Native) -> bool:
+    """Whether ``op`` is a native collective (IR v3), not a send or recv."""
+    return isinstance(op, Native)
+
+
+Step = tuple["Op | Native", ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,25 +244,34 @@ class Schedule:
         return sum(op.kind is OpKind.SEND for p in self.ranks for step in p.steps for op in step)
 
     @property
+    def nnative(self) -> int:
+        """Native collective ops (IR v3), counted once per member."""
+        return sum(isinstance(op, Native) for p in self.ranks for step in p.steps for op in step)
+
+    @property
     def max_step_ops(self) -> int:
         """The most ops any rank posts in one step."""
         return max((len(step) for p in self.ranks for step in p.steps), default=0)
 
     @property
     def version(self) -> int:
-        """The JSON version this schedule needs: 2 if an op carries a chunk range or a
-        step has several recvs of one chunk (all reducing), else 1."""
+        """The JSON version this schedule needs: 3 if it has native steps, 2 if an op
+        carries a chunk range or a step has several recvs of one chunk (all reducing),
+        else 1."""
+        need = 1
         for program in self.ranks:
             for step in program.steps:
                 recvs = []
                 for op in step:
+                    if isinstance(op, Native):
+                        return 3
                     if op.count != 1:
-                        return 2
+                        need = 2
                     if op.kind is OpKind.RECV:
                         recvs.append((op.chunk, op.end, False))
                 if recv_clash(recvs) is not None:  # overlapping recvs: legal only in v2
-                    return 2
-        return 1
+                    need = 2
+        return need
 
     @property
     def algorithm(self) -> str:
@@ -183,8 +290,8 @@ class Schedule:
         """A copy with ``meta`` updated."""
         return replace(self, meta={**self.meta, **meta})
 
-    def ops(self) -> Iterator[tuple[int, int, Op]]:
-        """Every ``(rank, step, op)``."""
+    def ops(self) -> Iterator[tuple[int, int, Op | Native]]:
+        """Every ``(rank, step, op)``, native ops (IR v3) included."""
         for program in self.ranks:
             for s, step in enumerate(program.steps):
                 for op in step:
@@ -305,7 +412,7 @@ def _parse(data: Any, source: str) -> Schedule:
         raise fail("format", f"expected {FORMAT!r}, got {data.get('format')!r}")
     version = data.get("version")
     if isinstance(version, bool) or version not in VERSIONS:
-        raise fail("version", f"this topoplan reads versions 1 and 2, got {version!r}")
+        raise fail("version", f"this topoplan reads versions 1, 2 and 3, got {version!r}")
     collective = data.get("collective", DEFAULT_COLLECTIVE)
     if not isinstance(collective, str) or collective not in COLLECTIVES:
         known = ", ".join(repr(name) for name in COLLECTIVES)
@@ -367,18 +474,64 @@ def _parse(data: Any, source: str) -> Schedule:
 
 
 _OPS = {"send": OpKind.SEND, "recv": OpKind.RECV}
+_NATIVE = {kind.value: kind for kind in NativeKind}
+
+
+def _parse_native(raw: dict, rank: int, nranks: int, nchunks: int, version: int,
+                  fail) -> Native:
+    kind = _NATIVE[raw["op"]]
+    if version < 3:
+        raise fail(f"a native {kind.value} needs \"version\": 3")
+    group = raw.get("group")
+    if (not isinstance(group, list) or len(group) < 1
+            or any(isinstance(m, bool) or not isinstance(m, int) for m in group)):
+        raise fail(f"group must be a non-empty list of ranks, got {group!r}")
+    outside = [m for m in group if not 0 <= m < nranks]
+    if outside:
+        raise fail(f"group names rank {outside[0]}, outside range({nranks})")
+    if len(set(group)) != len(group):
+        twice = next(m for m in group if group.count(m) > 1)
+        raise fail(f"group names rank {twice} twice")
+    if rank not in group:
+        raise fail(f"rank {rank} runs a native {kind.value} over group {group} it is not in")
+    chunk, count = raw.get("chunk"), raw.get("count", 1)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or not 0 <= chunk < nchunks:
+        raise fail(f"chunk {chunk!r} out of range({nchunks})")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise fail(f"count must be an integer >= 1, got {count!r}")
+    if chunk + count > nchunks:
+        raise fail(f"{chunk_text(chunk, count)} run past the last chunk {nchunks - 1}")
+    if kind.parted and count % len(group):
+        raise fail(f"a native {kind.value} over {len(group)} ranks cuts its range into "
+                   f"{len(group)} equal parts: count {count} is not a multiple of {len(group)}")
+    root = raw.get("root")
+    if kind.rooted:
+        if isinstance(root, bool) or not isinstance(root, int) or root not in group:
+            raise fail(f"a native {kind.value} needs a root in its group {group}, "
+                       f"got {root!r}")
+    elif root is not None:
+        raise fail(f"a native {kind.value} has no root (got root {root!r})")
+    return Native(kind, tuple(group), chunk, count, root)
 
 
 def _parse_step(step: list, rank: int, nranks: int, nchunks: int, version: int, fail_op,
                 fail_step) -> Step:
-    ops = []
+    ops: list[Op | Native] = []
     received: list[tuple[int, int, bool]] = []
     for j, raw in enumerate(step):
         if not isinstance(raw, dict):
             raise fail_op(j, "an op is an object with op, peer and chunk")
+        if raw.get("op") in _NATIVE:
+            if len(step) != 1:
+                raise fail_step(f"a native {raw.get('op')} stands alone in its step; this "
+                                f"step has {len(step)} ops")
+            ops.append(_parse_native(raw, rank, nranks, nchunks, version,
+                                     lambda m, j=j: fail_op(j, m)))
+            continue
         kind = _OPS.get(raw.get("op"))  # type: ignore[arg-type]
         if kind is None:
-            raise fail_op(j, f"unknown op {raw.get('op')!r}; expected 'send' or 'recv'")
+            raise fail_op(j, f"unknown op {raw.get('op')!r}; expected 'send', 'recv' or a "
+                             f"native collective ({', '.join(map(repr, _NATIVE))})")
         peer, chunk = raw.get("peer"), raw.get("chunk")
         if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < nranks:
             raise fail_op(j, f"peer {peer!r} out of range({nranks})")
@@ -461,6 +614,8 @@ def coalesce(schedule: Schedule) -> Schedule:
     for program in schedule.ranks:
         for s, step in enumerate(program.steps):
             for j, op in enumerate(step):
+                if isinstance(op, Native):
+                    continue
                 if op.kind is OpKind.SEND:
                     sends.setdefault((program.rank, op.peer), []).append((s, j))
                 else:
@@ -477,6 +632,7 @@ def coalesce(schedule: Schedule) -> Schedule:
             (s1, j1), (r1, i1) = out[k], into[k]
             first, op_s, op_r = steps[src][s0][j0], steps[src][s1][j1], steps[dst][r1][i1]
             merged_r = steps[dst][r0][i0]
+            assert isinstance(op_r, Op) and isinstance(merged_r, Op)  # natives are skipped
             if (s1 == s0 and r1 == r0 and op_s.chunk == first.end and op_r.chunk == merged_r.end
                     and op_r.chunk == op_s.chunk and op_r.reduce == merged_r.reduce
                     and first.chunk == merged_r.chunk):

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from .collectives import Collective, collective_of
 from ..errors import ScheduleError
-from .schedule import OpKind, Schedule, chunk_text, recv_clash
+from .schedule import Native, OpKind, Schedule, chunk_text, recv_clash
 
 if TYPE_CHECKING:
     import numpy as np
@@ -319,6 +319,11 @@ def verify(schedule: Schedule) -> VerifyReport:
     def fail(message: str) -> ScheduleError:
         return ScheduleError(f"{name}: {message}")
 
+    for r, s, op in schedule.ops():
+        if isinstance(op, Native):
+            raise fail(f"rank {r} step {s}: verify does not check native steps yet "
+                       f"({op.text()})")
+
     try:
         collective = collective_of(schedule)
     except ScheduleError as exc:
@@ -355,8 +360,9 @@ def verify(schedule: Schedule) -> VerifyReport:
         s = pc[r]
         g = flow.step_base[r] + s
         need = flow.need[flow.op_ptr[g]:flow.op_ptr[g + 1]].tolist()
+        ops = [op for op in schedule.ranks[r].steps[s] if not isinstance(op, Native)]
         waits = [wait_text(op.kind, op.chunk, op.count, op.peer, pc[op.peer], need[j])
-                 for j, op in enumerate(schedule.ranks[r].steps[s]) if pc[op.peer] < need[j]]
+                 for j, op in enumerate(ops) if pc[op.peer] < need[j]]
         raise deadlock_error(name, len(blocked), r, s, waits)
 
     for r in range(n):

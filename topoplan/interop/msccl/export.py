@@ -59,7 +59,7 @@ from typing import Sequence
 from ...ir.collectives import collective_of, shard_chunks
 from ...errors import PlannerError, ScheduleError
 from ...ir.fingerprint import META_KEY
-from ...ir.schedule import OpKind, Schedule
+from ...ir.schedule import Native, OpKind, Schedule
 from .limits import MAX_NODES, Limits, limit_violations
 from .model import PROTOCOLS, STEP_TYPES, Algo, Gpu, Step, ThreadBlock
 from .verify import verify_msccl
@@ -283,6 +283,9 @@ def _build_nodes(schedule: Schedule) -> tuple[list[list[_Node]], list[_Message]]
         r = program.rank
         for t, step in enumerate(program.steps):
             for j, op in enumerate(step):
+                if isinstance(op, Native):
+                    raise ScheduleError(f"rank {r} step {t}: MSCCL XML has no native "
+                                        f"collective steps ({op.text()})")
                 if op.kind is OpKind.SEND:
                     node = _Node(r, t, 0, j, "s", op.chunk, op.count, send_peer=op.peer)
                     send_q[(r, op.peer)].append(node)

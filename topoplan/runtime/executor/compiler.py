@@ -14,7 +14,8 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ...ir.schedule import OpKind, Schedule, chunk_text
+from ...errors import ScheduleError
+from ...ir.schedule import Native, OpKind, Schedule, chunk_text
 from ..transports.base import TAG_LIMIT, Message
 
 __all__ = ["Span", "MessagePlan", "StepPlan", "Program", "BoundStep", "BoundProgram",
@@ -118,6 +119,9 @@ def compile_program(schedule: Schedule, rank: int, n: int) -> Program:
         snap_slot: dict[Span, tuple[int, int]] = {}
         messages, snapshots, reduces = [], [], []
         for op in ops:
+            if isinstance(op, Native):
+                raise ScheduleError(f"rank {rank}: the executor does not run native steps "
+                                    f"yet ({op.text()})")
             # Tags count every message on the pair, empty or not, so both ends agree.
             counter = seq_out if op.kind is OpKind.SEND else seq_in
             seq = counter.get(op.peer, 0)
