@@ -82,6 +82,39 @@ def test_mpi_cases_and_killed_peer(nranks: int, victim: int | None, with_torch: 
         assert kill["elapsed"] < TIMEOUT + 3.0, kill
 
 
+@pytest.mark.parametrize("nranks, victim, with_torch", [(2, None, True), (3, 2, False),
+                                                       (4, 1, False)])
+def test_native_steps_and_a_killed_member(nranks: int, victim: int | None, with_torch: bool
+                                          ) -> None:
+    """tests/mpi_native.py: native steps over Comm.Split sub-communicators (every kind,
+    composed allreduce, reduce-scatter and allgather schedules, unequal parts, calls in
+    flight, bad groups), then a member exits at its first native step: the others raise
+    a TransportError naming their step and group within the timeout."""
+    if victim is not None and not find_launcher()[0].fault_tolerant:
+        pytest.skip(f"{find_launcher()[0]} cannot keep survivors of a dead rank running")
+    argv = [sys.executable, "-m", "tests.mpi_native", "--timeout", str(TIMEOUT)]
+    argv += (["--kill", str(victim)] if victim is not None else [])
+    argv += (["--torch"] if with_torch else [])
+    proc = mpiexec(nranks, argv, timeout=240, fault_tolerant=victim is not None, cwd=ROOT)
+    results = _results(proc.stdout)
+    survivors = [r for r in range(nranks) if r != victim]
+    assert sorted(results) == survivors, (
+        f"expected results from ranks {survivors}, got {sorted(results)}\n"
+        f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}")
+    for rank in survivors:
+        record = results[rank]
+        assert record["failures"] == [], "\n".join(record["failures"])
+        assert record["ncases"] > 80
+        if victim is None:
+            continue
+        kill = record["kill"]
+        assert kill["type"] == "TransportError", kill
+        assert kill["rank"] == rank and kill["step"] is not None, kill
+        assert kill["error"].startswith(f"rank {rank} step {kill['step']}: native "), kill
+        assert "over {" in kill["error"] and "MPI_I" in kill["error"], kill
+        assert kill["elapsed"] < TIMEOUT + 3.0, kill
+
+
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_a_retry_after_a_timeout_sums_its_own_inputs(nranks: int) -> None:
     """tests/mpi_retry.py: the late messages of a failed call neither match the retry
