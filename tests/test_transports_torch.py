@@ -52,6 +52,28 @@ def test_gloo_cases_and_killed_peer(tmp_path, monkeypatch) -> None:
         assert kill["elapsed"] < TIMEOUT + 3.0, kill
 
 
+def test_gloo_native_steps_and_a_killed_member() -> None:
+    """tests/support/native_cases.py over gloo process groups made with new_group (every
+    kind, composed schedules, unequal parts through the padded paths, fp16 and bfloat16
+    tensors, calls in flight), then a member exits at its first native step."""
+    from tests.support import native_cases
+
+    nranks, victim = 4, 3
+    results = Torch.launch(nranks, native_cases.torch_rank_main, victim, TIMEOUT,
+                           backend="gloo", timeout=240, return_exceptions=True)
+    assert isinstance(results[victim], TransportError)
+    for rank in range(victim):
+        record = results[rank]
+        assert isinstance(record, dict), f"rank {rank} raised {record!r}"
+        assert record["failures"] == [], "\n".join(record["failures"])
+        assert record["ncases"] > 100
+        kill = record["kill"]
+        assert kill["type"] == "TransportError" and kill["rank"] == rank, kill
+        assert kill["error"].startswith(f"rank {rank} step 0: native reduce_scatter over "
+                                        "{0, 1, 2, 3}"), kill
+        assert kill["elapsed"] < TIMEOUT + 3.0, kill
+
+
 def test_torch_transport_needs_a_process_group() -> None:
     if dist.is_initialized():
         pytest.skip("a process group is already initialized in this process")
