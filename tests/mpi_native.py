@@ -2,7 +2,8 @@
 repository root.
 
 Every rank runs tests/support/native_cases.py over :class:`topoplan.runtime.transports.MPI`
-(sub-communicators by ``Comm.Split``, non-blocking collectives) and then, with ``--kill R``,
+(sub-communicators by ``Comm.Split``, non-blocking collectives), again with
+``blocking_natives=True`` (MPI's blocking collectives), and then, with ``--kill R``,
 a composed allreduce in which rank R exits when its first native step starts. Every rank
 prints one line ``TOPOPLAN-RESULT {json}``: its failures, the cases run and what the
 killed-member run raised. tests/test_transports_mpi.py reads them.
@@ -31,6 +32,9 @@ def main() -> None:
     record: dict = {"rank": t.rank, "size": t.size}
     try:
         failures, ncases = C.native_cases(t, with_torch=args.torch)
+        # Blocking collectives for calls that run to the end: the same results.
+        more, count = C.native_cases(MPI(blocking_natives=True))
+        failures, ncases = failures + [f"blocking_natives: {f}" for f in more], ncases + count
         # The whole world in rank order is the transport's own communicator: no split.
         Allreduce(N.native_allreduce(t.size), t)
         if t.group_of(tuple(range(t.size))) is not t.comm:

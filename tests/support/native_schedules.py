@@ -2,7 +2,7 @@
 
 The executor's native-step tests run these on every transport
 (tests/support/native_cases.py). Each builder says what its schedule computes; the
-composed ones are the shapes of the issue "Compose with NCCL" (a collective inside each
+composed ones are the shapes of PowerAI DDL's composition (a collective inside each
 box, an exchange across boxes, a collective inside each box again). :func:`reference`
 computes, with numpy, what a schedule of native steps only leaves in every rank's
 buffer, following docs/SCHEDULE.md ("Version 3") literally, so schedules whose result is

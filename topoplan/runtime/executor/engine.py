@@ -397,8 +397,7 @@ class Executor:
             work = step.native
             if work is not None:
                 try:
-                    work.start()
-                    done = work.wait(timeout)
+                    done = work.run(timeout)
                 except PeerFailure as exc:
                     work.abort()
                     self._leave_behind(bound.steps[s:], call, epoch, lane)

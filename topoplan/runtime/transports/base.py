@@ -150,8 +150,8 @@ class NativeWork(abc.ABC):
     waited for and finished once per call, again and again.
 
     The executor calls :meth:`start` when the step begins (values are read then), then
-    :meth:`test` or :meth:`wait` until it is done, then :meth:`finish` (values are
-    written by then), or :meth:`abort` after a failure. ``call`` names what the
+    :meth:`test` or :meth:`wait` until it is done (or :meth:`run` for both), then
+    :meth:`finish` (values are written by then), or :meth:`abort` after a failure. ``call`` names what the
     transport runs, for messages (``"MPI_Ireduce_scatter_block"``).
     """
 
@@ -186,6 +186,13 @@ class NativeWork(abc.ABC):
         PeerFailure
             When it failed (a member died, the members disagree).
         """
+
+    def run(self, timeout: float) -> bool:
+        """Start and wait for it (the executor's calls that run to the end, with nothing
+        else in flight); whether it is done. A transport may run its blocking
+        collective here instead (MPI's ``blocking_natives``)."""
+        self.start()
+        return self.wait(timeout)
 
     def finish(self) -> None:
         """After it is done: copy results from scratch into the view, where needed."""

@@ -111,7 +111,8 @@ class _MPINative(NativeWork):
         mpi = transport._mpi
         self.t, self.op, self.comm, self.mpi = transport, op, comm, mpi
         self.request: Any = None
-        self.post: Callable[[], Any]
+        self.post: Callable[[], Any]   # the non-blocking collective: a request
+        self.block: Callable[[], Any]  # the blocking one, for run()
         self.copy_in: list[tuple[Any, Any]] = []   # (dst, src) before posting
         self.copy_out: list[tuple[Any, Any]] = []  # (dst, src) after it is done
         kind, g, i = op.kind, len(op.group), op.index
@@ -128,8 +129,7 @@ class _MPINative(NativeWork):
             else:
                 typed = _typed(view)
         if kind == "allreduce":
-            self.call = "MPI_Iallreduce"
-            self.post = lambda: comm.Iallreduce(mpi.IN_PLACE, typed, op=mpi.SUM)
+            self._use("Allreduce", mpi.IN_PLACE, typed, op=mpi.SUM)
         elif kind == "reduce_scatter":
             # In place, MPI would leave the member's sum at the start of its buffer: the
             # sum lands in scratch and is copied to the member's part.
@@ -137,37 +137,56 @@ class _MPINative(NativeWork):
             out = _typed(op.empty(b - a)) if not self.copy_in else typed[a:b].copy()
             self.copy_out.insert(0, (typed[a:b], out))
             if op.equal:
-                self.call = "MPI_Ireduce_scatter_block"
-                self.post = lambda: comm.Ireduce_scatter_block(typed, out, op=mpi.SUM)
+                self._use("Reduce_scatter_block", typed, out, op=mpi.SUM)
             else:
-                self.call = "MPI_Ireduce_scatter"
-                self.post = lambda: comm.Ireduce_scatter(typed, out, recvcounts=counts,
-                                                         op=mpi.SUM)
+                self._use("Reduce_scatter", typed, out, recvcounts=counts, op=mpi.SUM)
         elif kind == "allgather":
             raw = byte_view(view)
             size = raw.shape[0] // op.size if op.size else 0
             if op.equal:
-                self.call = "MPI_Iallgather"
-                self.post = lambda: comm.Iallgather(mpi.IN_PLACE, [raw, mpi.BYTE])
+                self._use("Allgather", mpi.IN_PLACE, [raw, mpi.BYTE])
             else:
-                self.call = "MPI_Iallgatherv"
                 spec = ([c * size for c in counts], [op.part(j)[0] * size for j in range(g)])
-                self.post = lambda: comm.Iallgatherv(mpi.IN_PLACE, [raw, spec, mpi.BYTE])
+                self._use("Allgatherv", mpi.IN_PLACE, [raw, spec, mpi.BYTE])
         elif kind == "broadcast":
             raw = byte_view(view)
-            self.call = "MPI_Ibcast"
-            self.post = lambda: comm.Ibcast([raw, mpi.BYTE], root=op.root)
+            self._use("Bcast", [raw, mpi.BYTE], root=op.root)
         elif kind == "reduce":
-            self.call = "MPI_Ireduce"
             if i == op.root:
-                self.post = lambda: comm.Ireduce(mpi.IN_PLACE, typed, op=mpi.SUM, root=op.root)
+                self._use("Reduce", mpi.IN_PLACE, typed, op=mpi.SUM, root=op.root)
             else:
                 self.copy_out.clear()  # the others keep their values
-                self.post = lambda: comm.Ireduce(typed, None, op=mpi.SUM, root=op.root)
+                self._use("Reduce", typed, None, op=mpi.SUM, root=op.root)
         else:  # pragma: no cover - NativeKind has no other value
             raise TopoplanError(f"unknown native collective {kind!r}")
 
+    def _use(self, name: str, *args: Any, **kwargs: Any) -> None:
+        """Run mpi4py's ``comm.<name>`` (blocking) or ``comm.I<name>`` (non-blocking)."""
+        nonblocking = "I" + name[0].lower() + name[1:]
+        self.call = self.nonblocking_call = f"MPI_{nonblocking}"
+        self.blocking_call = f"MPI_{name}"
+        post, block = getattr(self.comm, nonblocking), getattr(self.comm, name)
+        self.post = lambda: post(*args, **kwargs)
+        self.block = lambda: block(*args, **kwargs)
+
+    def run(self, timeout: float) -> bool:
+        if not self.t.blocking_natives:
+            return super().run(timeout)
+        # MPI's blocking collective: the same algorithm and cost as calling it directly,
+        # but no deadline (see MPI's blocking_natives).
+        if self.op.group in self.t._broken:
+            raise PeerFailure(0, f"its sub-communicator is broken: {self.t._broken[self.op.group]}")
+        for dst, src in self.copy_in:
+            _copy(dst, src)
+        self.call = self.blocking_call
+        try:
+            self.block()
+        except self.mpi.Exception as exc:
+            raise PeerFailure(0, self.t._describe(exc)) from None
+        return True
+
     def start(self) -> None:
+        self.call = self.nonblocking_call
         if self.op.group in self.t._broken:
             raise PeerFailure(0, f"its sub-communicator is broken: {self.t._broken[self.op.group]}")
         for dst, src in self.copy_in:
@@ -239,6 +258,16 @@ class MPI(Transport):
         rather than through a persistent request, because only ``MPI_Isend`` takes
         Open MPI's inline shared-memory path (``btl_sm_max_inline_send``, 256 bytes
         by default); a persistent send takes the full request path.
+    blocking_natives : bool
+        Run the native steps of a call that runs to the end (``allreduce(buffer)``,
+        not ``start``) with MPI's blocking collectives (``MPI_Allreduce``, ...): then
+        a schedule whose only step is a native allreduce costs what ``MPI_Allreduce``
+        costs. By default they run the non-blocking ones, polled against the step's
+        deadline like messages; Open MPI's non-blocking collectives (libnbc) took up
+        to twice as long as its blocking ones between 256 KiB and 4 MiB here
+        (scripts/bench_native_step.py). The price: a blocking step has no deadline. A
+        member that died ends it with an error under ULFM (``mpiexec --with-ft
+        ulfm``); one that hangs, or runs another schedule, hangs it.
 
     Notes
     -----
@@ -256,12 +285,13 @@ class MPI(Transport):
                     "allgather": "MPI_Allgather"}
 
     def __init__(self, comm: Any = None, *, dup: bool = True, poll_yield: bool = True,
-                 spin: int = 64, inline_max: int = 256) -> None:
+                 spin: int = 64, inline_max: int = 256, blocking_natives: bool = False) -> None:
         if spin < 0:
             raise TopoplanError(f"spin must be >= 0 polls, got {spin!r}")
         mpi = _mpi()
         self.spin = int(spin)
         self.inline_max = int(inline_max)
+        self.blocking_natives = bool(blocking_natives)
         self._mpi = mpi
         comm = mpi.COMM_WORLD if comm is None else comm
         self.comm = comm.Dup() if dup else comm
