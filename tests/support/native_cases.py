@@ -115,6 +115,14 @@ def native_cases(t: Any, *, with_torch: bool = False,
         check(np.array_equal(host(y), want_sum(1001).astype(np.float32)),
               f"{name} float32: wrong sum")
 
+    # float16 (small integers: exact), and float16 added in a float32 shadow.
+    composed = N.composed_allreduce(2, n // 2) if n % 2 == 0 else N.scatter_then_gather(n)
+    for accumulate in (False, True):
+        h = device((np.arange(3001) % 7 + rank).astype(np.float16))
+        Allreduce(composed, t, timeout=30, accumulate_fp32=accumulate)(h)
+        want_h = ((np.arange(3001) % 7) * n + sum(range(n))).astype(np.float16)
+        check(np.array_equal(host(h), want_h), f"float16 accumulate_fp32={accumulate}: wrong")
+
     # One op each, checked against the reference (values other ranks keep included).
     for name, schedule in lone_schedules(n).items():
         run = Allreduce(schedule, t, timeout=30)
