@@ -172,8 +172,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     t, left_out = fit_table(columns, [
         [size, str(r.size // args.dtype_size), f"{r.time_s * 1e6:.2f}", f"{r.algbw / 1e9:.2f}",
          f"{r.busbw / 1e9:.2f}", f"{r.lower_bound_s * 1e6:.2f}",
-         *([] if latency[r.size] is None else [f"{latency[r.size] * 1e6:.2f}"]), _x_bound(r),
-         _vs_nccl(r)]
+         *_us(latency[r.size]), _x_bound(r), _vs_nccl(r)]
         for size, r in zip(sizes, reports)], out.width)
     out.print(t)
     note = left_out_note(left_out, out.width)
@@ -220,6 +219,11 @@ COLUMNS = (Column("size\n(B)"), Column("count", drop=5), Column("time\n(us)"),
 NCCL_COLUMNS = (Column("size\n(B)"), Column("nccl\n(us)"), Column("busbw\n(GB/s)"),
                 Column("algorithm", "left"), Column("protocol", "left"),
                 Column("chan-\nnels"), Column("set by", "left", drop=1))
+
+
+def _us(seconds: float | None) -> list[str]:
+    """A cell in microseconds, or none (the column is left out)."""
+    return [] if seconds is None else [f"{seconds * 1e6:.2f}"]
 
 
 def _vs_nccl(report: SimReport) -> str:
