@@ -12,8 +12,9 @@ machine's load hits every method alike), on float32 buffers:
   over every rank (what ``auto`` runs when it picks the native collective); on MPI it
   runs ``MPI_Iallreduce`` polled against the step's deadline, and ``step-b`` is the same
   over ``MPI(blocking_natives=True)`` (``MPI_Allreduce``, no deadline),
-- ``composed``: a composed allreduce of native steps only (reduce-scatter in each box of
-  two ranks, allreduce over each rail, allgather in each box),
+- ``composed``: a composed allreduce of native steps only (reduce-scatter in each of two
+  boxes, allreduce over each rail, allgather in each box; on 2 ranks a reduce-scatter
+  then an allgather over both),
 - ``ring``: the planned point-to-point ring, replayed.
 
 It prints each method's time (the slowest rank's mean) and ``step/native``, the cost of
@@ -58,7 +59,9 @@ def _measure(methods, barrier, agree_max, seconds, rounds, max_iters=400):
 def _schedules(n):
     from tests.support import native_schedules as N
     from tests.support import schedules as S
-    composed = N.composed_allreduce(2, n // 2) if n % 2 == 0 else N.scatter_then_gather(n)
+    # Two boxes of n/2; with 2 ranks (boxes of one) a reduce-scatter then an allgather.
+    composed = (N.composed_allreduce(2, n // 2) if n % 2 == 0 and n >= 4
+                else N.scatter_then_gather(n))
     return {"step": N.native_allreduce(n), "composed": composed, "ring": S.ring(n)}
 
 
