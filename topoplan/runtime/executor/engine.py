@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Sequence
 from ...ir.collectives import collective_of
 from ...errors import TopoplanError, TransportError
 from ...ir.schedule import Native, Schedule
-from ..transports.base import TAG_LIMIT, Collective, Message, PeerFailure, Transport
+from ..transports.base import TAG_LIMIT, Collective, Message, NoNative, PeerFailure, Transport
 from .arrays import ArrayOps, array_ops
 from .compiler import (BoundProgram, BoundStep, NativePlan, Program, bind_steps, compile_program,
                        native_groups, pair_span)
@@ -115,9 +115,7 @@ class Executor:
                 pass  # the call's own handle reports it
         try:
             transport.make_groups(groups)
-        except TransportError:
-            raise
-        except TopoplanError as exc:
+        except NoNative as exc:
             r, s, op = next((r, s, op) for r, s, op in self.schedule.ops()
                              if isinstance(op, Native))
             raise TopoplanError(f"rank {self.rank}: the {self.schedule.algorithm} schedule has "
@@ -200,10 +198,11 @@ class Executor:
             scratch = self._scratch[skey] = ops.empty(plan.scratch, work)
         transport = self.transport
 
-        def native(np: NativePlan, view: Any) -> Any:
-            op = np.op
-            return transport.native(Collective(op.kind.value, op.group, np.index, view, np.parts,
-                                               np.root, lambda k: ops.empty(k, view)))
+        def native(step: NativePlan, view: Any) -> Any:
+            op = step.op
+            return transport.native(Collective(op.kind.value, op.group, step.index, view,
+                                               step.parts, step.root,
+                                               lambda k: ops.empty(k, view)))
 
         steps = bind_steps(plan, work, scratch, transport.prepare,
                            self._epochs * (LANES if self._laned else 1), native)
