@@ -41,7 +41,8 @@ def test_verify_json_reports_every_plan(tmp_path):
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"plans": [
         {"file": str(good), "ok": True, "algorithm": "ring", "collective": "allreduce",
-         "nranks": 4, "nchunks": 4, "nsteps": 6, "nmessages": 24}]}
+         "nranks": 4, "nchunks": 4, "nsteps": 6, "nmessages": 24, "nnative": 0,
+         "ncollectives": 0}]}
     done = topoplan("verify", "--json", str(good), str(bad))
     assert done.returncode == 1
     plans = json.loads(done.stdout)["plans"]
@@ -81,7 +82,8 @@ def _double_count(d):
 
 
 BROKEN = {
-    "unknown op": (_unknown_op, "ranks[1].steps[2][0]: unknown op 'sned'; expected 'send' or 'recv'"),
+    "unknown op": (_unknown_op, "ranks[1].steps[2][0]: unknown op 'sned'; expected 'send', "
+                                "'recv' or a native collective ('allreduce', "),
     "chunk out of range": (_chunk_range, "ranks[0].steps[0][0]: chunk 7 out of range(3)"),
     "fractions": (_fractions, "chunks: fractions must sum to 1, got 0.75"),
     "unmatched": (_unmatched, "unmatched send: rank 1 step 3 sends chunk"),
