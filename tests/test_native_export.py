@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import native_schedules as N
+from tests.support import native_programs as N
 from tests.test_schedule_native import two_boxes
 from topoplan.errors import ScheduleError
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.support import native_schedules as N
+from tests.support import native_programs as N
 from tests.test_schedule_native import two_boxes
 from topoplan.commands.show import native_lines
 from topoplan.errors import ScheduleError

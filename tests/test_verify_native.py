@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from tests.support import native_schedules as N
+from tests.support import native_programs as N
 from tests.test_schedule_native import two_boxes
 from topoplan.cluster import load_cluster
 from topoplan.errors import ScheduleError
