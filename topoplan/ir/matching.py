@@ -76,7 +76,8 @@ class Messages:
     Native ops (IR v3) are not ops of these arrays: ``op_ptr`` and ``ops_per_step``
     count sends and recvs only, and a native step holds none. ``calls`` are the native
     collectives, ordered by the global step of their first member's op, and
-    ``step_call[g]`` is the index of the call step ``g`` runs (-1 for other steps).
+    ``step_call[g]`` is the index of the call step ``g`` runs (-1 for other steps),
+    ``step_member[g]`` the rank's index in that call's group.
 
     Raises
     ------
@@ -106,6 +107,7 @@ class Messages:
         op_step = np.repeat(np.arange(nglobal, dtype=np.int64), nops)
         self.calls: list[NativeCall] = []
         self.step_call = np.full(nglobal, -1, np.int64)
+        self.step_member = np.full(nglobal, -1, np.int64)  # the rank's index in the group
         natives: tuple[np.ndarray, list[Native]] | None = None
         try:
             peer = np.fromiter(map(attrgetter("peer"), ops), np.int64, count=total)
@@ -226,9 +228,16 @@ class Messages:
         # met, and each member's global step.
         groups: dict[tuple[int, ...], list[tuple[Native, dict[int, int]]]] = {}
         seen: dict[tuple[tuple[int, ...], int], int] = {}  # ops over a group per member
+        checked: set[Native] = set()  # each op once, not once per member
         for g, op in zip(where, ops):
             r = step_rank[g]
-            self._check_native(op, r, g - step_base[r], nchunks)
+            if op not in checked:
+                self._check_native(op, r, g - step_base[r], nchunks)
+                checked.add(op)
+            if r not in op.group:
+                raise self.error(f"rank {r} step {g - step_base[r]}: {op.kind.value} over "
+                                 f"{group_text(op.group)}: rank {r} runs an op of a group it "
+                                 "is not in")
             key = tuple(sorted(op.group))
             k = seen.get((key, r), 0)
             seen[key, r] = k + 1
@@ -262,10 +271,13 @@ class Messages:
                       for _, op, steps in found]
         for c, call in enumerate(self.calls):
             self.step_call[list(call.steps)] = c
+            self.step_member[list(call.steps)] = np.arange(len(call.steps))
 
     def _check_native(self, op: Native, rank: int, step: int, nchunks: int) -> None:
         """A native op built in Python may break what the reader checks: say where."""
         where = f"rank {rank} step {step}: {op.kind.value} over {group_text(op.group)}"
+        if rank not in op.group:
+            raise self.error(f"{where}: rank {rank} runs an op of a group it is not in")
         if not op.group:
             raise self.error(f"{where}: a group names at least one rank")
         bad = [m for m in op.group if not 0 <= m < self.nranks]
@@ -274,8 +286,6 @@ class Messages:
                              f"range({self.nranks})")
         if len(set(op.group)) != len(op.group):
             raise self.error(f"{where}: the group names a rank twice")
-        if rank not in op.group:
-            raise self.error(f"{where}: rank {rank} runs an op of a group it is not in")
         if op.chunk < 0 or op.count < 1 or op.end > nchunks:
             raise self.error(f"{where}: {op.chunk_text()} out of range({nchunks})")
         g = len(op.group)
@@ -291,8 +301,7 @@ class Messages:
         c = int(self.step_call[g])
         if c < 0:
             return None
-        call = self.calls[c]
-        return call, call.steps.index(g)
+        return self.calls[c], int(self.step_member[g])
 
     def op_messages(self) -> tuple[list[int], list[int]]:
         """Per op (global program order): its message, and the step (within its peer's

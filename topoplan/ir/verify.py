@@ -327,7 +327,9 @@ def verify(schedule: Schedule) -> VerifyReport:
     Native steps take both paths: a call of ``g`` members adds a rank of one step and
     ``2 g`` waits (the rendezvous), and its values cost O(g) unions of the runs of its
     range (an allreduce's sum and an allgather's result are computed once per call), so
-    the whole stays linear in the ops, native ones counted once per member.
+    the whole stays linear in the ops, native ones counted once per member
+    (``scripts/bench_verify_native.py``: a composed allreduce on 2048 ranks, 6 k native
+    ops, in 0.7 s; its lowering, 2.1 M point-to-point ops, in 23 s).
     """
     collective, found, flow, state = _execute(schedule)
     n = schedule.nranks
