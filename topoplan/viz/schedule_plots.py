@@ -238,7 +238,9 @@ def _draw_natives(ax: Any, report: Any, schedule: Schedule | None, ranks: list[i
         return []
     step_times = report.step_times
     row_of = {rank: row for row, rank in enumerate(ranks)}
-    boxes, joins, labels = [], [], []
+    boxes: list[list[tuple[float, float]]] = []
+    joins: list[list[tuple[float, float]]] = []
+    labels: list[tuple[float, float, tuple[str, str], float]] = []
     for call in calls:
         times = [step_times[m][s] for m, s in zip(call.group, call.local)
                  if s < len(step_times[m])]
