@@ -235,6 +235,7 @@ class NcclModel:
         self.same_channels = all(_one_cycle(g["ring"], inter) for g in self._box_graphs)
         self._tables: dict[str, tuple[list[list[float]], list[list[float]]]] = {}
         self._unit: dict[tuple[str, int, int], tuple[float, str]] = {}
+        self._totals: dict[tuple[str, int, int], dict[tuple[str, str], float]] = {}
 
     # ---- graphs --------------------------------------------------------------
     def _combine(self, name: str) -> _Graphs:
@@ -527,9 +528,12 @@ class NcclModel:
         p = T.PROTOCOL_NAMES.index(choice.protocol)
         if self.nranks == 1 or choice.size <= 0:
             return {}
-        loads = self._loads(choice.collective, a, choice.channels, True)
+        key = (choice.collective, a, choice.channels)
+        totals = self._totals.get(key)
+        if totals is None:
+            totals = self._totals[key] = self._loads(*key, True).totals()
         scale = choice.size * _WIRE[p]
-        return {edge: amount * scale for edge, amount in loads.totals().items() if amount > 0}
+        return {edge: amount * scale for edge, amount in totals.items() if amount > 0}
 
     def _channel(self, box: int, pattern: str, c: int) -> tuple[tuple[int, ...], int | None]:
         graph = self._box_graphs[box][pattern]
