@@ -60,7 +60,8 @@ def candidate_names(requested: str | None) -> list[str] | None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from ..analysis.bound import best_partition, bottleneck, collective_bound, rsag_bound
+    from ..analysis.bound import (best_partition, bottleneck, collective_bound, latency_bound,
+                                  rsag_bound)
     from ..planners import PlanRequest, compare, nccl_candidate, require_collective
     from ..ir.verify import verify
 
@@ -94,6 +95,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     collective = args.collective
     bound = collective_bound(cluster, args.size, collective)
     rsag = rsag_bound(cluster, args.size)
+    # Under a profile that charges latency, the bound a point-to-point plan can meet.
+    latency = None if costs.is_ideal else latency_bound(cluster, args.size, costs, collective)
 
     if args.output:
         chosen.schedule.with_meta(
@@ -108,7 +111,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(json_text({
             "cluster": cluster.name, "nranks": cluster.nranks, "size_bytes": args.size,
             "collective": collective,
-            "lower_bound_s": bound, "rsag_bound_s": rsag,
+            "lower_bound_s": bound, "rsag_bound_s": rsag, "latency_bound_s": latency,
             "bound_partition": _partition_json(cluster),
             "chosen": chosen.name, "profile": costs.to_dict(),
             "candidates": [candidate_json(c, request, bound, nccl) for c in shown],
@@ -119,6 +122,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     out.print(f"[bold]{cluster.name}[/bold]: {cluster.nranks} ranks, {collective} of "
               f"{format_size(args.size)}; lower bound {format_time(bound)}")
     out.print(f"cost profile {costs.summary()}")
+    if latency is not None:
+        out.print(f"latency-aware bound under {costs.name}: {format_time(latency)} (a "
+                  f"point-to-point plan's bandwidth bound plus the fewest steps it pays, "
+                  f"docs/COST_MODEL.md)")
     # One unit for the column: ms once the fastest takes a millisecond, so that 256 MiB
     # reads 27.108, not 27108.37.
     unit = "ms" if min(c.time_s for c in shown) >= 1e-3 else "us"

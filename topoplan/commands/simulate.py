@@ -8,7 +8,7 @@ import sys
 
 from typing import Any
 
-from ..analysis.bound import best_partition, bottleneck, lower_bound, rsag_bound
+from ..analysis.bound import best_partition, bottleneck, latency_bound, lower_bound, rsag_bound
 from ..cluster import load_cluster
 from ..analysis.cost import get_profile
 from ..errors import ScheduleError
@@ -124,6 +124,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     cut = bottleneck(cluster)
     part = best_partition(cluster) if cluster.nranks > 1 else None
     planned = _planned_size(schedule)
+    # Under a profile that charges latency: the bound a point-to-point plan can meet.
+    latency = {r.size: (None if costs.is_ideal else
+                        latency_bound(cluster, r.size, costs, schedule.collective))
+               for r in reports}
     if args.json:
         print(json.dumps({
             "cluster": cluster.name, "algorithm": schedule.algorithm, "nranks": cluster.nranks,
@@ -137,6 +141,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                          "time_s": r.time_s, "algbw_GBps": r.algbw / 1e9,
                          "busbw_GBps": r.busbw / 1e9, "lower_bound_s": r.lower_bound_s,
                          "rsag_bound_s": _rsag(cluster, r.size, args.dtype_size),
+                         "latency_bound_s": latency[r.size],
                          "efficiency": r.efficiency, "messages": r.messages,
                          "x_bound": (r.time_s / r.lower_bound_s if r.lower_bound_s > 0
                                      else None),
@@ -171,15 +176,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for line in _made_for(planned, args.sizes):
         out.print(line)
     sizes = [f"{r.size}{'*' if planned not in (None, r.size) else ' '}" for r in reports]
-    t, left_out = fit_table(COLUMNS, [
+    columns = tuple(c for c in COLUMNS if c.header != LATENCY.header or not costs.is_ideal)
+    t, left_out = fit_table(columns, [
         [size, str(r.size // args.dtype_size), f"{r.time_s * 1e6:.2f}", f"{r.algbw / 1e9:.2f}",
-         f"{r.busbw / 1e9:.2f}", f"{r.lower_bound_s * 1e6:.2f}", _x_bound(r), _vs_nccl(r)]
+         f"{r.busbw / 1e9:.2f}", f"{r.lower_bound_s * 1e6:.2f}",
+         *_us(latency[r.size]), _x_bound(r), _vs_nccl(r)]
         for size, r in zip(sizes, reports)], out.width)
     out.print(t)
     note = left_out_note(left_out, out.width)
     if note:
         out.print(note)
     out.print("vs bound: time / lower bound (1.00x: no schedule is faster)")
+    if not costs.is_ideal:
+        out.print(f"lat bound: the latency-aware bound under {costs.name}: a point-to-point "
+                  f"plan's bandwidth bound plus the fewest steps it pays (docs/COST_MODEL.md)")
     if any(r.nccl is not None for r in reports):
         out.print("vs nccl: NCCL's time / the plan's (above 1.00x: faster than NCCL)")
     # Contention exists on a calibrated host only, native time with native steps only:
@@ -214,13 +224,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The latency-aware bound's column: only under a profile with latency.
+LATENCY = Column("lat bound\n(us)", drop=4)
 #: The table's columns: the essentials always, the others (drop > 0) while they fit.
-COLUMNS = (Column("size\n(B)"), Column("count", drop=2), Column("time\n(us)"),
+COLUMNS = (Column("size\n(B)"), Column("count", drop=5), Column("time\n(us)"),
            Column("algbw\n(GB/s)", drop=3), Column("busbw\n(GB/s)"),
-           Column("bound\n(us)", drop=1), Column("vs\nbound"), Column("vs\nnccl"))
+           Column("bound\n(us)", drop=1), LATENCY, Column("vs\nbound"), Column("vs\nnccl"))
 NCCL_COLUMNS = (Column("size\n(B)"), Column("nccl\n(us)"), Column("busbw\n(GB/s)"),
                 Column("algorithm", "left"), Column("protocol", "left"),
                 Column("chan-\nnels"), Column("set by", "left", drop=1))
+
+
+def _us(seconds: float | None) -> list[str]:
+    """A cell in microseconds, or none (the column is left out)."""
+    return [] if seconds is None else [f"{seconds * 1e6:.2f}"]
 
 
 def _vs_nccl(report: SimReport) -> str:
