@@ -488,3 +488,29 @@ def test_calibrate_fits_the_native_section_from_real_mpi_collectives(tmp_path):
     report = simulate(switch_cluster(4), native_only(4, "allreduce", range(4)), 1 << 20,
                       profile=again)
     assert report.natives[0].priced_by == "measured" and report.notes == ()
+
+
+# ---- topoplan simulate -----------------------------------------------------------------
+def test_simulate_command_shows_native_time_and_the_notes(tmp_path, capsys):
+    from topoplan.cli import main
+    plan = tmp_path / "composed.json"
+    composed(load_topology("dgx_a100_x4")).save(plan)
+    cluster = str(ROOT / "topologies" / "dgx_a100_x4.yaml")
+    assert main(["simulate", cluster, str(plan), "--sizes", "1MiB", "--profile", "mpi",
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    [result] = data["results"]
+    assert set(result["breakdown"]) == {"bandwidth", "latency", "overhead", "reduce",
+                                        "contention", "native"}
+    assert result["breakdown"]["native"] > 0
+    assert sum(result["breakdown"].values()) == pytest.approx(result["time_s"], rel=1e-9)
+    # The point-to-point latency bound does not bind native steps: not given.
+    assert result["latency_bound_s"] is None
+    assert data["notes"] == [
+        f"native {kind} priced as a point-to-point ring over its group: profile 'mpi' has "
+        f"no native.{kind} (topoplan calibrate measures it)"
+        for kind in ("reduce_scatter", "allgather")]
+    assert main(["simulate", cluster, str(plan), "--sizes", "1MiB"]) == 0
+    out = capsys.readouterr().out
+    assert "native: inside native collectives (priced by NCCL Ring/LL)" in out
+    assert "lat bound" not in out and "note:" not in out

@@ -124,10 +124,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     cut = bottleneck(cluster)
     part = best_partition(cluster) if cluster.nranks > 1 else None
     planned = _planned_size(schedule)
-    # Under a profile that charges latency: the bound a point-to-point plan can meet.
-    latency = {r.size: (None if costs.is_ideal else
-                        latency_bound(cluster, r.size, costs, schedule.collective))
-               for r in reports}
+    # Under a profile that charges latency: the bound a point-to-point plan can meet (a
+    # plan with native steps is bound by the bandwidth alone: their libraries' latencies
+    # are not the profile's point-to-point ones).
+    p2p_bound = not costs.is_ideal and not any(r.natives for r in reports)
+    latency = {r.size: (latency_bound(cluster, r.size, costs, schedule.collective)
+                        if p2p_bound else None) for r in reports}
     if args.json:
         print(json.dumps({
             "cluster": cluster.name, "algorithm": schedule.algorithm, "nranks": cluster.nranks,
@@ -176,7 +178,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for line in _made_for(planned, args.sizes):
         out.print(line)
     sizes = [f"{r.size}{'*' if planned not in (None, r.size) else ' '}" for r in reports]
-    columns = tuple(c for c in COLUMNS if c.header != LATENCY.header or not costs.is_ideal)
+    columns = tuple(c for c in COLUMNS if c.header != LATENCY.header or p2p_bound)
     t, left_out = fit_table(columns, [
         [size, str(r.size // args.dtype_size), f"{r.time_s * 1e6:.2f}", f"{r.algbw / 1e9:.2f}",
          f"{r.busbw / 1e9:.2f}", f"{r.lower_bound_s * 1e6:.2f}",
@@ -187,7 +189,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if note:
         out.print(note)
     out.print("vs bound: time / lower bound (1.00x: no schedule is faster)")
-    if not costs.is_ideal:
+    if p2p_bound:
         out.print(f"lat bound: the latency-aware bound under {costs.name}: a point-to-point "
                   f"plan's bandwidth bound plus the fewest steps it pays (docs/COST_MODEL.md)")
     if any(r.nccl is not None for r in reports):
