@@ -41,7 +41,8 @@ def test_verify_json_reports_every_plan(tmp_path):
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"plans": [
         {"file": str(good), "ok": True, "algorithm": "ring", "collective": "allreduce",
-         "nranks": 4, "nchunks": 4, "nsteps": 6, "nmessages": 24}]}
+         "nranks": 4, "nchunks": 4, "nsteps": 6, "nmessages": 24, "nnative": 0,
+         "ncollectives": 0}]}
     done = topoplan("verify", "--json", str(good), str(bad))
     assert done.returncode == 1
     plans = json.loads(done.stdout)["plans"]

@@ -390,7 +390,7 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         "candidates": {c.name: c.estimate_s for c in cands}, **pick.info,
         "status": status,
         "solve_s": round(solved - start, 4), "materialize_s": round(mat_s, 4),
-        "verify_s": round(verify_s, 4),
+        "verify_s": round(verify_s, 4), "verified": check,
         "plan_s": round(time.perf_counter() - start - verify_s, 4),
     }
     if status not in GOOD_STATUS:

@@ -43,7 +43,7 @@ class Case:
     Attributes
     ----------
     label : str
-    kind : {"allreduce", "pingpong", "reduce"}
+    kind : {"allreduce", "pingpong", "reduce", "native"}
     size : int
         Bytes per rank (float32 elements x 4); per message for ``pingpong``.
     schedule : Schedule or None
@@ -52,6 +52,12 @@ class Case:
         Messages per trip of a ``pingpong``.
     what : str
         What it is, in words (``"14 steps x 2 ops, 16 B messages"``).
+    collective : str
+        For ``native``: the transport's own collective (``allreduce``,
+        ``reduce_scatter``, ``allgather``; :mod:`.native`).
+    group : int
+        For ``native``: ranks per group (the ranks run it in groups of consecutive
+        ranks, all groups at once).
     """
 
     label: str
@@ -60,6 +66,8 @@ class Case:
     schedule: Schedule | None = None
     what: str = ""
     messages: int = 1
+    collective: str = ""
+    group: int = 0
 
 
 def _rings(n: int, rounds: int, parallel: int, algorithm: str) -> Schedule:
