@@ -153,3 +153,21 @@ def test_a_group_given_up_on_fails_every_later_call_over_it_at_once() -> None:
                                "allreduce over {0, 1}"), text
         assert "the group is broken: rank 0's local allreduce failed or timed out" in text
         assert took < 0.2, (text, took)
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 4, 6])
+def test_the_cases_collective_schedules_verify(nranks: int) -> None:
+    """The hand-built schedules the cases check by their sums also pass the symbolic
+    verifier (an oracle written apart from them)."""
+    from topoplan.ir.verify import verify
+
+    schedules = dict(C.allreduce_schedules(nranks))
+    schedules.update(rs=N.native_reduce_scatter(nranks), ag=N.native_allgather(nranks))
+    if nranks % 2 == 0:
+        half = nranks // 2
+        schedules.update(crs=N.composed_reduce_scatter(half),
+                         crs_unequal=N.composed_reduce_scatter(half, (0.2, 0.5, 0.3)),
+                         cag=N.composed_allgather(half),
+                         cag_unequal=N.composed_allgather(half, (0.6, 0.4)))
+    for name, schedule in schedules.items():
+        verify(schedule)  # raises ScheduleError naming the rank and chunk
