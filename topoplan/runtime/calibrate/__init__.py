@@ -37,11 +37,11 @@ Benchmarking a schedule (not a transport's costs) is :mod:`topoplan.runtime.benc
 
 from __future__ import annotations
 
-# Every name the single module had stays importable from here, the private case builders
-# too (topoplan.testbed.calibrate builds its runs with _direct).
+# Every name the single module had stays importable from here (the case builders too:
+# topoplan.testbed.calibrate builds its runs with direct_schedule).
 from ..bench import array_kind
 from .cases import (BIG, MEDIUM_CHUNK, PING_BYTES, PING_MESSAGES, TINY_CHUNK, Case, _chain,
-                    _direct, _rings, calibration_cases)
+                    _rings, calibration_cases, direct_schedule)
 from .fitting import PARAMETERS, Fit, FittedSample, fit
 from .measuring import Sample, measure
 from .native import NATIVE_RULE, fit_native, measure_native, native_cases
