@@ -1,7 +1,16 @@
 """Benchmark planning at scale: 64 to 8192 GPUs on generated rail-optimised and fat-tree clusters.
 
     PYTHONPATH=. python scripts/bench_scale.py [--gpus 64,1024,4096,8192] [--size 256MiB]
-        [--fabrics rail,fat] [--max-sim-ops 1000000] [--timeout 900]
+        [--fabrics rail,fat,fat3] [--max-sim-ops 1000000] [--timeout 900]
+    PYTHONPATH=. python scripts/bench_scale.py --cli [--gpus 1024] [--fabrics fat,fat3]
+
+``fat3`` is a three-tier fat tree (:func:`fat_tree3`: 8 boxes a leaf, pods of 4 leaves
+with 2 aggregation switches, 4 cores, 2:1 at each tier). Under ``nccl`` each case also
+compares what ``auto`` picks with NCCL's own collective (the ``nccl`` row of ``topoplan
+plan``: :func:`topoplan.planners.nccl_candidate`), and the plan with the latency-aware
+bound (:func:`topoplan.analysis.bound.latency_bound`). ``--cli`` times the command a user
+types, ``topoplan plan CLUSTER --algorithm mcf --size SIZE``, start to end (the target:
+10 s for 1024 GPUs).
 
 For every fabric (``topoplan.cluster.generate``: ``rail`` = rail_optimized, 8 rails of
 32-box leaves, 4 spines, non-blocking; ``fat`` = fat_tree, 8 boxes per leaf, 8 spines,
@@ -26,7 +35,50 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-FABRICS = ("rail", "fat")
+FABRICS = ("rail", "fat", "fat3")
+
+
+def fat_tree3(boxes: int, gpus: int = 8, *, boxes_per_leaf: int = 8, leaves_per_pod: int = 4,
+              aggs_per_pod: int = 2, cores: int = 4, nic: str = "200 Gbit/s",
+              nvlink: str = "300 GB/s", oversubscription: float = 2.0) -> str:
+    """Cluster YAML of a three-tier fat tree: a box's NICs on one leaf, each leaf up to
+    every aggregation switch of its pod, each aggregation switch up to every core, at
+    ``oversubscription``:1 at both tiers."""
+    from topoplan.units import parse_bandwidth
+    leaves = -(-boxes // boxes_per_leaf)
+    pods = -(-leaves // leaves_per_pod)
+    aggs = pods * aggs_per_pod
+    leaf_down = parse_bandwidth(nic) * gpus * boxes_per_leaf
+    leaf_up = leaf_down / oversubscription / aggs_per_pod          # per leaf-agg trunk
+    agg_down = leaf_up * leaves_per_pod
+    agg_up = agg_down / oversubscription / cores                   # per agg-core trunk
+    lines = [f"name: fat3-{boxes * gpus}",
+             f"# {boxes} boxes x {gpus} GPUs, {leaves} leaves, {pods} pods of "
+             f"{leaves_per_pod} leaves and {aggs_per_pod} aggregation switches, {cores} "
+             f"cores, {oversubscription:g}:1 per tier",
+             "switches:", f"  - {{name: 'leaf{{i}}', count: {leaves}}}",
+             f"  - {{name: 'agg{{i}}', count: {aggs}}}", f"  - {{name: 'core{{i}}', count: {cores}}}",
+             "boxes:", f"  - name: 'node{{i}}'", f"    count: {boxes}", f"    gpus: {gpus}",
+             f"    fabric: {{bandwidth: {nvlink}, latency: 0.5 us}}", "    nics:"]
+    lines += [f"      - {{switch: 'leaf{{i//{boxes_per_leaf}}}', bandwidth: {nic}, latency: 1 us, "
+              f"gpus: [{g}]}}" for g in range(gpus)]
+    lines.append("links:")
+    for leaf in range(leaves):
+        pod = leaf // leaves_per_pod
+        for a in range(aggs_per_pod):
+            lines.append(f"  - {{a: leaf{leaf}, b: agg{pod * aggs_per_pod + a}, "
+                         f"bandwidth: {leaf_up / 1e9:g} GB/s, latency: 0.5 us}}")
+    for agg in range(aggs):
+        for c in range(cores):
+            lines.append(f"  - {{a: agg{agg}, b: core{c}, bandwidth: {agg_up / 1e9:g} GB/s, "
+                         f"latency: 0.5 us}}")
+    return "\n".join(lines) + "\n"
+
+
+def cluster_text(fabric: str, gpus: int) -> str:
+    from topoplan.cluster.generate import fat_tree, rail_optimized
+    make = {"rail": rail_optimized, "fat": fat_tree, "fat3": fat_tree3}[fabric]
+    return make(gpus // 8)
 PROFILES = ("ideal", "nccl")
 
 
@@ -35,15 +87,14 @@ def case(fabric: str, gpus: int, size: int, max_sim_ops: int) -> dict:
     import resource
     import warnings
 
-    from topoplan.analysis.bound import lower_bound
+    from topoplan.analysis.bound import latency_bound, lower_bound
     from topoplan.cluster import loads_cluster
-    from topoplan.cluster.generate import fat_tree, rail_optimized
+    from topoplan.planners import PlanRequest, compare, nccl_candidate
     from topoplan.planners.mcf import plan_mcf
     from topoplan.analysis.sim import simulate
     from topoplan.ir.verify import verify
 
-    make = rail_optimized if fabric == "rail" else fat_tree
-    cluster = loads_cluster(make(gpus // 8))
+    cluster = loads_cluster(cluster_text(fabric, gpus))
     bound = lower_bound(cluster, size)
     out: dict = {"fabric": fabric, "gpus": cluster.nranks}
     for profile in PROFILES:
@@ -63,8 +114,22 @@ def case(fabric: str, gpus: int, size: int, max_sim_ops: int) -> dict:
             t = time.perf_counter()
             row["sim_lb"] = simulate(cluster, schedule, size, profile=profile).time_s / bound
             row["sim_s"] = time.perf_counter() - t
+        latency = latency_bound(cluster, size, profile)
+        row["x_latency_bound"] = ((row["sim_lb"] if "sim_lb" in row else row["est_lb"])
+                                  * bound / latency)
         del schedule
         out[profile] = row
+    # What auto picks under nccl against NCCL's own collective.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        request = PlanRequest.make(cluster, size=size, profile="nccl")
+        t = time.perf_counter()
+        rows = compare(request)
+        nccl = nccl_candidate(request)
+        out["auto"] = {"choice": rows[0].name, "time_s": rows[0].time_s,
+                       "simulated": rows[0].simulated, "nccl_s": nccl.time_s if nccl else None,
+                       "nccl": nccl.nccl.label() if nccl and nccl.nccl else "",
+                       "compare_s": time.perf_counter() - t}
     out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
 
@@ -83,9 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fabrics", default=",".join(FABRICS))
     p.add_argument("--max-sim-ops", type=int, default=1_000_000)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per case")
+    p.add_argument("--cli", action="store_true",
+                   help="time `topoplan plan CLUSTER --algorithm mcf` instead")
     p.add_argument("--case", help=argparse.SUPPRESS)  # fabric:gpus, run in a subprocess
     args = p.parse_args(argv)
     size = parse_size(args.size)
+    if args.cli:
+        return cli_times(args)
     if args.case:
         fabric, gpus = args.case.split(":")
         print(json.dumps(case(fabric, int(gpus), size, args.max_sim_ops)))
@@ -119,7 +188,36 @@ def main(argv: list[str] | None = None) -> int:
                          f"{_cell(r, 'est_lb', '.3f', 6)} {_cell(r, 'sim_lb', '.3f', 6)} ")
             print(line + f"{row['peak_mb']:7.0f}", flush=True)
             for profile in PROFILES:
-                print(f"{'':12s}  {profile}: {row[profile]['construction']}", flush=True)
+                print(f"{'':12s}  {profile}: {row[profile]['construction']}; plan / latency-"
+                      f"aware bound {row[profile]['x_latency_bound']:.3f}", flush=True)
+            a = row["auto"]
+            if a["nccl_s"]:
+                print(f"{'':12s}  nccl profile: auto picks {a['choice']} "
+                      f"{'' if a['simulated'] else '~'}{a['time_s'] * 1e3:.3f} ms, nccl "
+                      f"({a['nccl']}) {a['nccl_s'] * 1e3:.3f} ms: auto {a['nccl_s'] / a['time_s']:.2f}x"
+                      f" nccl's speed (compare {a['compare_s']:.1f} s)", flush=True)
+    return 0
+
+
+def cli_times(args: argparse.Namespace) -> int:
+    """Time ``topoplan plan CLUSTER --algorithm mcf --size SIZE`` as typed."""
+    import tempfile
+    print(f"topoplan plan CLUSTER --algorithm mcf --size {args.size}: seconds, start to end")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with tempfile.TemporaryDirectory() as tmp:
+        for fabric in args.fabrics.split(","):
+            for gpus in (int(g) for g in args.gpus.split(",")):
+                path = Path(tmp) / f"{fabric}-{gpus}.yaml"
+                path.write_text(cluster_text(fabric, gpus))
+                t = time.perf_counter()
+                done = subprocess.run([sys.executable, "-m", "topoplan", "plan", str(path),
+                                       "--algorithm", "mcf", "--size", args.size],
+                                      capture_output=True, text=True, env=env)
+                took = time.perf_counter() - t
+                load = os.getloadavg()[0]
+                state = "ok" if done.returncode == 0 else f"failed: {done.stderr.strip()[-200:]}"
+                print(f"{fabric:6s} {gpus:5d} GPUs  {took:6.1f} s  (load average {load:.1f}) "
+                      f"{state}", flush=True)
     return 0
 
 
