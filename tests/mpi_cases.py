@@ -11,16 +11,14 @@ and what the killed-peer run raised. tests/test_transports_mpi.py reads them.
 from __future__ import annotations
 
 import argparse
-import json
-import traceback
 
 import numpy as np
 
 from tests.support import schedules as S
 from tests.support import transport_cases as C
+from tests.support.mpi_job import run_job
 from topoplan.runtime.executor import BOUND_CACHE, Allreduce
 from topoplan.runtime.transports import MPI, connect
-from topoplan.runtime.transports.mpi import leave_after_failure
 
 
 def mpi_cases(t: MPI) -> tuple[list[str], int]:
@@ -70,28 +68,14 @@ def mpi_cases(t: MPI) -> tuple[list[str], int]:
     return failures, len(options) + BOUND_CACHE + 4 + len(builders)
 
 
+def cases(t: MPI, args: argparse.Namespace) -> dict:
+    failures, ncases, names = C.run_cases(t, with_torch=args.torch)
+    more, count = mpi_cases(t)
+    return {"failures": failures + more, "ncases": ncases + count, "schedules": names}
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--kill", type=int, default=None, help="rank that dies in the last run")
-    parser.add_argument("--timeout", type=float, default=2.0)
-    parser.add_argument("--torch", action="store_true", help="also torch tensor buffers")
-    args = parser.parse_args()
-    t = MPI()
-    record: dict = {"rank": t.rank, "size": t.size}
-    try:
-        failures, ncases, names = C.run_cases(t, with_torch=args.torch)
-        more, count = mpi_cases(t)
-        failures, ncases = failures + more, ncases + count
-    except Exception:  # noqa: BLE001 - reported, the test fails on it
-        failures, ncases, names = [traceback.format_exc()], 0, []
-    record.update(failures=failures, ncases=ncases, schedules=names)
-    if args.kill is not None:
-        t.barrier()
-        record["kill"] = C.killed_peer_run(t, victim=args.kill, timeout=args.timeout)
-    print("TOPOPLAN-RESULT " + json.dumps(record), flush=True)
-    if args.kill is not None:
-        # The world lost a rank: MPI_Finalize would wait for it forever.
-        leave_after_failure(0, grace=args.timeout)
+    run_job(cases, lambda t, args: C.killed_peer_run(t, victim=args.kill, timeout=args.timeout))
 
 
 if __name__ == "__main__":

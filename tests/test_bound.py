@@ -3,6 +3,7 @@ planner on every shipped topology and on random clusters at or above the allredu
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -224,3 +225,66 @@ def test_no_planner_beats_the_allreduce_bound_on_a_shipped_topology(path):
 def test_no_planner_beats_the_allreduce_bound_on_uneven_clusters(cluster, planner):
     report = _simulated(cluster, planner, 16 << 20)
     assert report.time_s >= report.lower_bound_s * (1 - 1e-9)
+
+
+# -- the latency-aware bound -----------------------------------------------------------------
+def _costs(alpha: float, o: float, sigma: float = 0.0, call: float = 0.0):
+    from topoplan.analysis.cost import get_profile
+    return get_profile("ideal").with_costs(alpha_box=alpha, alpha_network=alpha, op_overhead=o,
+                                           step_overhead=sigma, call_overhead=call)
+
+
+@pytest.mark.parametrize("n, want_us", [(2, 2.0), (3, 2.0), (4, 3.0), (5, 4.0), (13, 4.0),
+                                        (14, 5.0)])
+def test_rounds_by_hand(n, want_us):
+    # alpha = o = 1 us: a message lands 2 us after its sender's step starts; a step that
+    # receives k messages ends max(k, 2) us after it starts at the soonest. f(2) = 3 (two
+    # messages in a step from 0); f(3) = f(0) + 3 f(1) = 4; f(4) = f(0) + 4 f(2) = 13:
+    # a step from 0 receives four messages sent by ranks whose steps start at 2 holding
+    # three each.
+    from topoplan.analysis.bound import rounds_time
+    assert rounds_time(switch_cluster(n), _costs(1e-6, 1e-6)) == pytest.approx(
+        want_us * 1e-6, rel=1e-2)
+
+
+@pytest.mark.parametrize("alpha, o", [(1e-9, 1e-6), (3.4e-6, 0.4e-6), (14e-6, 0.0)])
+def test_rounds_lie_between_one_hop_and_log2_hops(alpha, o):
+    # One message a step doubles what a rank holds every hop: ceil(log2 N) hops at most.
+    from topoplan.analysis.bound import rounds_time
+    hop = alpha + o
+    for n in (2, 5, 16, 33, 1000):
+        got = rounds_time(switch_cluster(n), _costs(alpha, o))
+        assert hop * (1 - 1e-2) <= got <= math.ceil(math.log2(n)) * hop * (1 + 1e-9)
+
+
+def test_ideal_has_no_rounds_and_the_bound_is_the_bandwidth_one(topology):
+    from topoplan.analysis.bound import latency_bound, rounds_time
+    cluster = topology("dgx_a100_x4")
+    assert rounds_time(cluster, "ideal") == 0.0
+    assert latency_bound(cluster, 1 << 20, "ideal") == lower_bound(cluster, 1 << 20)
+
+
+@pytest.mark.parametrize("planner", ["ring", "rhd", "tree", "hierarchical", "mcf"])
+@pytest.mark.parametrize("profile", ["nccl", "mpi"])
+def test_no_plan_beats_the_rounds_term(planner, profile):
+    # At 8 bytes the bandwidth is nothing: the rounds term is what a plan must pay.
+    from topoplan.analysis.bound import rounds_time
+    from topoplan.analysis.cost import get_profile
+    from topoplan.analysis.sim import simulate
+    from topoplan.planners import plan
+    costs = get_profile(profile)
+    for cluster in (switch_cluster(8), switch_cluster(13)):
+        schedule = plan(cluster, planner, size=8, profile=costs)
+        report = simulate(cluster, schedule, 8, profile=costs, dtype_size=1)
+        assert report.time_s >= costs.call_overhead + rounds_time(cluster, costs) * (1 - 1e-9)
+
+
+def test_the_latency_bound_counts_one_step_for_sharded_collectives():
+    from topoplan.analysis.bound import collective_bound, latency_bound
+    from topoplan.analysis.cost import get_profile
+    cluster, costs = switch_cluster(4), get_profile("mpi")
+    size = 64 << 20
+    for collective, steps in (("allreduce", 2), ("reduce_scatter", 1), ("allgather", 1)):
+        want = (collective_bound(cluster, size, collective) + costs.call_overhead
+                + steps * costs.message_cost(network=False, ops=2))
+        assert latency_bound(cluster, size, costs, collective) == pytest.approx(want)

@@ -232,6 +232,11 @@ def test_calibrate_on_local_threads_gives_a_profile_on_the_root_only():
         assert math.isfinite(value) and value >= 0
     assert profile.calibration["transport"] == "local"
     assert len(profile.calibration["samples"]) == len(calibration_cases(2))
+    # Threads make no sub-communicators: no native section, and the record says why.
+    assert profile.native_costs == ()
+    assert profile.calibration["native"]["skipped"] == (
+        "native collectives not measured: the local transport makes no sub-communicators "
+        "here",)
 
 
 def test_measure_refuses_one_rank_and_unknown_kinds():
@@ -263,6 +268,12 @@ def test_cli_calibrate_mpi_quick_writes_a_profile_that_loads(tmp_path):
     record = profile.calibration
     assert record["transport"].startswith("mpi (") and record["ranks"] == 4
     assert len(record["samples"]) == len(calibration_cases(4))
+    # The transport's own collectives over groups of 2 and 4: the native section.
+    assert [kind for kind, _ in profile.native_costs] == ["allreduce", "reduce_scatter",
+                                                          "allgather"]
+    assert all(c.bandwidth > 0 for _, c in profile.native_costs)
+    assert len(record["native"]["samples"]) == 18 and record["native"]["skipped"] == ()
+    assert "the transport's own collectives over groups of ranks" in proc.stdout
     text = out.read_text()
     assert text.startswith("# Cost profile of topoplan's executor over mpi")
     assert f"topoplan calibrate --transport mpi -n 4 --name tmp --quick -o {out}" in text

@@ -233,3 +233,16 @@ def test_json_output_stays_json_when_the_solver_talks(tmp_path):
     assert data["chosen"] == "mcf"
     assert data["lower_bound_s"] == pytest.approx((256 << 20) / 6.25e9)
     assert data["candidates"][0]["percent_of_bound"] <= 100
+
+
+def test_plan_shows_the_latency_aware_bound_under_a_profile_with_latency():
+    cluster = "topologies/dgx_a100_x4.yaml"
+    out = json.loads(run("plan", cluster, "--size", "1MiB", "--algorithm", "rhd",
+                         "--json").stdout)
+    assert out["lower_bound_s"] < out["latency_bound_s"] <= min(
+        c["time_s"] for c in out["candidates"] if c["algorithm"] != "nccl")
+    text = run("plan", cluster, "--size", "1MiB", "--algorithm", "rhd", columns=200).stdout
+    assert "latency-aware bound under nccl:" in text
+    ideal = json.loads(run("plan", cluster, "--size", "1MiB", "--algorithm", "rhd",
+                           "--profile", "ideal", "--json").stdout)
+    assert ideal["latency_bound_s"] is None

@@ -65,3 +65,43 @@ def test_the_import_graph_has_no_cycle():
     out = subprocess.run([sys.executable, "scripts/import_graph.py"], capture_output=True,
                          text=True, cwd=ROOT, check=True).stdout
     assert " 0 cycles" in out.splitlines()[0], out
+
+
+def _private_imports_across_packages() -> list[str]:
+    """``module imports name from target`` where a private name (``_x``, or a module
+    ``_x``) is taken from outside the package that holds it."""
+    import ast
+    found = []
+    for path in sorted((ROOT / "topoplan").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        is_package = parts[-1] == "__init__"
+        module = ".".join(parts[:-1] if is_package else parts)
+        package = module if is_package else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("topoplan"):
+                continue
+            names = target.split(".")
+            for alias in node.names:
+                # The package that holds the first private part: a private module's
+                # package, or for a private name the package of the module it is in.
+                chain = names + [alias.name]
+                for i, part in enumerate(chain[1:], 1):
+                    if part.startswith("_") and not part.startswith("__"):
+                        holder = ".".join(chain[:i])
+                        is_pkg = (ROOT / Path(*holder.split(".")) / "__init__.py").exists()
+                        owner = holder if is_pkg else holder.rpartition(".")[0]
+                        if package != owner and not package.startswith(owner + "."):
+                            found.append(f"{module} imports {alias.name} from {target}")
+                        break
+    return found
+
+
+def test_no_private_name_crosses_a_package():
+    assert _private_imports_across_packages() == []

@@ -162,8 +162,12 @@ def test_reduce_scatter_and_allgather_are_priced():
         choice = model.choose(collective, GiB)
         assert choice.algorithm in ("Ring", "PAT", "NVLS", "CollNetDirect")
         assert choice.time_s > 0 and choice.busbw > 0
+    for collective in ("broadcast", "reduce"):  # tuning.cc: rings only
+        assert {c.algorithm for c in model.candidates(collective, GiB)} == {"Ring"}
+        choice = model.choose(collective, GiB)
+        assert choice.busbw == pytest.approx(choice.algbw)  # nccl-tests: busbw = algbw
     with pytest.raises(ValueError, match="unknown collective"):
-        model.choose("broadcast", 1024)
+        model.choose("alltoall", 1024)
 
 
 # ---- what NCCL does not see ----------------------------------------------------------

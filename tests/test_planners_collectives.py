@@ -319,12 +319,12 @@ def test_rail_rounds_verify_for_any_cut_of_the_shards(rounds, parts, collective)
     its message count is the formula's, and rank r's shard is its own chunks."""
     import numpy as np
     from topoplan.planners.mcf.build import build_sharded
-    from topoplan.planners.mcf.layout import Layout
+    from topoplan.planners.mcf.layout import RankGrid
     from topoplan.planners.mcf.messages import shard_message_count, shard_messages
     from topoplan.planners.mcf.rails import rail_message_count
     c = small_leaf_spine()
     grid = _rail_grid(c)
-    layout = Layout("rails", grid.shape, (grid,), np.ones(1), rails=True, rounds=rounds,
+    layout = RankGrid("rails", grid.shape, (grid,), np.ones(1), rails=True, rounds=rounds,
                     parts=parts)
     msgs = shard_messages(layout, collective)
     assert len(msgs.step) == rail_message_count(layout) == shard_message_count(layout)

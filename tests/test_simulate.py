@@ -156,12 +156,14 @@ def test_report_fields_are_the_contract():
     names = [f.name for f in dataclasses.fields(SimReport)]
     assert names == ["cluster", "algorithm", "nranks", "size", "time_s", "lower_bound_s", "algbw",
                      "busbw", "link_bytes", "link_busy_s", "step_times", "transfers",
-                     "link_timeline", "profile", "breakdown", "messages", "resolution", "nccl"]
+                     "link_timeline", "profile", "breakdown", "messages", "resolution", "nccl",
+                     "natives", "notes"]
     report = simulate(switch_cluster(2), ring_schedule([0, 1]), M, profile="ideal")
     assert report.nccl is not None and report.nccl.collective == "allreduce"
     assert report.speedup_vs_nccl == pytest.approx(report.nccl.time_s / report.time_s)
     assert (report.cluster, report.algorithm, report.nranks, report.size) == ("switch-2", "ring", 2, M)
     assert report.transfers == () and dict(report.link_timeline) == {}
+    assert report.natives == () and report.notes == () and report.native_time == 0.0
     with pytest.raises(dataclasses.FrozenInstanceError):
         report.time_s = 0  # type: ignore[misc]
 

@@ -28,7 +28,7 @@ def test_an_unknown_kind_names_the_known_ones(kind):
 
 
 @pytest.mark.parametrize("kind, option, takes", [
-    ("mpi", "tag", "comm, dup, poll_yield, spin, inline_max"),
+    ("mpi", "tag", "comm, dup, poll_yield, spin, inline_max, blocking_natives"),
     ("nccl", "comm", "mpi_comm, device, share_gpus"),
     ("torch", "world_size", "group, init_method, rank, size, backend, timeout"),
     ("local", "size", "world, rank, timeout")])

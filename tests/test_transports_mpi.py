@@ -42,6 +42,22 @@ def _results(stdout: str) -> dict[int, dict]:
     return out
 
 
+def _survivors(nranks: int, victim: int | None, argv: list[str], *, min_cases: int
+               ) -> list[tuple[int, dict]]:
+    """Run ``argv`` on ``nranks`` MPI ranks; every rank but ``victim`` reported, ran at
+    least ``min_cases`` cases and saw no failure: their ``(rank, record)``."""
+    proc = mpiexec(nranks, argv, timeout=240, fault_tolerant=victim is not None, cwd=ROOT)
+    results = _results(proc.stdout)
+    survivors = [r for r in range(nranks) if r != victim]
+    assert sorted(results) == survivors, (
+        f"expected results from ranks {survivors}, got {sorted(results)}\n"
+        f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}")
+    for rank in survivors:
+        assert results[rank]["failures"] == [], "\n".join(results[rank]["failures"])
+        assert results[rank]["ncases"] > min_cases
+    return [(rank, results[rank]) for rank in survivors]
+
+
 # With 2 ranks no kill: Open MPI 5.0's prterun ends the job when one of two ranks
 # dies, even under --with-ft ulfm, so the lone survivor is gone before its timeout.
 # The 2-rank killed-peer case runs over torch/gloo and Local instead.
@@ -57,16 +73,7 @@ def test_mpi_cases_and_killed_peer(nranks: int, victim: int | None, with_torch: 
     from tests.support import transport_cases
     transport_cases.save_planner_schedules(nranks, str(tmp_path))
     monkeypatch.setenv("TOPOPLAN_TEST_PLANS", str(tmp_path))
-    proc = mpiexec(nranks, argv, timeout=240, fault_tolerant=victim is not None, cwd=ROOT)
-    results = _results(proc.stdout)
-    survivors = [r for r in range(nranks) if r != victim]
-    assert sorted(results) == survivors, (
-        f"expected results from ranks {survivors}, got {sorted(results)}\n"
-        f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}")
-    for rank in survivors:
-        record = results[rank]
-        assert record["failures"] == [], "\n".join(record["failures"])
-        assert record["ncases"] > 40
+    for rank, record in _survivors(nranks, victim, argv, min_cases=40):
         for name in _planner_names():
             assert any(s.startswith(f"{name}@") for s in record["schedules"]), (
                 f"planner {name} was not run on {nranks} ranks: {record['schedules']}")
@@ -79,6 +86,30 @@ def test_mpi_cases_and_killed_peer(nranks: int, victim: int | None, with_torch: 
         assert f"rank {rank}:" in kill["error"] and f"step {kill['step']}" in kill["error"]
         assert f"peer {kill['peer']}" in kill["error"] and f"chunk {kill['chunk']}" in kill["error"]
         # Within the timeout (plus scheduling slack on a loaded 2-core box), never a hang.
+        assert kill["elapsed"] < TIMEOUT + 3.0, kill
+
+
+@pytest.mark.parametrize("nranks, victim, with_torch", [(2, None, True), (3, 2, False),
+                                                       (4, 1, False)])
+def test_native_steps_and_a_killed_member(nranks: int, victim: int | None, with_torch: bool
+                                          ) -> None:
+    """tests/mpi_native.py: native steps over Comm.Split sub-communicators (every kind,
+    composed allreduce, reduce-scatter and allgather schedules, unequal parts, calls in
+    flight, bad groups), then a member exits at its first native step: the others raise
+    a TransportError naming their step and group within the timeout."""
+    if victim is not None and not find_launcher()[0].fault_tolerant:
+        pytest.skip(f"{find_launcher()[0]} cannot keep survivors of a dead rank running")
+    argv = [sys.executable, "-m", "tests.mpi_native", "--timeout", str(TIMEOUT)]
+    argv += (["--kill", str(victim)] if victim is not None else [])
+    argv += (["--torch"] if with_torch else [])
+    for rank, record in _survivors(nranks, victim, argv, min_cases=80):
+        if victim is None:
+            continue
+        kill = record["kill"]
+        assert kill["type"] == "TransportError", kill
+        assert kill["rank"] == rank and kill["step"] is not None, kill
+        assert kill["error"].startswith(f"rank {rank} step {kill['step']}: native "), kill
+        assert "over {" in kill["error"] and "MPI_I" in kill["error"], kill
         assert kill["elapsed"] < TIMEOUT + 3.0, kill
 
 

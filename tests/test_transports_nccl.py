@@ -68,6 +68,16 @@ def test_nccl_processes_run_every_schedule(nranks: int) -> None:
         assert len(results) > 10
 
 
+@pytest.mark.parametrize("nranks", [4])
+def test_nccl_native_steps_over_sub_communicators(nranks: int) -> None:
+    """Native steps (IR v3) on NcclCommunicators per group, their ids sent over the
+    transport's own communicator: tests/support/native_cases.py on CuPy arrays (and
+    CUDA tensors), ranks sharing the GPUs when there are fewer."""
+    for rank, results in enumerate(nccl_ranks.launch(nranks, "native_on_cupy")):
+        bad = [what for what, ok in results if not ok]
+        assert not bad, f"rank {rank}: {bad}"
+
+
 def test_nccl_replay_is_ordered_against_torch_streams() -> None:
     """See nccl_ranks.torch_streams: CUDA tensors on a side and the default stream,
     64 MiB buffers behind a GPU-side sleep, and a bfloat16 tensor."""

@@ -52,6 +52,91 @@ def test_gloo_cases_and_killed_peer(tmp_path, monkeypatch) -> None:
         assert kill["elapsed"] < TIMEOUT + 3.0, kill
 
 
+def test_gloo_native_steps_and_a_killed_member() -> None:
+    """tests/support/native_cases.py over gloo process groups made with new_group (every
+    kind, composed schedules, unequal parts through the padded paths, fp16 and bfloat16
+    tensors, calls in flight), then a member exits at its first native step."""
+    from tests.support import native_cases
+
+    nranks, victim = 4, 3
+    results = Torch.launch(nranks, native_cases.torch_rank_main, victim, TIMEOUT,
+                           backend="gloo", timeout=240, return_exceptions=True)
+    assert isinstance(results[victim], TransportError)
+    for rank in range(victim):
+        record = results[rank]
+        assert isinstance(record, dict), f"rank {rank} raised {record!r}"
+        assert record["failures"] == [], "\n".join(record["failures"])
+        assert record["ncases"] > 100
+        kill = record["kill"]
+        assert kill["type"] == "TransportError" and kill["rank"] == rank, kill
+        assert kill["error"].startswith(f"rank {rank} step 0: native reduce_scatter over "
+                                        "{0, 1, 2, 3}"), kill
+        assert kill["elapsed"] < TIMEOUT + 3.0, kill
+
+
+def _old_gloo_rank(t: Torch) -> list[str]:
+    """Native steps as an older PyTorch runs them: new_group without sort_ranks (so a
+    group out of rank order is sorted, and parts go through the padded copies), a gloo
+    without reduce-scatter (all_reduce of a copy) and without all_gather_into_tensor
+    (the list form). Returns the failures."""
+    import numpy as np
+
+    from tests.support import native_schedules as N
+    from topoplan.runtime.executor import AllGather, Allreduce, ReduceScatter
+
+    real_new_group = dist.new_group
+
+    def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
+                  use_local_synchronization=False):
+        return real_new_group(ranks, timeout, backend, pg_options, use_local_synchronization)
+
+    def unsupported(*args, **kwargs):
+        raise RuntimeError("ProcessGroupGloo does not support this collective")
+
+    names = ("new_group", "reduce_scatter_single", "reduce_scatter_tensor", "all_gather_single",
+             "all_gather_into_tensor")
+    saved = {name: getattr(dist, name, None) for name in names}
+    dist.new_group = new_group
+    for name in names[1:]:
+        if saved[name] is not None:
+            setattr(dist, name, unsupported)
+    failures = []
+    n, rank = t.size, t.rank
+    try:
+        reversed_order = list(reversed(range(n)))
+        for schedule in (N.scatter_then_gather(n, order=reversed_order),
+                         N.scatter_then_gather(n, order=reversed_order, chunks=(0.2, 0.5, 0.3))):
+            x = np.arange(1003.0) + rank
+            Allreduce(schedule, t, timeout=30)(x)
+            if not np.array_equal(x, np.arange(1003.0) * n + sum(range(n))):
+                failures.append(f"rank {rank}: {schedule.algorithm}: wrong sum")
+        groups = t._groups()
+        sorted_group = groups[tuple(reversed_order)]
+        if sorted_group.in_order:
+            failures.append("the emulated old new_group kept the group's order")
+        x = np.arange(3.0 * n) + rank
+        out = np.zeros(3)
+        ReduceScatter(N.native_reduce_scatter(n), t, timeout=30)(x, out)
+        want = (np.arange(3.0 * n) * n + sum(range(n)))[3 * rank:3 * rank + 3]
+        if not np.array_equal(out, want):
+            failures.append(f"rank {rank}: reduce-scatter without reduce_scatter: {out}")
+        gathered = np.zeros(3 * n)
+        AllGather(N.native_allgather(n), t, timeout=30)(np.full(3, float(rank)), gathered)
+        if not np.array_equal(gathered, np.repeat(np.arange(float(n)), 3)):
+            failures.append(f"rank {rank}: allgather without all_gather_into_tensor: {gathered}")
+        if not (t._lacks.get("reduce_scatter") or saved["reduce_scatter_tensor"] is None):
+            failures.append("the missing reduce-scatter went unnoticed")
+    finally:
+        for name, fn in saved.items():
+            if fn is not None:
+                setattr(dist, name, fn)
+    return failures
+
+
+def test_gloo_native_steps_as_an_older_pytorch_runs_them() -> None:
+    assert Torch.launch(3, _old_gloo_rank, backend="gloo", timeout=200) == [[], [], []]
+
+
 def test_torch_transport_needs_a_process_group() -> None:
     if dist.is_initialized():
         pytest.skip("a process group is already initialized in this process")

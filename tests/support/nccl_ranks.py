@@ -178,3 +178,28 @@ def torch_streams(t: Any) -> list[tuple[str, bool]]:
         expected = (torch.arange(1000, device="cuda") % 7) * n + sum(range(n))
         out.append((f"{name} bfloat16", bool(torch.equal(z.float(), expected.float()))))
     return out
+
+
+def native_on_cupy(t: Any) -> list[tuple[str, bool]]:
+    """Native steps (IR v3) over NCCL sub-communicators: tests/support/native_cases.py on
+    CuPy arrays, and on CUDA torch tensors (float16, bfloat16) when torch sees the GPU;
+    then the whole world's group is the transport's own communicator."""
+    import cupy
+
+    from . import native_cases
+    from . import native_schedules as N
+    from topoplan.runtime.executor import Allreduce
+    try:
+        import torch
+        with_torch = torch.cuda.is_available()
+        if with_torch:
+            torch.cuda.set_device(t.device)
+    except ImportError:
+        with_torch = False
+    failures, count = native_cases.native_cases(t, with_torch=with_torch, device=cupy.asarray,
+                                                host=cupy.asnumpy, torch_device="cuda")
+    out = [(failure, False) for failure in failures] + [("native cases ran", count > 50)]
+    Allreduce(N.native_allreduce(t.size), t, timeout=60)
+    out.append(("the world's group is the transport's communicator",
+                t.group_of(tuple(range(t.size))) is t.comm))
+    return out

@@ -38,8 +38,9 @@ from typing import Any, Mapping
 
 from ..errors import ProfileError, UnitWarning
 
-__all__ = ["CostProfile", "load_profile", "loads_profile", "get_profile", "profile_names",
-           "DEFAULT_PROFILE", "IDEAL"]
+__all__ = ["CostProfile", "NativeCost", "load_profile", "loads_profile", "get_profile",
+           "profile_names", "DEFAULT_PROFILE", "IDEAL", "NATIVE_KINDS", "NATIVE_MODELS",
+           "native_bus_factor"]
 
 #: The profile the CLI, :func:`topoplan.plan` and :func:`topoplan.simulate` use when none
 #: is named: GPU clusters run NCCL (topoplan's NCCL transport posts each step as one NCCL
@@ -49,10 +50,64 @@ DEFAULT_PROFILE = "nccl"
 _PROFILE_DIR = Path(__file__).with_name("profiles")
 _CLASSES = ("box", "network")
 _KEYS = ("name", "description", "sources", "alpha", "small_messages", "op_overhead",
-         "step_overhead", "call_overhead", "reduce_bandwidth", "nvlink", "host", "calibration")
+         "step_overhead", "call_overhead", "reduce_bandwidth", "nvlink", "native", "host",
+         "calibration")
 #: What ``nvlink:`` may say: ``nccl``, NVLink moves what NCCL counts per link
 #: (:func:`topoplan.analysis.native.nccl_search.nvlink_view`), not the specification's rate.
 NVLINK_MODELS = ("nccl",)
+#: What ``native:`` may name instead of measured costs: ``nccl``, native steps are priced
+#: by the NCCL model over their group (:mod:`topoplan.analysis.native.price`).
+NATIVE_MODELS = ("nccl",)
+#: The native collectives a profile may price (IR v3's native ops, docs/SCHEDULE.md).
+NATIVE_KINDS = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
+_NATIVE_KEYS = ("alpha", "alpha_per_rank", "bandwidth")
+
+
+@dataclass(frozen=True, slots=True)
+class NativeCost:
+    """A transport's own collective of one kind, as ``topoplan calibrate`` measured it.
+
+    Over a group of ``g`` ranks, on ``nbytes`` bytes (an allreduce's buffer, a
+    reduce-scatter's input, an allgather's output, a broadcast's or reduce's buffer)::
+
+        time = alpha + (g - 1) * alpha_per_rank + bus(g) * nbytes / bandwidth
+
+    with nccl-tests' bus factor ``bus(g)``: ``2 (g - 1) / g`` for an allreduce,
+    ``(g - 1) / g`` for a reduce-scatter or an allgather, 1 for a broadcast or a reduce.
+    ``bandwidth`` is therefore the bus bandwidth (bytes/s) the collective reaches at large
+    sizes, as nccl-tests reports it; ``alpha`` and ``alpha_per_rank`` are seconds.
+    """
+
+    alpha: float
+    bandwidth: float
+    alpha_per_rank: float = 0.0
+
+    def time(self, kind: str, group: int, nbytes: float) -> float:
+        """Seconds for ``kind`` over ``group`` ranks on ``nbytes`` bytes (0 for one rank
+        or no bytes: the transport returns at once)."""
+        if group <= 1 or nbytes <= 0:
+            return 0.0
+        return (self.alpha + (group - 1) * self.alpha_per_rank
+                + native_bus_factor(kind, group) * nbytes / self.bandwidth)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"alpha": _time_text(self.alpha)}
+        if self.alpha_per_rank:
+            out["alpha_per_rank"] = _time_text(self.alpha_per_rank)
+        out["bandwidth"] = _bandwidth_text(self.bandwidth)
+        return out
+
+
+def native_bus_factor(kind: str, group: int) -> float:
+    """nccl-tests' bus factor of a native ``kind`` over ``group`` ranks: the bytes each
+    rank moves per byte of the buffer in a bandwidth-optimal ring."""
+    if group <= 1:
+        return 0.0
+    if kind == "allreduce":
+        return 2.0 * (group - 1) / group
+    if kind in ("reduce_scatter", "allgather"):
+        return (group - 1) / group
+    return 1.0
 
 
 @dataclass(frozen=True)
@@ -95,6 +150,13 @@ class CostProfile:
         working at once beyond the cores (contention).
     host_ranks : int or None
         Ranks of the calibration run.
+    native_model : str or None
+        ``"nccl"``: native collective steps (IR v3) are priced by the NCCL model over
+        their group (:mod:`topoplan.analysis.native.price`).
+    native_costs : tuple of (str, NativeCost)
+        The transport's own collectives, as measured (``topoplan calibrate``), by kind.
+        A native step of a kind neither field prices runs as a point-to-point ring over
+        its group on this profile's costs (the report says so).
     description, sources : str
         What the profile describes; where its numbers come from.
     calibration : mapping
@@ -115,6 +177,8 @@ class CostProfile:
     host_bandwidth: float | None = None
     host_cores: int | None = None
     host_ranks: int | None = None
+    native_model: str | None = None
+    native_costs: tuple[tuple[str, NativeCost], ...] = ()
     description: str = ""
     sources: str = ""
     calibration: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}),
@@ -133,6 +197,22 @@ class CostProfile:
                                            or self.small_max < 0):
             raise ProfileError(f"must be a whole number of bytes >= 0 or None, got "
                                f"{self.small_max!r}", key=f"{self.name}: small_max")
+        if self.native_model is not None and self.native_model not in NATIVE_MODELS:
+            raise ProfileError(f"must be one of {', '.join(NATIVE_MODELS)} or None, got "
+                               f"{self.native_model!r}", key=f"{self.name}: native")
+        for kind, cost in self.native_costs:
+            if kind not in NATIVE_KINDS or not isinstance(cost, NativeCost):
+                raise ProfileError(f"expected (kind, NativeCost) pairs with a kind of "
+                                   f"{', '.join(NATIVE_KINDS)}, got {kind!r}",
+                                   key=f"{self.name}: native")
+            for key in ("alpha", "alpha_per_rank"):
+                value = getattr(cost, key)
+                if not (math.isfinite(value) and value >= 0):
+                    raise ProfileError(f"must be a finite number of seconds >= 0, got "
+                                       f"{value!r}", key=f"{self.name}: native.{kind}.{key}")
+            if not (math.isfinite(cost.bandwidth) and cost.bandwidth > 0):
+                raise ProfileError(f"must be > 0 bytes/s, got {cost.bandwidth!r}",
+                                   key=f"{self.name}: native.{kind}.bandwidth")
         if self.nvlink is not None and self.nvlink not in NVLINK_MODELS:
             raise ProfileError(f"must be one of {', '.join(NVLINK_MODELS)} or None, got "
                                f"{self.nvlink!r}", key=f"{self.name}: nvlink")
@@ -151,11 +231,20 @@ class CostProfile:
 
     @property
     def is_ideal(self) -> bool:
-        """True when the profile charges nothing beyond the links."""
+        """True when the profile charges nothing beyond the links (native steps
+        included: it prices them as rings on the links)."""
         small = self.small_max is None or self.small_alpha_box == self.small_alpha_network == 0
         return (self.alpha_box == self.alpha_network == self.op_overhead == self.step_overhead
                 == self.call_overhead == 0 and self.reduce_bandwidth is None and small
-                and self.nvlink is None)
+                and self.nvlink is None and self.native_model is None
+                and not self.native_costs)
+
+    def native_cost(self, kind: str) -> NativeCost | None:
+        """The measured cost of the transport's own ``kind`` (``native_costs``), or None."""
+        for name, cost in self.native_costs:
+            if name == kind:
+                return cost
+        return None
 
     def alphas(self, nbytes: Any, network: Any) -> Any:
         """Alpha of messages of ``nbytes`` bytes (arrays welcome), between boxes where
@@ -226,6 +315,10 @@ class CostProfile:
                                    else _bandwidth_text(self.reduce_bandwidth))
         if self.nvlink is not None:
             out["nvlink"] = self.nvlink
+        if self.native_model is not None:
+            out["native"] = self.native_model
+        elif self.native_costs:
+            out["native"] = {kind: cost.to_dict() for kind, cost in self.native_costs}
         if self.host_bandwidth is not None:
             host: dict[str, Any] = {"bandwidth": _bandwidth_text(self.host_bandwidth)}
             if self.host_cores is not None:
@@ -263,9 +356,14 @@ class CostProfile:
                      f"{_time_text(self.small_alpha_network)}")
             alpha += f" ({small} up to {self.small_max} B)"
         nvlink = f", NVLink at {self.nvlink.upper()}'s rate" if self.nvlink else ""
+        native = ""
+        if self.native_model is not None:
+            native = f", native steps by the {self.native_model.upper()} model"
+        elif self.native_costs:
+            native = f", native {'/'.join(kind for kind, _ in self.native_costs)} measured"
         return (f"{self.name}: {alpha}, op {_time_text(self.op_overhead)}, step "
                 f"{_time_text(self.step_overhead)}, call {_time_text(self.call_overhead)}, "
-                f"reduce {red}{nvlink}")
+                f"reduce {red}{nvlink}{native}")
 
 
 IDEAL = CostProfile(name="ideal", description="links only: no software costs")
@@ -371,6 +469,9 @@ def loads_profile(text: str, file: str = "<string>") -> CostProfile:
         call_overhead: 20 us
         reduce_bandwidth: 4 GB/s         # or none
         nvlink: nccl                     # NVLink at NCCL's per-link rate (optional)
+        native: nccl                     # native steps priced by the NCCL model, or
+        native:                          # the transport's own collectives, measured
+          allreduce: {alpha: 30 us, alpha_per_rank: 4 us, bandwidth: 2 GB/s}
         host: {bandwidth: 3 GB/s, cores: 2, ranks: 8}   # calibrated profiles only
         calibration: {...}               # what topoplan calibrate recorded
     """
@@ -485,6 +586,8 @@ def loads_profile(text: str, file: str = "<string>") -> CostProfile:
             raise fail(doc, "nvlink", f"expected {' or '.join(NVLINK_MODELS)} (NVLink as NCCL "
                                       f"counts it), or leave the key out; got {value!r}")
         costs["nvlink"] = value
+    if "native" in doc:
+        costs.update(_native_section(doc, file, seconds, bandwidth))
     if "host" in doc:
         host = doc["host"]
         if not isinstance(host, LineDict):
@@ -509,3 +612,46 @@ def loads_profile(text: str, file: str = "<string>") -> CostProfile:
         raise fail(doc, "calibration", "expected a mapping")
     return CostProfile(name=name, description=string("description"), sources=string("sources"),
                        calibration=_freeze(calibration), **costs)
+
+
+def _native_section(doc: Any, file: str, seconds: Any, bandwidth: Any) -> dict[str, Any]:
+    """``native:`` of a profile: a model's name, or the measured collectives by kind."""
+    from .._yaml import LineDict
+
+    value = doc["native"]
+    if isinstance(value, str) or value is None:
+        if value not in NATIVE_MODELS:
+            raise ProfileError(f"expected {' or '.join(NATIVE_MODELS)} (the NCCL model prices "
+                               f"native steps) or a mapping of measured collectives "
+                               f"({', '.join(NATIVE_KINDS)}); got {value!r}", file=file,
+                               line=doc.line_of("native"), key="native")
+        return {"native_model": value}
+    if not isinstance(value, LineDict):
+        raise ProfileError(f"expected a mapping of collectives ({', '.join(NATIVE_KINDS)}) "
+                           f"to {{alpha, alpha_per_rank, bandwidth}}, got {value!r}", file=file,
+                           line=doc.line_of("native"), key="native")
+    found = []
+    for kind in value:
+        where = f"native.{kind}"
+        if kind not in NATIVE_KINDS:
+            raise ProfileError(f"unknown collective; allowed: {', '.join(NATIVE_KINDS)}",
+                               file=file, line=value.line_of(kind), key=where)
+        entry = value[kind]
+        if not isinstance(entry, LineDict):
+            raise ProfileError("expected a mapping with alpha, alpha_per_rank (optional) and "
+                               "bandwidth", file=file, line=value.line_of(kind), key=where)
+        for key in entry:
+            if key not in _NATIVE_KEYS:
+                raise ProfileError(f"unknown key; allowed: {', '.join(_NATIVE_KEYS)}",
+                                   file=file, line=entry.line_of(key), key=f"{where}.{key}")
+        for key in ("alpha", "bandwidth"):
+            if key not in entry:
+                raise ProfileError("missing required key", file=file, line=entry.line,
+                                   key=f"{where}.{key}")
+        per_rank = (seconds(entry, "alpha_per_rank", f"{where}.alpha_per_rank")
+                    if "alpha_per_rank" in entry else 0.0)
+        found.append((str(kind), NativeCost(
+            alpha=seconds(entry, "alpha", f"{where}.alpha"),
+            bandwidth=bandwidth(entry, "bandwidth", f"{where}.bandwidth", False),
+            alpha_per_rank=per_rank)))
+    return {"native_costs": tuple(found)}

@@ -30,8 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "calibrate", help="measure this machine's transport costs and write a cost profile",
         description="Run micro-benchmarks (a ping-pong, executor runs of small schedules, "
-                    "adds) on N ranks of this machine, fit a cost profile through the "
-                    "simulator and write it as YAML: bench --profile predicts runs with it, "
+                    "adds, and the transport's own allreduce, reduce-scatter and allgather "
+                    "over groups of ranks) on N ranks of this machine, fit a cost profile "
+                    "through the simulator and write it as YAML: bench --profile predicts "
+                    "runs with it, "
                     "topoplan.plan(..., profile=FILE) and topoplan.simulate(..., profile=FILE) "
                     "plan and price against it.")
     p.add_argument("--transport", choices=TRANSPORTS, default="mpi",
@@ -135,22 +137,29 @@ def _warn_if_busy() -> None:
 
 
 def _fit(data: dict[str, Any], nranks: int, name: str, quick: bool) -> Any:
-    from ..runtime.calibrate import Sample, calibration_cases, fit_profile
-    cases = {c.label: c for c in calibration_cases(nranks)}
-    samples = []
-    for entry in data["samples"]:
-        case = cases.get(entry["label"])
-        if case is None:
-            raise TopoplanError(f"the ranks measured a case this topoplan does not know: "
-                                f"{entry['label']!r}; run the ranks from the same install")
-        samples.append(Sample(case, entry["measured_s"], tuple(entry["repeats_s"]),
+    from ..runtime.calibrate import Sample, calibration_cases, fit_profile, native_cases
+    cases = {c.label: c for c in calibration_cases(nranks) + native_cases(nranks)}
+
+    def read(entries: list[dict[str, Any]]) -> list[Any]:
+        out = []
+        for entry in entries:
+            case = cases.get(entry["label"])
+            if case is None:
+                raise TopoplanError(f"the ranks measured a case this topoplan does not know: "
+                                    f"{entry['label']!r}; run the ranks from the same install")
+            out.append(Sample(case, entry["measured_s"], tuple(entry["repeats_s"]),
                               entry["calls"]))
+        return out
+
+    samples = read(data["samples"])
+    natives = read(data.get("native_samples", []))
     _progress("fitting through the simulator")
     context = {"load_average": data["load_average"], "repeats": data["repeats"],
                "quick": quick}
     return fit_profile(samples, name=name, nranks=nranks, transport=data["transport"],
                        context=context, cores=data.get("cores"),
-                       small_max=data.get("small_max"))
+                       small_max=data.get("small_max"), native_samples=natives,
+                       native_skipped=data.get("native_skipped", []))
 
 
 def _header(profile: Any, args: argparse.Namespace, nranks: int, output: Path,
@@ -171,6 +180,13 @@ def _header(profile: Any, args: argparse.Namespace, nranks: int, output: Path,
         "beside the measured one.",
         f"alpha and step_overhead: {record.get('rule')}.",
     ]
+    native = record.get("native")
+    if native is not None and profile.native_costs:
+        lines.append(f"native: the transport's own {', '.join(k for k, _ in profile.native_costs)}"
+                     f"; {native.get('rule')}; rms residual {native.get('rms_residual_pct')}%.")
+    elif native is not None:
+        lines.append(f"native: not measured ({'; '.join(native.get('skipped') or ())}): native "
+                     "steps are priced as point-to-point rings on these costs.")
     if profile.host_cores is not None:
         lines.append(f"{nranks} ranks on {profile.host_cores} cores: the costs are a rank's "
                      "with a core to itself (the adds measured all at once, scaled by ranks "
@@ -216,6 +232,23 @@ def _print(profile: Any, output: Path) -> None:
         out.print(f"clamped: {note}")
     if record.get("unidentified"):
         out.print(f"not identified (no run depends on them): {', '.join(record['unidentified'])}")
+    native = record.get("native")
+    if native is not None and native.get("samples"):
+        t = table("case", "what", "measured", "fitted", "residual", "spread",
+                  title="the transport's own collectives over groups of ranks")
+        t.columns[1].justify = "left"
+        for row in native["samples"]:
+            t.add_row(row["case"], row["what"], format_time(row["measured_us"] * 1e-6),
+                      format_time(row["fitted_us"] * 1e-6), f"{row['residual_pct']:+.1f}%",
+                      f"{row['spread_pct']:.0f}%")
+        out.print(t)
+        for kind, cost in profile.native_costs:
+            out.print(f"native {kind}: alpha {format_time(cost.alpha)} + "
+                      f"{format_time(cost.alpha_per_rank)} per rank past the first, bus "
+                      f"bandwidth {format_bandwidth(cost.bandwidth)}")
+        out.print(f"native rms residual {native.get('rms_residual_pct')}%")
+    for note in (native or {}).get("skipped") or ():
+        out.print(note)
     host = "-" if profile.host_bandwidth is None else format_bandwidth(profile.host_bandwidth)
     cores = "" if profile.host_cores is None else f" on {profile.host_cores} cores"
     out.print(f"{profile.summary()}; host {host} per rank{cores}")
@@ -229,8 +262,9 @@ def _print(profile: Any, output: Path) -> None:
 # Inside mpiexec
 # ---------------------------------------------------------------------------
 def _run_rank(args: argparse.Namespace) -> int:
-    from ..runtime.calibrate import (FULL, QUICK, calibration_cases, host_cores, load_average, measure,
-                             small_limit, transport_info)
+    from ..runtime.calibrate import (FULL, QUICK, calibration_cases, host_cores, load_average,
+                                     measure, measure_native, native_cases, small_limit,
+                                     transport_info)
     if not args.result:
         raise TopoplanError("inside mpiexec, calibrate is started by topoplan calibrate itself")
     transport = rank_transport(args.transport, timeout=args.timeout, share_gpus=args.share_gpus)
@@ -239,6 +273,8 @@ def _run_rank(args: argparse.Namespace) -> int:
     try:
         samples = measure(transport, calibration_cases(transport.size), repeats=repeats,
                           block_s=block, timeout=args.timeout, progress=_progress)
+        natives, skipped = measure_native(transport, native_cases(transport.size),
+                                          repeats=repeats, block_s=block, progress=_progress)
     except TransportError as exc:
         print(f"topoplan: error: {exc}", file=sys.stderr, flush=True)
         if args.transport == "mpi":
@@ -252,7 +288,11 @@ def _run_rank(args: argparse.Namespace) -> int:
                 "load_average": load, "repeats": repeats,
                 "samples": [{"label": s.label, "measured_s": s.measured_s,
                              "repeats_s": list(s.repeats_s), "calls": s.calls}
-                            for s in samples]}
+                            for s in samples],
+                "native_samples": [{"label": s.label, "measured_s": s.measured_s,
+                                    "repeats_s": list(s.repeats_s), "calls": s.calls}
+                                   for s in natives],
+                "native_skipped": skipped}
         from .._files import atomic_write
         atomic_write(args.result, json_text(data))
     if args.transport == "torch":

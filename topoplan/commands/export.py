@@ -46,6 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-steps", type=positive_int, default=64, metavar="N",
                         help="steps per thread block the executor was built for "
                              "(MSCCL_MAX_NUM_STEPS, default 64)")
+    parser.add_argument("--no-lower", action="store_true",
+                        help="refuse a plan with native collective steps (IR v3) instead of "
+                             "lowering them to point-to-point steps, which MSCCL XML holds")
     parser.add_argument("--no-fuse", action="store_true",
                         help="keep recv and send as separate steps on separate thread blocks")
     parser.add_argument("--name", help="the algorithm's name (default topoplan-<planner>)")
@@ -67,7 +70,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         result = export_msccl(schedule, proto=args.proto, channels=args.channels,
                               min_bytes=args.min_bytes or 0, max_bytes=args.max_bytes or 0,
                               name=args.name, limits=Limits(max_steps=args.max_steps),
-                              fuse=not args.no_fuse)
+                              fuse=not args.no_fuse, lower=not args.no_lower)
     except ScheduleError as exc:
         raise ScheduleError(f"{args.plan}: {exc}") from None
     algo = result.algo

@@ -26,7 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "chosen schedule.")
     p.add_argument("cluster", help="cluster YAML file")
     p.add_argument("-a", "--algorithm", default="auto",
-                   help="planner to choose (default auto: the fastest in simulation)")
+                   help="planner to choose (default auto: the fastest in simulation, of "
+                        "every candidate); a planner named here is planned alone, beside "
+                        "NCCL's row (add --candidates to compare it with others)")
     p.add_argument("-s", "--size", type=size_arg, default=256 << 20, metavar="SIZE",
                    help="message size, e.g. 1MiB (default 256MiB): the full buffer, an "
                         "allgather's output or a reduce-scatter's input")
@@ -60,7 +62,8 @@ def candidate_names(requested: str | None) -> list[str] | None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from ..analysis.bound import best_partition, bottleneck, collective_bound, rsag_bound
+    from ..analysis.bound import (best_partition, bottleneck, collective_bound, latency_bound,
+                                  rsag_bound)
     from ..planners import PlanRequest, compare, nccl_candidate, require_collective
     from ..ir.verify import verify
 
@@ -75,12 +78,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
         assert named is not None
         require_collective(args.algorithm, args.collective)
         if names is None:
-            names = named + [n for n in _default_candidates(args.collective) if n not in named]
+            # The planner asked for, beside NCCL's row and the bound: comparing every
+            # candidate on a big cluster costs minutes (--candidates asks for it).
+            names = named
         elif args.algorithm not in names:
             names = named + names
     left_out: dict[str, str] = {}
     with status(f"planning and simulating candidates for {cluster.nranks} ranks ..."):
-        rows = compare(request, names, left_out=left_out)
+        try:
+            rows = compare(request, names, left_out=left_out)
+        except InfeasiblePlanError:
+            if args.algorithm in left_out:  # the planner asked for, alone, could not
+                raise InfeasiblePlanError(left_out[args.algorithm]) from None
+            raise
         nccl = nccl_candidate(request)
     if args.algorithm == "auto":
         chosen = rows[0]  # compare() sorts fastest first
@@ -89,11 +99,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         chosen = next(c for c in rows if c.name == args.algorithm)
     assert chosen.schedule is not None
-    with status(f"verifying the {chosen.name} schedule ..."):
-        verify(chosen.schedule)
+    if not chosen.schedule.meta.get("verified"):  # mcf verifies what it builds
+        with status(f"verifying the {chosen.name} schedule ..."):
+            verify(chosen.schedule)
     collective = args.collective
     bound = collective_bound(cluster, args.size, collective)
     rsag = rsag_bound(cluster, args.size)
+    # Under a profile that charges latency, the bound a point-to-point plan can meet.
+    latency = None if costs.is_ideal else latency_bound(cluster, args.size, costs, collective)
 
     if args.output:
         chosen.schedule.with_meta(
@@ -108,7 +121,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(json_text({
             "cluster": cluster.name, "nranks": cluster.nranks, "size_bytes": args.size,
             "collective": collective,
-            "lower_bound_s": bound, "rsag_bound_s": rsag,
+            "lower_bound_s": bound, "rsag_bound_s": rsag, "latency_bound_s": latency,
             "bound_partition": _partition_json(cluster),
             "chosen": chosen.name, "profile": costs.to_dict(),
             "candidates": [candidate_json(c, request, bound, nccl) for c in shown],
@@ -119,6 +132,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     out.print(f"[bold]{cluster.name}[/bold]: {cluster.nranks} ranks, {collective} of "
               f"{format_size(args.size)}; lower bound {format_time(bound)}")
     out.print(f"cost profile {costs.summary()}")
+    if latency is not None:
+        out.print(f"latency-aware bound under {costs.name}: {format_time(latency)} (a "
+                  f"point-to-point plan's bandwidth bound plus the fewest steps it pays, "
+                  f"docs/COST_MODEL.md)")
     # One unit for the column: ms once the fastest takes a millisecond, so that 256 MiB
     # reads 27.108, not 27108.37.
     unit = "ms" if min(c.time_s for c in shown) >= 1e-3 else "us"
@@ -128,7 +145,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     out.print(t)
     for note in (left_out_note(left_out_columns, out.width),
                  "~ estimated by the planner's own cost model: the schedule is too big to "
-                 "simulate quickly" if any(not c.simulated for c in rows) else None):
+                 "simulate quickly (topoplan simulate CLUSTER PLAN.json simulates it)" if any(not c.simulated for c in rows) else None):
         if note:
             out.print(note)
     out.print("vs bound: time / lower bound of any schedule (1.00x: none is faster); * chosen")

@@ -76,6 +76,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show.set_defaults(func=cmd_show)
 
 
+def _set_text(group: tuple[int, ...], most: int = 8) -> str:
+    """``{0,1,2,3}``; a long group as ``{0,8,16,...,1016} (128 ranks)``."""
+    if len(group) <= most:
+        return "{" + ",".join(map(str, group)) + "}"
+    return "{" + ",".join(map(str, group[:3])) + f",...,{group[-1]}}} ({len(group)} ranks)"
+
+
+def native_lines(schedule: Any, most: int = 12) -> list[str]:
+    """The native collectives (IR v3) of ``schedule``, one line each, by step, such as
+    ``step 0: reduce_scatter {0,1,2,3} chunks 0..7`` (the members' step, or ``steps
+    2..5`` where they differ); past ``most`` lines, how many more."""
+    from ..ir.matching import messages
+
+    calls = sorted(messages(schedule, natives=True).calls,
+                   key=lambda call: (min(call.local), call.steps[0]))
+    lines = []
+    for call in calls[:most]:
+        op = call.op
+        first, last = min(call.local), max(call.local)
+        at = f"step {first}" if first == last else f"steps {first}..{last}"
+        root = f" root {op.root}" if op.root is not None else ""
+        lines.append(f"{at}: {op.kind.value} {_set_text(op.group)} {op.chunk_text()}{root}")
+    if len(calls) > most:
+        lines.append(f"... and {len(calls) - most} more")
+    return lines
+
+
 def output_paths(output: str | Path, figures: list[str]) -> dict[str, Path]:
     """``picture.png`` -> {"cluster": picture.png, "timeline": picture-timeline.png, ...}."""
     output = Path(output)
@@ -139,6 +166,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                    "x_bound": (report.time_s / report.lower_bound_s
                                if report.lower_bound_s > 0 else None),
                    "rsag_bound_s": rsag_bound(cluster, args.size)}
+        summary["native_steps"] = native_lines(schedule, most=10 ** 9)
     if needs_report and not args.json:
         assert report is not None
         out.print(f"{cluster.name}: {report.algorithm or 'schedule'} at {format_size(args.size)}: "
@@ -147,6 +175,12 @@ def cmd_show(args: argparse.Namespace) -> int:
             out.print(f"lower bound {format_time(report.lower_bound_s)} (the plan takes "
                       f"{report.time_s / report.lower_bound_s:.2f}x it); RS+AG cut bound "
                       f"{format_time(summary['rsag_bound_s'])}")
+        lines = native_lines(schedule)
+        if lines:
+            out.print("native collective steps (drawn as one box over their group):",
+                      soft_wrap=True)
+            for line in lines:
+                out.print(f"  {line}", soft_wrap=True)
 
     for name, path in paths.items():
         with status(f"drawing the {name} figure ..."):

@@ -8,7 +8,7 @@ import sys
 
 from typing import Any
 
-from ..analysis.bound import best_partition, bottleneck, lower_bound, rsag_bound
+from ..analysis.bound import best_partition, bottleneck, latency_bound, lower_bound, rsag_bound
 from ..cluster import load_cluster
 from ..analysis.cost import get_profile
 from ..errors import ScheduleError
@@ -20,12 +20,18 @@ from ..units import format_bandwidth, format_size, parse_bandwidth, parse_latenc
 from .common import (Column, add_profile_argument, checked_arg, console, fit_table,
                      left_out_note, sizes_arg)
 
-#: The parts of SimReport.breakdown, in the order the table and JSON show them.
-PARTS = ("bandwidth", "latency", "overhead", "reduce", "contention")
+#: The parts of SimReport.breakdown, in the order the table and JSON show them
+#: (``native`` only for a schedule with native steps, IR v3).
+PARTS = ("bandwidth", "latency", "overhead", "reduce", "contention", "native")
 
 
 _bandwidth = checked_arg(parse_bandwidth, lambda v: v > 0, "must be > 0")
 _latency = checked_arg(parse_latency, lambda v: v >= 0, "must be >= 0")
+
+
+def _notes(reports: list[SimReport]) -> list[str]:
+    """The reports' notes, each once, in order."""
+    return list(dict.fromkeys(note for r in reports for note in r.notes))
 
 
 def _rsag(cluster: Any, size: int, dtype_size: int) -> float:
@@ -118,6 +124,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     cut = bottleneck(cluster)
     part = best_partition(cluster) if cluster.nranks > 1 else None
     planned = _planned_size(schedule)
+    # Under a profile that charges latency: the bound a point-to-point plan can meet (a
+    # plan with native steps is bound by the bandwidth alone: their libraries' latencies
+    # are not the profile's point-to-point ones).
+    p2p_bound = not costs.is_ideal and not any(r.natives for r in reports)
+    latency = {r.size: (latency_bound(cluster, r.size, costs, schedule.collective)
+                        if p2p_bound else None) for r in reports}
     if args.json:
         print(json.dumps({
             "cluster": cluster.name, "algorithm": schedule.algorithm, "nranks": cluster.nranks,
@@ -131,14 +143,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                          "time_s": r.time_s, "algbw_GBps": r.algbw / 1e9,
                          "busbw_GBps": r.busbw / 1e9, "lower_bound_s": r.lower_bound_s,
                          "rsag_bound_s": _rsag(cluster, r.size, args.dtype_size),
+                         "latency_bound_s": latency[r.size],
                          "efficiency": r.efficiency, "messages": r.messages,
                          "x_bound": (r.time_s / r.lower_bound_s if r.lower_bound_s > 0
                                      else None),
                          "at_planned_size": None if planned is None else r.size == planned,
                          "speedup_vs_nccl": r.speedup_vs_nccl,
                          "nccl": r.nccl.to_dict() if r.nccl is not None else None,
-                         "breakdown": {part: r.breakdown.get(part, 0.0) for part in PARTS}}
+                         "breakdown": {part: r.breakdown.get(part, 0.0) for part in PARTS
+                                       if part != "native" or part in r.breakdown}}
                         for r in reports],
+            "notes": _notes(reports),
         }))
         return 0
     out = console()
@@ -163,20 +178,26 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for line in _made_for(planned, args.sizes):
         out.print(line)
     sizes = [f"{r.size}{'*' if planned not in (None, r.size) else ' '}" for r in reports]
-    t, left_out = fit_table(COLUMNS, [
+    columns = tuple(c for c in COLUMNS if c.header != LATENCY.header or p2p_bound)
+    t, left_out = fit_table(columns, [
         [size, str(r.size // args.dtype_size), f"{r.time_s * 1e6:.2f}", f"{r.algbw / 1e9:.2f}",
-         f"{r.busbw / 1e9:.2f}", f"{r.lower_bound_s * 1e6:.2f}", _x_bound(r), _vs_nccl(r)]
+         f"{r.busbw / 1e9:.2f}", f"{r.lower_bound_s * 1e6:.2f}",
+         *_us(latency[r.size]), _x_bound(r), _vs_nccl(r)]
         for size, r in zip(sizes, reports)], out.width)
     out.print(t)
     note = left_out_note(left_out, out.width)
     if note:
         out.print(note)
     out.print("vs bound: time / lower bound (1.00x: no schedule is faster)")
+    if p2p_bound:
+        out.print(f"lat bound: the latency-aware bound under {costs.name}: a point-to-point "
+                  f"plan's bandwidth bound plus the fewest steps it pays (docs/COST_MODEL.md)")
     if any(r.nccl is not None for r in reports):
         out.print("vs nccl: NCCL's time / the plan's (above 1.00x: faster than NCCL)")
-    # Contention exists on a calibrated host only: a column of zeros elsewhere.
-    parts = [name for name in PARTS
-             if name != "contention" or any(r.breakdown.get(name, 0.0) for r in reports)]
+    # Contention exists on a calibrated host only, native time with native steps only:
+    # columns of zeros elsewhere.
+    parts = [name for name in PARTS if name not in ("contention", "native")
+             or any(r.breakdown.get(name, 0.0) for r in reports)]
     t, left_out = fit_table([Column("size\n(B)"), *(Column(f"{name}\n(us)") for name in parts)],
                             [[size, *(f"{r.breakdown.get(name, 0.0) * 1e6:.2f}"
                                       for name in parts)]
@@ -187,6 +208,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     out.print("latency; overhead: call, step and posting costs; reduce: adds")
     if "contention" in parts:
         out.print("contention: ranks taking turns on a host with fewer cores than ranks")
+    if "native" in parts:
+        out.print("native: inside native collectives (priced by "
+                  f"{', '.join(sorted({n.priced_by.split(' x')[0] for r in reports for n in r.natives}))})")
+    for line in _notes(reports):
+        out.print(f"note: {line}")
     if any(r.nccl is not None for r in reports):
         t, _ = fit_table(NCCL_COLUMNS, [
             [size, f"{r.nccl.time_s * 1e6:.2f}", f"{r.nccl.busbw / 1e9:.2f}",
@@ -200,13 +226,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The latency-aware bound's column: only under a profile with latency.
+LATENCY = Column("lat bound\n(us)", drop=4)
 #: The table's columns: the essentials always, the others (drop > 0) while they fit.
-COLUMNS = (Column("size\n(B)"), Column("count", drop=2), Column("time\n(us)"),
+COLUMNS = (Column("size\n(B)"), Column("count", drop=5), Column("time\n(us)"),
            Column("algbw\n(GB/s)", drop=3), Column("busbw\n(GB/s)"),
-           Column("bound\n(us)", drop=1), Column("vs\nbound"), Column("vs\nnccl"))
+           Column("bound\n(us)", drop=1), LATENCY, Column("vs\nbound"), Column("vs\nnccl"))
 NCCL_COLUMNS = (Column("size\n(B)"), Column("nccl\n(us)"), Column("busbw\n(GB/s)"),
                 Column("algorithm", "left"), Column("protocol", "left"),
                 Column("chan-\nnels"), Column("set by", "left", drop=1))
+
+
+def _us(seconds: float | None) -> list[str]:
+    """A cell in microseconds, or none (the column is left out)."""
+    return [] if seconds is None else [f"{seconds * 1e6:.2f}"]
 
 
 def _vs_nccl(report: SimReport) -> str:

@@ -367,10 +367,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     algorithms, left_out = algorithms_for(args.collective, args.algorithms)
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
-    from ..testbed.bench import _check_case_size
+    from ..testbed.bench import check_case_size
     for size in sizes:
         try:
-            _check_case_size(size, cluster.nranks, args.collective)
+            check_case_size(size, cluster.nranks, args.collective)
         except TopoplanError as exc:
             raise TopoplanError(f"--sizes: {exc}") from None
     bed, owned = _testbed(args, cluster, capable)

@@ -45,11 +45,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
         plans.append({"file": path, "ok": True, "algorithm": schedule.algorithm,
                       "collective": report.collective, "nranks": report.nranks,
                       "nchunks": report.nchunks, "nsteps": report.nsteps,
-                      "nmessages": report.nmessages})
+                      "nmessages": report.nmessages, "nnative": report.nnative,
+                      "ncollectives": report.ncollectives})
         if not args.json:
+            # Native steps (IR v3): one per member of each native collective.
+            natives = (f", {report.nnative} native steps ({report.ncollectives} "
+                       f"collective{'s' if report.ncollectives != 1 else ''})"
+                       if report.nnative else "")
             out.print(f"{path}: ok: {schedule.algorithm} {report.collective}, {report.nranks} "
                       f"ranks, {report.nchunks} chunks, {report.nsteps} steps, "
-                      f"{report.nmessages} messages", soft_wrap=True)
+                      f"{report.nmessages} messages{natives}", soft_wrap=True)
     if args.json:
         print(json.dumps({"plans": plans}))
     return 0 if all(p["ok"] for p in plans) else 1

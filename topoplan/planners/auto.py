@@ -12,11 +12,10 @@ Candidates that cannot meet the caps (:class:`~topoplan.errors.InfeasiblePlanErr
 are left out, and ``meta["left_out"]`` says why.
 
 Affordability: the event simulator costs about ``ops x events``; candidates whose
-schedule has more than ``max_sim_ops`` ops (default 1 000 000, which simulates every
-plan ``auto`` makes up to 1024 ranks: mcf's 475 k ops on leaf_spine_1024 take about a
-minute under ``nccl`` at the simulator's coarse resolution) are not simulated but
-ranked by their own estimate when they give one (``meta["estimate_s"]``, mcf's
-lock-step model) and otherwise dropped, and on clusters above ``max_plan_ranks``
+schedule has more than ``max_sim_ops`` ops (default 250 000: mcf's 475 k ops on
+leaf_spine_1024 take about 40 s to simulate, and its estimate is within 1% of that) are
+not simulated but ranked, among the simulated ones, by their own estimate when they
+give one (``meta["estimate_s"]``, mcf's lock-step model) and otherwise dropped, and on clusters above ``max_plan_ranks``
 (default 256) only ``mcf`` and ``hierarchical`` are planned (the flat ring needs
 ``4 N^2`` ops). ``meta["comparison"]`` says, per candidate, which was done.
 """
@@ -81,7 +80,7 @@ def compare(cluster: Cluster, size: int | str, candidates: Sequence[str] | None 
     Returns
     -------
     list of Candidate
-        Sorted by simulated time (unsimulated ones last, by their ``meta["estimate_s"]``);
+        Sorted by time, simulated or (too big to simulate) their ``meta["estimate_s"]``;
         each also unpacks as ``(name, schedule, report, plan_seconds)``.
 
     Raises

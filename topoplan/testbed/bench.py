@@ -37,7 +37,8 @@ from ..ir.schedule import Schedule
 from .calibrate import Calibration
 from .netns import kill_namespace_processes
 
-__all__ = ["Case", "BenchRow", "BenchReport", "run_cases", "bench", "plan_algorithm"]
+__all__ = ["Case", "BenchRow", "BenchReport", "run_cases", "bench", "plan_algorithm",
+           "check_case_size"]
 
 MASTER_PORT = 29500  # inside rank 0's own namespace: no other process can hold it
 
@@ -159,7 +160,7 @@ def run_cases(bed: Any, cases: Sequence[Case], *, timeout: float = 300.0,
                 if case.schedule is None:
                     raise ScheduleError(f"case {case.label!r} has no schedule")
                 entry["collective"] = case.schedule.collective
-                _check_case_size(case.size, layout.nranks, case.schedule.collective)
+                check_case_size(case.size, layout.nranks, case.schedule.collective)
                 path = Path(tmp, f"case{i}.json")
                 case.schedule.save(path)
                 entry["schedule"] = str(path)
@@ -259,7 +260,7 @@ def _tail(path: Path, lines: int = 12) -> str:
         return "(no output)"
 
 
-def _check_case_size(size: int, nranks: int, collective: str) -> None:
+def check_case_size(size: int, nranks: int, collective: str) -> None:
     """A reduce-scatter's or an allgather's float32 buffer must cut into equal shards."""
     if size % 4 or (size // 4) % nranks:
         from ..ir.collectives import get_collective
@@ -328,7 +329,7 @@ def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence
     from .layout import emulated_cluster
     get_collective(collective)
     for size in sizes:
-        _check_case_size(size, bed.layout.nranks, collective)
+        check_case_size(size, bed.layout.nranks, collective)
     scaled = emulated_cluster(cluster, bed.layout)
     load_before = load_average()
     report = check_network(bed, progress=progress) if probe else None

@@ -159,8 +159,8 @@ def calibration_cases(cluster: Cluster) -> list[tuple[str, int, str, Schedule | 
     if n > 2:
         # Every rank exchanging with every other at once, DIRECT_ROUNDS times: steps of
         # 2 (n - 1) ops, which the ring and tree (2 and 3 ops a step) cannot tell from alpha.
-        from ..runtime.calibrate import _direct
-        direct = _direct(n, DIRECT_ROUNDS, "calibrate-direct")
+        from ..runtime.calibrate import direct_schedule
+        direct = direct_schedule(n, DIRECT_ROUNDS, "calibrate-direct")
         nbytes = int(STEP_SECONDS * slowest * n * DIRECT_ROUNDS) // 4096 * 4096 or 4096
         cases.append(("cal:direct", nbytes, "schedule", direct))
     return cases

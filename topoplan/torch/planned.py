@@ -69,21 +69,39 @@ class PlannedAllreduce:
     timeout : float
         Seconds the executor waits on any transfer before raising
         :class:`topoplan.TransportError` (never a hang).
+    schedule : Schedule, optional
+        Run this allreduce schedule at every size instead of planning one (a plan read
+        from a file, a composed plan with native steps); ``cluster`` may then be None.
 
     Notes
     -----
     Planning happens once per distinct byte size; DDP buckets and fusion buffers have
     a handful of sizes, so after the first step every call is a cache hit.
+
+    Schedules with native steps (IR v3: the transport's own collectives over groups of
+    ranks) run like any other: the first executor over a group makes the group's
+    sub-communicator on the transport (collective over every rank; the trainers make
+    their calls in the same order on every rank, which this needs), later ones reuse it.
+    A schedule whose only step is a native allreduce over every rank runs the
+    transport's own allreduce.
     """
 
     def __init__(self, cluster: Any, transport: Any, *, algorithm: str = "auto",
-                 share: Callable[[Any], Any] | None = None, timeout: float = 60.0) -> None:
+                 share: Callable[[Any], Any] | None = None, timeout: float = 60.0,
+                 schedule: Any = None) -> None:
+        if cluster is None and schedule is None:
+            raise TopoplanError("PlannedAllreduce needs a cluster to plan for (or a schedule "
+                                "to run)")
         self.cluster = cluster
         self.transport = transport
-        self.algorithm = algorithm
+        self.algorithm = algorithm if schedule is None else schedule.algorithm
         self.share = share
         self.timeout = timeout
-        self.nranks = int(cluster.nranks)
+        self.schedule = schedule
+        self.nranks = int(cluster.nranks if cluster is not None else schedule.nranks)
+        if schedule is not None and schedule.nranks != self.nranks:
+            raise TopoplanError(f"the schedule is for {schedule.nranks} ranks, the cluster "
+                                f"{getattr(cluster, 'name', '?')!r} has {self.nranks}")
         self.stats = AllreduceStats()
         self._executors: dict[int, Any] = {}
         self.chosen: dict[int, str] = {}   # byte size -> algorithm the planner picked
@@ -95,10 +113,17 @@ class PlannedAllreduce:
             import topoplan
             from topoplan.runtime.executor import Allreduce
 
-            schedule = topoplan.plan(self.cluster, algorithm=self.algorithm, size=max(nbytes, 1))
-            if self.share is not None:
-                schedule = topoplan.loads_schedule(self.share(schedule.to_json()))
-            executor = Allreduce(schedule, self.transport, timeout=self.timeout)
+            if self.schedule is not None:
+                # One schedule: one executor (it compiles each size once).
+                schedule = self.schedule
+                executor = next(iter(self._executors.values()), None)
+            else:
+                schedule = topoplan.plan(self.cluster, algorithm=self.algorithm,
+                                         size=max(nbytes, 1))
+                if self.share is not None:
+                    schedule = topoplan.loads_schedule(self.share(schedule.to_json()))
+            if executor is None:
+                executor = Allreduce(schedule, self.transport, timeout=self.timeout)
             self._executors[nbytes] = executor
             # auto's schedules name what it picked in their meta
             self.chosen[nbytes] = str(schedule.meta.get("chosen", schedule.algorithm))

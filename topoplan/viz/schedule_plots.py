@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..cluster import Cluster
-from ..ir.schedule import OpKind, Schedule
+from ..ir.schedule import Native, NativeKind, OpKind, Schedule
 from ..units import format_bandwidth, format_size, format_time
 from ._common import (edge_name, fit_text, fitted_legend, keep_titles_inside, matplotlib,
                       new_figure, renderer, time_unit)
@@ -16,7 +16,7 @@ from ._common import (edge_name, fit_text, fitted_legend, keep_titles_inside, ma
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-__all__ = ["timeline", "link_utilisation", "MAX_RANKS_SHOWN", "STEP_KINDS"]
+__all__ = ["timeline", "link_utilisation", "native_label", "MAX_RANKS_SHOWN", "STEP_KINDS"]
 
 MAX_RANKS_SHOWN = 64  # a Gantt chart of more ranks is drawn for an even sample of them
 
@@ -45,8 +45,20 @@ STEP_KINDS = {
     "both": ("receives, adds some and copies some", "#8172b2"),
     "copy": ("receives finished chunks (copy)", "#55a868"),
     "send": ("only sends", "#c9a227"),
+    "native": ("native collective over a group (one box spans its ranks)", "#dd8452"),
     "step": ("step", "#4c72b0"),  # the schedule is unknown
 }
+
+_SHORT = {NativeKind.ALLREDUCE: "AR", NativeKind.REDUCE_SCATTER: "RS",
+          NativeKind.ALLGATHER: "AG", NativeKind.BROADCAST: "BC", NativeKind.REDUCE: "R"}
+
+
+def native_label(op: Native, short: bool = False) -> str:
+    """A native step's label: ``reduce_scatter 0..7`` (``RS 0..7`` when short), the
+    chunk range it covers, and its root for a broadcast or a reduce (``@2``)."""
+    chunks = str(op.chunk) if op.count == 1 else f"{op.chunk}..{op.end - 1}"
+    root = f" @{op.root}" if op.root is not None else ""
+    return f"{_SHORT[op.kind] if short else op.kind.value} {chunks}{root}"
 
 
 def _step_kinds(report: Any, schedule: Schedule | None) -> dict[tuple[int, int], str]:
@@ -57,6 +69,9 @@ def _step_kinds(report: Any, schedule: Schedule | None) -> dict[tuple[int, int],
         return kinds
     for program in schedule.ranks:
         for s, step in enumerate(program.steps):
+            if step and isinstance(step[0], Native):
+                kinds[(program.rank, s)] = "native"
+                continue
             recvs = [op for op in step if op.kind is OpKind.RECV]
             adds = any(op.reduce for op in recvs)
             copies = any(not op.reduce for op in recvs)
@@ -94,8 +109,11 @@ def timeline(report: Any, schedule: Schedule | None = None) -> Figure:
     schedule
         The simulated schedule, to colour each bar by what the step does (adds what
         it receives, copies it, or only sends) and to label wide bars with the ranks
-        they send to (``\u21925``). Without it (and without ``report.schedule``) the
-        bars are one colour.
+        they send to (``\u21925``). A native collective (IR v3) is one box over the
+        rows of its group, from its first member's start to its last member's end,
+        labelled with its kind and chunks (``reduce_scatter 0..7``, or ``RS 0..7`` where
+        that does not fit). Without it (and without ``report.schedule``) the bars are
+        one colour.
 
     Returns
     -------
@@ -128,6 +146,8 @@ def timeline(report: Any, schedule: Schedule | None = None) -> Figure:
     used: dict[str, None] = {}  # kinds present, in drawing order
     for row, rank in enumerate(ranks):
         for s, (start, stop) in enumerate(step_times[rank]):
+            if kinds.get((rank, s)) == "native":
+                continue  # drawn below, one box over the group
             x0, x1 = start / scale, stop / scale
             boxes.append([(x0, row - 0.38), (x1, row - 0.38), (x1, row + 0.38), (x0, row + 0.38)])
             kind = kinds.get((rank, s), "step")
@@ -140,6 +160,9 @@ def timeline(report: Any, schedule: Schedule | None = None) -> Figure:
     bars = PolyCollection(boxes, facecolors=colours, edgecolors="white", linewidths=0.3)
     bars.set_gid("steps")
     ax.add_collection(bars)
+    native_labels = _draw_natives(ax, report, schedule, ranks, scale)
+    if native_labels:
+        used["native"] = None
     ax.set_xlim(0, horizon / scale * 1.02)
     ax.set_ylim(len(ranks) - 0.5, -0.5)
     ax.set_xlabel(f"time ({unit})")
@@ -185,7 +208,71 @@ def timeline(report: Any, schedule: Schedule | None = None) -> Figure:
         t = ax.text(x, y, text, ha="center", va="center", fontsize=7, color=ink, clip_on=True)
         t.set_in_layout(False)
         fit_text(t, room, rend, min_size=5.0)
+    for nx, ny, texts, width in native_labels:  # the full label, else the short one
+        room = width * px_per_x - 3
+        for text in texts:
+            t = ax.text(nx, ny, text, ha="center", va="center", fontsize=7.5, color="black",
+                        clip_on=True, gid="native-label")
+            t.set_in_layout(False)
+            if fit_text(t, room, rend, min_size=5.0):
+                break
+            t.remove()
     return fig
+
+
+def _draw_natives(ax: Any, report: Any, schedule: Schedule | None, ranks: list[int],
+                  scale: float) -> list[tuple[float, float, tuple[str, str], float]]:
+    """Draw each native collective (IR v3) as one box over the rows of its group, from
+    the first member's start to the last member's end (a group whose shown rows are not
+    adjacent gets a box per run of rows, joined by a dashed line). Returns the labels
+    to place once the layout is fixed: ``(x, y, (label, short label), width)``."""
+    from matplotlib.collections import LineCollection, PolyCollection
+
+    schedule = schedule if schedule is not None else getattr(report, "schedule", None)
+    if schedule is None:
+        return []
+    from ..ir.matching import messages
+
+    calls = messages(schedule, natives=True).calls
+    if not calls:
+        return []
+    step_times = report.step_times
+    row_of = {rank: row for row, rank in enumerate(ranks)}
+    boxes: list[list[tuple[float, float]]] = []
+    joins: list[list[tuple[float, float]]] = []
+    labels: list[tuple[float, float, tuple[str, str], float]] = []
+    for call in calls:
+        times = [step_times[m][s] for m, s in zip(call.group, call.local)
+                 if s < len(step_times[m])]
+        rows = sorted(row_of[m] for m in call.group if m in row_of)
+        if not times or not rows:
+            continue
+        x0, x1 = min(t[0] for t in times) / scale, max(t[1] for t in times) / scale
+        runs: list[list[int]] = []
+        for row in rows:
+            if runs and row == runs[-1][1] + 1:
+                runs[-1][1] = row
+            else:
+                runs.append([row, row])
+        for lo, hi in runs:
+            boxes.append([(x0, lo - 0.42), (x1, lo - 0.42), (x1, hi + 0.42), (x0, hi + 0.42)])
+        # Joins near the left edge, clear of the label in the middle, and apart from
+        # those of other calls at the same time (rails cross each other's rows).
+        x = x0 + (0.03 + 0.03 * (len(joins) % 4)) * (x1 - x0)
+        for (_, hi), (lo, _) in zip(runs, runs[1:]):
+            joins.append([(x, hi + 0.42), (x, lo - 0.42)])
+        lo, hi = max(runs, key=lambda run: run[1] - run[0])
+        labels.append(((x0 + x1) / 2, (lo + hi) / 2,
+                       (native_label(call.op), native_label(call.op, short=True)), x1 - x0))
+    colour = STEP_KINDS["native"][1]
+    natives = PolyCollection(boxes, facecolors=colour, edgecolors="#8c3d10", linewidths=0.6)
+    natives.set_gid("native")
+    ax.add_collection(natives)
+    if joins:
+        lines = LineCollection(joins, colors="#8c3d10", linewidths=0.8, linestyles="dashed")
+        lines.set_gid("native-joins")
+        ax.add_collection(lines)
+    return labels
 
 
 def _cluster_name(report: Any) -> str:

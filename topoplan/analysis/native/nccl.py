@@ -22,6 +22,13 @@ network as the NICs' speed. The model therefore prices NCCL's choice twice:
   non-blocking fabric the two agree; behind an oversubscribed uplink or across a
   spine, the link wins, as it does for NCCL.
 
+**A group of ranks** (a native step of a composed plan, IR v3) is priced as NCCL prices a
+communicator of those ranks alone (:func:`group_cluster`, :func:`nccl_group_time`): the
+group's GPUs, their boxes' NICs that serve them, the fabric between the boxes; the
+group's boxes are NCCL's nodes in the order the group first names them.
+:meth:`NcclModel.edge_loads` gives the bytes the chosen algorithm lays on every link,
+so that the simulator can share those links with other traffic.
+
 Path latencies and the cost profile's alphas are not used: NCCL's latency terms are
 its own (``hwLatencies``). Constants come from NCCL's source and the hardware's
 datasheets only; docs/NCCL_MODEL.md compares the predictions with published
@@ -44,12 +51,15 @@ if TYPE_CHECKING:
     from ...cluster import Cluster
 
 __all__ = ["NcclModel", "NcclChoice", "nccl_model", "nccl_time", "nccl_links", "gpu_model",
-           "runtime_cluster",
-           "COLLECTIVES", "DEFAULT_GPU"]
+           "runtime_cluster", "group_cluster", "nccl_group_time",
+           "COLLECTIVES", "ROOTED", "DEFAULT_GPU"]
 
 #: The collectives the model prices (topoplan's names; NCCL's AllReduce, ReduceScatter,
-#: AllGather).
-COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
+#: AllGather, Broadcast, Reduce).
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
+#: The rooted ones: NCCL runs them as rings only (tuning.cc: ``if ((coll ==
+#: ncclFuncBroadcast || coll == ncclFuncReduce) && a != NCCL_ALGO_RING) continue;``).
+ROOTED = ("broadcast", "reduce")
 
 #: The GPU model assumed for boxes whose file names none: NCCL's Ampere tables (an
 #: NVLS fabric implies Hopper).
@@ -110,8 +120,11 @@ class NcclChoice:
 
     @property
     def busbw(self) -> float:
-        """nccl-tests' bus bandwidth: algbw x 2(n-1)/n (allreduce) or (n-1)/n."""
+        """nccl-tests' bus bandwidth: algbw x 2(n-1)/n (allreduce), (n-1)/n
+        (reduce-scatter, allgather) or 1 (broadcast, reduce)."""
         n = self.nranks
+        if self.collective in ROOTED:
+            return self.algbw
         factor = 2 * (n - 1) / n if self.collective == "allreduce" else (n - 1) / n
         return self.algbw * factor
 
@@ -215,8 +228,14 @@ class NcclModel:
                              and all(v.nvls for v in self._views))
         self.collnet_support = inter and self._sharp_root() is not None
         self.nvs = all(v.intra == "nvswitch" for v in self._views)
+        # search.cc tries channels that repeat one GPU order first (sameChannels); the
+        # model's ring channels do where each box's orders are one cycle (rotations
+        # included: on an NVSwitch the start is the model's own choice) and, between
+        # nodes, leave by one NIC.
+        self.same_channels = all(_one_cycle(g["ring"], inter) for g in self._box_graphs)
         self._tables: dict[str, tuple[list[list[float]], list[list[float]]]] = {}
         self._unit: dict[tuple[str, int, int], tuple[float, str]] = {}
+        self._totals: dict[tuple[str, int, int], dict[tuple[str, str], float]] = {}
 
     # ---- graphs --------------------------------------------------------------
     def _combine(self, name: str) -> _Graphs:
@@ -228,6 +247,8 @@ class NcclModel:
 
     # ---- the tuner -------------------------------------------------------------
     def _enabled(self, coll: str, a: int, p: int) -> bool:
+        if coll in ROOTED and a != T.RING:
+            return False
         sharded = coll != "allreduce"
         if sharded and a not in (T.PAT, T.RING, T.NVLS, T.COLLNET_DIRECT):
             return False
@@ -284,7 +305,10 @@ class NcclModel:
         per_tree_ll128 = T.PER_CH_MAX_TREE_LL128_BW[cci][index2]
         per_nvls_tree = T.PER_CH_MAX_NVLS_TREE_BW[cci][index2]
         allreduce = collective == "allreduce"
-        nsteps = 2 * (n - 1) if allreduce else n - 1
+        rooted = collective in ROOTED
+        # tuning.cc: nsteps = 2 (n - 1) for AllReduce, n - 1 for ReduceScatter and
+        # AllGather, n for Broadcast and Reduce.
+        nsteps = 2 * (n - 1) if allreduce else n if rooted else n - 1
         bws = [[0.0] * 3 for _ in T.ALGORITHMS]
         lats = [[0.0] * 3 for _ in T.ALGORITHMS]
         for a in T.ALGORITHMS:
@@ -338,7 +362,16 @@ class NcclModel:
                 inter_lat = (T.HW_LATENCY[T.HW_NET][T.TREE][p] if ppn == 1
                              else T.HW_LATENCY[T.HW_NET][a][p])
                 ippn = n // nodes
-                if a == T.RING:
+                if a == T.RING and rooted:
+                    # tuning.cc: one step's latency when the channels repeat one order,
+                    # else nsteps of them ("some chunk latency"; Simple at Tree's).
+                    hw = intra_hw if nodes == 1 else T.HW_NET
+                    if self.same_channels:
+                        lat += T.HW_LATENCY[hw][T.RING][p]
+                    else:
+                        step_a = T.TREE if p == T.SIMPLE else T.RING
+                        lat += nsteps * T.HW_LATENCY[hw][step_a][p]
+                elif a == T.RING:
                     overhead = 0.0
                     if nodes > 1:
                         overhead = T.NET_OVERHEAD_US * (3 if p == T.SIMPLE else 1)
@@ -463,26 +496,60 @@ class NcclModel:
         """Seconds per byte of the buffer on the busiest link, and that link."""
         key = (collective, a, channels)
         if key not in self._unit:
-            loads = _Loads(nccl_links(self.cluster))
-            if a in (T.RING, T.PAT):
-                self._ring_loads(loads, collective, channels, a == T.PAT)
-            elif a in (T.TREE, T.COLLNET_CHAIN):
-                self._tree_loads(loads, channels, sharp=a == T.COLLNET_CHAIN)
-            elif a in (T.NVLS, T.NVLS_TREE):
-                self._nvls_loads(loads, collective, a == T.NVLS_TREE)
-            else:
-                self._direct_loads(loads)
-            self._unit[key] = loads.busiest()
+            self._unit[key] = self._loads(collective, a, channels, False).busiest()
         return self._unit[key]
+
+    def _loads(self, collective: str, a: int, channels: int, every: bool) -> _Loads:
+        """The traffic of algorithm ``a`` on ``channels`` channels, per byte of the
+        buffer; in-box traffic of every box (``every``) or of one box of each kind (all
+        the busiest link needs)."""
+        loads = _Loads(nccl_links(self.cluster))
+        if a in (T.RING, T.PAT):
+            self._ring_loads(loads, collective, channels, a == T.PAT, every)
+        elif a in (T.TREE, T.COLLNET_CHAIN):
+            self._tree_loads(loads, channels, a == T.COLLNET_CHAIN, every)
+        elif a in (T.NVLS, T.NVLS_TREE):
+            self._nvls_loads(loads, collective, a == T.NVLS_TREE, every)
+        else:
+            self._direct_loads(loads, every)
+        return loads
+
+    def edge_loads(self, choice: NcclChoice) -> dict[tuple[str, str], float]:
+        """Bytes ``choice`` moves over each directed edge of the cluster's graph (on the
+        wire: LL doubles them, LL128 adds 1/15), every box's traffic included: what the
+        model's fabric term is the busiest of.
+
+        Raises
+        ------
+        ValueError
+            For a choice of an algorithm or protocol the model does not know.
+        """
+        a = T.ALGORITHM_NAMES.index(choice.algorithm)
+        p = T.PROTOCOL_NAMES.index(choice.protocol)
+        if self.nranks == 1 or choice.size <= 0:
+            return {}
+        key = (choice.collective, a, choice.channels)
+        totals = self._totals.get(key)
+        if totals is None:
+            totals = self._totals[key] = self._loads(*key, True).totals()
+        scale = choice.size * _WIRE[p]
+        return {edge: amount * scale for edge, amount in totals.items() if amount > 0}
 
     def _channel(self, box: int, pattern: str, c: int) -> tuple[tuple[int, ...], int | None]:
         graph = self._box_graphs[box][pattern]
         k = c % graph.channels
         return graph.orders[k], graph.nics[k]
 
-    def _ring_loads(self, loads: _Loads, collective: str, channels: int, pat: bool) -> None:
+    def _ring_loads(self, loads: _Loads, collective: str, channels: int, pat: bool,
+                    every: bool = False) -> None:
         n = self.nranks
-        per_hop = (2.0 if collective == "allreduce" else 1.0) * (n - 1) / n / channels
+        if collective in ROOTED:
+            # A pipelined chain from the root: every hop carries the buffer (the hop back
+            # into the root, idle in NCCL's ring, is counted too: the model does not
+            # place the root).
+            per_hop = 1.0 / channels
+        else:
+            per_hop = (2.0 if collective == "allreduce" else 1.0) * (n - 1) / n / channels
         boxes = self.cluster.boxes
         if pat:
             # PAT (one GPU per node): a recursive-doubling exchange at distances 2^k.
@@ -498,7 +565,7 @@ class NcclModel:
             for b, box in enumerate(boxes):
                 order, nic = self._channel(b, "ring", c)
                 ranks = [box.first_rank + g for g in order]
-                if self._representative[b]:
+                if every or self._representative[b]:
                     for x, y in zip(ranks, ranks[1:]):
                         loads.route(x, y, per_hop)
                 ends.append((ranks[0], ranks[-1], nic))
@@ -512,7 +579,8 @@ class NcclModel:
                 first, _, nic_in = ends[(b + 1) % len(boxes)]
                 loads.net(b, last, nic_out, (b + 1) % len(boxes), first, nic_in, per_hop)
 
-    def _tree_loads(self, loads: _Loads, channels: int, sharp: bool) -> None:
+    def _tree_loads(self, loads: _Loads, channels: int, sharp: bool,
+                    every: bool = False) -> None:
         boxes = self.cluster.boxes
         nodes = len(boxes)
         # Two trees (NCCL's double binary tree), each with every channel: half the data
@@ -524,7 +592,7 @@ class NcclModel:
             for b, box in enumerate(boxes):
                 order, nic = self._channel(b, "tree", c)
                 ranks = [box.first_rank + g for g in order]
-                if self._representative[b]:
+                if every or self._representative[b]:
                     for x, y in zip(ranks, ranks[1:]):  # reduce up the chain, broadcast down
                         loads.route(y, x, 2 * share)
                         loads.route(x, y, 2 * share)
@@ -543,11 +611,12 @@ class NcclModel:
                     loads.net(child, hc, nc, parent, hp, np_, share)
                     loads.net(parent, hp, np_, child, hc, nc, share)
 
-    def _nvls_loads(self, loads: _Loads, collective: str, tree: bool) -> None:
+    def _nvls_loads(self, loads: _Loads, collective: str, tree: bool,
+                    every: bool = False) -> None:
         boxes = self.cluster.boxes
         graph_channels = [g["nvls"].channels for g in self._box_graphs]
         for b, box in enumerate(boxes):
-            if box.fabric is None or box.gpus < 2 or not self._representative[b]:
+            if box.fabric is None or box.gpus < 2 or not (every or self._representative[b]):
                 continue
             n = box.gpus
             # multimem.ld_reduce pulls each GPU's data into the switch once and hands the
@@ -585,13 +654,13 @@ class NcclModel:
                     loads.net(child, hc, nc, parent, hp, np_, share)
                     loads.net(parent, hp, np_, child, hc, nc, share)
 
-    def _direct_loads(self, loads: _Loads) -> None:
+    def _direct_loads(self, loads: _Loads, every: bool = False) -> None:
         for b, box in enumerate(self.cluster.boxes):
             graph = self._box_graphs[b]["collnet_direct"]
             heads = [box.first_rank + order[0] for order in graph.orders]
             share = 1.0 / len(heads)
             # A reduce-scatter to the heads and an allgather from them inside the box.
-            for r in (box.ranks if self._representative[b] else ()):
+            for r in (box.ranks if every or self._representative[b] else ()):
                 for h in heads:
                     if h != r:
                         loads.route(r, h, share / box.gpus)
@@ -699,8 +768,20 @@ class _Loads:
         self.sharp_box[b] = self.sharp_box.get(b, 0.0) + amount
 
     def busiest(self) -> tuple[float, str]:
+        """Seconds per byte of the buffer on the busiest link, and that link."""
+        graph = self.cluster.graph
+        worst, where = 0.0, ""
+        for (u, v), amount in self.totals().items():
+            bw = graph[u][v]["bandwidth"]
+            t = amount / bw
+            if t > worst:
+                worst, where = t, f"{u} -> {v}"
+        return worst, where
+
+    def totals(self) -> dict[tuple[str, str], float]:
+        """Bytes per byte of the buffer on every directed edge: switch-to-switch flows
+        spread over their equal-cost paths, SHARP's aggregation tree included."""
         cluster = self.cluster
-        graph = cluster.graph
         edges = dict(self.edges)
         for (a, b), amount in self.switch_flows.items():
             paths = cluster._switch_paths(a, b)
@@ -722,13 +803,7 @@ class _Loads:
             for u, v in hops:
                 edges[(u, v)] = edges.get((u, v), 0.0) + stream
                 edges[(v, u)] = edges.get((v, u), 0.0) + stream
-        worst, where = 0.0, ""
-        for (u, v), amount in edges.items():
-            bw = graph[u][v]["bandwidth"]
-            t = amount / bw
-            if t > worst:
-                worst, where = t, f"{u} -> {v}"
-        return worst, where
+        return edges
 
 
 def _sharp_root_of(cluster: Cluster) -> str | None:
@@ -761,6 +836,23 @@ def _dtree(nodes: int) -> list[list[int]]:
             u = btree(nodes - 1 - r)
             second.append(-1 if u == -1 else nodes - 1 - u)
     return [first, second]
+
+
+def _one_cycle(graph: Graph, inter: bool) -> bool:
+    """Whether every channel of a ring ``graph`` walks the box in one order (one cycle,
+    from any start, in one node; one path by one NIC between nodes)."""
+    if graph.empty:
+        return False
+    if inter:
+        return len(set(graph.orders)) == 1 and len(set(graph.nics)) == 1
+    first = graph.orders[0]
+    n = len(first)
+
+    def canonical(order: tuple[int, ...]) -> tuple[int, ...]:
+        k = order.index(first[0]) if first[0] in order else 0
+        return order[k:] + order[:k]
+
+    return all(len(o) == n and canonical(o) == first for o in graph.orders)
 
 
 def _check_collective(collective: str) -> None:
@@ -866,3 +958,123 @@ def sizes_of(low: int, high: int) -> Iterable[int]:
     while size <= high:
         yield size
         size *= 2
+
+
+# ----------------------------------------------------------------------------------
+# A group of ranks: a communicator of its own
+# ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GroupCluster:
+    """The cluster NCCL sees when a communicator holds only ``group``'s ranks.
+
+    Attributes
+    ----------
+    cluster : Cluster
+        The group's GPUs (boxes in the order the group first names them, GPUs of a box
+        in their order there), the boxes' NICs that serve them (all the box's NICs,
+        serving every kept GPU, when none does: NCCL then reaches them across the
+        host), every switch and switch link, SHARP.
+    nodes : mapping
+        Each graph node of ``cluster`` that is named otherwise in the original cluster
+        (its GPUs and NICs renumbered) to the node it is there.
+    ranks : tuple of int
+        The original rank of each rank of ``cluster``.
+    """
+
+    cluster: Cluster
+    nodes: dict[str, str]
+    ranks: tuple[int, ...]
+
+    def edge(self, edge: tuple[str, str]) -> tuple[str, str]:
+        """An edge of ``cluster`` as the edge of the original cluster it is."""
+        return self.nodes.get(edge[0], edge[0]), self.nodes.get(edge[1], edge[1])
+
+
+def group_cluster(cluster: Cluster, group: Iterable[int]) -> GroupCluster:
+    """The sub-cluster of the ranks in ``group`` (:class:`GroupCluster`), computed once
+    per cluster object and group. The whole cluster in rank order is ``cluster`` itself.
+
+    Raises
+    ------
+    ValueError
+        For an empty group, a rank outside the cluster or a rank named twice.
+    """
+    members = tuple(int(r) for r in group)
+    if not members:
+        raise ValueError("a group needs at least one rank")
+    if len(set(members)) != len(members):
+        raise ValueError(f"group {list(members)} names a rank twice")
+    bad = [r for r in members if not 0 <= r < cluster.nranks]
+    if bad:
+        raise ValueError(f"group names rank {bad[0]}, outside range({cluster.nranks})")
+    if members == tuple(range(cluster.nranks)):
+        return GroupCluster(cluster, {}, members)  # the communicator of every rank
+    groups = _GROUPS(cluster)
+    found = groups.get(members)
+    if found is None:
+        found = groups[members] = _group_cluster(cluster, members)
+    return found
+
+
+def _group_cluster(cluster: Cluster, members: tuple[int, ...]) -> GroupCluster:
+    from dataclasses import replace
+
+    from ...cluster.model import GpuLink, Nic
+
+    order: list[int] = []  # box indexes, in the order the group first names them
+    kept: dict[int, list[int]] = {}
+    for r in members:
+        b = cluster.box_index(r)
+        if b not in kept:
+            order.append(b)
+            kept[b] = []
+        kept[b].append(cluster.local_index(r))
+    boxes = []
+    nodes: dict[str, str] = {}
+    ranks: list[int] = []
+    first = 0
+    for b in order:
+        box = cluster.boxes[b]
+        local = sorted(kept[b])
+        index = {g: j for j, g in enumerate(local)}
+        links = tuple(GpuLink(index[l.a], index[l.b], l.bandwidth, l.latency)
+                      for l in box.gpu_links if l.a in index and l.b in index)
+        served = [k for k, nic in enumerate(box.nics) if any(g in index for g in nic.gpus)]
+        if served:
+            nics = tuple(replace(box.nics[k], gpus=tuple(index[g] for g in box.nics[k].gpus
+                                                         if g in index)) for k in served)
+        else:
+            served = list(range(len(box.nics)))
+            nics = tuple(replace(nic, gpus=tuple(range(len(local)))) for nic in box.nics)
+        sub = replace(box, gpus=len(local), first_rank=first, gpu_links=links, nics=nics)
+        for j, g in enumerate(local):
+            nodes[sub.gpu_node(j)] = box.gpu_node(g)
+            ranks.append(box.first_rank + g)
+        for j, k in enumerate(served):
+            nodes[sub.nic_node(j)] = box.nic_node(k)
+        boxes.append(sub)
+        first += len(local)
+    name = f"{cluster.name}[{','.join(map(str, members))}]"
+    sub_cluster = replace(cluster, name=name, boxes=tuple(boxes), source=None)
+    return GroupCluster(sub_cluster, nodes, tuple(ranks))
+
+
+_GROUPS: ObjectCache[Cluster, dict[tuple[int, ...], GroupCluster]] = ObjectCache(lambda c: {})
+
+
+def nccl_group_time(cluster: Cluster, group: Iterable[int], collective: str,
+                    size: int) -> tuple[NcclChoice, NcclModel, GroupCluster]:
+    """What NCCL runs for ``collective`` of ``size`` bytes on a communicator of the ranks
+    in ``group`` alone, its time there, the model that chose it (for
+    :meth:`NcclModel.edge_loads`) and the sub-cluster (:func:`group_cluster`). Over every
+    rank in rank order it is :func:`nccl_time` exactly.
+
+    Raises
+    ------
+    ValueError
+        For a bad group (:func:`group_cluster`), an unknown collective, or a group on
+        which NCCL has no algorithm.
+    """
+    sub = group_cluster(cluster, group)
+    model = nccl_model(sub.cluster)
+    return model.choose(collective, int(size)), model, sub

@@ -17,11 +17,17 @@ worked example):
 - every directed link is shared max-min fairly among the flows crossing it
   (progressive filling);
 - a step ends when its last op is posted and its messages are done, then adds its
-  reducing receives' bytes at ``reduce_bandwidth`` (the executor adds after the wait).
+  reducing receives' bytes at ``reduce_bandwidth`` (the executor adds after the wait);
+- a native step (IR v3: a collective over a group) pays ``step_overhead``; its op starts
+  once every member of the group has reached it, loads the links it moves bytes over
+  (shared max-min fairly with everything else), and ends for every member at once,
+  no sooner than its price's floor (:mod:`topoplan.analysis.native.price`: the NCCL
+  model under ``nccl``, the measured collective under a calibrated profile, a ring over
+  the group otherwise); a rank whose every op is native pays no ``call_overhead``.
 
 The report splits the time along the critical path into bandwidth (bytes flowing,
 link sharing included), latency (alpha and path latency), overhead (call, step, posting)
-and reduction (``SimReport.breakdown``). On a host with fewer cores than ranks
+and reduction, and native collectives (``SimReport.breakdown``). On a host with fewer cores than ranks
 (:class:`topoplan.cluster.HostCluster`, the machine a profile was calibrated on), ranks
 that work at once take turns on the cores: the stretch is the ``contention`` part.
 
@@ -36,7 +42,7 @@ re-rating; kept as the tests' oracle).
 
 from __future__ import annotations
 
-from .report import SimReport, TransferRecord
+from .report import NativeRecord, SimReport, TransferRecord
 from .run import simulate
 
-__all__ = ["simulate", "SimReport", "TransferRecord"]
+__all__ = ["simulate", "SimReport", "TransferRecord", "NativeRecord"]

@@ -1,6 +1,6 @@
 """What both engines share: the schedule's messages at one size and their software
-costs, the route table, max-min fair rates, the contention time map and the
-critical-path breakdown."""
+costs, its native steps and their prices, the route table, max-min fair rates, the
+contention time map and the critical-path breakdown."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from ..cost import CostProfile
 from ...errors import ScheduleError
 from ...ir.matching import deadlock_error, messages, wait_text
 from ...ir.schedule import Schedule
+from .natives import native_steps
 
 if TYPE_CHECKING:
     from ...cluster import Cluster
@@ -143,31 +144,44 @@ def route_table(cluster: Cluster, n: int, src: np.ndarray, dst: np.ndarray) -> R
 
 class Setup:
     """What both engines start from: costs, chunk sizes, the schedule's messages
-    (:func:`topoplan.ir.matching.messages`), and each transfer's and step's software costs
-    at this size."""
+    (:func:`topoplan.ir.matching.messages`), its native instances
+    (:mod:`~topoplan.analysis.sim.natives`) and their prices
+    (:func:`topoplan.analysis.native.price.native_price`), and each transfer's and
+    step's software costs at this size.
+
+    ``cluster`` is the cluster as the profile's runtime moves bytes on it; ``base`` the
+    cluster as written (the NCCL model counts NVLink itself), ``cluster`` by default.
+    """
 
     step_start: np.ndarray  # set by the engines' run()
     step_end: np.ndarray
+    n_start: np.ndarray  # per native instance, set by the engines' run()
+    n_end: np.ndarray
 
     def __init__(self, cluster: Cluster, schedule: Schedule, size: int, dtype_size: int,
                  costs: CostProfile, record: bool,
-                 progress: Callable[[float, float], None] | None) -> None:
+                 progress: Callable[[float, float], None] | None,
+                 base: Cluster | None = None) -> None:
         self.cluster, self.schedule, self.size = cluster, schedule, size
+        self.base = cluster if base is None else base
         self.dtype_size, self.costs, self.record = dtype_size, costs, record
         self.reduce_bandwidth = costs.reduce_bandwidth
         self.progress = progress
         nelems = size // dtype_size
         bounds = np.array(schedule.chunk_bounds(nelems), dtype=np.int64).reshape(-1, 2)
         self.chunk_bytes = (bounds[:, 1] - bounds[:, 0]) * dtype_size
-        self.flat = flat = messages(schedule)
+        self.natives = native_steps(schedule)
+        self.flat = flat = messages(schedule if self.natives is None else self.natives.p2p)
         # Bytes of chunks [0, k): a transfer of chunks a..b-1 carries cum[b] - cum[a].
         cum = np.concatenate([[0], np.cumsum(self.chunk_bytes)]).astype(np.float64)
+        self.chunk_cum = cum
         self.t_bytes = cum[flat.t_chunk + flat.t_count] - cum[flat.t_chunk]
         self.step_base, self.step_rank, self.step_last = (flat.step_base, flat.step_rank,
                                                          flat.step_last)
         self.nglobal = flat.nglobal
-        self.t0 = costs.call_overhead  # every rank's first step starts here
+        self.t0 = costs.call_overhead  # every rank's first step starts here, but:
         self._software_costs()
+        self._native_setup()
 
     def _software_costs(self) -> None:
         """Per transfer: when its send and its recv are posted, after their steps start
@@ -198,6 +212,92 @@ class Setup:
             self.step_red = np.bincount(f.t_rstep[red], weights=self.t_bytes[red],
                                         minlength=nglobal) / self.reduce_bandwidth
 
+    def _native_setup(self) -> None:
+        """Per native instance: its member steps, its price at this size (floor, latency,
+        the bytes it moves over each edge), whether its ranks count as working; per
+        step, its instance; per rank, when its first step starts (a rank whose every op
+        is native pays no ``call_overhead``: each native collective carries its own).
+        Native steps hold one op each (``ops_per_step``) and post it after the step
+        overhead."""
+        from ..native.price import NativePrice, native_price
+
+        nglobal, n = self.nglobal, self.schedule.nranks
+        self.ops_per_step = self.flat.ops_per_step.copy()
+        self.step_nat = np.full(nglobal, -1, dtype=np.int64)
+        self.rank_t0 = np.full(n, float(self.t0))
+        self.nat_prices: list[NativePrice] = []
+        self.native_notes: tuple[str, ...] = ()
+        natives = self.natives
+        if natives is None:
+            self.nnat = 0
+            self.nat_ptr = np.zeros(1, np.int64)
+            self.nat_steps = np.zeros(0, np.int64)
+            self.nat_floor = self.nat_lat = np.zeros(0)
+            self.nat_busy = np.zeros(0, bool)
+            self.nat_flow_ptr = np.zeros(1, np.int64)
+            self.nat_flow_edges: list = []
+            self.nat_flow_bytes = np.zeros(0)
+            return
+        self.nnat = nnat = len(natives)
+        self.nat_ptr, self.nat_steps = natives.global_steps(self.step_base)
+        self.step_nat[self.nat_steps] = np.repeat(np.arange(nnat), np.diff(self.nat_ptr))
+        self.ops_per_step[self.nat_steps] += 1
+        self.step_post[self.nat_steps] = self.costs.step_overhead
+        cum = self.chunk_cum
+        priced: dict[tuple, NativePrice] = {}
+        notes: list[str] = []
+        flow_edges: list = []
+        flow_bytes: list[float] = []
+        flow_ptr = [0]
+        for op in natives.ops:
+            nbytes = int(round(cum[op.end] - cum[op.chunk]))
+            key = (op.kind.value, op.group, nbytes)
+            price = priced.get(key)
+            if price is None:
+                price = priced[key] = native_price(self.base, op.kind.value, op.group, nbytes,
+                                                   self.costs, links=self.cluster)
+                if price.note and price.note not in notes:
+                    notes.append(price.note)
+            self.nat_prices.append(price)
+            for edge, amount in price.loads.items():
+                if amount > 0:
+                    flow_edges.append(edge)
+                    flow_bytes.append(amount)
+            flow_ptr.append(len(flow_edges))
+        prices = self.nat_prices
+        self.nat_floor = np.array([p.floor_s for p in prices], dtype=np.float64)
+        self.nat_lat = np.array([p.latency_s for p in prices], dtype=np.float64)
+        self.nat_busy = np.array([p.busy for p in prices], dtype=bool)
+        self.nat_flow_ptr = np.array(flow_ptr, dtype=np.int64)
+        self.nat_flow_edges = flow_edges
+        self.nat_flow_bytes = np.array(flow_bytes, dtype=np.float64)
+        self.native_notes = tuple(notes)
+        # Ranks whose every op is native: their first step starts at once.
+        p2p_ops = np.bincount(self.step_rank, weights=self.flat.ops_per_step, minlength=n)
+        has_native = np.zeros(n, dtype=bool)
+        has_native[self.step_rank[self.nat_steps]] = True
+        self.rank_t0[has_native & (p2p_ops == 0)] = 0.0
+
+    def native_records(self) -> tuple:
+        """One :class:`~topoplan.analysis.sim.report.NativeRecord` per instance."""
+        from .report import NativeRecord
+        natives = self.natives
+        if natives is None:
+            return ()
+        return tuple(NativeRecord(op.kind.value, op.group, op.chunk, op.count, p.nbytes,
+                                  float(self.n_start[j]), float(self.n_end[j]),
+                                  tuple(s for _, s in members), p.source)
+                     for j, (op, members, p) in enumerate(zip(natives.ops, natives.members,
+                                                              self.nat_prices)))
+
+    def nat_launch_times(self, js: np.ndarray) -> np.ndarray:
+        """When instances ``js`` start: once every member has started its step and paid
+        its step overhead."""
+        steps, owner = expand(self.nat_ptr, self.nat_steps, js)
+        t = np.full(len(js), -_INF)
+        np.maximum.at(t, owner, self.step_start[steps] + self.costs.step_overhead)
+        return t
+
     def _pair_network(self, pair_keys: np.ndarray) -> np.ndarray:
         """Whether each (src * n + dst) pair crosses boxes (the ``network`` class)."""
         n = self.schedule.nranks
@@ -214,6 +314,8 @@ class Setup:
         stuck = np.flatnonzero(np.isnan(self.step_end))
         g = int(stuck[0])
         r = int(self.step_rank[g])
+        if self.step_nat[g] >= 0:
+            self._native_deadlock(g, stuck)
         waits = []
         for tr in np.flatnonzero(waiting & ((f.t_sstep == g) | (f.t_rstep == g))).tolist():
             if f.t_sstep[tr] == g:
@@ -228,6 +330,24 @@ class Setup:
                                    peer_step - base))
         ranks = len(np.unique(self.step_rank[stuck]))
         raise deadlock_error(f.name, ranks, r, f.local(g), waits)
+
+    def _native_deadlock(self, g: int, stuck: np.ndarray) -> None:
+        """Raise the deadlock error for native step ``g``: the members it waits for."""
+        assert self.natives is not None
+        j = int(self.step_nat[g])
+        op = self.natives.ops[j]
+        waits = []
+        for rank, step in self.natives.members[j]:
+            lo, hi = int(self.step_base[rank]), int(self.step_base[rank + 1])
+            if not np.isnan(self.step_start[lo + step]):
+                continue
+            peer_stuck = np.flatnonzero(np.isnan(self.step_end[lo:hi]))
+            at = int(peer_stuck[0]) if len(peer_stuck) else hi - lo
+            waits.append(f"run {op.text()} with rank {rank}, which is stuck at step {at} "
+                         f"before its matching step {step}")
+        ranks = len(np.unique(self.step_rank[stuck]))
+        raise deadlock_error(self.flat.name, ranks, int(self.step_rank[g]), self.flat.local(g),
+                             waits)
 
     def _contention(self, m_dst: np.ndarray, m_flow: np.ndarray, m_end: np.ndarray,
                     m_live: np.ndarray) -> Callable[[Any], Any] | None:
@@ -247,10 +367,16 @@ class Setup:
         has = self.step_ops > 0
         post_end = self.step_start + self.step_post
         red_start = self.step_end - self.step_red
-        busy = [(np.arange(n), np.zeros(n), np.full(n, self.t0)),
+        busy = [(np.arange(n), np.zeros(n), self.rank_t0),
                 (self.step_rank[has], self.step_start[has], post_end[has]),
                 (self.step_rank, red_start, self.step_end),
                 (m_dst[m_live], m_flow[m_live], m_end[m_live])]
+        if self.nnat and self.nat_busy.any():
+            # A ring run as native steps works its ranks as its messages would.
+            js = np.flatnonzero(self.nat_busy)
+            steps, owner = expand(self.nat_ptr, self.nat_steps, js)
+            busy.append((self.step_rank[steps], self.n_start[js][owner],
+                         self.n_end[js][owner]))
         rank = np.concatenate([b[0] for b in busy])
         lo = np.concatenate([b[1] for b in busy])
         hi = np.concatenate([b[2] for b in busy])
@@ -299,11 +425,26 @@ class Setup:
         """
         out = {"bandwidth": 0.0, "latency": 0.0, "overhead": 0.0, "reduce": 0.0,
                "contention": 0.0}
+        if self.nnat:
+            out["native"] = 0.0
         if not self.nglobal or not np.isfinite(self.step_end).all():
             return out
         start, end = self.step_start, self.step_end
         g = int(np.argmax(end))
         while True:
+            j = int(self.step_nat[g])
+            if j >= 0:
+                # A native step: its op ran from the last member's posting to its end.
+                launched = float(self.n_start[j])
+                out["native"] += float(end[g]) - launched
+                steps = self.nat_steps[self.nat_ptr[j]:self.nat_ptr[j + 1]]
+                g2 = int(steps[np.argmax(start[steps])])
+                out["overhead"] += launched - float(start[g2])
+                if g2 == self.step_base[self.step_rank[g2]]:
+                    out["overhead"] += float(start[g2])
+                    break
+                g = g2 - 1
+                continue
             red = float(self.step_red[g])
             out["reduce"] += red
             t = float(end[g]) - red

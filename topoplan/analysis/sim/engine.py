@@ -35,6 +35,12 @@ scripts/bench_simulate.py):
    grid at 1024 GPUs) the flows crossing spines form one or two components of
    thousands of flows with hundreds of events per lookahead window, each a global
    re-rate of the component.
+6. Native collectives (IR v3) are items of their own, numbered after the messages: one
+   starts once its last member has started its step (plus the step overhead), puts one
+   dynamic flow on each link it loads (a path of one edge, carrying that link's bytes:
+   its links are never a fixed message's), and ends for every member once those flows
+   are done and its floor has passed (:mod:`topoplan.analysis.native.price`); one that
+   loads no link is a timer.
 """
 
 from __future__ import annotations
@@ -63,8 +69,8 @@ class Engine(Setup):
 
     eps = EPS_T  # the relative time resolution (set per run by ``simulate``)
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._messages()
         self._routes()
         self._classify()
@@ -152,6 +158,7 @@ class Engine(Setup):
         self.pe_ptr = np.searchsorted(ukey // nedges, np.arange(npairs + 1)).astype(np.int64)
         self.pe_load = np.bincount(inc_local, weights=self.solo_rate[inc_path],
                                    minlength=len(ukey))
+        self._native_paths()
         self._link_classes()
         if npaths:
             lo = self.pair_ptr[:-1]
@@ -165,6 +172,21 @@ class Engine(Setup):
         else:
             self.pair_uniform = np.zeros(0, bool)
             self.pair_lat = self.pair_rate = np.zeros(0)
+
+    def _native_paths(self) -> None:
+        """Native flows are paths of one edge, numbered after the pairs' paths from
+        ``nat_path0``; their bytes count in ``link_bytes``."""
+        index = {e: i for i, e in enumerate(self.edges)}
+        self.nat_flow_edge = np.array([index[e] for e in self.nat_flow_edges], dtype=np.int64)
+        self.nat_path0 = len(self.path_len)
+        nflows = len(self.nat_flow_edge)
+        if nflows:
+            self.path_edges = np.concatenate([self.path_edges, self.nat_flow_edge])
+            self.path_ptr = np.concatenate([self.path_ptr,
+                                            self.path_ptr[-1] + 1 + np.arange(nflows)])
+            self.path_len = np.concatenate([self.path_len, np.ones(nflows, np.int64)])
+            self.link_bytes = self.link_bytes + np.bincount(
+                self.nat_flow_edge, weights=self.nat_flow_bytes, minlength=len(self.edges))
 
     def _link_classes(self) -> None:
         """Links that carry exactly the same paths (a GPU's edge to its NIC and the NIC's
@@ -206,6 +228,9 @@ class Engine(Setup):
             np.minimum.at(lo_r, self.pe_edge, dst_of_pair[pe_pair])
             np.maximum.at(hi_r, self.pe_edge, dst_of_pair[pe_pair])
             sx, rx = lo_s == hi_s, lo_r == hi_r  # links of one source / one destination
+            # A link a native collective loads may carry two flows at once.
+            sx[self.nat_flow_edge] = False
+            rx[self.nat_flow_edge] = False
             ok_edge = (sx | rx)[self.pe_edge]
             pair_ok = np.minimum.reduceat(ok_edge.astype(np.int8), self.pe_ptr[:-1]) > 0
         else:
@@ -253,6 +278,9 @@ class Engine(Setup):
             self.lookahead = float((self.m_alpha[dyn] + lat_min[self.m_pair[dyn]]).min())
         else:
             self.lookahead = _INF
+        flowing = np.diff(self.nat_flow_ptr) > 0
+        if flowing.any():  # a native's flows reach their links its latency after it starts
+            self.lookahead = min(self.lookahead, float(self.nat_lat[flowing].min()))
 
     def _pair_src_dst(self) -> tuple[np.ndarray, np.ndarray]:
         npairs = len(self.pair_npaths)
@@ -268,17 +296,26 @@ class Engine(Setup):
         self.step_start = np.full(nglobal, np.nan)
         self.step_end = np.full(nglobal, np.nan)
         self.step_tmax = np.full(nglobal, -_INF)
-        self.pending = self.flat.ops_per_step.copy()
+        self.pending = self.ops_per_step.copy()
         self.ready = np.full(nmsg, 2, dtype=np.int8)
         self.m_mark = np.zeros(nmsg, np.int64)
         self.m_start = np.full(nmsg, np.nan)
         self.m_end = np.full(nmsg, np.nan)
-        self.m_left = np.zeros(nmsg, np.int64)
-        self.m_tmax = np.full(nmsg, -_INF)
+        # Items: messages 0..nmsg-1, then native instances (flows left, last flow's end,
+        # weight per flow, the floor's end).
+        nnat = self.nnat
+        self.m_left = np.zeros(nmsg + nnat, np.int64)
+        self.m_tmax = np.full(nmsg + nnat, -_INF)
+        self.u_k = np.concatenate([self.m_k, np.ones(nnat)])
+        self.u_floor = np.full(nmsg + nnat, -_INF)
+        self.nat_ready = np.diff(self.nat_ptr).astype(np.int64)
+        self.n_start = np.full(nnat, np.nan)
+        self.n_end = np.full(nnat, np.nan)
         # A fixed message keeps its links busy for its duration, alone: known up front.
         pair_busy = np.bincount(self.m_pair, weights=self.m_dur, minlength=len(self.pair_npaths))
         pe_pair = np.repeat(np.arange(len(self.pair_npaths)), np.diff(self.pe_ptr))
-        self.busy = np.bincount(self.pe_edge, weights=pair_busy[pe_pair], minlength=nedges)
+        self.busy = np.bincount(self.pe_edge, weights=pair_busy[pe_pair],
+                                minlength=nedges).astype(np.float64)
         self.e_load = np.zeros(nedges)
         self.e_since = np.zeros(nedges)
         self.timeline: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -292,12 +329,13 @@ class Engine(Setup):
         self.f_tu = np.zeros(0)
         self.f_rate = np.zeros(0)
         self.f_active = np.zeros(0, bool)
+        self.f_full = np.zeros(0)  # bytes per unit of each flow
         self.ended = 0
         self.clock = 0.0
 
         last_report = _time.monotonic()
         first = self.step_base[:-1][self.step_base[:-1] < self.step_base[1:]]
-        empty = self._start_steps(first, np.full(len(first), self.t0))
+        empty = self._start_steps(first, self.rank_t0[self.step_rank[first]])
         self._end_steps(empty)
         self._drain()
         while len(self.f_msg):
@@ -350,7 +388,39 @@ class Engine(Setup):
                 self.m_mark[msgs[pos]] = pos
                 go = msgs[pos[self.m_mark[msgs[pos]] == pos]]
                 self._launch(go)
+        if self.nnat:
+            nat = self.step_nat[steps]
+            nat = nat[nat >= 0]
+            if len(nat):
+                np.subtract.at(self.nat_ready, nat, 1)
+                go = np.unique(nat[self.nat_ready[nat] == 0])
+                if len(go):
+                    self._launch_natives(go)
         return steps[self.pending[steps] == 0]
+
+    def _launch_natives(self, js: np.ndarray) -> None:
+        """Start native instances ``js`` (every member has started): their flows, or a
+        timer for those that load no link."""
+        t = self.nat_launch_times(js)
+        self.n_start[js] = t
+        items = self.m_k.shape[0] + js
+        self.u_floor[items] = t + self.nat_floor[js]
+        nflows = np.diff(self.nat_flow_ptr)[js]
+        none = nflows == 0
+        if none.any():
+            self.timers.append((self.u_floor[items[none]], items[none]))
+        if (~none).any():
+            flows, owner = expand(self.nat_flow_ptr, np.arange(len(self.nat_flow_edge)), js)
+            self.m_left[items] = nflows
+            self.f_msg = np.concatenate([self.f_msg, items[owner]])
+            self.f_path = np.concatenate([self.f_path, self.nat_path0 + flows])
+            act = np.maximum(t[owner] + self.nat_lat[js][owner], self.clock)
+            self.f_act = np.concatenate([self.f_act, act])
+            self.f_rem = np.concatenate([self.f_rem, self.nat_flow_bytes[flows]])
+            self.f_full = np.concatenate([self.f_full, self.nat_flow_bytes[flows]])
+            self.f_tu = np.concatenate([self.f_tu, np.zeros(len(flows))])
+            self.f_rate = np.concatenate([self.f_rate, np.zeros(len(flows))])
+            self.f_active = np.concatenate([self.f_active, np.zeros(len(flows), bool)])
 
     def _launch(self, msgs: np.ndarray) -> None:
         # Once both sides have posted their op.
@@ -386,16 +456,31 @@ class Engine(Setup):
                              self.clock)
             self.f_act = np.concatenate([self.f_act, act])
             self.f_rem = np.concatenate([self.f_rem, self.m_bytes[sub] / npaths[owner]])
+            self.f_full = np.concatenate([self.f_full, self.m_bytes[sub] / npaths[owner]])
             self.f_tu = np.concatenate([self.f_tu, np.zeros(len(sub))])
             self.f_rate = np.concatenate([self.f_rate, np.zeros(len(sub))])
             self.f_active = np.concatenate([self.f_active, np.zeros(len(sub), bool)])
 
     def _drain(self) -> None:
         """Process every timer (arrivals), whatever its time, and what follows."""
+        nmsg = len(self.m_k)
         while self.timers:
             times = np.concatenate([x[0] for x in self.timers])
             msgs = np.concatenate([x[1] for x in self.timers])
             self.timers = []
+            native = msgs >= nmsg
+            if native.any():
+                # A native instance ends for every member at once.
+                js, at = msgs[native] - nmsg, times[native]
+                self.n_end[js] = at
+                steps, owner = expand(self.nat_ptr, self.nat_steps, js)
+                msgs, times = msgs[~native], times[~native]
+                self.m_end[msgs] = times
+                self._ops_done(np.concatenate([self.m_sstep[msgs], self.m_rstep[msgs], steps]),
+                               np.concatenate([times, times, at[owner]]),
+                               np.concatenate([self.m_n[msgs], self.m_n[msgs],
+                                               np.ones(len(steps), np.int64)]))
+                continue
             self.m_end[msgs] = times
             # Both sides' ops are done (a step's adds come after all of its messages).
             self._ops_done(np.concatenate([self.m_sstep[msgs], self.m_rstep[msgs]]),
@@ -423,8 +508,8 @@ class Engine(Setup):
         w_act, w_rem, w_tu = self.f_act[widx], self.f_rem[widx], self.f_tu[widx]
         w_rate, w_active = self.f_rate[widx], self.f_active[widx]
         w_done = np.zeros(nw, dtype=bool)
-        w_k = self.m_k[w_msg]
-        full = self.m_bytes[w_msg] / self.pair_npaths[self.m_pair[w_msg]]
+        w_k = self.u_k[w_msg]
+        full = self.f_full[widx]
         inc_e, inc_f = expand(self.rpath_ptr, self.rpath_edges, w_path)
         ue, le = np.unique(inc_e, return_inverse=True)
         le = le.reshape(-1)
@@ -489,15 +574,17 @@ class Engine(Setup):
                 np.maximum.at(self.m_tmax, dm, tcf[done])
                 um = np.unique(dm)
                 arrived = um[self.m_left[um] == 0]
-                if len(arrived):
-                    self.timers.append((self.m_tmax[arrived], arrived))
+                if len(arrived):  # (a native ends no sooner than its floor)
+                    self.timers.append((np.maximum(self.m_tmax[arrived], self.u_floor[arrived]),
+                                        arrived))
         # Write back; drop finished flows.
         self.f_rem[widx], self.f_tu[widx] = w_rem, w_tu
         self.f_rate[widx], self.f_active[widx] = w_rate, w_active
         if w_done.any():
             keep = np.ones(len(self.f_msg), dtype=bool)
             keep[widx[w_done]] = False
-            for name in ("f_msg", "f_path", "f_act", "f_rem", "f_tu", "f_rate", "f_active"):
+            for name in ("f_msg", "f_path", "f_act", "f_rem", "f_tu", "f_rate", "f_active",
+                         "f_full"):
                 setattr(self, name, getattr(self, name)[keep])
 
     def _deadlock(self) -> None:
@@ -554,6 +641,7 @@ class Engine(Setup):
             self.time_s = stretched
             self.step_start, self.step_end = warp(self.step_start), warp(self.step_end)
             self.m_start, self.m_end = warp(self.m_start), warp(self.m_end)
+            self.n_start, self.n_end = warp(self.n_start), warp(self.n_end)
             self.timeline = [(warp(t), e, v) for t, e, v in self.timeline]
         effective = (self.size // self.dtype_size) * self.dtype_size
         collective = self.schedule.collective
@@ -589,5 +677,5 @@ class Engine(Setup):
             step_times=step_times, transfers=transfers,
             link_timeline=MappingProxyType(timeline), profile=self.costs.name,
             breakdown=MappingProxyType(breakdown), messages=int(self.t_live.sum()),
-            resolution=self.eps)
+            resolution=self.eps, natives=self.native_records(), notes=self.native_notes)
 

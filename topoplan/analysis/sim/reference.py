@@ -3,6 +3,8 @@
 Every event batch in global time order, every active flow re-rated by max-min
 fairness over the whole network at each batch. Same model and same results as
 :class:`~topoplan.analysis.sim.engine.Engine`, but O(batches x flows): slow at scale.
+Native collectives are items numbered after the transfers; their flows are paths of one
+edge, and one ends at its flows' end or its floor, the later.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from ...ir.collectives import bus_factor
 from ..cost import CostProfile
 from ...errors import ScheduleError
 from ...ir.schedule import Schedule
-from .base import EPS_T, Setup, maxmin, route_table
+from .base import EPS_T, Setup, expand, maxmin, route_table
 from .report import Edge, SimReport, TransferRecord
 from .run import costs_for
 
@@ -34,12 +36,12 @@ class ReferenceEngine(Setup):
     in global time order, every active flow re-rated over the whole network.
     Same model, same results; O(batches x flows) and so slow at scale."""
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         flat, nglobal = self.flat, self.nglobal
         self.t_src, self.t_dst, self.t_sstep = flat.t_src, flat.t_dst, flat.t_sstep
         self.t_rstep, self.t_chunk, self.t_reduce = flat.t_rstep, flat.t_chunk, flat.t_reduce
-        self.pending = flat.ops_per_step.copy()
+        self.pending = self.ops_per_step.copy()
         ntr = len(self.t_src)
         both_steps = np.concatenate([self.t_sstep, self.t_rstep])
         both_tr = np.concatenate([np.arange(ntr), np.arange(ntr)])
@@ -70,6 +72,18 @@ class ReferenceEngine(Setup):
         self.link_bytes = np.bincount(self.path_edges, weights=per_edge, minlength=len(self.edges))
         self.pair_lat_max = (np.maximum.reduceat(self.path_lat, self.pair_ptr[:-1])
                              if len(self.path_lat) else np.zeros(0))
+        # Native flows: paths of one edge after the pairs' paths.
+        index = {e: i for i, e in enumerate(self.edges)}
+        self.nat_flow_edge = np.array([index[e] for e in self.nat_flow_edges], dtype=np.int64)
+        self.nat_path0 = len(self.path_len)
+        nflows = len(self.nat_flow_edge)
+        if nflows:
+            self.path_edges = np.concatenate([self.path_edges, self.nat_flow_edge])
+            self.path_ptr = np.concatenate([self.path_ptr,
+                                            self.path_ptr[-1] + 1 + np.arange(nflows)])
+            self.path_len = np.concatenate([self.path_len, np.ones(nflows, np.int64)])
+            self.link_bytes = self.link_bytes + np.bincount(
+                self.nat_flow_edge, weights=self.nat_flow_bytes, minlength=len(self.edges))
 
     # ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -78,7 +92,18 @@ class ReferenceEngine(Setup):
         self.step_end = np.full(nglobal, np.nan)
         self.t_start = np.full(ntr, np.nan)
         self.t_end = np.full(ntr, np.nan)
-        self.sub_left = np.zeros(ntr, dtype=np.int64)
+        nnat = self.nnat
+        self.sub_left = np.zeros(ntr + nnat, dtype=np.int64)  # transfers, then natives
+        self.nat_ready = np.diff(self.nat_ptr).astype(np.int64)
+        self.n_start = np.full(nnat, np.nan)
+        self.n_end = np.full(nnat, np.nan)
+        self.n_floor = np.full(nnat, -math.inf)
+        # Natives whose flows are done (or that have none), ending at their floor.
+        self.v_time = np.zeros(0)
+        self.v_nat = np.zeros(0, np.int64)
+        # First steps that start later (ranks that pay the call overhead).
+        self.s_time = np.zeros(0)
+        self.s_step = np.zeros(0, np.int64)
         self.busy = np.zeros(len(self.edges))
         self.timeline: list[tuple[float, np.ndarray, np.ndarray]] = []
         self.last_load = np.zeros(len(self.edges))
@@ -98,13 +123,20 @@ class ReferenceEngine(Setup):
         self.e_step = np.zeros(0, np.int64)
         self.ended = 0
 
-        t = self.t0
         last_report = _time.monotonic()
         first = self.step_base[:-1][self.step_base[:-1] < self.step_base[1:]]
-        self._end_steps(self._start_steps(first, t), t)  # (the first engine dropped these)
+        at = self.rank_t0[self.step_rank[first]]
+        t = float(at.min()) if len(at) else self.t0
+        now = at <= t
+        self.s_time, self.s_step = at[~now], first[~now]
+        self._end_steps(self._start_steps(first[now], t), t)  # (the first engine dropped these)
         while True:
             self._settle(t)
             next_t = math.inf
+            if len(self.v_time):
+                next_t = min(next_t, float(self.v_time.min()))
+            if len(self.s_time):
+                next_t = min(next_t, float(self.s_time.min()))
             if len(self.a_rem):
                 next_t = min(next_t, t + float(np.min(self.a_rem / self.a_rate)))
             if len(self.w_act):
@@ -156,15 +188,30 @@ class ReferenceEngine(Setup):
                     self.w_act, self.w_tr = self.w_act[keep], self.w_tr[keep]
                     self.w_path, self.w_bytes = self.w_path[keep], self.w_bytes[keep]
             ops_done: list[np.ndarray] = []
+            ntr = len(self.t_src)
             if done_tr:
                 finished = np.concatenate(done_tr)
                 trs, counts = np.unique(finished, return_counts=True)
                 self.sub_left[trs] -= counts
                 arrived = trs[self.sub_left[trs] == 0]
+                native = arrived >= ntr
+                if native.any():  # flows done: the native ends at its floor, or now
+                    js = arrived[native] - ntr
+                    self.v_time = np.concatenate([self.v_time, np.maximum(self.n_floor[js], t)])
+                    self.v_nat = np.concatenate([self.v_nat, js])
+                    arrived = arrived[~native]
                 if len(arrived):
                     self.t_end[arrived] = t
                     ops_done.append(self.t_sstep[arrived])
                     ops_done.append(self.t_rstep[arrived])
+            if len(self.v_time):
+                due = self.v_time <= t + tol
+                if due.any():
+                    js = self.v_nat[due]
+                    self.n_end[js] = t
+                    steps, _ = expand(self.nat_ptr, self.nat_steps, js)
+                    ops_done.append(steps)
+                    self.v_time, self.v_nat = self.v_time[~due], self.v_nat[~due]
             ending: list[np.ndarray] = []
             if ops_done:
                 steps, counts = np.unique(np.concatenate(ops_done), return_counts=True)
@@ -183,6 +230,12 @@ class ReferenceEngine(Setup):
                 if due.any():
                     ending.append(self.e_step[due])
                     self.e_time, self.e_step = self.e_time[~due], self.e_step[~due]
+            if len(self.s_time):
+                due = self.s_time <= t + tol
+                if due.any():
+                    starting = self.s_step[due]
+                    self.s_time, self.s_step = self.s_time[~due], self.s_step[~due]
+                    ending.append(self._start_steps(starting, t))
             if not ending:
                 break
             finished_steps = np.unique(np.concatenate(ending))
@@ -218,7 +271,32 @@ class ReferenceEngine(Setup):
             go = uniq[self.ready[uniq] == 0]
             if len(go):
                 self._launch(go, t)
+        nat = self.step_nat[steps]
+        nat = nat[nat >= 0]
+        if len(nat):
+            np.subtract.at(self.nat_ready, nat, 1)
+            ready = np.unique(nat[self.nat_ready[nat] == 0])
+            if len(ready):
+                self._launch_natives(ready)
         return steps[self.pending[steps] == 0]
+
+    def _launch_natives(self, js: np.ndarray) -> None:
+        """Start native instances ``js``: their flows wait their latency; one without
+        flows ends at its floor."""
+        t = self.nat_launch_times(js)
+        self.n_start[js] = t
+        self.n_floor[js] = t + self.nat_floor[js]
+        nflows = np.diff(self.nat_flow_ptr)[js]
+        none = nflows == 0
+        self.v_time = np.concatenate([self.v_time, self.n_floor[js[none]]])
+        self.v_nat = np.concatenate([self.v_nat, js[none]])
+        if (~none).any():
+            flows, owner = expand(self.nat_flow_ptr, np.arange(len(self.nat_flow_edge)), js)
+            self.sub_left[len(self.t_src) + js] = nflows
+            self.w_act = np.concatenate([self.w_act, t[owner] + self.nat_lat[js][owner]])
+            self.w_tr = np.concatenate([self.w_tr, len(self.t_src) + js[owner]])
+            self.w_path = np.concatenate([self.w_path, self.nat_path0 + flows])
+            self.w_bytes = np.concatenate([self.w_bytes, self.nat_flow_bytes[flows]])
 
     def _launch(self, trs: np.ndarray, t: float) -> None:
         # Once both sides have posted their op (no earlier than now: one side starts now).
@@ -280,6 +358,7 @@ class ReferenceEngine(Setup):
             self.time_s = stretched
             self.step_start, self.step_end = warp(self.step_start), warp(self.step_end)
             self.t_start, self.t_end = warp(self.t_start), warp(self.t_end)
+            self.n_start, self.n_end = warp(self.n_start), warp(self.n_end)
             self.timeline = [(float(warp(t)), e, v) for t, e, v in self.timeline]
         collective = self.schedule.collective
         bound = collective_bound(self.cluster, (self.size // self.dtype_size) * self.dtype_size,
@@ -315,7 +394,8 @@ class ReferenceEngine(Setup):
             step_times=tuple(tuple(pairs[base[r]:base[r + 1]]) for r in range(n)),
             transfers=transfers, link_timeline=MappingProxyType(timeline),
             profile=self.costs.name, breakdown=MappingProxyType(breakdown),
-            messages=int(self.t_live.sum()))
+            messages=int(self.t_live.sum()), natives=self.native_records(),
+            notes=self.native_notes)
 
 
 
@@ -326,8 +406,10 @@ def simulate_reference(cluster: Cluster, schedule: Schedule, size: int, *, dtype
     """:func:`simulate` by :class:`ReferenceEngine` (tests and benchmarks only)."""
     if schedule.nranks != cluster.nranks:
         raise ScheduleError("rank count differs")
-    engine = ReferenceEngine(cluster, schedule, int(size), dtype_size,
-                              costs_for(profile, alpha, reduce_bandwidth), record, None)
+    from ..native.nccl import runtime_cluster
+    costs = costs_for(profile, alpha, reduce_bandwidth)
+    engine = ReferenceEngine(runtime_cluster(cluster, costs), schedule, int(size), dtype_size,
+                              costs, record, None, base=cluster)
     engine.run()
     return engine.report()
 

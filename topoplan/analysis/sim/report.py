@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-__all__ = ["SimReport", "TransferRecord", "Edge"]
+__all__ = ["SimReport", "TransferRecord", "NativeRecord", "Edge"]
 
 Edge = tuple[str, str]
 
@@ -29,6 +29,28 @@ class TransferRecord:
     start_s: float
     end_s: float
     count: int = 1  #: chunks ``chunk .. chunk + count - 1`` (IR v2 ranges)
+
+
+@dataclass(frozen=True, slots=True)
+class NativeRecord:
+    """One native collective (IR v3) as simulated: every member's op at once.
+
+    ``start_s`` is when the last member posted it (its step started, plus the step
+    overhead); ``end_s`` when it ended for all members. ``steps`` holds each member's
+    step, in group order; ``priced_by`` who priced it
+    (:attr:`topoplan.analysis.native.price.NativePrice.source`: ``"NCCL Ring/Simple
+    x16"``, ``"measured"``, ``"ring"``).
+    """
+
+    kind: str
+    group: tuple[int, ...]
+    chunk: int
+    count: int
+    nbytes: int
+    start_s: float
+    end_s: float
+    steps: tuple[int, ...]
+    priced_by: str
 
 
 @dataclass(frozen=True)
@@ -66,8 +88,9 @@ class SimReport:
     breakdown : mapping
         ``time_s`` split along the critical path: ``bandwidth`` (bytes flowing, link
         sharing included), ``latency`` (alpha and path latency), ``overhead`` (call, step
-        and posting costs), ``reduce`` (adds) and ``contention`` (ranks taking turns on a
-        host with fewer cores than ranks; 0 elsewhere); the parts sum to ``time_s``.
+        and posting costs), ``reduce`` (adds), ``contention`` (ranks taking turns on a
+        host with fewer cores than ranks; 0 elsewhere) and, for a schedule with native
+        steps, ``native`` (time inside native collectives); the parts sum to ``time_s``.
     messages : int
         Messages that move bytes at this size.
     resolution : float
@@ -76,6 +99,11 @@ class SimReport:
         What NCCL itself runs for this collective and size on the cluster, and its
         time there (:func:`topoplan.analysis.native.nccl.nccl_time`): the yardstick; ``None`` on
         a host of a calibrated profile.
+    natives : tuple of NativeRecord
+        Every native collective the schedule runs (IR v3), in order of first appearance.
+    notes : tuple of str
+        What the reader should know about the prices: a native step priced as a
+        point-to-point ring because the profile does not price its kind.
     """
 
     cluster: str
@@ -97,6 +125,14 @@ class SimReport:
     messages: int = 0
     resolution: float = 1e-7
     nccl: Any = None
+    natives: tuple[NativeRecord, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def native_time(self) -> float:
+        """Seconds of ``time_s`` spent inside native collectives on the critical path
+        (``breakdown["native"]``; 0 without native steps)."""
+        return float(self.breakdown.get("native", 0.0))
 
     @property
     def speedup_vs_nccl(self) -> float | None:

@@ -74,13 +74,17 @@ def simulate(cluster: Cluster, schedule: Schedule, size: int | str, *,
     -------
     SimReport
         With ``nccl``, NCCL's own choice and time for the same collective and size on
-        the cluster (the yardstick; ``report.speedup_vs_nccl``).
+        the cluster (the yardstick; ``report.speedup_vs_nccl``); every native
+        collective the schedule runs (``report.natives``, and ``report.native_time`` on
+        the critical path); ``report.notes`` says where a native step was priced as a
+        point-to-point ring for want of the profile's price.
 
     Raises
     ------
     ScheduleError
         If the schedule's rank count differs from the cluster's, it was planned for
-        another cluster (unless ``force``), a message is unmatched, or the ranks
+        another cluster (unless ``force``), a message or a native op is unmatched
+        (a member of its group never runs it, or runs another), or the ranks
         deadlock.
     ProfileError
         For an unknown profile name or a bad profile file.
@@ -123,7 +127,8 @@ def simulate(cluster: Cluster, schedule: Schedule, size: int | str, *,
     collecting = gc.isenabled()
     gc.disable()
     try:
-        engine = Engine(links, schedule, int(size), dtype_size, costs, record, progress)
+        engine = Engine(links, schedule, int(size), dtype_size, costs, record, progress,
+                        base=cluster)
         engine.eps = float(resolution)
         engine.run()
         report = engine.report()

@@ -7,6 +7,10 @@ How a topoplan schedule becomes thread blocks:
   ``"allgather"`` with NCCL's buffers: ``nchunksperloop`` cuts the full buffer (the
   executor multiplies a reduce-scatter's and an allgather's per-rank count by
   ``ngpus``), so each rank's shard is ``nchunksperloop / ngpus`` of them.
+- **Native steps** (IR v3). MSCCL XML has no collective steps: a schedule's native
+  collectives are lowered to point-to-point steps first (:func:`topoplan.ir.lower.lower_native`:
+  rings, direct exchanges and trees inside each group), and a note says so; with
+  ``lower=False`` (``topoplan export --no-lower``) such a schedule is refused.
 - **Chunks to MSCCL chunks.** The buffer is cut into ``nchunksperloop`` equal MSCCL
   chunks; topoplan chunk ``k`` is a whole number of them (exact when the fractions are
   multiples of ``1/D`` for a ``D`` up to 4096, else rounded, and said so; a sharded
@@ -788,7 +792,7 @@ def _fitting_layout(schedule: Schedule, bounds: list[int], *, fuse: bool,
 def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1,
                  min_bytes: int = 0, max_bytes: int = 0, name: str | None = None,
                  limits: Limits | None = None, fuse: bool = True,
-                 check: bool = True) -> ExportResult:
+                 check: bool = True, lower: bool = True) -> ExportResult:
     """Write ``schedule`` as an MSCCL algorithm (see the module docstring).
 
     Parameters
@@ -808,6 +812,10 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
     check : bool
         Run the symbolic checker on the result (and fall back to unfused thread blocks
         when fused ones could deadlock).
+    lower : bool
+        MSCCL XML has no collective steps: lower a schedule's native steps (IR v3) to
+        point-to-point ones first (:func:`topoplan.ir.lower.lower_native`), and say so in
+        a note; with ``False``, refuse such a schedule.
 
     Returns
     -------
@@ -816,7 +824,8 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
     Raises
     ------
     ScheduleError
-        The schedule does not verify, or (a bug) the result fails the MSCCL check.
+        The schedule does not verify, it has native steps and ``lower`` is False, or (a
+        bug) the result fails the MSCCL check.
     PlannerError
         A bad option, or the plan does not fit the executor's limits even with every
         channel used; the message names the plan options that shrink it.
@@ -831,7 +840,23 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
     if min_bytes < 0 or max_bytes < 0 or (max_bytes and max_bytes < min_bytes):
         raise PlannerError(f"min/max bytes: need 0 <= min <= max (max 0: no limit), got "
                            f"{min_bytes} and {max_bytes}")
-    verify(schedule)
+    report = verify(schedule)
+    lowered_note = None
+    if report.nnative:
+        from ...ir.lower import lower_native
+
+        first = next((r, s, op) for r, s, op in schedule.ops() if isinstance(op, Native))
+        if not lower:
+            raise ScheduleError(f"{schedule.algorithm} schedule: rank {first[0]} step "
+                                f"{first[1]} runs a native {first[2].text()}; MSCCL XML has "
+                                "no collective steps: lower them to point-to-point (leave "
+                                "out --no-lower, or export_msccl(..., lower=True))")
+        schedule = lower_native(schedule)
+        verify(schedule)
+        lowered_note = (f"{report.ncollectives} native collective"
+                        f"{'s' if report.ncollectives != 1 else ''} ({report.nnative} native "
+                        "steps) lowered to point-to-point steps: rings, direct exchanges "
+                        "and trees inside each group, as MSCCL XML has no collective steps")
     coll = schedule.collective
     if coll not in MSCCL_COLL:  # pragma: no cover - every collective topoplan plans
         raise ScheduleError(f"{schedule.algorithm} schedule: collective {coll!r}: MSCCL "
@@ -840,7 +865,8 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
         raise PlannerError(f"a {coll} of one rank has nothing to send; MSCCL needs >= 2 GPUs")
     sharded = collective_of(schedule).sharded
     bounds, note = _unit_grid(schedule.chunks, schedule.nranks if sharded else 0)
-    notes = [note] if note else []
+    notes = [lowered_note] if lowered_note else []
+    notes += [note] if note else []
     details: list[str] = []
     space = _Space(coll, schedule.nranks, bounds[-1], channels)
     name = name or f"topoplan-{schedule.algorithm}"

@@ -6,8 +6,8 @@ each module importing only those listed above it:
 - :mod:`.lp`: link loads of GPU pairs and the tree-packing LP (column generation);
 - :mod:`.trees`: tree shapes, rooting and the pipelined tree schedule;
 - :mod:`.packing`: the tree packing, flat or by hierarchy (:func:`solve_mcf`);
-- :mod:`.layout`: what the grid and rail constructions are made of (``Layout``,
-  ``Messages``, switch groups);
+- :mod:`.layout`: what the grid and rail constructions are made of (``RankGrid``,
+  ``PieceMessages``, switch groups);
 - :mod:`.rings`: Hamiltonian rings inside a box, weighted by an LP;
 - :mod:`.grids`: the multi-level grids the ranks are laid out on;
 - :mod:`.pricing`: the lock-step cost model;

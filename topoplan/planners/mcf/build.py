@@ -11,20 +11,20 @@ import numpy as np
 
 from ...ir.schedule import Schedule
 from .._lockstep import no_gc, schedule_from_arrays
-from .layout import Layout, Messages
+from .layout import RankGrid, PieceMessages
 from .messages import chunk_fractions, owners
 
 __all__ = ["build", "build_sharded"]
 
 
 @no_gc
-def build(nranks: int, msgs: Messages, fractions: np.ndarray, q: int, **meta: Any) -> Schedule:
+def build(nranks: int, msgs: PieceMessages, fractions: np.ndarray, q: int, **meta: Any) -> Schedule:
     """Materialize ``q`` pieces of ``msgs`` (piece ``p`` shifted by ``p`` steps)."""
     return _materialize(nranks, msgs, q, lambda p, c: c + p * msgs.nchunks, fractions, **meta)
 
 
 @no_gc
-def build_sharded(nranks: int, msgs: Messages, layout: Layout, sizes: np.ndarray,
+def build_sharded(nranks: int, msgs: PieceMessages, layout: RankGrid, sizes: np.ndarray,
                   collective: str, **meta: Any) -> Schedule:
     """Materialize ``len(sizes)`` pieces of :func:`.messages.shard_messages` as a ``collective``
     schedule whose chunks are grouped into shards in rank order (docs/SCHEDULE.md).
@@ -46,7 +46,7 @@ def build_sharded(nranks: int, msgs: Messages, layout: Layout, sizes: np.ndarray
                         collective=collective, **meta)
 
 
-def _materialize(nranks: int, msgs: Messages, q: int,
+def _materialize(nranks: int, msgs: PieceMessages, q: int,
                  chunk_of: Callable[[np.ndarray, np.ndarray], np.ndarray],
                  fractions: np.ndarray, **meta: Any) -> Schedule:
     """``q`` pieces of ``msgs``, piece ``p`` ``p`` steps late; ``chunk_of(p, c)``

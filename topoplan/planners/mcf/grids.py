@@ -32,13 +32,13 @@ import networkx as nx
 import numpy as np
 
 from ...cluster import Cluster
-from .layout import Layout, switch_groups
+from .layout import RankGrid, switch_groups
 from .rings import box_ring_sets
 
 __all__ = ["layouts", "flat_ring_layout"]
 
 
-def layouts(cluster: Cluster) -> list[Layout]:
+def layouts(cluster: Cluster) -> list[RankGrid]:
     """The grids worth trying on ``cluster`` (empty when its boxes differ).
 
     In-box: the LP rings over the whole box, or (a box with a fabric whose NVLinks
@@ -111,10 +111,10 @@ def layouts(cluster: Cluster) -> list[Layout]:
             grids = [gr.reshape(dims) for gr in grids]
             name = " > ".join(s for s in (iname, cname) if s) or "single"
             weights = np.asarray(w, dtype=np.float64)
-            out.append(Layout(name, dims, tuple(grids), weights))
+            out.append(RankGrid(name, dims, tuple(grids), weights))
             fdims, fgrids, fflags = _factored(dims, grids, flags)
             if fdims != dims:
-                out.append(Layout(name + " (halving)", fdims, tuple(fgrids), weights))
+                out.append(RankGrid(name + " (halving)", fdims, tuple(fgrids), weights))
             if any(d > 2 for d, f in zip(dims, flags) if f):
                 # Direct levels: one step (latency) per level instead of b - 1 or log2 b,
                 # at most 16 members a level (b - 1 messages in flight per rank).
@@ -123,7 +123,7 @@ def layouts(cluster: Cluster) -> list[Layout]:
                     rdims, rgrids, rflags = _factored(dims, grids, flags, radix=radix)
                     if rdims not in seen:
                         seen.add(rdims)
-                        out.append(Layout(f"{name} (direct{'' if radix == 16 else ' radix 4'})",
+                        out.append(RankGrid(f"{name} (direct{'' if radix == 16 else ' radix 4'})",
                                           rdims, tuple(rgrids), weights, tuple(rflags)))
     return out
 
@@ -174,6 +174,6 @@ def _factored(dims: tuple[int, ...], grids: list[np.ndarray], flags: list[bool],
     return tuple(new_dims), [np.ascontiguousarray(g) for g in out], new_flags
 
 
-def flat_ring_layout(order: list[int], name: str = "ring") -> Layout:
+def flat_ring_layout(order: list[int], name: str = "ring") -> RankGrid:
     """One level: a ring over all ranks in ``order``."""
-    return Layout(name, (len(order),), (np.asarray(order, dtype=np.int64),), np.ones(1))
+    return RankGrid(name, (len(order),), (np.asarray(order, dtype=np.int64),), np.ones(1))

@@ -1,5 +1,5 @@
-"""What the grid and rail constructions of ``mcf`` are made of: a :class:`Layout` of the
-ranks, the :class:`Messages` of one pipeline piece on it, and the switch groups both
+"""What the grid and rail constructions of ``mcf`` are made of: a :class:`RankGrid` of the
+ranks, the :class:`PieceMessages` of one pipeline piece on it, and the switch groups both
 lay the boxes out by.
 
 :mod:`.grids` and :mod:`.rails` make layouts, :mod:`.messages` and :mod:`.rails` their
@@ -15,11 +15,11 @@ import numpy as np
 
 from ...cluster import Cluster
 
-__all__ = ["Layout", "Messages", "switch_groups"]
+__all__ = ["RankGrid", "PieceMessages", "switch_groups"]
 
 
 @dataclass(frozen=True)
-class Layout:
+class RankGrid:
     """A grid of the ranks and the first-level rings.
 
     Attributes
@@ -56,7 +56,7 @@ class Layout:
 
 
 @dataclass(frozen=True)
-class Messages:
+class PieceMessages:
     """Every message of one piece of every ring: step, src, dst, first chunk (piece-local),
     chunk count, reduce.
 

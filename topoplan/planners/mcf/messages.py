@@ -15,20 +15,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layout import Layout, Messages
+from .layout import RankGrid, PieceMessages
 from .rails import rail_message_count, rail_messages
 
 __all__ = ["messages", "message_count", "shard_messages", "shard_message_count", "owners",
            "chunk_fractions"]
 
 
-def message_count(layout: Layout) -> int:
+def message_count(layout: RankGrid) -> int:
     """``len(messages(layout).step)``, without building them."""
     n = int(np.prod(layout.dims)) if layout.dims else 1
     return 2 * n * sum(b - 1 for b in layout.dims) * len(layout.grids)
 
 
-def messages(layout: Layout) -> Messages:
+def messages(layout: RankGrid) -> PieceMessages:
     """The reduce-scatter and allgather messages of one pipeline piece."""
     dims = layout.dims
     nd = len(dims)
@@ -80,12 +80,12 @@ def messages(layout: Layout) -> Messages:
                               np.full(first.size, phase == 0)))
     if not parts:
         z = np.zeros(0, dtype=np.int64)
-        return Messages(z, z, z, z, z, np.zeros(0, bool), 0, n * len(layout.grids))
+        return PieceMessages(z, z, z, z, z, np.zeros(0, bool), 0, n * len(layout.grids))
     cat = [np.concatenate(x) for x in zip(*parts)]
-    return Messages(cat[0], cat[1], cat[2], cat[3], cat[4], cat[5], nsteps, n * len(layout.grids))
+    return PieceMessages(cat[0], cat[1], cat[2], cat[3], cat[4], cat[5], nsteps, n * len(layout.grids))
 
 
-def shard_message_count(layout: Layout) -> int:
+def shard_message_count(layout: RankGrid) -> int:
     """``len(shard_messages(layout, ...).step)``, without building them: one message per
     final chunk a segment holds, ``R N sum_d (b_d - 1) stride_d`` (one phase)."""
     if layout.rails:
@@ -96,7 +96,7 @@ def shard_message_count(layout: Layout) -> int:
     return n * sum((b - 1) * s for b, s in zip(dims, strides)) * len(layout.grids)
 
 
-def shard_messages(layout: Layout, collective: str) -> Messages:
+def shard_messages(layout: RankGrid, collective: str) -> PieceMessages:
     """One piece of a reduce-scatter (the grid's first half) or an allgather (its second
     half), one message per final chunk (count 1), steps from 0.
 
@@ -116,11 +116,11 @@ def shard_messages(layout: Layout, collective: str) -> Messages:
     offset = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count,
                                                                       count)
     step = reps(full.step) - (0 if collective == "reduce_scatter" else half)
-    return Messages(step, reps(full.src), reps(full.dst), reps(full.chunk) + offset,
+    return PieceMessages(step, reps(full.src), reps(full.dst), reps(full.chunk) + offset,
                     np.ones(len(step), dtype=np.int64), reps(full.reduce), half, full.nchunks)
 
 
-def owners(layout: Layout) -> tuple[np.ndarray, np.ndarray, int]:
+def owners(layout: RankGrid) -> tuple[np.ndarray, np.ndarray, int]:
     """The rank that owns each piece-local chunk after the reduce-scatter, the chunk's
     index among that rank's chunks of the piece, and how many it owns per piece.
 
@@ -137,7 +137,7 @@ def owners(layout: Layout) -> tuple[np.ndarray, np.ndarray, int]:
     return own, np.arange(own.size, dtype=np.int64) // n, len(layout.grids)
 
 
-def chunk_fractions(layout: Layout, sizes: np.ndarray) -> np.ndarray:
+def chunk_fractions(layout: RankGrid, sizes: np.ndarray) -> np.ndarray:
     """Fraction of each chunk: pieces (of ``sizes``) x rings x final index (a rail
     layout: pieces x positions x parts, all equal)."""
     n = int(layout.grids[0].size)

@@ -27,7 +27,7 @@ from .._lockstep import empty_schedule
 from .._order import topo_order
 from .build import build, build_sharded
 from .grids import flat_ring_layout, layouts
-from .layout import Layout
+from .layout import RankGrid
 from .messages import chunk_fractions, message_count, messages, shard_message_count, shard_messages
 from .packing import FLAT_MAX, GOOD_STATUS, solve_mcf
 from .pieces import choose_pieces, piece_sizes
@@ -71,7 +71,7 @@ class _Candidate:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def _grid_candidate(cluster: Cluster, model: CostModel, layout: Layout, size: int,
+def _grid_candidate(cluster: Cluster, model: CostModel, layout: RankGrid, size: int,
                     chunks: int | None, max_ops: int, pieces: int | None = None,
                     profile: CostProfile | None = None, max_step_ops: int | None = None,
                     max_chunks: int | None = None,
@@ -390,7 +390,7 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         "candidates": {c.name: c.estimate_s for c in cands}, **pick.info,
         "status": status,
         "solve_s": round(solved - start, 4), "materialize_s": round(mat_s, 4),
-        "verify_s": round(verify_s, 4),
+        "verify_s": round(verify_s, 4), "verified": check,
         "plan_s": round(time.perf_counter() - start - verify_s, 4),
     }
     if status not in GOOD_STATUS:

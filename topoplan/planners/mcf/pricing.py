@@ -17,7 +17,7 @@ import scipy.sparse as sp
 from ...cluster import Cluster
 from ...analysis.cost import CostProfile
 from ...errors import InfeasiblePlanError
-from .layout import Messages
+from .layout import PieceMessages
 
 __all__ = ["CostModel", "SoftCosts", "NO_COSTS", "piece_profile", "estimate"]
 
@@ -93,7 +93,7 @@ class SoftCosts:
 NO_COSTS = SoftCosts(np.zeros(0, np.int64))
 
 
-def piece_profile(model: CostModel, msgs: Messages, fractions: np.ndarray,
+def piece_profile(model: CostModel, msgs: PieceMessages, fractions: np.ndarray,
                   profile: CostProfile | None = None
                   ) -> tuple[np.ndarray, np.ndarray, SoftCosts]:
     """Seconds each link is busy per byte of buffer in each step of one piece

@@ -29,7 +29,7 @@ import numpy as np
 
 from ...cluster import Cluster
 from ...analysis.cost import CostProfile
-from .layout import Layout, Messages, switch_groups
+from .layout import RankGrid, PieceMessages, switch_groups
 from .pricing import CostModel, SoftCosts, piece_profile
 
 __all__ = ["rail_layouts", "rail_messages", "rail_message_count", "best_rounds"]
@@ -78,7 +78,7 @@ def _rounds_text(rounds: tuple[int, ...], parts: int) -> str:
 
 
 def rail_layouts(cluster: Cluster, model: CostModel | None = None,
-                 profile: CostProfile | None = None, size: float = 256 << 20) -> list[Layout]:
+                 profile: CostProfile | None = None, size: float = 256 << 20) -> list[RankGrid]:
     """The rail layouts of ``cluster`` (empty for one box, or boxes that differ): for
     each grid, rounds of ``m`` groups for ``m`` in 1, 4, 16, all, and with a cost
     ``model`` the rounds :func:`best_rounds` picks for a ``size``-byte buffer."""
@@ -94,7 +94,7 @@ def rail_layouts(cluster: Cluster, model: CostModel | None = None,
             if best not in options:
                 options.append(best)
         for rounds, parts in options:
-            out.append(Layout(f"{where} ({_rounds_text(rounds, parts)}) + fan-out", grid.shape,
+            out.append(RankGrid(f"{where} ({_rounds_text(rounds, parts)}) + fan-out", grid.shape,
                               (grid,), np.ones(1), rails=True, rounds=rounds, parts=parts))
     return out
 
@@ -112,14 +112,14 @@ def _runs(start: int, units: int, parts: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def _plan(layout: Layout) -> tuple[list[list[tuple[int, int, int]]], int]:
+def _plan(layout: RankGrid) -> tuple[list[list[tuple[int, int, int]]], int]:
     """Each round's runs, and the total number of runs."""
     bounds = np.concatenate([[0], np.cumsum(layout.rounds)]).astype(int).tolist()
     runs = [_runs(b, e - b, layout.parts) for b, e in zip(bounds, bounds[1:])]
     return runs, sum(len(r) for r in runs)
 
 
-def rail_message_count(layout: Layout) -> int:
+def rail_message_count(layout: RankGrid) -> int:
     """``len(rail_messages(layout, ...).step)`` without building them: per rank one
     message per run crossing groups, ``size - 1`` per run held before the in-group step
     (its own shard and each cross run), ``g - 1`` per run held at all."""
@@ -129,7 +129,7 @@ def rail_message_count(layout: Layout) -> int:
     return a * size * g * (nruns + (size - 1) * (1 + nruns) + (g - 1) * held)
 
 
-def rail_messages(layout: Layout, collective: str) -> Messages:
+def rail_messages(layout: RankGrid, collective: str) -> PieceMessages:
     """One piece of a rail allgather (or, reversed, its reduce-scatter).
 
     Chunk ``((x * s + p) * g + j) * parts + i`` is part ``i`` of the shard of GPU ``j``
@@ -173,9 +173,9 @@ def rail_messages(layout: Layout, collective: str) -> Messages:
                                  for v in (steps, srcs, dsts, chunks, counts))
     nsteps = int(step.max()) + 1
     if collective == "reduce_scatter":
-        return Messages(nsteps - 1 - step, dst, src, chk, cnt_, np.ones(len(step), bool),
+        return PieceMessages(nsteps - 1 - step, dst, src, chk, cnt_, np.ones(len(step), bool),
                         nsteps, n * parts)
-    return Messages(step, src, dst, chk, cnt_, np.zeros(len(step), bool), nsteps, n * parts)
+    return PieceMessages(step, src, dst, chk, cnt_, np.zeros(len(step), bool), nsteps, n * parts)
 
 
 # --------------------------------------------------------------------------------------
@@ -195,7 +195,7 @@ def _unit_costs(model: CostModel, grid: np.ndarray, profile: CostProfile | None
     def kind(dsts: list[np.ndarray]) -> tuple[np.ndarray, float, SoftCosts]:
         dst = np.concatenate(dsts)
         m = len(dst)
-        msgs = Messages(np.zeros(m, np.int64), np.tile(grid[x, p, j], len(dsts)), dst,
+        msgs = PieceMessages(np.zeros(m, np.int64), np.tile(grid[x, p, j], len(dsts)), dst,
                         np.zeros(m, np.int64), np.ones(m, np.int64), np.zeros(m, bool), 1, 1)
         loads, lat, soft = piece_profile(model, msgs, np.ones(1), profile)
         return loads[0], float(lat[0]), soft

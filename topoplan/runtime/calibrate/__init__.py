@@ -9,6 +9,9 @@ One module per concept:
 - :mod:`.measuring`: timing them on a transport (:func:`measure`, one :class:`Sample`
   per case);
 - :mod:`.fitting`: least squares through the simulator (:func:`fit`, :class:`Fit`);
+- :mod:`.native`: the transport's own collectives over groups of ranks, measured and
+  fitted into the profile's ``native`` section (:func:`native_cases`,
+  :func:`measure_native`, :func:`fit_native`);
 - :mod:`.probe`: what the host and the transport say of themselves
   (:func:`transport_info`, :func:`small_limit`, :func:`host_cores`, :func:`load_average`);
 - :mod:`.profile`: the profile of this machine (:func:`fit_profile`, and
@@ -34,17 +37,19 @@ Benchmarking a schedule (not a transport's costs) is :mod:`topoplan.runtime.benc
 
 from __future__ import annotations
 
-# Every name the single module had stays importable from here, the private case builders
-# too (topoplan.testbed.calibrate builds its runs with _direct).
+# Every name the single module had stays importable from here (the case builders too:
+# topoplan.testbed.calibrate builds its runs with direct_schedule).
 from ..bench import array_kind
 from .cases import (BIG, MEDIUM_CHUNK, PING_BYTES, PING_MESSAGES, TINY_CHUNK, Case, _chain,
-                    _direct, _rings, calibration_cases)
+                    _rings, calibration_cases, direct_schedule)
 from .fitting import PARAMETERS, Fit, FittedSample, fit
 from .measuring import Sample, measure
+from .native import NATIVE_RULE, fit_native, measure_native, native_cases
 from .probe import host_cores, load_average, small_limit, transport_info
 from .profile import FULL, HOST_PARAMETERS, QUICK, SPLIT_RULE, calibrate, fit_profile
 
 __all__ = ["Case", "Sample", "FittedSample", "Fit", "PARAMETERS", "HOST_PARAMETERS",
            "calibration_cases", "measure", "fit", "fit_profile", "calibrate", "SPLIT_RULE",
+           "native_cases", "measure_native", "fit_native", "NATIVE_RULE",
            "host_cores", "small_limit",
            "array_kind", "transport_info", "load_average"]

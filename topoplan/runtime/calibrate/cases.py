@@ -22,8 +22,8 @@ from typing import Any
 from ...errors import TopoplanError
 from ...ir.schedule import Schedule, build_schedule, equal_chunks, recv, send
 
-__all__ = ["Case", "calibration_cases", "BIG", "TINY_CHUNK", "MEDIUM_CHUNK", "PING_BYTES",
-           "PING_MESSAGES"]
+__all__ = ["Case", "calibration_cases", "direct_schedule", "BIG", "TINY_CHUNK", "MEDIUM_CHUNK",
+           "PING_BYTES", "PING_MESSAGES"]
 
 #: Bytes of the bandwidth cases and of the reduce case.
 BIG = 4 << 20
@@ -43,7 +43,7 @@ class Case:
     Attributes
     ----------
     label : str
-    kind : {"allreduce", "pingpong", "reduce"}
+    kind : {"allreduce", "pingpong", "reduce", "native"}
     size : int
         Bytes per rank (float32 elements x 4); per message for ``pingpong``.
     schedule : Schedule or None
@@ -52,6 +52,12 @@ class Case:
         Messages per trip of a ``pingpong``.
     what : str
         What it is, in words (``"14 steps x 2 ops, 16 B messages"``).
+    collective : str
+        For ``native``: the transport's own collective (``allreduce``,
+        ``reduce_scatter``, ``allgather``; :mod:`.native`).
+    group : int
+        For ``native``: ranks per group (the ranks run it in groups of consecutive
+        ranks, all groups at once).
     """
 
     label: str
@@ -60,6 +66,8 @@ class Case:
     schedule: Schedule | None = None
     what: str = ""
     messages: int = 1
+    collective: str = ""
+    group: int = 0
 
 
 def _rings(n: int, rounds: int, parallel: int, algorithm: str) -> Schedule:
@@ -84,7 +92,7 @@ def _rings(n: int, rounds: int, parallel: int, algorithm: str) -> Schedule:
     return build_schedule(n, equal_chunks(rounds * parallel * n), steps, algorithm=algorithm)
 
 
-def _direct(n: int, rounds: int, algorithm: str) -> Schedule:
+def direct_schedule(n: int, rounds: int, algorithm: str) -> Schedule:
     """``rounds`` direct allreduces one after another: a reduce-scatter step in which every
     rank sends every other rank its chunk, then an allgather step (``2 rounds`` steps of
     ``2 (n - 1)`` ops)."""
@@ -151,17 +159,17 @@ def calibration_cases(nranks: int) -> list[Case]:
     for label, schedule in (("ring", _rings(n, 1, 1, "calibrate-ring")),
                             ("ring x4", _rings(n, 4, 1, "calibrate-ring-x4")),
                             ("rings x4", _rings(n, 1, 4, "calibrate-rings-x4")),
-                            ("direct x2", _direct(n, 2, "calibrate-direct-x2"))):
+                            ("direct x2", direct_schedule(n, 2, "calibrate-direct-x2"))):
         add(label, schedule, TINY_CHUNK * schedule.nchunks)
     # Messages past the eager limits of MPI libraries (a few KiB): another protocol, often
     # a costlier step. The fit averages the two regimes; the residuals show how far apart.
     for label, schedule in (("ring", _rings(n, 1, 1, "calibrate-ring")),
-                            ("direct x2", _direct(n, 2, "calibrate-direct-x2"))):
+                            ("direct x2", direct_schedule(n, 2, "calibrate-direct-x2"))):
         size = MEDIUM_CHUNK * schedule.nchunks
         add(f"{label} {_bytes_text(size)}", schedule, size)
     big = BIG // (4 * n) * 4 * n  # whole float32 chunks
     add(f"ring {_bytes_text(big)}", _rings(n, 1, 1, "calibrate-ring"), big)
-    add(f"direct {_bytes_text(big)}", _direct(n, 1, "calibrate-direct"), big)
+    add(f"direct {_bytes_text(big)}", direct_schedule(n, 1, "calibrate-direct"), big)
     add(f"chain {_bytes_text(BIG)}", _chain(n, "calibrate-chain"), BIG)
     cases.append(Case(f"reduce {_bytes_text(BIG)}", "reduce", BIG,
                       what="chunk += scratch alone, every rank at once"))

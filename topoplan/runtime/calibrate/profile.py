@@ -54,7 +54,8 @@ QUICK = (5, 0.01)
 def fit_profile(samples: Sequence[Sample], *, name: str = "calibrated", nranks: int,
                 transport: str = "?", context: Mapping[str, Any] | None = None,
                 iterations: int = 4, cores: int | None = None,
-                small_max: int | None = None) -> CostProfile:
+                small_max: int | None = None, native_samples: Sequence[Sample] = (),
+                native_skipped: Sequence[str] = ()) -> CostProfile:
     """The cost profile of this machine from the samples of :func:`measure`.
 
     Parameters
@@ -80,6 +81,12 @@ def fit_profile(samples: Sequence[Sample], *, name: str = "calibrated", nranks: 
         The cores the ranks ran on, when fewer than the ranks (processes of one host):
         the costs are then fitted as those of a rank with a core to itself, the
         simulator stretching the time ranks work at once (the profile's ``host.cores``).
+    native_samples : sequence of Sample, optional
+        The transport's own collectives over groups
+        (:func:`~topoplan.runtime.calibrate.native.measure_native`): fitted into the
+        profile's ``native`` section (:func:`~topoplan.runtime.calibrate.native.fit_native`).
+    native_skipped : sequence of str, optional
+        What was not measured of them, and why (recorded).
 
     Returns
     -------
@@ -181,6 +188,11 @@ def fit_profile(samples: Sequence[Sample], *, name: str = "calibrated", nranks: 
         "rms_residual_pct": round(rms, 1),
         "samples": rows,
     }
+    if native_samples or native_skipped:
+        from .native import fit_native, native_record
+        costs, native = fit_native(native_samples)
+        record["native"] = native_record(costs, native, native_skipped)
+        profile = replace(profile, native_costs=costs)
     return replace(profile, calibration=_frozen(record))
 
 
@@ -234,7 +246,8 @@ def calibrate(transport: Any, *, name: str = "calibrated", quick: bool = False,
     Returns
     -------
     CostProfile or None
-        See :func:`fit_profile`.
+        See :func:`fit_profile`; with a ``native`` section where the transport makes
+        sub-communicators (MPI, torch.distributed).
 
     Examples
     --------
@@ -242,11 +255,14 @@ def calibrate(transport: Any, *, name: str = "calibrated", quick: bool = False,
     >>> profiles = Local.launch(4, lambda t: calibrate(t, quick=True))  # doctest: +SKIP
     >>> print(profiles[0].summary())                                    # doctest: +SKIP
     """
+    from .native import measure_native, native_cases
     cases = calibration_cases(transport.size)
     repeats, block = QUICK if quick else FULL
     load = [load_average()]
     samples = measure(transport, cases, repeats=repeats, block_s=block, timeout=timeout,
                       progress=progress)
+    natives, skipped = measure_native(transport, native_cases(transport.size), repeats=repeats,
+                                      block_s=block, progress=progress)
     load.append(load_average())
     if root is not None and transport.rank != root:
         return None
@@ -255,4 +271,5 @@ def calibrate(transport: Any, *, name: str = "calibrated", quick: bool = False,
     return fit_profile(samples, name=name, nranks=transport.size,
                        transport=transport_info(transport),
                        context={"load_average": load, "repeats": repeats},
-                       cores=host_cores(transport), small_max=small_limit(transport))
+                       cores=host_cores(transport), small_max=small_limit(transport),
+                       native_samples=natives, native_skipped=skipped)

@@ -50,6 +50,18 @@ False: its point-to-point work completes only inside a wait) calls also run one 
 time, and move only in ``wait()``: a caller that needs them to move while it computes
 waits on a thread of its own, as the DDP hook's progress thread does.
 
+Native steps (IR v3, :class:`~topoplan.ir.schedule.Native`): a step that holds one
+collective over a group of ranks runs the transport's own collective on a
+sub-communicator of the group. Building an executor checks its native ops (naming the
+rank, step and group of a bad one) and has the transport make the sub-communicators of
+groups it has not made yet (:meth:`Transport.make_groups`: collective over every rank,
+in the same order everywhere; calls in flight are finished first). A native step starts
+after the step before it ends and ends before the next one starts, polled against the
+step's deadline like messages; calls whose schedules share a group never run side by
+side (collectives carry no tags: every member must issue them in one order), and a
+failed native step leaves its group broken on the transport. A native op whose range
+is empty, or whose group is one rank, moves nothing and is skipped on every member.
+
 The package holds one concept per module:
 
 - :mod:`~topoplan.runtime.executor.calls`: the three public collectives, :class:`Allreduce`,

@@ -40,6 +40,18 @@ class Allreduce(Executor):
     TopoplanError
         When the schedule is for a different number of ranks than the transport
         (before anything is sent), or is not an allreduce.
+    ScheduleError
+        When a native step cannot run (a group naming a rank outside the transport,
+        a count that does not split into the group's parts, ...), naming its rank,
+        step and group.
+
+    Notes
+    -----
+    A schedule with native steps (IR v3) runs the transport's own collectives over
+    sub-communicators of their groups. Building the first executor over a group makes
+    its sub-communicator, which is collective over every rank of the transport: every
+    rank must build the same executors in the same order (as it must make the same
+    calls in the same order).
 
     Examples
     --------

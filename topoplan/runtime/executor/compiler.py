@@ -6,6 +6,12 @@ messages with their sequence tags, and slots of one reusable scratch arena for t
 that must not land in the user's buffer directly (see :mod:`topoplan.runtime.executor` for the
 semantics they keep). :func:`bind_steps` then lays a program over a work buffer and a
 scratch arena: buffer views, and the transport's wires for them, made once.
+
+A native step (IR v3) compiles to a :class:`NativePlan`: the element range of its chunks
+and the offsets of its parts in it (reduce-scatter, allgather: part ``i`` is member
+``group[i]``'s, ``count / len(group)`` chunks, so parts differ in elements when the
+chunks' fractions do). :func:`native_groups` checks a schedule's native ops against the
+transport and lists their groups in the order every rank makes them.
 """
 
 from __future__ import annotations
@@ -16,10 +22,10 @@ from typing import Any, Callable
 
 from ...errors import ScheduleError
 from ...ir.schedule import Native, OpKind, Schedule, chunk_text
-from ..transports.base import TAG_LIMIT, Message
+from ..transports.base import TAG_LIMIT, Group, Message
 
-__all__ = ["Span", "MessagePlan", "StepPlan", "Program", "BoundStep", "BoundProgram",
-           "pair_span", "compile_program", "bind_steps"]
+__all__ = ["Span", "MessagePlan", "NativePlan", "StepPlan", "Program", "BoundStep",
+           "BoundProgram", "pair_span", "native_groups", "compile_program", "bind_steps"]
 
 Span = tuple[int, int]  # elements [start, end) of the buffer an op carries
 
@@ -43,12 +49,27 @@ class MessagePlan:
 
 
 @dataclass(slots=True)
+class NativePlan:
+    """A compiled native step: ``op`` over elements ``span``, cut at ``parts``."""
+
+    op: Native
+    span: Span
+    parts: tuple[int, ...]  # len(group) + 1 offsets into span (parted kinds), else (0, len)
+    index: int              # this rank's place in op.group
+    root: int | None        # the root's place in op.group (broadcast, reduce)
+
+    def what(self) -> str:
+        return f"native {self.op.text()}"
+
+
+@dataclass(slots=True)
 class StepPlan:
-    """A compiled step that moves data."""
+    """A compiled step that moves data: messages, or one native collective."""
 
     messages: list[MessagePlan]
     snapshots: list[tuple[Span, tuple[int, int]]]  # span -> scratch slot, copied at step start
     reduces: list[tuple[Span, tuple[int, int]]]    # span += scratch slot, after the wait
+    native: NativePlan | None = None
 
 
 @dataclass(slots=True)
@@ -72,6 +93,8 @@ class BoundStep:
     plans: list[MessagePlan]
     reduces: list[tuple[Any, Any]]    # (chunk view, scratch view)
     batches: list[Any] = field(default_factory=list)  # per lane and epoch: transport.batch(...)
+    native: Any = None                # a native step: its NativeWork (transport.native(...))
+    what: NativePlan | None = None    # ... and its plan, for errors
 
 
 @dataclass(slots=True)
@@ -96,13 +119,88 @@ def pair_span(schedule: Schedule) -> int:
     return max(counts.values(), default=1)
 
 
+def native_groups(schedule: Schedule, nranks: int, transport: str = "transport") -> list[Group]:
+    """The groups of ``schedule``'s native ops, checked, in the order every rank makes
+    their sub-communicators: by first appearance, rank by rank, step by step (the same
+    list on every rank, members or not). Groups of one rank need none and are left out.
+
+    A schedule read from a file was checked when read; one built in Python was not, so
+    this checks what running it needs: members in ``range(nranks)`` (the transport's
+    size, named ``transport``) and distinct, the rank in its group, the op alone in its
+    step, its chunks in range, a count that splits into the group's parts, and a root in
+    the group where the kind has one.
+
+    Raises
+    ------
+    ScheduleError
+        Naming the rank, step and op: ``rank 3 step 2: native reduce_scatter over
+        {2, 5} of chunks 0..3: group names rank 5, but the mpi transport has 4 ranks``.
+    """
+    groups: dict[Group, None] = {}
+    for program in schedule.ranks:
+        for s, step in enumerate(program.steps):
+            for op in step:
+                if not isinstance(op, Native):
+                    continue
+                problem = _native_problem(op, program.rank, len(step), schedule.nchunks, nranks,
+                                          transport)
+                if problem:
+                    raise ScheduleError(f"rank {program.rank} step {s}: native {op.text()}: "
+                                        f"{problem}")
+                if len(op.group) > 1:
+                    groups.setdefault(op.group, None)
+    return list(groups)
+
+
+def _native_problem(op: Native, rank: int, step_ops: int, nchunks: int, nranks: int,
+                    transport: str) -> str | None:
+    """What keeps ``op`` (in ``rank``'s step of ``step_ops`` ops) from running, or None."""
+    outside = [m for m in op.group if not 0 <= m < nranks]
+    if outside:
+        return (f"group names rank {outside[0]}, but the {transport} has {nranks} rank"
+                f"{'s' if nranks != 1 else ''}")
+    if not op.group or len(set(op.group)) != len(op.group):
+        return "a group names distinct ranks, at least one"
+    if rank not in op.group:
+        return f"rank {rank} is not in the group"
+    if step_ops != 1:
+        return f"a native op stands alone in its step; this step has {step_ops} ops"
+    if op.count < 1 or not 0 <= op.chunk or op.chunk + op.count > nchunks:
+        return f"the chunk range is outside the schedule's {nchunks} chunks"
+    if op.kind.parted and op.count % len(op.group):
+        return (f"count {op.count} does not split into {len(op.group)} equal parts, one per "
+                "member")
+    if op.kind.rooted and op.root not in op.group:
+        return f"root {op.root!r} is not in the group"
+    if not op.kind.rooted and op.root is not None:
+        return f"a native {op.kind.value} has no root (got {op.root!r})"
+    return None
+
+
+def _native_plan(op: Native, rank: int, bounds: list[tuple[int, int]]) -> NativePlan | None:
+    """``op``'s compiled form over chunk element ``bounds``; None when it moves nothing
+    (an empty range, a group of one), on every member alike."""
+    start, end = bounds[op.chunk][0], bounds[op.end - 1][1]
+    if start == end or len(op.group) == 1:
+        return None
+    if op.kind.parted:
+        cuts = [op.part(i)[0] for i in range(len(op.group))] + [op.end]
+        parts = tuple(bounds[c][0] - start if c < op.end else end - start for c in cuts)
+    else:
+        parts = (0, end - start)
+    root = op.group.index(op.root) if op.root is not None else None
+    return NativePlan(op, (start, end), parts, op.group.index(rank), root)
+
+
 def compile_program(schedule: Schedule, rank: int, n: int) -> Program:
     """``rank``'s program of ``schedule`` for a buffer of ``n`` elements.
 
     A send that overlaps a chunk range a receive of its step overwrites goes out of a
     snapshot; a reducing receive lands in a scratch slot of its own and is added after
     the wait; everything else moves the buffer's views directly. Empty pieces are
-    skipped (both ends skip them) but still count for the pair's tags.
+    skipped (both ends skip them) but still count for the pair's tags. A native step
+    is a step of its own (:class:`NativePlan`); one that moves nothing is skipped by
+    every member alike.
     """
     bounds = schedule.chunk_bounds(n)
     seq_out: dict[int, int] = {}
@@ -118,10 +216,16 @@ def compile_program(schedule: Schedule, rank: int, n: int) -> Program:
         offset = 0
         snap_slot: dict[Span, tuple[int, int]] = {}
         messages, snapshots, reduces = [], [], []
+        if ops and isinstance(ops[0], Native):
+            plan = _native_plan(ops[0], rank, bounds)
+            if plan is not None:
+                steps.append(StepPlan([], [], [], plan))
+                step_index.append(s)
+            continue
         for op in ops:
-            if isinstance(op, Native):
-                raise ScheduleError(f"rank {rank}: the executor does not run native steps "
-                                    f"yet ({op.text()})")
+            if isinstance(op, Native):  # pragma: no cover - native_groups refuses it
+                raise ScheduleError(f"rank {rank} step {s}: a native op stands alone in its "
+                                    "step")
             # Tags count every message on the pair, empty or not, so both ends agree.
             counter = seq_out if op.kind is OpKind.SEND else seq_in
             seq = counter.get(op.peer, 0)
@@ -157,13 +261,16 @@ def compile_program(schedule: Schedule, rank: int, n: int) -> Program:
 
 
 def bind_steps(program: Program, work: Any, scratch: Any, prepare: Callable[[Any], Any],
-               batches: int) -> list[BoundStep]:
+               batches: int, native: Callable[[NativePlan, Any], Any] | None = None
+               ) -> list[BoundStep]:
     """``program``'s steps over the ``work`` buffer and the ``scratch`` arena.
 
     Every range and scratch slot gets one view and one wire (``prepare``, the transport's
     :meth:`~topoplan.runtime.transports.Transport.prepare`), however many messages use it; each
     step keeps ``batches`` empty places for the transport's batches (one per lane and
-    epoch, made on first use).
+    epoch, made on first use). A native step gets its bound work from ``native(plan,
+    view of its range)`` (the executor's wrapper of the transport's
+    :meth:`~topoplan.runtime.transports.Transport.native`).
     """
     views: dict[Span, Any] = {}
 
@@ -183,6 +290,13 @@ def bind_steps(program: Program, work: Any, scratch: Any, prepare: Callable[[Any
 
     steps = []
     for index, sp in zip(program.step_index, program.steps):
+        if sp.native is not None:
+            if native is None:  # pragma: no cover - the executor always passes it
+                raise ScheduleError("bind_steps: a native step needs native=")
+            a, b = sp.native.span
+            steps.append(BoundStep(index, [], [], [], [], [], native(sp.native, work[a:b]),
+                                   sp.native))
+            continue
         messages = []
         for m in sp.messages:
             if m.slot is None:

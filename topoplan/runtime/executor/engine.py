@@ -9,6 +9,16 @@ schedule runs on comes from the schedule's collective
 adds), so one engine runs all three; the public calls
 (:mod:`~topoplan.runtime.executor.calls`) only name their collective and their arguments. The
 rules it keeps are in :mod:`topoplan.runtime.executor`.
+
+Native steps (IR v3): the constructor checks the schedule's native ops
+(:func:`~topoplan.runtime.executor.compiler.native_groups`) and has the transport make the
+sub-communicators of their groups (:meth:`~topoplan.runtime.transports.Transport.make_groups`,
+collective over every rank, so every rank must build the same executors in the same
+order, which calls need anyway); binding a buffer binds each native step once
+(:meth:`~topoplan.runtime.transports.Transport.native`); a call then runs a native step where
+its turn comes, started after the step before it ended and before the next one starts,
+with the step's deadline. Calls that share a group run one after another in start
+order, so every member issues the group's collectives in the same order.
 """
 
 from __future__ import annotations
@@ -19,10 +29,11 @@ from typing import Any, ClassVar, Sequence
 
 from ...ir.collectives import collective_of
 from ...errors import TopoplanError, TransportError
-from ...ir.schedule import Schedule
-from ..transports.base import TAG_LIMIT, Message, PeerFailure, Transport
+from ...ir.schedule import Native, Schedule
+from ..transports.base import TAG_LIMIT, Collective, Message, NoNative, PeerFailure, Transport
 from .arrays import ArrayOps, array_ops
-from .compiler import BoundProgram, BoundStep, Program, bind_steps, compile_program, pair_span
+from .compiler import (BoundProgram, BoundStep, NativePlan, Program, bind_steps, compile_program,
+                       native_groups, pair_span)
 from .handle import Handle
 from .lanes import LANES, CallQueue, epochs_for, fits_a_lane, queue_of, tag_shift
 
@@ -79,6 +90,38 @@ class Executor:
         # again, and recognising them skips building the cache key (microseconds).
         self._last: tuple | None = None
         self._queue: CallQueue[Handle] = queue_of(transport)
+        #: The groups of the schedule's native steps (their sub-communicators are made).
+        self.groups = frozenset(self._make_groups())
+
+    def _make_groups(self) -> list[tuple[int, ...]]:
+        """Check the native ops and have the transport make their groups' sub-communicators
+        (see the module docstring); the groups, in the order they were made."""
+        transport = self.transport
+        groups = native_groups(self.schedule, transport.size, f"{transport.name} transport")
+        if not groups or all(transport.has_group(g) for g in groups):
+            return groups
+        # Making a sub-communicator blocks until every rank makes it (MPI_Comm_split,
+        # new_group). A rank blocked there cannot move its calls in flight, which a
+        # peer may be waiting on: finish them first (every rank has the same ones).
+        queue = self._queue
+        while True:
+            with queue.lock:
+                pending = [h for h in queue.calls if not h.done]
+            if not pending:
+                break
+            try:
+                pending[0].wait()
+            except TopoplanError:
+                pass  # the call's own handle reports it
+        try:
+            transport.make_groups(groups)
+        except NoNative as exc:
+            r, s, op = next((r, s, op) for r, s, op in self.schedule.ops()
+                             if isinstance(op, Native))
+            raise TopoplanError(f"rank {self.rank}: the {self.schedule.algorithm} schedule has "
+                                f"native steps (rank {r} step {s}: native {op.text()}): "
+                                f"{exc}") from None
+        return groups
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.schedule.algorithm}, "
@@ -153,8 +196,16 @@ class Executor:
         scratch = self._scratch.get(skey)
         if scratch is None:
             scratch = self._scratch[skey] = ops.empty(plan.scratch, work)
-        steps = bind_steps(plan, work, scratch, self.transport.prepare,
-                           self._epochs * (LANES if self._laned else 1))
+        transport = self.transport
+
+        def native(step: NativePlan, view: Any) -> Any:
+            op = step.op
+            return transport.native(Collective(op.kind.value, op.group, step.index, view,
+                                               step.parts, step.root,
+                                               lambda k: ops.empty(k, view)))
+
+        steps = bind_steps(plan, work, scratch, transport.prepare,
+                           self._epochs * (LANES if self._laned else 1), native)
         bound = BoundProgram(steps, buffers, work, scratch, copy_in, copy_out)
         self._bound[key] = bound
         while len(self._bound) > BOUND_CACHE:
@@ -201,9 +252,11 @@ class Executor:
 
     def _can_begin(self, handle: Handle) -> bool:
         """Whether ``handle`` may begin beside every call started before it that is
-        still running: never on an untagged or unpollable transport; with a call of
-        this executor when their epochs (tags) and scratch differ; with another
-        executor's when both are laned and their lanes differ."""
+        still running: never on an untagged or unpollable transport, nor with a call
+        whose schedule has native steps over a group this one's has (collectives carry
+        no tags: every member must issue them in one order); with a call of this
+        executor when their epochs (tags) and scratch differ; with another executor's
+        when both are laned and their lanes differ."""
         transport = self.transport
         for other in self._queue.calls:
             if other is handle:
@@ -211,6 +264,8 @@ class Executor:
             if other.done:
                 continue
             if not transport.tagged or not transport.pollable:
+                return False
+            if self.groups and not self.groups.isdisjoint(other._owner.groups):
                 return False
             if other._owner is self:
                 if (handle.call - other.call >= self._epochs
@@ -236,6 +291,32 @@ class Executor:
             with transport.compute_context():
                 while h._step < len(steps):
                     step = steps[h._step]
+                    work = step.native
+                    if work is not None:
+                        if h._posted is None:
+                            work.start()
+                            h._posted = work
+                            h._deadline = time.monotonic() + self.timeout
+                            moved = True
+                        if block:
+                            done = work.wait(max(0.0, h._deadline - time.monotonic()))
+                        elif not transport.pollable:
+                            return moved  # it moves in wait()
+                        elif work.test():
+                            done = True
+                        elif time.monotonic() >= h._deadline:
+                            done = work.wait(0.0)
+                        else:
+                            return moved
+                        if not done:
+                            work.abort()
+                            self._leave_behind(steps[h._step:], h.call, h.epoch, h.lane)
+                            raise self._native_error(step, None)
+                        work.finish()
+                        h._posted = None
+                        h._step += 1
+                        moved = True
+                        continue
                     if h._posted is None:
                         for dst, src in step.snapshots:
                             h._ops.copy(dst, src)
@@ -269,9 +350,14 @@ class Executor:
                 for dst, src in h._bound.copy_out:
                     h._ops.copy(dst, src)
         except PeerFailure as exc:
-            transport.abort(h._posted)
+            step = steps[h._step]
+            if step.native is not None:
+                step.native.abort()
+                h._error = self._native_error(step, exc.reason)
+            else:
+                transport.abort(h._posted)
+                h._error = self._error(step, [exc.index], exc.reason)
             self._leave_behind(steps[h._step:], h.call, h.epoch, h.lane)
-            h._error = self._error(steps[h._step], [exc.index], exc.reason)
         except TransportError as exc:
             h._error = exc
         h.done = True
@@ -307,6 +393,20 @@ class Executor:
             copy(dst, src)
         transport, timeout = self.transport, self.timeout
         for s, step in enumerate(bound.steps):
+            work = step.native
+            if work is not None:
+                try:
+                    done = work.run(timeout)
+                except PeerFailure as exc:
+                    work.abort()
+                    self._leave_behind(bound.steps[s:], call, epoch, lane)
+                    raise self._native_error(step, exc.reason) from None
+                if not done:
+                    work.abort()
+                    self._leave_behind(bound.steps[s:], call, epoch, lane)
+                    raise self._native_error(step, None)
+                work.finish()
+                continue
             for dst, src in step.snapshots:
                 copy(dst, src)
             batch = step.batches[slot]
@@ -362,6 +462,21 @@ class Executor:
             if age < self._epochs - 1:
                 keep.append((made, peer, tag))
         self._stale = keep
+
+    def _native_error(self, step: BoundStep, reason: str | None) -> TransportError:
+        """``rank 3 step 2: native reduce_scatter over {2, 3} of chunks 0..3
+        (MPI_Ireduce_scatter_block) timed out after 2 s: ...``."""
+        plan = step.what
+        assert plan is not None  # a native step has its plan
+        if reason is None:
+            why = (f"timed out after {self.timeout:g} s: a member of the group died, hangs, "
+                   "or runs a different schedule")
+        else:
+            why = f"failed: {reason}"
+        return TransportError(
+            f"rank {self.rank} step {step.index}: {plan.what()} ({step.native.call}, "
+            f"{self.transport.name} {self.schedule.algorithm} {self.spec.name}) {why}",
+            rank=self.rank, step=step.index, chunk=plan.op.chunk)
 
     def _error(self, step: BoundStep, indices: Sequence[int], reason: str | None) -> TransportError:
         # Blame a receive first: a dead peer's sends never arrive, while our own

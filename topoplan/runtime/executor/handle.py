@@ -28,6 +28,7 @@ class _Owner(Protocol):
 
     _queue: CallQueue[Handle]
     _laned: bool
+    groups: frozenset[tuple[int, ...]]
 
     def _progress_all(self) -> bool: ...
 

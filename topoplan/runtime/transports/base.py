@@ -13,6 +13,17 @@ Ordering contract: messages between an ordered pair of ranks that carry the same
 receive matches only a message with its tag. The executor gives every message of a
 call its own tag on its pair, shifted by the call's epoch, so that a failed call's
 late messages cannot match a later call (:mod:`topoplan.runtime.executor`).
+
+Native steps (IR v3, :class:`topoplan.ir.schedule.Native`) run the transport's own
+collective over a group of ranks. The executor first has every rank make the groups of
+a schedule with :meth:`Transport.make_groups` (collective over every rank of the
+transport, non-members included, in the same order everywhere: MPI's ``Comm.Split``
+and torch's ``new_group`` are); the transport keeps one sub-communicator per group,
+made once. It then binds each native step of a buffer once with
+:meth:`Transport.native` (a :class:`Collective` -> a :class:`NativeWork`), and per call
+starts, tests, waits for and finishes it like a step's messages. Collectives carry no
+tags: the executor runs the calls that share a group one after another, so every
+member issues them in the same order.
 """
 
 from __future__ import annotations
@@ -21,11 +32,12 @@ import abc
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any, ClassVar, ContextManager, Sequence
+from typing import Any, Callable, ClassVar, ContextManager, Sequence
 
 from ...errors import TopoplanError, TransportError
 
-__all__ = ["Transport", "Message", "PeerFailure", "Deadline", "NoNative"]
+__all__ = ["Transport", "Message", "PeerFailure", "Deadline", "NoNative", "Group", "Collective",
+           "NativeWork"]
 
 #: Tags stay below 2**15: MPI promises at least 32767 for MPI_TAG_UB.
 TAG_LIMIT = 1 << 15
@@ -71,6 +83,124 @@ class NoNative(TopoplanError):
     """The transport has no native collective for this call (gloo without
     reduce-scatter, MPI without a bfloat16 sum): benchmarks report the baseline as
     missing instead of failing. Raised on every rank alike, before anything is sent."""
+
+
+#: A native op's group: its ranks, in the op's order (part ``i`` belongs to ``group[i]``).
+Group = tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """One native step of a bound buffer, as the executor hands it to :meth:`Transport.native`.
+
+    Attributes
+    ----------
+    kind : str
+        ``"allreduce"``, ``"reduce_scatter"``, ``"allgather"``, ``"broadcast"`` or
+        ``"reduce"`` (:class:`topoplan.ir.schedule.NativeKind` values).
+    group : tuple of int
+        The members, in the op's order; :meth:`Transport.make_groups` made their
+        sub-communicator before.
+    index : int
+        This rank's place in ``group``.
+    view : object
+        The op's elements: a 1-D contiguous view of the buffer the call runs on (numpy,
+        torch or cupy, the buffer's dtype), as the executor's copies and sums see it.
+    parts : tuple of int
+        ``len(group) + 1`` offsets into ``view``: part ``i`` (member ``group[i]``'s) is
+        ``view[parts[i]:parts[i + 1]]``. Parts may differ in size (the chunks' element
+        counts do) and may be empty. ``(0, len(view))`` for unparted kinds.
+    root : int or None
+        The root's place in ``group`` (broadcast and reduce), else None.
+    empty : callable
+        ``empty(n)``: a new 1-D array like ``view`` (kind, dtype, device) of ``n``
+        elements, for the scratch a transport needs (made once, when binding).
+    """
+
+    kind: str
+    group: Group
+    index: int
+    view: Any
+    parts: tuple[int, ...]
+    root: int | None
+    empty: Callable[[int], Any]
+
+    @property
+    def size(self) -> int:
+        """Elements of the op's range."""
+        return self.parts[-1]
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        """Elements of each part (one part, the whole range, for unparted kinds)."""
+        return tuple(b - a for a, b in zip(self.parts, self.parts[1:]))
+
+    @property
+    def equal(self) -> bool:
+        """Whether every part has the same number of elements."""
+        return len(set(self.counts)) == 1
+
+    def part(self, i: int) -> tuple[int, int]:
+        """Offsets ``[start, end)`` in ``view`` of member ``group[i]``'s part."""
+        return self.parts[i], self.parts[i + 1]
+
+
+class NativeWork(abc.ABC):
+    """A native step bound to its buffer (:meth:`Transport.native`): started, polled,
+    waited for and finished once per call, again and again.
+
+    The executor calls :meth:`start` when the step begins (values are read then), then
+    :meth:`test` or :meth:`wait` until it is done (or :meth:`run` for both), then
+    :meth:`finish` (values are written by then), or :meth:`abort` after a failure. ``call`` names what the
+    transport runs, for messages (``"MPI_Ireduce_scatter_block"``).
+    """
+
+    call: str = "?"
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Post the collective (non-blocking).
+
+        Raises
+        ------
+        PeerFailure
+            When it cannot be posted (a sub-communicator broken by an earlier failure).
+        """
+
+    @abc.abstractmethod
+    def test(self) -> bool:
+        """Whether the posted collective is done; never blocks.
+
+        Raises
+        ------
+        PeerFailure
+            When it failed.
+        """
+
+    @abc.abstractmethod
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds; whether it is done.
+
+        Raises
+        ------
+        PeerFailure
+            When it failed (a member died, the members disagree).
+        """
+
+    def run(self, timeout: float) -> bool:
+        """Start and wait for it (the executor's calls that run to the end, with nothing
+        else in flight); whether it is done. A transport may run its blocking
+        collective here instead (MPI's ``blocking_natives``)."""
+        self.start()
+        return self.wait(timeout)
+
+    def finish(self) -> None:
+        """After it is done: copy results from scratch into the view, where needed."""
+
+    def abort(self) -> None:
+        """Give up after a failure or a timeout (best effort). A collective cannot be
+        cancelled: the transport marks the group's sub-communicator broken, and later
+        native steps over it fail at once."""
 
 
 class Deadline:
@@ -181,6 +311,65 @@ class Transport(abc.ABC):
         default; a late message then waits until its tag comes round again).
         """
         return False
+
+    # -- native steps (IR v3) ----------------------------------------------------
+    def make_groups(self, groups: Sequence[Group]) -> None:
+        """Make the sub-communicators of ``groups`` that are not made yet (cached on the
+        transport for every later executor).
+
+        Collective over every rank of the transport, members or not: every rank must
+        call it with the same groups in the same order (the executor lists a
+        schedule's groups by first appearance, on every rank alike), with no call in
+        flight on the transport. The whole world in rank order is the transport's own
+        communicator (:meth:`_world_group`), not a copy.
+
+        Raises
+        ------
+        NoNative
+            The transport runs no native collectives (the default).
+        """
+        made = self._groups()
+        for group in groups:
+            if group not in made:
+                made[group] = (self._world_group() if group == tuple(range(self.size))
+                               else self._new_group(group))
+
+    def has_group(self, group: Group) -> bool:
+        """Whether :meth:`make_groups` made ``group``'s sub-communicator already."""
+        return group in self._groups()
+
+    def group_of(self, group: Group) -> Any:
+        """The sub-communicator of ``group`` (:meth:`make_groups` made it; None where
+        this rank is not a member)."""
+        return self._groups()[group]
+
+    def _groups(self) -> dict[Group, Any]:
+        made = self.__dict__.get("_native_groups")
+        if made is None:
+            made = self.__dict__["_native_groups"] = {}
+        return made
+
+    def _world_group(self) -> Any:
+        """The sub-communicator of every rank in rank order (the transport's own)."""
+        return self._new_group(tuple(range(self.size)))
+
+    def _new_group(self, group: Group) -> Any:
+        """A new sub-communicator of ``group`` (None where this rank is not a member);
+        called on every rank in the same order."""
+        raise NoNative(f"the {self.name} transport runs no native collectives; lower the "
+                       "schedule's native steps to point-to-point")
+
+    def native(self, op: Collective) -> NativeWork:
+        """Bind a native step (once per bound buffer): what the executor starts, tests,
+        waits for and finishes on every call.
+
+        Raises
+        ------
+        NoNative
+            The transport runs no native collectives (the default).
+        """
+        raise NoNative(f"the {self.name} transport runs no native collectives; lower the "
+                       "schedule's native steps to point-to-point")
 
     def compute_context(self) -> ContextManager[Any]:
         """Context the executor runs a whole call in: its copies and reductions

@@ -31,7 +31,7 @@ def connect(kind: str, **options: Any) -> Transport:
     kind : {"mpi", "nccl", "torch", "local"}
     **options
         - ``mpi``: ``comm`` (default ``COMM_WORLD``), ``dup``, ``poll_yield``, ``spin``,
-          ``inline_max``, as for :class:`~topoplan.runtime.transports.MPI`.
+          ``inline_max``, ``blocking_natives``, as for :class:`~topoplan.runtime.transports.MPI`.
         - ``nccl``: ``mpi_comm``, ``device``, ``share_gpus``, as for
           :meth:`NCCL.from_mpi <topoplan.runtime.transports.NCCL.from_mpi>` (rank 0 makes NCCL's
           id, MPI broadcasts it).

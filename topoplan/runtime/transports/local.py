@@ -5,6 +5,14 @@ copy their data eagerly (like an MPI eager send), so a send completes at once
 and the sender may overwrite its chunk afterwards; receives complete when the
 matching message arrives. A rank whose function returned or raised counts as
 gone: a receive that waits on it fails at once instead of waiting out the timeout.
+
+Native steps meet at a rendezvous per group (:class:`_Rendezvous`, shared by the world):
+the k-th collective over a group is its round k; each member deposits a snapshot of its
+range when its step starts, the last to arrive computes every member's result (sums in
+group order, so every member gets the same bits), and each member copies its own out
+when it waits. A member that is gone before it deposits fails the others at once, and
+a member that gives up on a round (a timeout) breaks the group for every member, as on
+MPI and torch: later native steps over it fail at once.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ from collections import deque
 from typing import Any, Callable, Sequence
 
 from ...errors import TopoplanError, TransportError
-from .base import Deadline, Message, PeerFailure, Transport
+from .base import Collective, Deadline, Group, Message, NativeWork, PeerFailure, Transport
 
 __all__ = ["Local", "LocalWorld"]
 
@@ -45,6 +53,7 @@ class LocalWorld:
         self.gone: dict[int, str] = {}
         self.slots: list[Any] = [None] * nranks
         self._barrier = threading.Barrier(nranks)
+        self.groups: dict[Group, _Rendezvous] = {}  # native steps' meeting places
 
     def transport(self, rank: int, timeout: float = 60.0) -> Local:
         return Local(self, rank, timeout=timeout)
@@ -67,6 +76,147 @@ class LocalWorld:
 
     def _gone_text(self) -> str:
         return ", ".join(f"rank {r} {why}" for r, why in sorted(self.gone.items())) or "none gone"
+
+
+class _Round:
+    """One collective over a group: the members' deposits, then their results."""
+
+    __slots__ = ("deposits", "results", "problem", "taken")
+
+    def __init__(self) -> None:
+        self.deposits: dict[int, tuple[tuple, Any]] = {}  # index -> (signature, snapshot)
+        self.results: list[Any] | None = None            # by index, once all deposited
+        self.problem: str | None = None                   # the members disagree
+        self.taken = 0
+
+
+class _Rendezvous:
+    """Where a group's members meet for their collectives, round after round."""
+
+    def __init__(self, group: Group) -> None:
+        self.group = group
+        self.rounds: dict[int, _Round] = {}
+        self.broken: str | None = None  # a member gave up on a round: why
+
+
+def _compute(op: Collective, deposits: dict[int, tuple[tuple, Any]]) -> list[Any]:
+    """Every member's new range (or None: unchanged) from the members' snapshots."""
+    g = len(op.group)
+    data = [deposits[i][1] for i in range(g)]
+    kind = op.kind
+    if kind == "broadcast":
+        root = op.root if op.root is not None else 0
+        return [None if i == root else data[root] for i in range(g)]
+    if kind == "allgather":
+        whole = _snapshot(data[0])
+        for j in range(1, g):
+            a, b = op.part(j)
+            whole[a:b] = data[j][a:b]
+        return [whole] * g
+    total = _snapshot(data[0])  # the sum in group order: the same bits everywhere
+    for other in data[1:]:
+        total += other
+    if kind == "reduce":
+        return [total if i == op.root else None for i in range(g)]
+    if kind == "reduce_scatter":
+        return [total[op.part(i)[0]:op.part(i)[1]] for i in range(g)]
+    return [total] * g  # allreduce
+
+
+class _LocalNative(NativeWork):
+    """A native step of a :class:`Local` rank: its turn at the group's rendezvous."""
+
+    def __init__(self, transport: Local, op: Collective) -> None:
+        self.t, self.op = transport, op
+        self.place = transport.world.groups[op.group]
+        self.call = f"local {op.kind}"
+        # What every member must agree on: kind, elements of each part, root.
+        self.signature = (op.kind, op.counts, op.root)
+        self.round: _Round | None = None
+        self.key = 0  # the round's number
+
+    def start(self) -> None:
+        t, op = self.t, self.op
+        if self.place.broken is not None:
+            raise PeerFailure(0, f"the group is broken: {self.place.broken}")
+        counter = t._rounds.get(op.group, 0)
+        t._rounds[op.group] = counter + 1
+        self.key = counter
+        snapshot = _snapshot(op.view)
+        world = t.world
+        with world.cond:
+            rnd = self.place.rounds.get(counter)
+            if rnd is None:
+                rnd = self.place.rounds[counter] = _Round()
+            rnd.deposits[op.index] = (self.signature, snapshot)
+            if len(rnd.deposits) == len(op.group):
+                signatures = {i: sig for i, (sig, _) in rnd.deposits.items()}
+                if len(set(signatures.values())) > 1:
+                    rnd.problem = "the members disagree: " + "; ".join(
+                        f"rank {op.group[i]} runs {sig[0]} of parts {list(sig[1])}"
+                        + (f" root {op.group[sig[2]]}" if sig[2] is not None else "")
+                        for i, sig in sorted(signatures.items()))
+                    rnd.results = []
+                else:
+                    rnd.results = _compute(op, rnd.deposits)
+                world.cond.notify_all()
+        self.round = rnd
+
+    def _check(self) -> bool:
+        """Under the world's lock: whether the round is computed; raises when it never
+        will be."""
+        rnd = self.round
+        assert rnd is not None
+        if rnd.problem is not None:
+            raise PeerFailure(0, rnd.problem)
+        if rnd.results is not None:
+            return True
+        if self.place.broken is not None:
+            raise PeerFailure(0, f"the group is broken: {self.place.broken}")
+        gone = self.t.world.gone
+        for i, member in enumerate(self.op.group):
+            if i not in rnd.deposits and member in gone:
+                raise PeerFailure(0, f"member {member} {gone[member]} without joining")
+        return False
+
+    def test(self) -> bool:
+        with self.t.world.cond:
+            return self._check()
+
+    def wait(self, timeout: float) -> bool:
+        world, deadline = self.t.world, Deadline(timeout)
+        with world.cond:
+            while not self._check():
+                left = deadline.left()
+                if left <= 0:
+                    return False
+                world.cond.wait(left)
+        return True
+
+    def finish(self) -> None:
+        rnd, op = self.round, self.op
+        assert rnd is not None and rnd.results is not None
+        result = rnd.results[op.index]
+        if result is not None:
+            if op.kind == "reduce_scatter":
+                a, b = op.part(op.index)
+                op.view[a:b] = result
+            else:
+                op.view[...] = result
+        with self.t.world.cond:
+            rnd.taken += 1
+            if rnd.taken == len(op.group):
+                del self.place.rounds[self.key]
+        self.round = None
+
+    def abort(self) -> None:
+        # As on MPI and torch, a collective given up on leaves its group broken, for
+        # every member: the rounds could no longer be told apart.
+        with self.t.world.cond:
+            if self.place.broken is None:
+                self.place.broken = f"rank {self.t.rank}'s {self.call} failed or timed out"
+            self.t.world.cond.notify_all()
+        self.round = None
 
 
 class Local(Transport):
@@ -96,6 +246,7 @@ class Local(Transport):
         if not 0 <= rank < world.nranks:
             raise TopoplanError(f"rank {rank} out of range({world.nranks})")
         self.world, self.rank, self.size, self.timeout = world, rank, world.nranks, timeout
+        self._rounds: dict[Group, int] = {}  # collectives this rank started, per group
 
     # -- p2p ---------------------------------------------------------------------
     def start(self, messages: Sequence[Message]) -> list[tuple[int, Message]]:
@@ -153,6 +304,18 @@ class Local(Transport):
     def discard(self, peer: int, tag: int, timeout: float) -> bool:
         with self.world.cond:
             return _take(self.world.mail.get((peer, self.rank)), tag) is not None
+
+    # -- native steps ------------------------------------------------------------------
+    def _new_group(self, group: Group) -> Any:
+        # Members and non-members alike: the world's rendezvous of the group.
+        with self.world.cond:
+            return self.world.groups.setdefault(group, _Rendezvous(group))
+
+    def _world_group(self) -> Any:
+        return self._new_group(tuple(range(self.size)))
+
+    def native(self, op: Collective) -> NativeWork:
+        return _LocalNative(self, op)
 
     # -- collectives -----------------------------------------------------------------
     def barrier(self) -> None:

@@ -15,6 +15,16 @@ To have survivors of a crashed rank report a :class:`~topoplan.TransportError` r
 than be killed by ``mpiexec``, launch with Open MPI 5's ``mpiexec --with-ft ulfm`` (the
 helper's ``fault_tolerant=True``; other launchers end the whole job) and end survivors
 with :func:`leave_after_failure`.
+
+Native steps run MPI's non-blocking collectives on a sub-communicator per group, made
+once with ``Comm.Split`` over the transport's communicator (every rank calls it, in the
+same order; non-members pass ``MPI_UNDEFINED``); the whole world in rank order is the
+transport's own communicator. ``MPI_Iallreduce``, ``MPI_Ireduce_scatter_block`` (or
+``MPI_Ireduce_scatter`` with per-member counts, when parts differ in elements),
+``MPI_Iallgather`` (``MPI_Iallgatherv``), ``MPI_Ibcast`` and ``MPI_Ireduce``, polled
+with ``Test`` against the step's deadline like messages. A collective cannot be
+cancelled, so one that failed or timed out leaves its sub-communicator broken: later
+native steps over it fail at once.
 """
 
 from __future__ import annotations
@@ -22,10 +32,10 @@ from __future__ import annotations
 import os
 import time
 import weakref
-from typing import Any, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from ...errors import TopoplanError
-from .base import Message, NoNative, PeerFailure, Transport
+from .base import Collective, Group, Message, NativeWork, NoNative, PeerFailure, Transport
 
 __all__ = ["MPI", "byte_view", "leave_after_failure"]
 
@@ -83,6 +93,152 @@ def _free_requests(mpi: Any, requests: list[Any]) -> None:
             pass
 
 
+def _typed(view: Any) -> Any:
+    """``view`` as mpi4py sums it: a numpy (or device) array with its dtype."""
+    if type(view).__module__.split(".")[0] == "torch" and view.device.type == "cpu":
+        return view.numpy()
+    return view
+
+
+def _is_bfloat16(view: Any) -> bool:
+    return str(getattr(view, "dtype", "")).removeprefix("torch.") == "bfloat16"
+
+
+class _MPINative(NativeWork):
+    """A native step over a sub-communicator: one non-blocking collective per call."""
+
+    def __init__(self, transport: MPI, op: Collective, comm: Any) -> None:
+        mpi = transport._mpi
+        self.t, self.op, self.comm, self.mpi = transport, op, comm, mpi
+        self.request: Any = None
+        self.post: Callable[[], Any]   # the non-blocking collective: a request
+        self.block: Callable[[], Any]  # the blocking one, for run()
+        self.copy_in: list[tuple[Any, Any]] = []   # (dst, src) before posting
+        self.copy_out: list[tuple[Any, Any]] = []  # (dst, src) after it is done
+        kind, g, i = op.kind, len(op.group), op.index
+        counts = list(op.counts)
+        view = op.view
+        typed: Any = None  # what MPI sums: the view with its dtype
+        if kind in ("allreduce", "reduce_scatter", "reduce"):
+            if _is_bfloat16(view):
+                # MPI has no bfloat16 type: add in a float32 copy, round once at the end.
+                wide = _torch_float32(view)
+                self.copy_in.append((wide, view))
+                self.copy_out.append((view, wide))
+                typed = _typed(wide)
+            else:
+                typed = _typed(view)
+        if kind == "allreduce":
+            self._use("Allreduce", mpi.IN_PLACE, typed, op=mpi.SUM)
+        elif kind == "reduce_scatter":
+            # In place, MPI would leave the member's sum at the start of its buffer: the
+            # sum lands in scratch and is copied to the member's part.
+            a, b = op.part(i)
+            out = _typed(op.empty(b - a)) if not self.copy_in else typed[a:b].copy()
+            self.copy_out.insert(0, (typed[a:b], out))
+            if op.equal:
+                self._use("Reduce_scatter_block", typed, out, op=mpi.SUM)
+            else:
+                self._use("Reduce_scatter", typed, out, recvcounts=counts, op=mpi.SUM)
+        elif kind == "allgather":
+            raw = byte_view(view)
+            size = raw.shape[0] // op.size if op.size else 0
+            if op.equal:
+                self._use("Allgather", mpi.IN_PLACE, [raw, mpi.BYTE])
+            else:
+                spec = ([c * size for c in counts], [op.part(j)[0] * size for j in range(g)])
+                self._use("Allgatherv", mpi.IN_PLACE, [raw, spec, mpi.BYTE])
+        elif kind == "broadcast":
+            raw = byte_view(view)
+            self._use("Bcast", [raw, mpi.BYTE], root=op.root)
+        elif kind == "reduce":
+            if i == op.root:
+                self._use("Reduce", mpi.IN_PLACE, typed, op=mpi.SUM, root=op.root)
+            else:
+                self.copy_out.clear()  # the others keep their values
+                self._use("Reduce", typed, None, op=mpi.SUM, root=op.root)
+        else:  # pragma: no cover - NativeKind has no other value
+            raise TopoplanError(f"unknown native collective {kind!r}")
+
+    def _use(self, name: str, *args: Any, **kwargs: Any) -> None:
+        """Run mpi4py's ``comm.<name>`` (blocking) or ``comm.I<name>`` (non-blocking)."""
+        nonblocking = "I" + name[0].lower() + name[1:]
+        self.call = self.nonblocking_call = f"MPI_{nonblocking}"
+        self.blocking_call = f"MPI_{name}"
+        post, block = getattr(self.comm, nonblocking), getattr(self.comm, name)
+        self.post = lambda: post(*args, **kwargs)
+        self.block = lambda: block(*args, **kwargs)
+
+    def run(self, timeout: float) -> bool:
+        if not self.t.blocking_natives:
+            return super().run(timeout)
+        # MPI's blocking collective: the same algorithm and cost as calling it directly,
+        # but no deadline (see MPI's blocking_natives).
+        if self.op.group in self.t._broken:
+            raise PeerFailure(0, f"its sub-communicator is broken: {self.t._broken[self.op.group]}")
+        for dst, src in self.copy_in:
+            _copy(dst, src)
+        self.call = self.blocking_call
+        try:
+            self.block()
+        except self.mpi.Exception as exc:
+            raise PeerFailure(0, self.t._describe(exc)) from None
+        return True
+
+    def start(self) -> None:
+        self.call = self.nonblocking_call
+        if self.op.group in self.t._broken:
+            raise PeerFailure(0, f"its sub-communicator is broken: {self.t._broken[self.op.group]}")
+        for dst, src in self.copy_in:
+            _copy(dst, src)
+        try:
+            self.request = self.post()
+        except self.mpi.Exception as exc:
+            raise PeerFailure(0, self.t._describe(exc)) from None
+
+    def test(self) -> bool:
+        try:
+            return bool(self.request.Test())
+        except self.mpi.Exception as exc:
+            raise PeerFailure(0, self.t._describe(exc)) from None
+
+    def wait(self, timeout: float) -> bool:
+        request, pause, spin = self.request, self.t._pause, self.t.spin
+        deadline = time.monotonic() + timeout
+        polls = 0
+        try:
+            while not request.Test():
+                polls += 1
+                if time.monotonic() >= deadline:
+                    return False
+                if polls > spin:
+                    pause()
+            return True
+        except self.mpi.Exception as exc:
+            raise PeerFailure(0, self.t._describe(exc)) from None
+
+    def finish(self) -> None:
+        for dst, src in self.copy_out:
+            _copy(dst, src)
+
+    def abort(self) -> None:
+        # MPI cannot cancel a collective: a late completion may still write the buffer,
+        # and the members are out of step on this communicator for good.
+        self.t._broken.setdefault(self.op.group, f"{self.call} failed or timed out")
+
+
+def _torch_float32(view: Any) -> Any:
+    import torch
+    return torch.empty(view.shape[0], dtype=torch.float32, device=view.device)
+
+
+def _copy(dst: Any, src: Any) -> None:
+    if hasattr(dst, "copy_"):
+        dst.copy_(src)
+    else:
+        dst[...] = src
+
+
 class MPI(Transport):
     """Point-to-point messages over an MPI communicator.
 
@@ -102,6 +258,16 @@ class MPI(Transport):
         rather than through a persistent request, because only ``MPI_Isend`` takes
         Open MPI's inline shared-memory path (``btl_sm_max_inline_send``, 256 bytes
         by default); a persistent send takes the full request path.
+    blocking_natives : bool
+        Run the native steps of a call that runs to the end (``allreduce(buffer)``,
+        not ``start``) with MPI's blocking collectives (``MPI_Allreduce``, ...): then
+        a schedule whose only step is a native allreduce costs what ``MPI_Allreduce``
+        costs. By default they run the non-blocking ones, polled against the step's
+        deadline like messages; Open MPI's non-blocking collectives (libnbc) took up
+        to twice as long as its blocking ones between 256 KiB and 4 MiB here
+        (scripts/bench_native_step.py). The price: a blocking step has no deadline. A
+        member that died ends it with an error under ULFM (``mpiexec --with-ft
+        ulfm``); one that hangs, or runs another schedule, hangs it.
 
     Notes
     -----
@@ -119,12 +285,13 @@ class MPI(Transport):
                     "allgather": "MPI_Allgather"}
 
     def __init__(self, comm: Any = None, *, dup: bool = True, poll_yield: bool = True,
-                 spin: int = 64, inline_max: int = 256) -> None:
+                 spin: int = 64, inline_max: int = 256, blocking_natives: bool = False) -> None:
         if spin < 0:
             raise TopoplanError(f"spin must be >= 0 polls, got {spin!r}")
         mpi = _mpi()
         self.spin = int(spin)
         self.inline_max = int(inline_max)
+        self.blocking_natives = bool(blocking_natives)
         self._mpi = mpi
         comm = mpi.COMM_WORLD if comm is None else comm
         self.comm = comm.Dup() if dup else comm
@@ -140,6 +307,7 @@ class MPI(Transport):
         # own Waitall does the same with mpi_yield_when_idle.
         sched_yield = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
         self._pause = sched_yield if poll_yield else (lambda: None)
+        self._broken: dict[Group, str] = {}  # groups whose collective failed: why
 
     def prepare(self, view: Any) -> Any:
         return byte_view(view)
@@ -278,6 +446,23 @@ class MPI(Transport):
             return True
         except mpi.Exception:  # a dead peer: nothing to drop
             return False
+
+    # -- native steps --------------------------------------------------------------
+    def _world_group(self) -> Any:
+        return self.comm
+
+    def _new_group(self, group: Group) -> Any:
+        mpi = self._mpi
+        member = self.rank in group
+        sub = self.comm.Split(0 if member else mpi.UNDEFINED,
+                              group.index(self.rank) if member else 0)
+        if sub == mpi.COMM_NULL:
+            return None
+        sub.Set_errhandler(mpi.ERRORS_RETURN)
+        return sub
+
+    def native(self, op: Collective) -> NativeWork:
+        return _MPINative(self, op, self.group_of(op.group))
 
     def _summable(self, buffer: Any, what: str) -> Any:
         """``buffer`` flat, as MPI sums it (a torch CPU tensor as its numpy array).

@@ -14,21 +14,38 @@ stream is joined to both libraries' caller streams on entry and exit (see
 
 Buffers are CuPy arrays or CUDA torch tensors; bytes move as ``ncclUint8``, so
 every dtype (bfloat16 included) works. CUDA only.
+
+Native steps run NCCL's collectives on an ``NcclCommunicator`` per group, made once:
+the group's first rank makes its unique id and sends it to the other members over the
+transport's own communicator (NCCL point-to-point, so a transport built from a bare
+communicator needs no MPI), then every member joins (``ncclCommInitRank``); the whole
+world in rank order is the transport's own communicator. They go on the transport's
+stream, in order with the point-to-point steps, followed by the event the host polls
+against the step's deadline. ``ncclAllReduce``; ``ncclReduceScatter`` and
+``ncclAllGather`` in place (``recvbuff == sendbuff + rank * recvcount``), or, when the
+parts differ in size (which NCCL's equal counts cannot carry), one ``ncclReduce`` or
+``ncclBroadcast`` per part to or from its member, fused in one NCCL group;
+``ncclBroadcast``; ``ncclReduce`` (in place at the root; NCCL leaves the others'
+buffers alone).
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ...errors import TopoplanError
-from .base import Deadline, Message, PeerFailure, Transport
+from .base import Collective, Deadline, Group, Message, NativeWork, PeerFailure, Transport
 
 __all__ = ["NCCL", "share_gpu"]
 
 #: Seconds between polls of a step's completion event.
 POLL_INTERVAL = 20e-6
+#: Bytes of an NCCL unique id (NCCL_UNIQUE_ID_BYTES).
+NCCL_ID_BYTES = 128
+#: Seconds a member waits for its group's NCCL id from the group's first rank.
+SETUP_TIMEOUT = 300.0
 
 
 def _cupy() -> tuple[Any, Any]:
@@ -157,6 +174,116 @@ class _OnStream:
             if self.device is not None:
                 self.device.__exit__(*exc)
                 self.device = None
+
+
+class _NCCLNative(NativeWork):
+    """A native step over a group's communicator: enqueued on the transport's stream,
+    then an event the host polls."""
+
+    def __init__(self, transport: NCCL, op: Collective, comm: Any) -> None:
+        self.t, self.op, self.comm = transport, op, comm
+        nccl, stream = transport._nccl, transport.stream.ptr
+        ptr, nbytes = transport.prepare(op.view)
+        item = nbytes // op.size
+        g, i = len(op.group), op.index
+        kind = op.kind
+        self.event: Any = None
+        self.grouped = False
+        self.launch: Callable[[], None]
+        if kind in ("allreduce", "reduce_scatter", "reduce"):
+            dtype = transport._dtype(op.view.dtype)
+        if kind == "allreduce":
+            self.call = "ncclAllReduce"
+            self.launch = lambda: comm.allReduce(ptr, ptr, op.size, dtype, nccl.NCCL_SUM, stream)
+        elif kind == "reduce_scatter" and op.equal:
+            self.call = "ncclReduceScatter"
+            part = op.size // g
+            mine = ptr + i * part * item  # in place
+            self.launch = lambda: comm.reduceScatter(ptr, mine, part, dtype, nccl.NCCL_SUM,
+                                                     stream)
+        elif kind == "reduce_scatter":
+            self.call = "ncclReduce per part (grouped)"
+            self.grouped = True
+            parts = [(j, *op.part(j)) for j in range(g) if op.part(j)[1] > op.part(j)[0]]
+
+            def reduces() -> None:
+                for j, a, b in parts:
+                    at = ptr + a * item
+                    comm.reduce(at, at, b - a, dtype, nccl.NCCL_SUM, j, stream)
+            self.launch = reduces
+        elif kind == "allgather" and op.equal:
+            self.call = "ncclAllGather"
+            part = nbytes // g
+            mine = ptr + i * part  # in place
+            self.launch = lambda: comm.allGather(mine, ptr, part, nccl.NCCL_UINT8, stream)
+        elif kind == "allgather":
+            self.call = "ncclBroadcast per part (grouped)"
+            self.grouped = True
+            parts = [(j, *op.part(j)) for j in range(g) if op.part(j)[1] > op.part(j)[0]]
+
+            def broadcasts() -> None:
+                for j, a, b in parts:
+                    at = ptr + a * item
+                    comm.broadcast(at, at, (b - a) * item, nccl.NCCL_UINT8, j, stream)
+            self.launch = broadcasts
+        elif kind == "broadcast":
+            self.call = "ncclBroadcast"
+            self.launch = lambda: comm.broadcast(ptr, ptr, nbytes, nccl.NCCL_UINT8, op.root,
+                                                 stream)
+        elif kind == "reduce":
+            self.call = "ncclReduce"
+            self.launch = lambda: comm.reduce(ptr, ptr, op.size, dtype, nccl.NCCL_SUM, op.root,
+                                              stream)
+        else:  # pragma: no cover - NativeKind has no other value
+            raise TopoplanError(f"unknown native collective {kind!r}")
+
+    def start(self) -> None:
+        t, nccl = self.t, self.t._nccl
+        if t._aborted:
+            raise PeerFailure(0, "the NCCL communicators were aborted after a failure; build a "
+                                 "new transport")
+        try:
+            if self.grouped:
+                nccl.groupStart()
+                try:
+                    self.launch()
+                finally:
+                    nccl.groupEnd()
+            else:
+                self.launch()
+        except nccl.NcclError as exc:
+            raise PeerFailure(0, f"NCCL: {exc}") from None
+        self.event = t._cupy.cuda.Event(block=False, disable_timing=True, interprocess=False)
+        self.event.record(t.stream)
+
+    def test(self) -> bool:
+        return bool(self.event.done)
+
+    def wait(self, timeout: float) -> bool:
+        if self.event.done:
+            return True
+        deadline = Deadline(timeout)
+        nccl = self.t._nccl
+        while not self.event.done:
+            try:
+                self.comm.check_async_error()
+                self.t.comm.check_async_error()
+            except nccl.NcclError as exc:
+                raise PeerFailure(0, f"NCCL: {exc}") from None
+            if deadline.passed():
+                return False
+            time.sleep(POLL_INTERVAL)
+        return True
+
+    def abort(self) -> None:
+        # A posted collective cannot be cancelled: abort its communicator (and the
+        # transport's, as a failed point-to-point step does) to free the stream.
+        if self.comm is not self.t.comm:
+            try:
+                self.comm.abort()
+            except Exception:  # noqa: BLE001 - best effort after a failure
+                pass
+        self.t.abort(None)
 
 
 class NCCL(Transport):
@@ -307,6 +434,50 @@ class NCCL(Transport):
 
     def compute_context(self) -> Any:
         return _OnStream(self)
+
+    # -- native steps --------------------------------------------------------------
+    def _world_group(self) -> Any:
+        return self.comm
+
+    def _new_group(self, group: Group) -> Any:
+        if self.rank not in group:
+            return None
+        cupy, nccl = self._cupy, self._nccl
+        first, stream = group[0], self.stream
+        with cupy.cuda.Device(self.device):
+            if self.rank == first:
+                uid = nccl.get_unique_id()
+                buf = cupy.array(uid, dtype=cupy.int8)
+                nccl.groupStart()
+                try:
+                    for member in group[1:]:
+                        self.comm.send(buf.data.ptr, len(uid), nccl.NCCL_INT8, member, stream.ptr)
+                finally:
+                    nccl.groupEnd()
+                self._settle(f"sending group {list(group)}'s NCCL id")
+            else:
+                buf = cupy.empty(NCCL_ID_BYTES, dtype=cupy.int8)
+                self.comm.recv(buf.data.ptr, NCCL_ID_BYTES, nccl.NCCL_INT8, first, stream.ptr)
+                self._settle(f"receiving group {list(group)}'s NCCL id from rank {first}")
+                uid = tuple(int(v) for v in buf.get())
+            return nccl.NcclCommunicator(len(group), uid, group.index(self.rank))
+
+    def _settle(self, what: str) -> None:
+        """Wait for the stream's work so far, polling NCCL's errors, at most SETUP_TIMEOUT."""
+        event = self._cupy.cuda.Event(block=False, disable_timing=True, interprocess=False)
+        event.record(self.stream)
+        deadline = Deadline(SETUP_TIMEOUT)
+        while not event.done:
+            try:
+                self.comm.check_async_error()
+            except self._nccl.NcclError as exc:
+                raise TopoplanError(f"rank {self.rank}: {what}: NCCL: {exc}") from None
+            if deadline.passed():
+                raise TopoplanError(f"rank {self.rank}: {what}: no answer in {SETUP_TIMEOUT:g} s")
+            time.sleep(POLL_INTERVAL)
+
+    def native(self, op: Collective) -> NativeWork:
+        return _NCCLNative(self, op, self.group_of(op.group))
 
     # -- collectives -----------------------------------------------------------------
     def _dtype(self, dtype: Any) -> int:

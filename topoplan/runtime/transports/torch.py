@@ -8,18 +8,35 @@ deadline (``Work.wait(timeout)``), so a dead or silent peer ends in a
 :meth:`Torch.launch` starts ``nranks`` processes with a gloo (or nccl) process
 group and runs a function in each (:mod:`topoplan.runtime.transports.launch`): the multi-process
 counterpart of :meth:`topoplan.runtime.transports.Local.launch`.
+
+Native steps run torch.distributed's collectives (``async_op=True``) on a process group
+per group, made once with ``dist.new_group`` (every rank of the world calls it, in the
+same order; members in the op's order, ``sort_ranks=False`` where torch has it). The
+whole world gets a group of its own too, not the transport's: the application issues
+its own collectives on that group from its own threads (DDP's, the hook's plan
+sharing), while the executor may issue from a progress thread, and two threads issuing
+collectives on one group can order them differently on different ranks. A group of the
+same ranks runs the same collective at the same cost. ``all_reduce``,
+``reduce_scatter_tensor`` (parts of unequal size, or a group that torch ordered
+otherwise, go through a padded copy; a backend without it, through ``all_reduce`` of a
+copy of the range), ``all_gather_into_tensor`` (padded likewise; ``all_gather`` of a
+list where that is missing), ``broadcast`` and ``reduce`` (on a copy at the other
+members: gloo's reduce overwrites their buffers).
 """
 
 from __future__ import annotations
 
 import datetime
+import inspect
 import os
 import tempfile
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Sequence
 
 from ...errors import TopoplanError
-from .base import Deadline, Message, NoNative, PeerFailure, Transport
+from .base import (Collective, Deadline, Group, Message, NativeWork, NoNative, PeerFailure,
+                   Transport)
 
 __all__ = ["Torch"]
 
@@ -39,6 +56,171 @@ def _torch() -> tuple[Any, Any]:
 def _timed_out(exc: BaseException) -> bool:
     text = str(exc).lower()
     return "timed out" in text or "timeout" in text
+
+
+def _unsupported(exc: BaseException) -> bool:
+    """Whether ``exc`` says the backend lacks the collective (raised before anything
+    moves, on every rank alike)."""
+    low = str(exc).lower()
+    return "not support" in low or "not implemented" in low
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """A native group's process group, and each member's rank in it (torch may sort)."""
+
+    pg: Any
+    rank_of: tuple[int, ...]  # rank_of[i]: the process group rank of the op's member i
+
+    @property
+    def in_order(self) -> bool:
+        return self.rank_of == tuple(range(len(self.rank_of)))
+
+
+class _TorchNative(NativeWork):
+    """A native step over a process group: one or two async collectives per call."""
+
+    def __init__(self, transport: Torch, op: Collective, group: _Group) -> None:
+        self.t, self.op, self.group = transport, op, group
+        self.tensor = transport.prepare(op.view)
+        self.works: list[Any] = []
+        self.copy_in: list[tuple[Any, Any]] = []
+        self.copy_out: list[tuple[Any, Any]] = []
+        self.post: Callable[[], list[Any]]
+        self._bind()
+
+    def _bind(self) -> None:
+        """Choose the calls and scratch (again after the backend turned out to lack one)."""
+        transport, op, group, tensor = self.t, self.op, self.group, self.tensor
+        self.copy_in, self.copy_out = [], []
+        dist, pg = transport._dist, group.pg
+        g, i = len(op.group), op.index
+        a, b = op.part(i) if op.kind in ("reduce_scatter", "allgather") else (0, op.size)
+        width = max(op.counts)  # a part, padded
+        direct = op.equal and group.in_order
+
+        def empty(n: int, zero: bool = False) -> Any:
+            made = transport.prepare(op.empty(n))
+            return made.zero_() if zero else made
+
+        kind = op.kind
+        if kind == "allreduce":
+            self.call = "dist.all_reduce"
+            self.post = lambda: [dist.all_reduce(tensor, group=pg, async_op=True)]
+        elif kind == "reduce_scatter":
+            name, fn = transport._native_fn(Torch._RS)
+            if fn is None or transport._lacks.get("reduce_scatter"):
+                self._by_allreduce()
+            else:
+                out = empty(width)
+                self.copy_out.append((tensor[a:b], out[:b - a]))
+                if direct:
+                    self.call = name
+                    self.post = lambda: [fn(out, tensor, group=pg, async_op=True)]
+                else:
+                    self.call = f"{name} (padded)"
+                    padded = empty(g * width, zero=True)
+                    for j in range(g):
+                        c, d = op.part(j)
+                        at = group.rank_of[j] * width
+                        self.copy_in.append((padded[at:at + d - c], tensor[c:d]))
+                    self.post = lambda: [fn(out, padded, group=pg, async_op=True)]
+        elif kind == "allgather":
+            name, fn = transport._native_fn(Torch._AG)
+            mine = empty(width, zero=True)
+            self.copy_in.append((mine[:b - a], tensor[a:b]))
+            if fn is None or transport._lacks.get("allgather"):
+                fn, name = self._gather_list(dist), "dist.all_gather"
+            if direct:
+                self.call = name
+                self.post = lambda: [fn(tensor, mine, group=pg, async_op=True)]
+            else:
+                self.call = f"{name} (padded)"
+                out = empty(g * width)
+                for j in range(g):
+                    c, d = op.part(j)
+                    at = group.rank_of[j] * width
+                    self.copy_out.append((tensor[c:d], out[at:at + d - c]))
+                self.post = lambda: [fn(out, mine, group=pg, async_op=True)]
+        elif kind == "broadcast":
+            self.call = "dist.broadcast"
+            src = transport._global[op.group[op.root]]  # type: ignore[index]
+            self.post = lambda: [dist.broadcast(tensor, src=src, group=pg, async_op=True)]
+        elif kind == "reduce":
+            self.call = "dist.reduce"
+            dst = transport._global[op.group[op.root]]  # type: ignore[index]
+            target = tensor
+            if i != op.root:
+                target = empty(op.size)
+                self.copy_in.append((target, tensor))
+            self.post = lambda: [dist.reduce(target, dst=dst, group=pg, async_op=True)]
+        else:  # pragma: no cover - NativeKind has no other value
+            raise TopoplanError(f"unknown native collective {kind!r}")
+
+    def _by_allreduce(self) -> None:
+        """A backend without reduce-scatter: allreduce a copy of the range, keep the part."""
+        op, dist, pg = self.op, self.t._dist, self.group.pg
+        a, b = op.part(op.index)
+        copy = self.t.prepare(op.empty(op.size))
+        self.call = "dist.all_reduce (no reduce-scatter here)"
+        self.copy_in = [(copy, self.tensor)]
+        self.copy_out = [(self.tensor[a:b], copy[a:b])]
+        self.post = lambda: [dist.all_reduce(copy, group=pg, async_op=True)]
+
+    @staticmethod
+    def _gather_list(dist: Any) -> Callable[..., Any]:
+        """``all_gather_into_tensor``'s contract over the list form ``all_gather``."""
+        def gather(out: Any, mine: Any, group: Any, async_op: bool) -> Any:
+            return dist.all_gather(list(out.chunk(dist.get_world_size(group))), mine,
+                                   group=group, async_op=async_op)
+        return gather
+
+    def start(self) -> None:
+        t = self.t
+        if self.op.group in t._broken:
+            raise PeerFailure(0, f"its process group is broken: {t._broken[self.op.group]}")
+        for dst, src in self.copy_in:
+            dst.copy_(src)
+        try:
+            self.works = self.post()
+        except RuntimeError as exc:
+            kind = self.op.kind
+            if (_unsupported(exc) and kind in ("reduce_scatter", "allgather")
+                    and not t._lacks.get(kind)):
+                # Said before anything moved, on every rank alike: fall back for good.
+                t._lacks[kind] = True
+                self._bind()
+                self.start()
+                return
+            raise PeerFailure(0, _first_line(exc)) from None
+
+    def test(self) -> bool:
+        return all(work.is_completed() for work in self.works)
+
+    def wait(self, timeout: float) -> bool:
+        deadline = Deadline(timeout)
+        for work in self.works:
+            try:
+                # timedelta(0) would mean "the group's default": never pass it.
+                work.wait(datetime.timedelta(seconds=max(deadline.left(), 1e-3)))
+            except RuntimeError as exc:
+                if _timed_out(exc):
+                    return False
+                raise PeerFailure(0, _first_line(exc)) from None
+        return True
+
+    def finish(self) -> None:
+        for dst, src in self.copy_out:
+            dst.copy_(src)
+
+    def abort(self) -> None:
+        # A collective cannot be taken back: the members are out of step on this group.
+        self.t._broken.setdefault(self.op.group, f"{self.call} failed or timed out")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class Torch(Transport):
@@ -76,6 +258,8 @@ class Torch(Transport):
         # P2POp takes global ranks as ``peer``; translate group ranks once.
         self._global = [dist.get_global_rank(group, r) if group is not None else r
                         for r in range(self.size)]
+        self._broken: dict[Group, str] = {}  # native groups whose collective failed: why
+        self._lacks: dict[str, bool] = {}    # native collectives this backend turned out to lack
 
     def prepare(self, view: Any) -> Any:
         torch = self._torch
@@ -112,6 +296,32 @@ class Torch(Transport):
                     return [j for j in range(i, len(handle)) if not handle[j].is_completed()]
                 raise PeerFailure(i, str(exc).strip().splitlines()[0]) from None
         return []
+
+    # -- native steps --------------------------------------------------------------
+    def _new_group(self, group: Group) -> Any:
+        # Also for the whole world (no _world_group override): see the module docstring.
+        dist = self._dist
+        ranks = [self._global[m] for m in group]
+        takes = inspect.signature(dist.new_group).parameters
+        options: dict[str, Any] = {}
+        if "sort_ranks" in takes:
+            options["sort_ranks"] = False  # group rank i is the op's member i
+        if self.size != dist.get_world_size():
+            # Ranks outside this transport's process group run no executor: only the
+            # members make the group.
+            if "use_local_synchronization" not in takes:
+                raise NoNative("native steps over a transport smaller than the world need "
+                               "torch.distributed's new_group(use_local_synchronization=True)")
+            if self.rank not in group:
+                return None
+            options["use_local_synchronization"] = True
+        pg = dist.new_group(ranks, **options)
+        if self.rank not in group:
+            return None
+        return _Group(pg, tuple(dist.get_group_rank(pg, r) for r in ranks))
+
+    def native(self, op: Collective) -> NativeWork:
+        return _TorchNative(self, op, self.group_of(op.group))
 
     def _tensor(self, buffer: Any) -> Any:
         flat = buffer.reshape(-1)
