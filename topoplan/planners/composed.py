@@ -158,7 +158,7 @@ class _Cross:
 
 def _cross_plan(sub: Cluster, size: int, collective: str, profile: CostProfile,
                 inner: Sequence[str], max_step_ops: int | None,
-                max_chunks: int | None) -> _Cross:
+                max_chunks: int | None, copies: int = 1) -> _Cross:
     """The fastest of ``inner`` for ``collective`` of ``size`` bytes on the box-level
     cluster ``sub``: simulated there, or for plans of more than :data:`SUB_SIM_OPS` ops
     by their planner's own estimate (``mcf``'s lock-step model, within 1% of the
@@ -174,8 +174,15 @@ def _cross_plan(sub: Cluster, size: int, collective: str, profile: CostProfile,
     request = PlanRequest.make(sub, size=max(1, size), collective=collective,
                                profile=profile, max_step_ops=max_step_ops,
                                max_chunks=max_chunks, who="composed")
-    rows = [row for row in compare(request, names, max_sim_ops=SUB_SIM_OPS)
-            if math.isfinite(row.time_s)]
+    left_out: dict[str, str] = {}
+    try:
+        found = compare(request, names, max_sim_ops=SUB_SIM_OPS, left_out=left_out)
+    except InfeasiblePlanError:
+        share = (f" (max_chunks over {copies} copies of the cross-box plan: {max_chunks} "
+                 "each)" if copies > 1 and max_chunks is not None else "")
+        raise InfeasiblePlanError(f"composed: no cross-box planner fits the caps{share}: "
+                                  + "; ".join(left_out.values())) from None
+    rows = [row for row in found if math.isfinite(row.time_s)]
     if not rows:
         raise InfeasiblePlanError(f"composed: no cross-box planner of {', '.join(names)} "
                                   f"gave a plan it could price on {sub.name!r}")
@@ -348,7 +355,7 @@ def _allreduce_scatter(cluster: Cluster, size: int, profile: CostProfile,
     cap_chunks = caps["max_chunks"]
     cross = _cross_plan(sub, size // units, "allreduce", profile, inner,
                         caps["max_step_ops"], None if cap_chunks is None
-                        else max(1, cap_chunks // units))
+                        else max(1, cap_chunks // units), units)
     k = cross.schedule.nchunks
     ranks = np.array([[box.first_rank + u // p for box, p in zip(boxes, per)]
                       for u in range(units)], dtype=np.int64)
@@ -429,7 +436,7 @@ def _sharded(cluster: Cluster, size: int, collective: str, variant: str,
                          dtype=np.int64)
     cap_chunks = caps["max_chunks"]
     cross = _cross_plan(sub, sub_size, collective, profile, inner, caps["max_step_ops"],
-                        None if cap_chunks is None else max(1, cap_chunks // gmax))
+                        None if cap_chunks is None else max(1, cap_chunks // gmax), gmax)
     cmap, fractions = _shard_map(cluster, cross.schedule, gmax)
     if variant == "root" and gmax > 1:
         _check_lockstep(cross.schedule, cross.planner)
