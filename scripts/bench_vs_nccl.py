@@ -45,9 +45,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for size in sizes:
             request = PlanRequest.make(cluster, size=size, profile=args.profile)
-            best = compare(request)[0]
-            nccl = nccl_candidate(request)
-            assert nccl is not None and nccl.nccl is not None
+            rows_ = compare(request)
+            best = rows_[0]  # nccl itself where no plan beats it (1.00x)
+            nccl = nccl_candidate(request, rows_)
+            assert nccl.nccl is not None
             rows.append({"topology": path.stem, "ranks": cluster.nranks, "size": size,
                          "nccl": nccl.nccl.label(), "nccl_s": nccl.time_s,
                          "nccl_limited_by": nccl.nccl.limited_by,

@@ -91,7 +91,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             if args.algorithm in left_out:  # the planner asked for, alone, could not
                 raise InfeasiblePlanError(left_out[args.algorithm]) from None
             raise
-        nccl = nccl_candidate(request)
+        nccl = nccl_candidate(request, rows)  # a row of its own when not compared
     if args.algorithm == "auto":
         chosen = rows[0]  # compare() sorts fastest first
     elif args.algorithm in left_out:
@@ -113,10 +113,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
             size_bytes=args.size, predicted_time_s=chosen.time_s,
             lower_bound_s=bound, profile=costs.name,
             cluster_fingerprint=cluster_fingerprint(cluster),
-            **({"nccl": nccl.nccl.to_dict()} if nccl is not None and nccl.nccl else {})
+            **({"nccl": nccl.nccl.to_dict()} if nccl.nccl is not None else {})
         ).save(args.output)
 
-    shown = rows + ([nccl] if nccl is not None else [])
+    shown = rows + ([] if nccl in rows else [nccl])
     if args.json:
         print(json_text({
             "cluster": cluster.name, "nranks": cluster.nranks, "size_bytes": args.size,
@@ -149,11 +149,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if note:
             out.print(note)
     out.print("vs bound: time / lower bound of any schedule (1.00x: none is faster); * chosen")
-    if nccl is not None:
-        assert nccl.nccl is not None
+    if nccl.nccl is not None and costs.native_model == "nccl":
         out.print(f"vs nccl: NCCL's time / the row's (above 1.00x: faster than NCCL); nccl: "
                   f"what NCCL itself runs here, {nccl.nccl.label()} (algorithm/protocol x "
-                  f"channels), priced by its own tuner on this fabric (docs/NCCL_MODEL.md)")
+                  f"channels), priced by its own tuner on this fabric (docs/NCCL_MODEL.md)"
+                  + ("" if nccl in rows else "; not a candidate here"))
+    else:
+        out.print("vs nccl: the nccl row's time / the row's (above 1.00x: faster); nccl: "
+                  f"the transport's own collective over every rank, priced by {costs.name}")
     out.print("lat+ovh: share of the time on message latency and software overhead")
     for name, reason in left_out.items():
         out.print(f"left out: {reason}" if reason.startswith(f"{name}:")
@@ -184,18 +187,14 @@ def columns(unit: str) -> tuple[Column, ...]:
 def cells(c: Candidate, request: PlanRequest, bound: float, nccl: Candidate | None, *,
           chosen: bool, unit: str) -> list[str]:
     """The row of the table (:func:`columns`), the time in ``unit`` (us or ms); ``~``:
-    estimated, not simulated; NCCL's row names what NCCL runs in the messages column."""
+    estimated, not simulated."""
     algbw, busbw = c.algbw(request.size, request.cluster.nranks, request.collective)
     approx = "" if c.simulated else "~"
     ratio = x_bound(c.time_s, bound)
     time = f"{c.time_s * 1e3:.3f}" if unit == "ms" else f"{c.time_s * 1e6:.2f}"
     speedup = c.speedup_over(nccl)
     vs_nccl = "-" if speedup is None else f"{approx}{speedup:.2f}x"
-    if c.schedule is None:
-        assert c.nccl is not None
-        return [c.name, time, _gbps(algbw), _gbps(busbw),
-                "-" if ratio is None else f"{ratio:.2f}x", vs_nccl,
-                "-", "-", "-", "-", "-"]
+    assert c.schedule is not None
     return [c.name + (" *" if chosen else ""), approx + time,
             _gbps(algbw), _gbps(busbw), "-" if ratio is None else f"{approx}{ratio:.2f}x",
             vs_nccl, str(c.messages), str(c.schedule.nsteps), str(c.schedule.nchunks),

@@ -116,7 +116,8 @@ def stamp(request: PlanRequest, schedule: Schedule) -> Schedule:
                              "size_bytes": request.size}
     if "profile" not in schedule.meta:
         extra["profile"] = request.profile.name
-    nccl = nccl_candidate(request)
-    if nccl is not None and nccl.nccl is not None:
-        extra["nccl"] = nccl.nccl.to_dict()
+    from ..analysis.sim.run import nccl_row
+    choice = nccl_row(request.where, request.size, request.collective)
+    if choice is not None:
+        extra["nccl"] = choice.to_dict()
     return schedule.with_meta(**extra)

@@ -1,7 +1,13 @@
 """``auto``: plan with every candidate, simulate each, keep the fastest.
 
-The candidates are the registered planners (``mcf``, ``hierarchical``, ``ring``,
-``ring-topo``, ``tree``, ``rhd``). Each plans against the runtime's cost profile
+The candidates are the registered planners: the point-to-point plans (``mcf``,
+``hierarchical``, ``ring``, ``ring-topo``, ``tree``, ``rhd``), ``composed`` (native
+collectives inside the boxes around a planned exchange across them) and ``nccl``, the
+transport's own collective over every rank as one native step. All are priced by the
+same simulator under the same profile, and under the ``nccl`` profile the ``nccl``
+candidate's time is the NCCL model's own row, so ``auto`` is never slower than NCCL
+wherever the model is right: where no plan beats it, it picks it, and the executor
+runs the native collective. Each plans against the runtime's cost profile
 (:mod:`topoplan.analysis.cost`, default :data:`~topoplan.analysis.cost.DEFAULT_PROFILE`) within the
 plan-size caps (``max_step_ops``, ``max_chunks``), is timed (planning seconds) and
 simulated with :func:`topoplan.simulate` under the same profile at the requested size,
@@ -15,9 +21,11 @@ Affordability: the event simulator costs about ``ops x events``; candidates whos
 schedule has more than ``max_sim_ops`` ops (default 250 000: mcf's 475 k ops on
 leaf_spine_1024 take about 40 s to simulate, and its estimate is within 1% of that) are
 not simulated but ranked, among the simulated ones, by their own estimate when they
-give one (``meta["estimate_s"]``, mcf's lock-step model) and otherwise dropped, and on clusters above ``max_plan_ranks``
-(default 256) only ``mcf`` and ``hierarchical`` are planned (the flat ring needs
-``4 N^2`` ops). ``meta["comparison"]`` says, per candidate, which was done.
+give one (``meta["estimate_s"]``: mcf's lock-step model, composed's native steps plus
+its simulated cross-box plan) and otherwise dropped, and on clusters above
+``max_plan_ranks`` (default 256) only ``mcf``, ``hierarchical``, ``composed`` and
+``nccl`` are planned (the flat ring needs ``4 N^2`` ops). ``meta["comparison"]`` says,
+per candidate, which was done.
 """
 
 from __future__ import annotations
@@ -35,7 +43,8 @@ __all__ = ["plan_auto", "compare", "choose", "DEFAULT_CANDIDATES"]
 
 #: The planners ``auto`` compares by default (those declared candidates in
 #: :data:`topoplan.planners.SPECS`).
-DEFAULT_CANDIDATES = ("mcf", "hierarchical", "ring", "ring-topo", "tree", "rhd")
+DEFAULT_CANDIDATES = ("mcf", "hierarchical", "ring", "ring-topo", "tree", "rhd", "nccl",
+                      "composed")
 
 
 def compare(cluster: Cluster, size: int | str, candidates: Sequence[str] | None = None, *,
@@ -56,7 +65,8 @@ def compare(cluster: Cluster, size: int | str, candidates: Sequence[str] | None 
         Bytes of the buffer, or a size such as ``"256MiB"``.
     candidates : sequence of str, optional
         Planner names (default :data:`DEFAULT_CANDIDATES`, those that plan
-        ``collective``; above ``max_plan_ranks`` ranks only ``mcf`` and ``hierarchical``).
+        ``collective``; above ``max_plan_ranks`` ranks only those declared ``large``:
+        ``mcf``, ``hierarchical``, ``composed`` and ``nccl``).
     profile : CostProfile or str, optional
         The runtime's costs (default :data:`topoplan.analysis.cost.DEFAULT_PROFILE`).
     max_step_ops, max_chunks : int, optional
@@ -64,7 +74,7 @@ def compare(cluster: Cluster, size: int | str, candidates: Sequence[str] | None 
     max_sim_ops : int
         Schedules with more ops are not simulated (their report is ``None``).
     max_plan_ranks : int
-        Above this many ranks only ``mcf`` and ``hierarchical`` are planned, unless
+        Above this many ranks only the ``large`` planners are planned, unless
         ``candidates`` names others explicitly.
     left_out : dict, optional
         Filled with ``name -> reason`` for the candidates left out.
@@ -127,7 +137,7 @@ def choose(request: PlanRequest, candidates: Sequence[str] | None = None, *,
     best = rows[0]
     schedule = best.schedule
     assert schedule is not None
-    nccl = nccl_candidate(request)
+    nccl = nccl_candidate(request, rows)
     comparison = [{"algorithm": c.name,
                    "time_s": c.report.time_s if c.report is not None else None,
                    "estimate_s": c.schedule.meta.get("estimate_s") if c.schedule else None,
@@ -163,7 +173,8 @@ def plan_auto(cluster: Cluster, *, size: int | str = 256 << 20,
     size : int or str
         Bytes per rank, or a size such as ``"256MiB"``.
     candidates : sequence of str, optional
-        Planner names to compare (default: mcf, hierarchical, ring, ring-topo, tree, rhd).
+        Planner names to compare (default :data:`DEFAULT_CANDIDATES`: mcf,
+        hierarchical, ring, ring-topo, tree, rhd, nccl, composed).
     profile : CostProfile or str, optional
         The runtime's costs the candidates plan against and are simulated under
         (default :data:`topoplan.analysis.cost.DEFAULT_PROFILE`).
@@ -187,8 +198,9 @@ def plan_auto(cluster: Cluster, *, size: int | str = 256 << 20,
         simulated seconds (or ``None``), its own estimate, whether it was simulated, ops,
         planning seconds, ``messages`` (that move bytes; all sends when not simulated),
         ``steps``, ``chunks``, the simulated ``breakdown`` of its time into bandwidth,
-        latency, overhead and reduce (or ``None``) and ``speedup_vs_nccl`` (NCCL's time
-        over its own, :mod:`topoplan.analysis.native.nccl`), fastest first; and
+        latency, overhead and reduce (or ``None``) and ``speedup_vs_nccl`` (the
+        ``nccl`` row's time over its own: the transport's own collective under the same
+        profile, NCCL's model under ``nccl``), fastest first; and
         ``meta["left_out"]`` (``name -> reason``) when candidates could not meet the caps.
 
     Raises

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from ..analysis.sim import SimReport
 
 __all__ = ["PlanRequest", "Candidate", "run", "compare", "nccl_candidate",
-           "MAX_SIM_OPS", "MAX_PLAN_RANKS"]
+           "MAX_SIM_OPS", "MAX_PLAN_RANKS", "NCCL"]
 
 #: Candidates with more ops are not simulated but ranked by their own estimate (the
 #: simulator re-rates every flow at each event: mcf's 1024-GPU plan of 475 k ops took
@@ -43,6 +43,8 @@ __all__ = ["PlanRequest", "Candidate", "run", "compare", "nccl_candidate",
 MAX_SIM_OPS = 250_000
 #: Above this many ranks only the planners declared ``large`` are compared by default.
 MAX_PLAN_RANKS = 256
+#: The row of the transport's own collective (:mod:`topoplan.planners.native`).
+NCCL = "nccl"
 
 Planner = Callable[..., Schedule]
 
@@ -191,7 +193,10 @@ def _check_plan(schedule: Schedule, max_step_ops: int | None, max_chunks: int | 
 @dataclass(frozen=True)
 class Candidate:
     """One row of a comparison: a planner's schedule and its simulated (or estimated)
-    time, or NCCL's own collective (``schedule`` is ``None``, ``nccl`` says what it runs).
+    time. NCCL's own collective is the row ``nccl``: its schedule is one native op over
+    every rank (:func:`~topoplan.planners.native.plan_native`), priced by the simulator
+    like any other, and ``nccl`` says what NCCL runs for it (algorithm, protocol,
+    channels; ``None`` on a machine NCCL does not run on).
 
     For code written against the 4-tuples :func:`topoplan.planners.auto.compare` used
     to return, a candidate also unpacks as ``(name, schedule, report, plan_s)``.
@@ -221,11 +226,11 @@ class Candidate:
 
     @property
     def time_s(self) -> float:
-        """Simulated seconds (NCCL's: the model's); else the planner's own estimate."""
-        if self.nccl is not None:
-            return float(self.nccl.time_s)
+        """Simulated seconds; else NCCL's by its model, else the planner's own estimate."""
         if self.report is not None:
             return float(self.report.time_s)
+        if self.nccl is not None:
+            return float(self.nccl.time_s)
         assert self.schedule is not None
         est = self.schedule.meta.get("estimate_s")
         return float(est) if isinstance(est, (int, float)) else float("nan")
@@ -243,11 +248,13 @@ class Candidate:
     def breakdown(self) -> dict[str, float] | None:
         """The simulated time split into bandwidth, latency, overhead, reduce and
         contention (NCCL's: its latency term and the rest); None when estimated."""
+        if self.report is not None:
+            return dict(self.report.breakdown)
         if self.nccl is not None:
             latency = min(self.nccl.latency_s, self.nccl.time_s)
             return {"bandwidth": self.nccl.time_s - latency, "latency": latency,
                     "overhead": 0.0, "reduce": 0.0, "contention": 0.0}
-        return dict(self.report.breakdown) if self.report is not None else None
+        return None
 
     def algbw(self, size: int, nranks: int, collective: str = DEFAULT_COLLECTIVE
               ) -> tuple[float, float]:
@@ -355,7 +362,8 @@ def compare(request: PlanRequest, names: Sequence[str] | None = None, *,
         if schedule.nops <= max_sim_ops:
             step(f"{spec.name}: simulating {schedule.nops} ops ...")
             report = simulate(request.where, schedule, request.size, profile=request.profile)
-        rows.append(Candidate(spec.name, schedule, report, plan_s))
+        rows.append(Candidate(spec.name, schedule, report, plan_s,
+                              nccl=_nccl_choice(request) if spec.name == NCCL else None))
     if not rows:
         raise InfeasiblePlanError(f"auto on {request.cluster.name!r}: no candidate produced a "
                                   f"plan ({', '.join(names)})"
@@ -364,11 +372,26 @@ def compare(request: PlanRequest, names: Sequence[str] | None = None, *,
     return rows
 
 
-def nccl_candidate(request: PlanRequest) -> Candidate | None:
-    """NCCL's own collective for ``request`` as a row (:mod:`topoplan.analysis.native.nccl`), or
-    ``None`` where there is no such yardstick (a calibrated profile's host)."""
+def nccl_candidate(request: PlanRequest, rows: Sequence[Candidate] = ()) -> Candidate:
+    """The transport's own collective over every rank for ``request``, as the row
+    ``nccl``: the ``nccl`` plan (one native op, :mod:`topoplan.planners.native`)
+    simulated under the request's profile, with what NCCL runs for it
+    (:mod:`topoplan.analysis.native.nccl`; ``None`` on a calibrated profile's host).
+    Under the ``nccl`` profile its time is the NCCL model's exactly. The row of
+    ``rows`` (a comparison that ran it) when there is one.
+    """
+    found = next((row for row in rows if row.name == NCCL), None)
+    if found is not None:
+        return found
+    from ..analysis.sim import simulate
+
+    t0 = time.perf_counter()
+    schedule = run(request, NCCL)
+    plan_s = time.perf_counter() - t0
+    report = simulate(request.where, schedule, request.size, profile=request.profile)
+    return Candidate(NCCL, schedule, report, plan_s, nccl=_nccl_choice(request))
+
+
+def _nccl_choice(request: PlanRequest) -> NcclChoice | None:
     from ..analysis.sim.run import nccl_row
-    choice = nccl_row(request.where, request.size, request.collective)
-    if choice is None:
-        return None
-    return Candidate("nccl", None, None, 0.0, nccl=choice)
+    return nccl_row(request.where, request.size, request.collective)

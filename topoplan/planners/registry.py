@@ -18,6 +18,7 @@ from ..ir.collectives import COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE
 from ..errors import PlannerError
 from ..ir.schedule import Schedule
 from .hierarchical import plan_hierarchical
+from .native import plan_native
 from .rhd import plan_rhd
 from .ring import plan_ring, plan_ring_topo
 from .tree import plan_tree
@@ -106,6 +107,9 @@ SPECS: dict[str, PlannerSpec] = {spec.name: spec for spec in (
                 large=True),
     PlannerSpec("mcf", _mcf(), _ALL, ("chunks", "exact", "time_limit", "max_ops",
                                       "flat_max", "check"), large=True),
+    PlannerSpec("nccl", plan_native, _ALL, large=True, profile=False, caps=False),
+    PlannerSpec("composed", LazyPlanner("topoplan.planners.composed", "plan_composed"), _ALL,
+                ("variant", "inner"), large=True),
     PlannerSpec("auto", LazyPlanner("topoplan.planners.auto", "plan_auto"), _ALL,
                 ("candidates", "max_sim_ops", "max_plan_ranks"), candidate=False),
 )}
