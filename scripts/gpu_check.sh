@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU standing order in one script, for a lent GPU machine (one GPU, CuPy with NCCL,
 # mpi4py on the machine's own MPI): the NCCL tests, topoplan bench over NCCL under that
-# machine's mpiexec (one rank, and four ranks sharing the GPU), and the NCCL model's
-# table. Everything it prints also goes to $OUT/gpu_check.log ($OUT defaults to ./out).
+# machine's mpiexec (one rank, and four ranks sharing the GPU), composed plans whose in-box
+# steps are NCCL's own over sub-communicators (eight ranks sharing the GPU), and the NCCL
+# model's table. Everything it prints also goes to $OUT/gpu_check.log ($OUT defaults to ./out).
 #
 #   bash scripts/gpu_check.sh            # from the repository root
 #
@@ -38,6 +39,14 @@ timeout 120 $PY -m topoplan bench --transport nccl -n 1 --algorithm ring --basel
 step "bench, 4 ranks sharing the GPU (NCCL over sockets), auto against ncclAllReduce"
 timeout 240 $PY -m topoplan bench --transport nccl --share-gpus -n 4 --algorithm auto \
     --baseline native --sizes 1KiB:64MiB:8
+
+step "bench, 8 ranks sharing the GPU: composed (native NCCL steps over per-box sub-communicators) and nccl (one native step) against ncclAllReduce"
+timeout 300 $PY -m topoplan bench --transport nccl --share-gpus -n 8 \
+    --cluster topologies/targets/two_switch_4x2.yaml --algorithm composed --baseline native \
+    --sizes 1KiB:64MiB:16
+timeout 200 $PY -m topoplan bench --transport nccl --share-gpus -n 8 \
+    --cluster topologies/targets/two_switch_4x2.yaml --algorithm nccl --baseline native \
+    --sizes 1KiB:64MiB:16
 
 step "the NCCL model against published nccl-tests figures"
 timeout 60 $PY scripts/bench_nccl_model.py
