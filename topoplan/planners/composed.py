@@ -179,10 +179,10 @@ def _cross_plan(sub: Cluster, size: int, collective: str, profile: CostProfile,
     try:
         found = compare(request, names, max_sim_ops=SUB_SIM_OPS, left_out=left_out)
     except InfeasiblePlanError:
-        share = (f" (max_chunks over {copies} copies of the cross-box plan: {max_chunks} "
-                 "each)" if copies > 1 and max_chunks is not None else "")
-        raise InfeasiblePlanError(f"composed: no cross-box planner fits the caps{share}: "
-                                  + "; ".join(left_out.values())) from None
+        share = (f" (max_chunks over its {copies} copies: {max_chunks} each)"
+                 if copies > 1 and max_chunks is not None else "")
+        raise InfeasiblePlanError(f"composed: no planner could plan the cross-box exchange"
+                                  f"{share}: " + "; ".join(left_out.values())) from None
     rows = [row for row in found if math.isfinite(row.time_s)]
     if not rows:
         raise InfeasiblePlanError(f"composed: no cross-box planner of {', '.join(names)} "
