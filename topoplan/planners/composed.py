@@ -47,10 +47,12 @@ The in-box phases stay one native op each: cutting them into pieces would pay th
 library's launch latency per piece and overlap nothing.
 
 The variant and the cross-box planner are chosen by an estimate: the in-box native
-steps priced by the NCCL model of one box (:mod:`topoplan.analysis.native.nccl`), plus
-the simulated time of the cross-box plan on the box-level cluster
-(``meta["estimate_s"]``, ``meta["variants"]``). ``auto`` then prices the whole schedule
-like every other candidate.
+steps priced as the simulator prices them under the profile
+(:func:`topoplan.analysis.native.price.native_price`: NCCL's own collective over the
+box under ``nccl``), plus the simulated time of the cross-box plan on the box-level
+cluster (``meta["estimate_s"]``, ``meta["variants"]``; within 1% of the simulated time
+of the whole plan on the target clusters). ``auto`` then prices the whole schedule like
+every other candidate, or ranks it by this estimate when it is too big to simulate.
 
 References
 ----------
@@ -62,7 +64,6 @@ GTC 2018.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
@@ -178,10 +179,10 @@ def _cross_plan(sub: Cluster, size: int, collective: str, profile: CostProfile,
     try:
         found = compare(request, names, max_sim_ops=SUB_SIM_OPS, left_out=left_out)
     except InfeasiblePlanError:
-        share = (f" (max_chunks over {copies} copies of the cross-box plan: {max_chunks} "
-                 "each)" if copies > 1 and max_chunks is not None else "")
-        raise InfeasiblePlanError(f"composed: no cross-box planner fits the caps{share}: "
-                                  + "; ".join(left_out.values())) from None
+        share = (f" (max_chunks over its {copies} copies: {max_chunks} each)"
+                 if copies > 1 and max_chunks is not None else "")
+        raise InfeasiblePlanError(f"composed: no planner could plan the cross-box exchange"
+                                  f"{share}: " + "; ".join(left_out.values())) from None
     rows = [row for row in found if math.isfinite(row.time_s)]
     if not rows:
         raise InfeasiblePlanError(f"composed: no cross-box planner of {', '.join(names)} "
@@ -262,27 +263,29 @@ def _check_lockstep(schedule: Schedule, planner: str) -> None:
 # Pricing the in-box native steps (to choose a variant)
 # --------------------------------------------------------------------------------------
 
-def _native_seconds(box: Box, kind: str, nbytes: float) -> float:
-    """What NCCL takes for ``kind`` over the GPUs of ``box`` on ``nbytes`` bytes (the
-    op's whole range), by the NCCL model of the box alone. Reduce and broadcast move
-    what a reduce-scatter or an allgather moves, times ``g / (g - 1)`` (every byte
-    crosses each ring link once, NCCL's busBw = algBw for them)."""
-    from ..analysis.native.nccl import nccl_time
+class _Natives:
+    """What the in-box native steps cost under ``profile``
+    (:func:`topoplan.analysis.native.price.native_price`, as the simulator prices them:
+    NCCL's own collective over the box under ``nccl``, the measured one under a
+    calibrated profile, a ring on the links under ``ideal``), priced once per kind of
+    box, op and size."""
 
-    g = box.gpus
-    if g < 2 or nbytes <= 0:
-        return 0.0
-    alone = _alone(replace(box, name="box", first_rank=0, nics=(), template=""))
-    model = {"reduce": "reduce_scatter", "broadcast": "allgather"}.get(kind, kind)
-    seconds = float(nccl_time(alone, max(1, int(nbytes)), model).time_s)
-    return seconds * g / (g - 1) if kind in ("reduce", "broadcast") else seconds
+    def __init__(self, cluster: Cluster, profile: CostProfile) -> None:
+        self.cluster, self.profile = cluster, profile
+        self._seen: dict[tuple, float] = {}
 
+    def seconds(self, box: Box, kind: str, nbytes: float) -> float:
+        """Seconds of a native ``kind`` over the GPUs of ``box`` on ``nbytes`` bytes
+        (its whole range)."""
+        from ..analysis.native.price import native_price
 
-@functools.lru_cache(maxsize=64)
-def _alone(box: Box) -> Cluster:
-    """A cluster of ``box`` alone, one object per kind of box (the NCCL model caches
-    its search per cluster object)."""
-    return Cluster(name="box", boxes=(box,))
+        if box.gpus < 2 or nbytes <= 0:
+            return 0.0
+        key = (box.signature(), kind, int(nbytes))
+        if key not in self._seen:
+            self._seen[key] = float(native_price(self.cluster, kind, tuple(box.ranks),
+                                                 max(1, int(nbytes)), self.profile).time_s)
+        return self._seen[key]
 
 
 # --------------------------------------------------------------------------------------
@@ -343,7 +346,8 @@ def _assemble(cluster: Cluster, arrays: tuple[np.ndarray, ...], fractions: np.nd
 
 
 def _allreduce_scatter(cluster: Cluster, size: int, profile: CostProfile,
-                       inner: Sequence[str], caps: dict[str, int | None]) -> _Plan:
+                       inner: Sequence[str], caps: dict[str, int | None],
+                       natives: _Natives) -> _Plan:
     boxes = cluster.boxes
     units = math.lcm(*(box.gpus for box in boxes))
     if units > MAX_UNITS:
@@ -373,8 +377,8 @@ def _allreduce_scatter(cluster: Cluster, size: int, profile: CostProfile,
             for r in group:
                 before[r] = [native("reduce_scatter", group, 0, units * k)]
                 after[r] = [native("allgather", group, 0, units * k)]
-            inbox = max(inbox, _native_seconds(box, "reduce_scatter", size)
-                        + _native_seconds(box, "allgather", size))
+            inbox = max(inbox, natives.seconds(box, "reduce_scatter", size)
+                        + natives.seconds(box, "allgather", size))
     schedule = _assemble(cluster, arrays, fractions, before, after, "allreduce")
     return _Plan("scatter", schedule, inbox + cross.time_s,
                  {"units": units, "cross": cross.planner, "cross_s": cross.time_s,
@@ -382,7 +386,8 @@ def _allreduce_scatter(cluster: Cluster, size: int, profile: CostProfile,
 
 
 def _allreduce_root(cluster: Cluster, size: int, profile: CostProfile,
-                    inner: Sequence[str], caps: dict[str, int | None]) -> _Plan:
+                    inner: Sequence[str], caps: dict[str, int | None],
+                    natives: _Natives) -> _Plan:
     boxes = cluster.boxes
     roots = [root_of(box) for box in boxes]
     sub = box_level_cluster(cluster, roots, None)
@@ -401,8 +406,8 @@ def _allreduce_root(cluster: Cluster, size: int, profile: CostProfile,
             for r in group:
                 before[r] = [native("reduce", group, 0, k, root=box.first_rank + root)]
                 after[r] = [native("broadcast", group, 0, k, root=box.first_rank + root)]
-            inbox = max(inbox, _native_seconds(box, "reduce", size)
-                        + _native_seconds(box, "broadcast", size))
+            inbox = max(inbox, natives.seconds(box, "reduce", size)
+                        + natives.seconds(box, "broadcast", size))
     schedule = _assemble(cluster, arrays, np.asarray(cross.schedule.chunks, dtype=float),
                          before, after, "allreduce")
     return _Plan("root", schedule, inbox + cross.time_s,
@@ -412,7 +417,7 @@ def _allreduce_root(cluster: Cluster, size: int, profile: CostProfile,
 
 def _sharded(cluster: Cluster, size: int, collective: str, variant: str,
              profile: CostProfile, inner: Sequence[str],
-             caps: dict[str, int | None]) -> _Plan:
+             caps: dict[str, int | None], natives: _Natives) -> _Plan:
     """A reduce-scatter or an allgather, variant ``scatter`` or ``root``."""
     boxes = cluster.boxes
     nb, n = len(boxes), cluster.nranks
@@ -460,7 +465,7 @@ def _sharded(cluster: Cluster, size: int, collective: str, variant: str,
             for r in group:
                 (before if collective == "reduce_scatter" else after)[r] = list(ops)
             kind = collective
-            inbox = max(inbox, sum(_native_seconds(box, kind, size * other.gpus / n)
+            inbox = max(inbox, sum(natives.seconds(box, kind, size * other.gpus / n)
                                    for other in boxes))
         else:
             root = box.first_rank + owners[b]
@@ -478,7 +483,7 @@ def _sharded(cluster: Cluster, size: int, collective: str, variant: str,
                     extra += [(root, last, r, a, e - a, 0), (r, last, root, a, e - a, 1)]
                 else:
                     extra += [(r, -1, root, a, e - a, 0), (root, -1, r, a, e - a, 1)]
-            inbox = max(inbox, _native_seconds(box, kind, size)
+            inbox = max(inbox, natives.seconds(box, kind, size)
                         + (box.gpus - 1) * size / n / _in_box_bandwidth(box))
     if extra:
         table = np.array(extra, dtype=np.int64)
@@ -533,8 +538,8 @@ def plan_composed(cluster: Cluster, *, size: int = 256 << 20,
     -------
     Schedule
         An IR v3 schedule (``meta["algorithm"] == "composed"``; ``meta["variant"]``,
-        ``meta["cross"]``: the cross-box planner, ``meta["estimate_s"]``: native
-        steps by the NCCL model of a box plus the cross-box plan's simulated time,
+        ``meta["cross"]``: the cross-box planner, ``meta["estimate_s"]``: the native
+        steps as the profile prices them plus the cross-box plan's simulated time,
         ``meta["variants"]``: each variant's estimate or why it was left out). On one
         box: one native op over the box; on boxes of one GPU: the cross-box plan alone.
 
@@ -569,14 +574,16 @@ def plan_composed(cluster: Cluster, *, size: int = 256 << 20,
         names = names[:1]  # with one GPU a box both variants are the cross-box plan
     plans: list[_Plan] = []
     notes: dict[str, Any] = {}
+    natives = _Natives(cluster, costs)
     last: InfeasiblePlanError | None = None
     for name in names:
         try:
             if collective == "allreduce":
                 build = _allreduce_scatter if name == "scatter" else _allreduce_root
-                found = build(cluster, size, costs, inner, caps)
+                found = build(cluster, size, costs, inner, caps, natives)
             else:
-                found = _sharded(cluster, size, collective, name, costs, inner, caps)
+                found = _sharded(cluster, size, collective, name, costs, inner, caps,
+                                 natives)
             check_caps(found.schedule, max_step_ops, max_chunks, "composed")
         except InfeasiblePlanError as exc:
             last = exc
