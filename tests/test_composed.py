@@ -3,7 +3,7 @@ the ``nccl`` plan (the transport's own collective as one native step) and ``auto
 choosing among them and the point-to-point plans.
 
 Every composed plan goes through :func:`topoplan.verify` (which checks native steps
-symbolically) on every shipped topology, the issue's target clusters
+symbolically) on every shipped topology, the target clusters
 (``topologies/targets``) and small clusters of every shape; the structure is checked
 by hand where it is the design (groups are boxes, one native op a step, parts sized by
 the lcm of the box sizes); ``auto`` is held to "never slower than the nccl row" under
@@ -40,7 +40,7 @@ CHEAP = ("hierarchical", "ring", "ring-topo", "tree", "rhd")
 
 @functools.cache
 def target(name: str) -> Cluster:
-    """A target cluster of the issue (``topologies/targets/<name>.yaml``), loaded once."""
+    """A target cluster (``topologies/targets/<name>.yaml``), loaded once."""
     return load_cluster(TOPOLOGIES / "targets" / f"{name}.yaml")
 
 
