@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Composing with NCCL: ``auto`` among ``nccl``, the planned schedules and ``composed``,
 against NCCL's own collective, on every shipped topology and the target clusters of
-the target clusters (topologies/targets/).
+topologies/targets/.
 
 For each cluster and size, under the ``nccl`` cost profile (one run, every number a
 prediction of the same models): what NCCL runs (the ``nccl`` row: algorithm/protocol x
@@ -11,7 +11,7 @@ channels, docs/NCCL_MODEL.md) and its time, the best point-to-point plan, the
 NCCL). ``nccl / bound`` says how much room the fabric leaves: NCCL's time over the
 lower bound of any schedule.
 
-Then the targets of composing with NCCL, checked and printed (the script exits 1 if one fails):
+Then the targets, checked and printed (the script exits 1 if one fails):
 
 - never slower: auto's choice is at least as fast as ``nccl`` at every size everywhere;
 - at 256 MiB, at least 1.3x on boxes with unequal NICs or GPU counts on one switch
@@ -131,7 +131,7 @@ def line(r: dict[str, Any]) -> str:
 
 
 def check_targets(rows: list[dict[str, Any]]) -> list[tuple[str, bool, str]]:
-    """The targets of composing with NCCL over ``rows``: (what, met, the numbers)."""
+    """The targets over ``rows``: (what, met, the numbers)."""
     out: list[tuple[str, bool, str]] = []
     worst = min(rows, key=lambda r: r["speedup"]) if rows else None
     if worst is not None:
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
           "the lower bound of any schedule")
     failed = False
     if args.collective == "allreduce":
-        print("\ntargets (composing with NCCL):")
+        print("\ntargets:")
         for what, met, numbers in check_targets(rows):
             failed |= not met
             print(f"  {'met   ' if met else 'FAILED'} {what}: {numbers}")
