@@ -108,8 +108,12 @@ def _mutate(fn):
      "plan.json: chunks: fractions must sum to 1, got 0.95"),
     (lambda d: d.update(chunks=[0.5, 0.75, -0.25]),
      "plan.json: chunks[2]: fractions must be positive numbers, got -0.25"),
-    (lambda d: d.update(version=4),
-     "plan.json: version: this topoplan reads versions 1, 2 and 3, got 4"),
+    (lambda d: d.update(version=5),
+     "plan.json: version: this topoplan reads versions 1 to 4, got 5"),
+    (lambda d: d["ranks"][0]["steps"][0][0].update(channel=1),
+     'plan.json: ranks[0].steps[0][0]: channel needs "version": 4'),
+    (lambda d: (d.update(version=4), d["ranks"][0]["steps"][0][0].update(channel=-1)),
+     "plan.json: ranks[0].steps[0][0]: channel must be an integer >= 0, got -1"),
     (lambda d: d["ranks"][0]["steps"][0][0].update(count=2),
      'plan.json: ranks[0].steps[0][0]: count (a chunk range) needs "version": 2'),
     (lambda d: (d.update(version=2), d["ranks"][0]["steps"][0][0].update(count=0)),
@@ -186,3 +190,20 @@ def test_chunk_bounds_cover_the_buffer(n):
 def test_chunk_bounds_follow_the_floor_rule():
     assert chunk_bounds((0.25, 0.25, 0.5), 10) == [(0, 2), (2, 5), (5, 10)]
     assert chunk_bounds(equal_chunks(4), 2) == [(0, 0), (0, 1), (1, 1), (1, 2)]
+
+
+def test_channels_round_trip_as_version_4_and_split_per_rank():
+    from topoplan.ir.schedule import build_schedule, recv, send
+    steps = [[[send(1, 0), send(1, 1, channel=1)], [recv(1, 0, True, channel=0)]],
+             [[recv(0, 0, True), recv(0, 1, True, channel=1)], [send(0, 0)]]]
+    s = build_schedule(2, [0.5, 0.5], steps, algorithm="test")
+    assert s.version == 4 and s.nchannels == 2
+    back = loads_schedule(s.to_json(), "x.json")
+    assert back == s and back.version == 4
+    assert [op.channel for op in back.ranks[0].steps[0]] == [0, 1]
+    split = back.channel_steps(0)
+    assert list(split) == [0, 1]
+    assert [s for s, _ in split[0]] == [0, 1] and [s for s, _ in split[1]] == [0]
+    assert split[1][0][1] == (send(1, 1, channel=1),)
+    plain = build_schedule(2, [1.0], [[[send(1, 0)]], [[recv(0, 0)]]], algorithm="t")
+    assert plain.version == 1 and plain.nchannels == 1 and "channel" not in plain.to_json()

@@ -82,5 +82,5 @@ def test_bad_native_ops_are_located(op, extra, version, message):
 
 
 def test_a_newer_version_is_refused_naming_the_ones_read():
-    with pytest.raises(ScheduleError, match="reads versions 1, 2 and 3, got 4"):
-        loads_schedule(_file({"op": "allreduce", "group": [0], "chunk": 0}, version=4))
+    with pytest.raises(ScheduleError, match="reads versions 1 to 4, got 5"):
+        loads_schedule(_file({"op": "allreduce", "group": [0], "chunk": 0}, version=5))

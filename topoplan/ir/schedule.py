@@ -20,6 +20,14 @@ torch.distributed) over a sub-communicator of the group. That is how a plan comp
 with NCCL: the in-box steps are NCCL's, the fabric steps are planned (PowerAI DDL's
 design). Native ops are a class of their own, not an :class:`Op` kind, so code written
 for point-to-point ops fails loudly on them (no ``peer``) instead of misreading them.
+
+Version 4 adds *channels*, as NCCL has: an op's ``channel`` (0 when absent). A rank's
+ops of one channel, in step order, are that channel's program: its steps run in order,
+and its step ``k`` waits only for its own step ``k - 1``, not for the other channels'
+steps, so one channel's step latency hides behind another's transfer. Every chunk
+belongs to one channel (all ops on it, at every rank, are of that channel), so the
+channels of a rank never touch the same data and any interleaving of them computes the
+same result. Messages pair within a channel. Native ops are on channel 0.
 """
 
 from __future__ import annotations
@@ -43,8 +51,8 @@ __all__ = ["OpKind", "Op", "send", "recv", "NativeKind", "Native", "native", "is
            "VERSION", "VERSIONS"]
 
 FORMAT = "topoplan-schedule"
-VERSION = 3  #: the newest version written and read; versions 1 and 2 are read too
-VERSIONS = (1, 2, 3)
+VERSION = 4  #: the newest version written and read; versions 1 to 3 are read too
+VERSIONS = (1, 2, 3, 4)
 FRACTION_TOLERANCE = 1e-9
 
 
@@ -61,7 +69,8 @@ class Op:
 
     ``send`` transmits chunks ``chunk .. chunk + count - 1`` (their value at the start
     of the step) to ``peer`` as one message; ``recv`` receives them from ``peer`` and
-    adds them (``reduce=True``) or overwrites.
+    adds them (``reduce=True``) or overwrites. ``channel`` (IR v4) is the independent
+    pipeline the op runs in (see the module docstring); 0 by default.
     """
 
     kind: OpKind
@@ -69,6 +78,7 @@ class Op:
     chunk: int
     reduce: bool = False
     count: int = 1
+    channel: int = 0
 
     @property
     def end(self) -> int:
@@ -81,6 +91,8 @@ class Op:
             out["count"] = self.count
         if self.kind is OpKind.RECV:
             out["reduce"] = self.reduce
+        if self.channel:
+            out["channel"] = self.channel
         return out
 
     def chunk_text(self) -> str:
@@ -93,12 +105,12 @@ def chunk_text(first: int, count: int = 1) -> str:
     return f"chunk {first}" if count == 1 else f"chunks {first}..{first + count - 1}"
 
 
-def send(peer: int, chunk: int, count: int = 1) -> Op:
-    return Op(OpKind.SEND, peer, chunk, False, count)
+def send(peer: int, chunk: int, count: int = 1, channel: int = 0) -> Op:
+    return Op(OpKind.SEND, peer, chunk, False, count, channel)
 
 
-def recv(peer: int, chunk: int, reduce: bool = False, count: int = 1) -> Op:
-    return Op(OpKind.RECV, peer, chunk, reduce, count)
+def recv(peer: int, chunk: int, reduce: bool = False, count: int = 1, channel: int = 0) -> Op:
+    return Op(OpKind.RECV, peer, chunk, reduce, count, channel)
 
 
 class NativeKind(str, Enum):
@@ -153,6 +165,11 @@ class Native:
     def end(self) -> int:
         """One past the last chunk the op covers."""
         return self.chunk + self.count
+
+    @property
+    def channel(self) -> int:
+        """Native ops run on channel 0 (IR v4)."""
+        return 0
 
     def part(self, index: int) -> tuple[int, int]:
         """Chunks ``[start, end)`` of part ``index`` (reduce-scatter, allgather)."""
@@ -249,28 +266,50 @@ class Schedule:
         return sum(isinstance(op, Native) for p in self.ranks for step in p.steps for op in step)
 
     @property
+    def nchannels(self) -> int:
+        """One more than the highest channel any op names (1 without channels)."""
+        return 1 + max((op.channel for p in self.ranks for step in p.steps for op in step),
+                       default=0)
+
+    def channel_steps(self, rank: int) -> dict[int, list[tuple[int, Step]]]:
+        """``rank``'s program split by channel (IR v4): for each channel it uses, its
+        steps in order as ``(step index, ops of that channel in the step)``; steps with
+        no op of the channel are left out. Without channels: ``{0: every step}``."""
+        out: dict[int, list[tuple[int, Step]]] = {}
+        for s, step in enumerate(self.ranks[rank].steps):
+            if all(op.channel == 0 for op in step):
+                out.setdefault(0, []).append((s, step))
+                continue
+            for c in sorted({op.channel for op in step}):
+                out.setdefault(c, []).append((s, tuple(op for op in step if op.channel == c)))
+        return dict(sorted(out.items()))
+
+    @property
     def max_step_ops(self) -> int:
         """The most ops any rank posts in one step."""
         return max((len(step) for p in self.ranks for step in p.steps), default=0)
 
     @property
     def version(self) -> int:
-        """The JSON version this schedule needs: 3 if it has native steps, 2 if an op
-        carries a chunk range or a step has several recvs of one chunk (all reducing),
-        else 1."""
+        """The JSON version this schedule needs: 4 if an op is on a channel other than
+        0, 3 if it has native steps, 2 if an op carries a chunk range or a step has
+        several recvs of one chunk (all reducing), else 1."""
         need = 1
         for program in self.ranks:
             for step in program.steps:
                 recvs = []
                 for op in step:
+                    if op.channel:
+                        return 4
                     if isinstance(op, Native):
-                        return 3
+                        need = 3
+                        continue
                     if op.count != 1:
-                        need = 2
+                        need = max(need, 2)
                     if op.kind is OpKind.RECV:
                         recvs.append((op.chunk, op.end, False))
                 if recv_clash(recvs) is not None:  # overlapping recvs: legal only in v2
-                    need = 2
+                    need = max(need, 2)
         return need
 
     @property
@@ -412,7 +451,7 @@ def _parse(data: Any, source: str) -> Schedule:
         raise fail("format", f"expected {FORMAT!r}, got {data.get('format')!r}")
     version = data.get("version")
     if isinstance(version, bool) or version not in VERSIONS:
-        raise fail("version", f"this topoplan reads versions 1, 2 and 3, got {version!r}")
+        raise fail("version", f"this topoplan reads versions 1 to 4, got {version!r}")
     collective = data.get("collective", DEFAULT_COLLECTIVE)
     if not isinstance(collective, str) or collective not in COLLECTIVES:
         known = ", ".join(repr(name) for name in COLLECTIVES)
@@ -550,7 +589,12 @@ def _parse_step(step: list, rank: int, nranks: int, nchunks: int, version: int, 
         reduce = raw.get("reduce", False)
         if not isinstance(reduce, bool):
             raise fail_op(j, f"reduce must be true or false, got {reduce!r}")
-        op = Op(kind, peer, chunk, reduce if kind is OpKind.RECV else False, count)
+        channel = raw.get("channel", 0)
+        if "channel" in raw and version < 4:
+            raise fail_op(j, "channel needs \"version\": 4")
+        if isinstance(channel, bool) or not isinstance(channel, int) or channel < 0:
+            raise fail_op(j, f"channel must be an integer >= 0, got {channel!r}")
+        op = Op(kind, peer, chunk, reduce if kind is OpKind.RECV else False, count, channel)
         if kind is OpKind.RECV:
             received.append((chunk, chunk + count, reduce))
         ops.append(op)
@@ -633,7 +677,8 @@ def coalesce(schedule: Schedule) -> Schedule:
             first, op_s, op_r = steps[src][s0][j0], steps[src][s1][j1], steps[dst][r1][i1]
             merged_r = steps[dst][r0][i0]
             assert isinstance(op_r, Op) and isinstance(merged_r, Op)  # natives are skipped
-            if (s1 == s0 and r1 == r0 and op_s.chunk == first.end and op_r.chunk == merged_r.end
+            if (s1 == s0 and r1 == r0 and op_s.channel == first.channel
+                    and op_s.chunk == first.end and op_r.chunk == merged_r.end
                     and op_r.chunk == op_s.chunk and op_r.reduce == merged_r.reduce
                     and first.chunk == merged_r.chunk):
                 steps[src][s0][j0] = replace(first, count=first.count + op_s.count)
