@@ -91,3 +91,12 @@ def test_the_code_speaks_of_the_code_not_of_the_work_behind_it():
                 continue
             offenders.append(f"{path.relative_to(ROOT)}: {match.group(0)!r}")
     assert not offenders
+
+
+def test_no_doc_holds_a_test_runners_progress_lines():
+    """A log pasted from a run beside pytest once left its dots in a results table."""
+    progress = re.compile(r"^\.{20,}(\s*\[\s*\d+%\])?$|^\.{20,}```")
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    found = [f"{p.name}:{i}" for p in docs
+             for i, line in enumerate(p.read_text().splitlines(), 1) if progress.match(line)]
+    assert not found, found
