@@ -35,11 +35,12 @@ def _fast_op_factory() -> Callable[[OpKind, int, int, bool, int], Op]:
     dataclass's ``object.__setattr__`` per field): fills the slots directly, as the
     dataclass's own ``__setstate__`` does. Falls back to ``Op`` if ``Op`` has no slots."""
     try:
-        setters = [getattr(Op, f).__set__ for f in ("kind", "peer", "chunk", "reduce", "count")]
+        setters = [getattr(Op, f).__set__ for f in ("kind", "peer", "chunk", "reduce", "count",
+                                                   "channel")]
     except AttributeError:  # pragma: no cover - Op without slots
         return Op
     new = object.__new__
-    set_kind, set_peer, set_chunk, set_reduce, set_count = setters
+    set_kind, set_peer, set_chunk, set_reduce, set_count, set_channel = setters
 
     def make(kind: OpKind, peer: int, chunk: int, reduce: bool, count: int = 1) -> Op:
         op = new(Op)
@@ -48,6 +49,7 @@ def _fast_op_factory() -> Callable[[OpKind, int, int, bool, int], Op]:
         set_chunk(op, chunk)
         set_reduce(op, reduce)
         set_count(op, count)
+        set_channel(op, 0)  # IR v4: planners plan on channel 0
         return op
 
     if make(_RECV, 1, 2, True, 3) != Op(_RECV, 1, 2, True, 3):  # pragma: no cover - layout changed
