@@ -127,10 +127,10 @@ def channelize(schedule: Schedule, channels: int) -> Schedule:
     check_channels(channels)
     if channels == 1:
         return schedule
-    for rank, step, op in schedule.ops():
+    for rank, at, op in schedule.ops():
         if isinstance(op, Native):
             raise PlannerError(
-                f"{schedule.algorithm} schedule: rank {rank} step {step} runs a native "
+                f"{schedule.algorithm} schedule: rank {rank} step {at} runs a native "
                 f"{op.text()}, which runs on channel 0 over its whole range and cannot be "
                 f"cut over {channels} channels; plan with a point-to-point planner (ring, "
                 "rhd, hierarchical, mcf) or leave channels at 1")

@@ -44,8 +44,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from ...errors import ScheduleError
-from ...ir.schedule import (Op, OpKind, RankProgram, Schedule, build_schedule, coalesce,
-                            equal_chunks)
+from ...ir.schedule import (Native, Op, OpKind, RankProgram, Schedule, build_schedule,
+                            coalesce, equal_chunks)
 from .model import Algo, Step, ThreadBlock
 from .verify import verify_msccl
 
@@ -787,7 +787,10 @@ def _channels(schedule: Schedule) -> Schedule:
     number = {root: i for i, root in enumerate(roots)}
     if all(number[find(c)] == c for c in parent):
         return schedule
-    programs = tuple(RankProgram(p.rank, tuple(
-        tuple(replace(op, channel=number[find(op.channel)]) for op in step)
-        for step in p.steps)) for p in schedule.ranks)
+    def moved(op: Op | Native) -> Op:
+        assert isinstance(op, Op)  # an import makes no native ops
+        return replace(op, channel=number[find(op.channel)])
+
+    programs = tuple(RankProgram(p.rank, tuple(tuple(moved(op) for op in step)
+                                               for step in p.steps)) for p in schedule.ranks)
     return replace(schedule, ranks=programs)
