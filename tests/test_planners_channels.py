@@ -13,13 +13,12 @@ import topoplan
 from topoplan.cli import main
 from topoplan.errors import InfeasiblePlanError, PlannerError
 from topoplan.ir.collectives import shard_chunks
-from topoplan.ir.schedule import Native, loads_schedule, recv, send
-from topoplan.ir.schedule import build_schedule
+from topoplan.ir.schedule import Native, build_schedule, coalesce, loads_schedule, recv, send
 from topoplan.ir.verify import verify
 from topoplan.planners.channels import channelize
 from topoplan.runtime.transports import Local
 
-from .support.clusters import load_topology, topology_path
+from .support.clusters import load_topology, switch_cluster, topology_path
 
 CASES = [(topology, algorithm, collective)
          for topology in ("ddl_two_switch", "dgx1_v100")
@@ -118,6 +117,24 @@ def test_an_op_over_several_shards_is_cut_at_each_shard():
     assert out.ranks[1].steps[0][2:] == (recv(0, 1, True), recv(0, 4, True, 2),
                                          recv(0, 3, True, channel=1),
                                          recv(0, 6, True, 2, channel=1))
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
+def test_planned_messages_over_several_shards_are_cut_and_compute_the_same(collective):
+    # rhd on 6 ranks folds ranks 4 and 5 in with messages over several shards
+    schedule = coalesce(topoplan.plan(switch_cluster(6), "rhd", size=1 << 20,
+                                      collective=collective))
+    shards = shard_chunks(6, schedule.chunks)
+    assert any(sum(max(a, op.chunk) < min(b, op.end) for a, b in shards) > 1
+               for _, _, op in schedule.ops())
+    out = channelize(schedule, 3)
+    verify(out)
+    new_shards = shard_chunks(6, out.chunks)
+    assert all(sum(max(a, op.chunk) < min(b, op.end) for a, b in new_shards) == 1
+               for _, _, op in out.ops())
+    elements = 6 * 3 * 101
+    before, after = _run(schedule, 6, collective, elements), _run(out, 6, collective, elements)
+    assert all(np.array_equal(x, y) for x, y in zip(before, after))
 
 
 def test_channels_of_a_channelled_schedule_stay_apart():
