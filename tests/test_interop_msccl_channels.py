@@ -113,3 +113,23 @@ def test_channels_and_instances_beyond_the_executor_are_refused():
     with pytest.raises(PlannerError, match=r"runs on 16 channels, so 3 instances need 48 "
                                            r"MSCCL channels; .* use at most 2 instances"):
         export_msccl(schedule, channels=3)
+
+
+def test_messages_pair_per_channel_not_across_channels():
+    # rank 1 posts its channel-1 recv before its channel-0 recv: IR v4 pairs per
+    # (src, dst, channel), so the k-th send of a channel meets the k-th recv of it
+    from topoplan.interop.msccl.export import _build_nodes
+    from topoplan.ir.schedule import build_schedule, recv, send
+
+    schedule = build_schedule(2, [0.25] * 4, [
+        [[send(1, 0), recv(1, 1, True), send(1, 2, count=2, channel=1),
+          recv(1, 2, True, 2, channel=1)], [send(1, 1), recv(1, 0)]],
+        [[recv(0, 2, True, 2, channel=1), send(0, 2, count=2, channel=1), send(0, 1),
+          recv(0, 0, True)], [send(0, 0), recv(0, 1)]]])
+    _, msgs = _build_nodes(schedule)
+    assert len(msgs) == 6
+    for m in msgs:
+        assert (m.send_node.chunk, m.send_node.count) == (m.recv_node.chunk, m.recv_node.count)
+        assert m.channel == (1 if m.chunk == 2 else 0)
+    assert sorted((m.src, m.dst, m.channel, m.k) for m in msgs) == [
+        (0, 1, 0, 0), (0, 1, 0, 1), (0, 1, 1, 0), (1, 0, 0, 0), (1, 0, 0, 1), (1, 0, 1, 0)]
