@@ -44,6 +44,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "fit; those that cannot are left out)")
     p.add_argument("--max-chunks", type=positive_int, default=None, metavar="N",
                    help="most chunks a plan may hold (as --max-step-ops)")
+    p.add_argument("--channels", type=positive_int, default=1, metavar="N",
+                   help="run the chosen plan on N independent channels, each on 1/N of "
+                        "every chunk (IR v4, docs/SCHEDULE.md; default 1); plans with "
+                        "native steps (nccl, composed) cannot be cut and are not chosen")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.set_defaults(func=cmd_plan)
 
@@ -65,12 +69,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ..analysis.bound import (best_partition, bottleneck, collective_bound, latency_bound,
                                   rsag_bound)
     from ..planners import PlanRequest, compare, nccl_candidate, require_collective
+    from ..planners.channels import check_channels, per_channel
     from ..ir.verify import verify
 
     cluster = load_cluster(args.cluster)
+    channels = check_channels(args.channels)
+    # On N channels every chunk and op is N of them: plan to the caps over N.
     request = PlanRequest.make(cluster, size=args.size, collective=args.collective,
-                               profile=args.profile, max_step_ops=args.max_step_ops,
-                               max_chunks=args.max_chunks)
+                               profile=args.profile,
+                               max_step_ops=per_channel(args.max_step_ops, channels),
+                               max_chunks=per_channel(args.max_chunks, channels))
     costs = request.profile
     names = candidate_names(args.candidates)
     if args.algorithm != "auto":
@@ -93,7 +101,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise
         nccl = nccl_candidate(request, rows)  # a row of its own when not compared
     if args.algorithm == "auto":
-        chosen = rows[0]  # compare() sorts fastest first
+        # compare() sorts fastest first; on channels, the fastest that can be cut
+        chosen = next((c for c in rows if channels == 1 or (
+            c.schedule is not None and not c.schedule.nnative)), rows[0])
     elif args.algorithm in left_out:
         raise InfeasiblePlanError(left_out[args.algorithm])
     else:
@@ -108,9 +118,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
     # Under a profile that charges latency, the bound a point-to-point plan can meet.
     latency = None if costs.is_ideal else latency_bound(cluster, args.size, costs, collective)
 
+    schedule, predicted = chosen.schedule, chosen.time_s
+    if channels > 1:
+        from ..analysis.sim import simulate
+        from ..planners.channels import channelize, check_caps_on_channels
+
+        with status(f"cutting the {chosen.name} schedule over {channels} channels ..."):
+            schedule = check_caps_on_channels(channelize(schedule, channels), channels,
+                                              args.max_step_ops, args.max_chunks)
+            verify(schedule)
+            predicted = simulate(request.where, schedule, args.size,
+                                 profile=request.profile).time_s
+
     if args.output:
-        chosen.schedule.with_meta(
-            size_bytes=args.size, predicted_time_s=chosen.time_s,
+        schedule.with_meta(
+            size_bytes=args.size, predicted_time_s=predicted,
             lower_bound_s=bound, profile=costs.name,
             cluster_fingerprint=cluster_fingerprint(cluster),
             **({"nccl": nccl.nccl.to_dict()} if nccl.nccl is not None else {})
@@ -124,6 +146,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "lower_bound_s": bound, "rsag_bound_s": rsag, "latency_bound_s": latency,
             "bound_partition": _partition_json(cluster),
             "chosen": chosen.name, "profile": costs.to_dict(),
+            "channels": channels, "chosen_time_s": predicted,
             "candidates": [candidate_json(c, request, bound, nccl) for c in shown],
             "left_out": left_out}))
         return 0
@@ -170,6 +193,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         else:
             out.print(f"lower bound (any {collective}, ForestColl's cut): {format_time(bound)}")
         out.print(f"bottleneck cut: {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)} out")
+    if channels > 1:
+        out.print(f"channels: {chosen.name} on {channels} channels (each on 1/{channels} of "
+                  f"every chunk) simulates in {format_time(predicted)}, against "
+                  f"{format_time(chosen.time_s)} on one")
     out.print(f"chosen: {chosen.name}" + (f" -> {args.output}" if args.output else
                                           " (write it with -o PLAN.json)"), soft_wrap=True)
     return 0

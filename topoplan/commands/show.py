@@ -20,7 +20,8 @@ from ..cluster import load_cluster
 from ..analysis.cost import get_profile
 from ..errors import ScheduleError, TopoplanError
 from ..units import format_size, format_time
-from .common import add_profile_argument, console, size_arg, sizes_arg, status
+from .common import (Column, add_profile_argument, console, fit_table, left_out_note,
+                     positive_int, size_arg, sizes_arg, status)
 
 FIGURES = ("cluster", "timeline", "links", "sweep")
 # The sweep plans and simulates every planner at every size: seconds on a small cluster,
@@ -61,6 +62,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show.add_argument("--sweep-algorithms", type=lambda t: [a.strip() for a in t.split(",")],
                       default=None, metavar="LIST",
                       help="planners in the sweep (default: all but auto)")
+    show.add_argument("--channels", type=positive_int, default=1, metavar="N",
+                      help="plan on N independent channels (as topoplan plan --channels) "
+                           "when no PLAN.json is given (default 1)")
     add_profile_argument(show, "the plans are made for and simulated under")
     show.add_argument("--color-by", choices=("bytes", "utilisation"), default="bytes",
                       help="colour the cluster's links by bytes carried or by utilisation "
@@ -101,6 +105,20 @@ def native_lines(schedule: Any, most: int = 12) -> list[str]:
     if len(calls) > most:
         lines.append(f"... and {len(calls) - most} more")
     return lines
+
+
+def channel_table(schedule: Any, width: int) -> tuple[Any, list[str]] | None:
+    """A schedule's channels (IR v4), one row each: ops, messages, chunks, the share of
+    the buffer and the most steps of the channel on a rank, as :func:`fit_table` fits
+    them in ``width`` (with the headers left out); None for a schedule on one channel."""
+    from ..viz.schedule_plots import channel_rows
+
+    if schedule is None or schedule.nchannels < 2:
+        return None
+    rows = [[f"c{r['channel']}", str(r["ops"]), str(r["messages"]), str(r["chunks"]),
+             f"{100 * r['share']:.1f}%", str(r["steps"])] for r in channel_rows(schedule)]
+    return fit_table((Column("channel", "left"), Column("ops"), Column("msgs", drop=2),
+                      Column("chunks", drop=1), Column("data"), Column("steps")), rows, width)
 
 
 def output_paths(output: str | Path, figures: list[str]) -> dict[str, Path]:
@@ -152,6 +170,8 @@ def cmd_show(args: argparse.Namespace) -> int:
                                         "PLAN.json or --figures sweep-free") from None
 
                 kwargs = {"size": args.size, "profile": costs}
+                if args.channels != 1:
+                    kwargs["channels"] = args.channels
                 if args.algorithm:
                     kwargs["algorithm"] = args.algorithm
                 schedule = plan(cluster, **kwargs)
@@ -167,6 +187,10 @@ def cmd_show(args: argparse.Namespace) -> int:
                                if report.lower_bound_s > 0 else None),
                    "rsag_bound_s": rsag_bound(cluster, args.size)}
         summary["native_steps"] = native_lines(schedule, most=10 ** 9)
+        assert schedule is not None  # planned or read above
+        if schedule.nchannels > 1:
+            from ..viz.schedule_plots import channel_rows
+            summary["channels"] = channel_rows(schedule)
     if needs_report and not args.json:
         assert report is not None
         out.print(f"{cluster.name}: {report.algorithm or 'schedule'} at {format_size(args.size)}: "
@@ -175,6 +199,14 @@ def cmd_show(args: argparse.Namespace) -> int:
             out.print(f"lower bound {format_time(report.lower_bound_s)} (the plan takes "
                       f"{report.time_s / report.lower_bound_s:.2f}x it); RS+AG cut bound "
                       f"{format_time(summary['rsag_bound_s'])}")
+        table = channel_table(schedule, min(out.width, 80))
+        if table is not None and schedule is not None:
+            out.print(f"{schedule.nchannels} channels, each a pipeline on its own data "
+                      "(timeline marks: cK):")
+            out.print(table[0])
+            note = left_out_note(table[1], out.width)
+            if note:
+                out.print(note)
         lines = native_lines(schedule)
         if lines:
             out.print("native collective steps (drawn as one box over their group):",

@@ -23,7 +23,7 @@ from ..ir.collectives import DEFAULT as DEFAULT_COLLECTIVE
 from ..analysis.cost import CostProfile
 from ..ir.fingerprint import META_KEY, cluster_fingerprint
 from ..ir.schedule import Schedule
-from ..errors import PlannerError
+from ..errors import InfeasiblePlanError, PlannerError
 from ._checks import unknown_options
 from ._order import topo_order
 from .hierarchical import plan_hierarchical
@@ -68,6 +68,11 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int | str = 256 << 
     max_step_ops, max_chunks : int, optional
         Plan-size caps (planners pipeline less to fit, or raise
         :class:`InfeasiblePlanError`).
+    channels : int, optional
+        Run the plan on this many independent channels (IR v4,
+        :func:`topoplan.planners.channels.channelize`, applied after planning; default 1:
+        the plan as planned). ``max_chunks`` and ``max_step_ops`` hold for the result:
+        the planner plans to them divided by ``channels``.
     **options
         Passed to the planner (``chunks``, ``order``, ...; ``auto``: ``candidates``,
         ``machine``).
@@ -87,24 +92,53 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int | str = 256 << 
     PlannerError
         Unknown algorithm (the message lists the known ones), an option the planner does
         not take (the message lists those it takes), a size that is not a positive
-        number of bytes, or a collective the planner does not plan (the message lists
-        the planners that do).
+        number of bytes, a collective the planner does not plan (the message lists
+        the planners that do), or ``channels`` out of range or with a plan of native
+        steps (``nccl``, ``composed``; ``auto`` with ``channels`` leaves them out).
+    InfeasiblePlanError
+        The plan on ``channels`` channels breaks ``max_chunks`` or ``max_step_ops``.
     """
     if algorithm not in SPECS:
         raise PlannerError(f"unknown algorithm {algorithm!r}; known: {', '.join(sorted(SPECS))}")
     machine = options.pop("machine", None)
+    channels = options.pop("channels", 1)
+    from .channels import check_channels, per_channel
+    if channels != 1:  # checked before planning: a bad value fails fast
+        check_channels(channels)
+    # On C channels every chunk is C chunks and every op C ops: the planner plans to
+    # the caps over C (checked again on the result).
     request = PlanRequest.make(cluster, size=size, collective=collective, profile=profile,
-                               max_step_ops=max_step_ops, max_chunks=max_chunks,
+                               max_step_ops=per_channel(max_step_ops, channels),
+                               max_chunks=per_channel(max_chunks, channels),
                                machine=machine, who=algorithm, **options)
     if algorithm == "auto":
         from .auto import choose
         limits = {k: v for k, v in request.options.items()
                   if k in ("candidates", "max_sim_ops", "max_plan_ranks")}
-        schedule = choose(request, **limits)
-    else:
-        if machine is not None:
-            raise unknown_options(algorithm, ["machine"], list(SPECS[algorithm].options))
-        schedule = run(request, algorithm)
+        if channels != 1 and limits.get("candidates") is None:
+            # native steps cannot be cut over channels: compare the others
+            from .channels import NATIVE_PLANNERS
+            from .pipeline import default_names
+            more = {"max_plan_ranks": limits["max_plan_ranks"]} if "max_plan_ranks" in limits else {}
+            limits["candidates"] = [n for n in default_names(request, **more)
+                                    if n not in NATIVE_PLANNERS]
+    try:
+        if algorithm == "auto":
+            schedule = choose(request, **limits)
+        else:
+            if machine is not None:
+                raise unknown_options(algorithm, ["machine"], list(SPECS[algorithm].options))
+            schedule = run(request, algorithm)
+    except InfeasiblePlanError as exc:
+        if channels == 1 or (max_chunks is None and max_step_ops is None):
+            raise
+        raise InfeasiblePlanError(f"{exc} (on {channels} channels the caps per channel are "
+                                  f"max_chunks={request.max_chunks}, max_step_ops="
+                                  f"{request.max_step_ops})") from None
+    if channels != 1:
+        from .channels import channelize, check_caps_on_channels
+        schedule = check_caps_on_channels(channelize(schedule, channels), channels,
+                                          max_step_ops, max_chunks)
     return stamp(request, schedule)
 
 

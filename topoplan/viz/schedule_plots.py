@@ -16,7 +16,8 @@ from ._common import (edge_name, fit_text, fitted_legend, keep_titles_inside, ma
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-__all__ = ["timeline", "link_utilisation", "native_label", "MAX_RANKS_SHOWN", "STEP_KINDS"]
+__all__ = ["timeline", "link_utilisation", "native_label", "channel_mark", "channel_rows",
+           "MAX_RANKS_SHOWN", "STEP_KINDS"]
 
 MAX_RANKS_SHOWN = 64  # a Gantt chart of more ranks is drawn for an even sample of them
 
@@ -59,6 +60,53 @@ def native_label(op: Native, short: bool = False) -> str:
     chunks = str(op.chunk) if op.count == 1 else f"{op.chunk}..{op.end - 1}"
     root = f" @{op.root}" if op.root is not None else ""
     return f"{_SHORT[op.kind] if short else op.kind.value} {chunks}{root}"
+
+
+def channel_mark(channels: Any) -> str:
+    """The channels (IR v4) of a step's ops as a short mark: ``c1``, ``c0,c2``, ``c0-3``
+    (a run of three or more), ``""`` for none."""
+    chans = sorted(set(channels))
+    parts: list[str] = []
+    i = 0
+    while i < len(chans):
+        j = i
+        while j + 1 < len(chans) and chans[j + 1] == chans[j] + 1:
+            j += 1
+        if j - i >= 2:
+            parts.append(f"c{chans[i]}-{chans[j]}")
+        else:
+            parts.extend(f"c{c}" for c in chans[i:j + 1])
+        i = j + 1
+    return ",".join(parts)
+
+
+def channel_rows(schedule: Schedule) -> list[dict[str, Any]]:
+    """Per channel (IR v4) of ``schedule``: ``channel``, ``ops``, ``messages``,
+    ``chunks`` (that its ops touch), ``share`` (of the buffer, in those chunks) and
+    ``steps`` (the most steps of that channel on any rank). One row without channels."""
+    n = schedule.nchannels
+    ops, messages, steps = [0] * n, [0] * n, [0] * n
+    chunks: list[set[int]] = [set() for _ in range(n)]
+    for _, _, op in schedule.ops():
+        ops[op.channel] += 1
+        if not isinstance(op, Native) and op.kind is OpKind.SEND:
+            messages[op.channel] += 1
+        chunks[op.channel].update(range(op.chunk, op.end))
+    for rank in range(schedule.nranks):
+        for c, of_channel in schedule.channel_steps(rank).items():
+            steps[c] = max(steps[c], len(of_channel))
+    return [{"channel": c, "ops": ops[c], "messages": messages[c], "steps": steps[c],
+             "chunks": len(chunks[c]), "share": sum(schedule.chunks[k] for k in chunks[c])}
+            for c in range(n)]
+
+
+def _step_channels(schedule: Schedule | None) -> dict[tuple[int, int], str]:
+    """(rank, step) -> :func:`channel_mark` of its ops, for a schedule on several
+    channels (empty otherwise)."""
+    if schedule is None or schedule.nchannels < 2:
+        return {}
+    return {(program.rank, s): channel_mark(op.channel for op in step)
+            for program in schedule.ranks for s, step in enumerate(program.steps) if step}
 
 
 def _step_kinds(report: Any, schedule: Schedule | None) -> dict[tuple[int, int], str]:
@@ -109,7 +157,8 @@ def timeline(report: Any, schedule: Schedule | None = None) -> Figure:
     schedule
         The simulated schedule, to colour each bar by what the step does (adds what
         it receives, copies it, or only sends) and to label wide bars with the ranks
-        they send to (``\u21925``). A native collective (IR v3) is one box over the
+        they send to (``\u21925``) and, on a schedule of several channels (IR v4), the
+        channels of the step's ops (``\u21925 c0-3``, :func:`channel_mark`). A native collective (IR v3) is one box over the
         rows of its group, from its first member's start to its last member's end,
         labelled with its kind and chunks (``reduce_scatter 0..7``, or ``RS 0..7`` where
         that does not fit). Without it (and without ``report.schedule``) the bars are
@@ -138,6 +187,8 @@ def timeline(report: Any, schedule: Schedule | None = None) -> Figure:
     unit, scale = time_unit(horizon)
     peers = _send_peers(report, schedule)
     kinds = _step_kinds(report, schedule)
+    schedule = schedule if schedule is not None else getattr(report, "schedule", None)
+    chan_marks = _step_channels(schedule)
 
     height = min(12.0, max(3.6, 1.7 + 0.24 * len(ranks)))
     fig = new_figure(11.0, height)
@@ -154,8 +205,11 @@ def timeline(report: Any, schedule: Schedule | None = None) -> Figure:
             used[kind] = None
             colours.append(STEP_KINDS[kind][1])
             to = peers.get((rank, s))
-            if to:
-                text = "\u2192" + (",".join(map(str, to)) if len(to) <= 3 else f"{len(to)} peers")
+            mark = chan_marks.get((rank, s), "")
+            if to or mark:
+                text = ("\u2192" + (",".join(map(str, to)) if len(to) <= 3 else
+                                     f"{len(to)} peers") if to else "")
+                text = f"{text} {mark}".strip()
                 labels.append(((x0 + x1) / 2, row, text, x1 - x0, colours[-1]))
     bars = PolyCollection(boxes, facecolors=colours, edgecolors="white", linewidths=0.3)
     bars.set_gid("steps")
@@ -189,7 +243,9 @@ def timeline(report: Any, schedule: Schedule | None = None) -> Figure:
     shown = "" if len(ranks) == nranks else f" (showing {len(ranks)} of {nranks} ranks)"
     ax.set_title(f"{algorithm} on {_cluster_name(report)}, "
                  f"{format_size(report.size)}: each bar is one step{shown}"
-                 + ("; labels name the ranks it sends to" if peers else ""), fontsize=10)
+                 + ("; labels name the ranks it sends to" if peers else "")
+                 + (f"; {schedule.nchannels} channels (cK)"
+                    if chan_marks and schedule is not None else ""), fontsize=10)
     fitted_legend(fig, handles, ncol=len(handles), fontsize=8.5)
     keep_titles_inside(fig)
 

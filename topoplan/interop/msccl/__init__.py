@@ -37,8 +37,8 @@ from ..._deprecation import renamed
 from .export import ExportResult, export_msccl
 from .import_ import import_msccl
 from .limits import MAX_NODES, Limits, limit_violations
-from .model import (BUFFERS, COLLECTIVES, FINGERPRINT_ATTR, PROTOCOLS, STEP_TYPES, Algo, Gpu,
-                    Step, ThreadBlock)
+from .model import (BUFFERS, COLLECTIVES, FINGERPRINT_ATTR, PROTOCOLS, SEGMENTS_ATTR,
+                    STEP_TYPES, Algo, Gpu, Step, ThreadBlock)
 from .parse import load_msccl, loads_msccl
 from .verify import CHECKED, DEFAULT_CAPACITY, CheckReport, verify_msccl
 from .write import to_xml
@@ -47,6 +47,7 @@ __all__ = [
     "Step", "ThreadBlock", "Gpu", "Algo", "Limits", "CheckReport",
     "load_msccl", "loads_msccl", "to_xml", "limit_violations", "verify_msccl",
     "STEP_TYPES", "PROTOCOLS", "COLLECTIVES", "CHECKED", "FINGERPRINT_ATTR",
+    "SEGMENTS_ATTR",
     "export_msccl", "ExportResult", "import_msccl",
     "read_msccl", "parse_msccl", "check_msccl",  # deprecated
 ]

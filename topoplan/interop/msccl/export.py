@@ -41,10 +41,17 @@ How a topoplan schedule becomes thread blocks:
   thread block that touches the same chunks, when one of the two writes (read after
   write, write after read, write after write); one dependency per step, the rest on
   ``nop`` steps before it.
+- **Channels** (IR v4). Channel ``b`` of the schedule is MSCCL channels ``b * nseg ..
+  b * nseg + nseg - 1`` of each instance (instance ``c`` adds ``c * nchannels * nseg``),
+  and its messages pair per pair of ranks on that channel, as MSCCL's connections are
+  per channel; channels share no chunk, so no dependency crosses them and each runs
+  on its own thread blocks. When ``nseg > 1`` the ``<algo>`` says so
+  (:data:`~topoplan.interop.msccl.SEGMENTS_ATTR`), so that the import reads the
+  plan's channels back.
 - **Limits** (:class:`topoplan.interop.msccl.Limits`). The messages of one pair of
-  ranks are split into consecutive segments on separate channels when a thread block
-  would exceed the executor's steps per thread block; when the channels run out, the
-  error names the plan options that make the plan smaller.
+  ranks on one channel are split into ``nseg`` segments (consecutive MSCCL channels)
+  when a thread block would exceed the executor's steps per thread block; when the
+  channels run out, the error names the plan options that make the plan smaller.
 
 The result is run through :func:`topoplan.interop.msccl.verify_msccl`, an independent
 interpreter of the step types; when fused thread blocks could deadlock under the
@@ -81,7 +88,7 @@ class ExportResult:
     notes: list[str] = field(default_factory=list)  # one short line each
     details: list[str] = field(default_factory=list)  # why a layout was not used
     fused: int = 0          # fused steps (rrcs, rrs, rcs) per instance
-    segments: int = 1       # channels per instance
+    segments: int = 1       # MSCCL channels per channel of the plan and instance
     max_steps: int = 0      # the longest thread block, nops included
     max_tbs: int = 0        # the most thread blocks on one GPU
 
@@ -118,13 +125,19 @@ class _Node:
 class _Message:
     src: int
     dst: int
-    k: int                   # the k-th message of the pair
+    k: int                   # the k-th message of the pair on its channel
     chunk: int
     count: int
     send_node: _Node
     recv_node: _Node
     pieces: list[tuple[int, int, str, str]] = field(default_factory=list)
     # (unit start, unit end, sender's source buffer, receiver's operand buffer)
+    channel: int = 0         # the schedule's channel (IR v4)
+
+    @property
+    def pair(self) -> tuple[int, int, int]:
+        """``(src, dst, channel)``: messages pair in order within it (IR v4)."""
+        return (self.src, self.dst, self.channel)
 
 
 def _unit_grid(chunks: Sequence[float], nshards: int = 0
@@ -279,10 +292,11 @@ class _Space:
 
 
 def _build_nodes(schedule: Schedule) -> tuple[list[list[_Node]], list[_Message]]:
-    """Every op as a node, and messages paired in order (the schedule is verified)."""
+    """Every op as a node, and messages paired in order per pair of ranks and channel
+    (IR v4; the schedule is verified)."""
     nodes: list[list[_Node]] = [[] for _ in range(schedule.nranks)]
-    send_q: dict[tuple[int, int], list[_Node]] = defaultdict(list)
-    recv_q: dict[tuple[int, int], list[_Node]] = defaultdict(list)
+    send_q: dict[tuple[int, int, int], list[_Node]] = defaultdict(list)
+    recv_q: dict[tuple[int, int, int], list[_Node]] = defaultdict(list)
     for program in schedule.ranks:
         r = program.rank
         for t, step in enumerate(program.steps):
@@ -292,19 +306,19 @@ def _build_nodes(schedule: Schedule) -> tuple[list[list[_Node]], list[_Message]]
                                         f"collective steps ({op.text()})")
                 if op.kind is OpKind.SEND:
                     node = _Node(r, t, 0, j, "s", op.chunk, op.count, send_peer=op.peer)
-                    send_q[(r, op.peer)].append(node)
+                    send_q[(r, op.peer, op.channel)].append(node)
                 else:
                     node = _Node(r, t, 1, j, "rrc" if op.reduce else "r", op.chunk, op.count,
                                  recv_peer=op.peer)
-                    recv_q[(op.peer, r)].append(node)
+                    recv_q[(op.peer, r, op.channel)].append(node)
                 nodes[r].append(node)
         nodes[r].sort(key=lambda nd: nd.key)
     msgs: list[_Message] = []
-    for (src, dst), sends in sorted(send_q.items()):
-        for k, (sn, rn) in enumerate(zip(sends, recv_q[(src, dst)])):
+    for (src, dst, ch), sends in sorted(send_q.items()):
+        for k, (sn, rn) in enumerate(zip(sends, recv_q[(src, dst, ch)])):
             m = len(msgs)
             sn.send_msg = rn.recv_msg = m
-            msgs.append(_Message(src, dst, k, sn.chunk, sn.count, sn, rn))
+            msgs.append(_Message(src, dst, k, sn.chunk, sn.count, sn, rn, channel=ch))
     return nodes, msgs
 
 
@@ -507,12 +521,12 @@ def _prune(tbs: dict[tuple[int, int, int], list[_Node]]) -> None:
 
 
 def _interleave_offsets(nodes: list[list[_Node]], msgs: list[_Message]
-                        ) -> dict[tuple[int, int], int]:
-    """Per pair ``(src, dst)``, an offset such that message ``k`` on channel
+                        ) -> dict[tuple[int, int, int], int]:
+    """Per pair ``(src, dst, channel)``, an offset such that message ``k`` on channel
     ``(k + offset) % nseg`` puts a recv and the send that forwards it at the next step
     on one channel, wherever the pairs' chains agree (first come, first served)."""
     # (pair, other pair, delta): offset[other] = offset[pair] + delta aligns a forward
-    links: dict[tuple[int, int], list[tuple[tuple[int, int], int]]] = defaultdict(list)
+    links: dict[tuple[int, int, int], list[tuple[tuple[int, int, int], int]]] = defaultdict(list)
     for rank_nodes in nodes:
         by_step: dict[int, list[_Node]] = defaultdict(list)
         for node in rank_nodes:
@@ -524,12 +538,12 @@ def _interleave_offsets(nodes: list[list[_Node]], msgs: list[_Message]
                 sn = sends.get((rn.chunk, rn.count)) if rn.kind != "s" else None
                 if sn is None:
                     continue
-                p, q = (rn.recv_peer, rn.rank), (sn.rank, sn.send_peer)
+                p, q = msgs[rn.recv_msg].pair, msgs[sn.send_msg].pair
                 delta = msgs[rn.recv_msg].k - msgs[sn.send_msg].k
                 links[p].append((q, delta))
                 links[q].append((p, -delta))
-    offset: dict[tuple[int, int], int] = {}
-    for start in sorted({(m.src, m.dst) for m in msgs}):
+    offset: dict[tuple[int, int, int], int] = {}
+    for start in sorted({m.pair for m in msgs}):
         if start in offset:
             continue
         offset[start] = 0
@@ -543,9 +557,11 @@ def _interleave_offsets(nodes: list[list[_Node]], msgs: list[_Message]
     return offset
 
 
-def _channels(msgs: list[_Message], nodes: list[list[_Node]], segs: dict[tuple[int, int], int],
-              interleave: bool) -> None:
-    """Give every message its segment (its channel within an instance).
+def _channels(msgs: list[_Message], nodes: list[list[_Node]],
+              segs: dict[tuple[int, int, int], int], interleave: bool) -> None:
+    """Give every message its MSCCL channel within an instance: ``channel * nseg +
+    segment``, with ``channel`` the schedule's (IR v4) and ``nseg`` the most segments of
+    any pair (``segs`` is per ``(src, dst, channel)``).
 
     Consecutive: pair ``p``'s messages in ``segs[p]`` consecutive runs. Interleaved
     (every pair on the same number of segments ``C``): message ``k`` on ``(k + offset)
@@ -553,22 +569,23 @@ def _channels(msgs: list[_Message], nodes: list[list[_Node]], segs: dict[tuple[i
     step at segment boundaries (a ring whose rank count is a multiple of ``C`` then
     fills every channel evenly).
     """
+    nseg = max(segs.values())
     if interleave:
-        nseg = max(segs.values())
         offset = _interleave_offsets(nodes, msgs)
         for m in msgs:
-            m.send_node.chan = m.recv_node.chan = (m.k + offset[(m.src, m.dst)]) % nseg
+            m.send_node.chan = m.recv_node.chan = (
+                m.channel * nseg + (m.k + offset[m.pair]) % nseg)
         return
-    npair: dict[tuple[int, int], int] = defaultdict(int)
+    npair: dict[tuple[int, int, int], int] = defaultdict(int)
     for m in msgs:
-        npair[(m.src, m.dst)] += 1
+        npair[m.pair] += 1
     for m in msgs:
-        pair = (m.src, m.dst)
-        m.send_node.chan = m.recv_node.chan = m.k * segs[pair] // npair[pair]
+        m.send_node.chan = m.recv_node.chan = (
+            m.channel * nseg + m.k * segs[m.pair] // npair[m.pair])
 
 
 def _layout(schedule: Schedule, bounds: list[int], *, fuse: bool,
-            segs: dict[tuple[int, int], int], max_cnt: int, space: _Space,
+            segs: dict[tuple[int, int, int], int], max_cnt: int, space: _Space,
             interleave: bool = False
             ) -> tuple[list[dict[tuple[int, int, int], list[_Node]]], list[_Message], int]:
     """Nodes on thread blocks for one instance; returns per rank {tb key: nodes}."""
@@ -682,8 +699,11 @@ def _steps_of(node: _Node, msgs: list[_Message], space: _Space, c: int) -> list[
 def _emit(schedule: Schedule, per_rank: list[dict[tuple[int, int, int], list[_Node]]],
           msgs: list[_Message], *, space: _Space, nseg: int, proto: str,
           name: str, min_bytes: int, max_bytes: int) -> Algo:
+    """The algorithm: instance ``c`` on MSCCL channels ``c * per .. c * per + per - 1``,
+    ``per = schedule.nchannels * nseg``."""
     gpus = []
     instances = space.instances
+    per = schedule.nchannels * nseg
     i_units, o_units = space.sizes()
     for r, tbs in enumerate(per_rank):
         keys = sorted(tbs, key=lambda k: (k[2], k[1], k[0]))  # send, recv, channel
@@ -721,13 +741,13 @@ def _emit(schedule: Schedule, per_rank: list[dict[tuple[int, int, int], list[_No
                             scratch = max(scratch, piece.dstoff + piece.cnt)
                 chan, recv_peer, send_peer = key
                 blocks.append(ThreadBlock(tb_id[key], send_peer, recv_peer,
-                                          c * nseg + chan, tuple(steps)))
+                                          c * per + chan, tuple(steps)))
         blocks.sort(key=lambda b: b.id)
         gpus.append(Gpu(r, i_units, o_units, scratch, tuple(blocks)))
-    return Algo(name=name, proto=proto, nchannels=instances * nseg,
+    return Algo(name=name, proto=proto, nchannels=instances * per,
                 nchunksperloop=space.total, ngpus=schedule.nranks,
                 coll=MSCCL_COLL[space.coll], inplace=True, outofplace=True,
-                min_bytes=min_bytes, max_bytes=max_bytes, gpus=tuple(gpus))
+                min_bytes=min_bytes, max_bytes=max_bytes, gpus=tuple(gpus), segments=nseg)
 
 
 def _too_big(name: str, why: str, channels: int) -> str:
@@ -739,7 +759,7 @@ def _too_big(name: str, why: str, channels: int) -> str:
 
 
 def _fitting_layout(schedule: Schedule, bounds: list[int], *, fuse: bool,
-                    per_pair: dict[tuple[int, int], int], max_cnt: int, space: _Space,
+                    per_pair: dict[tuple[int, int, int], int], max_cnt: int, space: _Space,
                     proto: str, name: str, min_bytes: int, max_bytes: int, limits: Limits
                     ) -> tuple[Algo, int, int, bool] | str:
     """The algorithm that fits ``limits`` on few segments, with its segment count, fused
@@ -750,7 +770,8 @@ def _fitting_layout(schedule: Schedule, bounds: list[int], *, fuse: bool,
     pairs of a thread block over the step limit get more (more segments mean more
     thread blocks, and the executor numbers dependencies on them in an int8).
     """
-    most_segs = limits.max_channels // space.instances
+    nir = schedule.nchannels
+    most_segs = limits.max_channels // (space.instances * nir)
     why = []
     for interleave in (False, True) if fuse else (False,):
         segs = {pair: max(1, math.ceil(n / limits.max_steps)) for pair, n in per_pair.items()}
@@ -774,7 +795,8 @@ def _fitting_layout(schedule: Schedule, bounds: list[int], *, fuse: bool,
                 for tb in gpu.tbs:
                     if len(tb.steps) <= limits.max_steps:
                         continue
-                    for pair in ((gpu.id, tb.send), (tb.recv, gpu.id)):
+                    ch = (tb.chan % (nir * nseg)) // nseg  # the schedule's channel
+                    for pair in ((gpu.id, tb.send, ch), (tb.recv, gpu.id, ch)):
                         if pair in segs:
                             want = math.ceil(segs[pair] * len(tb.steps) / (limits.max_steps * 0.9))
                             grown[pair] = min(most_segs, max(grown[pair], segs[pair] + 1, want))
@@ -802,7 +824,8 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
     proto : {"Simple", "LL", "LL128"}
         The NCCL protocol the executor runs the algorithm with.
     channels : int
-        Instances of the plan, each on its own channels and slice of the buffer (1..32).
+        Instances of the plan, each on its own channels and slice of the buffer; with
+        the plan's own channels (IR v4) at most 32 MSCCL channels in all.
     min_bytes, max_bytes : int
         The message sizes the executor may pick the algorithm for (0: no upper limit).
     limits : Limits
@@ -837,6 +860,12 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
     limits = limits or Limits()
     if not 1 <= channels <= limits.max_channels:
         raise PlannerError(f"channels: must be 1..{limits.max_channels}, got {channels}")
+    if channels * schedule.nchannels > limits.max_channels:
+        raise PlannerError(f"channels: the schedule runs on {schedule.nchannels} channels, "
+                           f"so {channels} instances need {channels * schedule.nchannels} "
+                           f"MSCCL channels; the executor has {limits.max_channels} "
+                           f"(MAXCHANNELS): use at most "
+                           f"{limits.max_channels // schedule.nchannels} instances")
     if min_bytes < 0 or max_bytes < 0 or (max_bytes and max_bytes < min_bytes):
         raise PlannerError(f"min/max bytes: need 0 <= min <= max (max 0: no limit), got "
                            f"{min_bytes} and {max_bytes}")
@@ -873,23 +902,24 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
     max_cnt = limits.max_count - 1
     # Fail fast: the messages of one pair take a step each on the thread blocks of that
     # pair, and there are at most max_channels // channels of those.
-    per_pair: dict[tuple[int, int], int] = defaultdict(int)
+    per_pair: dict[tuple[int, int, int], int] = defaultdict(int)
     for program in schedule.ranks:
         for step in program.steps:
             for op in step:
                 if op.kind is OpKind.SEND:
-                    per_pair[(program.rank, op.peer)] += 1
+                    per_pair[(program.rank, op.peer, op.channel)] += 1
     # Unfused, every op is at least one step, and the executor's parser loads the algo,
     # every gpu element and one rank's tbs and steps into MAX_NODES nodes.
     busiest = max(schedule.ranks, key=lambda p: sum(map(len, p.steps)))
     unfused_nodes = 2 + schedule.nranks + sum(map(len, busiest.steps))
-    (src, dst), most = max(per_pair.items(), key=lambda kv: kv[1])
-    if most > limits.max_steps * (limits.max_channels // channels):
+    (src, dst, ch), most = max(per_pair.items(), key=lambda kv: kv[1])
+    room = limits.max_channels // (channels * schedule.nchannels)
+    if most > limits.max_steps * room:
+        on = f" on channel {ch}" if schedule.nchannels > 1 else ""
         raise PlannerError(_too_big(
-            name, f"ranks {src} -> {dst} exchange {most} messages, one step each, but "
-                  f"{limits.max_channels // channels} channel(s) of {limits.max_steps} "
-                  f"steps hold {limits.max_steps * (limits.max_channels // channels)}",
-            channels))
+            name, f"ranks {src} -> {dst} exchange {most} messages{on}, one step each, but "
+                  f"{room} channel(s) of {limits.max_steps} steps hold "
+                  f"{limits.max_steps * room}", channels))
     attempts = [True, False] if fuse else [False]
     no_unfused = (f"separate send and receive thread blocks need at least {unfused_nodes} "
                   f"XML nodes on gpu {busiest.rank} (algo, {schedule.nranks} gpus, one step "

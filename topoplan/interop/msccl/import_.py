@@ -26,7 +26,13 @@ step order and ``depid``/``deps``, over three buffers. The import:
 - **messages:** an MSCCL chunk is a topoplan chunk of ``1/nchunksperloop``; the steps a
   message was split into (count limits, buffer changes) are joined again when both ends
   hold them back to back (consecutive chunks of the full buffer); the result is
-  coalesced into chunk ranges (IR v2).
+  coalesced into chunk ranges (IR v2);
+- **channels** (IR v4): an op is on its thread block's ``chan`` (over the file's
+  ``topoplanSegments``, the MSCCL channels a plan's channel took in a file topoplan
+  exported), and channels whose ops share a chunk are merged, so every chunk belongs
+  to one channel: a channelled plan comes back on its channels (and an export's
+  instances, each on its own slice of the buffer, as channels of their own), an
+  algorithm whose channels share data on one.
 
 The schedule is verified before it is returned; one that does not verify is refused,
 naming why.
@@ -35,10 +41,11 @@ naming why.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...errors import ScheduleError
-from ...ir.schedule import Op, OpKind, Schedule, build_schedule, coalesce, equal_chunks
+from ...ir.schedule import (Native, Op, OpKind, RankProgram, Schedule, build_schedule,
+                            coalesce, equal_chunks)
 from .model import Algo, Step, ThreadBlock
 from .verify import verify_msccl
 
@@ -728,7 +735,8 @@ def _schedule(algo: Algo, units_of: dict[int, dict[int, list[_Unit]]], planned: 
                     order = (plan[-1],) if planned and len(plan) > 1 else ()
                     program[u.send_level].append(
                         ((*order, 0, tb.send, *u.send_key),
-                         Op(OpKind.SEND, tb.send, chunk, False, u.cnt)))
+                         Op(OpKind.SEND, tb.send, chunk, False, u.cnt,
+                            tb.chan // algo.segments)))
                 if u.type in _RECVS:
                     if u.readers:  # into scratch, added by its re's: one reducing recv
                         chunk, reduce = u.fold_chunk, True
@@ -738,7 +746,8 @@ def _schedule(algo: Algo, units_of: dict[int, dict[int, list[_Unit]]], planned: 
                     order = (u.first.plan[1],) if planned and len(u.first.plan) > 1 else ()
                     program[u.recv_level].append(
                         ((*order, 1, tb.recv, *u.recv_key),
-                         Op(OpKind.RECV, tb.recv, chunk, reduce, u.cnt)))
+                         Op(OpKind.RECV, tb.recv, chunk, reduce, u.cnt,
+                            tb.chan // algo.segments)))
         last = max(program, default=-1)
         steps.append([[op for _, op in sorted(program.get(t, []), key=lambda x: x[0])]
                       for t in range(last + 1)])
@@ -748,4 +757,40 @@ def _schedule(algo: Algo, units_of: dict[int, dict[int, list[_Unit]]], planned: 
                               msccl={"proto": algo.proto, "nchannels": algo.nchannels,
                                      "nchunksperloop": nchunks, "inplace": algo.inplace,
                                      "outofplace": algo.outofplace})
-    return schedule
+    return _channels(schedule)
+
+
+def _channels(schedule: Schedule) -> Schedule:
+    """``schedule`` (each op on its MSCCL channel, over the file's segments: the plan's
+    channel in a file topoplan exported) with IR v4 channels: channels whose ops touch
+    a common chunk (at any rank) are one, so that every chunk belongs to one channel;
+    they are numbered 0, 1, ... in order of their lowest MSCCL channel. An algorithm
+    whose channels share data comes back on one channel."""
+    parent: dict[int, int] = {}
+
+    def find(x: int) -> int:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    owner: dict[int, int] = {}
+    for _, _, op in schedule.ops():
+        a = find(op.channel)
+        for k in range(op.chunk, op.end):
+            b = find(owner.setdefault(k, op.channel))
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+                a = min(a, b)
+    roots = sorted({find(c) for c in parent})
+    number = {root: i for i, root in enumerate(roots)}
+    if all(number[find(c)] == c for c in parent):
+        return schedule
+    def moved(op: Op | Native) -> Op:
+        assert isinstance(op, Op)  # an import makes no native ops
+        return replace(op, channel=number[find(op.channel)])
+
+    programs = tuple(RankProgram(p.rank, tuple(tuple(moved(op) for op in step)
+                                               for step in p.steps)) for p in schedule.ranks)
+    return replace(schedule, ranks=programs)

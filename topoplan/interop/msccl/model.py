@@ -20,12 +20,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 __all__ = ["Step", "ThreadBlock", "Gpu", "Algo", "STEP_TYPES", "PROTOCOLS", "COLLECTIVES",
-           "BUFFERS", "FINGERPRINT_ATTR"]
+           "BUFFERS", "FINGERPRINT_ATTR", "SEGMENTS_ATTR"]
 
 #: The ``<algo>`` attribute in which topoplan's export records the cluster fingerprint
 #: of the plan. The executor's parser (msccl_parser.h) keeps up to 16 attributes per
 #: element (MAX_ATTR_COUNT; ``<algo>`` has 10 without it) and looks up only those it knows.
 FINGERPRINT_ATTR = "topoplanCluster"
+#: The ``<algo>`` attribute in which topoplan's export records how many consecutive MSCCL
+#: channels (segments) each channel of the plan (IR v4) and instance took, when more than
+#: one: MSCCL channel ``ch`` is then the plan's channel ``ch // segments`` (of instance
+#: ``ch // (segments * plan channels)``), which the import reads back. Executors ignore it.
+SEGMENTS_ATTR = "topoplanSegments"
 
 PROTOCOLS = ("Simple", "LL", "LL128")
 #: The collectives the executor's parser knows (``mscclGetAlgoFromXmlFile``).
@@ -118,6 +123,8 @@ class Algo:
     ``cluster_fingerprint`` is the :data:`FINGERPRINT_ATTR` attribute a file topoplan
     exported carries (the cluster the plan was made for, :mod:`topoplan.ir.fingerprint`;
     ``""`` when absent): executors ignore it, topoplan's importer keeps it in the plan.
+    ``segments`` is the :data:`SEGMENTS_ATTR` attribute (1 when absent): the MSCCL
+    channels each channel of the plan took in a file topoplan exported.
     ``file`` names the source in errors (not compared).
     """
 
@@ -134,3 +141,4 @@ class Algo:
     gpus: tuple[Gpu, ...]
     file: str = field(default="<algo>", compare=False)
     cluster_fingerprint: str = ""
+    segments: int = 1

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ...errors import XmlFormatError
 from ..xmlfile import Element, parse_xml, read_xml
-from .model import (BUFFERS, COLLECTIVES, FINGERPRINT_ATTR, PROTOCOLS, STEP_TYPES, Algo, Gpu,
+from .model import (BUFFERS, COLLECTIVES, FINGERPRINT_ATTR, SEGMENTS_ATTR, PROTOCOLS, STEP_TYPES, Algo, Gpu,
                     Step, ThreadBlock)
 
 __all__ = ["loads_msccl", "load_msccl"]
@@ -307,7 +307,8 @@ def _parse_root(root: Element, file: str) -> Algo:
                          f"{', ...' if len(missing) > 8 else ''}", "ngpus")
     return Algo(name, proto, nchannels, nchunks, ngpus, coll, inplace, outofplace,
                 min_bytes, max_bytes, tuple(gpus[g] for g in range(ngpus)), file=file,
-                cluster_fingerprint=root.attrs.get(FINGERPRINT_ATTR, ""))
+                cluster_fingerprint=root.attrs.get(FINGERPRINT_ATTR, ""),
+                segments=root.int(SEGMENTS_ATTR, 1, minimum=1, maximum=nchannels))
 
 
 def loads_msccl(text: str | bytes, file: str = "<string>") -> Algo:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...errors import XmlFormatError
-from .model import FINGERPRINT_ATTR, Algo
+from .model import FINGERPRINT_ATTR, SEGMENTS_ATTR, Algo
 
 __all__ = ["to_xml"]
 
@@ -32,6 +32,8 @@ def to_xml(algo: Algo) -> str:
     if algo.cluster_fingerprint:
         value = _attr_value(algo.cluster_fingerprint, FINGERPRINT_ATTR, algo.file)
         out[0] += f' {FINGERPRINT_ATTR}="{value}"'
+    if algo.segments != 1:
+        out[0] += f' {SEGMENTS_ATTR}="{algo.segments}"'
     out[0] += ">"
     for gpu in algo.gpus:
         out.append(f'  <gpu id="{gpu.id}" i_chunks="{gpu.i_chunks}" '

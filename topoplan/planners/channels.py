@@ -1,0 +1,175 @@
+"""A planner pass: run a schedule on ``C`` independent channels over disjoint slices of
+the data (IR v4), as NCCL splits its buffer over its channels.
+
+:func:`channelize` cuts every chunk into ``C`` sub-chunks and gives channel ``c`` a copy
+of every op on its own sub-chunks. Under IR v4's semantics (docs/SCHEDULE.md, "Version 4:
+channels") each channel's steps then wait only for that channel's previous step, so one
+channel's step latency hides behind another's transfer; the data each op moves is cut
+by ``C``, the number of ops is multiplied by ``C``.
+
+``topoplan.plan(..., channels=N)`` and ``topoplan plan --channels N`` apply it after
+planning; ``channels=1`` (the default) applies nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..errors import InfeasiblePlanError, PlannerError
+from ..ir.collectives import collective_of, shard_chunks
+from ..ir.schedule import Native, Op, RankProgram, Schedule
+
+__all__ = ["channelize", "check_channels", "check_caps_on_channels", "per_channel", "MAX_CHANNELS", "NATIVE_PLANNERS"]
+
+#: The planners whose plans hold native steps, which :func:`channelize` refuses
+#: (``auto`` with ``channels`` compares the others).
+NATIVE_PLANNERS = ("nccl", "composed")
+
+#: The most channels the pass makes (NCCL's MAXCHANNELS, ``src/include/device.h``).
+MAX_CHANNELS = 32
+
+
+def check_channels(channels: object) -> int:
+    """``channels`` if it is an integer in 1..:data:`MAX_CHANNELS`, else a
+    :class:`PlannerError` saying so."""
+    if isinstance(channels, bool) or not isinstance(channels, int) or \
+            not 1 <= channels <= MAX_CHANNELS:
+        raise PlannerError(f"channels: must be an integer in 1..{MAX_CHANNELS}, got {channels!r}")
+    return channels
+
+
+def _layout(schedule: Schedule, channels: int) -> tuple[tuple[tuple[int, int], ...],
+                                                         tuple[float, ...]]:
+    """The shards' chunk ranges of ``schedule`` (one range, every chunk, for an allreduce)
+    and the new chunks' fractions, laid out channel by channel within each shard."""
+    k = schedule.nchunks
+    if collective_of(schedule).sharded:
+        shards = shard_chunks(schedule.nranks, schedule.chunks, schedule.collective)
+    else:
+        shards = ((0, k),)
+    fractions: list[float] = []
+    for a, b in shards:
+        for _ in range(channels):
+            fractions.extend(f / channels for f in schedule.chunks[a:b])
+    return shards, tuple(fractions)
+
+
+def _split(op: Op, shards: tuple[tuple[int, int], ...], channel: int, channels: int,
+           base_channel: int) -> list[Op]:
+    """``op``'s copy on ``channel``: one op per shard its range touches, each on channel
+    ``channel``'s block of that shard (new chunk ``channels * a + channel * (b - a) + k
+    - a`` for old chunk ``k`` of shard ``[a, b)``)."""
+    out = []
+    for a, b in shards:
+        lo, hi = max(op.chunk, a), min(op.end, b)
+        if lo >= hi:
+            continue
+        first = channels * a + channel * (b - a) + (lo - a)
+        out.append(replace(op, chunk=first, count=hi - lo,
+                           channel=base_channel * channels + channel))
+    return out
+
+
+def channelize(schedule: Schedule, channels: int) -> Schedule:
+    """``schedule`` on ``channels`` independent channels over disjoint slices of the data.
+
+    Every chunk ``k`` is cut into ``channels`` sub-chunks, each a ``1 / channels`` share
+    of it, and channel ``c`` runs a copy of every op, in the same step, on its own
+    sub-chunks. The new chunks are laid out channel by channel within each shard, so
+    that an op's range stays one range per channel:
+
+    - allreduce: the whole buffer is one block per channel, old chunk ``k`` of channel
+      ``c`` is new chunk ``c * nchunks + k``;
+    - reduce-scatter and allgather: each shard ``[a, b)`` of the old chunks
+      (:func:`topoplan.ir.collectives.shard_chunks`) becomes ``channels`` blocks of
+      ``b - a`` chunks, so every shard keeps its place and size and the shard layout
+      stays valid; an op whose range spans several shards becomes one op per shard it
+      touches on each channel (both ends of its message are cut the same way).
+
+    A step's ops come out op by op, each op's copies in channel order, so the k-th
+    message of a pair of ranks on a channel pairs with the k-th recv on that channel,
+    and the k-th over all channels with the k-th over all channels too: the result also
+    runs and verifies as before IR v4 (lock-step). A schedule that is already on
+    several channels keeps them apart: its channel ``b`` becomes channels ``b *
+    channels .. b * channels + channels - 1``.
+
+    Each channel moves ``1 / channels`` of every message, so the result computes what
+    ``schedule`` computes, with ``channels`` times the ops and chunks. ``meta`` is kept,
+    with ``meta["channels"]`` set to the result's channel count.
+
+    Parameters
+    ----------
+    schedule : Schedule
+        A point-to-point schedule (no native steps), any collective.
+    channels : int
+        Channels to run it on, 1 to :data:`MAX_CHANNELS`; 1 returns ``schedule`` as it is.
+
+    Returns
+    -------
+    Schedule
+        Version 4 (version as before for ``channels == 1``), ``nchannels ==
+        schedule.nchannels * channels``.
+
+    Raises
+    ------
+    PlannerError
+        ``channels`` out of range, or ``schedule`` has native steps (IR v3): a native
+        collective runs on channel 0 over its whole range and cannot be cut over
+        channels, so the pass refuses the schedule (naming the first native step)
+        rather than returning it unchanged.
+
+    Notes
+    -----
+    O(ops * channels * shards touched per op) time; NCCL cuts its buffer over its
+    channels the same way (``src/enqueue.cc``, each channel a contiguous slice of every
+    step's data).
+    """
+    check_channels(channels)
+    if channels == 1:
+        return schedule
+    for rank, at, op in schedule.ops():
+        if isinstance(op, Native):
+            raise PlannerError(
+                f"{schedule.algorithm} schedule: rank {rank} step {at} runs a native "
+                f"{op.text()}, which runs on channel 0 over its whole range and cannot be "
+                f"cut over {channels} channels; plan with a point-to-point planner (ring, "
+                "rhd, hierarchical, mcf) or leave channels at 1")
+    shards, fractions = _layout(schedule, channels)
+    programs = []
+    for program in schedule.ranks:
+        steps = []
+        for step in program.steps:
+            ops: list[Op] = []
+            for op in step:
+                assert isinstance(op, Op)  # natives refused above
+                for c in range(channels):
+                    ops.extend(_split(op, shards, c, channels, op.channel))
+            steps.append(tuple(ops))
+        programs.append(RankProgram(program.rank, tuple(steps)))
+    out = replace(schedule, chunks=fractions, ranks=tuple(programs))
+    return out.with_meta(channels=out.nchannels)
+
+
+def per_channel(cap: int | None, channels: int) -> int | None:
+    """A plan-size cap (``max_chunks``, ``max_step_ops``) for the plan that
+    :func:`channelize` puts on ``channels`` channels: each chunk and op is ``channels``
+    of them after the pass."""
+    if cap is None or channels == 1 or isinstance(cap, bool) or not isinstance(cap, int):
+        return cap  # a bad cap is the request's to refuse
+    return max(1, cap // channels)
+
+
+def check_caps_on_channels(schedule: Schedule, channels: int, max_step_ops: int | None,
+                           max_chunks: int | None) -> Schedule:
+    """``schedule`` (a :func:`channelize` result) if it meets the plan-size caps, else an
+    :class:`InfeasiblePlanError` naming the cap and what to lower."""
+    name = f"{schedule.algorithm} on {channels} channels"
+    if max_chunks is not None and schedule.nchunks > max_chunks:
+        raise InfeasiblePlanError(
+            f"{name}: {schedule.nchunks} chunks ({schedule.nchunks // channels} per "
+            f"channel), over max_chunks={max_chunks}: use fewer channels or raise max_chunks")
+    if max_step_ops is not None and schedule.max_step_ops > max_step_ops:
+        raise InfeasiblePlanError(
+            f"{name}: {schedule.max_step_ops} ops in one step, over max_step_ops="
+            f"{max_step_ops}: use fewer channels or raise max_step_ops")
+    return schedule
