@@ -124,6 +124,29 @@ def test_an_untagged_transport_runs_channels_one_after_another() -> None:
     assert "channel 1 step 1: recv of chunk 1 from peer 0 " in results[1]["handoff"]
 
 
+def test_channels_whose_tags_would_wrap_run_one_after_another() -> None:
+    """16385 messages a pair on each of two channels: the call's tags (32770) do not fit
+    below TAG_LIMIT, so the channels' tags would meet; the channels then run one after
+    another (every rank posts all of channel 0's messages first, and messages of one tag
+    pair in order), and still sum right."""
+    from topoplan.runtime.transports.base import TAG_LIMIT
+    k = TAG_LIMIT // 2 + 1
+    schedule = build_schedule(
+        2, equal_chunks(2),
+        [[[send(1, 0, channel=0), recv(1, 1, True, channel=1)] for _ in range(k)],
+         [[recv(0, 0, True, channel=0), send(0, 1, channel=1)] for _ in range(k)]])
+    assert pair_span(schedule) == 2 * k > TAG_LIMIT
+
+    def rank_fn(t: Local) -> Any:
+        run = Allreduce(schedule, t, timeout=30)
+        x = np.full(4, t.rank + 1.0)
+        run(x)
+        return run._channel_mode, x.tolist()
+
+    assert Local.launch(2, rank_fn) == [("serial", [1.0, 1.0, 1.0 + 2 * k, 1.0 + 2 * k]),
+                                        ("serial", [2.0 + k, 2.0 + k, 2.0, 2.0])]
+
+
 def test_a_rank_that_never_comes_times_out_naming_the_channel() -> None:
     def rank_fn(t: Local) -> Any:
         if t.rank == 2:
