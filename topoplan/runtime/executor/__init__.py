@@ -62,6 +62,16 @@ side (collectives carry no tags: every member must issue them in one order), and
 failed native step leaves its group broken on the transport. A native op whose range
 is empty, or whose group is one rank, moves nothing and is skipped on every member.
 
+Channels (IR v4): a rank's program is compiled channel by channel, each channel's
+messages tagged in a range of its own (counting per peer and channel) and reducing in a
+scratch region of its own, and a call runs its channels at once: on MPI and Local one
+loop posts every channel's current step and moves each as its step completes; on gloo
+each channel waits on a thread of its own; on NCCL (untagged: messages pair by post
+order) the channels run one after another, channel 0's whole program first, as they do
+wherever a call's tags would not fit below ``TAG_LIMIT``. A channel's step waits only
+for its own previous step. Errors name the channel when a schedule has several
+(:mod:`~topoplan.runtime.executor.engine` has the details and the costs).
+
 The package holds one concept per module:
 
 - :mod:`~topoplan.runtime.executor.calls`: the three public collectives, :class:`Allreduce`,

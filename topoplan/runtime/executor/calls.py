@@ -53,6 +53,11 @@ class Allreduce(Executor):
     rank must build the same executors in the same order (as it must make the same
     calls in the same order).
 
+    A schedule with channels (IR v4) runs its channels at once, each channel's step
+    waiting only for that channel's step before it: on MPI and Local in one polling
+    loop, on gloo a thread per channel, on NCCL one channel after another (its messages
+    pair by post order); see :mod:`topoplan.runtime.executor`.
+
     Examples
     --------
     >>> from topoplan.runtime.transports import Local

@@ -7,6 +7,21 @@ that must not land in the user's buffer directly (see :mod:`topoplan.runtime.exe
 semantics they keep). :func:`bind_steps` then lays a program over a work buffer and a
 scratch arena: buffer views, and the transport's wires for them, made once.
 
+Channels (IR v4): a rank's program is compiled channel by channel
+(:meth:`~topoplan.ir.schedule.Schedule.channel_steps`), each channel's steps one after
+another in :attr:`Program.steps` (channel 0's first) with :attr:`Program.channels`
+saying where each channel's run of steps lies, and a scratch region of its own, so
+channels can run at the same time. Sequence numbers count per (peer, channel): the
+k-th message of a pair on channel ``c`` matches the k-th at the peer on channel ``c``,
+and is tagged ``offset[c] + k``, where channel ``c``'s tags start after the most
+messages any pair sends on the channels below it (:func:`channel_tags`). So the tags
+of different channels never meet, and :func:`pair_span` (what epochs and lanes shift
+by) is the sum of the channels' spans; without channels it is what it always was.
+When a call's tags do not fit below :data:`~topoplan.runtime.transports.base.TAG_LIMIT`
+they wrap, as before, and channels may then share tags: the executor runs such a
+program's channels one after another, which non-overtaking keeps correct (every rank
+posts all of a pair's channel-``c`` messages before any of channel ``c + 1``'s).
+
 A native step (IR v3) compiles to a :class:`NativePlan`: the element range of its chunks
 and the offsets of its parts in it (reduce-scatter, allgather: part ``i`` is member
 ``group[i]``'s, ``count / len(group)`` chunks, so parts differ in elements when the
@@ -25,9 +40,12 @@ from ...ir.schedule import Native, OpKind, Schedule, chunk_text
 from ..transports.base import TAG_LIMIT, Group, Message
 
 __all__ = ["Span", "MessagePlan", "NativePlan", "StepPlan", "Program", "BoundStep",
-           "BoundProgram", "pair_span", "native_groups", "compile_program", "bind_steps"]
+           "BoundProgram", "ChannelRun", "pair_span", "channel_tags", "native_groups",
+           "compile_program", "bind_steps"]
 
 Span = tuple[int, int]  # elements [start, end) of the buffer an op carries
+#: A channel's run of steps in a program: (channel, first index, one past the last).
+ChannelRun = tuple[int, int, int]
 
 
 @dataclass(slots=True)
@@ -70,6 +88,7 @@ class StepPlan:
     snapshots: list[tuple[Span, tuple[int, int]]]  # span -> scratch slot, copied at step start
     reduces: list[tuple[Span, tuple[int, int]]]    # span += scratch slot, after the wait
     native: NativePlan | None = None
+    channel: int = 0
 
 
 @dataclass(slots=True)
@@ -78,9 +97,10 @@ class Program:
 
     n: int
     bounds: list[tuple[int, int]]
-    steps: list[StepPlan]      # only steps that move data
+    steps: list[StepPlan]      # only steps that move data, channel by channel
     step_index: list[int]      # the schedule's step number of each entry in ``steps``
-    scratch: int               # elements of scratch the rank needs
+    scratch: int               # elements of scratch the rank needs (every channel's own)
+    channels: list[ChannelRun] = field(default_factory=list)  # where each channel's steps lie
 
 
 @dataclass(slots=True)
@@ -95,6 +115,7 @@ class BoundStep:
     batches: list[Any] = field(default_factory=list)  # per lane and epoch: transport.batch(...)
     native: Any = None                # a native step: its NativeWork (transport.native(...))
     what: NativePlan | None = None    # ... and its plan, for errors
+    channel: int = 0
 
 
 @dataclass(slots=True)
@@ -107,16 +128,39 @@ class BoundProgram:
     scratch: Any
     copy_in: list[tuple[Any, Any]]   # (dst, src) before the first step: user data -> work
     copy_out: list[tuple[Any, Any]]  # (dst, src) after the last step: work -> user data
+    channels: list[ChannelRun] = field(default_factory=list)  # the program's channel runs
+
+
+def channel_tags(schedule: Schedule) -> dict[int, tuple[int, int]]:
+    """Each channel's tags in a call: ``{channel: (offset, span)}``, its messages tagged
+    ``offset .. offset + span - 1``, ``span`` the most messages one ordered pair of ranks
+    exchanges on it (at least 1), the channels' ranges laid end to end in channel order
+    (the same on every rank: it is the schedule's, not the rank's). Channels no op
+    names get none. Without channels: ``{0: (0, pair_span)}``."""
+    counts: dict[tuple[int, int, int], int] = {}
+    channels = {0}
+    for rank, _, op in schedule.ops():
+        if isinstance(op, Native):
+            continue  # channel 0, no tags
+        if op.kind is OpKind.SEND:
+            key = (op.channel, rank, op.peer)
+            counts[key] = counts.get(key, 0) + 1
+        elif op.channel:
+            channels.add(op.channel)
+    spans: dict[int, int] = {c: 1 for c in channels}
+    for (c, _, _), k in counts.items():
+        spans[c] = max(spans.get(c, 1), k)
+    out, offset = {}, 0
+    for c in sorted(spans):
+        out[c] = (offset, spans[c])
+        offset += spans[c]
+    return out
 
 
 def pair_span(schedule: Schedule) -> int:
-    """The most messages one ordered pair of ranks exchanges in a call (at least 1)."""
-    counts: dict[tuple[int, int], int] = {}
-    for rank, _, op in schedule.ops():
-        if op.kind is OpKind.SEND:
-            key = (rank, op.peer)
-            counts[key] = counts.get(key, 0) + 1
-    return max(counts.values(), default=1)
+    """The tags one call uses on an ordered pair of ranks (at least 1): the most messages
+    one pair exchanges, summed over the channels (:func:`channel_tags`)."""
+    return sum(span for _, span in channel_tags(schedule).values())
 
 
 def native_groups(schedule: Schedule, nranks: int, transport: str = "transport") -> list[Group]:
@@ -192,7 +236,8 @@ def _native_plan(op: Native, rank: int, bounds: list[tuple[int, int]]) -> Native
     return NativePlan(op, (start, end), parts, op.group.index(rank), root)
 
 
-def compile_program(schedule: Schedule, rank: int, n: int) -> Program:
+def compile_program(schedule: Schedule, rank: int, n: int,
+                    tags: dict[int, tuple[int, int]] | None = None) -> Program:
     """``rank``'s program of ``schedule`` for a buffer of ``n`` elements.
 
     A send that overlaps a chunk range a receive of its step overwrites goes out of a
@@ -200,26 +245,48 @@ def compile_program(schedule: Schedule, rank: int, n: int) -> Program:
     the wait; everything else moves the buffer's views directly. Empty pieces are
     skipped (both ends skip them) but still count for the pair's tags. A native step
     is a step of its own (:class:`NativePlan`); one that moves nothing is skipped by
-    every member alike.
+    every member alike. Channels (IR v4) compile one after another, each with its own
+    tags (``tags``: :func:`channel_tags` of the schedule, computed when not given) and
+    its own region of scratch; see the module docstring.
     """
     bounds = schedule.chunk_bounds(n)
+    if tags is None:
+        tags = channel_tags(schedule)
+    steps: list[StepPlan] = []
+    step_index: list[int] = []
+    runs: list[ChannelRun] = []
+    base = 0  # where the channel's scratch starts: after the channels before it
+    for channel, channel_steps in schedule.channel_steps(rank).items():
+        first = len(steps)
+        base = _compile_channel(rank, channel, channel_steps, bounds, tags[channel][0], base,
+                                steps, step_index)
+        if len(steps) > first:
+            runs.append((channel, first, len(steps)))
+    return Program(n, bounds, steps, step_index, base, runs)
+
+
+def _compile_channel(rank: int, channel: int, channel_steps: list[tuple[int, Any]],
+                     bounds: list[tuple[int, int]], tag0: int, base: int,
+                     steps: list[StepPlan], step_index: list[int]) -> int:
+    """Compile one channel's steps onto ``steps`` and ``step_index``, its messages tagged
+    from ``tag0`` on and its scratch from ``base``; returns where its scratch ends."""
     seq_out: dict[int, int] = {}
     seq_in: dict[int, int] = {}
-    steps, step_index, scratch = [], [], 0
-    for s, ops in enumerate(schedule.steps_of(rank)):
+    scratch = base
+    for s, ops in channel_steps:
         # Chunk ranges overwritten by this step's recvs: a send that overlaps one must
         # carry the value from the step's start, so it goes out of a snapshot.
         # (Recv ranges of a step are disjoint, so sorted by start their ends sort too.)
         overwritten = sorted((op.chunk, op.end) for op in ops
                              if op.kind is OpKind.RECV and not op.reduce)
         ow_starts = [a for a, _ in overwritten]
-        offset = 0
+        offset = base
         snap_slot: dict[Span, tuple[int, int]] = {}
         messages, snapshots, reduces = [], [], []
         if ops and isinstance(ops[0], Native):
             plan = _native_plan(ops[0], rank, bounds)
             if plan is not None:
-                steps.append(StepPlan([], [], [], plan))
+                steps.append(StepPlan([], [], [], plan, channel))
                 step_index.append(s)
             continue
         for op in ops:
@@ -249,15 +316,15 @@ def compile_program(schedule: Schedule, rank: int, n: int) -> Program:
                 offset += length
                 reduces.append((span, slot))
             messages.append(MessagePlan(op.kind is OpKind.SEND, op.peer, op.chunk, op.count,
-                                        span, seq % TAG_LIMIT, op.reduce, slot))
+                                        span, (tag0 + seq) % TAG_LIMIT, op.reduce, slot))
         scratch = max(scratch, offset)
         # Receives first (a stable sort keeps each pair's order): a send then finds
         # its receive already posted, which saves a copy in MPI and gloo.
         messages.sort(key=lambda m: m.send)
         if messages:
-            steps.append(StepPlan(messages, snapshots, reduces))
+            steps.append(StepPlan(messages, snapshots, reduces, None, channel))
             step_index.append(s)
-    return Program(n, bounds, steps, step_index, scratch)
+    return scratch
 
 
 def bind_steps(program: Program, work: Any, scratch: Any, prepare: Callable[[Any], Any],
@@ -295,7 +362,7 @@ def bind_steps(program: Program, work: Any, scratch: Any, prepare: Callable[[Any
                 raise ScheduleError("bind_steps: a native step needs native=")
             a, b = sp.native.span
             steps.append(BoundStep(index, [], [], [], [], [], native(sp.native, work[a:b]),
-                                   sp.native))
+                                   sp.native, sp.channel))
             continue
         messages = []
         for m in sp.messages:
@@ -311,5 +378,5 @@ def bind_steps(program: Program, work: Any, scratch: Any, prepare: Callable[[Any
             [(scratch[a:b], view_of(c)) for c, (a, b) in sp.snapshots],
             messages, sp.messages,
             [(view_of(c), scratch[a:b]) for c, (a, b) in sp.reduces],
-            [None] * batches))
+            [None] * batches, channel=sp.channel))
     return steps

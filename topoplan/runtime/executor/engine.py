@@ -19,21 +19,53 @@ order, which calls need anyway); binding a buffer binds each native step once
 its turn comes, started after the step before it ended and before the next one starts,
 with the step's deadline. Calls that share a group run one after another in start
 order, so every member issues the group's collectives in the same order.
+
+Channels (IR v4): a program of several channels (:mod:`~topoplan.runtime.executor.compiler`)
+runs them at once where the transport allows it, how depending on the transport:
+
+- tagged and pollable (MPI, Local): one loop posts every channel's current step and
+  moves each channel as its step completes (``test`` on each, then the next step of that
+  channel at once); with nothing done it waits in
+  :meth:`~topoplan.runtime.transports.Transport.wait_any` (Local: on the world's
+  condition; MPI: ``Test`` with ``sched_yield`` between rounds, as its ``wait``), never a
+  bare spin. Calls in flight move the same way, a round per poll. A native step (channel
+  0) is started and tested like the others' messages; MPI's ``blocking_natives`` does not
+  apply to it (a blocking collective would stop the other channels).
+- tagged, not pollable (torch/gloo: a step completes only inside ``Work.wait``): one
+  thread per channel, channel 0 on the caller's, each waiting on its own step (gloo's
+  ``wait`` is per work; every channel's tags are its own). Channel threads come from
+  a pool of the executor's (started on first use, reused). A call that fails in one
+  channel stops the others before their next step, so it ends at most one step timeout
+  after the failure. The cost: a thread hand-off per channel per call (tens of us).
+- untagged (NCCL, which pairs messages by the order they are posted) or with tags that
+  do not fit (they wrap, see the compiler): one channel after another, every rank
+  running channel 0's whole program, then channel 1's; each channel alone is
+  deadlock-free, so this is too, but channels do not overlap: NCCL runs everything
+  on the transport's one stream anyway, and concurrent channels there would need a
+  communicator and a stream per channel.
+
+A failed call aborts every channel's posted step and leaves behind the receives of each
+channel from its current step on; errors name the channel when the schedule has
+several (``rank 3: mpi ring allreduce, channel 1 step 2: recv of chunk 5 from peer 2
+...``, ``rank 3 channel 0 step 2: native ...``).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
-from typing import Any, ClassVar, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, Callable, ClassVar, Sequence
 
 from ...ir.collectives import collective_of
 from ...errors import TopoplanError, TransportError
 from ...ir.schedule import Native, Schedule
 from ..transports.base import TAG_LIMIT, Collective, Message, NoNative, PeerFailure, Transport
 from .arrays import ArrayOps, array_ops
-from .compiler import (BoundProgram, BoundStep, NativePlan, Program, bind_steps, compile_program,
-                       native_groups, pair_span)
+from .compiler import (BoundProgram, BoundStep, NativePlan, Program, bind_steps, channel_tags,
+                       compile_program, native_groups)
 from .handle import Handle
 from .lanes import LANES, CallQueue, epochs_for, fits_a_lane, queue_of, tag_shift
 
@@ -41,6 +73,22 @@ __all__ = ["Executor", "BOUND_CACHE"]
 
 #: How many bound buffers an executor keeps views for (a training loop alternates few).
 BOUND_CACHE = 8
+
+
+class Cursor:
+    """One channel of a call that runs its channels at once: its steps ``at .. end - 1``
+    of the bound program, the step it posted (a transport handle or a native work) and
+    that step's deadline."""
+
+    __slots__ = ("channel", "at", "end", "posted", "deadline")
+
+    def __init__(self, channel: int, at: int, end: int) -> None:
+        self.channel, self.at, self.end = channel, at, end
+        self.posted: Any = None
+        self.deadline = 0.0
+
+    def __repr__(self) -> str:
+        return f"<channel {self.channel} at {self.at} of {self.end}>"
 
 
 class Executor:
@@ -72,7 +120,17 @@ class Executor:
         self.rank = transport.rank
         self.timeout = float(timeout)
         self.accumulate_fp32 = accumulate_fp32
-        span = pair_span(schedule)
+        tags = channel_tags(schedule)
+        self._tags = tags
+        span = sum(width for _, width in tags.values())
+        #: Whether the schedule has several channels (IR v4): errors then name them.
+        self.channelled = len(tags) > 1
+        # How a program of several channels runs (see the module docstring): at once,
+        # polled ("poll") or a thread each ("threads"), or one after another ("serial")
+        # where messages pair by post order or the tags wrap.
+        self._channel_mode = ("serial" if not transport.tagged or span > TAG_LIMIT
+                              else "poll" if transport.pollable else "threads")
+        self._pool: ThreadPoolExecutor | None = None
         # Epochs must not share tags: with more messages per pair than TAG_LIMIT / EPOCHS
         # in one call, every call uses the same tags (and nothing is drained).
         self._epochs = epochs_for(span)
@@ -168,7 +226,7 @@ class Executor:
         """The rank's program for an ``n``-element buffer (cached)."""
         plan = self._compiled.get(n)
         if plan is None:
-            plan = self._compiled[n] = compile_program(self.schedule, self.rank, n)
+            plan = self._compiled[n] = compile_program(self.schedule, self.rank, n, self._tags)
         return plan
 
     def _bind(self, *buffers: Any) -> tuple[BoundProgram, ArrayOps]:
@@ -206,7 +264,7 @@ class Executor:
 
         steps = bind_steps(plan, work, scratch, transport.prepare,
                            self._epochs * (LANES if self._laned else 1), native)
-        bound = BoundProgram(steps, buffers, work, scratch, copy_in, copy_out)
+        bound = BoundProgram(steps, buffers, work, scratch, copy_in, copy_out, plan.channels)
         self._bound[key] = bound
         while len(self._bound) > BOUND_CACHE:
             self._bound.popitem(last=False)
@@ -227,6 +285,8 @@ class Executor:
             self._calls = call + 1
             handle = Handle(self, buffers[-1], bound, ops, call, call % self._epochs,
                                      self._lane_of(queue.lane()))
+            if self._concurrent(bound):
+                handle._cursors = self._cursors(bound)
             queue.calls.append(handle)
             self._progress_all()
         return handle
@@ -245,6 +305,15 @@ class Executor:
             if not handle.done:
                 moved |= handle._owner._advance(handle, block=False)
         return moved
+
+    def _concurrent(self, bound: BoundProgram) -> bool:
+        """Whether a call on ``bound`` runs its channels at once (it has several, and the
+        transport lets them: see the module docstring)."""
+        return len(bound.channels) > 1 and self._channel_mode != "serial"
+
+    @staticmethod
+    def _cursors(bound: BoundProgram) -> list[Cursor]:
+        return [Cursor(c, first, end) for c, first, end in bound.channels]
 
     def _lane_of(self, lane: int) -> int:
         """The lane a call of this executor runs in: its turn's, or 0 when unlaned."""
@@ -285,6 +354,8 @@ class Executor:
                 self._drain(h.call)
             for dst, src in h._bound.copy_in:
                 h._ops.copy(dst, src)
+        if h._cursors is not None:
+            return self._advance_channels(h, h._cursors, block=block)
         transport, steps = self.transport, h._bound.steps
         moved = False
         try:
@@ -364,6 +435,213 @@ class Executor:
         self._queue.calls.remove(h)
         return True
 
+    def _advance_channels(self, h: Handle, cursors: list[Cursor], *, block: bool) -> bool:
+        """:meth:`_advance` for a call that runs its channels at once."""
+        moved = False
+        try:
+            with self.transport.compute_context():
+                if self._channel_mode == "poll":
+                    moved = self._poll(cursors, h._bound, h._ops, h.call, h.epoch, h.lane,
+                                       block=block)
+                elif block:
+                    self._threads(cursors, h._bound, h._ops, h.call, h.epoch, h.lane)
+                else:
+                    return False  # on threads, in wait()
+                if any(cur.at < cur.end for cur in cursors):
+                    return moved
+                for dst, src in h._bound.copy_out:
+                    h._ops.copy(dst, src)
+        except TransportError as exc:
+            h._error = exc
+        h.done = True
+        self._queue.calls.remove(h)
+        return True
+
+    # -- channels at once ----------------------------------------------------------
+    def _post(self, cur: Cursor, step: BoundStep, ops: ArrayOps, epoch: int, lane: int) -> None:
+        """Start ``step`` of channel ``cur``: its native collective, or its snapshots and
+        messages (batched once per lane and epoch)."""
+        work = step.native
+        if work is not None:
+            work.start()
+            cur.posted = work
+        else:
+            for dst, src in step.snapshots:
+                ops.copy(dst, src)
+            slot = lane * self._epochs + epoch
+            batch = step.batches[slot]
+            if batch is None:
+                batch = step.batches[slot] = self.transport.batch(
+                    self._messages(step, epoch, lane))
+            cur.posted = self.transport.start(batch)
+        cur.deadline = time.monotonic() + self.timeout
+
+    def _poll(self, cursors: list[Cursor], bound: BoundProgram, ops: ArrayOps, call: int,
+              epoch: int, lane: int, *, block: bool) -> bool:
+        """Move every channel of a call on a pollable transport: post each channel's
+        current step, test each, and on completion finish it and post the channel's next
+        (``block``: until every channel is done, waiting in ``wait_any`` when none moved;
+        else as far as they go without waiting). Whether anything moved.
+
+        Raises
+        ------
+        TransportError
+            A channel's step failed or timed out (every channel's posted step is
+            aborted and its receives from there on are left behind first).
+        """
+        transport, steps = self.transport, bound.steps
+        clock = time.monotonic
+        moved = False
+        while True:
+            progressed = False
+            running = 0
+            cur: Cursor | None = None
+            try:
+                # Every channel's next step is posted before any is tested: on MPI an
+                # idle Test may give the CPU away, with the other channels' sends unsent.
+                for cur in cursors:
+                    if cur.posted is None and cur.at < cur.end:
+                        self._post(cur, steps[cur.at], ops, epoch, lane)
+                        progressed = True
+                for cur in cursors:
+                    if cur.at == cur.end:
+                        continue
+                    step = steps[cur.at]
+                    work = step.native
+                    if work is not None:
+                        if not work.test():
+                            if clock() < cur.deadline:
+                                running += 1
+                                continue
+                            if not work.wait(0.0):
+                                self._fail(cursors, bound, call, epoch, lane)
+                                raise self._native_error(step, None)
+                        work.finish()
+                    else:
+                        if not transport.test(cur.posted) and clock() < cur.deadline:
+                            running += 1
+                            continue
+                        pending = transport.wait(cur.posted, 0.0)
+                        if pending:
+                            self._fail(cursors, bound, call, epoch, lane)
+                            raise self._error(step, pending, None)
+                        for dst, src in step.reduces:
+                            ops.add(dst, src)
+                    cur.posted = None
+                    cur.at += 1
+                    progressed = True
+                    if cur.at < cur.end:
+                        running += 1
+            except PeerFailure as exc:
+                assert cur is not None  # set by the loop that raised
+                step = steps[cur.at]
+                self._fail(cursors, bound, call, epoch, lane)
+                if step.native is not None:
+                    raise self._native_error(step, exc.reason) from None
+                raise self._error(step, [exc.index], exc.reason) from None
+            moved |= progressed
+            if not running or (not block and not progressed):
+                return moved
+            if not progressed:
+                waiting = [c for c in cursors if c.at < c.end]
+                tests: list[Callable[[], bool]] = [
+                    c.posted.test if steps[c.at].native is not None
+                    else partial(transport.test, c.posted) for c in waiting]
+                left = min(c.deadline for c in waiting) - clock()
+                transport.wait_any(tests, max(0.0, left))
+
+    def _fail(self, cursors: list[Cursor], bound: BoundProgram, call: int, epoch: int,
+              lane: int) -> None:
+        """After a channel failed: give up every channel's posted step, and leave behind
+        each channel's receives from its current step on."""
+        for cur in cursors:
+            if cur.posted is not None:
+                try:
+                    if bound.steps[cur.at].native is not None:
+                        cur.posted.abort()
+                    else:
+                        self.transport.abort(cur.posted)
+                except Exception:  # noqa: BLE001 - best effort after a failure
+                    pass
+                cur.posted = None
+        self._leave_channels(cursors, bound, call, epoch, lane)
+
+    def _leave_channels(self, cursors: list[Cursor], bound: BoundProgram, call: int,
+                        epoch: int, lane: int) -> None:
+        for cur in cursors:
+            if cur.at < cur.end:
+                self._leave_behind(bound.steps[cur.at:cur.end], call, epoch, lane)
+
+    def _threads(self, cursors: list[Cursor], bound: BoundProgram, ops: ArrayOps, call: int,
+                 epoch: int, lane: int) -> None:
+        """Run every channel of a call to the end on a transport that cannot be polled:
+        channel ``cursors[0]`` on this thread, each other on a thread of the executor's
+        pool, each waiting on its own steps (see the module docstring).
+
+        Raises
+        ------
+        TransportError
+            The first failed channel's error (in channel order), once every channel has
+            stopped and left its receives behind.
+        """
+        pool = self._pool
+        if pool is None:
+            pool = self._pool = ThreadPoolExecutor(
+                max_workers=max(1, len(self._tags) - 1),
+                thread_name_prefix=f"topoplan-channel-r{self.rank}")
+        stop = threading.Event()
+        futures = [pool.submit(self._run_channel, cur, bound, ops, epoch, lane, stop)
+                   for cur in cursors[1:]]
+        errors: list[BaseException] = []
+        try:
+            self._run_channel(cursors[0], bound, ops, epoch, lane, stop)
+        except BaseException as exc:  # noqa: BLE001 - raised below, once every channel stopped
+            errors.append(exc)
+        for future in futures:
+            failure = future.exception()  # waits for the channel
+            if failure is not None:
+                errors.append(failure)
+        if errors:
+            self._leave_channels(cursors, bound, call, epoch, lane)
+            raise errors[0]  # in channel order (a stopped channel raises nothing)
+
+    def _run_channel(self, cur: Cursor, bound: BoundProgram, ops: ArrayOps, epoch: int,
+                     lane: int, stop: threading.Event) -> None:
+        """Run channel ``cur``'s steps one after another, waiting on each; stop before the
+        next step once ``stop`` is set (another channel failed), and set it on failure."""
+        transport, steps, timeout = self.transport, bound.steps, self.timeout
+        try:
+            while cur.at < cur.end and not stop.is_set():
+                step = steps[cur.at]
+                work = step.native
+                if work is not None:
+                    try:
+                        done = work.run(timeout)
+                    except PeerFailure as exc:
+                        work.abort()
+                        raise self._native_error(step, exc.reason) from None
+                    if not done:
+                        work.abort()
+                        raise self._native_error(step, None)
+                    work.finish()
+                else:
+                    self._post(cur, step, ops, epoch, lane)
+                    handle, cur.posted = cur.posted, None
+                    try:
+                        pending = transport.wait(handle, timeout)
+                    except PeerFailure as exc:
+                        transport.abort(handle)
+                        raise self._error(step, [exc.index], exc.reason) from None
+                    if pending:
+                        transport.abort(handle)
+                        raise self._error(step, pending, None)
+                    for dst, src in step.reduces:
+                        ops.add(dst, src)
+                cur.at += 1
+        except BaseException:
+            stop.set()
+            raise
+
     # -- run ------------------------------------------------------------------
     def _call(self, *buffers: Any) -> Any:
         """Run a call on ``buffers`` to the end; returns the last one (the result)."""
@@ -391,6 +669,15 @@ class Executor:
         add, copy = ops.add, ops.copy
         for dst, src in bound.copy_in:
             copy(dst, src)
+        if self._concurrent(bound):
+            cursors = self._cursors(bound)
+            if self._channel_mode == "poll":
+                self._poll(cursors, bound, ops, call, epoch, lane, block=True)
+            else:
+                self._threads(cursors, bound, ops, call, epoch, lane)
+            for dst, src in bound.copy_out:
+                copy(dst, src)
+            return
         transport, timeout = self.transport, self.timeout
         for s, step in enumerate(bound.steps):
             work = step.native
@@ -448,8 +735,9 @@ class Executor:
         if self._epochs == 1:
             return
         shift = self._shift(epoch, lane)
-        self._stale += [(call, m.peer, (m.tag + shift) % TAG_LIMIT)
-                        for step in steps for m in step.messages if not m.send]
+        # extend: channel threads may leave theirs at once (one call, atomic).
+        self._stale.extend([(call, m.peer, (m.tag + shift) % TAG_LIMIT)
+                            for step in steps for m in step.messages if not m.send])
 
     def _drain(self, call: int) -> None:
         """Drop the failed calls' messages that have arrived since (see the module
@@ -463,6 +751,12 @@ class Executor:
                 keep.append((made, peer, tag))
         self._stale = keep
 
+    def _where(self, step: BoundStep) -> str:
+        """``step 2``, or ``channel 1 step 2`` when the schedule has several channels."""
+        if self.channelled:
+            return f"channel {step.channel} step {step.index}"
+        return f"step {step.index}"
+
     def _native_error(self, step: BoundStep, reason: str | None) -> TransportError:
         """``rank 3 step 2: native reduce_scatter over {2, 3} of chunks 0..3
         (MPI_Ireduce_scatter_block) timed out after 2 s: ...``."""
@@ -474,7 +768,7 @@ class Executor:
         else:
             why = f"failed: {reason}"
         return TransportError(
-            f"rank {self.rank} step {step.index}: {plan.what()} ({step.native.call}, "
+            f"rank {self.rank} {self._where(step)}: {plan.what()} ({step.native.call}, "
             f"{self.transport.name} {self.schedule.algorithm} {self.spec.name}) {why}",
             rank=self.rank, step=step.index, chunk=plan.op.chunk)
 
@@ -493,5 +787,5 @@ class Executor:
             why = f"failed: {reason}"
         return TransportError(
             f"rank {self.rank}: {self.transport.name} {self.schedule.algorithm} {self.spec.name}, "
-            f"step {step.index}: {what}{more} {why}",
+            f"{self._where(step)}: {what}{more} {why}",
             rank=self.rank, step=step.index, peer=blamed.peer, chunk=blamed.chunk)

@@ -47,7 +47,7 @@ class Handle:
     """
 
     __slots__ = ("_owner", "buffer", "_bound", "_ops", "call", "epoch", "lane", "_step",
-                 "_posted", "_deadline", "_begun", "done", "_error")
+                 "_posted", "_deadline", "_begun", "done", "_error", "_cursors")
 
     def __init__(self, owner: _Owner, buffer: Any, bound: BoundProgram, ops: ArrayOps,
                  call: int, epoch: int, lane: int) -> None:
@@ -59,6 +59,8 @@ class Handle:
         self._begun = False
         self.done = False
         self._error: TransportError | None = None
+        # A call that runs its channels at once: each channel's place (engine.Cursor).
+        self._cursors: list[Any] | None = None
 
     def test(self) -> bool:
         """Progress without blocking; True once the call is done.
@@ -112,7 +114,11 @@ class Handle:
 
     def __repr__(self) -> str:
         state = "failed" if self._error else "done" if self.done else (
-            f"at step {self._step}" if self._begun else "queued")
+            "queued" if not self._begun else f"at step {self._step}" if self._cursors is None
+            else "at " + ", ".join(
+                f"channel {c.channel} " + (f"step {self._bound.steps[c.at].index}"
+                                           if c.at < c.end else "done")
+                for c in self._cursors))
         return f"<Handle call {self.call} {state}>"
 
 

@@ -14,6 +14,13 @@ receive matches only a message with its tag. The executor gives every message of
 call its own tag on its pair, shifted by the call's epoch, so that a failed call's
 late messages cannot match a later call (:mod:`topoplan.runtime.executor`).
 
+Channels (IR v4): a call whose schedule has several channels posts each channel's steps
+on its own, so several of a call's batches are in flight at once; on a pollable
+transport the executor tests each and, when none is done, waits in
+:meth:`Transport.wait_any` for any of them. Every channel's messages carry tags of
+their own, so a tagged transport needs nothing more; an untagged one gets the channels
+one after another.
+
 Native steps (IR v3, :class:`topoplan.ir.schedule.Native`) run the transport's own
 collective over a group of ranks. The executor first has every rank make the groups of
 a schedule with :meth:`Transport.make_groups` (collective over every rank of the
@@ -296,6 +303,37 @@ class Transport(abc.ABC):
         can be repeated; one that takes messages out as they arrive overrides it.
         """
         return not self.wait(handle, 0.0)
+
+    def wait_any(self, tests: Sequence[Callable[[], bool]], timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until one of ``tests`` says True (or raises
+        :class:`PeerFailure`, which the caller's own test then reports); whether one did.
+
+        The executor calls it when none of a call's channels (IR v4) moved: each test is
+        :meth:`test` on a channel's posted step, or a native step's ``test``. The
+        default polls them, and after a few rounds sleeps between rounds, backing off to
+        1 ms (as the executor's calls in flight do), so a rank never spins on a core its
+        peers need. A transport that can sleep until something arrives overrides it.
+        """
+        deadline = time.monotonic() + timeout
+        rounds = 0
+        while True:
+            for test in tests:
+                try:
+                    if test():
+                        return True
+                except PeerFailure:
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            rounds += 1
+            self.pause(rounds)
+
+    def pause(self, rounds: int) -> None:
+        """Between rounds of :meth:`wait_any` that found nothing (``rounds`` so far):
+        give the CPU away. The default keeps polling for 64 rounds, then sleeps 10 us a
+        round more, up to 1 ms."""
+        if rounds > 64:
+            time.sleep(min(1e-3, 1e-5 * rounds))
 
     def abort(self, handle: Any) -> None:
         """Give up on the messages of ``handle`` after a failure (best effort).

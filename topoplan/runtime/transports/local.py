@@ -301,6 +301,23 @@ class Local(Transport):
                     return False
         return True
 
+    def wait_any(self, tests: Sequence[Callable[[], bool]], timeout: float) -> bool:
+        # Asleep on the world's condition: every send, native deposit and rank leaving
+        # notifies it, and every test looks under the same (reentrant) lock.
+        world, deadline = self.world, Deadline(timeout)
+        with world.cond:
+            while True:
+                for test in tests:
+                    try:
+                        if test():
+                            return True
+                    except PeerFailure:
+                        return True
+                left = deadline.left()
+                if left <= 0:
+                    return False
+                world.cond.wait(left)
+
     def discard(self, peer: int, tag: int, timeout: float) -> bool:
         with self.world.cond:
             return _take(self.world.mail.get((peer, self.rank)), tag) is not None

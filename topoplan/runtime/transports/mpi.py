@@ -382,12 +382,37 @@ class MPI(Transport):
         except self._mpi.Exception as exc:
             raise PeerFailure(self._failed_index(requests), self._describe(exc)) from None
 
+    def wait_any(self, tests: Sequence[Callable[[], bool]], timeout: float) -> bool:
+        # One test a poll, in turn, as wait() polls one request at a time: every Test
+        # of a running request runs MPI's progress engine (which moves every request)
+        # and, under mpi_yield_when_idle, yields the CPU when idle; testing every
+        # channel each round would pay that once per channel.
+        pause, spin, count = self._pause, self.spin, len(tests)
+        deadline = time.monotonic() + timeout
+        polls = 0
+        while True:
+            try:
+                if tests[polls % count]():
+                    return True
+            except PeerFailure:
+                return True
+            polls += 1
+            if time.monotonic() >= deadline:
+                return False
+            if polls > spin:
+                pause()
+
     def test(self, handle: _Batch) -> bool:
         # Test on a completed request (persistent: inactive; fresh: null) is true at
-        # once, so this can be repeated; every Test also runs MPI's progress engine.
+        # once, so this can be repeated; every Test also runs MPI's progress engine, so
+        # testing stops at the first request still running: testing the others too
+        # only costs (an idle Test yields the CPU under mpi_yield_when_idle).
         requests = handle.requests
         try:
-            return all([request.Test() for request in requests])
+            for request in requests:
+                if not request.Test():
+                    return False
+            return True
         except self._mpi.Exception as exc:
             raise PeerFailure(self._failed_index(requests), self._describe(exc)) from None
 

@@ -12,6 +12,12 @@ step's sends are ordered after them without a host synchronization, and the
 stream is joined to both libraries' caller streams on entry and exit (see
 ``_OnStream`` for why).
 
+Channels (IR v4): NCCL pairs point-to-point calls by the order they are posted, not by
+tag, and every step goes on the one transport stream, so the executor runs a
+channelled schedule's channels one after another (every rank: channel 0's whole program,
+then channel 1's), which pairs every message within its channel. They do not overlap
+here; that would take a communicator and a stream per channel.
+
 Buffers are CuPy arrays or CUDA torch tensors; bytes move as ``ncclUint8``, so
 every dtype (bfloat16 included) works. CUDA only.
 

@@ -5,6 +5,11 @@ gloo moves CPU tensors, nccl CUDA tensors. numpy buffers are wrapped with
 deadline (``Work.wait(timeout)``), so a dead or silent peer ends in a
 :class:`~topoplan.TransportError`, not a hang.
 
+gloo's point-to-point work completes only inside ``wait`` (the transport is not
+pollable), so the executor runs a channelled schedule's channels (IR v4) on a thread
+each, every thread posting its channel's steps and waiting on its own works (their tags
+never meet); see :mod:`topoplan.runtime.executor.engine`.
+
 :meth:`Torch.launch` starts ``nranks`` processes with a gloo (or nccl) process
 group and runs a function in each (:mod:`topoplan.runtime.transports.launch`): the multi-process
 counterpart of :meth:`topoplan.runtime.transports.Local.launch`.
