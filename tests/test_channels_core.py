@@ -121,6 +121,16 @@ def test_a_native_op_owns_its_chunks_on_channel_0():
         verify(schedule)
 
 
+def test_a_native_op_stands_alone_in_its_step_whatever_the_channels():
+    # The channel-1 send would be a global step of its own; the program step is shared.
+    schedule = build_schedule(2, equal_chunks(4), [
+        [[native("allreduce", (0, 1), 0, 2), send(1, 2, channel=1)]],
+        [[native("allreduce", (0, 1), 0, 2), recv(0, 2, channel=1)]]])
+    with pytest.raises(ScheduleError, match=r"rank 0 step 0: a native allreduce over \{0, 1\} "
+                       r"of chunks 0..1 stands alone in its step; this step has 2 ops"):
+        verify(schedule)
+
+
 def test_a_send_and_its_recv_on_two_channels_are_named():
     # Only the send moves to channel 1: its recv waits on channel 0.
     schedule = edit(two_rings(4), 1, 2, 0, channel=1)
