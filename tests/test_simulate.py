@@ -236,10 +236,11 @@ from topoplan.analysis.sim.reference import simulate_reference as _simulate_refe
 
 
 def exchange_schedule(n: int, rounds: list[list[list[int]]], nchunks: int,
-                      reduce_odd: bool = True) -> "Schedule":
+                      reduce_odd: bool = True, nchannels: int = 1) -> "Schedule":
     """Round ``r``: for each permutation ``p`` of the round every rank ``i`` sends chunk
     ``(i + k) % nchunks`` to ``p[i]`` (several sends and recvs per step, links shared);
-    the ``k``-th permutation's recvs reduce when ``k`` is odd and ``reduce_odd``."""
+    the ``k``-th permutation's recvs reduce when ``k`` is odd and ``reduce_odd``. Chunk
+    ``c`` is on channel ``c % nchannels`` (IR v4: each rank's channels run apart)."""
     steps = [[] for _ in range(n)]
     for perms in rounds:
         ops = [[] for _ in range(n)]
@@ -249,8 +250,9 @@ def exchange_schedule(n: int, rounds: list[list[list[int]]], nchunks: int,
                 if j == i:
                     continue
                 chunk = (i + k) % nchunks
-                ops[i].append(send(j, chunk))
-                ops[j].append(recv(i, chunk, reduce=reduce_odd and bool(k % 2)))
+                c = chunk % nchannels
+                ops[i].append(send(j, chunk, channel=c))
+                ops[j].append(recv(i, chunk, reduce=reduce_odd and bool(k % 2), channel=c))
         for i in range(n):
             steps[i].append(ops[i])
     return build_schedule(n, [1.0 / nchunks] * nchunks, steps, algorithm="exchange")
@@ -338,7 +340,8 @@ def test_hierarchical_helper_schedule_is_correct():
 @given(st.data())
 def test_shared_links_and_merged_messages_match_the_reference(data):
     """Random exchanges: several messages per step, to several peers, on a leaf-spine
-    (shared NICs, leaves and spines: the windowed dynamic engine) or one switch."""
+    (shared NICs, leaves and spines: the windowed dynamic engine) or one switch; on one
+    channel or on several (IR v4: a rank's channels run at once and share its links)."""
     nboxes = data.draw(st.integers(2, 4))
     gpus = data.draw(st.sampled_from([1, 2, 4]))
     if data.draw(st.booleans()):
@@ -356,7 +359,8 @@ def test_shared_links_and_merged_messages_match_the_reference(data):
         else:  # one permutation repeated: back-to-back chunks that coalesce() merges
             rounds.append([data.draw(st.permutations(range(n)))] * data.draw(st.integers(2, 3)))
     schedule = exchange_schedule(n, rounds, nchunks=data.draw(st.integers(1, 5)),
-                                 reduce_odd=data.draw(st.booleans()))
+                                 reduce_odd=data.draw(st.booleans()),
+                                 nchannels=data.draw(st.sampled_from([1, 1, 2, 3])))
     size = data.draw(st.sampled_from([0, 4, 4000, 1 << 20, 3 * 1000 * 4 + 8]))
     kw = {"record": data.draw(st.booleans()),
           "alpha": data.draw(st.sampled_from([0.0, 1e-6])),

@@ -63,9 +63,11 @@ def lower_native(schedule: Schedule) -> Schedule:
     Returns
     -------
     Schedule
-        A new schedule (version 1 or 2) that computes the same thing: each native step
-        of a rank becomes that rank's steps of :func:`lower_call`, so the steps after
-        it move later by that number minus one. ``meta["lowered_native"]`` counts the
+        A new schedule (version 1 or 2; 4 when it has channels) that computes the same
+        thing: each native step of a rank becomes that rank's steps of
+        :func:`lower_call`, so the steps after it move later by that number minus one.
+        Native ops are on channel 0 (IR v4), and so are the ops they lower to; the
+        other channels' ops keep their channels and their order. ``meta["lowered_native"]`` counts the
         native collectives lowered.
 
     Raises
@@ -86,18 +88,16 @@ def lower_native(schedule: Schedule) -> Schedule:
     found = messages(schedule, natives=True)
     if not found.calls:
         return schedule
-    base = found.step_base.tolist()
-    lowered: dict[int, Steps] = {}  # global step -> its member's lowered steps
+    lowered: dict[tuple[int, int], Steps] = {}  # (rank, step) -> its lowered steps
     for call in found.calls:
-        for g, steps in zip(call.steps, lower_call(call.op)):
-            lowered[g] = steps
+        for m, s, steps in zip(call.group, call.local, lower_call(call.op)):
+            lowered[m, s] = steps
     programs = []
     for program in schedule.ranks:
         out: list[tuple[Op | Native, ...]] = []
         for s, step in enumerate(program.steps):
-            g = base[program.rank] + s
-            if g in lowered:
-                out.extend(tuple(ops) for ops in lowered[g])
+            if (program.rank, s) in lowered:
+                out.extend(tuple(ops) for ops in lowered[program.rank, s])
             else:
                 out.append(step)
         programs.append(RankProgram(program.rank, tuple(out)))

@@ -1,7 +1,9 @@
 """A schedule's ops paired into messages, and the words for what can go wrong.
 
 The k-th send from rank ``src`` to rank ``dst`` pairs with the k-th recv at ``dst``
-from ``src``, and both name the same chunks (docs/SCHEDULE.md). :func:`verify` and
+from ``src``, and both name the same chunks (docs/SCHEDULE.md); with channels (IR v4),
+the k-th on channel ``c`` with the k-th on channel ``c``, and each (rank, channel) is a
+sequence of steps of its own (:class:`Messages`). :func:`verify` and
 the simulator both match a schedule here, so they agree on what a message is and
 name a fault in the same words: an op that names a bad peer or chunk, a send or recv
 left without its partner, a pair that disagrees on the chunks, a deadlock.
@@ -66,10 +68,24 @@ def group_text(group: Sequence[int]) -> str:
 class Messages:
     """A schedule's ops flattened into arrays and matched into messages (size-free).
 
-    Steps are numbered globally (rank after rank): ``step_base[r]`` is rank ``r``'s
-    first, ``step_rank[g]`` the rank of step ``g``. Ops are numbered globally in
-    program order; ``op_ptr[g]`` is step ``g``'s first. Message ``m`` (sorted by pair,
-    then program order) goes from ``t_src[m]`` step ``t_sstep[m]`` (global) to
+    Steps are numbered globally, one per step of each *sequence*: a sequence is a rank's
+    program on one channel (IR v4), whose steps run in order, each waiting only for the
+    one before it. Without channels a rank is one sequence and its global steps are its
+    program's steps. With channels, a program step whose ops are on two channels is two
+    global steps, one in each channel's sequence (a step without ops is channel 0's).
+    Global steps run rank by rank, and within a rank sequence by sequence (by channel),
+    each in program order: ``step_base[r]`` is rank ``r``'s first, ``step_rank[g]`` the
+    rank of step ``g``, ``step_channel[g]`` its channel, ``step_first[g]`` and
+    ``step_last[g]`` the first and one past the last step of its sequence (so ``g - 1``
+    comes before ``g`` exactly when ``g > step_first[g]``), ``step_local[g]`` its index
+    in the rank's program as written in the file (:meth:`local`), ``step_seq[g]`` its
+    sequence. Sequence ``q`` is ``seq_base[q] .. seq_base[q + 1] - 1``, of rank
+    ``seq_rank[q]`` on channel ``seq_channel[q]``; ``prog_base[r] + s`` numbers program
+    steps, and ``prog_first`` gives each one's first global step (:meth:`global_step`).
+
+    Ops are numbered globally in the order of the global steps (program order within
+    one); ``op_ptr[g]`` is step ``g``'s first. Message ``m`` (sorted by pair and
+    channel, then program order) goes from ``t_src[m]`` step ``t_sstep[m]`` (global) to
     ``t_dst[m]`` step ``t_rstep[m]``, carrying chunks ``t_chunk[m] .. + t_count[m] - 1``;
     ``t_sop``/``t_rop`` are its two ops and ``t_reduce`` says whether the recv adds.
 
@@ -83,7 +99,8 @@ class Messages:
     ------
     ScheduleError
         For programs out of rank order, an op naming a bad peer or chunks out of range,
-        an unmatched send or recv, or a message whose two ops name different chunks;
+        an unmatched send or recv, a message whose two ops name different chunks or
+        (IR v4) are on different channels;
         a native op whose group, chunks or root are bad, a member without its partners,
         or members that run different ops as the k-th over one group.
     """
@@ -94,17 +111,38 @@ class Messages:
         self.name = f"{schedule.algorithm} schedule"
         if len(schedule.ranks) != n or any(p.rank != r for r, p in enumerate(schedule.ranks)):
             raise self.error(f"expected programs for ranks 0..{n - 1} in order")
-        nsteps = np.fromiter((len(p.steps) for p in schedule.ranks), np.int64, count=n)
-        self.step_base = np.concatenate([[0], np.cumsum(nsteps)]).astype(np.int64)
-        nglobal = int(self.step_base[-1])
-        self.nglobal = nglobal
-        self.step_rank = np.repeat(np.arange(n), nsteps)
-        self.step_last = np.repeat(self.step_base[1:], nsteps)  # one past the rank's last step
+        nprog = np.fromiter((len(p.steps) for p in schedule.ranks), np.int64, count=n)
+        self.prog_base = np.concatenate([[0], np.cumsum(nprog)]).astype(np.int64)
+        nsteps_prog = int(self.prog_base[-1])
         steps = list(chain.from_iterable(p.steps for p in schedule.ranks))
-        nops = np.fromiter(map(len, steps), np.int64, count=nglobal)
+        nops_prog = np.fromiter(map(len, steps), np.int64, count=nsteps_prog)
         ops = list(chain.from_iterable(steps))
+        del steps
         total = len(ops)
-        op_step = np.repeat(np.arange(nglobal, dtype=np.int64), nops)
+        prog_rank = np.repeat(np.arange(n), nprog)
+        op_prog = np.repeat(np.arange(nsteps_prog, dtype=np.int64), nops_prog)
+        # Channels (IR v4): native ops have a channel too (always 0).
+        channelled = any(map(attrgetter("channel"), ops))
+        if not channelled:
+            # One sequence per rank: global steps are the program's steps, rank by rank.
+            self.nchannels = 1
+            self.step_base = self.prog_base
+            self.nglobal = nglobal = nsteps_prog
+            self.step_rank = prog_rank
+            self.seq_base, self.seq_rank = self.prog_base, np.arange(n)
+            self.seq_channel = np.zeros(n, np.int64)
+            self.step_seq = prog_rank
+            self.step_first = np.repeat(self.prog_base[:-1], nprog)
+            self.step_last = np.repeat(self.prog_base[1:], nprog)  # one past the rank's last
+            self.step_channel = np.zeros(nglobal, np.int64)
+            self.step_local = np.arange(nglobal, dtype=np.int64) - self.step_first
+            self.prog_first = np.arange(nglobal, dtype=np.int64)
+            op_step = op_prog
+            nops = nops_prog
+        else:
+            op_step, ops = self._sequences(ops, op_prog, prog_rank, nops_prog)
+            nglobal = self.nglobal
+            nops = np.bincount(op_step, minlength=nglobal).astype(np.int64)
         self.calls: list[NativeCall] = []
         self.step_call = np.full(nglobal, -1, np.int64)
         self.step_member = np.full(nglobal, -1, np.int64)  # the rank's index in the group
@@ -115,12 +153,15 @@ class Messages:
             native = np.fromiter(map(is_, map(type, ops), repeat(Native)), bool, count=total)
             natives = op_step[native], [op for op in compress(ops, native)
                                         if isinstance(op, Native)]
-            crowded = np.flatnonzero(nops[natives[0]] != 1)
+            # A native op stands alone in its step, channels or not.
+            at = natives[0]
+            held = nops_prog[self.prog_base[self.step_rank[at]] + self.step_local[at]]
+            crowded = np.flatnonzero(held != 1)
             if len(crowded):
-                g = int(natives[0][crowded[0]])
+                g = int(at[crowded[0]])
                 raise self.error(f"rank {int(self.step_rank[g])} step {self.local(g)}: a native "
                                  f"{natives[1][crowded[0]].text()} stands alone in its step; "
-                                 f"this step has {int(nops[g])} ops")
+                                 f"this step has {int(held[crowded[0]])} ops")
             ops = list(compress(ops, ~native))
             op_step = op_step[~native]
             total = len(ops)
@@ -133,19 +174,65 @@ class Messages:
         chunk = np.fromiter(map(attrgetter("chunk"), ops), np.int64, count=total)
         reduce = np.fromiter(map(attrgetter("reduce"), ops), bool, count=total)
         count = np.fromiter(map(attrgetter("count"), ops), np.int64, count=total)
-        del ops, steps
+        del ops
         self._check_ops(op_step, peer, chunk, count, schedule.nchunks)
         self._match(_Ops(op_step, peer, chunk, count, reduce), np.flatnonzero(is_send),
                     np.flatnonzero(~is_send))
         if natives is not None:
             self._match_natives(natives[0].tolist(), natives[1], schedule.nchunks)
 
+    def _sequences(self, ops: list, op_prog: np.ndarray, prog_rank: np.ndarray,
+                   nops_prog: np.ndarray) -> tuple[np.ndarray, list]:
+        """Number the global steps of a schedule with channels: one per (rank, channel,
+        program step that has an op of that channel), ordered by rank, then channel, then
+        step (a step without ops is channel 0's). Returns each op's global step and the
+        ops in that order (program order within a global step)."""
+        n = self.nranks
+        total, nsteps_prog = len(ops), len(nops_prog)
+        op_chan = np.fromiter(map(attrgetter("channel"), ops), np.int64, count=total)
+        empty = np.flatnonzero(nops_prog == 0)
+        nchan = int(op_chan.max()) + 1 if total else 1
+        self.nchannels = nchan
+        # Every (rank, channel, program step) with an op, and every empty step.
+        at = np.concatenate([op_prog, empty])
+        chan = np.concatenate([op_chan, np.zeros(len(empty), np.int64)])
+        key = (prog_rank[at] * nchan + chan) * nsteps_prog + at
+        ukey, inverse = np.unique(key, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        nglobal = self.nglobal = len(ukey)
+        prog, seq_key = ukey % nsteps_prog, ukey // nsteps_prog
+        self.step_rank = prog_rank[prog]
+        self.step_channel = seq_key % nchan
+        self.step_base = np.searchsorted(self.step_rank, np.arange(n + 1)).astype(np.int64)
+        self.step_local = prog - self.prog_base[self.step_rank]
+        first = np.ones(nglobal, bool)
+        first[1:] = seq_key[1:] != seq_key[:-1]
+        seq_start = np.flatnonzero(first)
+        self.seq_base = np.append(seq_start, nglobal).astype(np.int64)
+        self.seq_rank = self.step_rank[seq_start]
+        self.seq_channel = self.step_channel[seq_start]
+        nseq_steps = np.diff(self.seq_base)
+        self.step_seq = np.repeat(np.arange(len(seq_start)), nseq_steps)
+        self.step_first = np.repeat(seq_start, nseq_steps).astype(np.int64)
+        self.step_last = np.repeat(self.seq_base[1:], nseq_steps)
+        # Each program step's first global step (its lowest channel's part).
+        self.prog_first = np.full(nsteps_prog, nglobal, np.int64)
+        np.minimum.at(self.prog_first, prog, np.arange(nglobal, dtype=np.int64))
+        op_step = inverse[:total]
+        order = np.argsort(op_step, kind="stable")  # program order within a global step
+        return op_step[order], [ops[i] for i in order.tolist()]
+
     def error(self, message: str) -> ScheduleError:
         return ScheduleError(f"{self.name}: {message}")
 
     def local(self, g: int) -> int:
-        """Step ``g``'s index within its rank's program."""
-        return int(g - self.step_base[self.step_rank[g]])
+        """Step ``g``'s index within its rank's program (as written in the file)."""
+        return int(self.step_local[g])
+
+    def global_step(self, rank: int, step: int) -> int:
+        """The first global step of ``rank``'s program step ``step`` (the part of its
+        lowest channel; a native step's only one)."""
+        return int(self.prog_first[self.prog_base[rank] + step])
 
     def _check_ops(self, op_step: np.ndarray, peer: np.ndarray, chunk: np.ndarray,
                    count: np.ndarray, nchunks: int) -> None:
@@ -165,12 +252,16 @@ class Messages:
                          f"out of range({nchunks})")
 
     def _match(self, ops: _Ops, sends: np.ndarray, recvs: np.ndarray) -> None:
-        """Pair the k-th send src->dst with the k-th recv at dst from src (``sends`` and
-        ``recvs``: the program positions of the sends and of the recvs, in order)."""
-        n = self.nranks
+        """Pair the k-th send src->dst with the k-th recv at dst from src, on the same
+        channel (``sends`` and ``recvs``: the positions of the sends and of the recvs, in
+        order: program order within each channel's sequence)."""
+        n, nchan = self.nranks, self.nchannels
         s_src, r_dst = self.step_rank[ops.step[sends]], self.step_rank[ops.step[recvs]]
         s_key = s_src * n + ops.peer[sends]
         r_key = ops.peer[recvs] * n + r_dst
+        if nchan > 1:  # (src, dst, channel)
+            s_key = s_key * nchan + self.step_channel[ops.step[sends]]
+            r_key = r_key * nchan + self.step_channel[ops.step[recvs]]
         s_order = np.argsort(s_key, kind="stable")  # stable: program order within a pair
         r_order = np.argsort(r_key, kind="stable")
         if len(s_key) != len(r_key) or not np.array_equal(s_key[s_order], r_key[r_order]):
@@ -182,23 +273,26 @@ class Messages:
         if len(bad):
             i = int(bad[0])
             k = i - int(np.searchsorted(s_key, s_key[i]))  # the k-th message of its pair
-            src, dst = divmod(int(s_key[i]), n)
+            src, dst = divmod(int(s_key[i]) // nchan, n)
+            on = "" if nchan == 1 else f" on channel {int(s_key[i]) % nchan}"
             s, r = int(sends[i]), int(recvs[i])
             raise self.error(
-                f"message {k} from rank {src} to rank {dst}: rank {src} step "
+                f"message {k} from rank {src} to rank {dst}{on}: rank {src} step "
                 f"{self.local(ops.step[s])} sends {chunk_text(int(chunk[i]), int(count[i]))}"
                 f" but rank {dst} step {self.local(ops.step[r])} receives it as "
                 f"{chunk_text(int(ops.chunk[r]), int(ops.count[r]))}")
         self.t_src, self.t_dst = s_src[s_order], ops.peer[sends]
         self.t_sstep, self.t_rstep = ops.step[sends], ops.step[recvs]
         self.t_chunk, self.t_count = chunk, count
-        self.t_sop, self.t_rop = sends, recvs  # program position of the send and of the recv
+        self.t_sop, self.t_rop = sends, recvs  # position of the send and of the recv
         self.t_reduce = ops.reduce[recvs]
 
     def _unmatched(self, ops: _Ops, sends: np.ndarray, recvs: np.ndarray, s_key: np.ndarray,
                    r_key: np.ndarray) -> None:
-        """Raise for the first pair (by src, then dst) whose sends and recvs differ in number."""
-        n = self.nranks
+        """Raise for the first pair (by src, then dst, then channel) whose sends and recvs
+        differ in number; where the odd op has a partner on another channel, name both
+        channels."""
+        n, nchan = self.nranks, self.nchannels
         s_keys, s_counts = np.unique(s_key, return_counts=True)
         r_keys, r_counts = np.unique(r_key, return_counts=True)
         s_map = dict(zip(s_keys.tolist(), s_counts.tolist()))
@@ -207,23 +301,67 @@ class Messages:
             ns, nr = s_map.get(key, 0), r_map.get(key, 0)
             if ns == nr:
                 continue
-            src, dst = divmod(key, n)
+            (src, dst), c = divmod(key // nchan, n), key % nchan
+            if nchan > 1:
+                self._cross_channel(ops, sends, recvs, s_key, r_key, s_map, r_map, key // nchan)
+            on = "" if nchan == 1 else f" on channel {c}"
             if ns > nr:
                 i = int(sends[np.flatnonzero(s_key == key)[nr]])
                 raise self.error(
                     f"unmatched send: rank {src} step {self.local(ops.step[i])} sends "
-                    f"{chunk_text(int(ops.chunk[i]), int(ops.count[i]))} to rank {dst}, which "
-                    f"receives only {nr} of {ns} messages from rank {src}")
+                    f"{chunk_text(int(ops.chunk[i]), int(ops.count[i]))} to rank {dst}{on}, "
+                    f"which receives only {nr} of {ns} messages from rank {src}{on}")
             i = int(recvs[np.flatnonzero(r_key == key)[ns]])
             raise self.error(
                 f"unmatched recv: rank {dst} step {self.local(ops.step[i])} waits for "
-                f"{chunk_text(int(ops.chunk[i]), int(ops.count[i]))} from rank {src}, which "
-                f"sends only {ns} of {nr} messages to rank {dst}")
+                f"{chunk_text(int(ops.chunk[i]), int(ops.count[i]))} from rank {src}{on}, "
+                f"which sends only {ns} of {nr} messages to rank {dst}{on}")
+
+    def _cross_channel(self, ops: _Ops, sends: np.ndarray, recvs: np.ndarray,
+                       s_key: np.ndarray, r_key: np.ndarray, s_map: dict, r_map: dict,
+                       pair: int) -> None:
+        """Raise when the sends and recvs of ``pair`` (``src * n + dst``) do not match
+        because some are on the wrong channel: an op left without a partner on its
+        channel and an op of the other side, on another channel, naming the same chunks
+        (else the first op left over on each side), named with both channels."""
+        n, nchan = self.nranks, self.nchannels
+        src, dst = divmod(pair, n)
+        keys = range(pair * nchan, pair * nchan + nchan)
+        left_s = [sends[np.flatnonzero(s_key == k)[r_map.get(k, 0):]] for k in keys]
+        left_r = [recvs[np.flatnonzero(r_key == k)[s_map.get(k, 0):]] for k in keys]
+        all_s = sends[(s_key >= keys[0]) & (s_key < keys[-1] + 1)]
+        all_r = recvs[(r_key >= keys[0]) & (r_key < keys[-1] + 1)]
+        found = None
+        for mine, theirs, is_send in ((np.concatenate(left_s), all_r, True),
+                                      (np.concatenate(left_r), all_s, False)):
+            for i in mine.tolist():
+                c = self.step_channel[ops.step[i]]
+                same = theirs[(ops.chunk[theirs] == ops.chunk[i])
+                              & (ops.count[theirs] == ops.count[i])
+                              & (self.step_channel[ops.step[theirs]] != c)]
+                if len(same):
+                    found = (i, int(same[0])) if is_send else (int(same[0]), i)
+                    break
+            if found is not None:
+                break
+        if found is None:
+            spare_s, spare_r = np.concatenate(left_s), np.concatenate(left_r)
+            if not (len(spare_s) and len(spare_r)):
+                return
+            found = int(spare_s[0]), int(spare_r[0])
+        s, r = found
+        cs, cr = (int(self.step_channel[ops.step[x]]) for x in (s, r))
+        raise self.error(
+            f"message from rank {src} to rank {dst} on two channels: rank {src} step "
+            f"{self.local(ops.step[s])} sends {chunk_text(int(ops.chunk[s]), int(ops.count[s]))}"
+            f" on channel {cs} but rank {dst} step {self.local(ops.step[r])} receives "
+            f"{chunk_text(int(ops.chunk[r]), int(ops.count[r]))} from rank {src} on channel "
+            f"{cr}: a message's send and recv are on one channel")
 
     def _match_natives(self, where: list[int], ops: list[Native], nchunks: int) -> None:
         """Check each native op (``ops``, at global steps ``where``, in program order) and
         pair the k-th over a group at every member into :attr:`calls`."""
-        step_rank, step_base = self.step_rank.tolist(), self.step_base.tolist()
+        step_rank, step_local = self.step_rank.tolist(), self.step_local.tolist()
         # Per group (as a set), its calls in the order met: the op of the first member
         # met, and each member's global step.
         groups: dict[tuple[int, ...], list[tuple[Native, dict[int, int]]]] = {}
@@ -232,10 +370,10 @@ class Messages:
         for g, op in zip(where, ops):
             r = step_rank[g]
             if op not in checked:
-                self._check_native(op, r, g - step_base[r], nchunks)
+                self._check_native(op, r, step_local[g], nchunks)
                 checked.add(op)
             if r not in op.group:
-                raise self.error(f"rank {r} step {g - step_base[r]}: {op.kind.value} over "
+                raise self.error(f"rank {r} step {step_local[g]}: {op.kind.value} over "
                                  f"{group_text(op.group)}: rank {r} runs an op of a group it "
                                  "is not in")
             key = tuple(sorted(op.group))
@@ -248,8 +386,8 @@ class Messages:
             if op != ref:
                 p = min(at)
                 raise self.error(
-                    f"rank {r} step {g - step_base[r]} runs {op.text()} as its native op {k} "
-                    f"over group {group_text(key)}, but rank {p} step {at[p] - step_base[p]} "
+                    f"rank {r} step {step_local[g]} runs {op.text()} as its native op {k} "
+                    f"over group {group_text(key)}, but rank {p} step {step_local[at[p]]} "
                     f"runs {ref.text()}: every member runs the same op (kind, group order, "
                     "chunks, root)")
             at[r] = g
@@ -261,13 +399,12 @@ class Messages:
                     p, q = min(at), missing[0]
                     ran = seen.get((key, q), 0)
                     raise self.error(
-                        f"rank {p} step {at[p] - step_base[p]} runs {op.text()} as its native "
+                        f"rank {p} step {step_local[at[p]]} runs {op.text()} as its native "
                         f"op {k} over group {group_text(key)}, but rank {q} runs only {ran} "
                         f"native op{'' if ran == 1 else 's'} over that group")
                 found.append((min(at.values()), op, tuple(at[m] for m in op.group)))
         found.sort(key=lambda item: item[0])
-        self.calls = [NativeCall(op, steps, tuple(g - step_base[m] for g, m in
-                                                  zip(steps, op.group)))
+        self.calls = [NativeCall(op, steps, tuple(step_local[g] for g in steps))
                       for _, op, steps in found]
         for c, call in enumerate(self.calls):
             self.step_call[list(call.steps)] = c
@@ -304,17 +441,17 @@ class Messages:
         return self.calls[c], int(self.step_member[g])
 
     def op_messages(self) -> tuple[list[int], list[int]]:
-        """Per op (global program order): its message, and the step (within its peer's
-        program) that holds the other op of that message."""
+        """Per op (in the order of :attr:`op_ptr`: program order without channels): its
+        message, and the step (within its peer's program) that holds the other op of that
+        message."""
         total = int(self.op_ptr[-1])
         ids = np.arange(len(self.t_src), dtype=np.int64)
         message = np.zeros(total, np.int64)
         message[self.t_sop] = ids
         message[self.t_rop] = ids
-        base = self.step_base[self.step_rank]
         peer_step = np.zeros(total, np.int64)
-        peer_step[self.t_sop] = self.t_rstep - base[self.t_rstep]
-        peer_step[self.t_rop] = self.t_sstep - base[self.t_sstep]
+        peer_step[self.t_sop] = self.step_local[self.t_rstep]
+        peer_step[self.t_rop] = self.step_local[self.t_sstep]
         return message.tolist(), peer_step.tolist()
 
 
@@ -356,11 +493,13 @@ def messages(schedule: Schedule, *, natives: bool = False) -> Messages:
 
 
 def wait_text(kind: OpKind | str, chunk: int, count: int, peer: int, peer_at: int,
-              peer_step: int) -> str:
+              peer_step: int, channel: int | None = None) -> str:
     """What a blocked op waits for: ``send chunk 0 with rank 1, which is stuck at step 0
-    before its matching step 1``."""
+    before its matching step 1`` (``... with rank 1 on channel 2, ...`` when a channel is
+    given: the peer's sequence on that channel is stuck)."""
     what = kind.value if isinstance(kind, OpKind) else kind
-    return (f"{what} {chunk_text(chunk, count)} with rank {peer}, which is stuck at step "
+    on = "" if channel is None else f" on channel {channel}"
+    return (f"{what} {chunk_text(chunk, count)} with rank {peer}{on}, which is stuck at step "
             f"{peer_at} before its matching step {peer_step}")
 
 
@@ -372,7 +511,9 @@ def native_wait_text(op: Native, member: int, member_at: int, member_step: int) 
 
 
 def deadlock_error(name: str, nblocked: int, rank: int, step: int,
-                   waits: Sequence[str]) -> ScheduleError:
-    """The error for ``nblocked`` ranks that cannot finish, told from one of them."""
+                   waits: Sequence[str], channel: int | None = None) -> ScheduleError:
+    """The error for ``nblocked`` ranks that cannot finish, told from one of them (from
+    its sequence on ``channel``, when the schedule has several channels)."""
+    on = "" if channel is None else f" on channel {channel}"
     return ScheduleError(f"{name}: deadlock: {nblocked} ranks cannot finish; rank {rank} step "
-                         f"{step} waits to " + "; ".join(waits[:3]))
+                         f"{step}{on} waits to " + "; ".join(waits[:3]))

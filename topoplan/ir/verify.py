@@ -19,6 +19,13 @@ its rendezvous becomes waits of the kind messages have (a rank made for the call
 waits for every member to start its step, and that every member's step waits for:
 :meth:`_Flow._rendezvous`), and its values are read at each member's step start and
 written at its end (:class:`_Natives`).
+
+Channels (IR v4, docs/SCHEDULE.md) make each (rank, channel) an independent sequence
+of steps (:class:`~topoplan.ir.matching.Messages`): the flow runs sequences where it ran
+ranks, so a channel's step waits only for its own previous step and for its messages'
+peers on that channel. The values need no more care: every chunk belongs to one channel
+(:func:`_check_channels` checks it first), so a rank's channels never touch the same
+chunk and the order they interleave in does not change what any chunk ends with.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ class VerifyReport:
     collective: str = "allreduce"
     nnative: int = 0  #: native steps (IR v3), one per member of each native collective
     ncollectives: int = 0  #: native collectives, each over its group
+    nchannels: int = 1  #: channels (IR v4): independent sequences of steps per rank
 
 
 def _ranks_text(mask: int, nranks: int) -> str:
@@ -307,7 +315,10 @@ def verify(schedule: Schedule) -> VerifyReport:
         running another one (kind, group order, chunks, root), a native step sharing its
         step, a sum that would count a rank twice, a chunk read while it holds nothing
         (an allgather's part before it arrived), a deadlock through a group's
-        rendezvous.
+        rendezvous. For channels (IR v4): a message whose send and recv are on
+        different channels, a chunk used on two channels (the first op, in file order,
+        that puts it on a second one, and where it was first met), and a deadlock named
+        with the channel of the blocked step and of the peers it waits for.
 
     Notes
     -----
@@ -347,7 +358,7 @@ def verify(schedule: Schedule) -> VerifyReport:
     return VerifyReport(nranks=n, nchunks=schedule.nchunks, nsteps=schedule.nsteps,
                         nmessages=flow.nmessages, collective=collective.name,
                         nnative=sum(len(call.steps) for call in found.calls),
-                        ncollectives=len(found.calls))
+                        ncollectives=len(found.calls), nchannels=found.nchannels)
 
 
 def _execute(schedule: Schedule) -> tuple[Collective, Messages, _Flow, list[_Chunks]]:
@@ -371,9 +382,11 @@ def _execute(schedule: Schedule) -> tuple[Collective, Messages, _Flow, list[_Chu
     # the k-th recv at dst from src (shared with the simulator).
     found = messages(schedule, natives=True)
     flow = _Flow(found, nchunks)
+    if found.nchannels > 1:
+        _check_channels(schedule, found, fail)
     for g in flow.clashing_recvs():
         r = int(found.step_rank[g])
-        s = g - flow.step_base[r]
+        s = found.local(g)
         step = schedule.ranks[r].steps[s]
         twice = recv_clash([(op.chunk, op.end, op.reduce) for op in step
                             if isinstance(op, Op) and op.kind is OpKind.RECV])
@@ -392,38 +405,97 @@ def _execute(schedule: Schedule) -> tuple[Collective, Messages, _Flow, list[_Chu
             raise first from None
         raise
 
-    blocked = [r for r in range(n) if pc[r] < flow.nsteps[r]]
+    nseq = flow.nseq
+    blocked = [q for q in range(nseq) if pc[q] < flow.nsteps[q]]
     if blocked:
-        r = blocked[0]
-        s = pc[r]
-        g = flow.step_base[r] + s
-        at = found.native_step(g)
-        if at is not None:  # the members that have not reached the op
-            call = at[0]
-            waits = [native_wait_text(call.op, m, pc[m], need)
-                     for m, need in zip(call.group, call.local) if pc[m] < need]
+        seq_base = flow.step_base
+        channels = found.nchannels > 1
+
+        def at(q: int, k: int) -> int:
+            """Step ``k`` of sequence ``q``, as written in its rank's program."""
+            return found.local(seq_base[q] + k) if k < flow.nsteps[q] else k
+
+        q = blocked[0]
+        g = seq_base[q] + pc[q]
+        r, s, c = int(found.step_rank[g]), found.local(g), int(found.step_channel[g])
+        native = found.native_step(g)
+        if native is not None:  # the members that have not reached the op
+            call = native[0]
+            waits = []
+            for m, h in zip(call.group, call.steps):
+                lane, need = int(found.step_seq[h]), int(h - found.step_first[h])
+                if pc[lane] < need:
+                    waits.append(native_wait_text(call.op, m, at(lane, pc[lane]),
+                                                  found.local(h)))
         else:
-            need = flow.need[flow.op_ptr[g]:flow.op_ptr[g + 1]].tolist()
-            waits = [wait_text(op.kind, op.chunk, op.count, op.peer, pc[op.peer], need[j])
-                     for j, op in enumerate(schedule.ranks[r].steps[s])
-                     if isinstance(op, Op) and pc[op.peer] < need[j]]
-        raise deadlock_error(name, len(blocked), r, s, waits)
+            lo = flow.op_ptr[g]
+            peer = flow.peer[lo:flow.op_ptr[g + 1]].tolist()
+            need = flow.need[lo:flow.op_ptr[g + 1]].tolist()
+            ops = [op for op in schedule.ranks[r].steps[s]
+                   if isinstance(op, Op) and op.channel == c]
+            waits = [wait_text(op.kind, op.chunk, op.count, op.peer, at(lane, pc[lane]),
+                               at(lane, k), c if channels else None)
+                     for op, lane, k in zip(ops, peer, need) if pc[lane] < k]
+        nranks = len({int(found.seq_rank[x]) for x in blocked})
+        raise deadlock_error(name, nranks, r, s, waits, c if channels else None)
     return collective, found, flow, state
+
+
+def _check_channels(schedule: Schedule, found: Messages,
+                    fail: Callable[[str], ScheduleError]) -> None:
+    """Every chunk belongs to one channel (IR v4): all ops on it, at every rank, are of
+    that channel. Raise for the first op, in file order (rank, step, op), on a chunk that
+    an earlier op put on another channel.
+
+    A message's two ops are on one channel (:mod:`topoplan.ir.matching`), so it is
+    enough to count, per channel, the messages and native ops (channel 0) covering each
+    chunk: O(ops + channels x chunks). Only a schedule that breaks the rule is walked op
+    by op, to name the first op that does.
+    """
+    import numpy as np
+
+    nchan, nchunks = found.nchannels, schedule.nchunks
+    chan = found.step_channel[found.t_sstep]
+    lo, hi = found.t_chunk, found.t_chunk + found.t_count
+    if found.calls:
+        lo = np.concatenate([lo, [call.op.chunk for call in found.calls]])
+        hi = np.concatenate([hi, [call.op.end for call in found.calls]])
+        chan = np.concatenate([chan, np.zeros(len(found.calls), np.int64)])
+    cover = np.zeros((nchan, nchunks + 1), np.int64)
+    np.add.at(cover, (chan, lo), 1)
+    np.add.at(cover, (chan, hi), -1)
+    used = (np.cumsum(cover, axis=1)[:, :nchunks] > 0).sum(axis=0)
+    shared = np.flatnonzero(used > 1).tolist()
+    if not shared:
+        return
+    owner: dict[int, tuple[int, int, int]] = {}  # chunk -> (channel, rank, step) first met
+    for r, s, op in schedule.ops():
+        i = bisect_right(shared, op.chunk - 1)
+        while i < len(shared) and shared[i] < op.end:
+            k = shared[i]
+            first = owner.setdefault(k, (op.channel, r, s))
+            if first[0] != op.channel:
+                raise fail(f"rank {r} step {s}: chunk {k} is on channel {op.channel} here but "
+                           f"on channel {first[0]} at rank {first[1]} step {first[2]}: every "
+                           "chunk belongs to one channel")
+            i += 1
 
 
 class _Flow:
     """A matched schedule (:class:`~topoplan.ir.matching.Messages`) arranged for the run.
 
-    Steps are numbered globally, as in ``Messages``. The sends of global step ``g`` are
+    Steps are numbered globally, as in ``Messages``; the flow runs *sequences*, each a
+    rank's program on one channel (IR v4; without channels, a sequence is a rank), whose
+    step ``k`` waits only for its own step ``k - 1``. The sends of global step ``g`` are
     ``sends[send_ptr[g]:send_ptr[g + 1]]`` (messages, in program order), its recvs
-    ``recvs[recv_ptr[g]:recv_ptr[g + 1]]``. Per op (global program order): its ``peer``
-    and the step ``need`` (within the peer's program) that holds the other op of its
+    ``recvs[recv_ptr[g]:recv_ptr[g + 1]]``. Per op (``Messages`` order): its ``peer``
+    sequence and the step ``need`` (within that sequence) that holds the other op of its
     message. All numpy arrays, but for the lists ``step_base``, ``nsteps``, ``op_ptr``.
 
     The waits (``peer``, ``need``, indexed by ``op_ptr``) are what a step waits for:
     its ops' peers, and for a native step (IR v3) the rank made for its call
-    (:meth:`_rendezvous`). With native steps, ``step_base``, ``nsteps`` and ``op_ptr``
-    go on past the real ranks with one rank of one step per call.
+    (:meth:`_rendezvous`). ``step_base`` and ``nsteps`` are per sequence; with native
+    steps, they and ``op_ptr`` go on past the sequences with one of one step per call.
     """
 
     def __init__(self, found: Messages, nchunks: int) -> None:
@@ -443,15 +515,19 @@ class _Flow:
         self.peer = np.empty(nops, np.int64)
         self.peer[found.t_sop] = found.t_dst
         self.peer[found.t_rop] = found.t_src
+        if found.nchannels > 1:  # wait on the peer's sequence on the message's channel
+            self.peer[found.t_sop] = found.step_seq[found.t_rstep]
+            self.peer[found.t_rop] = found.step_seq[found.t_sstep]
         self.need = np.empty(nops, np.int64)
-        self.need[found.t_sop] = found.t_rstep - found.step_base[found.t_dst]
-        self.need[found.t_rop] = found.t_sstep - found.step_base[found.t_src]
+        self.need[found.t_sop] = found.t_rstep - found.step_first[found.t_rstep]
+        self.need[found.t_rop] = found.t_sstep - found.step_first[found.t_sstep]
         nglobal = found.nglobal
         self.sends, self.recvs = message[~is_recv], message[is_recv]  # grouped by step
         self.send_ptr = _offsets(np.bincount(found.t_sstep, minlength=nglobal))
         self.recv_ptr = _offsets(np.bincount(found.t_rstep, minlength=nglobal))
         self.nranks = found.nranks
-        step_base, op_ptr = found.step_base, found.op_ptr
+        self.nseq = len(found.seq_rank)  # the sequences: the ranks, without channels
+        step_base, op_ptr = found.seq_base, found.op_ptr
         if found.calls:
             step_base, op_ptr = self._rendezvous(found)
         # The steps and the waits of every rank: for each step, its ops' (peer, need).
@@ -463,15 +539,15 @@ class _Flow:
     def _rendezvous(self, found: Messages) -> tuple[np.ndarray, np.ndarray]:
         """Make a native call's rendezvous waits of the kind messages have.
 
-        Call ``c`` becomes a rank of its own, ``nranks + c``, with one step that waits
-        for every member to reach its step of the call; each member's step waits for
-        that rank to be done. So a member's step completes exactly once every member
+        Call ``c`` becomes a rank of its own, ``nseq + c`` (after the sequences), with
+        one step that waits for every member to reach its step of the call; each
+        member's step waits for that rank to be done. So a member's step completes exactly once every member
         has started it, at ``2 g`` waits per call of ``g`` members (not ``g^2``).
         Returns the step bases and wait pointers of all ranks, real and made.
         """
         import numpy as np
 
-        n, nglobal, calls = found.nranks, found.nglobal, found.calls
+        n, nglobal, calls = self.nseq, found.nglobal, found.calls
         native_steps = np.flatnonzero(found.step_call >= 0)
         waits = found.ops_per_step.copy()
         waits[native_steps] += 1
@@ -485,10 +561,11 @@ class _Flow:
         peer[op_ptr[native_steps]] = n + found.step_call[native_steps]
         need[op_ptr[native_steps]] = 1  # the call's own rank is done
         made = op_ptr[nglobal]
-        peer[made:] = [m for call in calls for m in call.group]
-        need[made:] = [s for call in calls for s in call.local]
+        members = np.asarray([g for call in calls for g in call.steps], np.int64)
+        peer[made:] = found.step_seq[members]  # each member's sequence (channel 0)
+        need[made:] = members - found.step_first[members]
         self.peer, self.need = peer, need
-        step_base = np.concatenate([found.step_base, nglobal + 1 + np.arange(len(calls))])
+        step_base = np.concatenate([found.seq_base, nglobal + 1 + np.arange(len(calls))])
         return step_base.astype(np.int64), op_ptr
 
     def clashing_recvs(self) -> list[int]:
@@ -606,13 +683,14 @@ class _Flow:
         state = [_Chunks.from_runs(collective.nchunks, collective.initial(r), union)
                  for r in range(n)]
         natives = _Natives(found, state, union, nranks, fail) if found.calls else None
-        # The steps entered: every rank's first, then the next one after each step.
+        # The steps entered: every sequence's first, then the next one after each step.
         steps = np.asarray(order, np.int64)
         if natives is not None:
             steps = steps[steps < found.nglobal]
             order = steps.tolist()
         ranks = found.step_rank[steps]
-        first = found.step_base[:-1][np.asarray(self.nsteps[:n]) > 0]
+        # (every sequence's first: a rank's, without channels)
+        first = found.seq_base[:-1][np.asarray(self.nsteps[:self.nseq]) > 0]
         entered = np.concatenate([first, np.where(steps + 1 < found.step_last[steps],
                                                   steps + 1, -1)])
         nsends = np.where(entered >= 0, self.send_ptr[entered + 1] - self.send_ptr[entered], 0)
@@ -651,11 +729,11 @@ class _Flow:
                 if empty_possible and (reduce or type(v) is not int or not v):
                     why = _unfilled(chunks, int(recv_src[i]), a, b, reduce, v)
                     if why:
-                        raise fail(f"rank {r} step {g - self.step_base[r]} {why}")
+                        raise fail(f"rank {r} step {found.local(g)} {why}")
                 if reduce:
                     clash = chunks.add_mask(a, b, v) if type(v) is int else chunks.add(a, v)
                     if clash is not None:
-                        raise fail(f"rank {r} step {g - self.step_base[r]} reduces chunk "
+                        raise fail(f"rank {r} step {found.local(g)} reduces chunk "
                                    f"{clash[0]} from rank {int(recv_src[i])}: contributions "
                                    f"{_ranks_text(clash[1], nranks)} would be counted twice")
                 elif type(v) is int:

@@ -247,8 +247,8 @@ def _check_lockstep(schedule: Schedule, planner: str) -> None:
     from ..ir.matching import messages
 
     found = messages(schedule)
-    slot_s = found.t_sstep - found.step_base[found.t_src]
-    slot_r = found.t_rstep - found.step_base[found.t_dst]
+    slot_s = found.step_local[found.t_sstep]  # the steps as written in the programs
+    slot_r = found.step_local[found.t_rstep]
     pairs = np.stack([found.t_src, found.t_dst, slot_s], axis=1)
     if len(pairs):
         order = np.lexsort((slot_r, pairs[:, 2], pairs[:, 1], pairs[:, 0]))

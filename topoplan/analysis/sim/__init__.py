@@ -6,6 +6,14 @@ worked example):
 
 - every rank starts after the profile's ``call_overhead`` and runs its steps in order;
   a step starts when the previous one ends;
+- channels (IR v4): a rank's ops of one channel are a sequence of their own (a step
+  with ops on two channels is one step in each channel's sequence), and a channel's step
+  starts when that channel's previous step ends, whatever the other channels do: one
+  channel's latency and overheads hide behind another's transfers, which share the links
+  as any flows do. Posting costs are charged per channel: each channel's step pays its
+  own ``step_overhead`` and posts its own ops (``op_overhead`` each) at once with the
+  other channels', as NCCL runs each channel on its own SMs; without channels nothing
+  changes. ``SimReport.step_times`` stays per program step (the span of its channels);
 - a step with ops pays ``step_overhead``, then posts its ops one after another,
   receives first, ``op_overhead`` each;
 - a message (the k-th send src->dst matched with the k-th recv at dst from src,

@@ -178,6 +178,9 @@ class Setup:
         self.t_bytes = cum[flat.t_chunk + flat.t_count] - cum[flat.t_chunk]
         self.step_base, self.step_rank, self.step_last = (flat.step_base, flat.step_rank,
                                                          flat.step_last)
+        # Each sequence (a rank's program on one channel, IR v4; a rank without channels)
+        # runs its steps in order: step g follows g - 1 unless g is its sequence's first.
+        self.step_first, self.seq_base = flat.step_first, flat.seq_base
         self.nglobal = flat.nglobal
         self.t0 = costs.call_overhead  # every rank's first step starts here, but:
         self._software_costs()
@@ -239,7 +242,7 @@ class Setup:
             self.nat_flow_bytes = np.zeros(0)
             return
         self.nnat = nnat = len(natives)
-        self.nat_ptr, self.nat_steps = natives.global_steps(self.step_base)
+        self.nat_ptr, self.nat_steps = natives.global_steps(self.flat)
         self.step_nat[self.nat_steps] = np.repeat(np.arange(nnat), np.diff(self.nat_ptr))
         self.ops_per_step[self.nat_steps] += 1
         self.step_post[self.nat_steps] = self.costs.step_overhead
@@ -307,6 +310,41 @@ class Setup:
         src, dst = np.divmod(pair_keys, n)
         return box[src] != box[dst]
 
+    def first_steps(self) -> np.ndarray:
+        """The first global step of every sequence that has steps (every rank's first,
+        without channels)."""
+        base = self.seq_base
+        return base[:-1][base[:-1] < base[1:]]
+
+    def step_times(self) -> tuple[tuple[tuple[float, float], ...], ...]:
+        """``SimReport.step_times``: per rank, per step of its program as written, its
+        ``(start, end)``. A step whose ops are on several channels (IR v4) ran as one
+        step of each channel's sequence: it spans from the first of them to start to the
+        last to end."""
+        f = self.flat
+        starts, ends = self.step_start, self.step_end
+        if f.nchannels > 1:
+            prog = f.prog_base[self.step_rank] + f.step_local
+            nprog = int(f.prog_base[-1])
+            starts, ends = np.full(nprog, np.inf), np.full(nprog, -np.inf)
+            np.minimum.at(starts, prog, self.step_start)
+            np.maximum.at(ends, prog, self.step_end)
+        pairs = list(zip(starts.tolist(), ends.tolist()))
+        base = f.prog_base.tolist()
+        return tuple(tuple(pairs[base[r]:base[r + 1]]) for r in range(self.schedule.nranks))
+
+    def transfer_steps(self) -> tuple[list[int], list[int]]:
+        """Each transfer's send step and recv step, as written in their programs."""
+        f = self.flat
+        return f.step_local[f.t_sstep].tolist(), f.step_local[f.t_rstep].tolist()
+
+    def _stuck_at(self, h: int) -> int:
+        """Where the sequence of global step ``h`` is stuck: its first step that never
+        ended, as written in its rank's program (its length in steps if none)."""
+        lo, hi = int(self.step_first[h]), int(self.step_last[h])
+        stuck = np.flatnonzero(np.isnan(self.step_end[lo:hi]))
+        return self.flat.local(lo + int(stuck[0])) if len(stuck) else hi - lo
+
     def raise_deadlock(self, waiting: np.ndarray) -> None:
         """Raise the deadlock error for the first step that never ended, naming the
         transfers of that step still waiting for their peer (``waiting``, per transfer)."""
@@ -316,20 +354,17 @@ class Setup:
         r = int(self.step_rank[g])
         if self.step_nat[g] >= 0:
             self._native_deadlock(g, stuck)
+        channel = int(f.step_channel[g]) if f.nchannels > 1 else None
         waits = []
         for tr in np.flatnonzero(waiting & ((f.t_sstep == g) | (f.t_rstep == g))).tolist():
             if f.t_sstep[tr] == g:
                 kind, peer, peer_step = "send", int(f.t_dst[tr]), int(f.t_rstep[tr])
             else:
                 kind, peer, peer_step = "recv", int(f.t_src[tr]), int(f.t_sstep[tr])
-            base = int(self.step_base[peer])
-            lo, hi = base, int(self.step_base[peer + 1])
-            peer_stuck = np.flatnonzero(np.isnan(self.step_end[lo:hi]))
-            peer_at = int(peer_stuck[0]) if len(peer_stuck) else hi - lo
-            waits.append(wait_text(kind, int(f.t_chunk[tr]), int(f.t_count[tr]), peer, peer_at,
-                                   peer_step - base))
+            waits.append(wait_text(kind, int(f.t_chunk[tr]), int(f.t_count[tr]), peer,
+                                   self._stuck_at(peer_step), f.local(peer_step), channel))
         ranks = len(np.unique(self.step_rank[stuck]))
-        raise deadlock_error(f.name, ranks, r, f.local(g), waits)
+        raise deadlock_error(f.name, ranks, r, f.local(g), waits, channel)
 
     def _native_deadlock(self, g: int, stuck: np.ndarray) -> None:
         """Raise the deadlock error for native step ``g``: the members it waits for."""
@@ -337,17 +372,16 @@ class Setup:
         j = int(self.step_nat[g])
         op = self.natives.ops[j]
         waits = []
-        for rank, step in self.natives.members[j]:
-            lo, hi = int(self.step_base[rank]), int(self.step_base[rank + 1])
-            if not np.isnan(self.step_start[lo + step]):
+        steps = self.nat_steps[self.nat_ptr[j]:self.nat_ptr[j + 1]].tolist()
+        for (rank, step), h in zip(self.natives.members[j], steps):
+            if not np.isnan(self.step_start[h]):
                 continue
-            peer_stuck = np.flatnonzero(np.isnan(self.step_end[lo:hi]))
-            at = int(peer_stuck[0]) if len(peer_stuck) else hi - lo
-            waits.append(f"run {op.text()} with rank {rank}, which is stuck at step {at} "
-                         f"before its matching step {step}")
+            waits.append(f"run {op.text()} with rank {rank}, which is stuck at step "
+                         f"{self._stuck_at(h)} before its matching step {step}")
         ranks = len(np.unique(self.step_rank[stuck]))
-        raise deadlock_error(self.flat.name, ranks, int(self.step_rank[g]), self.flat.local(g),
-                             waits)
+        f = self.flat
+        raise deadlock_error(f.name, ranks, int(self.step_rank[g]), f.local(g), waits,
+                             0 if f.nchannels > 1 else None)
 
     def _contention(self, m_dst: np.ndarray, m_flow: np.ndarray, m_end: np.ndarray,
                     m_live: np.ndarray) -> Callable[[Any], Any] | None:
@@ -420,8 +454,8 @@ class Setup:
         Walks back from the last step to end: a step's end is either its posting (step
         and op overhead) or its last message's arrival; a message's bandwidth time is its
         flow after alpha and path latency (``m_delay``), and its launch waits for the
-        posting in the later of its two steps, whose start is the end of that rank's step
-        before (or the call overhead).
+        posting in the later of its two steps, whose start is the end of the step before
+        in that step's sequence (or the call overhead).
         """
         out = {"bandwidth": 0.0, "latency": 0.0, "overhead": 0.0, "reduce": 0.0,
                "contention": 0.0}
@@ -440,7 +474,7 @@ class Setup:
                 steps = self.nat_steps[self.nat_ptr[j]:self.nat_ptr[j + 1]]
                 g2 = int(steps[np.argmax(start[steps])])
                 out["overhead"] += launched - float(start[g2])
-                if g2 == self.step_base[self.step_rank[g2]]:
+                if g2 == self.step_first[g2]:
                     out["overhead"] += float(start[g2])
                     break
                 g = g2 - 1
@@ -468,7 +502,7 @@ class Setup:
                 r_at = float(start[m_rstep[last]] + m_roff[last])
                 g2 = int(m_sstep[last] if s_at >= r_at else m_rstep[last])
                 out["overhead"] += float(m_launch[last]) - float(start[g2])
-            if g2 == self.step_base[self.step_rank[g2]]:  # the rank's first step
+            if g2 == self.step_first[g2]:  # its sequence's first step
                 out["overhead"] += float(start[g2])
                 break
             g = g2 - 1

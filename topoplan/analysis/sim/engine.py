@@ -15,7 +15,9 @@ scripts/bench_simulate.py):
    rate is its solo max-min rate for its whole life and its arrival time is known at
    launch. Such messages are timers (most of a ring or an in-box phase). Timers are
    drained eagerly, out of time order: everything downstream of a timer is a max()
-   of times, and anything it launches starts later than it.
+   of times, and anything it launches starts later than it. With channels (IR v4) a
+   rank runs one step per channel at once, so "one source" means one source
+   *sequence* (rank and channel), and likewise for destinations.
 3. The rest (dynamic flows) are simulated in time order, but in windows: a message
    launched now reaches its first link no sooner than ``lookahead`` = alpha + the
    smallest latency of a dynamic path, so during [t0, t0 + lookahead) the set of
@@ -216,17 +218,24 @@ class Engine(Setup):
 
     def _classify(self) -> None:
         """Which messages are fixed (never share a link; see the notes above)."""
-        n, nedges, nmsg = self.schedule.nranks, len(self.edges), len(self.m_k)
+        nedges, nmsg = len(self.edges), len(self.m_k)
+        n = len(self.flat.seq_rank)  # the sequences: the ranks, without channels
         npairs = len(self.pair_npaths)
         pe_pair = np.repeat(np.arange(npairs), np.diff(self.pe_ptr))
         if npairs:
-            src_of_pair, dst_of_pair = self._pair_src_dst()
+            if self.flat.nchannels > 1:
+                # A rank runs a step of each channel at once: "one source" is one source
+                # sequence (rank and channel), as is "one destination".
+                edge, src, dst = self._sequence_links()
+            else:
+                src_of_pair, dst_of_pair = self._pair_src_dst()
+                edge, src, dst = self.pe_edge, src_of_pair[pe_pair], dst_of_pair[pe_pair]
             lo_s = np.full(nedges, n); hi_s = np.full(nedges, -1)
             lo_r = np.full(nedges, n); hi_r = np.full(nedges, -1)
-            np.minimum.at(lo_s, self.pe_edge, src_of_pair[pe_pair])
-            np.maximum.at(hi_s, self.pe_edge, src_of_pair[pe_pair])
-            np.minimum.at(lo_r, self.pe_edge, dst_of_pair[pe_pair])
-            np.maximum.at(hi_r, self.pe_edge, dst_of_pair[pe_pair])
+            np.minimum.at(lo_s, edge, src)
+            np.maximum.at(hi_s, edge, src)
+            np.minimum.at(lo_r, edge, dst)
+            np.maximum.at(hi_r, edge, dst)
             sx, rx = lo_s == hi_s, lo_r == hi_r  # links of one source / one destination
             # A link a native collective loads may carry two flows at once.
             sx[self.nat_flow_edge] = False
@@ -282,6 +291,21 @@ class Engine(Setup):
         if flowing.any():  # a native's flows reach their links its latency after it starts
             self.lookahead = min(self.lookahead, float(self.nat_lat[flowing].min()))
 
+    def _sequence_links(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """With channels (IR v4): each link each message crosses, with the message's
+        source and destination sequences, once per (pair, channel)."""
+        f = self.flat
+        nchan = f.nchannels
+        combo, inverse = np.unique(self.m_pair * nchan + f.step_channel[self.m_sstep],
+                                   return_inverse=True)
+        inverse = inverse.reshape(-1)
+        src = np.empty(len(combo), np.int64)
+        dst = np.empty(len(combo), np.int64)
+        src[inverse] = f.step_seq[self.m_sstep]
+        dst[inverse] = f.step_seq[self.m_rstep]
+        edges, owner = expand(self.pe_ptr, self.pe_edge, combo // nchan)
+        return edges, src[owner], dst[owner]
+
     def _pair_src_dst(self) -> tuple[np.ndarray, np.ndarray]:
         npairs = len(self.pair_npaths)
         src = np.zeros(npairs, np.int64)
@@ -334,7 +358,7 @@ class Engine(Setup):
         self.clock = 0.0
 
         last_report = _time.monotonic()
-        first = self.step_base[:-1][self.step_base[:-1] < self.step_base[1:]]
+        first = self.first_steps()
         empty = self._start_steps(first, self.rank_t0[self.step_rank[first]])
         self._end_steps(empty)
         self._drain()
@@ -653,20 +677,16 @@ class Engine(Setup):
         busy_edges = np.flatnonzero(self.busy > 0)
         link_bytes = {self.edges[i]: float(self.link_bytes[i]) for i in used.tolist()}
         link_busy = {self.edges[i]: float(self.busy[i]) for i in busy_edges.tolist()}
-        starts, ends = self.step_start.tolist(), self.step_end.tolist()
-        base = self.step_base.tolist()
-        pairs = list(zip(starts, ends))
-        step_times = tuple(tuple(pairs[base[r]:base[r + 1]]) for r in range(n))
+        step_times = self.step_times()
         transfers: tuple[TransferRecord, ...] = ()
         timeline: dict[Edge, tuple[tuple[float, float], ...]] = {}
         if self.record:
-            sb = self.step_base
+            sstep, rstep = self.transfer_steps()
             transfers = tuple(
-                TransferRecord(src, dst, ss - int(sb[src]), rs - int(sb[dst]), chunk,
-                               int(nbytes), start, end, count)
+                TransferRecord(src, dst, ss, rs, chunk, int(nbytes), start, end, count)
                 for src, dst, ss, rs, chunk, nbytes, start, end, count in zip(
-                    f.t_src.tolist(), f.t_dst.tolist(), f.t_sstep.tolist(),
-                    f.t_rstep.tolist(), f.t_chunk.tolist(), self.t_bytes.tolist(),
+                    f.t_src.tolist(), f.t_dst.tolist(), sstep, rstep,
+                    f.t_chunk.tolist(), self.t_bytes.tolist(),
                     self.m_start[self.t_msg].tolist(), self.m_end[self.t_msg].tolist(),
                     f.t_count.tolist()))
             timeline = self._link_timeline()

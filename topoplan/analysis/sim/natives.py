@@ -14,12 +14,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from itertools import chain
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..._cache import ObjectCache
 from ...errors import ScheduleError
 from ...ir.schedule import Native, RankProgram, Schedule
+
+if TYPE_CHECKING:
+    from ...ir.matching import Messages
 
 __all__ = ["NativeSteps", "native_steps"]
 
@@ -45,13 +49,15 @@ class NativeSteps:
     def __len__(self) -> int:
         return len(self.ops)
 
-    def global_steps(self, step_base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each instance's member steps, numbered globally (``step_base[rank] + step``),
-        as CSR: ``(ptr, steps)``."""
+    def global_steps(self, found: Messages) -> tuple[np.ndarray, np.ndarray]:
+        """Each instance's member steps, numbered globally (as ``found``, the
+        :class:`~topoplan.ir.matching.Messages` of :attr:`p2p`, numbers them), as CSR:
+        ``(ptr, steps)``."""
         counts = np.fromiter((len(m) for m in self.members), np.int64, count=len(self.members))
         ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        flat = [int(step_base[r]) + s for m in self.members for r, s in m]
-        return ptr, np.asarray(flat, dtype=np.int64)
+        base = found.prog_base.tolist()
+        flat = [base[r] + s for m in self.members for r, s in m]
+        return ptr, found.prog_first[np.asarray(flat, dtype=np.int64)]
 
 
 def _split(schedule: Schedule) -> NativeSteps | None:

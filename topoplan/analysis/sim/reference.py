@@ -124,7 +124,7 @@ class ReferenceEngine(Setup):
         self.ended = 0
 
         last_report = _time.monotonic()
-        first = self.step_base[:-1][self.step_base[:-1] < self.step_base[1:]]
+        first = self.first_steps()
         at = self.rank_t0[self.step_rank[first]]
         t = float(at.min()) if len(at) else self.t0
         now = at <= t
@@ -364,19 +364,15 @@ class ReferenceEngine(Setup):
         bound = collective_bound(self.cluster, (self.size // self.dtype_size) * self.dtype_size,
                                  collective)
         algbw = self.size / self.time_s if self.time_s > 0 else math.inf
-        starts, ends = self.step_start.tolist(), self.step_end.tolist()
-        base = self.step_base.tolist()
-        pairs = list(zip(starts, ends))
         transfers: tuple[TransferRecord, ...] = ()
         timeline: dict[Edge, tuple[tuple[float, float], ...]] = {}
         if self.record:
-            sb = self.step_base
+            sstep, rstep = self.transfer_steps()
             transfers = tuple(
-                TransferRecord(src, dst, ss - int(sb[src]), rs - int(sb[dst]), chunk,
-                               int(nbytes), start, end, count)
+                TransferRecord(src, dst, ss, rs, chunk, int(nbytes), start, end, count)
                 for src, dst, ss, rs, chunk, nbytes, start, end, count in zip(
-                    self.t_src.tolist(), self.t_dst.tolist(), self.t_sstep.tolist(),
-                    self.t_rstep.tolist(), self.t_chunk.tolist(), self.t_bytes.tolist(),
+                    self.t_src.tolist(), self.t_dst.tolist(), sstep, rstep,
+                    self.t_chunk.tolist(), self.t_bytes.tolist(),
                     self.t_start.tolist(), self.t_end.tolist(), self.flat.t_count.tolist()))
             changes: dict[int, list[tuple[float, float]]] = {}
             for t, edges, rates in self.timeline:
@@ -391,7 +387,7 @@ class ReferenceEngine(Setup):
                                          for i in np.flatnonzero(self.link_bytes > 0).tolist()}),
             link_busy_s=MappingProxyType({self.edges[i]: float(self.busy[i])
                                           for i in np.flatnonzero(self.busy > 0).tolist()}),
-            step_times=tuple(tuple(pairs[base[r]:base[r + 1]]) for r in range(n)),
+            step_times=self.step_times(),
             transfers=transfers, link_timeline=MappingProxyType(timeline),
             profile=self.costs.name, breakdown=MappingProxyType(breakdown),
             messages=int(self.t_live.sum()), natives=self.native_records(),

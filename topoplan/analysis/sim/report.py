@@ -77,7 +77,10 @@ class SimReport:
     link_busy_s : mapping
         Seconds each directed edge carried at least one flow.
     step_times : tuple
-        ``step_times[rank][step] == (start_s, end_s)``.
+        ``step_times[rank][step] == (start_s, end_s)``, per step of the rank's program as
+        written. A step whose ops are on several channels (IR v4) runs as one step of
+        each channel's sequence: it spans from the first of them to start to the last
+        to end (the channels' parts may run at different times).
     transfers : tuple of TransferRecord
         Every message, only with ``record=True`` (else empty).
     link_timeline : mapping
