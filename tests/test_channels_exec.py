@@ -164,13 +164,14 @@ def test_a_rank_that_never_comes_times_out_naming_the_channel() -> None:
     e0 = errors[0]
     assert str(e0).startswith("rank 0: local two-rings allreduce, channel 0 step 0: recv of "
                               "chunk 2 from peer 2 timed out after 2 s"), str(e0)
-    assert (e0.rank, e0.step, e0.peer, e0.chunk) == (0, 0, 2, 2)
+    assert (e0.rank, e0.step, e0.peer, e0.chunk, e0.channel) == (0, 0, 2, 2, 0)
     # Rank 1's channel 1 (the ring 2 -> 1 -> 0) waits for rank 2 from its first step;
     # its channel 0 a little later (for rank 0's, stuck): either may be first out.
     e1 = str(errors[1])
     assert e1.startswith("rank 1: local two-rings allreduce, channel "), e1
     assert ("channel 1 step 1: recv of chunk 1 from peer 2" in e1
             or "channel 0 step 1: recv of chunk 2 from peer 0" in e1), e1
+    assert errors[1].channel == int(e1.split("channel ")[1][0]), e1
 
 
 def test_a_peer_that_fails_ends_the_others_at_once_naming_the_channel() -> None:

@@ -95,12 +95,15 @@ class InfeasiblePlanError(TopoplanError):
 class TransportError(TopoplanError, RuntimeError):
     """A point-to-point transfer failed or timed out while running a schedule.
 
-    Carries the ``rank``, ``step``, ``peer`` and ``chunk`` involved, where known.
+    Carries the ``rank``, ``step``, ``peer``, ``chunk`` and ``channel`` (IR v4) involved,
+    where known.
     """
 
     def __init__(self, message: str, *, rank: int | None = None, step: int | None = None,
-                 peer: int | None = None, chunk: int | None = None) -> None:
+                 peer: int | None = None, chunk: int | None = None,
+                 channel: int | None = None) -> None:
         self.rank, self.step, self.peer, self.chunk = rank, step, peer, chunk
+        self.channel = channel
         super().__init__(message)
 
 

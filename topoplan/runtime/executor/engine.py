@@ -770,7 +770,7 @@ class Executor:
         return TransportError(
             f"rank {self.rank} {self._where(step)}: {plan.what()} ({step.native.call}, "
             f"{self.transport.name} {self.schedule.algorithm} {self.spec.name}) {why}",
-            rank=self.rank, step=step.index, chunk=plan.op.chunk)
+            rank=self.rank, step=step.index, chunk=plan.op.chunk, channel=step.channel)
 
     def _error(self, step: BoundStep, indices: Sequence[int], reason: str | None) -> TransportError:
         # Blame a receive first: a dead peer's sends never arrive, while our own
@@ -788,4 +788,5 @@ class Executor:
         return TransportError(
             f"rank {self.rank}: {self.transport.name} {self.schedule.algorithm} {self.spec.name}, "
             f"{self._where(step)}: {what}{more} {why}",
-            rank=self.rank, step=step.index, peer=blamed.peer, chunk=blamed.chunk)
+            rank=self.rank, step=step.index, peer=blamed.peer, chunk=blamed.chunk,
+            channel=step.channel)
