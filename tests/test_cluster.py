@@ -791,3 +791,69 @@ def test_random_clusters_load_into_a_consistent_graph(spec):
             for path in routes:
                 assert path[0] == cluster.gpu_node(src) and path[-1] == cluster.gpu_node(dst)
                 assert all(graph.has_edge(u, v) for u, v in zip(path, path[1:]))
+
+
+def _loads_by_paths(cluster, src: int, dst: int) -> tuple[dict, float]:
+    """route_loads spelled out: every route's edges, each route 1 / (routes) of the bytes."""
+    paths = cluster.route_edges(src, dst)
+    loads: dict = {}
+    for path in paths:
+        for edge in path:
+            loads[edge] = loads.get(edge, 0.0) + 1.0 / len(paths)
+    worst = max(sum(cluster.graph.edges[e]["latency"] for e in path) for path in paths)
+    return loads, worst
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_route_loads_are_the_routes_summed(name: str) -> None:
+    from topoplan.cluster import load_cluster
+
+    cluster = load_cluster(topology_path(name))
+    n = cluster.nranks
+    pairs = {(s, d) for s in range(0, n, max(1, n // 24)) for d in range(0, n, max(1, n // 24))}
+    pairs |= {(0, n - 1), (n - 1, 0), (1 % n, 0)}
+    for src, dst in sorted(pairs):
+        if src == dst:
+            continue
+        want, worst = _loads_by_paths(cluster, src, dst)
+        got, got_worst = cluster.route_loads(src, dst)
+        assert got.keys() == want.keys(), (name, src, dst)
+        for edge, share in want.items():
+            assert got[edge] == pytest.approx(share, rel=1e-12), (name, src, dst, edge)
+        assert got_worst == pytest.approx(worst, rel=1e-12), (name, src, dst)
+        assert sum(v for (a, _), v in got.items() if a == cluster.gpu_node(src)) == \
+            pytest.approx(1.0)  # every byte leaves the source once
+
+
+def test_route_loads_of_generated_fabrics_with_many_paths() -> None:
+    """Fat trees and rail clusters whose pairs have more switch paths than MAX_ROUTES
+    (the routes are cut there, in order), and NIC-less GPUs that hop to a NIC first."""
+    from topoplan.cluster import loads_cluster
+    from topoplan.cluster.generate import fat_tree, rail_optimized
+    from topoplan.cluster.model import MAX_ROUTES
+
+    # Two NICs per GPU on two leaves, four spines: 2 x 2 legs x up to 4 spine paths, cut at
+    # MAX_ROUTES in order; GPU 2 has no NIC and hops to the others' first.
+    spines = "".join(f"  - {{name: s{k}}}\n" for k in range(4))
+    uplinks = "".join(f"  - {{a: l{i}, b: s{k}, bandwidth: 50 GB/s, latency: {1 + k} us}}\n"
+                      for i in range(4) for k in range(4))
+    wide = (f"name: wide\nswitches:\n{spines}" + "".join(f"  - {{name: l{i}}}\n"
+                                                             for i in range(4))
+            + f"links:\n{uplinks}boxes:\n"
+            + "".join(f"  - name: b{b}\n    gpus: 3\n    fabric: {{bandwidth: 300 GB/s, "
+                      f"latency: 0.5 us}}\n    nics:\n"
+                      f"      - {{switch: l{2 * (b // 2)}, bandwidth: 25 GB/s, gpus: [0, 1]}}\n"
+                      f"      - {{switch: l{2 * (b // 2) + 1}, bandwidth: 25 GB/s, gpus: [0, 1]}}\n"
+                      for b in range(4)))
+    for text in (fat_tree(64, name="fat"), rail_optimized(64, name="rail"), wide):
+        cluster = loads_cluster(text, "generated")
+        n = cluster.nranks
+        for src, dst in [(0, n - 1), (3, n // 2 + 5), (n - 9, 7), (8, 10), (1, 2), (2, n - 2),
+                         (n - 1, 2)]:
+            want, worst = _loads_by_paths(cluster, src, dst)
+            got, got_worst = cluster.route_loads(src, dst)
+            assert got.keys() == want.keys()
+            assert all(got[e] == pytest.approx(v, rel=1e-12) for e, v in want.items())
+            assert got_worst == pytest.approx(worst, rel=1e-12)
+    assert len(cluster.routes(0, cluster.nranks - 1)) == MAX_ROUTES  # the cut is exercised
+    assert len(cluster._switch_paths("l0", "l2")) == 4

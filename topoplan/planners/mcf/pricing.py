@@ -43,20 +43,14 @@ class CostModel:
         for i, key in enumerate(keys.tolist()):
             if key not in self._pairs:
                 src, dst = divmod(key, n)
-                paths = self.cluster.route_edges(src, dst)
-                if not paths:
+                loads, worst = self.cluster.route_loads(src, dst)
+                if not loads:
                     raise InfeasiblePlanError(
                         f"no route from rank {src} ({self.cluster.gpu_node(src)}) to rank {dst} "
                         f"({self.cluster.gpu_node(dst)}) in cluster {self.cluster.name!r}; "
                         "connect their boxes or switches")
-                use: dict[int, float] = {}
-                worst = 0.0
-                for path in paths:
-                    idx = [self.index[e] for e in path]
-                    worst = max(worst, float(self.lat[idx].sum()))
-                    for j in idx:
-                        use[j] = use.get(j, 0.0) + 1.0 / len(paths)
-                self._pairs[key] = (list(use), list(use.values()), worst)
+                index = self.index
+                self._pairs[key] = ([index[e] for e in loads], list(loads.values()), worst)
             c, v, w = self._pairs[key]
             rows += [i] * len(c)
             cols += c
