@@ -48,6 +48,12 @@ timeout 200 $PY -m topoplan bench --transport nccl --share-gpus -n 8 \
     --cluster topologies/targets/two_switch_4x2.yaml --algorithm nccl --baseline native \
     --sizes 1KiB:64MiB:16
 
+step "bench, 4 ranks sharing the GPU: a ring on 2 channels (IR v4; over NCCL the channels run one after another) against ncclAllReduce"
+timeout 60 $PY -m topoplan plan topologies/ddl_two_switch.yaml --algorithm ring --channels 2 \
+    --size 16MiB -o "$OUT/ring_2ch.json" | tail -3
+timeout 200 $PY -m topoplan bench --transport nccl --share-gpus -n 4 --plan "$OUT/ring_2ch.json" \
+    --cluster topologies/ddl_two_switch.yaml --baseline native --sizes 1KiB:64MiB:8
+
 step "the NCCL model against published nccl-tests figures"
 timeout 60 $PY scripts/bench_nccl_model.py
 } 2>&1 | tee "$OUT/gpu_check.log"
