@@ -97,3 +97,20 @@ def test_a_bad_size_string_names_the_size():
         topoplan.simulate(cluster, topoplan.plan(cluster, "ring"), "12 parsecs")
     with pytest.raises(EstimateError, match=r"^fusion threshold: unknown unit"):
         estimate(cluster, model=uniform_model(1000), compute_s=0.1, fusion="12 parsecs")
+
+
+def test_plan_and_simulate_take_a_cluster_file_as_the_cli_does(tmp_path):
+    from pathlib import Path
+
+    from topoplan.errors import ClusterSpecError
+
+    path = Path(__file__).resolve().parents[1] / "topologies" / "ddl_two_switch.yaml"
+    by_path = topoplan.plan(str(path), algorithm="ring", size="1MiB")
+    by_cluster = topoplan.plan(topoplan.load_cluster(path), algorithm="ring", size="1MiB")
+    assert by_path == by_cluster
+    assert topoplan.simulate(path, by_path, "1MiB").time_s == \
+        topoplan.simulate(topoplan.load_cluster(path), by_cluster, "1MiB").time_s
+    with pytest.raises(ClusterSpecError, match="missing.yaml"):
+        topoplan.plan(tmp_path / "missing.yaml", algorithm="ring")
+    with pytest.raises(ClusterSpecError, match="expected a Cluster .* got int"):
+        topoplan.plan(3, algorithm="ring")

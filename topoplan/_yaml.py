@@ -6,6 +6,8 @@ tree and build dict/list subclasses that remember the line of every key and item
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +130,7 @@ def load_yaml(text: str, file: str, error: type[SpecError] = ClusterSpecError) -
         loader.dispose()
 
 
-def read_text(path: str | Path, what: str, error: type[SpecError] = ClusterSpecError) -> str:
+def read_text(path: str | os.PathLike, what: str, error: type[SpecError] = ClusterSpecError) -> str:
     """A YAML input file's text; an unreadable or non-UTF-8 file is ``error`` naming it."""
     file = str(path)
     try:

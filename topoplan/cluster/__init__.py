@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from .model import (MAX_ROUTES, Box, Cluster, Fabric, GpuLink, HostCluster, Nic, SwitchLink,
                     host_cluster)
-from .spec import MAX_COUNT, flat_cluster, load_cluster, loads_cluster
+from .spec import MAX_COUNT, as_cluster, flat_cluster, load_cluster, loads_cluster
 
 __all__ = [
     "Fabric", "GpuLink", "Nic", "Box", "SwitchLink", "Cluster", "HostCluster", "host_cluster",
-    "load_cluster", "loads_cluster", "flat_cluster", "MAX_ROUTES", "MAX_COUNT",
+    "load_cluster", "loads_cluster", "as_cluster", "flat_cluster", "MAX_ROUTES", "MAX_COUNT",
 ]

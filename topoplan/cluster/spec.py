@@ -6,6 +6,8 @@ Every mistake a user can make is reported as :class:`ClusterSpecError` naming
 
 from __future__ import annotations
 
+import os
+
 import re
 import warnings
 from pathlib import Path
@@ -177,7 +179,25 @@ def _closest(key: str, allowed: Iterable[str]) -> str:
     return f" {key!r} (did you mean {match[0]!r}?)" if match else f" {key!r}"
 
 
-def load_cluster(path: str | Path) -> Cluster:
+def as_cluster(cluster: Cluster | str | os.PathLike, who: str = "topoplan") -> Cluster:
+    """``cluster`` itself, or the cluster YAML file it names (:func:`load_cluster`), so the
+    API takes a path where the CLI does.
+
+    Raises
+    ------
+    ClusterSpecError
+        A file that does not load (naming ``file:line: key``), or something that is neither
+        a :class:`Cluster` nor a path.
+    """
+    if isinstance(cluster, Cluster):
+        return cluster
+    if isinstance(cluster, (str, os.PathLike)):
+        return load_cluster(cluster)
+    raise ClusterSpecError(f"{who}: expected a Cluster (topoplan.load_cluster) or a cluster "
+                           f"YAML path, got {type(cluster).__name__}")
+
+
+def load_cluster(path: str | os.PathLike) -> Cluster:
     """Load and validate a cluster YAML file.
 
     Parameters

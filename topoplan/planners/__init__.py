@@ -16,6 +16,8 @@ pipelining depth, and ``mcf`` its construction, against it.
 
 from __future__ import annotations
 
+import os
+
 from typing import Any
 
 from ..cluster import Cluster
@@ -42,7 +44,8 @@ __all__ = ["PLANNERS", "SPECS", "plan", "register", "candidates", "takes", "opti
            "plan_ring",
            "plan_ring_topo", "plan_tree", "plan_rhd", "plan_hierarchical", "topo_order"]
 
-def plan(cluster: Cluster, algorithm: str = "auto", *, size: int | str = 256 << 20,
+def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
+         size: int | str = 256 << 20,
          profile: CostProfile | str | None = None, collective: str = DEFAULT_COLLECTIVE,
          max_step_ops: int | None = None, max_chunks: int | None = None,
          **options: Any) -> Schedule:
@@ -51,7 +54,8 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int | str = 256 << 
 
     Parameters
     ----------
-    cluster : Cluster
+    cluster : Cluster or path
+        A :class:`~topoplan.cluster.Cluster`, or the cluster YAML file to load.
     algorithm : str
         A key of :data:`PLANNERS` (``ring``, ``ring-topo``, ``tree``, ``rhd``,
         ``hierarchical``, ``mcf``, and whatever else is registered), or ``auto``, which

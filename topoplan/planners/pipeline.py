@@ -14,6 +14,7 @@ planner plans and which options it takes beyond the request's own (``size``,
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 from .._progress import step
 from ..ir.collectives import COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE
 from ..analysis.cost import CostProfile, get_profile
+from ..cluster import as_cluster
 from ..errors import InfeasiblePlanError, PlannerError
 from ..ir.schedule import Schedule
 from ..ir.collectives import bus_factor
@@ -82,7 +84,7 @@ class PlanRequest:
     machine: Cluster | None = None
 
     @classmethod
-    def make(cls, cluster: Cluster, *, size: int | str = 256 << 20,
+    def make(cls, cluster: Cluster | str | os.PathLike, *, size: int | str = 256 << 20,
              collective: str = DEFAULT_COLLECTIVE, profile: CostProfile | str | None = None,
              max_step_ops: int | None = None, max_chunks: int | None = None,
              machine: Cluster | None = None, who: str = "plan",
@@ -99,6 +101,7 @@ class PlanRequest:
         InfeasiblePlanError
             A ``machine`` with another rank count than ``cluster``.
         """
+        cluster = as_cluster(cluster, who)
         if isinstance(collective, str) and collective in COLLECTIVES:
             pass
         else:

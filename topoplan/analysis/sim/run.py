@@ -7,10 +7,12 @@ The engine (numpy, scipy) is imported on the first call, so that importing
 from __future__ import annotations
 
 import gc
+import os
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..cost import CostProfile, get_profile
+from ...cluster import as_cluster
 from ...errors import ScheduleError
 from ...ir.fingerprint import check_fingerprint
 from ...ir.schedule import Schedule
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["simulate", "costs_for", "nccl_row"]
 
 
-def simulate(cluster: Cluster, schedule: Schedule, size: int | str, *,
+def simulate(cluster: Cluster | str | os.PathLike, schedule: Schedule, size: int | str, *,
              profile: CostProfile | str | None = None, dtype_size: int = 4,
              reduce_bandwidth: float | None = None, alpha: float | None = None,
              record: bool = False, progress: Callable[[float, float], None] | None = None,
@@ -32,7 +34,8 @@ def simulate(cluster: Cluster, schedule: Schedule, size: int | str, *,
 
     Parameters
     ----------
-    cluster : Cluster
+    cluster : Cluster or path
+        A :class:`~topoplan.cluster.Cluster`, or the cluster YAML file to load.
     schedule : Schedule
         Must have ``cluster.nranks`` ranks, and be planned for ``cluster`` if it records
         the cluster it was planned for (``meta["cluster_fingerprint"]``, which
@@ -101,6 +104,7 @@ def simulate(cluster: Cluster, schedule: Schedule, size: int | str, *,
     15 s under ``ideal`` and 60 s under ``nccl`` on a 2-core machine
     (``scripts/bench_simulate.py``, ``scripts/bench_scale.py``).
     """
+    cluster = as_cluster(cluster, "simulate")
     if schedule.nranks != cluster.nranks:
         raise ScheduleError(
             f"the schedule has {schedule.nranks} ranks but cluster {cluster.name!r} has "
