@@ -2,25 +2,27 @@
 
     PYTHONPATH=. python scripts/bench_channels.py [--clusters dgx_a100_x4,fat64,rail64]
         [--sizes 1MiB,16MiB,256MiB] [--planners mcf,ring] [--channels 1,2,4]
-        [--profile nccl] [--json]
+        [--skews 1,1.2] [--profile nccl] [--json]
 
 For every cluster, size and planner, the plan is made once under the profile (``nccl``
 by default), put on each channel count with
 :func:`topoplan.planners.channels.channelize` (what ``topoplan plan --channels N``
-does), verified and simulated (:func:`topoplan.simulate`). The table gives the predicted
-time, the ratio against the same plan on one channel measured in the same run (``vs
-1ch``: above 1.00x the channels are faster), the time over the cut lower bound, the ops
-and the seconds the simulation took.
+does, with each slice ratio of ``--skews``), verified and simulated
+(:func:`topoplan.simulate`). The table gives the predicted time, the ratio against the
+same plan on one channel measured in the same run (``vs 1ch``: above 1.00x the channels
+are faster), the time over the cut lower bound and over the latency-aware bound
+(:func:`topoplan.analysis.bound.latency_bound`), the ops and the seconds the simulation
+took.
 
 Clusters: ``dgx_a100_x4`` (shipped: 4 DGX A100 boxes, 32 GPUs), ``fat64`` (a two-tier fat
 tree of 8 boxes x 8 GPUs, 2:1, :func:`topoplan.cluster.generate.fat_tree`), ``rail64``
 (8 boxes x 8 GPUs on 8 rails, :func:`topoplan.cluster.generate.rail_optimized`), or any
 shipped topology by its file name (``leaf_spine_1024``: minutes per case).
 
-What the numbers mean depends on the simulator: one that runs a rank's channels
-independently (IR v4) hides a channel's step latency behind another's transfer; one
-that runs them in lock-step gains nothing from channels and pays for the extra, smaller
-messages. The script prints what it measured either way.
+The simulator runs a rank's channels independently (IR v4). Channels of equal slices
+(skew 1) run in phase, each paying the same step latencies on its share of the bytes,
+and take exactly what one channel takes; unequal slices end their steps apart, so one
+channel's latency hides behind another's transfer.
 """
 
 from __future__ import annotations
@@ -53,28 +55,33 @@ def load(name: str) -> Any:
 
 
 def run(clusters: list[str], sizes: list[str], planners: list[str], channels: list[int],
-        profile: str = "nccl", out: Any = sys.stdout) -> list[dict[str, Any]]:
+        profile: str = "nccl", out: Any = sys.stdout,
+        skews: tuple[float, ...] = (1.0, 1.2)) -> list[dict[str, Any]]:
     """Measure every case, print a row each as it is measured, and return the rows."""
     import topoplan
+    from topoplan.analysis.bound import latency_bound
     from topoplan.planners.channels import channelize
     from topoplan.units import format_time, parse_size
 
     rows: list[dict[str, Any]] = []
-    head = (f"{'cluster':14s} {'size':>6s} {'planner':8s} {'ch':>2s} {'time':>10s} "
-            f"{'vs 1ch':>7s} {'x bound':>7s} {'ops':>8s} {'sim_s':>6s}")
+    head = (f"{'cluster':14s} {'size':>6s} {'planner':8s} {'ch':>2s} {'skew':>4s} "
+            f"{'time':>10s} {'vs 1ch':>7s} {'x bound':>7s} {'x lat':>6s} {'ops':>8s} "
+            f"{'sim_s':>6s}")
     print(head, file=out)
     print("-" * len(head), file=out)
     for cname in clusters:
         cluster = load(cname)
         for size_text in sizes:
             size = parse_size(size_text)
+            latency = latency_bound(cluster, size, profile, "allreduce")
             for planner in planners:
                 t0 = time.perf_counter()
                 base = topoplan.plan(cluster, planner, size=size, profile=profile)
                 plan_s = time.perf_counter() - t0
                 one = None
-                for n in channels:
-                    schedule = channelize(base, n)
+                cases = [(n, skew) for n in channels for skew in (skews if n > 1 else (1.0,))]
+                for n, skew in cases:
+                    schedule = channelize(base, n, skew)
                     topoplan.verify(schedule)
                     t0 = time.perf_counter()
                     report = topoplan.simulate(cluster, schedule, size=size, profile=profile)
@@ -82,19 +89,21 @@ def run(clusters: list[str], sizes: list[str], planners: list[str], channels: li
                     if n == 1:
                         one = report.time_s
                     row = {"cluster": cluster.name, "nranks": cluster.nranks, "size": size,
-                           "planner": planner, "channels": n, "time_s": report.time_s,
-                           "one_channel_s": one,
+                           "planner": planner, "channels": n, "skew": skew,
+                           "time_s": report.time_s, "one_channel_s": one,
                            "vs_one_channel": one / report.time_s if one else None,
                            "lower_bound_s": report.lower_bound_s,
                            "x_bound": report.time_s / report.lower_bound_s
                            if report.lower_bound_s > 0 else None,
+                           "latency_bound_s": latency, "x_latency_bound": report.time_s / latency,
                            "ops": schedule.nops, "plan_s": plan_s, "sim_s": sim_s}
                     rows.append(row)
                     vs = f"{row['vs_one_channel']:.2f}x" if row["vs_one_channel"] else "-"
                     xb = f"{row['x_bound']:.2f}x" if row["x_bound"] else "-"
-                    print(f"{cname[:14]:14s} {size_text:>6s} {planner:8s} {n:2d} "
+                    print(f"{cname[:14]:14s} {size_text:>6s} {planner:8s} {n:2d} {skew:4.2g} "
                           f"{format_time(report.time_s):>10s} {vs:>7s} {xb:>7s} "
-                          f"{schedule.nops:8d} {sim_s:6.2f}", file=out, flush=True)
+                          f"{row['x_latency_bound']:5.3f} {schedule.nops:8d} {sim_s:6.2f}",
+                          file=out, flush=True)
     return rows
 
 
@@ -104,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default=",".join(DEFAULT_SIZES))
     p.add_argument("--planners", default="mcf,ring")
     p.add_argument("--channels", default="1,2,4")
+    p.add_argument("--skews", default="1,1.2",
+                   help="slice ratios to put each plan on channels with (1: equal slices)")
     p.add_argument("--profile", default="nccl")
     p.add_argument("--json", action="store_true", help="print the rows as one JSON list")
     args = p.parse_args(argv)
@@ -114,13 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     quiet = open("/dev/null", "w") if args.json else sys.stdout
     rows = run(split(args.clusters), split(args.sizes), split(args.planners), channels,
-               args.profile, out=quiet)
+               args.profile, out=quiet, skews=tuple(float(k) for k in split(args.skews)))
     if args.json:
         print(json.dumps(rows))
     else:
         print(f"\nprofile {args.profile}; vs 1ch: the same plan's simulated time on one "
-              f"channel / on N (above 1.00x: faster on channels); x bound: time / cut lower "
-              f"bound; {len(rows)} cases in {time.perf_counter() - t0:.0f} s")
+              f"channel / on N (above 1.00x: faster on channels); skew: each channel's slice "
+              f"over the next one's; x bound: time / cut lower bound; x lat: time / "
+              f"latency-aware bound; {len(rows)} cases in {time.perf_counter() - t0:.0f} s")
     return 0
 
 

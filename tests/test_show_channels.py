@@ -15,7 +15,7 @@ from rich.console import Console
 
 from topoplan.commands.show import channel_table
 from topoplan.ir.schedule import build_schedule, recv, send
-from topoplan.planners.channels import channelize
+from topoplan.planners.channels import channelize, slices
 from topoplan.viz.schedule_plots import channel_mark, channel_rows
 
 from .support.schedules import ring_schedule
@@ -101,4 +101,5 @@ def test_show_prints_the_channels_in_80_columns_and_in_json(tmp_path):
                           text=True, timeout=300)
     data = json.loads(proc.stdout)
     assert [row["channel"] for row in data["channels"]] == [0, 1, 2]
-    assert all(row["share"] == pytest.approx(1 / 3) for row in data["channels"])
+    # the default slices: each 1.2 times the next (topoplan.planners.channels.SKEW)
+    assert [row["share"] for row in data["channels"]] == pytest.approx(slices(3, 1.2))

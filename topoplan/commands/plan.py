@@ -45,9 +45,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-chunks", type=positive_int, default=None, metavar="N",
                    help="most chunks a plan may hold (as --max-step-ops)")
     p.add_argument("--channels", type=positive_int, default=1, metavar="N",
-                   help="run the chosen plan on N independent channels, each on 1/N of "
-                        "every chunk (IR v4, docs/SCHEDULE.md; default 1); plans with "
+                   help="run the chosen plan on N independent channels, each on a slice "
+                        "of every chunk (IR v4, docs/SCHEDULE.md; default 1); plans with "
                         "native steps (nccl, composed) cannot be cut and are not chosen")
+    p.add_argument("--channel-skew", type=float, default=None, metavar="R",
+                   help="each channel's slice is R times the next one's (default 1.2: "
+                        "unequal slices end their steps apart, so one channel's latency "
+                        "hides behind another's transfer; 1: equal slices, as NCCL)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.set_defaults(func=cmd_plan)
 
@@ -69,11 +73,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ..analysis.bound import (best_partition, bottleneck, collective_bound, latency_bound,
                                   rsag_bound)
     from ..planners import PlanRequest, compare, nccl_candidate, require_collective
-    from ..planners.channels import check_channels, per_channel
+    from ..planners.channels import SKEW, check_channels, check_skew, per_channel
     from ..ir.verify import verify
 
     cluster = load_cluster(args.cluster)
     channels = check_channels(args.channels)
+    skew = check_skew(SKEW if args.channel_skew is None else args.channel_skew)
     # On N channels every chunk and op is N of them: plan to the caps over N.
     request = PlanRequest.make(cluster, size=args.size, collective=args.collective,
                                profile=args.profile,
@@ -124,7 +129,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from ..planners.channels import channelize, check_caps_on_channels
 
         with status(f"cutting the {chosen.name} schedule over {channels} channels ..."):
-            schedule = check_caps_on_channels(channelize(schedule, channels), channels,
+            schedule = check_caps_on_channels(channelize(schedule, channels, skew), channels,
                                               args.max_step_ops, args.max_chunks)
             verify(schedule)
             predicted = simulate(request.where, schedule, args.size,
@@ -146,7 +151,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "lower_bound_s": bound, "rsag_bound_s": rsag, "latency_bound_s": latency,
             "bound_partition": _partition_json(cluster),
             "chosen": chosen.name, "profile": costs.to_dict(),
-            "channels": channels, "chosen_time_s": predicted,
+            "channels": channels, "channel_skew": skew, "chosen_time_s": predicted,
             "candidates": [candidate_json(c, request, bound, nccl) for c in shown],
             "left_out": left_out}))
         return 0
@@ -194,9 +199,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
             out.print(f"lower bound (any {collective}, ForestColl's cut): {format_time(bound)}")
         out.print(f"bottleneck cut: {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)} out")
     if channels > 1:
-        out.print(f"channels: {chosen.name} on {channels} channels (each on 1/{channels} of "
-                  f"every chunk) simulates in {format_time(predicted)}, against "
-                  f"{format_time(chosen.time_s)} on one")
+        slicing = f"each on 1/{channels} of every chunk" if skew == 1 else \
+            f"slices {skew:g} times the next"
+        out.print(f"channels: {chosen.name} on {channels} channels ({slicing}) simulates in "
+                  f"{format_time(predicted)}, against {format_time(chosen.time_s)} on one")
     out.print(f"chosen: {chosen.name}" + (f" -> {args.output}" if args.output else
                                           " (write it with -o PLAN.json)"), soft_wrap=True)
     return 0

@@ -77,6 +77,10 @@ def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
         :func:`topoplan.planners.channels.channelize`, applied after planning; default 1:
         the plan as planned). ``max_chunks`` and ``max_step_ops`` hold for the result:
         the planner plans to them divided by ``channels``.
+    channel_skew : float, optional
+        The ratio of one channel's slice of the data to the next one's (default
+        :data:`topoplan.planners.channels.SKEW`, 1.2; 1 cuts equal slices, as NCCL does,
+        which gain nothing: see :func:`~topoplan.planners.channels.channelize`).
     **options
         Passed to the planner (``chunks``, ``order``, ...; ``auto``: ``candidates``,
         ``machine``).
@@ -106,9 +110,11 @@ def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
         raise PlannerError(f"unknown algorithm {algorithm!r}; known: {', '.join(sorted(SPECS))}")
     machine = options.pop("machine", None)
     channels = options.pop("channels", 1)
-    from .channels import check_channels, per_channel
+    from .channels import SKEW, check_channels, check_skew, per_channel
+    skew = options.pop("channel_skew", SKEW)
     if channels != 1:  # checked before planning: a bad value fails fast
         check_channels(channels)
+        check_skew(skew)
     # On C channels every chunk is C chunks and every op C ops: the planner plans to
     # the caps over C (checked again on the result).
     request = PlanRequest.make(cluster, size=size, collective=collective, profile=profile,
@@ -141,7 +147,7 @@ def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
                                   f"{request.max_step_ops})") from None
     if channels != 1:
         from .channels import channelize, check_caps_on_channels
-        schedule = check_caps_on_channels(channelize(schedule, channels), channels,
+        schedule = check_caps_on_channels(channelize(schedule, channels, skew), channels,
                                           max_step_ops, max_chunks)
     return stamp(request, schedule)
 

@@ -3,15 +3,20 @@ the data (IR v4), as NCCL splits its buffer over its channels.
 
 :func:`channelize` cuts every chunk into ``C`` sub-chunks and gives channel ``c`` a copy
 of every op on its own sub-chunks. Under IR v4's semantics (docs/SCHEDULE.md, "Version 4:
-channels") each channel's steps then wait only for that channel's previous step, so one
-channel's step latency hides behind another's transfer; the data each op moves is cut
-by ``C``, the number of ops is multiplied by ``C``.
+channels") each channel's steps then wait only for that channel's previous step; the data
+each op moves is cut over the channels, the number of ops is multiplied by ``C``. Equal
+slices run in phase and take what the plan takes on one channel; slices of unequal size
+(each :data:`SKEW` times the next) end their steps apart, so one channel's step latency
+hides behind another's transfer.
 
-``topoplan.plan(..., channels=N)`` and ``topoplan plan --channels N`` apply it after
-planning; ``channels=1`` (the default) applies nothing.
+``topoplan.plan(..., channels=N, channel_skew=R)`` and ``topoplan plan --channels N
+[--channel-skew R]`` apply it after planning; ``channels=1`` (the default) applies
+nothing.
 """
 
 from __future__ import annotations
+
+import math
 
 from dataclasses import replace
 
@@ -19,7 +24,8 @@ from ..errors import InfeasiblePlanError, PlannerError
 from ..ir.collectives import collective_of, shard_chunks
 from ..ir.schedule import Native, Op, RankProgram, Schedule
 
-__all__ = ["channelize", "check_channels", "check_caps_on_channels", "per_channel", "MAX_CHANNELS", "NATIVE_PLANNERS"]
+__all__ = ["channelize", "check_channels", "check_skew", "check_caps_on_channels",
+           "per_channel", "slices", "MAX_CHANNELS", "NATIVE_PLANNERS", "SKEW"]
 
 #: The planners whose plans hold native steps, which :func:`channelize` refuses
 #: (``auto`` with ``channels`` compares the others).
@@ -27,6 +33,14 @@ NATIVE_PLANNERS = ("nccl", "composed")
 
 #: The most channels the pass makes (NCCL's MAXCHANNELS, ``src/include/device.h``).
 MAX_CHANNELS = 32
+
+#: The default ratio of one channel's slice to the next one's (``topoplan plan --channels
+#: N``): unequal slices make the channels' steps end at different times, so one channel's
+#: step latency meets another's transfer. Channels of equal slices run in phase and gain
+#: nothing (each pays the same latencies on 1/N of the bytes). Measured with
+#: ``scripts/bench_channels.py`` (docs/RESULTS.md): 1.2 is within a few percent of the best
+#: of 1.1, 1.2 and 1.35 on 2 to 4 channels at 16 MiB and 256 MiB.
+SKEW = 1.2
 
 
 def check_channels(channels: object) -> int:
@@ -38,8 +52,23 @@ def check_channels(channels: object) -> int:
     return channels
 
 
-def _layout(schedule: Schedule, channels: int) -> tuple[tuple[tuple[int, int], ...],
-                                                         tuple[float, ...]]:
+def check_skew(skew: object) -> float:
+    """``skew`` if it is a number in [1, 16], else a :class:`PlannerError` saying so."""
+    if isinstance(skew, bool) or not isinstance(skew, (int, float)) or not 1 <= skew <= 16:
+        raise PlannerError(f"channel skew: must be a number from 1 (equal slices) to 16, "
+                           f"got {skew!r}")
+    return float(skew)
+
+
+def slices(channels: int, skew: float = 1.0) -> tuple[float, ...]:
+    """Each channel's share of every chunk: ``skew ** -c``, normalised (equal for 1)."""
+    weights = [skew ** -c for c in range(channels)]
+    total = math.fsum(weights)
+    return tuple(w / total for w in weights)
+
+
+def _layout(schedule: Schedule, channels: int, skew: float
+            ) -> tuple[tuple[tuple[int, int], ...], tuple[float, ...]]:
     """The shards' chunk ranges of ``schedule`` (one range, every chunk, for an allreduce)
     and the new chunks' fractions, laid out channel by channel within each shard."""
     k = schedule.nchunks
@@ -47,10 +76,11 @@ def _layout(schedule: Schedule, channels: int) -> tuple[tuple[tuple[int, int], .
         shards = shard_chunks(schedule.nranks, schedule.chunks, schedule.collective)
     else:
         shards = ((0, k),)
+    share = slices(channels, skew)
     fractions: list[float] = []
     for a, b in shards:
-        for _ in range(channels):
-            fractions.extend(f / channels for f in schedule.chunks[a:b])
+        for c in range(channels):
+            fractions.extend(f * share[c] for f in schedule.chunks[a:b])
     return shards, tuple(fractions)
 
 
@@ -70,12 +100,13 @@ def _split(op: Op, shards: tuple[tuple[int, int], ...], channel: int, channels: 
     return out
 
 
-def channelize(schedule: Schedule, channels: int) -> Schedule:
+def channelize(schedule: Schedule, channels: int, skew: float = 1.0) -> Schedule:
     """``schedule`` on ``channels`` independent channels over disjoint slices of the data.
 
-    Every chunk ``k`` is cut into ``channels`` sub-chunks, each a ``1 / channels`` share
-    of it, and channel ``c`` runs a copy of every op, in the same step, on its own
-    sub-chunks. The new chunks are laid out channel by channel within each shard, so
+    Every chunk ``k`` is cut into ``channels`` sub-chunks, channel ``c``'s a share
+    ``skew ** -c`` (normalised, :func:`slices`) of it: ``1 / channels`` each with
+    ``skew=1``, as NCCL cuts its buffer. Channel ``c`` runs a copy of every op, in the
+    same step, on its own sub-chunks. The new chunks are laid out channel by channel within each shard, so
     that an op's range stays one range per channel:
 
     - allreduce: the whole buffer is one block per channel, old chunk ``k`` of channel
@@ -93,9 +124,10 @@ def channelize(schedule: Schedule, channels: int) -> Schedule:
     several channels keeps them apart: its channel ``b`` becomes channels ``b *
     channels .. b * channels + channels - 1``.
 
-    Each channel moves ``1 / channels`` of every message, so the result computes what
+    Each channel moves its slice of every message, so the result computes what
     ``schedule`` computes, with ``channels`` times the ops and chunks. ``meta`` is kept,
-    with ``meta["channels"]`` set to the result's channel count.
+    with ``meta["channels"]`` set to the result's channel count and
+    ``meta["channel_skew"]`` to ``skew``.
 
     Parameters
     ----------
@@ -103,6 +135,12 @@ def channelize(schedule: Schedule, channels: int) -> Schedule:
         A point-to-point schedule (no native steps), any collective.
     channels : int
         Channels to run it on, 1 to :data:`MAX_CHANNELS`; 1 returns ``schedule`` as it is.
+    skew : float
+        The ratio of each channel's slice to the next one's, 1 to 16. Equal slices (1)
+        run in phase, each channel paying the same step latencies on its share of the
+        bytes, so they take what one channel takes; unequal ones (:data:`SKEW`) end
+        their steps at different times, so one channel's latency hides behind another's
+        transfer (docs/RESULTS.md, "Channels").
 
     Returns
     -------
@@ -125,6 +163,7 @@ def channelize(schedule: Schedule, channels: int) -> Schedule:
     step's data).
     """
     check_channels(channels)
+    skew = check_skew(skew)
     if channels == 1:
         return schedule
     for rank, at, op in schedule.ops():
@@ -134,7 +173,7 @@ def channelize(schedule: Schedule, channels: int) -> Schedule:
                 f"{op.text()}, which runs on channel 0 over its whole range and cannot be "
                 f"cut over {channels} channels; plan with a point-to-point planner (ring, "
                 "rhd, hierarchical, mcf) or leave channels at 1")
-    shards, fractions = _layout(schedule, channels)
+    shards, fractions = _layout(schedule, channels, skew)
     programs = []
     for program in schedule.ranks:
         steps = []
@@ -147,7 +186,7 @@ def channelize(schedule: Schedule, channels: int) -> Schedule:
             steps.append(tuple(ops))
         programs.append(RankProgram(program.rank, tuple(steps)))
     out = replace(schedule, chunks=fractions, ranks=tuple(programs))
-    return out.with_meta(channels=out.nchannels)
+    return out.with_meta(channels=out.nchannels, channel_skew=skew)
 
 
 def per_channel(cap: int | None, channels: int) -> int | None:
