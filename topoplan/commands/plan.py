@@ -48,6 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="run the chosen plan on N independent channels, each on 1/N of "
                         "every chunk (IR v4, docs/SCHEDULE.md; default 1); plans with "
                         "native steps (nccl, composed) cannot be cut and are not chosen")
+    p.add_argument("--vectored", action="store_true",
+                   help="merge each step's messages from one rank to one peer into one "
+                        "vectored message (IR v4, docs/SCHEDULE.md): fewer ops to post")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.set_defaults(func=cmd_plan)
 
@@ -129,6 +132,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
             verify(schedule)
             predicted = simulate(request.where, schedule, args.size,
                                  profile=request.profile).time_s
+    unvectored = predicted
+    if args.vectored:
+        from ..analysis.sim import simulate
+        from ..ir.schedule import vectorize
+
+        with status(f"vectorizing the {chosen.name} schedule ..."):
+            before = schedule.nops
+            schedule = vectorize(schedule)
+            if schedule.nops != before:
+                verify(schedule)
+                predicted = simulate(request.where, schedule, args.size,
+                                     profile=request.profile).time_s
 
     if args.output:
         schedule.with_meta(
@@ -146,7 +161,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "lower_bound_s": bound, "rsag_bound_s": rsag, "latency_bound_s": latency,
             "bound_partition": _partition_json(cluster),
             "chosen": chosen.name, "profile": costs.to_dict(),
-            "channels": channels, "chosen_time_s": predicted,
+            "channels": channels, "vectored": args.vectored, "chosen_time_s": predicted,
             "candidates": [candidate_json(c, request, bound, nccl) for c in shown],
             "left_out": left_out}))
         return 0
@@ -197,6 +212,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         out.print(f"channels: {chosen.name} on {channels} channels (each on 1/{channels} of "
                   f"every chunk) simulates in {format_time(predicted)}, against "
                   f"{format_time(chosen.time_s)} on one")
+    if args.vectored:
+        out.print(f"vectored: {chosen.name} in {schedule.nops} ops (one message per peer "
+                  f"and step) simulates in {format_time(predicted)}, against "
+                  f"{format_time(unvectored)} unvectored")
     out.print(f"chosen: {chosen.name}" + (f" -> {args.output}" if args.output else
                                           " (write it with -o PLAN.json)"), soft_wrap=True)
     return 0

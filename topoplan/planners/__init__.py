@@ -73,6 +73,12 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int | str = 256 << 
         :func:`topoplan.planners.channels.channelize`, applied after planning; default 1:
         the plan as planned). ``max_chunks`` and ``max_step_ops`` hold for the result:
         the planner plans to them divided by ``channels``.
+    vectored : bool, optional
+        Merge each step's messages from one rank to one peer into one vectored message
+        (IR v4, :func:`topoplan.ir.schedule.vectorize`, applied after planning and after
+        ``channels``; default False): the same data in fewer ops, which pays under a
+        profile with a per-op posting cost (``nccl``). Plans with native steps are
+        vectorized in their point-to-point steps only.
     **options
         Passed to the planner (``chunks``, ``order``, ...; ``auto``: ``candidates``,
         ``machine``).
@@ -102,6 +108,9 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int | str = 256 << 
         raise PlannerError(f"unknown algorithm {algorithm!r}; known: {', '.join(sorted(SPECS))}")
     machine = options.pop("machine", None)
     channels = options.pop("channels", 1)
+    vectored = options.pop("vectored", False)
+    if not isinstance(vectored, bool):
+        raise PlannerError(f"vectored: must be True or False, got {vectored!r}")
     from .channels import check_channels, per_channel
     if channels != 1:  # checked before planning: a bad value fails fast
         check_channels(channels)
@@ -139,6 +148,9 @@ def plan(cluster: Cluster, algorithm: str = "auto", *, size: int | str = 256 << 
         from .channels import channelize, check_caps_on_channels
         schedule = check_caps_on_channels(channelize(schedule, channels), channels,
                                           max_step_ops, max_chunks)
+    if vectored:
+        from ..ir.schedule import vectorize
+        schedule = vectorize(schedule)
     return stamp(request, schedule)
 
 
