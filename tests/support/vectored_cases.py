@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.support.schedules import flat_cluster_yaml
+from tests.support.clusters import flat_cluster_yaml
 from topoplan.ir.schedule import Schedule, build_schedule, equal_chunks, vectorize, vrecv, vsend
 
 
