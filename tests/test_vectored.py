@@ -196,7 +196,7 @@ def test_simulate_prices_a_vectored_message_as_one_op_a_side_of_all_its_bytes() 
 # -- executor --------------------------------------------------------------------------
 def test_vectored_cases_on_local_threads() -> None:
     for failures, ncases in Local.launch(4, V.vectored_cases, timeout=120):
-        assert failures == [] and ncases == 13
+        assert failures == [] and ncases == 22
 
 
 def test_vectored_scratch_layout() -> None:
@@ -224,7 +224,7 @@ def test_vectored_cases_on_mpi_processes() -> None:
             records[record["rank"]] = record
     assert sorted(records) == [0, 1, 2, 3], f"{proc.stdout}\n{proc.stderr[-3000:]}"
     for record in records.values():
-        assert record["failures"] == [] and record["ncases"] == 13, record
+        assert record["failures"] == [] and record["ncases"] == 22, record
 
 
 def test_vectored_cases_over_gloo() -> None:
@@ -233,7 +233,7 @@ def test_vectored_cases_over_gloo() -> None:
         pytest.skip("torch.distributed with gloo is not available")
     from topoplan.runtime.transports import Torch
     for record in Torch.launch(4, V.torch_rank_main, backend="gloo", timeout=200):
-        assert record["failures"] == [] and record["ncases"] == 13, record
+        assert record["failures"] == [] and record["ncases"] == 22, record
 
 
 # -- vectorize ------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 :func:`vectored_cases` runs, on one rank's transport, a hand-built vectored allreduce
 (every rank owns two chunks far apart, each exchange one vectored message per peer:
 reducing recvs, then overwriting ones) and the vectorized recursive-halving
-reduce-scatter and allgather of :mod:`topoplan.planners.rhd`, on small integers whose
-sums are exact, and returns the failures. tests/test_vectored.py runs it on Local
+reduce-scatter and allgather of :mod:`topoplan.planners.rhd`, also cut over two
+channels first (each channel's steps run apart: polled, or on threads over gloo), on
+small integers whose sums are exact, and returns the failures. tests/test_vectored.py runs it on Local
 threads, MPI processes (tests/mpi_vectored.py) and gloo processes.
 """
 
@@ -46,6 +47,13 @@ def rhd_plan(n: int, collective: str) -> Schedule:
                 collective=collective)
 
 
+def rhd_channels(n: int, collective: str, channels: int = 2) -> Schedule:
+    """:func:`rhd_plan` cut over ``channels`` channels, then vectorized (IR v4)."""
+    from topoplan.planners.channels import channelize
+
+    return vectorize(channelize(rhd_plan(n, collective), channels))
+
+
 def ints(size: int, rank: int, salt: int = 0) -> np.ndarray:
     """Small integers as float64: every order of additions gives the exact sum."""
     return ((np.arange(size) * 7 + 13 * rank + salt) % 23 - 5).astype(np.float64)
@@ -61,7 +69,9 @@ def vectored_cases(t: Any, timeout: float = 60.0) -> tuple[list[str], int]:
     ncases = 0
     allreduce = vectored_allreduce(n)
     rs, ag = vectorize(rhd_plan(n, "reduce_scatter")), vectorize(rhd_plan(n, "allgather"))
-    for name, s in (("allreduce", allreduce), ("reduce_scatter", rs), ("allgather", ag)):
+    rs2, ag2 = rhd_channels(n, "reduce_scatter"), rhd_channels(n, "allgather")
+    for name, s in (("allreduce", allreduce), ("reduce_scatter", rs), ("allgather", ag),
+                    ("reduce_scatter on channels", rs2), ("allgather on channels", ag2)):
         if n >= 4 and not any(op.more for _, _, op in s.ops()):  # rhd halves from 4 ranks
             failures.append(f"{name}: no vectored op to run")
     run = Allreduce(allreduce, t, timeout=timeout)
@@ -72,21 +82,30 @@ def vectored_cases(t: Any, timeout: float = 60.0) -> tuple[list[str], int]:
         want = sum(ints(size, r, size) for r in range(n))
         if not np.array_equal(x, want):
             failures.append(f"vectored allreduce of {size}: {x[:8]} != {want[:8]}")
-    run_rs, run_ag = ReduceScatter(rs, t, timeout=timeout), AllGather(ag, t, timeout=timeout)
-    for m in (0, 1, 3, 250):  # elements per shard
-        x = ints(n * m, rank, m)
-        y = np.full(m, np.nan)
-        run_rs(x, y)
-        want = sum(ints(n * m, r, m) for r in range(n))[rank * m:(rank + 1) * m]
-        ncases += 1
-        if not np.array_equal(y, want):
-            failures.append(f"vectored reduce_scatter of {m} a shard: {y[:8]} != {want[:8]}")
-        z = np.full(n * m, np.nan)
-        run_ag(ints(m, rank, m), z)
-        want = np.concatenate([ints(m, r, m) for r in range(n)])
-        ncases += 1
-        if not np.array_equal(z, want):
-            failures.append(f"vectored allgather of {m} a shard: {z[:8]} != {want[:8]}")
+    # A call in flight (the handle's own stepping).
+    x = ints(1001, rank, 5)
+    run.start(x).wait()
+    ncases += 1
+    if not np.array_equal(x, sum(ints(1001, r, 5) for r in range(n))):
+        failures.append(f"vectored allreduce started and waited: {x[:8]}")
+    for how, (a, b) in (("", (rs, ag)), (" on channels", (rs2, ag2))):
+        run_rs, run_ag = ReduceScatter(a, t, timeout=timeout), AllGather(b, t, timeout=timeout)
+        for m in (0, 1, 3, 250):  # elements per shard
+            x = ints(n * m, rank, m)
+            y = np.full(m, np.nan)
+            run_rs(x, y)
+            want = sum(ints(n * m, r, m) for r in range(n))[rank * m:(rank + 1) * m]
+            ncases += 1
+            if not np.array_equal(y, want):
+                failures.append(f"vectored reduce_scatter{how} of {m} a shard: {y[:8]} != "
+                                f"{want[:8]}")
+            z = np.full(n * m, np.nan)
+            run_ag(ints(m, rank, m), z)
+            want = np.concatenate([ints(m, r, m) for r in range(n)])
+            ncases += 1
+            if not np.array_equal(z, want):
+                failures.append(f"vectored allgather{how} of {m} a shard: {z[:8]} != "
+                                f"{want[:8]}")
     return failures, ncases
 
 
