@@ -320,3 +320,20 @@ def test_msccl_export_writes_one_step_per_range(which: str) -> None:
     assert any("vectored" in note and "one per range" in note for note in result.notes)
     # Exactly the algorithm of the plan with one message per range.
     assert result.algo == export_msccl(split_vectored(s)).algo
+
+
+def test_the_docs_example_loads_verifies_and_runs() -> None:
+    from tests.test_docs import blocks
+    text = blocks("SCHEDULE.md", "json")[4]
+    s = loads_schedule(text, "docs/SCHEDULE.md (vectored messages)")
+    assert s.version == 4 and s.nops == 8 and s == V.vectored_allreduce(2).with_meta()
+    assert verify(s).nmessages == 4
+
+    def rank_fn(t: Local) -> np.ndarray:
+        from topoplan.runtime.executor import Allreduce
+        x = V.ints(10, t.rank)
+        Allreduce(s, t, timeout=30)(x)
+        return x
+
+    for x in Local.launch(2, rank_fn, timeout=60):
+        assert np.array_equal(x, V.ints(10, 0) + V.ints(10, 1))
