@@ -179,16 +179,15 @@ class Messages:
         chunk = np.fromiter(map(attrgetter("chunk"), ops), np.int64, count=total)
         reduce = np.fromiter(map(attrgetter("reduce"), ops), bool, count=total)
         count = np.fromiter(map(attrgetter("count"), ops), np.int64, count=total)
-        more_of = list(map(attrgetter("more"), ops))
-        self.vectored = any(more_of)
+        self.vectored = any(map(attrgetter("more"), ops))  # IR v4; no list when not
         if self.vectored:  # each op's further ranges, interned: 0 for none
             ids: dict[tuple, int] = {(): 0}
-            more = np.fromiter((ids.setdefault(m, len(ids)) for m in more_of), np.int64,
-                               count=total)
+            more = np.fromiter((ids.setdefault(m, len(ids)) for m in map(attrgetter("more"), ops)),
+                               np.int64, count=total)
             self._more_of: list[tuple] = list(ids)
         else:
             more, self._more_of = np.zeros(total, np.int64), [()]
-        del ops, more_of
+        del ops
         self._check_ops(op_step, peer, chunk, count, schedule.nchunks, more)
         self._match(_Ops(op_step, peer, chunk, count, reduce, more), np.flatnonzero(is_send),
                     np.flatnonzero(~is_send))
