@@ -5,8 +5,8 @@
 reducing recvs, then overwriting ones) and the vectorized recursive-halving
 reduce-scatter and allgather of :mod:`topoplan.planners.rhd`, also cut over two
 channels first (each channel's steps run apart: polled, or on threads over gloo), on
-small integers whose sums are exact, and returns the failures. tests/test_vectored.py runs it on Local
-threads, MPI processes (tests/mpi_vectored.py) and gloo processes.
+small integers whose sums are exact, and returns the failures. tests/test_vectored.py
+runs it on Local threads, MPI processes (tests/mpi_vectored.py) and gloo processes.
 """
 
 from __future__ import annotations

@@ -53,8 +53,8 @@ from .collectives import (COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE, chunk_boun
 from .._files import atomic_write  # noqa: F401 - topoplan.ir.schedule.atomic_write, as before
 from ..errors import ScheduleError, TopoplanError
 
-__all__ = ["OpKind", "Op", "send", "recv", "vsend", "vrecv", "NativeKind", "Native", "native", "is_native",
-           "RankProgram", "Schedule", "load_schedule",
+__all__ = ["OpKind", "Op", "send", "recv", "vsend", "vrecv", "NativeKind", "Native", "native",
+           "is_native", "RankProgram", "Schedule", "load_schedule",
            "loads_schedule", "chunk_bounds", "chunk_text", "recv_clash", "coalesce", "FORMAT",
            "VERSION", "VERSIONS", "vectorize", "split_vectored", "ranges_text"]
 
@@ -145,14 +145,17 @@ def chunk_text(first: int, count: int = 1) -> str:
 
 def send(peer: int, chunk: int, count: int = 1, channel: int = 0,
          more: Sequence[tuple[int, int]] = ()) -> Op:
-    return Op(OpKind.SEND, peer, chunk, False, count, channel,
-              tuple(map(tuple, more)) if more else ())
+    return Op(OpKind.SEND, peer, chunk, False, count, channel, _ranges(more))
 
 
 def recv(peer: int, chunk: int, reduce: bool = False, count: int = 1, channel: int = 0,
          more: Sequence[tuple[int, int]] = ()) -> Op:
-    return Op(OpKind.RECV, peer, chunk, reduce, count, channel,
-              tuple(map(tuple, more)) if more else ())
+    return Op(OpKind.RECV, peer, chunk, reduce, count, channel, _ranges(more))
+
+
+def _ranges(more: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """``more`` as a tuple of ``(chunk, count)`` tuples (from lists too)."""
+    return tuple((a, c) for a, c in more) if more else ()
 
 
 def vsend(peer: int, ranges: Sequence[tuple[int, int]], channel: int = 0) -> Op:
@@ -352,8 +355,9 @@ class Schedule:
     @property
     def version(self) -> int:
         """The JSON version this schedule needs: 4 if an op is on a channel other than
-        0 or carries several ranges (a vectored message), 3 if it has native steps, 2 if an op carries a chunk range or a step has
-        several recvs of one chunk (all reducing), else 1."""
+        0 or carries several ranges (a vectored message), 3 if it has native steps, 2
+        if an op carries a chunk range or a step has several recvs of one chunk (all
+        reducing), else 1."""
         need = 1
         for program in self.ranks:
             for step in program.steps:
@@ -822,7 +826,7 @@ def vectorize(schedule: Schedule) -> Schedule:
                     sends.setdefault((r, op.peer, op.channel), []).append((s, j))
                 else:
                     recvs.setdefault((op.peer, r, op.channel), []).append((s, j))
-    steps = [[list(step) for step in p.steps] for p in schedule.ranks]
+    steps: list[list[list[Any]]] = [[list(step) for step in p.steps] for p in schedule.ranks]
     dropped: set[tuple[int, int, int]] = set()
     for (src, dst, _), out in sends.items():
         into = recvs.get((src, dst, _))
@@ -878,12 +882,13 @@ def split_vectored(schedule: Schedule) -> Schedule:
         return schedule
     programs = []
     for program in schedule.ranks:
-        steps = []
+        steps: list[Step] = []
         for step in program.steps:
             if any(op.more for op in step):
                 step = tuple(piece for op in step for piece in (
-                    [replace(op, chunk=a, count=c, more=()) for a, c in op.ranges]
-                    if op.more else [op]))
+                    [replace(op, chunk=a, count=c, more=())
+                     for a, c in op.ranges]  # type: ignore[union-attr]
+                    if isinstance(op, Op) and op.more else [op]))
             steps.append(step)
         programs.append(RankProgram(program.rank, tuple(steps)))
     return replace(schedule, ranks=tuple(programs))

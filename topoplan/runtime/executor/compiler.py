@@ -286,7 +286,10 @@ def _compile_channel(rank: int, channel: int, channel_steps: list[tuple[int, Any
         ow_starts = [a for a, _ in overwritten]
         offset = base
         snap_slot: dict[Span, tuple[int, int]] = {}
-        messages, snapshots, reduces, copies = [], [], [], []
+        messages: list[MessagePlan] = []
+        snapshots: list[tuple[Span, tuple[int, int]]] = []
+        reduces: list[tuple[Span, tuple[int, int]]] = []
+        copies: list[tuple[Span, tuple[int, int]]] = []
         if ops and isinstance(ops[0], Native):
             plan = _native_plan(ops[0], rank, bounds)
             if plan is not None:
