@@ -52,6 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="each channel's slice is R times the next one's (default 1.2: "
                         "unequal slices end their steps apart, so one channel's latency "
                         "hides behind another's transfer; 1: equal slices, as NCCL)")
+    p.add_argument("--vectored", action="store_true",
+                   help="merge each step's messages from one rank to one peer into one "
+                        "vectored message (IR v4, docs/SCHEDULE.md): fewer ops to post")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.set_defaults(func=cmd_plan)
 
@@ -134,6 +137,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
             verify(schedule)
             predicted = simulate(request.where, schedule, args.size,
                                  profile=request.profile).time_s
+    unvectored = predicted
+    if args.vectored:
+        from ..analysis.sim import simulate
+        from ..ir.schedule import vectorize
+
+        with status(f"vectorizing the {chosen.name} schedule ..."):
+            before = schedule.nops
+            schedule = vectorize(schedule)
+            if schedule.nops != before:
+                verify(schedule)
+                predicted = simulate(request.where, schedule, args.size,
+                                     profile=request.profile).time_s
 
     if args.output:
         schedule.with_meta(
@@ -151,7 +166,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "lower_bound_s": bound, "rsag_bound_s": rsag, "latency_bound_s": latency,
             "bound_partition": _partition_json(cluster),
             "chosen": chosen.name, "profile": costs.to_dict(),
-            "channels": channels, "channel_skew": skew, "chosen_time_s": predicted,
+            "channels": channels, "channel_skew": skew, "vectored": args.vectored,
+            "chosen_time_s": predicted,
             "candidates": [candidate_json(c, request, bound, nccl) for c in shown],
             "left_out": left_out}))
         return 0
@@ -203,6 +219,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
             f"slices {skew:g} times the next"
         out.print(f"channels: {chosen.name} on {channels} channels ({slicing}) simulates in "
                   f"{format_time(predicted)}, against {format_time(chosen.time_s)} on one")
+    if args.vectored:
+        out.print(f"vectored: {chosen.name} in {schedule.nops} ops (one message per peer "
+                  f"and step) simulates in {format_time(predicted)}, against "
+                  f"{format_time(unvectored)} unvectored")
     out.print(f"chosen: {chosen.name}" + (f" -> {args.output}" if args.output else
                                           " (write it with -o PLAN.json)"), soft_wrap=True)
     return 0

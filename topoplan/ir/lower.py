@@ -85,7 +85,7 @@ def lower_native(schedule: Schedule) -> Schedule:
     """
     from .matching import messages
 
-    found = messages(schedule, natives=True)
+    found = messages(schedule, natives=True, vectored=True)  # p2p ops pass through
     if not found.calls:
         return schedule
     lowered: dict[tuple[int, int], Steps] = {}  # (rank, step) -> its lowered steps

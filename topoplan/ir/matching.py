@@ -30,7 +30,7 @@ import numpy as np
 
 from .._cache import ObjectCache
 from ..errors import ScheduleError
-from .schedule import Native, OpKind, Schedule, chunk_text
+from .schedule import Native, OpKind, Schedule, chunk_text, ranges_text
 
 __all__ = ["Messages", "NativeCall", "messages", "deadlock_error", "wait_text",
            "native_wait_text", "group_text"]
@@ -88,6 +88,11 @@ class Messages:
     channel, then program order) goes from ``t_src[m]`` step ``t_sstep[m]`` (global) to
     ``t_dst[m]`` step ``t_rstep[m]``, carrying chunks ``t_chunk[m] .. + t_count[m] - 1``;
     ``t_sop``/``t_rop`` are its two ops and ``t_reduce`` says whether the recv adds.
+
+    Vectored messages (IR v4): ``t_chunk`` and ``t_count`` are a message's first range;
+    ``t_more`` maps each message with several ranges to the ranges after its first
+    (empty for a schedule without them, :attr:`vectored` False). A consumer that reads
+    only ``t_chunk``/``t_count`` must ask for vectored schedules (:func:`messages`).
 
     Native ops (IR v3) are not ops of these arrays: ``op_ptr`` and ``ops_per_step``
     count sends and recvs only, and a native step holds none. ``calls`` are the native
@@ -174,9 +179,17 @@ class Messages:
         chunk = np.fromiter(map(attrgetter("chunk"), ops), np.int64, count=total)
         reduce = np.fromiter(map(attrgetter("reduce"), ops), bool, count=total)
         count = np.fromiter(map(attrgetter("count"), ops), np.int64, count=total)
+        self.vectored = any(map(attrgetter("more"), ops))  # IR v4; no list when not
+        if self.vectored:  # each op's further ranges, interned: 0 for none
+            ids: dict[tuple, int] = {(): 0}
+            more = np.fromiter((ids.setdefault(m, len(ids)) for m in map(attrgetter("more"), ops)),
+                               np.int64, count=total)
+            self._more_of: list[tuple] = list(ids)
+        else:
+            more, self._more_of = np.zeros(total, np.int64), [()]
         del ops
-        self._check_ops(op_step, peer, chunk, count, schedule.nchunks)
-        self._match(_Ops(op_step, peer, chunk, count, reduce), np.flatnonzero(is_send),
+        self._check_ops(op_step, peer, chunk, count, schedule.nchunks, more)
+        self._match(_Ops(op_step, peer, chunk, count, reduce, more), np.flatnonzero(is_send),
                     np.flatnonzero(~is_send))
         if natives is not None:
             self._match_natives(natives[0].tolist(), natives[1], schedule.nchunks)
@@ -234,12 +247,28 @@ class Messages:
         lowest channel; a native step's only one)."""
         return int(self.prog_first[self.prog_base[rank] + step])
 
+    def _text(self, ops: _Ops, i: int) -> str:
+        """Op ``i``'s chunks in messages, every range of a vectored op."""
+        first = (int(ops.chunk[i]), int(ops.count[i]))
+        return ranges_text((first,) + self._more_of[int(ops.more[i])])
+
     def _check_ops(self, op_step: np.ndarray, peer: np.ndarray, chunk: np.ndarray,
-                   count: np.ndarray, nchunks: int) -> None:
-        """The first op, in program order, naming a bad peer or chunks out of range."""
+                   count: np.ndarray, nchunks: int, more: np.ndarray) -> None:
+        """The first op, in program order, naming a bad peer or chunks out of range (or,
+        vectored, ranges that overlap or are out of order)."""
         rank = self.step_rank[op_step] if len(op_step) else np.zeros(0, np.int64)
         bad_peer = (peer < 0) | (peer >= self.nranks) | (peer == rank)
         bad_range = (chunk < 0) | (count < 1) | (chunk + count > nchunks)
+        if self.vectored:
+            bad_more = np.zeros(len(self._more_of), bool)
+            for k, rest in enumerate(self._more_of):
+                end = 0
+                for a, c in rest:
+                    bad_more[k] |= a < end or c < 1 or a + c > nchunks
+                    end = a + c
+            bad_first = np.asarray([rest[0][0] if rest else nchunks
+                                    for rest in self._more_of], np.int64)
+            bad_range |= bad_more[more] | (chunk + count > bad_first[more])
         bad = np.flatnonzero(bad_peer | bad_range)
         if not len(bad):
             return
@@ -248,8 +277,13 @@ class Messages:
         where = f"rank {int(rank[i])} step {self.local(g)}"
         if bad_peer[i]:
             raise self.error(f"{where}: bad peer {int(peer[i])}")
-        raise self.error(f"{where}: {chunk_text(int(chunk[i]), int(count[i]))} "
-                         f"out of range({nchunks})")
+        first = (int(chunk[i]), int(count[i]))
+        text = ranges_text((first,) + self._more_of[int(more[i])])
+        if self._more_of[int(more[i])]:
+            raise self.error(f"{where}: {text}: ranges out of range({nchunks}), overlapping or "
+                             "out of order (a vectored op's ranges are disjoint, in increasing "
+                             "chunk order)")
+        raise self.error(f"{where}: {text} out of range({nchunks})")
 
     def _match(self, ops: _Ops, sends: np.ndarray, recvs: np.ndarray) -> None:
         """Pair the k-th send src->dst with the k-th recv at dst from src, on the same
@@ -269,7 +303,8 @@ class Messages:
         s_key = s_key[s_order]
         sends, recvs = sends[s_order], recvs[r_order]
         chunk, count = ops.chunk[sends], ops.count[sends]
-        bad = np.flatnonzero((chunk != ops.chunk[recvs]) | (count != ops.count[recvs]))
+        bad = np.flatnonzero((chunk != ops.chunk[recvs]) | (count != ops.count[recvs])
+                             | (ops.more[sends] != ops.more[recvs]))
         if len(bad):
             i = int(bad[0])
             k = i - int(np.searchsorted(s_key, s_key[i]))  # the k-th message of its pair
@@ -278,14 +313,18 @@ class Messages:
             s, r = int(sends[i]), int(recvs[i])
             raise self.error(
                 f"message {k} from rank {src} to rank {dst}{on}: rank {src} step "
-                f"{self.local(ops.step[s])} sends {chunk_text(int(chunk[i]), int(count[i]))}"
+                f"{self.local(ops.step[s])} sends {self._text(ops, s)}"
                 f" but rank {dst} step {self.local(ops.step[r])} receives it as "
-                f"{chunk_text(int(ops.chunk[r]), int(ops.count[r]))}")
+                f"{self._text(ops, r)}")
         self.t_src, self.t_dst = s_src[s_order], ops.peer[sends]
         self.t_sstep, self.t_rstep = ops.step[sends], ops.step[recvs]
         self.t_chunk, self.t_count = chunk, count
         self.t_sop, self.t_rop = sends, recvs  # position of the send and of the recv
         self.t_reduce = ops.reduce[recvs]
+        self.t_more: dict[int, tuple[tuple[int, int], ...]] = {}
+        if self.vectored:
+            self.t_more = {m: self._more_of[k] for m, k in
+                           enumerate(ops.more[sends].tolist()) if k}
 
     def _unmatched(self, ops: _Ops, sends: np.ndarray, recvs: np.ndarray, s_key: np.ndarray,
                    r_key: np.ndarray) -> None:
@@ -309,12 +348,12 @@ class Messages:
                 i = int(sends[np.flatnonzero(s_key == key)[nr]])
                 raise self.error(
                     f"unmatched send: rank {src} step {self.local(ops.step[i])} sends "
-                    f"{chunk_text(int(ops.chunk[i]), int(ops.count[i]))} to rank {dst}{on}, "
+                    f"{self._text(ops, i)} to rank {dst}{on}, "
                     f"which receives only {nr} of {ns} messages from rank {src}{on}")
             i = int(recvs[np.flatnonzero(r_key == key)[ns]])
             raise self.error(
                 f"unmatched recv: rank {dst} step {self.local(ops.step[i])} waits for "
-                f"{chunk_text(int(ops.chunk[i]), int(ops.count[i]))} from rank {src}{on}, "
+                f"{self._text(ops, i)} from rank {src}{on}, "
                 f"which sends only {ns} of {nr} messages to rank {dst}{on}")
 
     def _cross_channel(self, ops: _Ops, sends: np.ndarray, recvs: np.ndarray,
@@ -338,6 +377,7 @@ class Messages:
                 c = self.step_channel[ops.step[i]]
                 same = theirs[(ops.chunk[theirs] == ops.chunk[i])
                               & (ops.count[theirs] == ops.count[i])
+                              & (ops.more[theirs] == ops.more[i])
                               & (self.step_channel[ops.step[theirs]] != c)]
                 if len(same):
                     found = (i, int(same[0])) if is_send else (int(same[0]), i)
@@ -353,9 +393,9 @@ class Messages:
         cs, cr = (int(self.step_channel[ops.step[x]]) for x in (s, r))
         raise self.error(
             f"message from rank {src} to rank {dst} on two channels: rank {src} step "
-            f"{self.local(ops.step[s])} sends {chunk_text(int(ops.chunk[s]), int(ops.count[s]))}"
+            f"{self.local(ops.step[s])} sends {self._text(ops, s)}"
             f" on channel {cs} but rank {dst} step {self.local(ops.step[r])} receives "
-            f"{chunk_text(int(ops.chunk[r]), int(ops.count[r]))} from rank {src} on channel "
+            f"{self._text(ops, r)} from rank {src} on channel "
             f"{cr}: a message's send and recv are on one channel")
 
     def _match_natives(self, where: list[int], ops: list[Native], nchunks: int) -> None:
@@ -464,12 +504,14 @@ class _Ops:
     chunk: np.ndarray
     count: np.ndarray
     reduce: np.ndarray  # bool; False for sends
+    more: np.ndarray    # index into Messages._more_of of the ranges after the first (0: none)
 
 
 _MESSAGES: ObjectCache[Schedule, Messages] = ObjectCache(Messages)
 
 
-def messages(schedule: Schedule, *, natives: bool = False) -> Messages:
+def messages(schedule: Schedule, *, natives: bool = False,
+             vectored: bool = False) -> Messages:
     """The :class:`Messages` of ``schedule``, computed once per schedule object.
 
     Parameters
@@ -479,8 +521,20 @@ def messages(schedule: Schedule, *, natives: bool = False) -> Messages:
         Whether the caller handles native steps (IR v3, :attr:`Messages.calls`). A caller
         that does not gets a :class:`ScheduleError` naming the first native step, rather
         than a schedule whose native steps would look empty to it.
+    vectored : bool
+        Whether the caller handles vectored messages (IR v4, :attr:`Messages.t_more`).
+        A caller that does not gets a :class:`ScheduleError` naming the first vectored
+        op, rather than reading only its first range.
     """
     found = _MESSAGES(schedule)
+    if found.t_more and not vectored:
+        m = min(found.t_more, key=lambda m: int(found.t_sstep[m]))
+        g = int(found.t_sstep[m])
+        first = (int(found.t_chunk[m]), int(found.t_count[m]))
+        raise found.error(
+            f"rank {int(found.step_rank[g])} step {found.local(g)} sends "
+            f"{ranges_text((first,) + found.t_more[m])} to rank {int(found.t_dst[m])} as one "
+            "vectored message (IR v4), which this part of topoplan does not handle yet")
     if found.calls and not natives:
         call = min(found.calls, key=lambda c: c.steps[0])
         g = call.steps[0]
@@ -493,13 +547,16 @@ def messages(schedule: Schedule, *, natives: bool = False) -> Messages:
 
 
 def wait_text(kind: OpKind | str, chunk: int, count: int, peer: int, peer_at: int,
-              peer_step: int, channel: int | None = None) -> str:
+              peer_step: int, channel: int | None = None,
+              more: Sequence[tuple[int, int]] = ()) -> str:
     """What a blocked op waits for: ``send chunk 0 with rank 1, which is stuck at step 0
     before its matching step 1`` (``... with rank 1 on channel 2, ...`` when a channel is
-    given: the peer's sequence on that channel is stuck)."""
+    given: the peer's sequence on that channel is stuck; ``more``: a vectored op's
+    further ranges)."""
     what = kind.value if isinstance(kind, OpKind) else kind
     on = "" if channel is None else f" on channel {channel}"
-    return (f"{what} {chunk_text(chunk, count)} with rank {peer}{on}, which is stuck at step "
+    text = ranges_text(((chunk, count), *more))
+    return (f"{what} {text} with rank {peer}{on}, which is stuck at step "
             f"{peer_at} before its matching step {peer_step}")
 
 

@@ -28,6 +28,14 @@ steps, so one channel's step latency hides behind another's transfer. Every chun
 belongs to one channel (all ops on it, at every rank, are of that channel), so the
 channels of a rank never touch the same data and any interleaving of them computes the
 same result. Messages pair within a channel. Native ops are on channel 0.
+
+Version 4 also has *vectored messages*: an op's ``more`` ranges, after its first
+(``chunk``, ``count``), so that one send (and its recv) carries several chunk ranges as
+one message, their chunks concatenated in range order (:attr:`Op.ranges`). A shard
+exchange then costs one op per peer, not one per shard. A send snapshots every range
+when its step starts; a recv adds (``reduce``) or writes every range when its step
+ends; a message's two ops name the same ranges. :func:`vectorize` merges a step's
+messages to one peer into one.
 """
 
 from __future__ import annotations
@@ -45,10 +53,10 @@ from .collectives import (COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE, chunk_boun
 from .._files import atomic_write  # noqa: F401 - topoplan.ir.schedule.atomic_write, as before
 from ..errors import ScheduleError, TopoplanError
 
-__all__ = ["OpKind", "Op", "send", "recv", "NativeKind", "Native", "native", "is_native",
-           "RankProgram", "Schedule", "load_schedule",
+__all__ = ["OpKind", "Op", "send", "recv", "vsend", "vrecv", "NativeKind", "Native", "native",
+           "is_native", "RankProgram", "Schedule", "load_schedule",
            "loads_schedule", "chunk_bounds", "chunk_text", "recv_clash", "coalesce", "FORMAT",
-           "VERSION", "VERSIONS"]
+           "VERSION", "VERSIONS", "vectorize", "split_vectored", "ranges_text"]
 
 FORMAT = "topoplan-schedule"
 VERSION = 4  #: the newest version written and read; versions 1 to 3 are read too
@@ -70,7 +78,11 @@ class Op:
     ``send`` transmits chunks ``chunk .. chunk + count - 1`` (their value at the start
     of the step) to ``peer`` as one message; ``recv`` receives them from ``peer`` and
     adds them (``reduce=True``) or overwrites. ``channel`` (IR v4) is the independent
-    pipeline the op runs in (see the module docstring); 0 by default.
+    pipeline the op runs in (see the module docstring); 0 by default. ``more`` (IR v4,
+    vectored messages) are further ``(chunk, count)`` ranges the same message carries
+    after the first, non-overlapping and in increasing chunk order; ``()`` for a plain
+    op. ``chunk``, ``count`` and ``end`` are the *first* range's: code that handles
+    only one range must check ``more`` (or use :attr:`ranges`).
     """
 
     kind: OpKind
@@ -79,16 +91,32 @@ class Op:
     reduce: bool = False
     count: int = 1
     channel: int = 0
+    more: tuple[tuple[int, int], ...] = ()
 
     @property
     def end(self) -> int:
-        """One past the last chunk the op carries."""
+        """One past the last chunk of the op's first range."""
         return self.chunk + self.count
 
+    @property
+    def ranges(self) -> tuple[tuple[int, int], ...]:
+        """Every ``(chunk, count)`` range the op carries, in message order."""
+        return ((self.chunk, self.count),) + self.more if self.more else (
+            (self.chunk, self.count),)
+
+    @property
+    def total(self) -> int:
+        """The chunks the op carries, over all its ranges."""
+        return self.count + sum(c for _, c in self.more)
+
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"op": self.kind.value, "peer": self.peer, "chunk": self.chunk}
-        if self.count != 1:
-            out["count"] = self.count
+        out: dict[str, Any] = {"op": self.kind.value, "peer": self.peer}
+        if self.more:
+            out["ranges"] = [[a, c] for a, c in self.ranges]
+        else:
+            out["chunk"] = self.chunk
+            if self.count != 1:
+                out["count"] = self.count
         if self.kind is OpKind.RECV:
             out["reduce"] = self.reduce
         if self.channel:
@@ -96,8 +124,18 @@ class Op:
         return out
 
     def chunk_text(self) -> str:
-        """``"chunk 3"`` or ``"chunks 3..6"`` for messages."""
+        """``"chunk 3"`` or ``"chunks 3..6"`` for messages (``"chunks 0..1 + 8..9"`` for
+        a vectored op)."""
+        if self.more:
+            return ranges_text(self.ranges)
         return chunk_text(self.chunk, self.count)
+
+
+def ranges_text(ranges: Sequence[tuple[int, int]]) -> str:
+    """Several ranges in messages: ``"chunks 0..1 + 8 + 10..11"``; one as :func:`chunk_text`."""
+    if len(ranges) == 1:
+        return chunk_text(*ranges[0])
+    return "chunks " + " + ".join(str(a) if c == 1 else f"{a}..{a + c - 1}" for a, c in ranges)
 
 
 def chunk_text(first: int, count: int = 1) -> str:
@@ -105,12 +143,32 @@ def chunk_text(first: int, count: int = 1) -> str:
     return f"chunk {first}" if count == 1 else f"chunks {first}..{first + count - 1}"
 
 
-def send(peer: int, chunk: int, count: int = 1, channel: int = 0) -> Op:
-    return Op(OpKind.SEND, peer, chunk, False, count, channel)
+def send(peer: int, chunk: int, count: int = 1, channel: int = 0,
+         more: Sequence[tuple[int, int]] = ()) -> Op:
+    return Op(OpKind.SEND, peer, chunk, False, count, channel, _ranges(more))
 
 
-def recv(peer: int, chunk: int, reduce: bool = False, count: int = 1, channel: int = 0) -> Op:
-    return Op(OpKind.RECV, peer, chunk, reduce, count, channel)
+def recv(peer: int, chunk: int, reduce: bool = False, count: int = 1, channel: int = 0,
+         more: Sequence[tuple[int, int]] = ()) -> Op:
+    return Op(OpKind.RECV, peer, chunk, reduce, count, channel, _ranges(more))
+
+
+def _ranges(more: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """``more`` as a tuple of ``(chunk, count)`` tuples (from lists too)."""
+    return tuple((a, c) for a, c in more) if more else ()
+
+
+def vsend(peer: int, ranges: Sequence[tuple[int, int]], channel: int = 0) -> Op:
+    """A send of several ``(chunk, count)`` ranges as one message (IR v4)."""
+    (chunk, count), *more = ranges
+    return send(peer, chunk, count, channel, more)
+
+
+def vrecv(peer: int, ranges: Sequence[tuple[int, int]], reduce: bool = False,
+          channel: int = 0) -> Op:
+    """A recv of several ``(chunk, count)`` ranges as one message (IR v4)."""
+    (chunk, count), *more = ranges
+    return recv(peer, chunk, reduce, count, channel, more)
 
 
 class NativeKind(str, Enum):
@@ -170,6 +228,11 @@ class Native:
     def channel(self) -> int:
         """Native ops run on channel 0 (IR v4)."""
         return 0
+
+    @property
+    def more(self) -> tuple[tuple[int, int], ...]:
+        """A native op covers one range (no vectored ranges, IR v4)."""
+        return ()
 
     def part(self, index: int) -> tuple[int, int]:
         """Chunks ``[start, end)`` of part ``index`` (reduce-scatter, allgather)."""
@@ -292,8 +355,9 @@ class Schedule:
     @property
     def version(self) -> int:
         """The JSON version this schedule needs: 4 if an op is on a channel other than
-        0, 3 if it has native steps, 2 if an op carries a chunk range or a step has
-        several recvs of one chunk (all reducing), else 1."""
+        0 or carries several ranges (a vectored message), 3 if it has native steps, 2
+        if an op carries a chunk range or a step has several recvs of one chunk (all
+        reducing), else 1."""
         need = 1
         for program in self.ranks:
             for step in program.steps:
@@ -304,6 +368,8 @@ class Schedule:
                     if isinstance(op, Native):
                         need = 3
                         continue
+                    if op.more:
+                        return 4
                     if op.count != 1:
                         need = max(need, 2)
                     if op.kind is OpKind.RECV:
@@ -576,16 +642,21 @@ def _parse_step(step: list, rank: int, nranks: int, nchunks: int, version: int, 
             raise fail_op(j, f"peer {peer!r} out of range({nranks})")
         if peer == rank:
             raise fail_op(j, f"rank {rank} names itself as peer")
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or not 0 <= chunk < nchunks:
+        more: tuple[tuple[int, int], ...] = ()
+        if "ranges" in raw:
+            chunk, count, more = _parse_ranges(raw, nchunks, version,
+                                               lambda m, j=j: fail_op(j, m))
+        elif isinstance(chunk, bool) or not isinstance(chunk, int) or not 0 <= chunk < nchunks:
             raise fail_op(j, f"chunk {chunk!r} out of range({nchunks})")
-        count = raw.get("count", 1)
-        if "count" in raw and version < 2:
-            raise fail_op(j, "count (a chunk range) needs \"version\": 2")
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise fail_op(j, f"count must be an integer >= 1, got {count!r}")
-        if chunk + count > nchunks:
-            raise fail_op(j, f"{chunk_text(chunk, count)} run past the last chunk "
-                             f"{nchunks - 1}")
+        else:
+            count = raw.get("count", 1)
+            if "count" in raw and version < 2:
+                raise fail_op(j, "count (a chunk range) needs \"version\": 2")
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise fail_op(j, f"count must be an integer >= 1, got {count!r}")
+            if chunk + count > nchunks:
+                raise fail_op(j, f"{chunk_text(chunk, count)} run past the last chunk "
+                                 f"{nchunks - 1}")
         reduce = raw.get("reduce", False)
         if not isinstance(reduce, bool):
             raise fail_op(j, f"reduce must be true or false, got {reduce!r}")
@@ -594,9 +665,10 @@ def _parse_step(step: list, rank: int, nranks: int, nchunks: int, version: int, 
             raise fail_op(j, "channel needs \"version\": 4")
         if isinstance(channel, bool) or not isinstance(channel, int) or channel < 0:
             raise fail_op(j, f"channel must be an integer >= 0, got {channel!r}")
-        op = Op(kind, peer, chunk, reduce if kind is OpKind.RECV else False, count, channel)
+        op = Op(kind, peer, chunk, reduce if kind is OpKind.RECV else False, count, channel,
+                more)
         if kind is OpKind.RECV:
-            received.append((chunk, chunk + count, reduce))
+            received.extend((a, a + c, reduce) for a, c in op.ranges)
         ops.append(op)
     # Version 1 allows one recv per chunk in a step; version 2 lets reducing recvs
     # share a chunk (they all add).
@@ -606,6 +678,38 @@ def _parse_step(step: list, rank: int, nranks: int, nchunks: int, version: int, 
         raise fail_step(f"two recvs into chunk {clash} in one step"
                         + (" (several reducing recvs need version 2)" if v2_ok else ""))
     return tuple(ops)
+
+
+def _parse_ranges(raw: dict, nchunks: int, version: int,
+                  fail) -> tuple[int, int, tuple[tuple[int, int], ...]]:
+    """An op's ``"ranges"`` (a vectored message, IR v4): its first chunk and count and
+    the ranges after them."""
+    if "chunk" in raw or "count" in raw:
+        raise fail("give either ranges or chunk (and count), not both")
+    if version < 4:
+        raise fail("ranges (a vectored message) need \"version\": 4")
+    ranges = raw["ranges"]
+    if (not isinstance(ranges, list) or not ranges
+            or any(not isinstance(r, list) or len(r) != 2
+                   or any(isinstance(x, bool) or not isinstance(x, int) for x in r)
+                   for r in ranges)):
+        raise fail(f"ranges must be a non-empty list of [chunk, count] pairs of integers, "
+                   f"got {ranges!r}")
+    end = 0
+    for k, (a, c) in enumerate(ranges):
+        if not 0 <= a < nchunks:
+            raise fail(f"ranges[{k}]: chunk {a} out of range({nchunks})")
+        if c < 1:
+            raise fail(f"ranges[{k}]: count must be >= 1, got {c}")
+        if a + c > nchunks:
+            raise fail(f"ranges[{k}]: {chunk_text(a, c)} run past the last chunk "
+                       f"{nchunks - 1}")
+        if k and a < end:
+            raise fail(f"ranges[{k}]: {chunk_text(a, c)} starts before the end of the range "
+                       f"before it ({chunk_text(*ranges[k - 1])}); ranges are disjoint and "
+                       "in increasing chunk order")
+        end = a + c
+    return ranges[0][0], ranges[0][1], tuple((a, c) for a, c in ranges[1:])
 
 
 def recv_clash(ranges: Sequence[tuple[int, int, bool]]) -> int | None:
@@ -650,7 +754,8 @@ def coalesce(schedule: Schedule) -> Schedule:
     them in the same step, their chunks are consecutive and the recv's ``reduce``
     agrees; the merged op takes the first one's place on both sides. The result
     computes the same thing with fewer, larger messages. Unmatched messages are left
-    as they are (:func:`topoplan.verify` reports them).
+    as they are (:func:`topoplan.verify` reports them). Vectored messages (IR v4) are
+    left as they are; :func:`vectorize` merges those.
     """
     n = schedule.nranks
     sends: dict[tuple[int, int], list[tuple[int, int]]] = {}
@@ -678,6 +783,7 @@ def coalesce(schedule: Schedule) -> Schedule:
             merged_r = steps[dst][r0][i0]
             assert isinstance(op_r, Op) and isinstance(merged_r, Op)  # natives are skipped
             if (s1 == s0 and r1 == r0 and op_s.channel == first.channel
+                    and not (first.more or op_s.more or op_r.more or merged_r.more)
                     and op_s.chunk == first.end and op_r.chunk == merged_r.end
                     and op_r.chunk == op_s.chunk and op_r.reduce == merged_r.reduce
                     and first.chunk == merged_r.chunk):
@@ -692,6 +798,100 @@ def coalesce(schedule: Schedule) -> Schedule:
                              for s, step in enumerate(steps[r])))
         for r in range(n))
     return replace(schedule, ranks=programs)
+
+
+def vectorize(schedule: Schedule) -> Schedule:
+    """Merge each step's messages from one rank to one peer into one vectored message.
+
+    Messages of a pair ``src -> dst`` on one channel merge when their sends are in one
+    step at ``src``, their recvs in one step at ``dst``, the recvs agree on ``reduce``,
+    each send names the ranges its recv does, and their ranges do not overlap: the
+    merged op carries all their ranges, sorted by chunk (ranges that touch join into
+    one), and takes the first one's place on both sides. Sends snapshot their ranges
+    when their step starts and recvs land when theirs ends, whatever message carries
+    them, so the result computes the same with one op per peer and step, not one per
+    range (a shard exchange of a reduce-scatter or allgather: one op per peer, not one
+    per shard). Unmatched messages are left as they are (:func:`topoplan.verify`
+    reports them). The result is IR version 4 when some message now has several ranges.
+    """
+    sends: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
+    recvs: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
+    for program in schedule.ranks:
+        r = program.rank
+        for s, step in enumerate(program.steps):
+            for j, op in enumerate(step):
+                if isinstance(op, Native):
+                    continue
+                if op.kind is OpKind.SEND:
+                    sends.setdefault((r, op.peer, op.channel), []).append((s, j))
+                else:
+                    recvs.setdefault((op.peer, r, op.channel), []).append((s, j))
+    steps: list[list[list[Any]]] = [[list(step) for step in p.steps] for p in schedule.ranks]
+    dropped: set[tuple[int, int, int]] = set()
+    for (src, dst, _), out in sends.items():
+        into = recvs.get((src, dst, _))
+        if into is None or len(into) != len(out):
+            continue
+        groups: dict[tuple[int, int, bool], list[int]] = {}
+        for k, ((s, j), (t, i)) in enumerate(zip(out, into)):
+            groups.setdefault((s, t, steps[dst][t][i].reduce), []).append(k)
+        for (s, t, _), ks in groups.items():
+            if len(ks) < 2:
+                continue
+            pairs = [(steps[src][s][out[k][1]], steps[dst][t][into[k][1]]) for k in ks]
+            if any(a.ranges != b.ranges for a, b in pairs):
+                continue  # a mismatched pair: left for verify to name
+            ranges = sorted(rng for a, _b in pairs for rng in a.ranges)
+            merged: list[list[int]] = []
+            for a, c in ranges:
+                if merged and a < merged[-1][0] + merged[-1][1]:
+                    break  # overlapping ranges (reducing recvs of one chunk): leave them
+                if merged and a == merged[-1][0] + merged[-1][1]:
+                    merged[-1][1] += c
+                else:
+                    merged.append([a, c])
+            else:
+                (chunk, count), more = merged[0], tuple((a, c) for a, c in merged[1:])
+                first_s, first_r = pairs[0]
+                steps[src][s][out[ks[0]][1]] = replace(first_s, chunk=chunk, count=count,
+                                                       more=more)
+                steps[dst][t][into[ks[0]][1]] = replace(first_r, chunk=chunk, count=count,
+                                                        more=more)
+                for k in ks[1:]:
+                    dropped.add((src, s, out[k][1]))
+                    dropped.add((dst, t, into[k][1]))
+    if not dropped:
+        return schedule
+    programs = tuple(
+        RankProgram(r, tuple(tuple(op for j, op in enumerate(step) if (r, s, j) not in dropped)
+                             for s, step in enumerate(steps[r])))
+        for r in range(schedule.nranks))
+    return replace(schedule, ranks=programs)
+
+
+def split_vectored(schedule: Schedule) -> Schedule:
+    """Each vectored op (IR v4) as one op per range, in its place and in range order.
+
+    Both ops of a message name the same ranges, so the k-th send of a pair still pairs
+    with the k-th recv, and every range moves in the same steps as before: the result
+    computes what ``schedule`` does, with one message per range. The verifier checks a
+    vectored schedule through it (after checking that messages agree on their ranges);
+    a schedule without vectored ops comes back as it is.
+    """
+    if not any(op.more for _, _, op in schedule.ops()):
+        return schedule
+    programs = []
+    for program in schedule.ranks:
+        steps: list[Step] = []
+        for step in program.steps:
+            if any(op.more for op in step):
+                step = tuple(piece for op in step for piece in (
+                    [replace(op, chunk=a, count=c, more=())
+                     for a, c in op.ranges]  # type: ignore[union-attr]
+                    if isinstance(op, Op) and op.more else [op]))
+            steps.append(step)
+        programs.append(RankProgram(program.rank, tuple(steps)))
+    return replace(schedule, ranks=tuple(programs))
 
 
 def equal_chunks(n: int) -> tuple[float, ...]:

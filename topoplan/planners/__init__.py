@@ -81,6 +81,12 @@ def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
         The ratio of one channel's slice of the data to the next one's (default
         :data:`topoplan.planners.channels.SKEW`, 1.2; 1 cuts equal slices, as NCCL does,
         which gain nothing: see :func:`~topoplan.planners.channels.channelize`).
+    vectored : bool, optional
+        Merge each step's messages from one rank to one peer into one vectored message
+        (IR v4, :func:`topoplan.ir.schedule.vectorize`, applied after planning and after
+        ``channels``; default False): the same data in fewer ops, which pays under a
+        profile with a per-op posting cost (``nccl``). Plans with native steps are
+        vectorized in their point-to-point steps only.
     **options
         Passed to the planner (``chunks``, ``order``, ...; ``auto``: ``candidates``,
         ``machine``).
@@ -110,6 +116,9 @@ def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
         raise PlannerError(f"unknown algorithm {algorithm!r}; known: {', '.join(sorted(SPECS))}")
     machine = options.pop("machine", None)
     channels = options.pop("channels", 1)
+    vectored = options.pop("vectored", False)
+    if not isinstance(vectored, bool):
+        raise PlannerError(f"vectored: must be True or False, got {vectored!r}")
     from .channels import SKEW, check_channels, check_skew, per_channel
     skew = options.pop("channel_skew", SKEW)
     if channels != 1:  # checked before planning: a bad value fails fast
@@ -149,6 +158,9 @@ def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
         from .channels import channelize, check_caps_on_channels
         schedule = check_caps_on_channels(channelize(schedule, channels, skew), channels,
                                           max_step_ops, max_chunks)
+    if vectored:
+        from ..ir.schedule import vectorize
+        schedule = vectorize(schedule)
     return stamp(request, schedule)
 
 

@@ -36,11 +36,11 @@ def _fast_op_factory() -> Callable[[OpKind, int, int, bool, int], Op]:
     dataclass's own ``__setstate__`` does. Falls back to ``Op`` if ``Op`` has no slots."""
     try:
         setters = [getattr(Op, f).__set__ for f in ("kind", "peer", "chunk", "reduce", "count",
-                                                   "channel")]
+                                                   "channel", "more")]
     except AttributeError:  # pragma: no cover - Op without slots
         return Op
     new = object.__new__
-    set_kind, set_peer, set_chunk, set_reduce, set_count, set_channel = setters
+    set_kind, set_peer, set_chunk, set_reduce, set_count, set_channel, set_more = setters
 
     def make(kind: OpKind, peer: int, chunk: int, reduce: bool, count: int = 1) -> Op:
         op = new(Op)
@@ -50,6 +50,7 @@ def _fast_op_factory() -> Callable[[OpKind, int, int, bool, int], Op]:
         set_reduce(op, reduce)
         set_count(op, count)
         set_channel(op, 0)  # IR v4: planners plan on channel 0
+        set_more(op, ())  # ... with one range an op (topoplan.ir.schedule.vectorize merges)
         return op
 
     if make(_RECV, 1, 2, True, 3) != Op(_RECV, 1, 2, True, 3):  # pragma: no cover - layout changed

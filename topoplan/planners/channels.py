@@ -132,7 +132,7 @@ def channelize(schedule: Schedule, channels: int, skew: float = 1.0) -> Schedule
     Parameters
     ----------
     schedule : Schedule
-        A point-to-point schedule (no native steps), any collective.
+        A point-to-point schedule (no native steps, no vectored messages), any collective.
     channels : int
         Channels to run it on, 1 to :data:`MAX_CHANNELS`; 1 returns ``schedule`` as it is.
     skew : float
@@ -151,7 +151,8 @@ def channelize(schedule: Schedule, channels: int, skew: float = 1.0) -> Schedule
     Raises
     ------
     PlannerError
-        ``channels`` out of range, or ``schedule`` has native steps (IR v3): a native
+        ``channels`` out of range, ``schedule`` has vectored messages (IR v4: vectorize
+        after channelize), or it has native steps (IR v3): a native
         collective runs on channel 0 over its whole range and cannot be cut over
         channels, so the pass refuses the schedule (naming the first native step)
         rather than returning it unchanged.
@@ -173,6 +174,12 @@ def channelize(schedule: Schedule, channels: int, skew: float = 1.0) -> Schedule
                 f"{op.text()}, which runs on channel 0 over its whole range and cannot be "
                 f"cut over {channels} channels; plan with a point-to-point planner (ring, "
                 "rhd, hierarchical, mcf) or leave channels at 1")
+        if op.more:
+            raise PlannerError(
+                f"{schedule.algorithm} schedule: rank {rank} step {at} sends or receives "
+                f"{op.chunk_text()} to or from rank {op.peer} as one vectored message (IR "
+                "v4), which channelize does not cut yet; cut the plan over channels first, "
+                "then vectorize it (topoplan.plan(..., channels=C, vectored=True) does)")
     shards, fractions = _layout(schedule, channels, skew)
     programs = []
     for program in schedule.ranks:

@@ -73,7 +73,7 @@ import numpy as np
 from ..analysis.cost import CostProfile, get_profile
 from ..cluster import Cluster
 from ..cluster.model import Box, Nic, SwitchLink
-from ..errors import InfeasiblePlanError, PlannerError
+from ..errors import InfeasiblePlanError, PlannerError, ScheduleError
 from ..ir.collectives import DEFAULT as DEFAULT_COLLECTIVE, collective_of, shard_chunks
 from ..ir.schedule import Native, OpKind, RankProgram, Schedule, native
 from ._checks import check_cap_args, check_caps, check_collective, check_size
@@ -195,6 +195,12 @@ def _cross_plan(sub: Cluster, size: int, collective: str, profile: CostProfile,
 def _op_arrays(schedule: Schedule) -> tuple[np.ndarray, ...]:
     """Every point-to-point op of ``schedule`` as arrays (rank, step, peer, chunk, count,
     code: 0 send, 1 recv, 2 recv and reduce)."""
+    for r, s, op in schedule.ops():
+        if not isinstance(op, Native) and op.more:
+            raise ScheduleError(f"{schedule.algorithm} schedule: rank {r} step {s}: "
+                                f"{op.kind.value} of {op.chunk_text()} with rank {op.peer} is "
+                                "a vectored message (IR v4), which the composed planner "
+                                "does not read yet")
     rows = [(r, s, op.peer, op.chunk, op.count,
              0 if op.kind is OpKind.SEND else 1 + op.reduce)
             for r, s, op in schedule.ops() if not isinstance(op, Native)]

@@ -91,7 +91,8 @@ def channel_rows(schedule: Schedule) -> list[dict[str, Any]]:
         ops[op.channel] += 1
         if not isinstance(op, Native) and op.kind is OpKind.SEND:
             messages[op.channel] += 1
-        chunks[op.channel].update(range(op.chunk, op.end))
+        for a, c in op.ranges if not isinstance(op, Native) else ((op.chunk, op.count),):
+            chunks[op.channel].update(range(a, a + c))
     for rank in range(schedule.nranks):
         for c, of_channel in schedule.channel_steps(rank).items():
             steps[c] = max(steps[c], len(of_channel))

@@ -171,11 +171,15 @@ class Setup:
         bounds = np.array(schedule.chunk_bounds(nelems), dtype=np.int64).reshape(-1, 2)
         self.chunk_bytes = (bounds[:, 1] - bounds[:, 0]) * dtype_size
         self.natives = native_steps(schedule)
-        self.flat = flat = messages(schedule if self.natives is None else self.natives.p2p)
+        self.flat = flat = messages(schedule if self.natives is None else self.natives.p2p,
+                                    vectored=True)
         # Bytes of chunks [0, k): a transfer of chunks a..b-1 carries cum[b] - cum[a].
         cum = np.concatenate([[0], np.cumsum(self.chunk_bytes)]).astype(np.float64)
         self.chunk_cum = cum
         self.t_bytes = cum[flat.t_chunk + flat.t_count] - cum[flat.t_chunk]
+        # A vectored message (IR v4) is one message of all its ranges' bytes.
+        for m, more in flat.t_more.items():
+            self.t_bytes[m] += sum(cum[a + c] - cum[a] for a, c in more)
         self.step_base, self.step_rank, self.step_last = (flat.step_base, flat.step_rank,
                                                          flat.step_last)
         # Each sequence (a rank's program on one channel, IR v4; a rank without channels)
@@ -362,7 +366,8 @@ class Setup:
             else:
                 kind, peer, peer_step = "recv", int(f.t_src[tr]), int(f.t_sstep[tr])
             waits.append(wait_text(kind, int(f.t_chunk[tr]), int(f.t_count[tr]), peer,
-                                   self._stuck_at(peer_step), f.local(peer_step), channel))
+                                   self._stuck_at(peer_step), f.local(peer_step), channel,
+                                   f.t_more.get(tr, ())))
         ranks = len(np.unique(self.step_rank[stuck]))
         raise deadlock_error(f.name, ranks, r, f.local(g), waits, channel)
 

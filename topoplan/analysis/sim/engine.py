@@ -682,13 +682,15 @@ class Engine(Setup):
         timeline: dict[Edge, tuple[tuple[float, float], ...]] = {}
         if self.record:
             sstep, rstep = self.transfer_steps()
+            more = f.t_more
             transfers = tuple(
-                TransferRecord(src, dst, ss, rs, chunk, int(nbytes), start, end, count)
-                for src, dst, ss, rs, chunk, nbytes, start, end, count in zip(
+                TransferRecord(src, dst, ss, rs, chunk, int(nbytes), start, end, count,
+                               more.get(i, ()))
+                for i, (src, dst, ss, rs, chunk, nbytes, start, end, count) in enumerate(zip(
                     f.t_src.tolist(), f.t_dst.tolist(), sstep, rstep,
                     f.t_chunk.tolist(), self.t_bytes.tolist(),
                     self.m_start[self.t_msg].tolist(), self.m_end[self.t_msg].tolist(),
-                    f.t_count.tolist()))
+                    f.t_count.tolist())))
             timeline = self._link_timeline()
         return SimReport(
             cluster=self.cluster.name, algorithm=self.schedule.algorithm, nranks=n,

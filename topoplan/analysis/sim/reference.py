@@ -368,12 +368,14 @@ class ReferenceEngine(Setup):
         timeline: dict[Edge, tuple[tuple[float, float], ...]] = {}
         if self.record:
             sstep, rstep = self.transfer_steps()
+            more = self.flat.t_more
             transfers = tuple(
-                TransferRecord(src, dst, ss, rs, chunk, int(nbytes), start, end, count)
-                for src, dst, ss, rs, chunk, nbytes, start, end, count in zip(
+                TransferRecord(src, dst, ss, rs, chunk, int(nbytes), start, end, count,
+                               more.get(i, ()))
+                for i, (src, dst, ss, rs, chunk, nbytes, start, end, count) in enumerate(zip(
                     self.t_src.tolist(), self.t_dst.tolist(), sstep, rstep,
                     self.t_chunk.tolist(), self.t_bytes.tolist(),
-                    self.t_start.tolist(), self.t_end.tolist(), self.flat.t_count.tolist()))
+                    self.t_start.tolist(), self.t_end.tolist(), self.flat.t_count.tolist())))
             changes: dict[int, list[tuple[float, float]]] = {}
             for t, edges, rates in self.timeline:
                 for e, rate in zip(edges.tolist(), rates.tolist()):

@@ -29,6 +29,8 @@ class TransferRecord:
     start_s: float
     end_s: float
     count: int = 1  #: chunks ``chunk .. chunk + count - 1`` (IR v2 ranges)
+    #: a vectored message's ranges after the first (IR v4); ``nbytes`` counts them all
+    more: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,11 @@ How a topoplan schedule becomes thread blocks:
   on its own thread blocks. When ``nseg > 1`` the ``<algo>`` says so
   (:data:`~topoplan.interop.msccl.SEGMENTS_ATTR`), so that the import reads the
   plan's channels back.
+- **Vectored messages** (IR v4). MSCCL steps carry one contiguous range: a vectored
+  send or recv becomes one step per range (:func:`topoplan.ir.schedule.split_vectored`),
+  in the thread block the op's peer and channel give it, in range order, and a note
+  says so. The executor then runs one MSCCL step per range, as it would for the
+  unvectored plan.
 - **Limits** (:class:`topoplan.interop.msccl.Limits`). The messages of one pair of
   ranks on one channel are split into ``nseg`` segments (consecutive MSCCL channels)
   when a thread block would exceed the executor's steps per thread block; when the
@@ -70,7 +75,7 @@ from typing import Sequence
 from ...ir.collectives import collective_of, shard_chunks
 from ...errors import PlannerError, ScheduleError
 from ...ir.fingerprint import META_KEY
-from ...ir.schedule import Native, OpKind, Schedule
+from ...ir.schedule import Native, OpKind, Schedule, split_vectored
 from .limits import MAX_NODES, Limits, limit_violations
 from .model import PROTOCOLS, STEP_TYPES, Algo, Gpu, Step, ThreadBlock
 from .verify import verify_msccl
@@ -886,6 +891,14 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
                         f"{'s' if report.ncollectives != 1 else ''} ({report.nnative} native "
                         "steps) lowered to point-to-point steps: rings, direct exchanges "
                         "and trees inside each group, as MSCCL XML has no collective steps")
+    vectored_note = None
+    split = split_vectored(schedule)  # vectored messages (IR v4): one step a range
+    if split is not schedule:
+        vectored_note = (f"{schedule.nmessages} messages, some vectored (several chunk "
+                         f"ranges, IR v4), written as {split.nmessages} MSCCL sends and "
+                         "recvs, one per range, in the thread block of the op's peer and "
+                         "channel")
+        schedule = split
     coll = schedule.collective
     if coll not in MSCCL_COLL:  # pragma: no cover - every collective topoplan plans
         raise ScheduleError(f"{schedule.algorithm} schedule: collective {coll!r}: MSCCL "
@@ -895,6 +908,7 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
     sharded = collective_of(schedule).sharded
     bounds, note = _unit_grid(schedule.chunks, schedule.nranks if sharded else 0)
     notes = [lowered_note] if lowered_note else []
+    notes += [vectored_note] if vectored_note else []
     notes += [note] if note else []
     details: list[str] = []
     space = _Space(coll, schedule.nranks, bounds[-1], channels)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ...errors import ScheduleError
-from ...ir.schedule import Native, OpKind, Schedule, chunk_text
+from ...ir.schedule import Native, OpKind, Schedule, chunk_text, ranges_text
 from ..transports.base import TAG_LIMIT, Group, Message
 
 __all__ = ["Span", "MessagePlan", "NativePlan", "StepPlan", "Program", "BoundStep",
@@ -60,9 +60,10 @@ class MessagePlan:
     tag: int
     reduce: bool
     slot: tuple[int, int] | None  # scratch [start, end) when not the span itself
+    more: tuple[tuple[int, int], ...] = ()  # a vectored message's further ranges (IR v4)
 
     def what(self) -> str:
-        chunks = chunk_text(self.chunk, self.count)
+        chunks = ranges_text(((self.chunk, self.count),) + self.more)
         return f"send of {chunks} to" if self.send else f"recv of {chunks} from"
 
 
@@ -89,6 +90,8 @@ class StepPlan:
     reduces: list[tuple[Span, tuple[int, int]]]    # span += scratch slot, after the wait
     native: NativePlan | None = None
     channel: int = 0
+    copies: list[tuple[Span, tuple[int, int]]] = field(default_factory=list)
+    # span = scratch slot, after the wait (a vectored recv that overwrites, IR v4)
 
 
 @dataclass(slots=True)
@@ -116,6 +119,7 @@ class BoundStep:
     native: Any = None                # a native step: its NativeWork (transport.native(...))
     what: NativePlan | None = None    # ... and its plan, for errors
     channel: int = 0
+    copies: list[tuple[Any, Any]] = field(default_factory=list)  # (chunk view, scratch view)
 
 
 @dataclass(slots=True)
@@ -277,12 +281,15 @@ def _compile_channel(rank: int, channel: int, channel_steps: list[tuple[int, Any
         # Chunk ranges overwritten by this step's recvs: a send that overlaps one must
         # carry the value from the step's start, so it goes out of a snapshot.
         # (Recv ranges of a step are disjoint, so sorted by start their ends sort too.)
-        overwritten = sorted((op.chunk, op.end) for op in ops
-                             if op.kind is OpKind.RECV and not op.reduce)
+        overwritten = sorted((a, a + c) for op in ops
+                             if op.kind is OpKind.RECV and not op.reduce for a, c in op.ranges)
         ow_starts = [a for a, _ in overwritten]
         offset = base
         snap_slot: dict[Span, tuple[int, int]] = {}
-        messages, snapshots, reduces = [], [], []
+        messages: list[MessagePlan] = []
+        snapshots: list[tuple[Span, tuple[int, int]]] = []
+        reduces: list[tuple[Span, tuple[int, int]]] = []
+        copies: list[tuple[Span, tuple[int, int]]] = []
         if ops and isinstance(ops[0], Native):
             plan = _native_plan(ops[0], rank, bounds)
             if plan is not None:
@@ -297,6 +304,10 @@ def _compile_channel(rank: int, channel: int, channel_steps: list[tuple[int, Any
             counter = seq_out if op.kind is OpKind.SEND else seq_in
             seq = counter.get(op.peer, 0)
             counter[op.peer] = seq + 1
+            if op.more:  # a vectored message (IR v4): its ranges packed in one slot
+                offset = _vectored(op, bounds, offset, snapshots, reduces, copies,
+                                   messages, (tag0 + seq) % TAG_LIMIT)
+                continue
             span = (bounds[op.chunk][0], bounds[op.end - 1][1])
             start, end = span
             if start == end:
@@ -322,9 +333,37 @@ def _compile_channel(rank: int, channel: int, channel_steps: list[tuple[int, Any
         # its receive already posted, which saves a copy in MPI and gloo.
         messages.sort(key=lambda m: m.send)
         if messages:
-            steps.append(StepPlan(messages, snapshots, reduces, None, channel))
+            steps.append(StepPlan(messages, snapshots, reduces, None, channel, copies))
             step_index.append(s)
     return scratch
+
+
+def _vectored(op: Any, bounds: list[tuple[int, int]], offset: int, snapshots: list,
+              reduces: list, copies: list, messages: list[MessagePlan], tag: int) -> int:
+    """Compile a vectored op (IR v4) onto its step's lists; returns the next free scratch.
+
+    The message is one scratch slot holding the op's ranges back to back, in range
+    order (both ends name the same ranges, so they agree on the layout). A send packs
+    its ranges into the slot when its step starts (snapshots: the values at the step's
+    start, as every send carries); a recv lands in the slot and, after the wait, adds
+    (``reduces``) or copies (``copies``) each part into its range. Empty ranges take no
+    room; a message whose ranges are all empty is skipped by both ends (its tag still
+    counted by the caller).
+    """
+    pieces = [(bounds[a][0], bounds[a + c - 1][1]) for a, c in op.ranges]
+    length = sum(end - start for start, end in pieces)
+    if length == 0:
+        return offset
+    slot = (offset, offset + length)
+    into = snapshots if op.kind is OpKind.SEND else reduces if op.reduce else copies
+    at = offset
+    for start, end in pieces:
+        if end > start:
+            into.append(((start, end), (at, at + end - start)))
+            at += end - start
+    messages.append(MessagePlan(op.kind is OpKind.SEND, op.peer, op.chunk, op.count,
+                                (pieces[0][0], pieces[-1][1]), tag, op.reduce, slot, op.more))
+    return offset + length
 
 
 def bind_steps(program: Program, work: Any, scratch: Any, prepare: Callable[[Any], Any],
@@ -378,5 +417,6 @@ def bind_steps(program: Program, work: Any, scratch: Any, prepare: Callable[[Any
             [(scratch[a:b], view_of(c)) for c, (a, b) in sp.snapshots],
             messages, sp.messages,
             [(view_of(c), scratch[a:b]) for c, (a, b) in sp.reduces],
-            [None] * batches, channel=sp.channel))
+            [None] * batches, channel=sp.channel,
+            copies=[(view_of(c), scratch[a:b]) for c, (a, b) in sp.copies]))
     return steps

@@ -415,6 +415,8 @@ class Executor:
                         raise self._error(step, pending, None)
                     for dst, src in step.reduces:
                         h._ops.add(dst, src)
+                    for dst, src in step.copies:  # vectored recvs (IR v4)
+                        h._ops.copy(dst, src)
                     h._posted = None
                     h._step += 1
                     moved = True
@@ -527,6 +529,8 @@ class Executor:
                             raise self._error(step, pending, None)
                         for dst, src in step.reduces:
                             ops.add(dst, src)
+                        for dst, src in step.copies:  # vectored recvs (IR v4)
+                            ops.copy(dst, src)
                     cur.posted = None
                     cur.at += 1
                     progressed = True
@@ -637,6 +641,8 @@ class Executor:
                         raise self._error(step, pending, None)
                     for dst, src in step.reduces:
                         ops.add(dst, src)
+                    for dst, src in step.copies:  # vectored recvs (IR v4)
+                        ops.copy(dst, src)
                 cur.at += 1
         except BaseException:
             stop.set()
@@ -712,6 +718,8 @@ class Executor:
                 raise self._error(step, pending, None)
             for dst, src in step.reduces:
                 add(dst, src)
+            for dst, src in step.copies:  # vectored recvs (IR v4)
+                copy(dst, src)
         for dst, src in bound.copy_out:
             copy(dst, src)
 
