@@ -344,6 +344,10 @@ def verify(schedule: Schedule) -> VerifyReport:
     """
     from .matching import messages
 
+    try:  # the collective's chunk layout first, as _execute checks it (same first fault)
+        collective_of(schedule)
+    except ScheduleError as exc:
+        raise ScheduleError(f"{schedule.algorithm} schedule: {exc}") from None
     # Vectored messages (IR v4): once their two ops agree on the ranges (matching), a
     # message of several ranges moves what one message per range, in the same steps,
     # moves; recv clashes and channels are then checked range by range.
