@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 from .._progress import step
 from ..ir.collectives import COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE
 from ..analysis.cost import CostProfile, get_profile
-from ..cluster import as_cluster
 from ..errors import InfeasiblePlanError, PlannerError
 from ..ir.schedule import Schedule
 from ..ir.collectives import bus_factor
@@ -101,6 +100,7 @@ class PlanRequest:
         InfeasiblePlanError
             A ``machine`` with another rank count than ``cluster``.
         """
+        from ..cluster import as_cluster  # networkx and yaml load with the first plan
         cluster = as_cluster(cluster, who)
         if isinstance(collective, str) and collective in COLLECTIVES:
             pass

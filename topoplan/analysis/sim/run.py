@@ -12,7 +12,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..cost import CostProfile, get_profile
-from ...cluster import as_cluster
 from ...errors import ScheduleError
 from ...ir.fingerprint import check_fingerprint
 from ...ir.schedule import Schedule
@@ -104,6 +103,7 @@ def simulate(cluster: Cluster | str | os.PathLike, schedule: Schedule, size: int
     15 s under ``ideal`` and 60 s under ``nccl`` on a 2-core machine
     (``scripts/bench_simulate.py``, ``scripts/bench_scale.py``).
     """
+    from ...cluster import as_cluster  # networkx and yaml load with the first simulation
     cluster = as_cluster(cluster, "simulate")
     if schedule.nranks != cluster.nranks:
         raise ScheduleError(
