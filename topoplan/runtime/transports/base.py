@@ -44,7 +44,7 @@ from typing import Any, Callable, ClassVar, ContextManager, Sequence
 from ...errors import TopoplanError, TransportError
 
 __all__ = ["Transport", "Message", "PeerFailure", "Deadline", "NoNative", "Group", "Collective",
-           "NativeWork"]
+           "NativeWork", "any_moved"]
 
 #: Tags stay below 2**15: MPI promises at least 32767 for MPI_TAG_UB.
 TAG_LIMIT = 1 << 15
@@ -225,6 +225,18 @@ class Deadline:
         return time.monotonic() >= self.at
 
 
+
+def any_moved(tests: Sequence[Callable[[], bool]]) -> bool:
+    """Whether one of ``tests`` is done, or failed (a :class:`PeerFailure` is news for the
+    caller's wait too: it moves on to the step that raises it)."""
+    for test in tests:
+        try:
+            if test():
+                return True
+        except PeerFailure:
+            return True
+    return False
+
 class Transport(abc.ABC):
     """A communicator that moves buffer views between ranks.
 
@@ -317,12 +329,8 @@ class Transport(abc.ABC):
         deadline = time.monotonic() + timeout
         rounds = 0
         while True:
-            for test in tests:
-                try:
-                    if test():
-                        return True
-                except PeerFailure:
-                    return True
+            if any_moved(tests):
+                return True
             if time.monotonic() >= deadline:
                 return False
             rounds += 1

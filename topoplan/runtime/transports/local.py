@@ -22,7 +22,8 @@ from collections import deque
 from typing import Any, Callable, Sequence
 
 from ...errors import TopoplanError, TransportError
-from .base import Collective, Deadline, Group, Message, NativeWork, PeerFailure, Transport
+from .base import (Collective, Deadline, Group, Message, NativeWork, PeerFailure, Transport,
+                   any_moved)
 
 __all__ = ["Local", "LocalWorld"]
 
@@ -307,12 +308,8 @@ class Local(Transport):
         world, deadline = self.world, Deadline(timeout)
         with world.cond:
             while True:
-                for test in tests:
-                    try:
-                        if test():
-                            return True
-                    except PeerFailure:
-                        return True
+                if any_moved(tests):
+                    return True
                 left = deadline.left()
                 if left <= 0:
                     return False
