@@ -124,11 +124,16 @@ def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
     if channels != 1:  # checked before planning: a bad value fails fast
         check_channels(channels)
         check_skew(skew)
-    # On C channels every chunk is C chunks and every op C ops: the planner plans to
+    # A planner that takes ``channels`` (mcf) plans and prices them itself; for the
+    # others every chunk is C chunks and every op C ops once cut: the planner plans to
     # the caps over C (checked again on the result).
+    itself = channels != 1 and "channels" in SPECS[algorithm].options
+    if itself:
+        options.update(channels=channels, channel_skew=skew)
+    divide = channels if not itself else 1
     request = PlanRequest.make(cluster, size=size, collective=collective, profile=profile,
-                               max_step_ops=per_channel(max_step_ops, channels),
-                               max_chunks=per_channel(max_chunks, channels),
+                               max_step_ops=per_channel(max_step_ops, divide),
+                               max_chunks=per_channel(max_chunks, divide),
                                machine=machine, who=algorithm, **options)
     if algorithm == "auto":
         from .auto import choose
@@ -152,9 +157,9 @@ def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
         if channels == 1 or (max_chunks is None and max_step_ops is None):
             raise
         raise InfeasiblePlanError(f"{exc} (on {channels} channels the caps per channel are "
-                                  f"max_chunks={request.max_chunks}, max_step_ops="
-                                  f"{request.max_step_ops})") from None
-    if channels != 1:
+                                  f"max_chunks={per_channel(max_chunks, channels)}, max_step_ops="
+                                  f"{per_channel(max_step_ops, channels)})") from None
+    if channels != 1 and not itself:
         from .channels import channelize, check_caps_on_channels
         schedule = check_caps_on_channels(channelize(schedule, channels, skew), channels,
                                           max_step_ops, max_chunks)

@@ -17,12 +17,13 @@ nothing.
 from __future__ import annotations
 
 import math
-
+from bisect import bisect_right
 from dataclasses import replace
 
 from ..errors import InfeasiblePlanError, PlannerError
 from ..ir.collectives import collective_of, shard_chunks
 from ..ir.schedule import Native, Op, RankProgram, Schedule
+from ._lockstep import _op
 
 __all__ = ["channelize", "check_channels", "check_skew", "check_caps_on_channels",
            "per_channel", "slices", "MAX_CHANNELS", "NATIVE_PLANNERS", "SKEW"]
@@ -84,19 +85,23 @@ def _layout(schedule: Schedule, channels: int, skew: float
     return shards, tuple(fractions)
 
 
-def _split(op: Op, shards: tuple[tuple[int, int], ...], channel: int, channels: int,
-           base_channel: int) -> list[Op]:
+def _split(op: Op, shards: tuple[tuple[int, int], ...], starts: list[int], channel: int,
+           channels: int, base_channel: int) -> list[Op]:
     """``op``'s copy on ``channel``: one op per shard its range touches, each on channel
     ``channel``'s block of that shard (new chunk ``channels * a + channel * (b - a) + k
-    - a`` for old chunk ``k`` of shard ``[a, b)``)."""
+    - a`` for old chunk ``k`` of shard ``[a, b)``). ``starts``: the shards' first chunks,
+    to find the shards an op touches by bisection."""
     out = []
-    for a, b in shards:
+    lane = base_channel * channels + channel
+    for i in range(bisect_right(starts, op.chunk) - 1, len(shards)):
+        a, b = shards[i]
+        if a >= op.end:
+            break
         lo, hi = max(op.chunk, a), min(op.end, b)
         if lo >= hi:
             continue
-        first = channels * a + channel * (b - a) + (lo - a)
-        out.append(replace(op, chunk=first, count=hi - lo,
-                           channel=base_channel * channels + channel))
+        out.append(_op(op.kind, op.peer, channels * a + channel * (b - a) + (lo - a),
+                       op.reduce, hi - lo, lane))
     return out
 
 
@@ -181,6 +186,7 @@ def channelize(schedule: Schedule, channels: int, skew: float = 1.0) -> Schedule
                 "v4), which channelize does not cut yet; cut the plan over channels first, "
                 "then vectorize it (topoplan.plan(..., channels=C, vectored=True) does)")
     shards, fractions = _layout(schedule, channels, skew)
+    starts = [a for a, _ in shards]
     programs = []
     for program in schedule.ranks:
         steps = []
@@ -189,7 +195,7 @@ def channelize(schedule: Schedule, channels: int, skew: float = 1.0) -> Schedule
             for op in step:
                 assert isinstance(op, Op)  # natives refused above
                 for c in range(channels):
-                    ops.extend(_split(op, shards, c, channels, op.channel))
+                    ops.extend(_split(op, shards, starts, c, channels, op.channel))
             steps.append(tuple(ops))
         programs.append(RankProgram(program.rank, tuple(steps)))
     out = replace(schedule, chunks=fractions, ranks=tuple(programs))

@@ -32,18 +32,20 @@ def _link_classes(loads: np.ndarray) -> np.ndarray:
 
 
 def piece_sizes(loads: np.ndarray, step_lat: np.ndarray, q: int, size: float,
-                soft: SoftCosts = NO_COSTS) -> tuple[np.ndarray, float]:
+                soft: SoftCosts = NO_COSTS, shares: tuple[float, ...] | None = None
+                ) -> tuple[np.ndarray, float]:
     """Piece sizes that minimize the lock-step time (an LP), and that time.
 
     ``min sum_s T_s  s.t.  T_s >= sum_p x_p loads[s - p, e]  (every step s, link e),
     sum_p x_p = 1, x_p >= 1e-3 / q``. Equal pieces leave the narrow links idle while
     the first piece crosses the box and after the last one left it; small first and
     last pieces shorten that fill. One constraint per distinct link column. The
-    software costs do not depend on the sizes: they are added to the time.
+    software costs do not depend on the sizes: they are added to the time. The time
+    returned is the estimate on the channels of ``shares`` (:func:`.pricing.estimate`).
     """
     if q == 1:
         ones = np.ones(1)
-        return ones, estimate(loads, step_lat, ones, size, soft)
+        return ones, estimate(loads, step_lat, ones, size, soft, shares)
     cols = _link_classes(loads)
     s, m = cols.shape
     nt = s + q - 1
@@ -77,13 +79,14 @@ def piece_sizes(loads: np.ndarray, step_lat: np.ndarray, q: int, size: float,
     else:
         x = np.maximum(res.x[:q], 1e-3 / q)
         x /= x.sum()
-    return x, estimate(loads, step_lat, x, size, soft)
+    return x, estimate(loads, step_lat, x, size, soft, shares)
 
 
 def choose_pieces(loads: np.ndarray, step_lat: np.ndarray, size: float, ops_per_piece: int,
                   max_ops: int, max_q: int = 256, soft: SoftCosts = NO_COSTS,
                   max_step_ops: int | None = None, chunks_per_piece: int = 1,
-                  max_chunks: int | None = None) -> tuple[np.ndarray, float]:
+                  max_chunks: int | None = None, shares: tuple[float, ...] | None = None
+                  ) -> tuple[np.ndarray, float]:
     """Piece sizes (their count ``Q`` within the op budget and the caps) of least
     lock-step time: ``Q`` doubles until the estimate stops gaining; when the budget
     stops the doubling first, the most pieces that fit are tried too.
@@ -94,16 +97,17 @@ def choose_pieces(loads: np.ndarray, step_lat: np.ndarray, size: float, ops_per_
     a single-level ring gains only rounding from pieces, which made 8-GPU plans of
     128 pieces and 186 k messages. ``max_step_ops`` caps the ops a
     rank posts in one step, ``max_chunks`` the chunks (``chunks_per_piece * Q``).
+    ``shares``: price the plan on channels (:func:`.pricing.estimate`).
     """
     def fits(q: int) -> bool:
         return (q <= max_q and q * ops_per_piece <= max_ops
                 and (max_chunks is None or q * chunks_per_piece <= max_chunks)
                 and (max_step_ops is None or soft.peak_ops(q) <= max_step_ops))
 
-    best = piece_sizes(loads, step_lat, 1, size, soft)
+    best = piece_sizes(loads, step_lat, 1, size, soft, shares)
     q = 2
     while fits(q):
-        cand = piece_sizes(loads, step_lat, q, size, soft)
+        cand = piece_sizes(loads, step_lat, q, size, soft, shares)
         if cand[1] < best[1] * (1 - MIN_GAIN):
             best = cand
         elif cand[1] > best[1] * 1.01:
@@ -116,7 +120,7 @@ def choose_pieces(loads: np.ndarray, step_lat: np.ndarray, size: float, ops_per_
     while most > q // 2 and not fits(most):
         most -= 1
     if most > q // 2 and len(best[0]) == q // 2:
-        cand = piece_sizes(loads, step_lat, most, size, soft)
+        cand = piece_sizes(loads, step_lat, most, size, soft, shares)
         if cand[1] < best[1] * (1 - MIN_GAIN):
             best = cand
     return best

@@ -25,13 +25,15 @@ from ...ir.collectives import DEFAULT as DEFAULT_COLLECTIVE
 from .._checks import check_cap_args, check_caps, check_collective, check_size
 from .._lockstep import empty_schedule
 from .._order import topo_order
+from ..channels import (SKEW, channelize, check_caps_on_channels, check_channels, check_skew,
+                        per_channel, slices)
 from .build import build, build_sharded
 from .grids import flat_ring_layout, layouts
 from .layout import RankGrid
 from .messages import chunk_fractions, message_count, messages, shard_message_count, shard_messages
 from .packing import FLAT_MAX, GOOD_STATUS, solve_mcf
 from .pieces import choose_pieces, piece_sizes
-from .pricing import CostModel, piece_profile
+from .pricing import CostModel, estimate, piece_profile
 from .rails import rail_layouts
 from .trees import choose_pipeline, materialize
 
@@ -75,10 +77,12 @@ def _grid_candidate(cluster: Cluster, model: CostModel, layout: RankGrid, size: 
                     chunks: int | None, max_ops: int, pieces: int | None = None,
                     profile: CostProfile | None = None, max_step_ops: int | None = None,
                     max_chunks: int | None = None,
-                    collective: str = DEFAULT_COLLECTIVE) -> _Candidate | None:
+                    collective: str = DEFAULT_COLLECTIVE,
+                    shares: tuple[float, ...] | None = None) -> _Candidate | None:
     """A pipelined multi-level reduce-scatter/allgather on ``layout`` (see :mod:`.grids`),
     or for a sharded ``collective`` its one half; None when even one piece is over the
-    op budget or a cap."""
+    op budget or a cap. ``shares``: priced on channels of these shares (its ops and
+    caps are per channel)."""
     n = cluster.nranks
     sharded = collective != DEFAULT_COLLECTIVE
     # One piece holds 2 ops per message; refuse layouts whose single piece is over budget
@@ -94,15 +98,15 @@ def _grid_candidate(cluster: Cluster, model: CostModel, layout: RankGrid, size: 
     if max_step_ops is not None and soft.peak_ops(1) > max_step_ops:
         return None
     if pieces is not None:
-        sizes, est = piece_sizes(loads, lat, pieces, size, soft)
+        sizes, est = piece_sizes(loads, lat, pieces, size, soft, shares)
     elif chunks is not None:
         sizes, est = piece_sizes(loads, lat, max(1, chunks // max(1, msgs.nchunks)), size,
-                                   soft)
+                                   soft, shares)
     else:
         sizes, est = choose_pieces(loads, lat, size, ops_per_piece,
                                      max(max_ops, ops_per_piece), soft=soft,
                                      max_step_ops=max_step_ops, chunks_per_piece=msgs.nchunks,
-                                     max_chunks=max_chunks)
+                                     max_chunks=max_chunks, shares=shares)
     q = len(sizes)
 
     def make() -> Schedule:
@@ -110,8 +114,11 @@ def _grid_candidate(cluster: Cluster, model: CostModel, layout: RankGrid, size: 
             return build_sharded(n, msgs, layout, sizes, collective)
         return build(n, msgs, chunk_fractions(layout, sizes), q)
 
+    info: dict[str, Any] = {}
+    if shares is not None:
+        info["one_channel_s"] = estimate(loads, lat, sizes, size, soft)
     return _Candidate(f"grid {layout.name}", est, ops_per_piece * q, make,
-                      {"layout": layout.name, "dims": list(layout.dims),
+                      {**info, "layout": layout.name, "dims": list(layout.dims),
                        "rings": len(layout.grids), "pieces": q,
                        "piece_sizes": [round(float(x), 6) for x in sizes],
                        "peak_step_ops": soft.peak_ops(q)})
@@ -182,7 +189,8 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
              max_chunks: int | None = None, exact: bool | None = None,
              time_limit: float = 20.0, max_ops: int | None = None,
              flat_max: int = FLAT_MAX, check: bool = True,
-             collective: str = DEFAULT_COLLECTIVE) -> Schedule:
+             collective: str = DEFAULT_COLLECTIVE, channels: int = 1,
+             channel_skew: float = SKEW) -> Schedule:
     """Plan an allreduce (or a reduce-scatter or an allgather) near the cut lower bound:
     LP-shaped, pipelined, verified.
 
@@ -203,6 +211,13 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
 
     Each is priced by a lock-step model (every step lasts as long as its busiest
     link, plus its worst path latency) and the cheapest is built.
+
+    On ``channels`` channels (IR v4) the grids are priced as
+    :func:`~topoplan.planners.channels.channelize` will run them: each channel the
+    lock-step pipeline on its slice of the buffer, on its own clock, the channels
+    sharing the links (:func:`.pricing.channel_time`), so that the pipeline depth is
+    chosen for channels that hide each other's step latency. The pick is built,
+    verified on one channel, and cut over the channels.
 
     A reduce-scatter is the grid's (or ring's) first half and an allgather its second
     half: every rank owns one final chunk per ring and pipeline piece, ``1/N`` of the
@@ -250,13 +265,22 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         What to plan (:mod:`topoplan.ir.collectives`); ``size`` is the full buffer. The
         sharded ones are within 1.05x of :func:`topoplan.analysis.bound.shard_bound` at 256 MiB
         on every shipped topology (scripts/bench_planners.py --collective).
+    channels : int
+        Channels to run the plan on (default 1). ``chunks``, ``max_ops`` and the caps
+        are the result's: each channel gets ``1 / channels`` of them. The trees
+        construction is priced on one channel (channels never make a plan slower).
+    channel_skew : float
+        The ratio of one channel's slice to the next one's
+        (:data:`~topoplan.planners.channels.SKEW`).
 
     Returns
     -------
     Schedule
         ``meta``: algorithm "mcf", ``construction`` (what was picked), ``estimate_s``
-        (lock-step time), ``candidates`` (construction -> estimate), pieces, status,
-        and solve / materialize / verify seconds.
+        (lock-step time; on channels, the channel model's), ``candidates``
+        (construction -> estimate), pieces, status, and solve / materialize / verify
+        seconds; on channels also ``channels``, ``channel_skew`` and
+        ``estimate_one_channel_s`` (the pick's lock-step time on one channel).
 
     Raises
     ------
@@ -280,10 +304,19 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     costs = get_profile(profile)
     cluster = runtime_cluster(cluster, costs)  # NVLink as the profile's runtime moves data
     check_cap_args(max_step_ops, max_chunks, "mcf")
+    channels = check_channels(channels)
+    channel_skew = check_skew(channel_skew)
+    result_caps = (max_step_ops, max_chunks)
+    shares = slices(channels, channel_skew) if channels > 1 else None
+    # Each chunk and op is ``channels`` of them once cut: plan one channel to 1/C.
+    max_step_ops, max_chunks = (per_channel(max_step_ops, channels),
+                                per_channel(max_chunks, channels))
+    chunks = per_channel(chunks, channels)
     caps = {"max_step_ops": max_step_ops, "max_chunks": max_chunks}
     n = cluster.nranks
     if max_ops is None:
         max_ops = max(SOFT_OPS, min(OPS_PER_RANK * n, MAX_OPS))
+    max_ops = max(1, max_ops // channels)
     start = time.perf_counter()
     if n == 1:
         if sharded:
@@ -321,7 +354,7 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         try:
             cand = _grid_candidate(cluster, model, flat_ring_layout(list(range(n)), "ring"),
                                    size, None, max_ops, pieces=1, profile=costs,
-                                   collective=collective, **caps)
+                                   collective=collective, shares=shares, **caps)
             if cand is not None:
                 cands.append(cand)
         except InfeasiblePlanError as exc:
@@ -329,7 +362,8 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     for layout in grids:
         try:
             cand = _grid_candidate(cluster, model, layout, size, chunks, max_ops,
-                                   profile=costs, collective=collective, **caps)
+                                   profile=costs, collective=collective, shares=shares,
+                                   **caps)
         except InfeasiblePlanError as exc:  # e.g. a ring across rails that never meet
             failure = exc
             continue
@@ -372,7 +406,8 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         timed = []
         for c in close:
             sched = schedule if c is pick else c.make()
-            timed.append((simulate(cluster, sched, size, profile=costs).time_s, c.nops, id(c),
+            cut = channelize(sched, channels, channel_skew)
+            timed.append((simulate(cluster, cut, size, profile=costs).time_s, c.nops, id(c),
                           c, sched))
         _, _, _, pick, schedule = min(timed)
         pick.info["simulated_s"] = {c.name: t for t, _, _, c, _ in timed}
@@ -397,4 +432,8 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         meta["time_limit_hit"] = True
         warnings.warn(f"mcf on {cluster.name}: {status}; using the best plan found",
                       RuntimeWarning, stacklevel=2)
+    if channels > 1:
+        meta["estimate_one_channel_s"] = pick.info.get("one_channel_s", pick.estimate_s)
+        schedule = check_caps_on_channels(channelize(schedule, channels, channel_skew),
+                                          channels, *result_caps)
     return schedule.with_meta(**meta)

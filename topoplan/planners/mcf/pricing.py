@@ -3,7 +3,9 @@
 A step of a piece lasts as long as its busiest link, plus its worst path latency (and,
 under a cost profile, alpha), plus what the runtime pays per step and per op
 (:class:`SoftCosts`); piece ``p`` of a pipeline runs ``p`` steps after piece ``p - 1``
-(:func:`estimate`). :class:`CostModel` holds the links of each rank pair (split over
+(:func:`estimate`). On several channels (IR v4) over unequal slices of the buffer, each
+channel runs that pipeline on its slice and the channels share the links
+(:func:`channel_time`). :class:`CostModel` holds the links of each rank pair (split over
 equal-cost routes), :func:`piece_profile` the links' load in each step of one piece.
 """
 
@@ -19,7 +21,7 @@ from ...analysis.cost import CostProfile
 from ...errors import InfeasiblePlanError
 from .layout import PieceMessages
 
-__all__ = ["CostModel", "SoftCosts", "NO_COSTS", "piece_profile", "estimate"]
+__all__ = ["CostModel", "SoftCosts", "NO_COSTS", "piece_profile", "estimate", "channel_time"]
 
 
 class CostModel:
@@ -138,18 +140,116 @@ def _window_max(step_lat: np.ndarray, q: int) -> np.ndarray:
 
 
 def estimate(loads: np.ndarray, step_lat: np.ndarray, sizes: np.ndarray, size: float,
-             soft: SoftCosts = NO_COSTS) -> float:
+             soft: SoftCosts = NO_COSTS, shares: tuple[float, ...] | None = None) -> float:
     """Lock-step time of pieces of ``sizes`` (fractions, piece ``p`` ``p`` steps late).
 
     ``loads[s, e]``: seconds per byte of buffer that link ``e`` is busy in step ``s``
     of a piece carrying the whole buffer. A step lasts as long as its busiest link
     plus its worst path latency (and alpha), plus the software costs ``soft`` (step
     overhead, and posting the ops of every piece in it).
+
+    ``shares``: the plan runs on ``len(shares)`` channels, channel ``c`` on a share
+    ``shares[c]`` of every chunk (:func:`topoplan.planners.channels.slices`); each runs
+    this lock-step pipeline on its own clock and they share the links
+    (:func:`channel_time`). None or one share: one channel, the lock-step time.
     """
     q = len(sizes)
     s, m = loads.shape
     total = np.zeros((s + q - 1, m))
     for p, x in enumerate(sizes.tolist()):
         total[p:p + s] += x * loads
-    return float((total.max(axis=1) * size).sum() + _window_max(step_lat, q).sum()
-                 + soft.total(q))
+    window = _window_max(step_lat, q)
+    if shares is not None and len(shares) > 1:
+        nsteps = s + q - 1
+        posted = np.convolve(soft.ops, np.ones(q)) if len(soft.ops) else np.zeros(nsteps)
+        delay = window + soft.step + posted[:nsteps] * soft.op
+        return soft.call + channel_time(total * size, delay, shares)
+    return float((total.max(axis=1) * size).sum() + window.sum() + soft.total(q))
+
+
+def channel_time(work: np.ndarray, delay: np.ndarray, shares: tuple[float, ...] | np.ndarray
+                 ) -> float:
+    """Seconds for ``len(shares)`` channels to run the same steps, each on its own clock,
+    sharing the links: a fluid model of IR v4's independent channels.
+
+    Step ``t`` of channel ``c`` waits ``delay[t]`` (latency, alpha, posting: no link is
+    busy), then moves ``shares[c]`` of the step's bytes: ``work[t, e]`` is the seconds
+    link ``e`` is busy in step ``t`` when one channel moves all of them. Alone, the
+    transfer takes ``shares[c] * max_e work[t, e]`` and loads link ``e`` at
+    ``u[t, e] = work[t, e] / max_e work[t, e]`` of its bandwidth. Running together,
+    the channels in transfer get speeds ``r_c`` (a fraction of their solo speed) by
+    max-min fairness under ``sum_c r_c u[t_c, e] <= 1`` on every link (progressive
+    filling: equal speeds until a link is full, those on it freeze): two channels on
+    the same kind of step share its links equally, as the event simulator's flows do.
+    With one channel, or equal shares (the channels run in phase), this is the lock-step
+    time ``sum_t delay[t] + max_e work[t, e]``.
+
+    Only the distinct link columns matter (symmetric links have equal columns). The
+    events are ``2 x channels x steps``, each a filling over at most ``channels``
+    rounds. Checked against the event simulator on channelled plans (the tests and
+    ``scripts/bench_channels.py``).
+    """
+    shares = np.asarray(shares, dtype=float)
+    nsteps = work.shape[0]
+    peak = work.max(axis=1) if work.size else np.zeros(nsteps)
+    cols = work[:, work.max(axis=0) > 0] if work.size else np.zeros((nsteps, 0))
+    if cols.shape[1]:
+        _, keep = np.unique(np.round(cols / cols.max(), 9), axis=1, return_index=True)
+        cols = cols[:, np.sort(keep)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        util = np.where(peak[:, None] > 0, cols / peak[:, None], 0.0)
+    nch = len(shares)
+    step = np.zeros(nch, dtype=np.int64)        # each channel's step
+    moving = np.zeros(nch, dtype=bool)          # in its transfer (else in its delay)
+    left = np.array([delay[0] if nsteps else 0.0] * nch)  # seconds of delay, or of
+    #                                              solo transfer, left in the phase
+    done = np.zeros(nch, dtype=bool) if nsteps else np.ones(nch, dtype=bool)
+    now = 0.0
+    while not done.all():
+        rate = np.ones(nch)
+        live = moving & ~done
+        if live.sum() > 1:
+            rate[live] = _fill(util[step[live]])
+        active = ~done
+        with np.errstate(divide="ignore"):
+            dt = np.where(active, left / rate, np.inf)
+        k = int(np.argmin(dt))
+        dt_k = float(dt[k])
+        now += dt_k
+        left[active] -= dt_k * rate[active]
+        for c in np.flatnonzero(active & (left <= 1e-12 * max(now, 1e-30))).tolist():
+            if not moving[c]:
+                moving[c] = True
+                left[c] = shares[c] * peak[step[c]]
+                if left[c] > 0:
+                    continue
+            moving[c] = False
+            step[c] += 1
+            if step[c] == nsteps:
+                done[c] = True
+            else:
+                left[c] = delay[step[c]]
+    return now
+
+
+def _fill(util: np.ndarray) -> np.ndarray:
+    """Max-min fair speeds (fractions of solo speed, at most 1) of transfers that load
+    the links at ``util`` (transfers x links) alone: progressive filling."""
+    k = len(util)
+    rate = np.zeros(k)
+    free = np.ones(k, dtype=bool)
+    used = np.zeros(util.shape[1])
+    while free.any():
+        demand = util[free].sum(axis=0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            level = np.where(demand > 0, (1.0 - used) / demand, np.inf)
+        e = int(np.argmin(level))
+        lam = min(float(level[e]), 1.0)
+        if lam >= 1.0:
+            rate[free] = 1.0
+            break
+        hit = free & (util[:, e] > 0)
+        rate[hit] = lam
+        used += (util[hit] * lam).sum(axis=0)
+        free &= ~hit
+    return rate
