@@ -1,7 +1,7 @@
 """Benchmark planning at scale: 64 to 8192 GPUs on generated rail-optimised and fat-tree clusters.
 
     PYTHONPATH=. python scripts/bench_scale.py [--gpus 64,1024,4096,8192] [--size 256MiB]
-        [--fabrics rail,fat,fat3] [--max-sim-ops 1000000] [--timeout 900]
+        [--fabrics rail,fat,fat3] [--max-sim-ops 1000000] [--timeout 900] [--channels 2,4]
     PYTHONPATH=. python scripts/bench_scale.py --cli [--gpus 1024] [--fabrics fat,fat3]
 
 ``fat3`` is a three-tier fat tree (:func:`fat_tree3`: 8 boxes a leaf, pods of 4 leaves
@@ -20,6 +20,12 @@ posting costs), verifies each plan, and simulates it under its profile when it h
 most ``--max-sim-ops`` ops. It prints plan, verify and simulate seconds, the ops, the
 planner's estimate and the simulated time over the cut lower bound, and the peak
 resident memory. Cases that run past ``--timeout`` seconds say so.
+
+``--channels 2,4`` also plans mcf on each of those channel counts (IR v4, unequal slices
+of the default skew: ``topoplan.plan(..., channels=C)``) under each profile, verifies
+it, and gives its estimate (the planner's channel model, checked against the simulator
+on the 32- and 64-GPU clusters of ``scripts/bench_channels.py``) over the cut and the
+latency-aware bounds; it is simulated when it has at most ``--max-sim-ops`` ops.
 """
 
 from __future__ import annotations
@@ -82,7 +88,8 @@ def cluster_text(fabric: str, gpus: int) -> str:
 PROFILES = ("ideal", "nccl")
 
 
-def case(fabric: str, gpus: int, size: int, max_sim_ops: int) -> dict:
+def case(fabric: str, gpus: int, size: int, max_sim_ops: int,
+         channels: tuple[int, ...] = ()) -> dict:
     """Run one case in this process; a dict of its numbers per profile."""
     import resource
     import warnings
@@ -118,6 +125,9 @@ def case(fabric: str, gpus: int, size: int, max_sim_ops: int) -> dict:
         row["x_latency_bound"] = ((row["sim_lb"] if "sim_lb" in row else row["est_lb"])
                                   * bound / latency)
         del schedule
+        for c in channels:
+            row[f"ch{c}"] = _on_channels(cluster, size, profile, c, bound, latency,
+                                         max_sim_ops)
         out[profile] = row
     # What auto picks under nccl against NCCL's own collective.
     with warnings.catch_warnings():
@@ -131,6 +141,36 @@ def case(fabric: str, gpus: int, size: int, max_sim_ops: int) -> dict:
                        "nccl": nccl.nccl.label() if nccl and nccl.nccl else "",
                        "compare_s": time.perf_counter() - t}
     out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
+def _on_channels(cluster, size: int, profile: str, channels: int, bound: float,
+                 latency: float, max_sim_ops: int) -> dict:
+    """mcf on ``channels`` channels: plan, verify (and simulate, when small enough)."""
+    import warnings
+
+    import topoplan
+    from topoplan.analysis.sim import simulate
+    from topoplan.ir.verify import verify
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = time.perf_counter()
+        schedule = topoplan.plan(cluster, "mcf", size=size, profile=profile,
+                                 channels=channels, check=False)
+        out: dict = {"plan_s": time.perf_counter() - t}
+    t = time.perf_counter()
+    verify(schedule)
+    out.update(verify_s=time.perf_counter() - t, ops=schedule.nops,
+               construction=schedule.meta.get("construction", ""),
+               pieces=schedule.meta.get("pieces"),
+               est_lb=schedule.meta["estimate_s"] / bound,
+               x_latency_bound=schedule.meta["estimate_s"] / latency)
+    if schedule.nops <= max_sim_ops:
+        t = time.perf_counter()
+        sim = simulate(cluster, schedule, size, profile=profile).time_s
+        out.update(sim_lb=sim / bound, sim_s=time.perf_counter() - t,
+                   x_latency_bound=sim / latency)
     return out
 
 
@@ -148,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fabrics", default=",".join(FABRICS))
     p.add_argument("--max-sim-ops", type=int, default=1_000_000)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per case")
+    p.add_argument("--channels", default="",
+                   help="also plan mcf on these channel counts (comma-separated)")
     p.add_argument("--cli", action="store_true",
                    help="time `topoplan plan CLUSTER --algorithm mcf` instead")
     p.add_argument("--case", help=argparse.SUPPRESS)  # fabric:gpus, run in a subprocess
@@ -157,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         return cli_times(args)
     if args.case:
         fabric, gpus = args.case.split(":")
-        print(json.dumps(case(fabric, int(gpus), size, args.max_sim_ops)))
+        print(json.dumps(case(fabric, int(gpus), size, args.max_sim_ops,
+                              _channel_counts(args.channels))))
         return 0
     print(f"mcf at {args.size} per rank, planned and simulated under each profile; times in "
           "seconds, ratios over the cut lower bound; peak: the case's resident memory")
@@ -168,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     for fabric in args.fabrics.split(","):
         for gpus in (int(g) for g in args.gpus.split(",")):
             cmd = [sys.executable, __file__, "--case", f"{fabric}:{gpus}", "--size", args.size,
-                   "--max-sim-ops", str(args.max_sim_ops)]
+                   "--max-sim-ops", str(args.max_sim_ops), "--channels", args.channels]
             try:
                 done = subprocess.run(cmd, capture_output=True, text=True, env=env,
                                       timeout=args.timeout)
@@ -190,6 +233,14 @@ def main(argv: list[str] | None = None) -> int:
             for profile in PROFILES:
                 print(f"{'':12s}  {profile}: {row[profile]['construction']}; plan / latency-"
                       f"aware bound {row[profile]['x_latency_bound']:.3f}", flush=True)
+                for c in _channel_counts(args.channels):
+                    r = row[profile][f"ch{c}"]
+                    how = (f"simulated {r['sim_lb']:.3f}" if "sim_lb" in r
+                           else f"estimate {r['est_lb']:.3f}")
+                    print(f"{'':12s}  {profile} on {c} channels: {how} of the cut bound, "
+                          f"{r['x_latency_bound']:.3f} of the latency-aware bound; "
+                          f"{r['pieces']} pieces, {r['ops']} ops, plan {r['plan_s']:.1f} s, "
+                          f"verify {r['verify_s']:.1f} s; {r['construction']}", flush=True)
             a = row["auto"]
             if a["nccl_s"]:
                 print(f"{'':12s}  nccl profile: auto picks {a['choice']} "
@@ -197,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"({a['nccl']}) {a['nccl_s'] * 1e3:.3f} ms: auto {a['nccl_s'] / a['time_s']:.2f}x"
                       f" nccl's speed (compare {a['compare_s']:.1f} s)", flush=True)
     return 0
+
+
+def _channel_counts(text: str) -> tuple[int, ...]:
+    return tuple(int(c) for c in text.split(",") if c.strip() and int(c) > 1)
 
 
 def cli_times(args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
-"""mcf on channels: the channel model of the pricing against hand-worked cases and the
-event simulator, and the planner that plans its pipeline for the channels it runs on."""
+"""mcf on channels and with vectored messages (IR v4): the channel model of the pricing
+against hand-worked cases and the event simulator, and the planner that plans its
+pipeline for the channels it runs on and the ops it posts."""
 
 from __future__ import annotations
 
@@ -118,3 +119,56 @@ def test_plan_passes_channels_to_mcf_and_cuts_the_others():
     assert mcf.nchannels == 2 and "estimate_one_channel_s" in mcf.meta
     ring = topoplan.plan(cluster, "ring", size=size, channels=2)
     assert ring.nchannels == 2 and "estimate_one_channel_s" not in ring.meta
+
+
+def test_vectored_mcf_prices_one_op_per_peer_and_step():
+    """A reduce-scatter's fan-out posts one op per box mate and step once vectored:
+    mcf priced so is cheaper than priced shard by shard, its estimate is the simulated
+    time (within 3%), and the plan verifies."""
+    cluster = load_topology("dgx_a100_x4")
+    size = 256 << 20
+    plain = plan_mcf(cluster, size=size, collective="reduce_scatter")
+    vectored = plan_mcf(cluster, size=size, collective="reduce_scatter", vectored=True)
+    verify(vectored)
+    assert vectored.meta["vectored"] is True
+    assert any(op.more for _, _, op in vectored.ops())
+    assert vectored.nops < plain.nops
+    assert vectored.meta["estimate_s"] < plain.meta["estimate_s"]
+    simulated = simulate(cluster, vectored, size).time_s
+    assert vectored.meta["estimate_s"] == pytest.approx(simulated, rel=0.03)
+    # plan() hands vectored to mcf (which prices it) and vectorizes the others itself
+    assert topoplan.plan(cluster, "mcf", size=size, collective="reduce_scatter",
+                         vectored=True).meta.get("vectored") is True
+    ring = topoplan.plan(cluster, "ring", size=size, collective="reduce_scatter",
+                         vectored=True)
+    assert "vectored" not in ring.meta
+    with pytest.raises(PlannerError, match="vectored must be True or False"):
+        plan_mcf(cluster, size=size, vectored="yes")
+
+
+def test_mcf_picks_its_channels_by_its_estimate():
+    cluster = load_topology("dgx_a100_x4")
+    size = 256 << 20
+    schedule = plan_mcf(cluster, size=size, channels="auto")
+    options = schedule.meta["channel_candidates"]
+    assert set(options) == {"1", "2", "4"}
+    assert schedule.meta["estimate_s"] == pytest.approx(min(options.values()))
+    # under nccl the step latency is worth hiding here: more than one channel wins
+    assert schedule.nchannels == schedule.meta["channels"] > 1
+    # under ideal, latency is small and each channel gets 1/C of the op budget
+    ideal = plan_mcf(cluster, size=size, channels="auto", profile="ideal")
+    assert ideal.meta["estimate_s"] <= ideal.meta["channel_candidates"]["1"]
+    with pytest.raises(PlannerError, match="does not pick its channels"):
+        topoplan.plan(cluster, "ring", size=size, channels="auto")
+
+
+def test_cli_plans_mcf_for_its_channels(capsys):
+    from tests.support.clusters import topology_path
+    from topoplan.cli import main
+
+    path = str(topology_path("dgx_a100_x4"))
+    assert main(["plan", path, "-a", "mcf", "-s", "16MiB", "--channels", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert "mcf planned for 4 channels" in out or "mcf planned for 2 channels" in out
+    assert main(["plan", path, "-a", "ring", "-s", "16MiB", "--channels", "auto"]) == 1
+    assert "--channels auto: mcf picks its channels" in capsys.readouterr().err

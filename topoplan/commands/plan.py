@@ -44,10 +44,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "fit; those that cannot are left out)")
     p.add_argument("--max-chunks", type=positive_int, default=None, metavar="N",
                    help="most chunks a plan may hold (as --max-step-ops)")
-    p.add_argument("--channels", type=positive_int, default=1, metavar="N",
+    p.add_argument("--channels", type=_channels_arg, default=1, metavar="N",
                    help="run the chosen plan on N independent channels, each on a slice "
                         "of every chunk (IR v4, docs/SCHEDULE.md; default 1); plans with "
-                        "native steps (nccl, composed) cannot be cut and are not chosen")
+                        "native steps (nccl, composed) cannot be cut and are not chosen; "
+                        "mcf plans its pipeline for them, and with '--algorithm mcf "
+                        "--channels auto' picks 1, 2 or 4")
     p.add_argument("--channel-skew", type=float, default=None, metavar="R",
                    help="each channel's slice is R times the next one's (default 1.2: "
                         "unequal slices end their steps apart, so one channel's latency "
@@ -57,6 +59,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "vectored message (IR v4, docs/SCHEDULE.md): fewer ops to post")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.set_defaults(func=cmd_plan)
+
+
+def _channels_arg(text: str) -> int | str:
+    """argparse type for --channels: a count, or ``auto`` (mcf picks)."""
+    return "auto" if text == "auto" else positive_int(text)
 
 
 def candidate_names(requested: str | None) -> list[str] | None:
@@ -80,13 +87,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ..ir.verify import verify
 
     cluster = load_cluster(args.cluster)
-    channels = check_channels(args.channels)
     skew = check_skew(SKEW if args.channel_skew is None else args.channel_skew)
+    # mcf asked for by name plans and prices the channels and vectored messages itself
+    itself = args.algorithm == "mcf"
+    if args.channels == "auto" and not itself:
+        raise TopoplanError("--channels auto: mcf picks its channels (--algorithm mcf); "
+                            "give the others a count")
+    channels = args.channels if args.channels == "auto" else check_channels(args.channels)
+    options: dict[str, Any] = {}
+    if itself and channels != 1:
+        options.update(channels=channels, channel_skew=skew)
+    if itself and args.vectored:
+        options["vectored"] = True
     # On N channels every chunk and op is N of them: plan to the caps over N.
+    divide = 1 if itself else channels
     request = PlanRequest.make(cluster, size=args.size, collective=args.collective,
                                profile=args.profile,
-                               max_step_ops=per_channel(args.max_step_ops, channels),
-                               max_chunks=per_channel(args.max_chunks, channels))
+                               max_step_ops=per_channel(args.max_step_ops, divide),
+                               max_chunks=per_channel(args.max_chunks, divide), **options)
     costs = request.profile
     names = candidate_names(args.candidates)
     if args.algorithm != "auto":
@@ -127,7 +145,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     latency = None if costs.is_ideal else latency_bound(cluster, args.size, costs, collective)
 
     schedule, predicted = chosen.schedule, chosen.time_s
-    if channels > 1:
+    one_channel = chosen.schedule.meta.get("estimate_one_channel_s", predicted)
+    if itself:  # mcf made them: its estimate (or the simulation) is the channels' time
+        channels = schedule.nchannels
+    elif channels > 1:
         from ..analysis.sim import simulate
         from ..planners.channels import channelize, check_caps_on_channels
 
@@ -138,7 +159,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             predicted = simulate(request.where, schedule, args.size,
                                  profile=request.profile).time_s
     unvectored = predicted
-    if args.vectored:
+    if args.vectored and not itself:
         from ..analysis.sim import simulate
         from ..ir.schedule import vectorize
 
@@ -217,9 +238,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if channels > 1:
         slicing = f"each on 1/{channels} of every chunk" if skew == 1 else \
             f"slices {skew:g} times the next"
-        out.print(f"channels: {chosen.name} on {channels} channels ({slicing}) simulates in "
-                  f"{format_time(predicted)}, against {format_time(chosen.time_s)} on one")
-    if args.vectored:
+        if itself:
+            how = "simulated" if chosen.simulated else "the planner's channel model"
+            out.print(f"channels: mcf planned for {channels} channels ({slicing}): "
+                      f"{format_time(predicted)} ({how}), against "
+                      f"{format_time(one_channel)} for its pipeline on one in lock-step")
+        else:
+            out.print(f"channels: {chosen.name} on {channels} channels ({slicing}) simulates "
+                      f"in {format_time(predicted)}, against {format_time(chosen.time_s)} on "
+                      "one")
+    if args.vectored and itself:
+        out.print(f"vectored: mcf priced and planned one message per peer and step: "
+                  f"{schedule.nops} ops")
+    if args.vectored and not itself:
         out.print(f"vectored: {chosen.name} in {schedule.nops} ops (one message per peer "
                   f"and step) simulates in {format_time(predicted)}, against "
                   f"{format_time(unvectored)} unvectored")

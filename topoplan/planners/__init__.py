@@ -72,11 +72,13 @@ def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
     max_step_ops, max_chunks : int, optional
         Plan-size caps (planners pipeline less to fit, or raise
         :class:`InfeasiblePlanError`).
-    channels : int, optional
+    channels : int or "auto", optional
         Run the plan on this many independent channels (IR v4,
         :func:`topoplan.planners.channels.channelize`, applied after planning; default 1:
         the plan as planned). ``max_chunks`` and ``max_step_ops`` hold for the result:
-        the planner plans to them divided by ``channels``.
+        the planner plans to them divided by ``channels``. ``mcf`` plans and prices its
+        pipeline for the channels (its estimate is the channels' time), and with
+        ``"auto"`` picks 1, 2 or 4 by that estimate; the others are cut after planning.
     channel_skew : float, optional
         The ratio of one channel's slice of the data to the next one's (default
         :data:`topoplan.planners.channels.SKEW`, 1.2; 1 cuts equal slices, as NCCL does,
@@ -121,7 +123,12 @@ def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
         raise PlannerError(f"vectored: must be True or False, got {vectored!r}")
     from .channels import SKEW, check_channels, check_skew, per_channel
     skew = options.pop("channel_skew", SKEW)
-    if channels != 1:  # checked before planning: a bad value fails fast
+    if channels == "auto":
+        if "channels" not in SPECS[algorithm].options:
+            raise PlannerError(f"channels='auto': {algorithm} does not pick its channels "
+                               "(mcf does); give a count")
+        check_skew(skew)
+    elif channels != 1:  # checked before planning: a bad value fails fast
         check_channels(channels)
         check_skew(skew)
     # A planner that takes ``channels`` (mcf) plans and prices them itself; for the
@@ -130,7 +137,11 @@ def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
     itself = channels != 1 and "channels" in SPECS[algorithm].options
     if itself:
         options.update(channels=channels, channel_skew=skew)
-    divide = channels if not itself else 1
+    # ... and likewise vectored messages, which it prices (fewer ops to post)
+    vectors = vectored and "vectored" in SPECS[algorithm].options
+    if vectors:
+        options["vectored"] = True
+    divide = 1 if itself else channels
     request = PlanRequest.make(cluster, size=size, collective=collective, profile=profile,
                                max_step_ops=per_channel(max_step_ops, divide),
                                max_chunks=per_channel(max_chunks, divide),
@@ -163,7 +174,7 @@ def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
         from .channels import channelize, check_caps_on_channels
         schedule = check_caps_on_channels(channelize(schedule, channels, skew), channels,
                                           max_step_ops, max_chunks)
-    if vectored:
+    if vectored and not vectors:
         from ..ir.schedule import vectorize
         schedule = vectorize(schedule)
     return stamp(request, schedule)

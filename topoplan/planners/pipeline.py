@@ -389,7 +389,9 @@ def nccl_candidate(request: PlanRequest, rows: Sequence[Candidate] = ()) -> Cand
     from ..analysis.sim import simulate
 
     t0 = time.perf_counter()
-    schedule = run(request, NCCL)
+    # the request's options are its planners' (mcf's channels): the native row takes none
+    schedule = run(request, NCCL, {k: v for k, v in request.options.items()
+                                   if k in SPECS[NCCL].options})
     plan_s = time.perf_counter() - t0
     report = simulate(request.where, schedule, request.size, profile=request.profile)
     return Candidate(NCCL, schedule, report, plan_s, nccl=_nccl_choice(request))

@@ -19,8 +19,8 @@ import numpy as np
 from ...cluster import Cluster
 from ...analysis.native.nccl import runtime_cluster
 from ...analysis.cost import CostProfile, get_profile
-from ...errors import InfeasiblePlanError
-from ...ir.schedule import Schedule
+from ...errors import InfeasiblePlanError, PlannerError
+from ...ir.schedule import Schedule, vectorize
 from ...ir.collectives import DEFAULT as DEFAULT_COLLECTIVE
 from .._checks import check_cap_args, check_caps, check_collective, check_size
 from .._lockstep import empty_schedule
@@ -45,6 +45,7 @@ OPS_PER_RANK = 1000  # ... and above 400 ranks this many ops per rank (IR v2 ran
 MAX_OPS = 8_000_000  # the default budget's cap (8192 GPUs: 7.5 M ops, plan + verify
 #                      under a minute, under 3 GB)
 SIM_OPS = 20_000  # candidates this small are compared in the event simulator too
+CHANNEL_CHOICES = (1, 2, 4)  # what ``channels="auto"`` prices
 
 
 def _step_latency(cluster: Cluster) -> float:
@@ -71,6 +72,7 @@ class _Candidate:
     nops: int
     make: Callable[[], Schedule]
     info: dict[str, Any] = field(default_factory=dict)
+    channels: int = 1  # what it is priced on; ``nops`` counts them all
 
 
 def _grid_candidate(cluster: Cluster, model: CostModel, layout: RankGrid, size: int,
@@ -78,11 +80,12 @@ def _grid_candidate(cluster: Cluster, model: CostModel, layout: RankGrid, size: 
                     profile: CostProfile | None = None, max_step_ops: int | None = None,
                     max_chunks: int | None = None,
                     collective: str = DEFAULT_COLLECTIVE,
-                    shares: tuple[float, ...] | None = None) -> _Candidate | None:
+                    shares: tuple[float, ...] | None = None,
+                    vectored: bool = False) -> _Candidate | None:
     """A pipelined multi-level reduce-scatter/allgather on ``layout`` (see :mod:`.grids`),
     or for a sharded ``collective`` its one half; None when even one piece is over the
     op budget or a cap. ``shares``: priced on channels of these shares (its ops and
-    caps are per channel)."""
+    caps are per channel); ``vectored``: with a step's messages to one peer one op."""
     n = cluster.nranks
     sharded = collective != DEFAULT_COLLECTIVE
     # One piece holds 2 ops per message; refuse layouts whose single piece is over budget
@@ -94,7 +97,7 @@ def _grid_candidate(cluster: Cluster, model: CostModel, layout: RankGrid, size: 
     if max_chunks is not None and msgs.nchunks > max_chunks:
         return None
     loads, lat, soft = piece_profile(model, msgs, chunk_fractions(layout, np.ones(1)),
-                                       profile)
+                                     profile, vectored)
     if max_step_ops is not None and soft.peak_ops(1) > max_step_ops:
         return None
     if pieces is not None:
@@ -189,8 +192,8 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
              max_chunks: int | None = None, exact: bool | None = None,
              time_limit: float = 20.0, max_ops: int | None = None,
              flat_max: int = FLAT_MAX, check: bool = True,
-             collective: str = DEFAULT_COLLECTIVE, channels: int = 1,
-             channel_skew: float = SKEW) -> Schedule:
+             collective: str = DEFAULT_COLLECTIVE, channels: int | str = 1,
+             channel_skew: float = SKEW, vectored: bool = False) -> Schedule:
     """Plan an allreduce (or a reduce-scatter or an allgather) near the cut lower bound:
     LP-shaped, pipelined, verified.
 
@@ -265,13 +268,22 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         What to plan (:mod:`topoplan.ir.collectives`); ``size`` is the full buffer. The
         sharded ones are within 1.05x of :func:`topoplan.analysis.bound.shard_bound` at 256 MiB
         on every shipped topology (scripts/bench_planners.py --collective).
-    channels : int
+    channels : int or "auto"
         Channels to run the plan on (default 1). ``chunks``, ``max_ops`` and the caps
         are the result's: each channel gets ``1 / channels`` of them. The trees
         construction is priced on one channel (channels never make a plan slower).
+        ``"auto"``: every construction is priced on each of :data:`CHANNEL_CHOICES`
+        channels and the least estimate wins (within 1%, the fewest ops);
+        ``meta["channel_candidates"]`` gives each count's best estimate. More channels
+        hide step latency but split the op budget, so fewer pipeline pieces fit.
     channel_skew : float
         The ratio of one channel's slice to the next one's
         (:data:`~topoplan.planners.channels.SKEW`).
+    vectored : bool
+        Merge each step's messages from one rank to one peer into one vectored message
+        (IR v4, :func:`topoplan.ir.schedule.vectorize`, after the channels), and price
+        the constructions so: a reduce-scatter or allgather then posts one op per peer
+        and step, not one per shard, and its rounds and pipeline are chosen for that.
 
     Returns
     -------
@@ -304,19 +316,14 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     costs = get_profile(profile)
     cluster = runtime_cluster(cluster, costs)  # NVLink as the profile's runtime moves data
     check_cap_args(max_step_ops, max_chunks, "mcf")
-    channels = check_channels(channels)
+    counts = CHANNEL_CHOICES if channels == "auto" else (check_channels(channels),)
     channel_skew = check_skew(channel_skew)
+    if not isinstance(vectored, bool):
+        raise PlannerError(f"mcf: vectored must be True or False, got {vectored!r}")
     result_caps = (max_step_ops, max_chunks)
-    shares = slices(channels, channel_skew) if channels > 1 else None
-    # Each chunk and op is ``channels`` of them once cut: plan one channel to 1/C.
-    max_step_ops, max_chunks = (per_channel(max_step_ops, channels),
-                                per_channel(max_chunks, channels))
-    chunks = per_channel(chunks, channels)
-    caps = {"max_step_ops": max_step_ops, "max_chunks": max_chunks}
     n = cluster.nranks
     if max_ops is None:
         max_ops = max(SOFT_OPS, min(OPS_PER_RANK * n, MAX_OPS))
-    max_ops = max(1, max_ops // channels)
     start = time.perf_counter()
     if n == 1:
         if sharded:
@@ -347,41 +354,55 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         order = topo_order(cluster)
         grids.append(flat_ring_layout(order, "ring-topo"))
     if sharded:
-        grids += rail_layouts(cluster, model, costs, size)
+        grids += rail_layouts(cluster, model, costs, size, vectored)
     failure: InfeasiblePlanError | None = None
-    if n <= 256:
-        # The plain ring (rank order, one piece), so that mcf is never behind it.
-        try:
-            cand = _grid_candidate(cluster, model, flat_ring_layout(list(range(n)), "ring"),
-                                   size, None, max_ops, pieces=1, profile=costs,
-                                   collective=collective, shares=shares, **caps)
+    for nch in counts:
+        # Each chunk and op is ``nch`` of them once cut: plan one channel to 1/C.
+        shares = slices(nch, channel_skew) if nch > 1 else None
+        caps = {"max_step_ops": per_channel(max_step_ops, nch),
+                "max_chunks": per_channel(max_chunks, nch)}
+        budget = max(1, max_ops // nch)
+        found: list[_Candidate] = []
+        if n <= 256:
+            # The plain ring (rank order, one piece), so that mcf is never behind it.
+            try:
+                cand = _grid_candidate(cluster, model, flat_ring_layout(list(range(n)), "ring"),
+                                       size, None, budget, pieces=1, profile=costs,
+                                       collective=collective, shares=shares,
+                                       vectored=vectored, **caps)
+                if cand is not None:
+                    found.append(cand)
+            except InfeasiblePlanError as exc:
+                failure = exc
+        for layout in grids:
+            try:
+                cand = _grid_candidate(cluster, model, layout, size, per_channel(chunks, nch),
+                                       budget, profile=costs, collective=collective,
+                                       shares=shares, vectored=vectored, **caps)
+            except InfeasiblePlanError as exc:  # e.g. a ring across rails that never meet
+                failure = exc
+                continue
             if cand is not None:
-                cands.append(cand)
-        except InfeasiblePlanError as exc:
-            failure = exc
-    for layout in grids:
-        try:
-            cand = _grid_candidate(cluster, model, layout, size, chunks, max_ops,
-                                   profile=costs, collective=collective, shares=shares,
-                                   **caps)
-        except InfeasiblePlanError as exc:  # e.g. a ring across rails that never meet
-            failure = exc
-            continue
-        if cand is not None:
-            cands.append(cand)
-    if not sharded and not any(c.name.startswith("grid")
-                               and c.name not in ("grid ring", "grid ring-topo") for c in cands):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # reported below, once
-            tree = _tree_candidate(cluster, size, chunks, exact, time_limit, max_ops, flat_max,
-                                   profile=costs, max_chunks=max_chunks)
-        cands.append(tree)
-        if tree.info["status"] not in GOOD_STATUS:
-            status = tree.info["status"]
+                found.append(cand)
+        if not sharded and not any(c.name.startswith("grid")
+                                   and c.name not in ("grid ring", "grid ring-topo")
+                                   for c in found):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # reported below, once
+                tree = _tree_candidate(cluster, size, per_channel(chunks, nch), exact,
+                                       time_limit, budget, flat_max, profile=costs,
+                                       max_chunks=caps["max_chunks"])
+            found.append(tree)
+            if tree.info["status"] not in GOOD_STATUS:
+                status = tree.info["status"]
+        for cand in found:
+            cand.channels, cand.nops = nch, cand.nops * nch
+        cands += found
     if not cands:
         if failure is not None:
             raise failure
-        caps_text = ", ".join(f"{k}={v}" for k, v in caps.items() if v is not None)
+        caps_text = ", ".join(f"{k}={v}" for k, v in zip(("max_step_ops", "max_chunks"),
+                                                         result_caps) if v is not None)
         raise InfeasiblePlanError(f"mcf {collective} on {cluster.name!r}: no construction fits "
                                   f"in {max_ops} "
                                   f"ops{' and ' + caps_text if caps_text else ''}")
@@ -406,13 +427,16 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         timed = []
         for c in close:
             sched = schedule if c is pick else c.make()
-            cut = channelize(sched, channels, channel_skew)
+            cut = channelize(sched, c.channels, channel_skew)
+            if vectored:
+                cut = vectorize(cut)
             timed.append((simulate(cluster, cut, size, profile=costs).time_s, c.nops, id(c),
                           c, sched))
         _, _, _, pick, schedule = min(timed)
         pick.info["simulated_s"] = {c.name: t for t, _, _, c, _ in timed}
-    if max_step_ops is not None or max_chunks is not None:
-        check_caps(schedule, max_step_ops, max_chunks, "mcf")  # trees: checked once built
+    if max_step_ops is not None or max_chunks is not None:  # trees: checked once built
+        check_caps(schedule, per_channel(max_step_ops, pick.channels),
+                   per_channel(max_chunks, pick.channels), "mcf")
     verify_s = 0.0
     if check:
         from ...ir.verify import verify
@@ -422,7 +446,8 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     meta = {
         "algorithm": "mcf", "cluster": cluster.name, "construction": pick.name,
         "profile": costs.name, "estimate_s": pick.estimate_s,
-        "candidates": {c.name: c.estimate_s for c in cands}, **pick.info,
+        "candidates": {c.name if len(counts) == 1 else f"{c.name} on {c.channels} channels":
+                       c.estimate_s for c in cands}, **pick.info,
         "status": status,
         "solve_s": round(solved - start, 4), "materialize_s": round(mat_s, 4),
         "verify_s": round(verify_s, 4), "verified": check,
@@ -432,8 +457,16 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         meta["time_limit_hit"] = True
         warnings.warn(f"mcf on {cluster.name}: {status}; using the best plan found",
                       RuntimeWarning, stacklevel=2)
-    if channels > 1:
+    if len(counts) > 1:
+        meta["channels"] = pick.channels
+        meta["channel_candidates"] = {
+            str(nch): min((c.estimate_s for c in cands if c.channels == nch), default=None)
+            for nch in counts}
+    if pick.channels > 1:
         meta["estimate_one_channel_s"] = pick.info.get("one_channel_s", pick.estimate_s)
-        schedule = check_caps_on_channels(channelize(schedule, channels, channel_skew),
-                                          channels, *result_caps)
+        schedule = check_caps_on_channels(channelize(schedule, pick.channels, channel_skew),
+                                          pick.channels, *result_caps)
+    if vectored:
+        meta["vectored"] = True
+        schedule = vectorize(schedule)
     return schedule.with_meta(**meta)

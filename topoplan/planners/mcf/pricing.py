@@ -90,7 +90,7 @@ NO_COSTS = SoftCosts(np.zeros(0, np.int64))
 
 
 def piece_profile(model: CostModel, msgs: PieceMessages, fractions: np.ndarray,
-                  profile: CostProfile | None = None
+                  profile: CostProfile | None = None, vectored: bool = False
                   ) -> tuple[np.ndarray, np.ndarray, SoftCosts]:
     """Seconds each link is busy per byte of buffer in each step of one piece
     (``(nsteps, links)``, for a piece of the whole buffer), each step's latency, and the
@@ -100,6 +100,9 @@ def piece_profile(model: CostModel, msgs: PieceMessages, fractions: np.ndarray,
     network class) and every link column adds the seconds the busiest rank spends
     adding what the step's reducing recvs brought (the executor adds after the wait),
     per byte of buffer.
+
+    ``vectored``: a step's messages from one rank to one peer (of one kind, reducing or
+    not) are one op, as :func:`topoplan.ir.schedule.vectorize` merges them.
     """
     n = model.cluster.nranks
     key = msgs.src * n + msgs.dst
@@ -112,8 +115,16 @@ def piece_profile(model: CostModel, msgs: PieceMessages, fractions: np.ndarray,
     loads = (sp_steps @ inc).toarray() / model.cap[None, :]
     # Ops per rank and step: a send at src, a recv at dst.
     per_rank = np.zeros((msgs.nsteps, n), dtype=np.int64)
-    np.add.at(per_rank, (msgs.step, msgs.src), 1)
-    np.add.at(per_rank, (msgs.step, msgs.dst), 1)
+    if vectored:  # one op per (step, rank, peer, reduce) on each side
+        kinds = (msgs.step * n + msgs.src) * n + msgs.dst
+        pair = np.unique(kinds * 2 + msgs.reduce.astype(np.int64))
+        step, rest = np.divmod(pair // 2, n * n)
+        src, dst = np.divmod(rest, n)
+        np.add.at(per_rank, (step, src), 1)
+        np.add.at(per_rank, (step, dst), 1)
+    else:
+        np.add.at(per_rank, (msgs.step, msgs.src), 1)
+        np.add.at(per_rank, (msgs.step, msgs.dst), 1)
     ops = per_rank.max(axis=1) if n else np.zeros(msgs.nsteps, np.int64)
     step_lat = np.zeros(msgs.nsteps)
     if profile is None or profile.is_ideal:

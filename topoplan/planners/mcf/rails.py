@@ -78,10 +78,12 @@ def _rounds_text(rounds: tuple[int, ...], parts: int) -> str:
 
 
 def rail_layouts(cluster: Cluster, model: CostModel | None = None,
-                 profile: CostProfile | None = None, size: float = 256 << 20) -> list[RankGrid]:
+                 profile: CostProfile | None = None, size: float = 256 << 20,
+                 vectored: bool = False) -> list[RankGrid]:
     """The rail layouts of ``cluster`` (empty for one box, or boxes that differ): for
     each grid, rounds of ``m`` groups for ``m`` in 1, 4, 16, all, and with a cost
-    ``model`` the rounds :func:`best_rounds` picks for a ``size``-byte buffer."""
+    ``model`` the rounds :func:`best_rounds` picks for a ``size``-byte buffer (its
+    messages to one peer in a step one op each when ``vectored``)."""
     out = []
     for grid, where in _layout(cluster):
         a, size_, g = grid.shape
@@ -90,7 +92,7 @@ def rail_layouts(cluster: Cluster, model: CostModel | None = None,
             rounds = tuple([m] * ((a - 1) // m) + ([(a - 1) % m] if (a - 1) % m else []))
             options.append((rounds, 1))
         if model is not None:
-            best = best_rounds(model, grid, size, profile)
+            best = best_rounds(model, grid, size, profile, vectored)
             if best not in options:
                 options.append(best)
         for rounds, parts in options:
@@ -210,7 +212,8 @@ def _unit_costs(model: CostModel, grid: np.ndarray, profile: CostProfile | None
 
 
 def best_rounds(model: CostModel, grid: np.ndarray, size: float,
-                profile: CostProfile | None = None) -> tuple[tuple[int, ...], int]:
+                profile: CostProfile | None = None, vectored: bool = False
+                ) -> tuple[tuple[int, ...], int]:
     """The rounds (in units of ``1 / parts`` shard) and ``parts`` of least lock-step
     time for a ``size``-byte allgather on the rail ``grid`` (group, position, rail).
 
@@ -220,7 +223,8 @@ def best_rounds(model: CostModel, grid: np.ndarray, size: float,
     profile's step overhead and op overhead times the ops a rank posts in it. A dynamic
     program over (units sent, the last two rounds) finds the best sequence, all the
     states of one ``units sent`` at once; the finer ``parts`` wins only if its time is
-    lower.
+    lower. ``vectored``: the runs a step sends to one peer are one op (the in-group
+    copies and the fan-out post one op per peer, :func:`topoplan.ir.schedule.vectorize`).
     """
     a, s, g = grid.shape
     n = a * s * g
@@ -273,7 +277,10 @@ def best_rounds(model: CostModel, grid: np.ndarray, size: float,
             r0 = nruns(np.full(len(ms), done), ms)[None, None, :]
             r1 = nruns(done - v1, v1)
             r2 = nruns(done - v1 - v2, v2)
-            ops = 2 * (r0 + (s - 1) * r1 + (g - 1) * (r1 + (s - 1) * r2))
+            if vectored:
+                ops = 2 * (r0 + (s - 1) * (r1 > 0) + (g - 1) * ((r1 + (s - 1) * r2) > 0))
+            else:
+                ops = 2 * (r0 + (s - 1) * r1 + (g - 1) * (r1 + (s - 1) * r2))
             return load + lat + step_cost + op_cost * ops
 
         nv = len(values)
