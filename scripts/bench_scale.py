@@ -25,7 +25,9 @@ resident memory. Cases that run past ``--timeout`` seconds say so.
 of the default skew: ``topoplan.plan(..., channels=C)``) under each profile, verifies
 it, and gives its estimate (the planner's channel model, checked against the simulator
 on the 32- and 64-GPU clusters of ``scripts/bench_channels.py``) over the cut and the
-latency-aware bounds; it is simulated when it has at most ``--max-sim-ops`` ops.
+latency-aware bounds; it is simulated when it has at most ``--max-sim-ops`` ops. ``auto``
+is then compared with NCCL's row a second time, with mcf picking its channels (1, 2 or
+4: ``topoplan.plan(..., channels="auto")``).
 """
 
 from __future__ import annotations
@@ -140,6 +142,18 @@ def case(fabric: str, gpus: int, size: int, max_sim_ops: int,
                        "simulated": rows[0].simulated, "nccl_s": nccl.time_s if nccl else None,
                        "nccl": nccl.nccl.label() if nccl and nccl.nccl else "",
                        "compare_s": time.perf_counter() - t}
+        if channels:  # auto again, mcf picking its channels (plan(..., channels="auto"))
+            from topoplan.planners.channels import SKEW
+            request = PlanRequest.make(cluster, size=size, profile="nccl", channels="auto",
+                                       channel_skew=SKEW)
+            t = time.perf_counter()
+            rows = compare(request)
+            sched = rows[0].schedule
+            out["auto_channels"] = {
+                "choice": rows[0].name, "time_s": rows[0].time_s,
+                "simulated": rows[0].simulated,
+                "channels": sched.nchannels if sched is not None else 1,
+                "compare_s": time.perf_counter() - t}
     out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
 
@@ -247,6 +261,13 @@ def main(argv: list[str] | None = None) -> int:
                       f"{'' if a['simulated'] else '~'}{a['time_s'] * 1e3:.3f} ms, nccl "
                       f"({a['nccl']}) {a['nccl_s'] * 1e3:.3f} ms: auto {a['nccl_s'] / a['time_s']:.2f}x"
                       f" nccl's speed (compare {a['compare_s']:.1f} s)", flush=True)
+            if a["nccl_s"] and "auto_channels" in row:
+                b = row["auto_channels"]
+                print(f"{'':12s}  nccl profile, mcf picking its channels: auto picks "
+                      f"{b['choice']} on {b['channels']} channels "
+                      f"{'' if b['simulated'] else '~'}{b['time_s'] * 1e3:.3f} ms: "
+                      f"{a['nccl_s'] / b['time_s']:.2f}x nccl's speed (compare "
+                      f"{b['compare_s']:.1f} s)", flush=True)
     return 0
 
 

@@ -158,8 +158,14 @@ def test_mcf_picks_its_channels_by_its_estimate():
     # under ideal, latency is small and each channel gets 1/C of the op budget
     ideal = plan_mcf(cluster, size=size, channels="auto", profile="ideal")
     assert ideal.meta["estimate_s"] <= ideal.meta["channel_candidates"]["1"]
-    with pytest.raises(PlannerError, match="does not pick its channels"):
+    with pytest.raises(PlannerError, match="only mcf picks its channels, not ring"):
         topoplan.plan(cluster, "ring", size=size, channels="auto")
+    with pytest.raises(PlannerError, match="only mcf picks its channels, not ring, rhd"):
+        topoplan.plan(cluster, "auto", size=size, channels="auto", candidates=["ring", "rhd"])
+    # auto compares mcf on the channels it picks with the others on one
+    chosen = topoplan.plan(cluster, "auto", size=size, channels="auto",
+                           candidates=["ring", "mcf"])
+    assert chosen.nchannels > 1 and chosen.meta["channel_candidates"]
 
 
 def test_cli_plans_mcf_for_its_channels(capsys):

@@ -124,9 +124,11 @@ def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
     from .channels import SKEW, check_channels, check_skew, per_channel
     skew = options.pop("channel_skew", SKEW)
     if channels == "auto":
-        if "channels" not in SPECS[algorithm].options:
-            raise PlannerError(f"channels='auto': {algorithm} does not pick its channels "
-                               "(mcf does); give a count")
+        named = options.get("candidates") if algorithm == "auto" else [algorithm]
+        if named is not None and not any(
+                "channels" in SPECS[n].options for n in named if n in SPECS):
+            raise PlannerError(f"channels='auto': only mcf picks its channels, not "
+                               f"{', '.join(map(str, named))}; give a count")
         check_skew(skew)
     elif channels != 1:  # checked before planning: a bad value fails fast
         check_channels(channels)
@@ -134,7 +136,9 @@ def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
     # A planner that takes ``channels`` (mcf) plans and prices them itself; for the
     # others every chunk is C chunks and every op C ops once cut: the planner plans to
     # the caps over C (checked again on the result).
-    itself = channels != 1 and "channels" in SPECS[algorithm].options
+    # (``auto`` with channels="auto": mcf picks its channels, the others run on one)
+    itself = channels != 1 and ("channels" in SPECS[algorithm].options
+                                or channels == "auto")
     if itself:
         options.update(channels=channels, channel_skew=skew)
     # ... and likewise vectored messages, which it prices (fewer ops to post)
@@ -150,7 +154,7 @@ def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
         from .auto import choose
         limits = {k: v for k, v in request.options.items()
                   if k in ("candidates", "max_sim_ops", "max_plan_ranks")}
-        if channels != 1 and limits.get("candidates") is None:
+        if channels != 1 and not itself and limits.get("candidates") is None:
             # native steps cannot be cut over channels: compare the others
             from .channels import NATIVE_PLANNERS
             from .pipeline import default_names
