@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python scripts/bench_channels.py [--clusters dgx_a100_x4,fat64,rail64]
         [--sizes 1MiB,16MiB,256MiB] [--planners mcf,ring] [--channels 1,2,4]
-        [--skews 1,1.2] [--profile nccl] [--json]
+        [--skews 1,1.2] [--profile nccl] [--planned] [--json]
 
 For every cluster, size and planner, the plan is made once under the profile (``nccl``
 by default), put on each channel count with
@@ -12,7 +12,10 @@ does, with each slice ratio of ``--skews``), verified and simulated
 same plan on one channel measured in the same run (``vs 1ch``: above 1.00x the channels
 are faster), the time over the cut lower bound and over the latency-aware bound
 (:func:`topoplan.analysis.bound.latency_bound`), the ops and the seconds the simulation
-took.
+took. ``--planned`` adds, for mcf on each channel count and skew, the plan mcf makes
+for those channels itself (``topoplan.plan(..., "mcf", channels=N)``: its pipeline sized
+for them, row ``mcf*``), with its estimate (the planner's channel model) over the
+simulated time (``est/sim``).
 
 Clusters: ``dgx_a100_x4`` (shipped: 4 DGX A100 boxes, 32 GPUs), ``fat64`` (a two-tier fat
 tree of 8 boxes x 8 GPUs, 2:1, :func:`topoplan.cluster.generate.fat_tree`), ``rail64``
@@ -56,7 +59,7 @@ def load(name: str) -> Any:
 
 def run(clusters: list[str], sizes: list[str], planners: list[str], channels: list[int],
         profile: str = "nccl", out: Any = sys.stdout,
-        skews: tuple[float, ...] = (1.0, 1.2)) -> list[dict[str, Any]]:
+        skews: tuple[float, ...] = (1.0, 1.2), planned: bool = False) -> list[dict[str, Any]]:
     """Measure every case, print a row each as it is measured, and return the rows."""
     import topoplan
     from topoplan.analysis.bound import latency_bound
@@ -66,7 +69,7 @@ def run(clusters: list[str], sizes: list[str], planners: list[str], channels: li
     rows: list[dict[str, Any]] = []
     head = (f"{'cluster':14s} {'size':>6s} {'planner':8s} {'ch':>2s} {'skew':>4s} "
             f"{'time':>10s} {'vs 1ch':>7s} {'x bound':>7s} {'x lat':>6s} {'ops':>8s} "
-            f"{'sim_s':>6s}")
+            f"{'sim_s':>6s} {'est/sim':>7s}")
     print(head, file=out)
     print("-" * len(head), file=out)
     for cname in clusters:
@@ -80,9 +83,17 @@ def run(clusters: list[str], sizes: list[str], planners: list[str], channels: li
                 plan_s = time.perf_counter() - t0
                 one = None
                 cases = [(n, skew) for n in channels for skew in (skews if n > 1 else (1.0,))]
-                for n, skew in cases:
-                    schedule = channelize(base, n, skew)
+                todo = [(n, skew, False) for n, skew in cases]
+                if planned and planner == "mcf":
+                    todo += [(n, skew, True) for n, skew in cases if n > 1]
+                for n, skew, own in todo:
+                    if own:
+                        schedule = topoplan.plan(cluster, "mcf", size=size, profile=profile,
+                                                 channels=n, channel_skew=skew)
+                    else:
+                        schedule = channelize(base, n, skew)
                     topoplan.verify(schedule)
+                    est = schedule.meta.get("estimate_s") if own or n == 1 else None
                     t0 = time.perf_counter()
                     report = topoplan.simulate(cluster, schedule, size=size, profile=profile)
                     sim_s = time.perf_counter() - t0
@@ -96,14 +107,17 @@ def run(clusters: list[str], sizes: list[str], planners: list[str], channels: li
                            "x_bound": report.time_s / report.lower_bound_s
                            if report.lower_bound_s > 0 else None,
                            "latency_bound_s": latency, "x_latency_bound": report.time_s / latency,
-                           "ops": schedule.nops, "plan_s": plan_s, "sim_s": sim_s}
+                           "ops": schedule.nops, "plan_s": plan_s, "sim_s": sim_s,
+                           "planned_for_channels": own, "estimate_s": est}
                     rows.append(row)
                     vs = f"{row['vs_one_channel']:.2f}x" if row["vs_one_channel"] else "-"
                     xb = f"{row['x_bound']:.2f}x" if row["x_bound"] else "-"
-                    print(f"{cname[:14]:14s} {size_text:>6s} {planner:8s} {n:2d} {skew:4.2g} "
+                    ratio = f"{est / report.time_s:7.3f}" if est else f"{'-':>7s}"
+                    name = planner + ("*" if own else "")
+                    print(f"{cname[:14]:14s} {size_text:>6s} {name:8s} {n:2d} {skew:4.2g} "
                           f"{format_time(report.time_s):>10s} {vs:>7s} {xb:>7s} "
-                          f"{row['x_latency_bound']:5.3f} {schedule.nops:8d} {sim_s:6.2f}",
-                          file=out, flush=True)
+                          f"{row['x_latency_bound']:5.3f} {schedule.nops:8d} {sim_s:6.2f} "
+                          f"{ratio}", file=out, flush=True)
     return rows
 
 
@@ -116,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skews", default="1,1.2",
                    help="slice ratios to put each plan on channels with (1: equal slices)")
     p.add_argument("--profile", default="nccl")
+    p.add_argument("--planned", action="store_true",
+                   help="also mcf planned for each channel count (its channel model)")
     p.add_argument("--json", action="store_true", help="print the rows as one JSON list")
     args = p.parse_args(argv)
     split = lambda text: [part.strip() for part in text.split(",") if part.strip()]  # noqa: E731
@@ -125,14 +141,17 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     quiet = open("/dev/null", "w") if args.json else sys.stdout
     rows = run(split(args.clusters), split(args.sizes), split(args.planners), channels,
-               args.profile, out=quiet, skews=tuple(float(k) for k in split(args.skews)))
+               args.profile, out=quiet, skews=tuple(float(k) for k in split(args.skews)),
+               planned=args.planned)
     if args.json:
         print(json.dumps(rows))
     else:
         print(f"\nprofile {args.profile}; vs 1ch: the same plan's simulated time on one "
               f"channel / on N (above 1.00x: faster on channels); skew: each channel's slice "
               f"over the next one's; x bound: time / cut lower bound; x lat: time / "
-              f"latency-aware bound; {len(rows)} cases in {time.perf_counter() - t0:.0f} s")
+              f"latency-aware bound; mcf*: mcf planned for the channels, est/sim: its "
+              f"estimate over the simulated time; {len(rows)} cases in "
+              f"{time.perf_counter() - t0:.0f} s")
     return 0
 
 
