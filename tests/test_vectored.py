@@ -10,21 +10,26 @@ reduce-scatters and allgathers, ``plan(..., vectored=True)`` and ``topoplan plan
 from __future__ import annotations
 
 import json
+import random
 import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from tests.support import vectored_cases as V
 from tests.support.clusters import flat_cluster_yaml
+from tests.support.vectorize_reference import split_vectored_reference, vectorize_reference
 from topoplan.analysis.cost import CostProfile
 from topoplan.analysis.sim import simulate
 from topoplan.cluster import loads_cluster
 from topoplan.errors import PlannerError, ScheduleError
 from topoplan.ir.matching import messages
-from topoplan.ir.schedule import (build_schedule, coalesce, equal_chunks, loads_schedule, recv,
-                                  send, split_vectored, vectorize, vrecv, vsend)
+from topoplan.ir.schedule import (Native, Schedule, build_schedule, coalesce, equal_chunks,
+                                  loads_schedule, native, recv, send, split_vectored, vectorize,
+                                  vrecv, vsend)
 from topoplan.ir.verify import verify
 from topoplan.runtime.transports import Local
 
@@ -290,6 +295,183 @@ def test_vectorize_leaves_what_it_cannot_merge_and_coalesce_leaves_vectored_ops(
     assert vectorize(touching).ranks[0].steps[0] == (send(1, 0, 3),)
     s = V.vectored_allreduce(3)
     assert coalesce(s) == s
+
+
+# -- vectorize, split_vectored and verify against the loops they replaced -----------------
+def _random_ranges(rng: random.Random, nchunks: int, free: list[int]) -> list[tuple[int, int]]:
+    """One to three disjoint ranges in increasing order, starting at multiples of 4 taken
+    from ``free`` while it lasts (so that a step's messages seldom overlap; some touch);
+    one time in ten, ranges out of order, overlapping or running past the last chunk."""
+    k = rng.choice([1, 1, 2, 3])
+    if rng.random() < 0.1:
+        return [(rng.randrange(nchunks), rng.choice([1, 2, 5])) for _ in range(k)]
+    starts = [free.pop() if free else rng.randrange(0, nchunks, 4) for _ in range(k)]
+    return [(a, rng.choice([1, 1, 2, 4])) for a in sorted(set(starts))]
+
+
+def _random_schedule(rng: random.Random) -> Schedule:
+    """A small schedule of plain and vectored messages placed at random, among a few
+    pairs, on one of two channels, most in lock-step (the send and the recv in the same
+    step, steps in message order, so that messages pair as placed and many share a step);
+    a few land in another step, lose a side, name other ranges at the receiver or another
+    channel or reduce flag, or name the rank itself as the peer; ops are sometimes
+    shuffled within their step, and some schedules end with a native allreduce over every
+    rank (IR v3). An allreduce, or a reduce-scatter or allgather where chunks cut into
+    shards."""
+    n, nchunks, nsteps = rng.randint(2, 4), rng.choice([32, 64]), rng.choice([1, 1, 2, 3])
+    steps: list[list[list[Any]]] = [[[] for _ in range(nsteps)] for _ in range(n)]
+    pairs = [(rng.randrange(n), rng.randrange(n), rng.choice([0, 0, 0, 1]), rng.random() < 0.5)
+             for _ in range(rng.randint(1, 4))]  # (src, dst, channel, reduce)
+    free = rng.sample(range(0, nchunks, 4), nchunks // 4)
+    for t in sorted(rng.randrange(nsteps) for _ in range(rng.randint(2, 16))):
+        src, dst, channel, reduce = rng.choice(pairs)
+        if src == dst and rng.random() < 0.97:
+            continue
+        if rng.random() < 0.05:
+            channel, reduce = rng.choice([0, 1]), not reduce
+        ranges = _random_ranges(rng, nchunks, free)
+        into = ranges if rng.random() < 0.97 else _random_ranges(rng, nchunks, free)
+        if rng.random() < 0.98:
+            steps[src][t if rng.random() < 0.9 else rng.randrange(nsteps)].append(
+                vsend(dst, ranges, channel))
+        if rng.random() < 0.98:
+            steps[dst][t if rng.random() < 0.9 else rng.randrange(nsteps)].append(
+                vrecv(src, into, reduce, channel))
+    for program in steps:
+        for step in program:
+            if rng.random() < 0.1:
+                rng.shuffle(step)
+    if rng.random() < 0.1:
+        for program in steps:
+            program.append([native("allreduce", range(n), 0, nchunks)])
+    collective = rng.choice(["allreduce", "reduce_scatter", "allgather"]) if n != 3 else (
+        "allreduce")
+    return build_schedule(n, equal_chunks(nchunks), steps, algorithm="random",
+                          collective=collective)
+
+
+def _ops_typed(schedule: Schedule) -> list:
+    """Every op with the type of each field: ``==`` alone would let a numpy integer pass for
+    an int, or a list of ranges for a tuple."""
+    return [(r, s, op) if isinstance(op, Native) else
+            (r, s, op.kind, type(op.more), [(type(x), x) for x in (
+                op.peer, op.chunk, op.reduce, op.count, op.channel,
+                *(x for rng in op.more for x in (type(rng), *rng)))])
+            for r, s, op in schedule.ops()]
+
+
+def _same(got: Schedule, want: Schedule) -> None:
+    assert got == want and got.version == want.version and got.meta == want.meta
+    assert _ops_typed(got) == _ops_typed(want)
+
+
+def _planned() -> list[Schedule]:
+    """Plans vectorize merges in (rhd, mcf; on two channels; composed, with native steps)
+    and one it leaves alone (ring)."""
+    from topoplan.planners import plan
+    cluster = loads_cluster(flat_cluster_yaml(8, 2))
+    out = [plan(cluster, algorithm=a, size=1 << 20, collective=c, channels=k)
+           for a in ("ring", "rhd", "mcf") for c in ("reduce_scatter", "allgather", "allreduce")
+           for k in (1, 2)]
+    out.append(plan(cluster, algorithm="composed", size=1 << 20))
+    assert any(op.channel for s in out for _, _, op in s.ops())
+    assert any(isinstance(op, Native) for s in out for _, _, op in s.ops())
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_vectorize_and_split_vectored_give_what_their_loops_gave(seed: int) -> None:
+    merged = 0
+    rng = random.Random(seed)
+    cases = [_random_schedule(rng) for _ in range(150)] + (_planned() if seed == 0 else [])
+    for s in cases:
+        for x in (s, vectorize_reference(s)):  # plain ops in, then vectored ones
+            want, got = vectorize_reference(x), vectorize(x)
+            assert (got is x) == (want is x)  # nothing to merge: the schedule itself
+            _same(got, want)
+            merged += got is not x
+            split = split_vectored(got)
+            assert (split is got) == (split_vectored_reference(got) is got)
+            _same(split, split_vectored_reference(got))
+    assert merged > 25  # merges happen, not only refusals
+
+
+def test_the_checks_of_vectored_ranges_on_arrays_are_the_loop_they_replaced() -> None:
+    from topoplan.ir.matching import _bad_more
+    from topoplan.ir.schedule import _flat_more
+    rng = random.Random(7)
+    more_of = [()] + [tuple((rng.randrange(-2, 20), rng.randrange(-1, 5))
+                            for _ in range(rng.randint(1, 4))) for _ in range(2000)]
+    bad, next_start = _bad_more(*_flat_more(more_of), 16)
+    for k, rest in enumerate(more_of):
+        end, want = 0, False
+        for a, c in rest:
+            want |= a < end or c < 1 or a + c > 16
+            end = a + c
+        assert bad[k] == want and next_start[k] == (rest[0][0] if rest else 16)
+    assert 0 < bad.sum() < len(more_of)
+
+
+def test_programs_out_of_rank_order_are_left_as_they_are() -> None:
+    s = V.rhd_plan(4, "reduce_scatter")
+    shuffled = replace(s, ranks=s.ranks[::-1])
+    assert vectorize(shuffled) is shuffled and vectorize(replace(s, ranks=s.ranks[:3])) is not s
+    with pytest.raises(ScheduleError, match="expected programs for ranks 0..3 in order"):
+        verify(shuffled)
+
+
+def _verify_as_before(s: Schedule) -> tuple[str, object]:
+    """verify() of a vectored schedule as it was: matched as it is, then run as
+    split_vectored of it."""
+    try:
+        nmessages = len(messages(s, natives=True, vectored=True).t_src)
+        return "ok", replace(verify(split_vectored_reference(s)), nmessages=nmessages)
+    except ScheduleError as exc:
+        return "error", str(exc)
+
+
+def _equal(x: object, y: object) -> bool:
+    """Equal, numpy arrays (of one dtype) and tuples of them included."""
+    if isinstance(y, np.ndarray):
+        return isinstance(x, np.ndarray) and x.dtype == y.dtype and np.array_equal(x, y)
+    if isinstance(y, tuple) and any(isinstance(v, np.ndarray) for v in y):
+        return isinstance(x, tuple) and len(x) == len(y) and all(map(_equal, x, y))
+    return x == y
+
+
+_FAULTS = ("bad peer", "out of range", "unmatched", "receives it as", "on two channels",
+           "two recvs into", "is on channel", "counted twice", "held nothing", "holds nothing",
+           "ends with chunk", "deadlock")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_verify_runs_a_vectored_schedule_as_its_split_form(seed: int) -> None:
+    rng = random.Random(100 + seed)
+    cases = [vectorize_reference(_random_schedule(rng)) for _ in range(150)]
+    if seed == 0:  # passing plans, and a deadlock between vectored messages
+        stuck = build_schedule(2, equal_chunks(4), [
+            [[vrecv(1, [(0, 1), (2, 1)])], [vsend(1, [(1, 1), (3, 1)])]],
+            [[vrecv(0, [(1, 1), (3, 1)])], [vsend(0, [(0, 1), (2, 1)])]]], algorithm="stuck")
+        cases += [vectorize(s) for s in _planned()] + [V.vectored_allreduce(3), stuck]
+    outcomes = set()
+    for s in cases:
+        try:
+            got: tuple[str, object] = "ok", verify(s)
+        except ScheduleError as exc:
+            got = "error", str(exc)
+        assert got == _verify_as_before(replace(s))  # replace: matched afresh
+        outcomes.add(next((kind for kind in _FAULTS if kind in str(got[1])), got[0]))
+        # The messages verify runs are those of the split schedule, array for array.
+        try:
+            found = messages(s, natives=True, vectored=True)
+        except ScheduleError:
+            continue
+        split, want = found.split(), messages(split_vectored(s), natives=True)
+        assert (split is found) == (not found.vectored)
+        assert vars(split).keys() == vars(want).keys()
+        for name, value in vars(want).items():
+            assert _equal(getattr(split, name), value), name
+    assert len(outcomes) >= 8 and (seed or "ok" in outcomes), outcomes  # many kinds of fault
 
 
 def test_plan_vectored_option_and_cli(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ import numpy as np
 
 from .._cache import ObjectCache
 from ..errors import ScheduleError
-from .schedule import Native, OpKind, Schedule, chunk_text, ranges_text
+from .schedule import Native, OpKind, Schedule, _flat_more, chunk_text, ranges_text
 
 __all__ = ["Messages", "NativeCall", "messages", "deadlock_error", "wait_text",
            "native_wait_text", "group_text"]
@@ -93,6 +93,7 @@ class Messages:
     ``t_more`` maps each message with several ranges to the ranges after its first
     (empty for a schedule without them, :attr:`vectored` False). A consumer that reads
     only ``t_chunk``/``t_count`` must ask for vectored schedules (:func:`messages`).
+    :meth:`split` cuts them into one message per range (the verifier runs those).
 
     Native ops (IR v3) are not ops of these arrays: ``op_ptr`` and ``ops_per_step``
     count sends and recvs only, and a native step holds none. ``calls`` are the native
@@ -187,6 +188,7 @@ class Messages:
             self._more_of: list[tuple] = list(ids)
         else:
             more, self._more_of = np.zeros(total, np.int64), [()]
+        self._more_flat = _flat_more(self._more_of)  # the same, as arrays
         del ops
         self._check_ops(op_step, peer, chunk, count, schedule.nchunks, more)
         self._match(_Ops(op_step, peer, chunk, count, reduce, more), np.flatnonzero(is_send),
@@ -260,15 +262,8 @@ class Messages:
         bad_peer = (peer < 0) | (peer >= self.nranks) | (peer == rank)
         bad_range = (chunk < 0) | (count < 1) | (chunk + count > nchunks)
         if self.vectored:
-            bad_more = np.zeros(len(self._more_of), bool)
-            for k, rest in enumerate(self._more_of):
-                end = 0
-                for a, c in rest:
-                    bad_more[k] |= a < end or c < 1 or a + c > nchunks
-                    end = a + c
-            bad_first = np.asarray([rest[0][0] if rest else nchunks
-                                    for rest in self._more_of], np.int64)
-            bad_range |= bad_more[more] | (chunk + count > bad_first[more])
+            bad_more, next_start = _bad_more(*self._more_flat, nchunks)
+            bad_range |= bad_more[more] | (chunk + count > next_start[more])
         bad = np.flatnonzero(bad_peer | bad_range)
         if not len(bad):
             return
@@ -322,9 +317,10 @@ class Messages:
         self.t_sop, self.t_rop = sends, recvs  # position of the send and of the recv
         self.t_reduce = ops.reduce[recvs]
         self.t_more: dict[int, tuple[tuple[int, int], ...]] = {}
+        self._t_more = ops.more[sends]  # each message's ranges after its first, interned
         if self.vectored:
             self.t_more = {m: self._more_of[k] for m, k in
-                           enumerate(ops.more[sends].tolist()) if k}
+                           enumerate(self._t_more.tolist()) if k}
 
     def _unmatched(self, ops: _Ops, sends: np.ndarray, recvs: np.ndarray, s_key: np.ndarray,
                    r_key: np.ndarray) -> None:
@@ -480,6 +476,51 @@ class Messages:
             return None
         return self.calls[c], int(self.step_member[g])
 
+    def split(self) -> Messages:
+        """These messages with each vectored one (IR v4) cut into one message per range,
+        in its place: the :class:`Messages` of
+        :func:`~topoplan.ir.schedule.split_vectored` of the schedule, built from these
+        arrays rather than from a schedule of millions of new ops (``self`` when nothing
+        is vectored).
+
+        A vectored op becomes as many consecutive ops as it has ranges, in range order,
+        and its message as many consecutive messages of its pair; both ops of a message
+        name the same ranges (:meth:`_match` checked it), so the k-th piece of a send
+        pairs with the k-th piece of its recv, as matching the split schedule pairs them.
+        Steps, sequences and native calls stay as they are; op and message numbers move.
+        """
+        if not self.vectored:
+            return self
+        nmore, flat = self._more_flat
+        ids = self._t_more
+        pieces = 1 + nmore[ids]  # per message: its ranges
+        first = np.repeat(_offsets(pieces)[:-1], pieces)
+        nth = np.arange(int(pieces.sum()), dtype=np.int64) - first  # a piece's range index
+        rest = np.flatnonzero(nth)
+        message = np.repeat(np.arange(len(ids), dtype=np.int64), pieces)
+        chunk, count = self.t_chunk[message], self.t_count[message]
+        at = _offsets(nmore)[ids[message[rest]]] + nth[rest] - 1
+        chunk[rest], count[rest] = flat[at, 0], flat[at, 1]
+        # Ops: each message's two ops become one per range; every op is in a message.
+        op_pieces = np.ones(int(self.op_ptr[-1]), np.int64)
+        op_pieces[self.t_sop] = pieces
+        op_pieces[self.t_rop] = pieces
+        op_at = _offsets(op_pieces)  # where each op's pieces start, and the end
+        out = object.__new__(Messages)
+        out.__dict__.update(vars(self))
+        out.op_ptr = op_at[self.op_ptr]
+        out.ops_per_step = np.diff(out.op_ptr)
+        out.t_src, out.t_dst = self.t_src[message], self.t_dst[message]
+        out.t_sstep, out.t_rstep = self.t_sstep[message], self.t_rstep[message]
+        out.t_chunk, out.t_count = chunk, count
+        out.t_sop = op_at[self.t_sop][message] + nth
+        out.t_rop = op_at[self.t_rop][message] + nth
+        out.t_reduce = self.t_reduce[message]
+        out.vectored, out._more_of, out.t_more = False, [()], {}
+        out._more_flat = _flat_more(out._more_of)
+        out._t_more = np.zeros(len(message), np.int64)
+        return out
+
     def op_messages(self) -> tuple[list[int], list[int]]:
         """Per op (in the order of :attr:`op_ptr`: program order without channels): its
         message, and the step (within its peer's program) that holds the other op of that
@@ -493,6 +534,31 @@ class Messages:
         peer_step[self.t_sop] = self.step_local[self.t_rstep]
         peer_step[self.t_rop] = self.step_local[self.t_sstep]
         return message.tolist(), peer_step.tolist()
+
+
+def _bad_more(nmore: np.ndarray, flat: np.ndarray,
+              nchunks: int) -> tuple[np.ndarray, np.ndarray]:
+    """For ops' distinct ``more`` ranges (IR v4; :func:`~topoplan.ir.schedule._flat_more`
+    of them): whether each breaks the rules (a range out of the chunks, a count below 1,
+    a range that starts before the end of the one before it) and where its first range
+    starts (``nchunks`` for none), which the op's first range may not run past. On arrays:
+    a vectored plan has a million such ranges."""
+    a, c = flat[:, 0], flat[:, 1]
+    has = nmore > 0
+    head = _offsets(nmore)[:-1][has]  # each one's first range
+    end = np.zeros(len(a), np.int64)  # the end of the range before (0 for a first)
+    end[1:] = a[:-1] + c[:-1]
+    end[head] = 0
+    bad = (a < end) | (c < 1) | (a + c > nchunks)
+    owner = np.repeat(np.arange(len(nmore)), nmore)
+    next_start = np.full(len(nmore), nchunks, np.int64)
+    next_start[has] = a[head]
+    return np.bincount(owner[bad], minlength=len(nmore)) > 0, next_start
+
+
+def _offsets(counts: np.ndarray) -> np.ndarray:
+    """``[0, c0, c0 + c1, ...]``: where each group of ``counts`` starts, and the end."""
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
 
 @dataclass(frozen=True, slots=True)

@@ -350,12 +350,11 @@ def verify(schedule: Schedule) -> VerifyReport:
         raise ScheduleError(f"{schedule.algorithm} schedule: {exc}") from None
     # Vectored messages (IR v4): once their two ops agree on the ranges (matching), a
     # message of several ranges moves what one message per range, in the same steps,
-    # moves; recv clashes and channels are then checked range by range.
+    # moves; recv clashes and channels are then checked range by range, on the messages
+    # of split_vectored(schedule), cut from these (Messages.split).
     matched = messages(schedule, natives=True, vectored=True)
     nmessages = len(matched.t_src)
-    if matched.vectored:
-        schedule = split_vectored(schedule)
-    collective, found, flow, state = _execute(schedule)
+    collective, found, flow, state = _execute(schedule, matched.split())
     n = schedule.nranks
     for r in range(n):
         expected = collective.postcondition(r)
@@ -374,9 +373,16 @@ def verify(schedule: Schedule) -> VerifyReport:
                         ncollectives=len(found.calls), nchannels=found.nchannels)
 
 
-def _execute(schedule: Schedule) -> tuple[Collective, Messages, _Flow, list[_Chunks]]:
+def _execute(schedule: Schedule, found: Messages | None = None
+             ) -> tuple[Collective, Messages, _Flow, list[_Chunks]]:
     """Run ``schedule`` symbolically: its collective, its messages, the flow and every
-    rank's chunks at the end; raises for every fault but a wrong end."""
+    rank's chunks at the end; raises for every fault but a wrong end.
+
+    ``found`` are the messages to run: by default ``schedule``'s, which then has no
+    vectored op (IR v4); for a vectored schedule, those of
+    :func:`~topoplan.ir.schedule.split_vectored` (:meth:`Messages.split`), so that it runs
+    as its split form, which is made only to name a fault in its ops.
+    """
     # numpy comes in here, on first use, not with ``import topoplan``.
     from .matching import deadlock_error, messages, native_wait_text, wait_text
 
@@ -393,14 +399,17 @@ def _execute(schedule: Schedule) -> tuple[Collective, Messages, _Flow, list[_Chu
 
     # Bad peers and chunks, then the static matching: the k-th send src->dst pairs with
     # the k-th recv at dst from src (shared with the simulator).
-    found = messages(schedule, natives=True)
+    if found is None:
+        found = messages(schedule, natives=True)
     flow = _Flow(found, nchunks)
     if found.nchannels > 1:
         _check_channels(schedule, found, fail)
-    for g in flow.clashing_recvs():
+    clashing = flow.clashing_recvs()
+    written = split_vectored(schedule) if clashing else schedule  # as found has its ops
+    for g in clashing:
         r = int(found.step_rank[g])
         s = found.local(g)
-        step = schedule.ranks[r].steps[s]
+        step = written.ranks[r].steps[s]
         twice = recv_clash([(op.chunk, op.end, op.reduce) for op in step
                             if isinstance(op, Op) and op.kind is OpKind.RECV])
         if twice is not None:
@@ -444,7 +453,7 @@ def _execute(schedule: Schedule) -> tuple[Collective, Messages, _Flow, list[_Chu
             lo = flow.op_ptr[g]
             peer = flow.peer[lo:flow.op_ptr[g + 1]].tolist()
             need = flow.need[lo:flow.op_ptr[g + 1]].tolist()
-            ops = [op for op in schedule.ranks[r].steps[s]
+            ops = [op for op in split_vectored(schedule).ranks[r].steps[s]  # as found has them
                    if isinstance(op, Op) and op.channel == c]
             waits = [wait_text(op.kind, op.chunk, op.count, op.peer, at(lane, pc[lane]),
                                at(lane, k), c if channels else None)
@@ -482,7 +491,7 @@ def _check_channels(schedule: Schedule, found: Messages,
     if not shared:
         return
     owner: dict[int, tuple[int, int, int]] = {}  # chunk -> (channel, rank, step) first met
-    for r, s, op in schedule.ops():
+    for r, s, op in split_vectored(schedule).ops():  # range by range
         i = bisect_right(shared, op.chunk - 1)
         while i < len(shared) and shared[i] < op.end:
             k = shared[i]

@@ -14,52 +14,21 @@ global step.
 
 from __future__ import annotations
 
-import functools
-import gc
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
+from .._gc import no_gc
 from ..cluster import Cluster
 from ..ir.collectives import DEFAULT as DEFAULT_COLLECTIVE
-from ..ir.schedule import Op, OpKind, RankProgram, Schedule
+from ..ir.schedule import Op, OpKind, RankProgram, Schedule, _new_op
 
 __all__ = ["Timeline", "schedule_from_arrays", "runs", "empty_schedule", "no_gc", "split",
            "ring_reduce_scatter", "ring_allgather"]
 
 _SEND, _RECV = OpKind.SEND, OpKind.RECV
-
-
-def _fast_op_factory() -> Callable[..., Op]:
-    """An ``Op`` constructor about 2x faster than ``Op(...)`` (which goes through the frozen
-    dataclass's ``object.__setattr__`` per field): fills the slots directly, as the
-    dataclass's own ``__setstate__`` does. Falls back to ``Op`` if ``Op`` has no slots."""
-    try:
-        setters = [getattr(Op, f).__set__ for f in ("kind", "peer", "chunk", "reduce", "count",
-                                                   "channel", "more")]
-    except AttributeError:  # pragma: no cover - Op without slots
-        return Op
-    new = object.__new__
-    set_kind, set_peer, set_chunk, set_reduce, set_count, set_channel, set_more = setters
-
-    def make(kind: OpKind, peer: int, chunk: int, reduce: bool, count: int = 1,
-             channel: int = 0) -> Op:
-        op = new(Op)
-        set_kind(op, kind)
-        set_peer(op, peer)
-        set_chunk(op, chunk)
-        set_reduce(op, reduce)
-        set_count(op, count)
-        set_channel(op, channel)  # IR v4: planners plan on channel 0
-        set_more(op, ())  # ... with one range an op (topoplan.ir.schedule.vectorize merges)
-        return op
-
-    if make(_RECV, 1, 2, True, 3, 4) != Op(_RECV, 1, 2, True, 3, 4):  # pragma: no cover - layout changed
-        return Op
-    return make
-
-
-_op = _fast_op_factory()
+# Op(...) about 2x faster; planners plan on channel 0, one range an op (vectorize merges).
+_op = _new_op
 _CODE_KINDS = (OpKind.SEND, OpKind.RECV, OpKind.RECV)
 _CODE_REDUCE = (False, False, True)
 
@@ -166,25 +135,6 @@ class Timeline:
                          for r, steps in enumerate(self.slots))
         return Schedule(nranks=self.nranks, chunks=tuple(chunks), ranks=programs,
                         collective=collective, meta=dict(meta))
-
-
-def no_gc(planner: Callable[..., Schedule]) -> Callable[..., Schedule]:
-    """Run ``planner`` with the cyclic garbage collector paused.
-
-    A plan allocates millions of small acyclic objects (Ops, tuples); CPython's
-    collector would rescan them over and over while they are built (measured: about
-    half the time at 192 ranks). Nothing built here forms cycles.
-    """
-    @functools.wraps(planner)
-    def wrapper(*args: Any, **kwargs: Any) -> Schedule:
-        if not gc.isenabled():
-            return planner(*args, **kwargs)
-        gc.disable()
-        try:
-            return planner(*args, **kwargs)
-        finally:
-            gc.enable()
-    return wrapper
 
 
 def empty_schedule(cluster: Cluster, algorithm: str, *, collective: str = DEFAULT_COLLECTIVE,
