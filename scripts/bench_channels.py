@@ -3,6 +3,8 @@
     PYTHONPATH=. python scripts/bench_channels.py [--clusters dgx_a100_x4,fat64,rail64]
         [--sizes 1MiB,16MiB,256MiB] [--planners mcf,ring] [--channels 1,2,4]
         [--skews 1,1.2] [--profile nccl] [--planned] [--json]
+    PYTHONPATH=. python scripts/bench_channels.py --shipped [--sizes 256MiB]
+        [--collectives allreduce,reduce_scatter,allgather] [--max-sim-ops 250000]
 
 For every cluster, size and planner, the plan is made once under the profile (``nccl``
 by default), put on each channel count with
@@ -16,6 +18,12 @@ took. ``--planned`` adds, for mcf on each channel count and skew, the plan mcf m
 for those channels itself (``topoplan.plan(..., "mcf", channels=N)``: its pipeline sized
 for them, row ``mcf*``), with its estimate (the planner's channel model) over the
 simulated time (``est/sim``).
+
+``--shipped`` measures how near the latency-aware bound mcf comes on every shipped topology
+(``topologies/*.yaml``): for each collective, mcf as planned by default (one channel)
+and mcf picking its channels (``channels="auto"``, vectored for reduce-scatter and
+allgather), over the latency-aware bound; simulated up to ``--max-sim-ops`` ops, the
+planner's estimate (``~``) above.
 
 Clusters: ``dgx_a100_x4`` (shipped: 4 DGX A100 boxes, 32 GPUs), ``fat64`` (a two-tier fat
 tree of 8 boxes x 8 GPUs, 2:1, :func:`topoplan.cluster.generate.fat_tree`), ``rail64``
@@ -121,6 +129,55 @@ def run(clusters: list[str], sizes: list[str], planners: list[str], channels: li
     return rows
 
 
+def shipped(sizes: list[str], collectives: list[str], profile: str, max_sim_ops: int,
+            out: Any = sys.stdout) -> list[dict[str, Any]]:
+    """mcf on one channel and on the channels it picks, every shipped topology."""
+    import warnings
+
+    import topoplan
+    from topoplan.analysis.bound import latency_bound
+    from topoplan.cluster import load_cluster
+    from topoplan.units import parse_size
+
+    rows: list[dict[str, Any]] = []
+    head = (f"{'topology':20s} {'collective':14s} {'size':>6s} {'1 channel':>10s} "
+            f"{'picked':>10s} {'ch':>2s} {'vec':>3s} {'gain':>6s} {'plan_s':>6s}")
+    print(head, file=out)
+    print("-" * len(head), file=out)
+    for path in sorted((ROOT / "topologies").glob("*.yaml")):
+        cluster = load_cluster(path)
+        for collective in collectives:
+            for size_text in sizes:
+                size = parse_size(size_text)
+                bound = latency_bound(cluster, size, profile, collective)
+                timed = []
+                t0 = time.perf_counter()
+                for options in ({}, {"channels": "auto",
+                                     "vectored": collective != "allreduce"}):
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        schedule = topoplan.plan(cluster, "mcf", size=size, profile=profile,
+                                                 collective=collective, **options)
+                    if schedule.nops <= max_sim_ops:
+                        t = topoplan.simulate(cluster, schedule, size=size,
+                                              profile=profile).time_s
+                        timed.append((t, "", schedule))
+                    else:
+                        timed.append((schedule.meta["estimate_s"], "~", schedule))
+                plan_s = time.perf_counter() - t0
+                (one, m1, _), (best, m2, picked) = timed
+                row = {"topology": path.stem, "collective": collective, "size": size,
+                       "one_channel": one / bound, "picked": best / bound,
+                       "channels": picked.nchannels, "vectored": bool(picked.meta.get("vectored")),
+                       "estimated": bool(m2), "seconds": plan_s}
+                rows.append(row)
+                print(f"{path.stem[:20]:20s} {collective:14s} {size_text:>6s} "
+                      f"{m1:>1s}{one / bound:9.3f} {m2:>1s}{best / bound:9.3f} "
+                      f"{picked.nchannels:2d} {'yes' if row['vectored'] else 'no':>3s} "
+                      f"{one / best:5.2f}x {plan_s:6.1f}", file=out, flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--clusters", default=",".join(DEFAULT_CLUSTERS))
@@ -132,9 +189,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default="nccl")
     p.add_argument("--planned", action="store_true",
                    help="also mcf planned for each channel count (its channel model)")
+    p.add_argument("--shipped", action="store_true",
+                   help="mcf on one channel and on the channels it picks, every shipped "
+                        "topology and collective")
+    p.add_argument("--collectives", default="allreduce,reduce_scatter,allgather")
+    p.add_argument("--max-sim-ops", type=int, default=250_000)
     p.add_argument("--json", action="store_true", help="print the rows as one JSON list")
     args = p.parse_args(argv)
     split = lambda text: [part.strip() for part in text.split(",") if part.strip()]  # noqa: E731
+    if args.shipped:
+        t0 = time.perf_counter()
+        sizes = split(args.sizes) if args.sizes != ",".join(DEFAULT_SIZES) else ["256MiB"]
+        quiet = open("/dev/null", "w") if args.json else sys.stdout
+        found = shipped(sizes, split(args.collectives), args.profile, args.max_sim_ops, quiet)
+        if args.json:
+            print(json.dumps(found))
+        else:
+            print(f"\nprofile {args.profile}; time over the latency-aware bound "
+                  f"(topoplan.analysis.bound.latency_bound); picked: mcf with channels='auto' "
+                  f"(vectored for reduce-scatter and allgather); ~: the planner's estimate "
+                  f"(over --max-sim-ops ops); {len(found)} cases in "
+                  f"{time.perf_counter() - t0:.0f} s")
+        return 0
     channels = sorted({int(c) for c in split(args.channels)})
     if channels[0] != 1:
         channels.insert(0, 1)  # the baseline of the ratios, measured in the same run

@@ -21,14 +21,14 @@ import numpy as np
 from .._gc import no_gc
 from ..cluster import Cluster
 from ..ir.collectives import DEFAULT as DEFAULT_COLLECTIVE
-from ..ir.schedule import Op, OpKind, RankProgram, Schedule, _new_op
+from ..ir.schedule import Op, OpKind, RankProgram, Schedule, fast_op
 
 __all__ = ["Timeline", "schedule_from_arrays", "runs", "empty_schedule", "no_gc", "split",
            "ring_reduce_scatter", "ring_allgather"]
 
 _SEND, _RECV = OpKind.SEND, OpKind.RECV
 # Op(...) about 2x faster; planners plan on channel 0, one range an op (vectorize merges).
-_op = _new_op
+_op = fast_op
 _CODE_KINDS = (OpKind.SEND, OpKind.RECV, OpKind.RECV)
 _CODE_REDUCE = (False, False, True)
 

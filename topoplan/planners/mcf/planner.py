@@ -298,8 +298,9 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     Raises
     ------
     PlannerError
-        A size that is not a positive number of bytes, or a cap that is not an integer
-        >= 1.
+        A size that is not a positive number of bytes, a cap that is not an integer
+        >= 1, ``channels`` not 1 to 32 or "auto", a skew out of [1, 16], or ``vectored``
+        not a bool.
     InfeasiblePlanError
         GPUs with no route between them (names the cut), or no construction within the
         caps.
@@ -448,7 +449,8 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         "algorithm": "mcf", "cluster": cluster.name, "construction": pick.name,
         "profile": costs.name, "estimate_s": pick.estimate_s,
         "candidates": {c.name if len(counts) == 1 else f"{c.name} on {c.channels} channels":
-                       c.estimate_s for c in cands}, **pick.info,
+                       c.estimate_s for c in cands},
+        **{k: v for k, v in pick.info.items() if k != "one_channel_s"},
         "status": status,
         "solve_s": round(solved - start, 4), "materialize_s": round(mat_s, 4),
         "verify_s": round(verify_s, 4), "verified": check,
