@@ -19,8 +19,8 @@ for those channels itself (``topoplan.plan(..., "mcf", channels=N)``: its pipeli
 for them, row ``mcf*``), with its estimate (the planner's channel model) over the
 simulated time (``est/sim``).
 
-``--shipped`` measures how near the latency-aware bound mcf comes on every shipped topology
-(``topologies/*.yaml``): for each collective, mcf as planned by default (one channel)
+``--shipped`` measures how near the latency-aware bound mcf comes on every shipped
+topology (``topologies/*.yaml``): for each collective, mcf as planned by default (one channel)
 and mcf picking its channels (``channels="auto"``, vectored for reduce-scatter and
 allgather), over the latency-aware bound; simulated up to ``--max-sim-ops`` ops, the
 planner's estimate (``~``) above.
