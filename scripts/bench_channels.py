@@ -197,36 +197,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the rows as one JSON list")
     args = p.parse_args(argv)
     split = lambda text: [part.strip() for part in text.split(",") if part.strip()]  # noqa: E731
-    if args.shipped:
-        t0 = time.perf_counter()
-        sizes = split(args.sizes) if args.sizes != ",".join(DEFAULT_SIZES) else ["256MiB"]
-        quiet = open("/dev/null", "w") if args.json else sys.stdout
-        found = shipped(sizes, split(args.collectives), args.profile, args.max_sim_ops, quiet)
-        if args.json:
-            print(json.dumps(found))
-        else:
-            print(f"\nprofile {args.profile}; time over the latency-aware bound "
-                  f"(topoplan.analysis.bound.latency_bound); picked: mcf with channels='auto' "
-                  f"(vectored for reduce-scatter and allgather); ~: the planner's estimate "
-                  f"(over --max-sim-ops ops); {len(found)} cases in "
-                  f"{time.perf_counter() - t0:.0f} s")
-        return 0
-    channels = sorted({int(c) for c in split(args.channels)})
-    if channels[0] != 1:
-        channels.insert(0, 1)  # the baseline of the ratios, measured in the same run
     t0 = time.perf_counter()
     quiet = open("/dev/null", "w") if args.json else sys.stdout
-    rows = run(split(args.clusters), split(args.sizes), split(args.planners), channels,
-               args.profile, out=quiet, skews=tuple(float(k) for k in split(args.skews)),
-               planned=args.planned)
+    if args.shipped:
+        sizes = split(args.sizes) if args.sizes != ",".join(DEFAULT_SIZES) else ["256MiB"]
+        rows = shipped(sizes, split(args.collectives), args.profile, args.max_sim_ops, quiet)
+        legend = ("time over the latency-aware bound (topoplan.analysis.bound.latency_bound); "
+                  "picked: mcf with channels='auto' (vectored for reduce-scatter and "
+                  "allgather); ~: the planner's estimate (over --max-sim-ops ops)")
+    else:
+        channels = sorted({int(c) for c in split(args.channels)})
+        if channels[0] != 1:
+            channels.insert(0, 1)  # the baseline of the ratios, measured in the same run
+        rows = run(split(args.clusters), split(args.sizes), split(args.planners), channels,
+                   args.profile, out=quiet, skews=tuple(float(k) for k in split(args.skews)),
+                   planned=args.planned)
+        legend = ("vs 1ch: the same plan's simulated time on one channel / on N (above 1.00x: "
+                  "faster on channels); skew: each channel's slice over the next one's; "
+                  "x bound: time / cut lower bound; x lat: time / latency-aware bound; mcf*: "
+                  "mcf planned for the channels, est/sim: its estimate over the simulated time")
     if args.json:
+        quiet.close()
         print(json.dumps(rows))
     else:
-        print(f"\nprofile {args.profile}; vs 1ch: the same plan's simulated time on one "
-              f"channel / on N (above 1.00x: faster on channels); skew: each channel's slice "
-              f"over the next one's; x bound: time / cut lower bound; x lat: time / "
-              f"latency-aware bound; mcf*: mcf planned for the channels, est/sim: its "
-              f"estimate over the simulated time; {len(rows)} cases in "
+        print(f"\nprofile {args.profile}; {legend}; {len(rows)} cases in "
               f"{time.perf_counter() - t0:.0f} s")
     return 0
 
