@@ -14,7 +14,9 @@ topology. 1.00 is optimal; lower is better. Also prints how long planning took.
 
 ``--collective`` benches reduce-scatter or allgather (the planners that plan it; the
 bound is then ForestColl's shard bound). ``--profile`` plans *and* simulates under that
-cost profile (default: each planner's own default to plan, links only to simulate).
+cost profile (default ``nccl``, :data:`topoplan.analysis.cost.DEFAULT_PROFILE`): each plan
+is made as the pipeline makes it (:func:`topoplan.planners.run` on one validated
+request), so ``nccl``'s native row and every planner take the same arguments.
 
 ``main()`` returns the rows (one dict per planner x topology x size) so other
 scripts can reuse them.
@@ -35,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from topoplan.cluster import load_cluster  # noqa: E402
 from topoplan.errors import TopoplanError  # noqa: E402
 from topoplan.ir.collectives import COLLECTIVES  # noqa: E402
-from topoplan.planners import PLANNERS, candidates, planners_for  # noqa: E402
+from topoplan.planners import PLANNERS, PlanRequest, candidates, planners_for, run  # noqa: E402
 from topoplan.units import format_size, parse_size  # noqa: E402
 
 
@@ -62,17 +64,17 @@ def bench(paths: list[Path], planners: list[str], sizes: list[int], max_ranks: i
                 record: dict[str, Any] = {"topology": path.stem, "nranks": cluster.nranks,
                                           "planner": name, "size_bytes": size,
                                           "collective": collective, "profile": profile}
-                options: dict[str, Any] = {} if profile is None else {"profile": profile}
-                if collective != "allreduce":
-                    options["collective"] = collective
                 try:
+                    request = PlanRequest.make(cluster, size=size, collective=collective,
+                                               profile=profile)
                     t0 = time.perf_counter()
-                    schedule = PLANNERS[name](cluster, size=size, **options)
+                    schedule = run(request, name)
                     record["plan_s"] = time.perf_counter() - t0
                     if verify_plans:
                         verify(schedule)
                     t0 = time.perf_counter()
-                    report = simulate(cluster, schedule, size=size, profile=profile)
+                    report = simulate(cluster, schedule, size=size, profile=request.profile,
+                                      yardsticks=request.yardsticks)
                     record["sim_s"] = time.perf_counter() - t0
                 except TopoplanError as exc:
                     record["error"] = str(exc)
@@ -199,7 +201,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     rows = bench(paths, planners, sizes, args.max_ranks, args.verify, args.collective,
                  args.profile)
     print(f"{args.collective}: predicted time / lower bound (1.00 = optimal; best per size "
-          f"in bold; profile {args.profile or 'planner default, simulated on links only'})\n")
+          f"in bold; profile {args.profile or 'nccl'})\n")
     print(table(rows, planners, sizes))
     timed = [r["plan_s"] for r in rows if "plan_s" in r]
     if timed:

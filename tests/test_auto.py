@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.clusters import load_topology
-from topoplan.errors import InfeasiblePlanError
+from topoplan.errors import InfeasiblePlanError, PlannerError
 from topoplan.planners import plan
 from topoplan.planners.auto import compare, plan_auto
 from topoplan.analysis.sim import simulate
@@ -69,7 +69,7 @@ def test_dgx1_picks_mcf_at_large_size():
 
 
 def test_unknown_candidate_is_a_clear_error(ddl):
-    with pytest.raises(InfeasiblePlanError, match="unknown candidate 'nope'"):
+    with pytest.raises(PlannerError, match="unknown planner 'nope'; known: composed, "):
         compare(ddl, 1024, ["nope"])
 
 

@@ -250,12 +250,12 @@ def test_the_estimate_is_the_simulated_time_on_the_targets() -> None:
 @pytest.mark.parametrize("kwargs, message", [
     ({"variant": "rails"}, "composed: variant must be one of scatter, root or None, got 'rails'"),
     ({"inner": "mcf"}, "composed: inner must be a list of planner names, got 'mcf'"),
-    ({"inner": ["magic"]}, "composed: inner: unknown or unusable cross-box planner magic; "
-                           "known: "),
-    ({"inner": ["composed"]}, "composed: inner: unknown or unusable cross-box planner "
-                              "composed; known: hierarchical, mcf, rhd, ring, ring-topo, tree"),
-    ({"inner": ["nccl"]}, "composed: inner: unknown or unusable cross-box planner nccl"),
-    ({"collective": "alltoall"}, "composed: cannot plan collective 'alltoall'"),
+    ({"inner": ["magic"]}, "composed: inner: unknown planner 'magic'; known: "),
+    ({"inner": ["composed"]}, "composed: inner: 'composed' plans native steps, which cannot "
+                              "be the cross-box exchange; usable: hierarchical, mcf, rhd, "
+                              "ring, ring-topo, tree"),
+    ({"inner": ["nccl"]}, "composed: inner: 'nccl' plans native steps"),
+    ({"collective": "alltoall"}, "composed: unknown collective 'alltoall'"),
     ({"size": 0}, "composed: size must be a positive number of bytes, got 0"),
     ({"max_chunks": 0}, "composed: max_chunks must be an integer >= 1 or None, got 0"),
 ])

@@ -208,7 +208,7 @@ def test_json_leads_with_the_six_numbers_then_the_buckets_and_the_box(tmp_path, 
     (["--model", "resnet50", "--gpu", "TPU"], "unknown GPU 'TPU'"),
     (["--model", "gpt2-1.5b", "--gpu", "K80"], "no published throughput for gpt2-1.5b on K80"),
     (["--params", "1000", "--gpu", "V100"], "no published throughput for 1,000 params"),
-    (["--params", "1000", "--compute-time", "1", "--algorithm", "nope"], "unknown algorithm"),
+    (["--params", "1000", "--compute-time", "1", "--algorithm", "nope"], "unknown planner 'nope'"),
 ])
 def test_bad_input_is_one_line_error(tmp_path, capsys, argv, message):
     path = tmp_path / "four.yaml"

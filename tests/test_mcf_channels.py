@@ -176,4 +176,4 @@ def test_cli_plans_mcf_for_its_channels(capsys):
     out = capsys.readouterr().out
     assert "mcf planned for 4 channels" in out or "mcf planned for 2 channels" in out
     assert main(["plan", path, "-a", "ring", "-s", "16MiB", "--channels", "auto"]) == 1
-    assert "--channels auto: mcf picks its channels" in capsys.readouterr().err
+    assert "channels='auto': only mcf picks its channels, not ring" in capsys.readouterr().err

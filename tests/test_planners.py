@@ -287,7 +287,8 @@ def test_hierarchical_mixed_boxes_says_how_it_coped() -> None:
 
 def test_unknown_algorithm_names_the_known_ones() -> None:
     c = cluster("single-switch", 4)
-    with pytest.raises(PlannerError, match="unknown algorithm 'rign'.*ring-topo"):
+    with pytest.raises(PlannerError, match=r"unknown planner 'rign' \(did you mean 'ring'\?\); "
+                                           r"known: auto, .*ring-topo"):
         plan(c, "rign")
     assert issubclass(PlannerError, TopoplanError)
 

@@ -33,7 +33,7 @@ from ..ir.collectives import COLLECTIVES, get_collective
 from ..errors import TopoplanError, TransportError
 from ..ir.schedule import Schedule
 from .common import (MPIEXEC_HELP, SHARE_GPUS_HELP, check_transport, choose_port, json_text,
-                     rank_transport, sizes_arg)
+                     plan_name, rank_transport, sizes_arg)
 
 __all__ = ["register"]
 
@@ -266,9 +266,7 @@ def _run_rank(args: argparse.Namespace) -> int:
                 "transport": transport.name, "native": native_name,
                 "rows": [asdict(r) | {"ratio": r.ratio} for r in rows]}))
         else:
-            chosen = schedule.meta.get("chosen")
-            name = f"{schedule.algorithm} ({chosen})" if chosen else schedule.algorithm
-            print(f"# topoplan bench: {name} {schedule.collective} schedule, "
+            print(f"# topoplan bench: {plan_name(schedule)} {schedule.collective} schedule, "
                   f"{schedule.nranks} ranks, {schedule.nsteps} steps, {schedule.nchunks} "
                   f"chunks, over {transport.name}")
             print(format_rows(rows, native_name=native_name))

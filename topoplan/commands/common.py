@@ -306,6 +306,13 @@ def status(message: str) -> Iterator[None]:
         timer.cancel()
 
 
+def plan_name(schedule: Any) -> str:
+    """How output names a plan: its planner, or ``auto (mcf)`` for one ``auto`` chose."""
+    chosen = schedule.meta.get("chosen")
+    algorithm = schedule.algorithm
+    return f"{algorithm} ({chosen})" if chosen and chosen != algorithm else algorithm
+
+
 def json_text(obj: Any, *, indent: int | None = None) -> str:
     """``json.dumps`` for every ``--json`` a command prints: numpy scalars and arrays (a
     measurement's ``numpy.bool_`` or ``float32``) become plain numbers, bools and lists,

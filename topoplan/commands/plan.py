@@ -8,14 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..cluster import load_cluster
 from ..ir.collectives import COLLECTIVES
-from ..errors import InfeasiblePlanError, TopoplanError
-from ..ir.fingerprint import cluster_fingerprint
 from ..units import format_bandwidth, format_size, format_time
 from .common import (Column, add_profile_argument, console, fit_table, json_text,
                      left_out_note, positive_int, size_arg, status)
 
 if TYPE_CHECKING:
-    from ..planners import Candidate, PlanRequest
+    from ..planners import Candidate, PlanRequest, PlanResult
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -47,9 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--channels", type=_channels_arg, default=1, metavar="N",
                    help="run the chosen plan on N independent channels, each on a slice "
                         "of every chunk (IR v4, docs/SCHEDULE.md; default 1); plans with "
-                        "native steps (nccl, composed) cannot be cut and are not chosen; "
-                        "mcf plans its pipeline for them, and with '--algorithm mcf "
-                        "--channels auto' picks 1, 2 or 4")
+                        "native steps (nccl, composed) cannot be cut and are left out; "
+                        "mcf plans its pipeline for them, and with '--channels auto' "
+                        "picks 1, 2 or 4 (the others then run on one)")
     p.add_argument("--channel-skew", type=float, default=None, metavar="R",
                    help="each channel's slice is R times the next one's (default 1.2: "
                         "unequal slices end their steps apart, so one channel's latency "
@@ -67,139 +65,62 @@ def _channels_arg(text: str) -> int | str:
 
 
 def candidate_names(requested: str | None) -> list[str] | None:
-    """The planners to compare: those named (checked), or None for auto's defaults."""
-    from ..planners import PLANNERS
+    """The planners named by ``--candidates A,B`` (checked by the request), or None."""
     if not requested:
         return None
-    names = [n.strip() for n in requested.split(",") if n.strip()]
-    unknown = [n for n in names if n not in PLANNERS or n == "auto"]
-    if unknown:
-        known = ", ".join(n for n in PLANNERS if n != "auto")
-        raise TopoplanError(f"unknown planner {unknown[0]!r}; known: {known}")
-    return names
+    return [n.strip() for n in requested.split(",") if n.strip()]
+
+
+def plan_result(args: argparse.Namespace) -> PlanResult:
+    """The pipeline's result for ``topoplan plan``'s arguments: the same request as
+    :func:`topoplan.plan` makes of the same arguments."""
+    from ..planners import PlanRequest, execute
+
+    options: dict[str, Any] = {"candidates": candidate_names(args.candidates),
+                               "channels": args.channels, "vectored": args.vectored}
+    if args.channel_skew is not None:
+        options["channel_skew"] = args.channel_skew
+    request = PlanRequest.make(load_cluster(args.cluster), size=args.size,
+                               collective=args.collective, profile=args.profile,
+                               max_step_ops=args.max_step_ops, max_chunks=args.max_chunks,
+                               algorithm=args.algorithm, **options)
+    nranks = request.cluster.nranks
+    with status(f"planning and simulating candidates for {nranks} ranks ..."):
+        return execute(request)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from ..analysis.bound import (best_partition, bottleneck, collective_bound, latency_bound,
-                                  rsag_bound)
-    from ..planners import PlanRequest, compare, nccl_candidate, require_collective
-    from ..planners.channels import SKEW, check_channels, check_skew, per_channel
-    from ..ir.verify import verify
+    from ..analysis.bound import best_partition, bottleneck
 
-    cluster = load_cluster(args.cluster)
-    skew = check_skew(SKEW if args.channel_skew is None else args.channel_skew)
-    # mcf asked for by name plans and prices the channels and vectored messages itself
-    itself = args.algorithm == "mcf"
-    if args.channels == "auto" and not itself:
-        raise TopoplanError("--channels auto: mcf picks its channels (--algorithm mcf); "
-                            "give the others a count")
-    channels = args.channels if args.channels == "auto" else check_channels(args.channels)
-    options: dict[str, Any] = {}
-    if itself and channels != 1:
-        options.update(channels=channels, channel_skew=skew)
-    if itself and args.vectored:
-        options["vectored"] = True
-    # On N channels every chunk and op is N of them: plan to the caps over N.
-    divide = 1 if itself else channels
-    request = PlanRequest.make(cluster, size=args.size, collective=args.collective,
-                               profile=args.profile,
-                               max_step_ops=per_channel(args.max_step_ops, divide),
-                               max_chunks=per_channel(args.max_chunks, divide), **options)
-    costs = request.profile
-    names = candidate_names(args.candidates)
-    if args.algorithm != "auto":
-        named = candidate_names(args.algorithm)
-        assert named is not None
-        require_collective(args.algorithm, args.collective)
-        if names is None:
-            # The planner asked for, beside NCCL's row and the bound: comparing every
-            # candidate on a big cluster costs minutes (--candidates asks for it).
-            names = named
-        elif args.algorithm not in names:
-            names = named + names
-    left_out: dict[str, str] = {}
-    with status(f"planning and simulating candidates for {cluster.nranks} ranks ..."):
-        try:
-            rows = compare(request, names, left_out=left_out)
-        except InfeasiblePlanError:
-            if args.algorithm in left_out:  # the planner asked for, alone, could not
-                raise InfeasiblePlanError(left_out[args.algorithm]) from None
-            raise
-        nccl = nccl_candidate(request, rows)  # a row of its own when not compared
-    if args.algorithm == "auto":
-        # compare() sorts fastest first; on channels, the fastest that can be cut
-        chosen = next((c for c in rows if channels == 1 or (
-            c.schedule is not None and not c.schedule.nnative)), rows[0])
-    elif args.algorithm in left_out:
-        raise InfeasiblePlanError(left_out[args.algorithm])
-    else:
-        chosen = next(c for c in rows if c.name == args.algorithm)
-    assert chosen.schedule is not None
-    if not chosen.schedule.meta.get("verified"):  # mcf verifies what it builds
-        with status(f"verifying the {chosen.name} schedule ..."):
-            verify(chosen.schedule)
-    collective = args.collective
-    bound = collective_bound(cluster, args.size, collective)
-    rsag = rsag_bound(cluster, args.size)
-    # Under a profile that charges latency, the bound a point-to-point plan can meet.
-    latency = None if costs.is_ideal else latency_bound(cluster, args.size, costs, collective)
-
-    schedule, predicted = chosen.schedule, chosen.time_s
-    one_channel = chosen.schedule.meta.get("estimate_one_channel_s", predicted)
-    if itself:  # mcf made them: its estimate (or the simulation) is the channels' time
-        channels = schedule.nchannels
-    elif channels > 1:
-        from ..analysis.sim import simulate
-        from ..planners.channels import channelize, check_caps_on_channels
-
-        with status(f"cutting the {chosen.name} schedule over {channels} channels ..."):
-            schedule = check_caps_on_channels(channelize(schedule, channels, skew), channels,
-                                              args.max_step_ops, args.max_chunks)
-            verify(schedule)
-            predicted = simulate(request.where, schedule, args.size,
-                                 profile=request.profile).time_s
-    unvectored = predicted
-    if args.vectored and not itself:
-        from ..analysis.sim import simulate
-        from ..ir.schedule import vectorize
-
-        with status(f"vectorizing the {chosen.name} schedule ..."):
-            before = schedule.nops
-            schedule = vectorize(schedule)
-            if schedule.nops != before:
-                verify(schedule)
-                predicted = simulate(request.where, schedule, args.size,
-                                     profile=request.profile).time_s
-
+    result = plan_result(args)
+    request, bounds = result.request, result.bounds
+    cluster, costs, collective = request.cluster, request.profile, request.collective
+    schedule, chosen, nccl = result.schedule, result.chosen, result.nccl
     if args.output:
-        schedule.with_meta(
-            size_bytes=args.size, predicted_time_s=predicted,
-            lower_bound_s=bound, profile=costs.name,
-            cluster_fingerprint=cluster_fingerprint(cluster),
-            **({"nccl": nccl.nccl.to_dict()} if nccl.nccl is not None else {})
-        ).save(args.output)
-
-    shown = rows + ([] if nccl in rows else [nccl])
+        schedule.save(args.output)
+    shown = result.shown
     if args.json:
         print(json_text({
-            "cluster": cluster.name, "nranks": cluster.nranks, "size_bytes": args.size,
+            "cluster": cluster.name, "nranks": cluster.nranks, "size_bytes": request.size,
             "collective": collective,
-            "lower_bound_s": bound, "rsag_bound_s": rsag, "latency_bound_s": latency,
+            "lower_bound_s": bounds.lower_s, "rsag_bound_s": bounds.rsag_s,
+            "latency_bound_s": bounds.latency_s,
             "bound_partition": _partition_json(cluster),
             "chosen": chosen.name, "profile": costs.to_dict(),
-            "channels": channels, "channel_skew": skew, "vectored": args.vectored,
-            "chosen_time_s": predicted,
-            "candidates": [candidate_json(c, request, bound, nccl) for c in shown],
-            "left_out": left_out}))
+            "channels": result.channels, "channel_skew": request.channel_skew,
+            "vectored": request.vectored, "chosen_time_s": result.time_s,
+            "candidates": [candidate_json(c, request, bounds.lower_s, nccl) for c in shown],
+            "left_out": dict(result.left_out)}))
         return 0
 
+    bound = bounds.lower_s
     out = console()
     out.print(f"[bold]{cluster.name}[/bold]: {cluster.nranks} ranks, {collective} of "
-              f"{format_size(args.size)}; lower bound {format_time(bound)}")
+              f"{format_size(request.size)}; lower bound {format_time(bound)}")
     out.print(f"cost profile {costs.summary()}")
-    if latency is not None:
-        out.print(f"latency-aware bound under {costs.name}: {format_time(latency)} (a "
-                  f"point-to-point plan's bandwidth bound plus the fewest steps it pays, "
+    if bounds.latency_s is not None:
+        out.print(f"latency-aware bound under {costs.name}: {format_time(bounds.latency_s)} "
+                  f"(a point-to-point plan's bandwidth bound plus the fewest steps it pays, "
                   f"docs/COST_MODEL.md)")
     # One unit for the column: ms once the fastest takes a millisecond, so that 256 MiB
     # reads 27.108, not 27108.37.
@@ -210,7 +131,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     out.print(t)
     for note in (left_out_note(left_out_columns, out.width),
                  "~ estimated by the planner's own cost model: the schedule is too big to "
-                 "simulate quickly (topoplan simulate CLUSTER PLAN.json simulates it)" if any(not c.simulated for c in rows) else None):
+                 "simulate quickly (topoplan simulate CLUSTER PLAN.json simulates it)"
+                 if any(not c.simulated for c in result.rows) else None):
         if note:
             out.print(note)
     out.print("vs bound: time / lower bound of any schedule (1.00x: none is faster); * chosen")
@@ -218,12 +140,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         out.print(f"vs nccl: NCCL's time / the row's (above 1.00x: faster than NCCL); nccl: "
                   f"what NCCL itself runs here, {nccl.nccl.label()} (algorithm/protocol x "
                   f"channels), priced by its own tuner on this fabric (docs/NCCL_MODEL.md)"
-                  + ("" if nccl in rows else "; not a candidate here"))
+                  + ("" if nccl in result.rows else "; not a candidate here"))
+    elif nccl.nccl is not None and costs.is_ideal:
+        out.print(f"vs nccl: the nccl row's time / the row's (above 1.00x: faster); nccl: "
+                  f"what NCCL itself runs here, {nccl.nccl.label()}, paying its links alone "
+                  f"as every row does under {costs.name}")
     else:
         out.print("vs nccl: the nccl row's time / the row's (above 1.00x: faster); nccl: "
                   f"the transport's own collective over every rank, priced by {costs.name}")
     out.print("lat+ovh: share of the time on message latency and software overhead")
-    for name, reason in left_out.items():
+    for name, reason in result.left_out.items():
         out.print(f"left out: {reason}" if reason.startswith(f"{name}:")
                   else f"left out: {name}: {reason}")
     if cluster.nranks > 1:
@@ -231,32 +157,52 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if collective == "allreduce":
             out.print(f"lower bound: {best_partition(cluster)}")
             out.print(f"RS+AG cut bound (reduce-scatter + allgather schedules): "
-                      f"{format_time(rsag)}")
+                      f"{format_time(bounds.rsag_s or 0.0)}" + _rsag_note(result))
         else:
             out.print(f"lower bound (any {collective}, ForestColl's cut): {format_time(bound)}")
         out.print(f"bottleneck cut: {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)} out")
+    channels, notes = result.channels, result.notes
+    predicted = result.time_s
+    itself_channels, itself_vectors = request.plans_itself(chosen.name)
     if channels > 1:
+        skew = request.channel_skew
         slicing = f"each on 1/{channels} of every chunk" if skew == 1 else \
             f"slices {skew:g} times the next"
-        if itself:
-            how = "simulated" if chosen.simulated else "the planner's channel model"
-            out.print(f"channels: mcf planned for {channels} channels ({slicing}): "
+        one = notes.get("one_channel_s", chosen.time_s)
+        if itself_channels:
+            how = "simulated" if result.simulated else "the planner's channel model"
+            out.print(f"channels: {chosen.name} planned for {channels} channels ({slicing}): "
                       f"{format_time(predicted)} ({how}), against "
-                      f"{format_time(one_channel)} for its pipeline on one in lock-step")
+                      f"{format_time(one)} for its pipeline on one in lock-step")
         else:
             out.print(f"channels: {chosen.name} on {channels} channels ({slicing}) simulates "
-                      f"in {format_time(predicted)}, against {format_time(chosen.time_s)} on "
-                      "one")
-    if args.vectored and itself:
-        out.print(f"vectored: mcf priced and planned one message per peer and step: "
-                  f"{schedule.nops} ops")
-    if args.vectored and not itself:
+                      f"in {format_time(predicted)}, against {format_time(one)} on one")
+    if request.vectored and itself_vectors:
+        out.print(f"vectored: {chosen.name} priced and planned one message per peer and "
+                  f"step: {schedule.nops} ops")
+    elif request.vectored:
+        unvectored = notes.get("unvectored_s")
         out.print(f"vectored: {chosen.name} in {schedule.nops} ops (one message per peer "
-                  f"and step) simulates in {format_time(predicted)}, against "
-                  f"{format_time(unvectored)} unvectored")
+                  f"and step)" + ("" if unvectored is None else
+                                  f" simulates in {format_time(predicted)}, against "
+                                  f"{format_time(unvectored)} unvectored"))
     out.print(f"chosen: {chosen.name}" + (f" -> {args.output}" if args.output else
                                           " (write it with -o PLAN.json)"), soft_wrap=True)
     return 0
+
+
+def _rsag_note(result: PlanResult) -> str:
+    """Which rows beat the RS+AG bound, and why they may: it bounds only a
+    reduce-scatter to equal shards on every GPU then an allgather (not native steps that
+    reduce in a switch or a box, unequal shards, nor a structure-free flow)."""
+    rsag = result.bounds.rsag_s
+    if rsag is None:
+        return ""
+    under = [c.name for c in result.shown if c.time_s < rsag * (1 - 1e-9)]
+    if not under:
+        return ""
+    return (f"; below it: {', '.join(under)} (it bounds a reduce-scatter to equal shards "
+            "on every GPU, then an allgather; they are not that)")
 
 
 def columns(unit: str) -> tuple[Column, ...]:
@@ -329,12 +275,6 @@ def x_bound(time_s: float, bound: float) -> float | None:
     """Time over the lower bound (1.0: as fast as any schedule can be); None without a
     bound (one GPU moves nothing)."""
     return time_s / bound if bound > 0 else None
-
-
-def _default_candidates(collective: str = "allreduce") -> list[str]:
-    from ..planners import planners_for
-    from ..planners.auto import DEFAULT_CANDIDATES
-    return planners_for(collective, DEFAULT_CANDIDATES)
 
 
 def _finite(value: float) -> float | None:

@@ -18,7 +18,7 @@ from ..analysis.sim.base import EPS_T
 from ..analysis.sim import SimReport, simulate
 from ..units import format_bandwidth, format_size, parse_bandwidth, parse_latency
 from .common import (Column, add_profile_argument, checked_arg, console, fit_table,
-                     left_out_note, sizes_arg)
+                     left_out_note, plan_name, sizes_arg)
 
 #: The parts of SimReport.breakdown, in the order the table and JSON show them
 #: (``native`` only for a schedule with native steps, IR v3).
@@ -158,7 +158,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return 0
     out = console()
     what = "" if schedule.collective == "allreduce" else f" {schedule.collective}"
-    out.print(f"[bold]{schedule.algorithm}[/bold]{what} on {cluster.name}: {cluster.nranks} "
+    out.print(f"[bold]{plan_name(schedule)}[/bold]{what} on {cluster.name}: {cluster.nranks} "
               f"ranks, {schedule.nchunks} chunks, {schedule.nsteps} steps")
     out.print(f"cost profile {costs.summary()}")
     if reports and reports[0].resolution != EPS_T:

@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import ScheduleError, TopoplanError
 from ..ir.schedule import load_schedule
 from ..ir.verify import verify
-from .common import console
+from .common import console, plan_name
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,7 +52,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             natives = (f", {report.nnative} native steps ({report.ncollectives} "
                        f"collective{'s' if report.ncollectives != 1 else ''})"
                        if report.nnative else "")
-            out.print(f"{path}: ok: {schedule.algorithm} {report.collective}, {report.nranks} "
+            out.print(f"{path}: ok: {plan_name(schedule)} {report.collective}, {report.nranks} "
                       f"ranks, {report.nchunks} chunks, {report.nsteps} steps, "
                       f"{report.nmessages} messages{natives}", soft_wrap=True)
     if args.json:

@@ -34,10 +34,9 @@ from typing import Any, Sequence
 
 from ..cluster import Cluster
 from ..analysis.cost import CostProfile
-from ..errors import InfeasiblePlanError
 from ..ir.schedule import Schedule
-from .pipeline import (MAX_PLAN_RANKS, MAX_SIM_OPS, Candidate, PlanRequest, compare as
-                       compare_request, nccl_candidate)
+from .comparison import Candidate, compare as compare_request
+from .request import MAX_PLAN_RANKS, MAX_SIM_OPS, PlanRequest
 
 __all__ = ["plan_auto", "compare", "choose", "DEFAULT_CANDIDATES"]
 
@@ -55,8 +54,8 @@ def compare(cluster: Cluster, size: int | str, candidates: Sequence[str] | None 
             **options: Any) -> list[Candidate]:
     """Plan and simulate every candidate under ``profile``; fastest first.
 
-    A front door to :func:`topoplan.planners.pipeline.compare`: the arguments become one
-    :class:`~topoplan.planners.pipeline.PlanRequest`.
+    A front door to :func:`topoplan.planners.comparison.compare`: the arguments become one
+    ``auto`` :class:`~topoplan.planners.request.PlanRequest`.
 
     Parameters
     ----------
@@ -96,68 +95,40 @@ def compare(cluster: Cluster, size: int | str, candidates: Sequence[str] | None 
     Raises
     ------
     InfeasiblePlanError
-        If no candidate produced a schedule, a candidate is unknown, or ``machine`` has
-        another rank count.
+        If no candidate produced a schedule, or ``machine`` has another rank count.
     PlannerError
-        For a size that is not a positive number of bytes, a cap that is not an integer
-        >= 1, an option no candidate takes, or a candidate that does not plan
-        ``collective`` (naming those that do).
+        For an unknown candidate, a size that is not a positive number of bytes, a cap
+        that is not an integer >= 1, an option no candidate takes, or a candidate that
+        does not plan ``collective`` (naming those that do).
     """
     request = PlanRequest.make(cluster, size=size, collective=collective, profile=profile,
                                max_step_ops=max_step_ops, max_chunks=max_chunks,
-                               machine=machine, who="auto", **options)
-    return compare_request(request, _names(candidates), max_sim_ops=max_sim_ops,
-                           max_plan_ranks=max_plan_ranks, left_out=left_out)
-
-
-def _names(candidates: Sequence[str] | None) -> list[str] | None:
-    if candidates is None:
-        return None
-    from .registry import SPECS
-    for name in candidates:
-        if name not in SPECS or name == "auto":
-            raise InfeasiblePlanError(f"auto: unknown candidate {name!r}; known: "
-                                      f"{', '.join(sorted(set(SPECS) - {'auto'}))}")
-    return list(candidates)
+                               machine=machine, algorithm="auto", candidates=candidates,
+                               max_sim_ops=max_sim_ops, max_plan_ranks=max_plan_ranks,
+                               **options)
+    found: dict[str, str] = dict(request.left_out)
+    try:
+        return compare_request(request, left_out=found)
+    finally:
+        if left_out is not None:
+            left_out.update(found)
 
 
 def choose(request: PlanRequest, candidates: Sequence[str] | None = None, *,
            max_sim_ops: int = MAX_SIM_OPS, max_plan_ranks: int = MAX_PLAN_RANKS) -> Schedule:
-    """The fastest candidate of ``request`` in simulation, with the comparison in its meta
-    (see :func:`plan_auto`)."""
-    from dataclasses import replace
-    from types import MappingProxyType
+    """The fastest candidate of ``request`` in simulation, stamped with the comparison
+    (see :func:`plan_auto`): :func:`topoplan.planners.pipeline.execute` of the request
+    as an ``auto`` request."""
+    from .pipeline import execute
 
-    left_out: dict[str, str] = {}
-    request = replace(request, options=MappingProxyType(
-        {k: v for k, v in request.options.items()
-         if k not in ("candidates", "max_sim_ops", "max_plan_ranks")}))
-    rows = compare_request(request, _names(candidates), max_sim_ops=max_sim_ops,
-                           max_plan_ranks=max_plan_ranks, left_out=left_out)
-    best = rows[0]
-    schedule = best.schedule
-    assert schedule is not None
-    nccl = nccl_candidate(request, rows)
-    comparison = [{"algorithm": c.name,
-                   "time_s": c.report.time_s if c.report is not None else None,
-                   "estimate_s": c.schedule.meta.get("estimate_s") if c.schedule else None,
-                   "simulated": c.report is not None,
-                   "nops": c.schedule.nops if c.schedule else None,
-                   "plan_s": round(c.plan_s, 4), "messages": c.messages,
-                   "steps": c.schedule.nsteps if c.schedule else None,
-                   "chunks": c.schedule.nchunks if c.schedule else None,
-                   "breakdown": c.breakdown, "speedup_vs_nccl": c.speedup_over(nccl)}
-                  for c in rows]
-    inner = {k: v for k, v in schedule.meta.items()
-             if isinstance(v, (int, float, str, bool)) or v is None}
-    extra: dict[str, Any] = {"left_out": left_out} if left_out else {}
-    if request.machine is not None:
-        extra["machine"] = request.machine.name
-    return schedule.with_meta(algorithm="auto", chosen=best.name, cluster=request.cluster.name,
-                              chosen_algorithm_meta=inner, comparison=comparison,
-                              profile=request.profile.name, **extra,
-                              predicted_time_s=best.report.time_s if best.report is not None
-                              else None)
+    again = PlanRequest.make(request.cluster, size=request.size,
+                             collective=request.collective, profile=request.profile,
+                             max_step_ops=request.max_step_ops,
+                             max_chunks=request.max_chunks, machine=request.machine,
+                             algorithm="auto", candidates=candidates,
+                             max_sim_ops=max_sim_ops, max_plan_ranks=max_plan_ranks,
+                             **request.options)
+    return execute(again).schedule
 
 
 def plan_auto(cluster: Cluster, *, size: int | str = 256 << 20,
@@ -165,7 +136,8 @@ def plan_auto(cluster: Cluster, *, size: int | str = 256 << 20,
               profile: CostProfile | str | None = None, max_step_ops: int | None = None,
               max_chunks: int | None = None, machine: Cluster | None = None,
               collective: str = "allreduce", **options: Any) -> Schedule:
-    """The fastest candidate's schedule in simulation at ``size`` under ``profile``.
+    """The fastest candidate's schedule in simulation at ``size`` under ``profile``:
+    :func:`topoplan.plan` with ``algorithm="auto"``.
 
     Parameters
     ----------
@@ -201,7 +173,8 @@ def plan_auto(cluster: Cluster, *, size: int | str = 256 << 20,
         latency, overhead and reduce (or ``None``) and ``speedup_vs_nccl`` (the
         ``nccl`` row's time over its own: the transport's own collective under the same
         profile, NCCL's model under ``nccl``), fastest first; and
-        ``meta["left_out"]`` (``name -> reason``) when candidates could not meet the caps.
+        ``meta["left_out"]`` (``name -> reason``) when candidates could not meet the
+        caps; and what :func:`topoplan.plan` stamps on every plan.
 
     Raises
     ------
@@ -210,8 +183,7 @@ def plan_auto(cluster: Cluster, *, size: int | str = 256 << 20,
     PlannerError
         If ``size`` is not a positive number of bytes, or an option no candidate takes.
     """
-    limits = {k: options.pop(k) for k in ("max_sim_ops", "max_plan_ranks") if k in options}
-    request = PlanRequest.make(cluster, size=size, collective=collective, profile=profile,
-                               max_step_ops=max_step_ops, max_chunks=max_chunks,
-                               machine=machine, who="auto", **options)
-    return choose(request, candidates, **limits)
+    from . import plan
+    return plan(cluster, "auto", size=size, candidates=candidates, profile=profile,
+                max_step_ops=max_step_ops, max_chunks=max_chunks, machine=machine,
+                collective=collective, **options)

@@ -70,15 +70,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..analysis.cost import CostProfile, get_profile
+from ..analysis.cost import CostProfile
 from ..cluster import Cluster
 from ..cluster.model import Box, Nic, SwitchLink
 from ..errors import InfeasiblePlanError, PlannerError, ScheduleError
 from ..ir.collectives import DEFAULT as DEFAULT_COLLECTIVE, collective_of, shard_chunks
 from ..ir.schedule import Native, OpKind, RankProgram, Schedule, native
-from ._checks import check_cap_args, check_caps, check_collective, check_size
+from ._checks import check_caps
 from ._lockstep import empty_schedule, no_gc, schedule_from_arrays
 from .native import native_schedule
+from .request import PlanRequest
 
 __all__ = ["plan_composed", "VARIANTS", "INNER", "MAX_UNITS", "SUB_SIM_OPS", "box_level_cluster",
            "root_of"]
@@ -164,8 +165,11 @@ def _cross_plan(sub: Cluster, size: int, collective: str, profile: CostProfile,
     cluster ``sub``: simulated there, or for plans of more than :data:`SUB_SIM_OPS` ops
     by their planner's own estimate (``mcf``'s lock-step model, within 1% of the
     simulation on the shipped topologies' box-level clusters; plans without one are
-    dropped). InfeasiblePlanError when none plans it."""
-    from .pipeline import PlanRequest, compare
+    dropped). InfeasiblePlanError when none plans it. Inside a plan request's pipeline,
+    a cross-box plan already made for the request (the box-level cluster is the
+    cluster itself when every box has one GPU) is taken as it is
+    (:func:`~topoplan.planners.comparison.shared`)."""
+    from .comparison import price
     from .registry import planners_for
 
     names = planners_for(collective, inner)
@@ -176,13 +180,17 @@ def _cross_plan(sub: Cluster, size: int, collective: str, profile: CostProfile,
                                profile=profile, max_step_ops=max_step_ops,
                                max_chunks=max_chunks, who="composed")
     left_out: dict[str, str] = {}
-    try:
-        found = compare(request, names, max_sim_ops=SUB_SIM_OPS, left_out=left_out)
-    except InfeasiblePlanError:
+    found = []
+    for name in names:
+        try:
+            found.append(price(request, name, {}, max_sim_ops=SUB_SIM_OPS))
+        except InfeasiblePlanError as exc:
+            left_out[name] = str(exc)
+    if not found:
         share = (f" (max_chunks over its {copies} copies: {max_chunks} each)"
                  if copies > 1 and max_chunks is not None else "")
         raise InfeasiblePlanError(f"composed: no planner could plan the cross-box exchange"
-                                  f"{share}: " + "; ".join(left_out.values())) from None
+                                  f"{share}: " + "; ".join(left_out.values()))
     rows = [row for row in found if math.isfinite(row.time_s)]
     if not rows:
         raise InfeasiblePlanError(f"composed: no cross-box planner of {', '.join(names)} "
@@ -557,14 +565,25 @@ def plan_composed(cluster: Cluster, *, size: int = 256 << 20,
         When no variant can be planned (or the forced one cannot), or the plan breaks a
         cap, saying why.
     """
-    size = check_size(size, "composed")
-    collective = check_collective(collective, "composed")
-    check_cap_args(max_step_ops, max_chunks, "composed")
+    request = PlanRequest.make(cluster, size=size, profile=profile, collective=collective,
+                               max_step_ops=max_step_ops, max_chunks=max_chunks,
+                               who="composed")
+    return composed_core(request, variant=variant, inner=inner)
+
+
+@no_gc
+def composed_core(request: PlanRequest, *, variant: str | None = None,
+                  inner: Sequence[str] | None = None) -> Schedule:
+    """:func:`plan_composed` on a validated request."""
     if variant is not None and variant not in VARIANTS:
         raise PlannerError(f"composed: variant must be one of {', '.join(VARIANTS)} or None, "
                            f"got {variant!r}")
     inner = _check_inner(inner)
-    costs = get_profile(profile)
+    # the cluster as written: the NCCL model counts NVLink itself, and the box-level
+    # cluster's cross-box plans are planned on their own runtime cluster
+    cluster, size, collective, costs = (request.cluster, request.size, request.collective,
+                                        request.profile)
+    max_step_ops, max_chunks = request.max_step_ops, request.max_chunks
     n, nb = cluster.nranks, len(cluster.boxes)
     base = {"cluster": cluster.name, "profile": costs.name}
     if n == 1:
@@ -607,16 +626,22 @@ def plan_composed(cluster: Cluster, *, size: int = 256 << 20,
 
 
 def _check_inner(inner: Sequence[str] | None) -> tuple[str, ...]:
-    from .registry import SPECS
+    from .registry import SPECS, check_names
 
     if inner is None:
         return INNER
     if isinstance(inner, str) or not all(isinstance(name, str) for name in inner):
         raise PlannerError(f"composed: inner must be a list of planner names, got {inner!r}")
-    bad = [name for name in inner if name not in SPECS or name in ("auto", "composed", "nccl")]
-    if bad or not inner:
-        known = ", ".join(sorted(set(SPECS) - {"auto", "composed", "nccl"}))
-        raise PlannerError(f"composed: inner: unknown or unusable cross-box planner "
-                           f"{bad[0] if bad else 'list (empty)'!s}; known: {known}")
+    if not inner:
+        raise PlannerError("composed: inner: the list of cross-box planners is empty")
+    try:
+        check_names(inner)
+    except PlannerError as exc:
+        raise PlannerError(f"composed: inner: {exc}") from None
+    bad = [name for name in inner if name in ("composed", "nccl")]
+    if bad:
+        usable = ", ".join(sorted(set(SPECS) - {"auto", "composed", "nccl"}))
+        raise PlannerError(f"composed: inner: {bad[0]!r} plans native steps, which cannot "
+                           f"be the cross-box exchange; usable: {usable}")
     return tuple(inner)
 

@@ -7,15 +7,15 @@ import math
 from typing import Any, Union
 
 from ..cluster import Cluster
-from ..analysis.native.nccl import runtime_cluster
-from ..analysis.cost import CostProfile, get_profile
+from ..analysis.cost import CostProfile
 from ..ir.schedule import Schedule, equal_chunks
-from ._checks import check_cap_args, check_chunks, check_size
+from ._checks import check_chunks
 from ._lockstep import Timeline, empty_schedule, no_gc, ring_allgather, ring_reduce_scatter, split
 from ._order import TopoNode, topo_order, topo_tree
 from ._pipeline_depth import OP_BUDGET, fit_depth, link_params, message_latency
+from .request import PlanRequest
 
-__all__ = ["plan_hierarchical", "hierarchy", "STEP_OPS"]
+__all__ = ["plan_hierarchical", "hierarchical_core", "hierarchy", "STEP_OPS"]
 
 #: Ops a rank posts per step of a pipelined plan, for the per-step cost of the depth
 #: rule: a ring step is a send and a receive, and while one part runs an in-box stage
@@ -229,11 +229,19 @@ def plan_hierarchical(cluster: Cluster, *, size: int, chunks: int | None = None,
     M. Cho, U. Finkler, D. Kung, H. Hunter, "BlueConnect: Decomposing all-reduce for
     deep learning on heterogeneous network hierarchy", SysML 2019.
     """
-    size = check_size(size, "hierarchical")
+    request = PlanRequest.make(cluster, size=size, profile=profile,
+                               max_step_ops=max_step_ops, max_chunks=max_chunks,
+                               who="hierarchical")
+    return hierarchical_core(request, chunks=chunks)
+
+
+@no_gc
+def hierarchical_core(request: PlanRequest, *, chunks: int | None = None) -> Schedule:
+    """:func:`plan_hierarchical` on a validated request."""
     given = check_chunks(chunks, "hierarchical", "pipeline parts")
-    check_cap_args(max_step_ops, max_chunks, "hierarchical")
-    costs = get_profile(profile)
-    cluster = runtime_cluster(cluster, costs)  # NVLink as the profile's runtime moves data
+    costs, size = request.profile, request.size
+    max_step_ops, max_chunks = request.max_step_ops, request.max_chunks
+    cluster = request.runtime  # NVLink as the profile's runtime moves data
     n = cluster.nranks
     if n == 1:
         return empty_schedule(cluster, "hierarchical", levels=[], pipeline=1, profile=costs.name)

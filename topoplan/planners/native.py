@@ -15,10 +15,10 @@ from __future__ import annotations
 from ..cluster import Cluster
 from ..ir.collectives import DEFAULT as DEFAULT_COLLECTIVE
 from ..ir.schedule import RankProgram, Schedule, equal_chunks, native
-from ._checks import check_collective, check_size
 from ._lockstep import empty_schedule
+from .request import PlanRequest
 
-__all__ = ["plan_native", "native_schedule"]
+__all__ = ["plan_native", "native_core", "native_schedule"]
 
 
 def native_schedule(nranks: int, collective: str, **meta: object) -> Schedule:
@@ -56,8 +56,13 @@ def plan_native(cluster: Cluster, *, size: int,
     PlannerError
         For a bad ``size`` or collective.
     """
-    check_size(size, "nccl")
-    collective = check_collective(collective, "nccl")
+    return native_core(PlanRequest.make(cluster, size=size, collective=collective,
+                                        who="nccl"))
+
+
+def native_core(request: PlanRequest) -> Schedule:
+    """:func:`plan_native` on a validated request."""
+    cluster, collective = request.cluster, request.collective
     meta = {"algorithm": "nccl", "cluster": cluster.name,
             "note": "the transport's own collective over every rank (NCCL on GPUs)"}
     if cluster.nranks == 1:

@@ -17,14 +17,15 @@ from typing import Any, Callable, Sequence
 from ..ir.collectives import COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE
 from ..errors import PlannerError
 from ..ir.schedule import Schedule
-from .hierarchical import plan_hierarchical
-from .native import plan_native
-from .rhd import plan_rhd
-from .ring import plan_ring, plan_ring_topo
-from .tree import plan_tree
+from .hierarchical import hierarchical_core, plan_hierarchical
+from .native import native_core, plan_native
+from .rhd import plan_rhd, rhd_core
+from .ring import plan_ring, plan_ring_topo, ring_core, ring_topo_core
+from .tree import plan_tree, tree_core
 
 __all__ = ["PlannerSpec", "LazyPlanner", "SPECS", "PLANNERS", "register", "candidates",
-           "takes", "collectives_of", "planners_for", "require_collective", "options_of"]
+           "takes", "collectives_of", "planners_for", "require_collective", "options_of",
+           "check_names", "default_names", "spec_of"]
 
 Planner = Callable[..., Schedule]
 
@@ -52,6 +53,12 @@ class PlannerSpec:
     profile, caps : bool
         Whether it takes ``profile=`` and the caps (``max_step_ops``, ``max_chunks``);
         a plan from one that does not take the caps is checked against them.
+    core : callable or None
+        ``core(request, **options) -> Schedule``: the planner on a validated
+        :class:`~topoplan.planners.request.PlanRequest` (its runtime cluster, profile,
+        size, collective and caps checked once), which the pipeline calls; ``function``
+        checks its arguments into such a request and calls it. None for a planner
+        registered from outside: the pipeline calls ``function``.
     """
 
     name: str
@@ -62,6 +69,7 @@ class PlannerSpec:
     large: bool = False
     profile: bool = True
     caps: bool = True
+    core: Planner | None = None
 
     def plans(self, collective: str) -> bool:
         return collective in self.collectives
@@ -91,27 +99,29 @@ class LazyPlanner:
         return f"<planner {self.module}.{self.function}>"
 
 
-def _mcf() -> Planner:
-    return LazyPlanner("topoplan.planners.mcf", "plan_mcf")
+def _mcf(function: str) -> Planner:
+    return LazyPlanner("topoplan.planners.mcf", function)
 
 
 _ALL = tuple(COLLECTIVES)
 
 #: The planners, declared: what each plans and takes (see :class:`PlannerSpec`).
 SPECS: dict[str, PlannerSpec] = {spec.name: spec for spec in (
-    PlannerSpec("ring", plan_ring, _ALL, ("order", "chunks")),
-    PlannerSpec("ring-topo", plan_ring_topo, _ALL, ("chunks", "order")),
-    PlannerSpec("tree", plan_tree, (DEFAULT_COLLECTIVE,), ("chunks", "order")),
-    PlannerSpec("rhd", plan_rhd, _ALL, ("chunks", "order")),
+    PlannerSpec("ring", plan_ring, _ALL, ("order", "chunks"), core=ring_core),
+    PlannerSpec("ring-topo", plan_ring_topo, _ALL, ("chunks", "order"), core=ring_topo_core),
+    PlannerSpec("tree", plan_tree, (DEFAULT_COLLECTIVE,), ("chunks", "order"), core=tree_core),
+    PlannerSpec("rhd", plan_rhd, _ALL, ("chunks", "order"), core=rhd_core),
     PlannerSpec("hierarchical", plan_hierarchical, (DEFAULT_COLLECTIVE,), ("chunks",),
-                large=True),
-    PlannerSpec("mcf", _mcf(), _ALL, ("chunks", "exact", "time_limit", "max_ops",
-                                      "flat_max", "check", "channels", "channel_skew",
-                                      "vectored"),
-                large=True),
-    PlannerSpec("nccl", plan_native, _ALL, large=True, profile=False, caps=False),
+                large=True, core=hierarchical_core),
+    PlannerSpec("mcf", _mcf("plan_mcf"), _ALL, ("chunks", "exact", "time_limit", "max_ops",
+                                                "flat_max", "check", "channels",
+                                                "channel_skew", "vectored"),
+                large=True, core=_mcf("mcf_core")),
+    PlannerSpec("nccl", plan_native, _ALL, large=True, profile=False, caps=False,
+                core=native_core),
     PlannerSpec("composed", LazyPlanner("topoplan.planners.composed", "plan_composed"), _ALL,
-                ("variant", "inner"), large=True),
+                ("variant", "inner"), large=True,
+                core=LazyPlanner("topoplan.planners.composed", "composed_core")),
     PlannerSpec("auto", LazyPlanner("topoplan.planners.auto", "plan_auto"), _ALL,
                 ("candidates", "max_sim_ops", "max_plan_ranks"), candidate=False),
 )}
@@ -205,9 +215,10 @@ def require_collective(name: str, collective: Any) -> str:
     planners that do (or, for an unknown collective, the known collectives)."""
     if not isinstance(collective, str) or collective not in COLLECTIVES:
         raise PlannerError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
-    if not SPECS[name].plans(collective):
-        raise PlannerError(f"planner {name!r} plans only allreduce; {collective} is planned "
-                           f"by {', '.join(planners_for(collective))}")
+    spec = spec_of(name)
+    if not spec.plans(collective):
+        raise PlannerError(f"planner {name!r} plans only {', '.join(spec.collectives)}; "
+                           f"{collective} is planned by {', '.join(planners_for(collective))}")
     return collective
 
 
@@ -222,3 +233,37 @@ def options_of(planner: Planner | str) -> list[str]:
     out = ["size", *spec.options] + (["profile"] if spec.profile else []) + (
         ["max_step_ops", "max_chunks"] if spec.caps else [])
     return out + (["collective"] if len(spec.collectives) > 1 else [])
+
+
+def check_names(names: Sequence[str], *, allow_auto: bool = False) -> list[str]:
+    """``names`` if each is a registered planner (and ``auto`` only with ``allow_auto``),
+    else a :class:`PlannerError` naming the first unknown one, the closest known name,
+    and every known one. The one check of a planner's name, for :func:`topoplan.plan`,
+    ``auto``'s candidates, ``composed``'s inner planners and the CLI."""
+    import difflib
+
+    for name in names:
+        if not isinstance(name, str) or name not in SPECS or (name == "auto" and not allow_auto):
+            known = [n for n in SPECS if allow_auto or n != "auto"]
+            close = difflib.get_close_matches(str(name), known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise PlannerError(f"unknown planner {name!r}{hint}; known: "
+                               f"{', '.join(sorted(known))}")
+    return list(names)
+
+
+def spec_of(name: str) -> PlannerSpec:
+    """The :class:`PlannerSpec` of planner ``name`` (:func:`check_names` checks it)."""
+    check_names([name])
+    return SPECS[name]
+
+
+def default_names(request: Any, max_plan_ranks: int | None = None) -> list[str]:
+    """The planners ``auto`` compares for ``request`` (a
+    :class:`~topoplan.planners.request.PlanRequest`): every declared candidate that plans
+    its collective, only the ``large`` ones above ``max_plan_ranks`` ranks (default the
+    request's)."""
+    limit = request.max_plan_ranks if max_plan_ranks is None else max_plan_ranks
+    return [s.name for s in SPECS.values()
+            if s.candidate and s.plans(request.collective)
+            and (request.cluster.nranks <= limit or s.large)]

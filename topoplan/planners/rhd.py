@@ -7,15 +7,15 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..cluster import Cluster
-from ..analysis.native.nccl import runtime_cluster
-from ..analysis.cost import CostProfile, get_profile
+from ..analysis.cost import CostProfile
 from ..ir.schedule import Schedule, equal_chunks
-from ._checks import check_cap_args, check_chunks, check_collective, check_size
+from ._checks import check_chunks
 from ._lockstep import Timeline, empty_schedule, no_gc
 from ._order import resolve_order
 from ._pipeline_depth import fit_depth
+from .request import PlanRequest
 
-__all__ = ["plan_rhd"]
+__all__ = ["plan_rhd", "rhd_core"]
 
 
 @no_gc
@@ -91,12 +91,19 @@ def plan_rhd(cluster: Cluster, *, size: int, chunks: int | None = None,
     -----
     ``4 p (p - 1) chunks + 4 r p chunks`` ops.
     """
-    size = check_size(size, "rhd")
+    request = PlanRequest.make(cluster, size=size, profile=profile, collective=collective,
+                               max_step_ops=max_step_ops, max_chunks=max_chunks, who="rhd")
+    return rhd_core(request, chunks=chunks, order=order)
+
+
+@no_gc
+def rhd_core(request: PlanRequest, *, chunks: int | None = None,
+             order: str | Sequence[int] = "topo") -> Schedule:
+    """:func:`plan_rhd` on a validated request."""
     given = check_chunks(chunks, "rhd", "slices")
-    check_cap_args(max_step_ops, max_chunks, "rhd")
-    collective = check_collective(collective, "rhd")
-    costs = get_profile(profile)
-    cluster = runtime_cluster(cluster, costs)  # NVLink as the profile's runtime moves data
+    costs, size, collective = request.profile, request.size, request.collective
+    max_step_ops, max_chunks = request.max_step_ops, request.max_chunks
+    cluster = request.runtime  # NVLink as the profile's runtime moves data
     ranks, label = resolve_order(cluster, order, "rhd")
     n = cluster.nranks
     if n == 1:

@@ -6,15 +6,15 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..cluster import Cluster
-from ..analysis.native.nccl import runtime_cluster
-from ..analysis.cost import CostProfile, get_profile
+from ..analysis.cost import CostProfile
 from ..ir.schedule import Schedule, equal_chunks
-from ._checks import check_cap_args, check_chunks, check_collective, check_size
+from ._checks import check_chunks
 from ._lockstep import Timeline, empty_schedule, no_gc, ring_allgather, ring_reduce_scatter
 from ._order import resolve_order
 from ._pipeline_depth import fit_depth
+from .request import PlanRequest
 
-__all__ = ["plan_ring", "plan_ring_topo"]
+__all__ = ["plan_ring", "plan_ring_topo", "ring_core", "ring_topo_core"]
 
 
 @no_gc
@@ -83,12 +83,19 @@ def plan_ring(cluster: Cluster, *, size: int, order: str | Sequence[int] = "rank
     ``4 n (n - 1) chunks`` ops: 4.2 M at 1024 ranks (every ring step moves another single
     chunk, so IR v2's chunk ranges do not shrink a flat ring).
     """
-    size = check_size(size, algorithm)
+    request = PlanRequest.make(cluster, size=size, profile=profile, collective=collective,
+                               max_step_ops=max_step_ops, max_chunks=max_chunks, who=algorithm)
+    return ring_core(request, order=order, chunks=chunks, algorithm=algorithm)
+
+
+@no_gc
+def ring_core(request: PlanRequest, *, order: str | Sequence[int] = "rank",
+              chunks: int | None = None, algorithm: str = "ring") -> Schedule:
+    """:func:`plan_ring` on a validated request."""
     given = check_chunks(chunks, algorithm, "slices per ring segment")
-    check_cap_args(max_step_ops, max_chunks, algorithm)
-    collective = check_collective(collective, algorithm)
-    costs = get_profile(profile)
-    cluster = runtime_cluster(cluster, costs)  # NVLink as the profile's runtime moves data
+    collective, costs = request.collective, request.profile
+    max_step_ops, max_chunks = request.max_step_ops, request.max_chunks
+    cluster = request.runtime  # NVLink as the profile's runtime moves data
     ring, label = resolve_order(cluster, order, algorithm)
     n = cluster.nranks
     if n == 1:
@@ -125,3 +132,9 @@ def plan_ring_topo(cluster: Cluster, *, size: int, chunks: int | None = None,
     return plan_ring(cluster, size=size, order=order, chunks=chunks, algorithm="ring-topo",
                      profile=profile, max_step_ops=max_step_ops, max_chunks=max_chunks,
                      collective=collective)
+
+
+def ring_topo_core(request: PlanRequest, *, chunks: int | None = None,
+                   order: str | Sequence[int] = "topo") -> Schedule:
+    """:func:`plan_ring_topo` on a validated request."""
+    return ring_core(request, order=order, chunks=chunks, algorithm="ring-topo")

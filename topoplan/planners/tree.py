@@ -6,15 +6,15 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..cluster import Cluster
-from ..analysis.native.nccl import runtime_cluster
-from ..analysis.cost import CostProfile, get_profile
+from ..analysis.cost import CostProfile
 from ..ir.schedule import Schedule, equal_chunks
-from ._checks import check_cap_args, check_chunks, check_size
+from ._checks import check_chunks
 from ._lockstep import Timeline, empty_schedule, no_gc
 from ._order import TopoNode, resolve_order, topo_tree
 from ._pipeline_depth import OP_BUDGET, fit_depth, link_params, message_latency, pipeline_depth
+from .request import PlanRequest
 
-__all__ = ["plan_tree", "btree", "double_btree", "STEP_OPS"]
+__all__ = ["plan_tree", "tree_core", "btree", "double_btree", "STEP_OPS"]
 
 #: Ops a rank posts per step once the pipeline is full, for the depth model's per-step
 #: cost: a rank interior to one tree (receives from two children and sends to its parent,
@@ -208,11 +208,19 @@ def plan_tree(cluster: Cluster, *, size: int, chunks: int | None = None,
     -----
     ``8 (n - 1) c`` ops.
     """
-    size = check_size(size, "tree")
+    request = PlanRequest.make(cluster, size=size, profile=profile,
+                               max_step_ops=max_step_ops, max_chunks=max_chunks, who="tree")
+    return tree_core(request, chunks=chunks, order=order)
+
+
+@no_gc
+def tree_core(request: PlanRequest, *, chunks: int | None = None,
+              order: str | Sequence[int] = "topo") -> Schedule:
+    """:func:`plan_tree` on a validated request."""
     given = check_chunks(chunks, "tree", "chunks per tree")
-    check_cap_args(max_step_ops, max_chunks, "tree")
-    costs = get_profile(profile)
-    cluster = runtime_cluster(cluster, costs)  # NVLink as the profile's runtime moves data
+    costs, size = request.profile, request.size
+    max_step_ops, max_chunks = request.max_step_ops, request.max_chunks
+    cluster = request.runtime  # NVLink as the profile's runtime moves data
     n = cluster.nranks
     if isinstance(order, str) and order == "topo" and len(cluster.boxes) > 1:
         positions, first, second = _box_trees(cluster)

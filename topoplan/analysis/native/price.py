@@ -13,11 +13,17 @@ profile says (docs/COST_MODEL.md, "Native steps"):
   profiles): the transport's measured collective
   (:class:`~topoplan.analysis.cost.NativeCost`), on top of the bytes a ring over the
   group moves on the links.
-- no ``native`` entry for the kind (``ideal``, a profile calibrated before native steps
-  existed): a ring over the group in group order, reduce-scatter then allgather (a
-  pipelined chain from the root for broadcast and reduce), on the links it loads, with
-  each of its steps paying the profile's step, posting and message costs and its adds.
-  Under ``ideal`` that is the links alone; elsewhere the price says so in its ``note``.
+- ``ideal`` (no costs but the links): on a GPU cluster, NCCL's own algorithm over the
+  group, as under ``nccl``, paying its links alone: the bytes NCCL's choice lays on each
+  link, after the path latencies of a ring over the group (its steps times the slowest
+  hop), with no software latency, tuner floor or protocol start-up, so that the
+  ``nccl`` row is measured by the same rule as every plan (on a calibrated host, where
+  NCCL does not run, a ring as below).
+- no ``native`` entry for the kind (a profile calibrated before native steps existed):
+  a ring over the group in group order, reduce-scatter then allgather (a pipelined
+  chain from the root for broadcast and reduce), on the links it loads, with each of
+  its steps paying the profile's step, posting and message costs and its adds; the
+  price says so in its ``note``.
 
 A price is a *floor* (the op cannot end sooner after it starts), a *latency* (its bytes
 start to move that long after it starts) and *loads* (the bytes it moves over each
@@ -135,11 +141,18 @@ def native_price(cluster: Cluster, kind: str, group: Iterable[int], nbytes: int,
     if len(members) < 2 or nbytes <= 0:
         return NativePrice(kind, members, nbytes, 0.0, 0.0, source="nothing to move")
     note = ""
-    if costs.native_model == "nccl":
+    if costs.native_model == "nccl" or costs.is_ideal:
         priced = _nccl(cluster, kind, members, nbytes)
         if isinstance(priced, NativePrice):
+            if costs.native_model != "nccl":  # ideal: NCCL's algorithm on the links alone
+                from dataclasses import replace
+                _, hops = ring_loads(links, kind, members, nbytes)
+                priced = replace(priced, floor_s=0.0, time_s=0.0,
+                                 latency_s=_ring_steps(kind, len(members)) * max(hops),
+                                 source=f"{priced.source}, links alone")
             return _timed(priced, links)
-        note = priced
+        if costs.native_model == "nccl":
+            note = priced
     measured = costs.native_cost(kind)
     loads, hop_latency = ring_loads(links, kind, members, nbytes)
     steps = _ring_steps(kind, len(members))

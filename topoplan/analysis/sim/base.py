@@ -161,9 +161,11 @@ class Setup:
     def __init__(self, cluster: Cluster, schedule: Schedule, size: int, dtype_size: int,
                  costs: CostProfile, record: bool,
                  progress: Callable[[float, float], None] | None,
-                 base: Cluster | None = None) -> None:
+                 base: Cluster | None = None, bound: float | None = None) -> None:
         self.cluster, self.schedule, self.size = cluster, schedule, size
         self.base = cluster if base is None else base
+        #: the collective's lower bound on ``base`` (computed in the report when None)
+        self.bound = bound
         self.dtype_size, self.costs, self.record = dtype_size, costs, record
         self.reduce_bandwidth = costs.reduce_bandwidth
         self.progress = progress

@@ -669,7 +669,8 @@ class Engine(Setup):
             self.timeline = [(warp(t), e, v) for t, e, v in self.timeline]
         effective = (self.size // self.dtype_size) * self.dtype_size
         collective = self.schedule.collective
-        bound = collective_bound(self.cluster, effective, collective)
+        bound = self.bound if self.bound is not None else \
+            collective_bound(self.base, effective, collective)
         time_s = self.time_s
         algbw = self.size / time_s if time_s > 0 else math.inf
         busbw = algbw * bus_factor(n, collective) if n > 1 else 0.0  # not inf x 0

@@ -6,9 +6,23 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-__all__ = ["SimReport", "TransferRecord", "NativeRecord", "Edge"]
+__all__ = ["SimReport", "TransferRecord", "NativeRecord", "Edge", "Yardsticks"]
 
 Edge = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Yardsticks:
+    """What a simulation of ``collective`` over ``size`` bytes is measured against, when
+    the caller has computed it already (a plan request compares many schedules on one
+    cluster): the lower bound for any schedule and NCCL's own row (None where NCCL does
+    not run). :func:`~topoplan.analysis.sim.simulate` uses them for that size and
+    collective only."""
+
+    size: int
+    collective: str
+    lower_bound_s: float
+    nccl: Any = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from ...errors import ScheduleError
 from ...ir.fingerprint import check_fingerprint
 from ...ir.schedule import Schedule
 from ...units import parse_size
-from .report import SimReport
+from .report import SimReport, Yardsticks
 
 if TYPE_CHECKING:
     from ...cluster import Cluster
@@ -28,7 +28,8 @@ def simulate(cluster: Cluster | str | os.PathLike, schedule: Schedule, size: int
              profile: CostProfile | str | None = None, dtype_size: int = 4,
              reduce_bandwidth: float | None = None, alpha: float | None = None,
              record: bool = False, progress: Callable[[float, float], None] | None = None,
-             resolution: float | None = None, force: bool = False) -> SimReport:
+             resolution: float | None = None, force: bool = False,
+             yardsticks: Yardsticks | None = None) -> SimReport:
     """Predict how long ``schedule`` takes on ``cluster`` for ``size`` bytes per rank.
 
     Parameters
@@ -71,6 +72,10 @@ def simulate(cluster: Cluster | str | os.PathLike, schedule: Schedule, size: int
     force : bool
         Simulate a schedule planned for another cluster (its recorded fingerprint
         differs), as ``topoplan simulate --force``.
+    yardsticks : Yardsticks, optional
+        The lower bound and NCCL's row for this size and collective on ``cluster``,
+        when the caller has them (a plan request computes them once for all its
+        candidates); default computed here.
 
     Returns
     -------
@@ -128,24 +133,26 @@ def simulate(cluster: Cluster | str | os.PathLike, schedule: Schedule, size: int
     # engine makes no reference cycles.
     from .engine import Engine
 
+    effective = (int(size) // dtype_size) * dtype_size
+    if yardsticks is None or yardsticks.size != effective \
+            or yardsticks.collective != schedule.collective:
+        from ..bound import collective_bound
+        # The bound holds for any schedule on the cluster as it is, not as NCCL counts it.
+        yardsticks = Yardsticks(effective, schedule.collective,
+                                collective_bound(cluster, effective, schedule.collective),
+                                nccl_row(cluster, effective, schedule.collective))
     collecting = gc.isenabled()
     gc.disable()
     try:
         engine = Engine(links, schedule, int(size), dtype_size, costs, record, progress,
-                        base=cluster)
+                        base=cluster, bound=yardsticks.lower_bound_s)
         engine.eps = float(resolution)
         engine.run()
         report = engine.report()
     finally:
         if collecting:
             gc.enable()
-    if links is not cluster:
-        # The bound holds for any schedule on the cluster as it is, not as NCCL counts it.
-        from ..bound import collective_bound
-        effective = (int(size) // dtype_size) * dtype_size
-        report = replace(report, lower_bound_s=collective_bound(cluster, effective,
-                                                                schedule.collective))
-    choice = nccl_row(cluster, report.size, schedule.collective)
+    choice = yardsticks.nccl
     return replace(report, nccl=choice) if choice is not None else report
 
 

@@ -21,6 +21,6 @@ each module importing only those listed above it:
 from __future__ import annotations
 
 from .packing import MCFSolution, solve_mcf
-from .planner import plan_mcf
+from .planner import mcf_core, plan_mcf
 
-__all__ = ["plan_mcf", "MCFSolution", "solve_mcf"]
+__all__ = ["plan_mcf", "mcf_core", "MCFSolution", "solve_mcf"]

@@ -17,16 +17,16 @@ from typing import Any, Callable
 import numpy as np
 
 from ...cluster import Cluster
-from ...analysis.native.nccl import runtime_cluster
-from ...analysis.cost import CostProfile, get_profile
+from ...analysis.cost import CostProfile
 from ...errors import InfeasiblePlanError, PlannerError
 from ...ir.schedule import Schedule, vectorize
 from ...ir.collectives import DEFAULT as DEFAULT_COLLECTIVE
-from .._checks import check_cap_args, check_caps, check_collective, check_size
+from .._checks import check_caps
 from .._lockstep import empty_schedule
 from .._order import topo_order
 from ..channels import (SKEW, channelize, check_caps_on_channels, check_channels, check_skew,
                         per_channel, slices)
+from ..request import PlanRequest
 from .build import build, build_sharded
 from .grids import flat_ring_layout, layouts
 from .layout import RankGrid
@@ -37,7 +37,7 @@ from .pricing import CostModel, estimate, piece_profile
 from .rails import rail_layouts
 from .trees import choose_pipeline, materialize
 
-__all__ = ["plan_mcf"]
+__all__ = ["plan_mcf", "mcf_core"]
 
 GRID_OPS = 4_400_000  # a one-piece grid may be this big (a flat ring at ~1024 ranks)
 SOFT_OPS = 400_000  # pipelining op budget: keeps planning within ~1 s up to 64 GPUs
@@ -312,16 +312,29 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     LP sizes: ring LP, (box links) x (Hamiltonian cycles, <= 10000); piece LP,
     (steps x distinct link loads) x (pieces + steps).
     """
-    size = check_size(size, "mcf")
-    collective = check_collective(collective, "mcf")
-    sharded = collective != DEFAULT_COLLECTIVE
-    costs = get_profile(profile)
-    cluster = runtime_cluster(cluster, costs)  # NVLink as the profile's runtime moves data
-    check_cap_args(max_step_ops, max_chunks, "mcf")
-    counts = CHANNEL_CHOICES if channels == "auto" else (check_channels(channels),)
+    request = PlanRequest.make(cluster, size=size, profile=profile, collective=collective,
+                               max_step_ops=max_step_ops, max_chunks=max_chunks, who="mcf")
+    if channels != "auto":
+        check_channels(channels)
     channel_skew = check_skew(channel_skew)
     if not isinstance(vectored, bool):
         raise PlannerError(f"mcf: vectored must be True or False, got {vectored!r}")
+    return mcf_core(request, chunks=chunks, exact=exact, time_limit=time_limit,
+                    max_ops=max_ops, flat_max=flat_max, check=check, channels=channels,
+                    channel_skew=channel_skew, vectored=vectored)
+
+
+def mcf_core(request: PlanRequest, *, chunks: int | None = None, exact: bool | None = None,
+             time_limit: float = 20.0, max_ops: int | None = None,
+             flat_max: int = FLAT_MAX, check: bool = True, channels: int | str = 1,
+             channel_skew: float = SKEW, vectored: bool = False) -> Schedule:
+    """:func:`plan_mcf` on a validated request (``channels``, ``channel_skew`` and
+    ``vectored`` checked by the caller)."""
+    size, collective, costs = request.size, request.collective, request.profile
+    max_step_ops, max_chunks = request.max_step_ops, request.max_chunks
+    sharded = collective != DEFAULT_COLLECTIVE
+    cluster = request.runtime  # NVLink as the profile's runtime moves data
+    counts = CHANNEL_CHOICES if channels == "auto" else (int(channels),)
     result_caps = (max_step_ops, max_chunks)
     n = cluster.nranks
     if max_ops is None:
@@ -432,8 +445,10 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
             cut = channelize(sched, c.channels, channel_skew)
             if vectored:
                 cut = vectorize(cut)
-            timed.append((simulate(cluster, cut, size, profile=costs).time_s, c.nops, id(c),
-                          c, sched))
+            # on the cluster as written, measured against the request's yardsticks
+            yardsticks = request.yardsticks if request.machine is None else None
+            timed.append((simulate(request.cluster, cut, size, profile=costs,
+                                   yardsticks=yardsticks).time_s, c.nops, id(c), c, sched))
         _, _, _, pick, schedule = min(timed)
         pick.info["simulated_s"] = {c.name: t for t, _, _, c, _ in timed}
     if max_step_ops is not None or max_chunks is not None:  # trees: checked once built
