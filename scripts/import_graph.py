@@ -10,6 +10,9 @@ below a room (rooms of one cycle share a level).
     python scripts/import_graph.py              # rooms
     python scripts/import_graph.py --modules    # every module a node
     python scripts/import_graph.py --json
+
+:func:`counts` gives the figures of docs/ARCHITECTURE.md's import-graph table
+(tests/test_architecture.py compares them with its "now" row).
 """
 
 from __future__ import annotations
@@ -112,6 +115,20 @@ def summary(graph: nx.DiGraph) -> dict:
     return {"nodes": graph.number_of_nodes(), "edges": graph.number_of_edges(),
             "levels": max(levels.values(), default=0), "cycles": sorted(cycles),
             "level_of": dict(sorted(levels.items(), key=lambda kv: (kv[1], kv[0])))}
+
+
+def counts() -> dict[str, int]:
+    """The import graph's counts, as docs/ARCHITECTURE.md's table gives them: rooms and
+    modules, their edges, levels and cycles (``real``: without the imports under
+    ``if TYPE_CHECKING:``)."""
+    modules, real = module_graph(), module_graph(typing=False)
+    rooms, real_rooms = summary(room_graph(modules)), summary(room_graph(real))
+    by_module = summary(modules)
+    return {"rooms": rooms["nodes"], "edges": rooms["edges"], "levels": rooms["levels"],
+            "cycles": len(rooms["cycles"]), "real cycles": len(real_rooms["cycles"]),
+            "modules": by_module["nodes"], "module edges": by_module["edges"],
+            "module levels": by_module["levels"], "module cycles": len(by_module["cycles"]),
+            "module real cycles": len(summary(real)["cycles"])}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -111,3 +111,21 @@ def test_readme_walkthrough_runs_as_typed(tmp_path):
             assert all(len(line) <= 80 for line in done.stdout.splitlines()), command
     for made in ("plan.json", "my-cluster.png", "nccl_tuner.conf"):
         assert (tmp_path / made).exists(), made
+
+
+def test_readme_notebook_command_is_installed():
+    """The README's command for the notebooks is nbclient's ``jupyter execute`` from the
+    virtualenv (the dev extra installs it; ``jupyter nbconvert`` is not installed), over
+    the notebooks tests/test_notebooks.py executes (with the same nbclient)."""
+    pytest.importorskip("nbclient")
+    text = (ROOT / "README.md").read_text()
+    block = next(b for b in re.findall(r"```sh\n(.*?)```", text, re.S) if "notebooks/" in b)
+    command = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    assert command == [".venv/bin/jupyter execute notebooks/*.ipynb"], command
+    assert sorted(ROOT.glob("notebooks/*.ipynb")), "no notebooks"
+    bin_dir = Path(sys.executable).parent
+    if not (bin_dir / "jupyter").exists():
+        pytest.skip(f"no jupyter command beside {sys.executable}")
+    done = subprocess.run([str(bin_dir / "jupyter"), "execute", "--help"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "--inplace" in done.stdout, done.stderr[-2000:]
