@@ -702,7 +702,7 @@ def test_the_old_module_paths_warn_and_are_the_new_modules(old, new, monkeypatch
     import topoplan.interop
     monkeypatch.delitem(sys.modules, old, raising=False)
     monkeypatch.delattr(topoplan.interop, old.rsplit(".", 1)[1], raising=False)
-    with pytest.warns(DeprecationWarning, match=rf"{re.escape(old)} is deprecated; import "
+    with pytest.warns(DeprecationWarning, match=rf"{re.escape(old)} moved: import "
                                                 rf"{re.escape(new)}"):
         module = importlib.import_module(old)
     assert module is importlib.import_module(new)

@@ -61,6 +61,30 @@ def test_the_root_holds_layers_not_flat_modules():
                       "viz"]
 
 
+def test_the_root_holds_at_most_eight_modules():
+    """The package, its ``__main__``, the CLI, the exceptions, the units, the YAML reader,
+    one compat module for old paths (``_compat``) and one of small helpers (``_util``)."""
+    modules = sorted(p.name for p in (ROOT / "topoplan").glob("*.py"))
+    assert len(modules) <= 8, modules
+
+
+def test_dir_of_the_package_shows_its_api_only():
+    names = dir(topoplan)
+    assert not {"Any", "annotations", "importlib", "_sys", "sys"} & set(names)
+    assert all(not n.startswith("_") or n == "__version__" for n in names), names
+    assert set(topoplan.__all__) <= set(names)
+    for name in names:
+        getattr(topoplan, name)  # each one resolves
+
+
+def test_import_topoplan_loads_the_exceptions_only():
+    code = ("import sys, topoplan\n"
+            "print(sorted(m for m in sys.modules if m.startswith('topoplan')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         check=True).stdout
+    assert out.strip() == "['topoplan', 'topoplan._compat', 'topoplan.errors']", out
+
+
 def test_the_import_graph_has_no_cycle():
     out = subprocess.run([sys.executable, "scripts/import_graph.py"], capture_output=True,
                          text=True, cwd=ROOT, check=True).stdout

@@ -58,7 +58,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import breadth_first_order, connected_components, maximum_flow
 
-from .._cache import ObjectCache
+from .._util import ObjectCache
 from ..cluster import Box, Cluster
 from ..ir.collectives import get_collective
 from ..units import as_bytes

@@ -338,7 +338,7 @@ class CostProfile:
     def save(self, path: str | Path, header: str = "") -> None:
         """Write the YAML form to ``path`` (atomically: a half-written file never stays),
         after ``header`` as ``#`` comment lines."""
-        from .._files import atomic_write
+        from .._util import atomic_write
         comment = "".join(f"# {line}".rstrip() + "\n" for line in header.splitlines())
         atomic_write(path, comment + self.dumps())
 

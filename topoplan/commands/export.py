@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ScheduleError
-from .._files import atomic_write
+from .._util import atomic_write
 from ..ir.schedule import load_schedule
 from .common import console, json_text, positive_int, size_arg, status
 

@@ -245,10 +245,10 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def _save(fig: Any, path: str | Path, dpi: float) -> None:
     """Draw ``fig`` in memory in the format of ``path``'s extension, then write it whole
-    (:func:`topoplan._files.atomic_write`): a failed drawing leaves no partial picture."""
+    (:func:`topoplan._util.atomic_write`): a failed drawing leaves no partial picture."""
     import io
 
-    from .._files import atomic_write
+    from .._util import atomic_write
     buffer = io.BytesIO()
     fig.savefig(buffer, format=Path(path).suffix.lstrip(".").lower() or None, dpi=dpi)
     atomic_write(path, buffer.getvalue())

@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .._cache import ObjectCache
+from .._util import ObjectCache
 from ..errors import ScheduleError
 from .schedule import Native, OpKind, Schedule, _flat_more, chunk_text, ranges_text
 

@@ -52,8 +52,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Se
 
 from .collectives import (COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE, chunk_bounds, collective_of,
                           shard_chunks)
-from .._files import atomic_write  # noqa: F401 - topoplan.ir.schedule.atomic_write, as before
-from .._gc import no_gc
+from .._util import atomic_write, no_gc
 from ..errors import ScheduleError, TopoplanError
 
 if TYPE_CHECKING:

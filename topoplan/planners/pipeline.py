@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
-from .._progress import step
+from .._util import step
 from ..ir.collectives import COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE
 from ..analysis.cost import CostProfile, get_profile
 from ..errors import InfeasiblePlanError, PlannerError

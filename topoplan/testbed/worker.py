@@ -246,7 +246,7 @@ def main(argv: list[str]) -> int:
     results = [_run_case(case, rank, nranks, comm, torch) for case in job["cases"]]
     if rank == 0:
         out = Path(job["dir"], "result.json")
-        from .._files import atomic_write
+        from .._util import atomic_write
         atomic_write(out, json.dumps(results))
     comm.close()
     return 0

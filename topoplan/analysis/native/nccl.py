@@ -42,7 +42,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
-from ..._cache import ObjectCache
+from ..._util import ObjectCache
 from . import nccl_tables as T
 from .nccl_search import BoxView, Graph, box_view, search_collnet_direct, search_nvls, \
     search_ring, search_tree
