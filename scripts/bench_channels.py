@@ -71,7 +71,7 @@ def run(clusters: list[str], sizes: list[str], planners: list[str], channels: li
     """Measure every case, print a row each as it is measured, and return the rows."""
     import topoplan
     from topoplan.analysis.bound import latency_bound
-    from topoplan.planners.channels import channelize
+    from topoplan.ir.passes import channelize
     from topoplan.units import format_time, parse_size
 
     rows: list[dict[str, Any]] = []

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import topoplan
     from topoplan.analysis.bound import collective_bound
-    from topoplan.ir.schedule import vectorize
+    from topoplan.ir.passes import vectorize
     from topoplan.units import parse_size
 
     size = parse_size(args.size)

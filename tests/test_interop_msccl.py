@@ -21,7 +21,8 @@ from topoplan.errors import PlannerError, ScheduleError, XmlFormatError
 from topoplan.interop.msccl import (Limits, export_msccl, import_msccl, limit_violations,
                                     loads_msccl, to_xml, verify_msccl)
 from topoplan.interop.msccl.export import _unit_grid
-from topoplan.ir.schedule import Op, OpKind, build_schedule, coalesce
+from topoplan.ir.passes import coalesce
+from topoplan.ir.schedule import Op, OpKind, build_schedule
 from topoplan.ir.verify import verify
 
 from .support.clusters import load_topology, switch_cluster

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import json
+import re
 import subprocess
 import sys
 import warnings
@@ -31,6 +33,41 @@ def test_an_old_path_warns_with_the_new_one():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          check=True).stdout
     assert "topoplan.cost moved: import topoplan.analysis.cost" in out
+
+
+#: (old module, name, the module it is in now, its name there): names that left a module
+#: for a module of their concept, or were renamed (topoplan/_compat.py, moved_names).
+MOVED_NAMES = [
+    *[("topoplan.ir.schedule", name, "topoplan.ir.parse", name)
+      for name in ("load_schedule", "loads_schedule", "FRACTION_TOLERANCE")],
+    *[("topoplan.ir.schedule", name, "topoplan.ir.passes", name)
+      for name in ("coalesce", "vectorize", "split_vectored")],
+    ("topoplan.ir.schedule", "native", "topoplan.ir.schedule", "native_op"),
+    *[("topoplan.planners.channels", name, "topoplan.ir.passes", name)
+      for name in ("channelize", "check_channels", "check_skew", "slices", "MAX_CHANNELS")],
+]
+
+
+@pytest.mark.parametrize("old, name, new, new_name", MOVED_NAMES)
+def test_a_name_that_left_its_module_still_imports_from_it_and_warns(old, name, new, new_name):
+    module = importlib.import_module(old)
+    with pytest.warns(DeprecationWarning,
+                      match=rf"^{re.escape(old)}\.{name} is deprecated; use "
+                            rf"{re.escape(new)}\.{new_name}$"):
+        value = getattr(module, name)
+    assert value is getattr(importlib.import_module(new), new_name)
+    assert name not in getattr(module, "__all__", ()) and name not in vars(module)
+
+
+def test_schedule_from_dict_warns_and_parses():
+    from topoplan.ir.parse import loads_schedule, schedule_from_dict
+    from topoplan.ir.schedule import Schedule
+    text = ('{"format": "topoplan-schedule", "version": 1, "nranks": 1, "chunks": [1], '
+            '"ranks": [{"rank": 0, "steps": []}]}')
+    with pytest.warns(DeprecationWarning, match="^topoplan.ir.schedule.Schedule.from_dict is "
+                                                "deprecated; use topoplan.ir.parse.schedule_from_dict$"):
+        old = Schedule.from_dict(json.loads(text), "x.json")
+    assert old == loads_schedule(text) == schedule_from_dict(json.loads(text))
 
 
 def test_submodules_of_an_old_package_path_import():

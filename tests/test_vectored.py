@@ -27,9 +27,10 @@ from topoplan.analysis.sim import simulate
 from topoplan.cluster import loads_cluster
 from topoplan.errors import PlannerError, ScheduleError
 from topoplan.ir.matching import messages
-from topoplan.ir.schedule import (Native, Schedule, build_schedule, coalesce, equal_chunks,
-                                  loads_schedule, native, recv, send, split_vectored, vectorize,
-                                  vrecv, vsend)
+from topoplan.ir.parse import loads_schedule
+from topoplan.ir.passes import coalesce, split_vectored, vectorize
+from topoplan.ir.schedule import (Native, Schedule, build_schedule, equal_chunks, native_op, recv,
+                                  send, vrecv, vsend)
 from topoplan.ir.verify import verify
 from topoplan.runtime.transports import Local
 
@@ -172,7 +173,7 @@ def test_code_that_reads_one_range_refuses_a_vectored_schedule_by_name() -> None
                                             "of topoplan does not handle yet"):
         messages(s)
     assert messages(s, vectored=True).t_more
-    from topoplan.planners.channels import channelize
+    from topoplan.ir.passes import channelize
     with pytest.raises(PlannerError, match=r"rank 0 step 0 sends or receives chunks 1 \+ 3 "
                                            "to or from rank 1 as one vectored message"):
         channelize(s, 2)
@@ -343,7 +344,7 @@ def _random_schedule(rng: random.Random) -> Schedule:
                 rng.shuffle(step)
     if rng.random() < 0.1:
         for program in steps:
-            program.append([native("allreduce", range(n), 0, nchunks)])
+            program.append([native_op("allreduce", range(n), 0, nchunks)])
     collective = rng.choice(["allreduce", "reduce_scatter", "allgather"]) if n != 3 else (
         "allreduce")
     return build_schedule(n, equal_chunks(nchunks), steps, algorithm="random",

@@ -9,8 +9,8 @@ The one place backward compatibility lives:
   either path;
 - **names that left a module** (:func:`moved_names`): the module's ``__getattr__``
   finds them in their new module, warning on every use;
-- **functions renamed in place** (:func:`renamed`): the old name calls the new
-  function, warning on every call.
+- **functions renamed in place** (:func:`renamed`), or gone from a class to a module
+  (:func:`moved_function`): the old name calls the new function, warning on every call.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["MOVED", "MovedFinder", "moved_names", "renamed"]
+__all__ = ["MOVED", "MovedFinder", "moved_names", "renamed", "moved_function"]
 
 #: Old module path -> the module that is there now. At the top: the flat modules of
 #: topoplan 0.1; then the modules that moved when a module became a package or a
@@ -51,6 +51,7 @@ MOVED = {
     "topoplan._mpirun": "topoplan.runtime.mpirun",
     "topoplan.interop.msccl_export": "topoplan.interop.msccl.export",
     "topoplan.interop.msccl_import": "topoplan.interop.msccl.import_",
+    "topoplan.ir.lower": "topoplan.ir.passes.lower",
     # the package root's small helpers, now one module
     "topoplan._cache": "topoplan._util",
     "topoplan._files": "topoplan._util",
@@ -139,3 +140,23 @@ def renamed(new: F, old: str, new_name: str) -> F:
     alias.__name__ = alias.__qualname__ = old
     alias.__doc__ = f"Deprecated: use :func:`{new_name}` (same arguments)."
     return alias  # type: ignore[return-value]
+
+
+def moved_function(old: str, new: str) -> Callable[..., Any]:
+    """The function ``new`` (``"module:name"``) under its old name ``old``, which a class or
+    a module lower down holds: every call warns, naming ``new``, and calls it (found when
+    first called, so that the old place need not import the new one).
+
+    >>> class Schedule:  # doctest: +SKIP
+    ...     from_dict = staticmethod(moved_function("Schedule.from_dict",
+    ...                                             "topoplan.ir.parse:schedule_from_dict"))
+    """
+    home, _, name = new.partition(":")
+
+    def alias(*args: Any, **kwargs: Any) -> Any:
+        warnings.warn(f"{old} is deprecated; use {home}.{name}", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(home), name)(*args, **kwargs)
+
+    alias.__name__ = alias.__qualname__ = old.rpartition(".")[2]
+    alias.__doc__ = f"Deprecated: use :func:`{home}.{name}` (same arguments)."
+    return alias

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import ScheduleError
 from .._util import atomic_write
-from ..ir.schedule import load_schedule
+from ..ir.parse import load_schedule
 from .common import console, json_text, positive_int, size_arg, status
 
 

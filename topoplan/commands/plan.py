@@ -83,7 +83,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ..analysis.bound import (best_partition, bottleneck, collective_bound, latency_bound,
                                   rsag_bound)
     from ..planners import PlanRequest, compare, nccl_candidate, require_collective
-    from ..planners.channels import SKEW, check_channels, check_skew, per_channel
+    from ..ir.passes import check_channels, check_skew
+    from ..planners.channels import SKEW, per_channel
     from ..ir.verify import verify
 
     cluster = load_cluster(args.cluster)
@@ -150,7 +151,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         channels = schedule.nchannels
     elif channels > 1:
         from ..analysis.sim import simulate
-        from ..planners.channels import channelize, check_caps_on_channels
+        from ..planners.channels import check_caps_on_channels
+        from ..ir.passes import channelize
 
         with status(f"cutting the {chosen.name} schedule over {channels} channels ..."):
             schedule = check_caps_on_channels(channelize(schedule, channels, skew), channels,
@@ -161,7 +163,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     unvectored = predicted
     if args.vectored and not itself:
         from ..analysis.sim import simulate
-        from ..ir.schedule import vectorize
+        from ..ir.passes import vectorize
 
         with status(f"vectorizing the {chosen.name} schedule ..."):
             before = schedule.nops

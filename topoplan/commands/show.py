@@ -152,7 +152,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                  f"planning ({args.algorithm or 'auto'}) and simulating")
         with status(f"{doing} at {format_size(args.size)} ..."):
             if args.plan:
-                from ..ir.schedule import load_schedule
+                from ..ir.parse import load_schedule
 
                 schedule = load_schedule(args.plan)
                 if schedule.nranks != cluster.nranks:

@@ -479,7 +479,7 @@ class Messages:
     def split(self) -> Messages:
         """These messages with each vectored one (IR v4) cut into one message per range,
         in its place: the :class:`Messages` of
-        :func:`~topoplan.ir.schedule.split_vectored` of the schedule, built from these
+        :func:`~topoplan.ir.passes.split_vectored` of the schedule, built from these
         arrays rather than from a schedule of millions of new ops (``self`` when nothing
         is vectored).
 
@@ -607,7 +607,7 @@ def messages(schedule: Schedule, *, natives: bool = False,
         r = int(found.step_rank[g])
         raise found.error(f"rank {r} step {found.local(g)} runs a native {call.op.text()}, "
                           "which this part of topoplan does not handle yet; "
-                          "topoplan.ir.lower.lower_native(schedule) turns native steps into "
+                          "topoplan.ir.passes.lower_native(schedule) turns native steps into "
                           "point-to-point ones")
     return found
 

@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from .collectives import Collective, collective_of
 from ..errors import ScheduleError
-from .schedule import NativeKind, Op, OpKind, Schedule, chunk_text, recv_clash, split_vectored
+from .passes.vectorize import split_vectored
+from .schedule import NativeKind, Op, OpKind, Schedule, chunk_text, recv_clash
 
 if TYPE_CHECKING:
     import numpy as np
@@ -380,7 +381,7 @@ def _execute(schedule: Schedule, found: Messages | None = None
 
     ``found`` are the messages to run: by default ``schedule``'s, which then has no
     vectored op (IR v4); for a vectored schedule, those of
-    :func:`~topoplan.ir.schedule.split_vectored` (:meth:`Messages.split`), so that it runs
+    :func:`~topoplan.ir.passes.split_vectored` (:meth:`Messages.split`), so that it runs
     as its split form, which is made only to name a fault in its ops.
     """
     # numpy comes in here, on first use, not with ``import topoplan``.

@@ -121,7 +121,8 @@ def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
     vectored = options.pop("vectored", False)
     if not isinstance(vectored, bool):
         raise PlannerError(f"vectored: must be True or False, got {vectored!r}")
-    from .channels import SKEW, check_channels, check_skew, per_channel
+    from ..ir.passes import check_channels, check_skew
+    from .channels import SKEW, per_channel
     skew = options.pop("channel_skew", SKEW)
     if channels == "auto":
         named = options.get("candidates") if algorithm == "auto" else [algorithm]
@@ -175,11 +176,12 @@ def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
                                   f"max_chunks={per_channel(max_chunks, channels)}, max_step_ops="
                                   f"{per_channel(max_step_ops, channels)})") from None
     if channels != 1 and not itself:
-        from .channels import channelize, check_caps_on_channels
+        from .channels import check_caps_on_channels
+        from ..ir.passes import channelize
         schedule = check_caps_on_channels(channelize(schedule, channels, skew), channels,
                                           max_step_ops, max_chunks)
     if vectored and not vectors:
-        from ..ir.schedule import vectorize
+        from ..ir.passes import vectorize
         schedule = vectorize(schedule)
     return stamp(request, schedule)
 

@@ -75,7 +75,7 @@ from ..cluster import Cluster
 from ..cluster.model import Box, Nic, SwitchLink
 from ..errors import InfeasiblePlanError, PlannerError, ScheduleError
 from ..ir.collectives import DEFAULT as DEFAULT_COLLECTIVE, collective_of, shard_chunks
-from ..ir.schedule import Native, OpKind, RankProgram, Schedule, native
+from ..ir.schedule import Native, OpKind, RankProgram, Schedule, native_op as native
 from ._checks import check_cap_args, check_caps, check_collective, check_size
 from ._lockstep import empty_schedule, no_gc, schedule_from_arrays
 from .native import native_schedule

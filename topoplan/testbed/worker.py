@@ -150,7 +150,7 @@ def _run_case(case: dict[str, Any], rank: int, nranks: int, comm: Any, torch: An
         op = comm.native
     else:
         from topoplan.runtime.executor import AllGather, Allreduce, ReduceScatter
-        from topoplan.ir.schedule import load_schedule
+        from topoplan.ir.parse import load_schedule
         transport = comm.transport()
         executors: dict[str, Any] = {"allreduce": Allreduce, "reduce_scatter": ReduceScatter,
                                      "allgather": AllGather}

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .schedule import Native, NativeKind, Op, RankProgram, Schedule, recv, send
+from ..schedule import Native, NativeKind, Op, RankProgram, Schedule, recv, send
 
 __all__ = ["lower_native", "lower_call"]
 
@@ -83,7 +83,7 @@ def lower_native(schedule: Schedule) -> Schedule:
     reduce-scatter or allreduce, ``2 (g - 1)`` for a broadcast or a reduce; linear time
     in the ops of the result.
     """
-    from .matching import messages
+    from ..matching import messages
 
     found = messages(schedule, natives=True, vectored=True)  # p2p ops pass through
     if not found.calls:
