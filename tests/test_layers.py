@@ -45,6 +45,9 @@ MOVED_NAMES = [
     ("topoplan.ir.schedule", "native", "topoplan.ir.schedule", "native_op"),
     *[("topoplan.planners.channels", name, "topoplan.ir.passes", name)
       for name in ("channelize", "check_channels", "check_skew", "slices", "MAX_CHANNELS")],
+    *[("topoplan.analysis.native.nccl", name, "topoplan.analysis.native.clusters", name)
+      for name in ("runtime_cluster", "nccl_links", "gpu_model", "group_cluster", "GroupCluster",
+                   "DEFAULT_GPU")],
 ]
 
 

@@ -18,7 +18,8 @@ from tests.support.schedules import ring as ring_schedule
 from tests.test_nccl_model import GiB, h100, pick, rails
 from topoplan.analysis.cost import (CostProfile, NativeCost, get_profile, loads_profile,
                                     native_bus_factor, profile_names)
-from topoplan.analysis.native.nccl import group_cluster, nccl_group_time, nccl_model, nccl_time
+from topoplan.analysis.native.clusters import group_cluster
+from topoplan.analysis.native.nccl import nccl_group_time, nccl_model, nccl_time
 from topoplan.analysis.native.price import native_price
 from topoplan.analysis.sim import simulate
 from topoplan.analysis.sim.reference import simulate_reference

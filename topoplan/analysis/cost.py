@@ -138,7 +138,7 @@ class CostProfile:
         ``"nccl"``: NVLink links (and NVSwitch ports) move what NCCL counts per link
         (``src/graph/topo.h``, ``SMxx_NVLINK_BW``: 20 GB/s of an A100's 25, 20.6 of an
         H100's 25), for every schedule the simulator runs under this profile, as for
-        NCCL's own (:func:`topoplan.analysis.native.nccl.nccl_links`); ``None``: the cluster
+        NCCL's own (:func:`topoplan.analysis.native.clusters.nccl_links`); ``None``: the cluster
         file's bandwidths.
     host_bandwidth : float or None
         Bytes/s one rank moves in and out on the machine ``topoplan calibrate`` measured

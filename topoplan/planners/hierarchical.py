@@ -7,7 +7,7 @@ import math
 from typing import Any, Union
 
 from ..cluster import Cluster
-from ..analysis.native.nccl import runtime_cluster
+from ..analysis.native.clusters import runtime_cluster
 from ..analysis.cost import CostProfile, get_profile
 from ..ir.schedule import Schedule, equal_chunks
 from ._checks import check_cap_args, check_chunks, check_size

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..cluster import Cluster
-from ..analysis.native.nccl import runtime_cluster
+from ..analysis.native.clusters import runtime_cluster
 from ..analysis.cost import CostProfile, get_profile
 from ..ir.schedule import Schedule, equal_chunks
 from ._checks import check_cap_args, check_chunks, check_collective, check_size

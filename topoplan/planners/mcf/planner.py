@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...cluster import Cluster
-from ...analysis.native.nccl import runtime_cluster
+from ...analysis.native.clusters import runtime_cluster
 from ...analysis.cost import CostProfile, get_profile
 from ...errors import InfeasiblePlanError, PlannerError
 from ...ir.passes import channelize, check_channels, check_skew, slices, vectorize
