@@ -8,7 +8,7 @@
 
 For every cluster, size and planner, the plan is made once under the profile (``nccl``
 by default), put on each channel count with
-:func:`topoplan.planners.channels.channelize` (what ``topoplan plan --channels N``
+:func:`topoplan.ir.passes.channelize` (what ``topoplan plan --channels N``
 does, with each slice ratio of ``--skews``), verified and simulated
 (:func:`topoplan.simulate`). The table gives the predicted time, the ratio against the
 same plan on one channel measured in the same run (``vs 1ch``: above 1.00x the channels

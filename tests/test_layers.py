@@ -48,6 +48,11 @@ MOVED_NAMES = [
     *[("topoplan.analysis.native.nccl", name, "topoplan.analysis.native.clusters", name)
       for name in ("runtime_cluster", "nccl_links", "gpu_model", "group_cluster", "GroupCluster",
                    "DEFAULT_GPU")],
+    ("topoplan.ir.matching", "messages", "topoplan.ir.matching", "match_messages"),
+    ("topoplan.runtime.calibrate", "fit", "topoplan.runtime.calibrate.fitting", "fit_costs"),
+    ("topoplan.runtime.calibrate.fitting", "fit", "topoplan.runtime.calibrate.fitting",
+     "fit_costs"),
+    ("topoplan.estimate", "Estimate", "topoplan.estimate.result", "IterationEstimate"),
 ]
 
 
@@ -123,6 +128,38 @@ def test_import_topoplan_loads_the_exceptions_only():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          check=True).stdout
     assert out.strip() == "['topoplan', 'topoplan._compat', 'topoplan.errors']", out
+
+
+def test_no_public_names_equal_but_for_case():
+    """In every module, the public names (``__all__``, else what the module defines) differ
+    by more than case (``Native`` and ``native`` did not: the function is ``native_op``).
+    Submodules are not names here: ``topoplan.cluster`` holds ``Cluster``."""
+    code = """
+import collections, importlib, inspect, pkgutil, warnings
+import topoplan
+warnings.simplefilter("ignore")
+names = {"topoplan": topoplan.__all__}
+for info in pkgutil.walk_packages(topoplan.__path__, "topoplan."):
+    if info.name.endswith("__main__"):
+        continue
+    try:
+        module = importlib.import_module(info.name)
+    except ImportError:  # an optional dependency (torch, cupy, mpi4py) missing
+        continue
+    names[info.name] = getattr(module, "__all__", None) or [
+        n for n, v in vars(module).items() if not n.startswith("_") and not inspect.ismodule(v)
+        and getattr(v, "__module__", info.name) == info.name]
+for module, public in names.items():
+    same = collections.defaultdict(set)
+    for name in public:
+        same[name.lower()].add(name)
+    for found in same.values():
+        if len(found) > 1:
+            print(module, sorted(found))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         check=True).stdout
+    assert out == "", out
 
 
 def test_the_import_graph_has_no_cycle():

@@ -1,4 +1,4 @@
-"""The channels pass (:func:`topoplan.planners.channels.channelize`): any point-to-point
+"""The channels pass (:func:`topoplan.ir.passes.channelize`): any point-to-point
 plan on N independent channels over disjoint slices of the data (IR v4), verified, and
 run on the Local transport with the same result as the plan it came from."""
 

@@ -26,7 +26,7 @@ from topoplan.analysis.cost import CostProfile
 from topoplan.analysis.sim import simulate
 from topoplan.cluster import loads_cluster
 from topoplan.errors import PlannerError, ScheduleError
-from topoplan.ir.matching import messages
+from topoplan.ir.matching import match_messages
 from topoplan.ir.parse import loads_schedule
 from topoplan.ir.passes import coalesce, split_vectored, vectorize
 from topoplan.ir.schedule import (Native, Schedule, build_schedule, equal_chunks, native_op, recv,
@@ -171,8 +171,8 @@ def test_code_that_reads_one_range_refuses_a_vectored_schedule_by_name() -> None
     with pytest.raises(ScheduleError, match=r"rank 0 step 0 sends chunks 1 \+ 3 to rank 1 as "
                                             r"one vectored message \(IR v4\), which this part "
                                             "of topoplan does not handle yet"):
-        messages(s)
-    assert messages(s, vectored=True).t_more
+        match_messages(s)
+    assert match_messages(s, vectored=True).t_more
     from topoplan.ir.passes import channelize
     with pytest.raises(PlannerError, match=r"rank 0 step 0 sends or receives chunks 1 \+ 3 "
                                            "to or from rank 1 as one vectored message"):
@@ -425,7 +425,7 @@ def _verify_as_before(s: Schedule) -> tuple[str, object]:
     """verify() of a vectored schedule as it was: matched as it is, then run as
     split_vectored of it."""
     try:
-        nmessages = len(messages(s, natives=True, vectored=True).t_src)
+        nmessages = len(match_messages(s, natives=True, vectored=True).t_src)
         return "ok", replace(verify(split_vectored_reference(s)), nmessages=nmessages)
     except ScheduleError as exc:
         return "error", str(exc)
@@ -464,10 +464,10 @@ def test_verify_runs_a_vectored_schedule_as_its_split_form(seed: int) -> None:
         outcomes.add(next((kind for kind in _FAULTS if kind in str(got[1])), got[0]))
         # The messages verify runs are those of the split schedule, array for array.
         try:
-            found = messages(s, natives=True, vectored=True)
+            found = match_messages(s, natives=True, vectored=True)
         except ScheduleError:
             continue
-        split, want = found.split(), messages(split_vectored(s), natives=True)
+        split, want = found.split(), match_messages(split_vectored(s), natives=True)
         assert (split is found) == (not found.vectored)
         assert vars(split).keys() == vars(want).keys()
         for name, value in vars(want).items():

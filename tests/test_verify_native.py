@@ -23,7 +23,7 @@ from tests.support import native_programs as N
 from tests.test_schedule_native import two_boxes
 from topoplan.cluster import load_cluster
 from topoplan.errors import ScheduleError
-from topoplan.ir.matching import messages
+from topoplan.ir.matching import match_messages
 from topoplan.ir.parse import loads_schedule
 from topoplan.ir.passes import lower_call, lower_native
 from topoplan.ir.schedule import Native, NativeKind, build_schedule, native_op, recv, send
@@ -283,8 +283,8 @@ def test_a_caller_that_does_not_handle_native_steps_is_told_so():
     with pytest.raises(ScheduleError, match=r"rank 0 step 0 runs a native reduce_scatter over "
                                             r"\{0, 1\} of chunks 0..3, which this part of "
                                             r"topoplan does not handle yet; .*lower_native"):
-        messages(two_boxes())
-    found = messages(two_boxes(), natives=True)
+        match_messages(two_boxes())
+    found = match_messages(two_boxes(), natives=True)
     assert [call.group for call in found.calls] == [(0, 1), (0, 1), (2, 3), (2, 3)]
     assert found.ops_per_step.tolist() == [0, 2, 0] * 4
 
@@ -326,7 +326,7 @@ def test_the_queue_order_and_the_rounds_give_the_same_chunks(schedule):
     from topoplan.ir.collectives import collective_of
     from topoplan.ir.verify import _Flow
 
-    flow = _Flow(messages(schedule, natives=True), schedule.nchunks)
+    flow = _Flow(match_messages(schedule, natives=True), schedule.nchunks)
     pc, order = flow.rounds()
     collective = collective_of(schedule)
 

@@ -91,9 +91,9 @@ def native_lines(schedule: Any, most: int = 12) -> list[str]:
     """The native collectives (IR v3) of ``schedule``, one line each, by step, such as
     ``step 0: reduce_scatter {0,1,2,3} chunks 0..7`` (the members' step, or ``steps
     2..5`` where they differ); past ``most`` lines, how many more."""
-    from ..ir.matching import messages
+    from ..ir.matching import match_messages
 
-    calls = sorted(messages(schedule, natives=True).calls,
+    calls = sorted(match_messages(schedule, natives=True).calls,
                    key=lambda call: (min(call.local), call.steps[0]))
     lines = []
     for call in calls[:most]:

@@ -19,19 +19,24 @@ cluster under the runtime's cost profile. docs/ESTIMATE.md states the model; in 
 - :mod:`~topoplan.estimate.compute`: one GPU's compute time (:data:`THROUGHPUTS`, :func:`derive`);
 - :mod:`~topoplan.estimate.buckets`: the gradient buckets (:func:`fuse`, the trainer's own
   rule: :func:`topoplan.runtime.fusion.fusion_buckets`) and when each gradient is ready;
-- :mod:`~topoplan.estimate.result`: :class:`Estimate` and :class:`Bucket`;
+- :mod:`~topoplan.estimate.result`: :class:`IterationEstimate` and :class:`Bucket`;
 - :mod:`~topoplan.estimate.models`: the networks' parameter tensors.
 """
 
 from __future__ import annotations
 
+from .._compat import moved_names
 # Every name the package had when it was one module (the tables and the models too).
 from .buckets import fuse
 from .compute import (GPUS, KINDS, PEAK_SOURCES, PEAKS, THROUGHPUTS, TRANSFORMER_UTILIZATION,
                       Throughput, compute_time, derive, gpu_of)
 from .iteration import estimate, one_box
 from .models import MODELS, Model, canonical, get_model
-from .result import JSON_KEYS, Bucket, Estimate
+from .result import JSON_KEYS, Bucket, IterationEstimate
 
-__all__ = ["Throughput", "THROUGHPUTS", "GPUS", "Bucket", "Estimate", "estimate",
+__all__ = ["Throughput", "THROUGHPUTS", "GPUS", "Bucket", "IterationEstimate", "estimate",
            "compute_time", "gpu_of", "fuse", "one_box", "JSON_KEYS"]
+
+#: The class ``Estimate`` was renamed: it clashed with the function :func:`estimate` but
+#: for case.
+__getattr__ = moved_names(__name__, {"Estimate": "topoplan.estimate.result:IterationEstimate"})

@@ -12,7 +12,7 @@ from ..units import as_bytes
 from .buckets import fuse, ready_times
 from .compute import GPUS, _gpu_name, compute_time, gpu_of
 from .models import MODELS, Model
-from .result import Bucket, Estimate
+from .result import Bucket, IterationEstimate
 
 if TYPE_CHECKING:
     from ..analysis.cost import CostProfile
@@ -34,7 +34,7 @@ def estimate(cluster: Cluster, *, model: Model, compute_s: float | None = None,
              overlap: bool = False, double_buffering: bool = False,
              fusion: int | str = 64 << 20, backward_fraction: float = 2 / 3,
              algorithm: str = "auto", profile: CostProfile | str | None = None,
-             _cache: dict | None = None) -> Estimate:
+             _cache: dict | None = None) -> IterationEstimate:
     """Estimate one training iteration of ``model`` on every GPU of ``cluster``.
 
     Parameters
@@ -70,7 +70,7 @@ def estimate(cluster: Cluster, *, model: Model, compute_s: float | None = None,
 
     Returns
     -------
-    Estimate
+    IterationEstimate
 
     Raises
     ------
@@ -150,7 +150,7 @@ def _allreduce_s(cluster: Cluster, nbytes: int, dtype_size: int, algorithm: str,
 
 def _iteration(cluster: Cluster, *, model: Model, compute_s: float, batch: int, fp16: bool,
                overlap: bool, double_buffering: bool, fusion: int, backward_fraction: float,
-               algorithm: str, costs: CostProfile, cache: dict) -> Estimate:
+               algorithm: str, costs: CostProfile, cache: dict) -> IterationEstimate:
     bytes_per_param = 2 if fp16 else 4
     backward = compute_s * backward_fraction
     ready = ready_times(model, compute_s - backward, backward)
@@ -173,9 +173,10 @@ def _iteration(cluster: Cluster, *, model: Model, compute_s: float, batch: int, 
         mode = "overlap" if overlap else "after compute"
         iteration = max(compute_s, free)
     samples = cluster.nranks * batch / iteration
-    return Estimate(cluster=cluster.name, nranks=cluster.nranks, model=model.name,
-                    params=model.params, batch_per_gpu=batch, mode=mode,
-                    bytes_per_param=bytes_per_param, compute_s=compute_s, comm_s=comm,
-                    exposed_comm_s=iteration - compute_s, iteration_s=iteration,
-                    samples_per_s=samples, efficiency=math.nan, efficiency_box=math.nan,
-                    box_gpus=cluster.boxes[0].gpus, buckets=tuple(buckets))
+    return IterationEstimate(cluster=cluster.name, nranks=cluster.nranks, model=model.name,
+                             params=model.params, batch_per_gpu=batch, mode=mode,
+                             bytes_per_param=bytes_per_param, compute_s=compute_s, comm_s=comm,
+                             exposed_comm_s=iteration - compute_s, iteration_s=iteration,
+                             samples_per_s=samples, efficiency=math.nan,
+                             efficiency_box=math.nan, box_gpus=cluster.boxes[0].gpus,
+                             buckets=tuple(buckets))

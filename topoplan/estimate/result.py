@@ -1,5 +1,5 @@
-"""What an estimate says: :class:`Estimate`, one training iteration, and its fused
-allreduces (:class:`Bucket`)."""
+"""What an estimate says: :class:`IterationEstimate`, one training iteration, and its
+fused allreduces (:class:`Bucket`)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Bucket", "Estimate", "JSON_KEYS"]
+__all__ = ["Bucket", "IterationEstimate", "JSON_KEYS"]
 
-#: The headline numbers of :meth:`Estimate.to_dict` (and :meth:`Estimate.to_json`), its
-#: first keys, in order (``topoplan estimate --json``).
+#: The headline numbers of :meth:`IterationEstimate.to_dict` (and
+#: :meth:`IterationEstimate.to_json`), its first keys, in order (``topoplan estimate --json``).
 JSON_KEYS = ("iteration_s", "compute_s", "comm_s", "exposed_comm_s", "samples_per_s",
              "efficiency")
 
@@ -30,7 +30,7 @@ class Bucket:
 
 
 @dataclass(frozen=True)
-class Estimate:
+class IterationEstimate:
     """One iteration of data-parallel training on a cluster, estimated.
 
     ``efficiency`` is the throughput over ``nranks`` times one GPU's (compute alone);
@@ -85,8 +85,8 @@ class Estimate:
 
 class _JsonText(str):
     """JSON text that also answers, with a DeprecationWarning, the dict lookups callers of
-    :meth:`Estimate.to_json` made when it returned the dict. Everything else (iterating,
-    ``len``, ``in``, ``json.dumps``) sees the text it is."""
+    :meth:`IterationEstimate.to_json` made when it returned the dict. Everything else
+    (iterating, ``len``, ``in``, ``json.dumps``) sees the text it is."""
 
     _data: dict[str, Any]
 
@@ -96,8 +96,9 @@ class _JsonText(str):
         return text
 
     def _dict(self, use: str) -> dict[str, Any]:
-        warnings.warn(f"Estimate.to_json() returns JSON text; {use} on it is deprecated: use "
-                      "Estimate.to_dict() for the dict", DeprecationWarning, stacklevel=3)
+        warnings.warn(f"IterationEstimate.to_json() returns JSON text; {use} on it is "
+                      "deprecated: use IterationEstimate.to_dict() for the dict",
+                      DeprecationWarning, stacklevel=3)
         return self._data
 
     def __getitem__(self, key: Any) -> Any:  # type: ignore[override]

@@ -28,12 +28,16 @@ from typing import Sequence
 
 import numpy as np
 
+from .._compat import moved_names
 from .._util import ObjectCache
 from ..errors import ScheduleError
 from .schedule import Native, OpKind, Schedule, _flat_more, chunk_text, ranges_text
 
-__all__ = ["Messages", "NativeCall", "messages", "deadlock_error", "wait_text",
+__all__ = ["Messages", "NativeCall", "match_messages", "deadlock_error", "wait_text",
            "native_wait_text", "group_text"]
+
+#: ``messages`` was renamed: it clashed with the class :class:`Messages` but for case.
+__getattr__ = moved_names(__name__, {"messages": "topoplan.ir.matching:match_messages"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +96,7 @@ class Messages:
     Vectored messages (IR v4): ``t_chunk`` and ``t_count`` are a message's first range;
     ``t_more`` maps each message with several ranges to the ranges after its first
     (empty for a schedule without them, :attr:`vectored` False). A consumer that reads
-    only ``t_chunk``/``t_count`` must ask for vectored schedules (:func:`messages`).
+    only ``t_chunk``/``t_count`` must ask for vectored schedules (:func:`match_messages`).
     :meth:`split` cuts them into one message per range (the verifier runs those).
 
     Native ops (IR v3) are not ops of these arrays: ``op_ptr`` and ``ops_per_step``
@@ -576,8 +580,8 @@ class _Ops:
 _MESSAGES: ObjectCache[Schedule, Messages] = ObjectCache(Messages)
 
 
-def messages(schedule: Schedule, *, natives: bool = False,
-             vectored: bool = False) -> Messages:
+def match_messages(schedule: Schedule, *, natives: bool = False,
+                   vectored: bool = False) -> Messages:
     """The :class:`Messages` of ``schedule``, computed once per schedule object.
 
     Parameters

@@ -250,7 +250,7 @@ def _check_lockstep(schedule: Schedule, planner: str) -> None:
     """Copies that share a rank are merged step by step, which pairs their messages
     right only if every message of the box-level plan is sent and received in the same
     lock-step slot (every planner here builds them so)."""
-    from ..ir.matching import messages
+    from ..ir.matching import match_messages as messages
 
     found = messages(schedule)
     slot_s = found.step_local[found.t_sstep]  # the steps as written in the programs
