@@ -145,11 +145,9 @@ def renamed(new: F, old: str, new_name: str) -> F:
 def moved_function(old: str, new: str) -> Callable[..., Any]:
     """The function ``new`` (``"module:name"``) under its old name ``old``, which a class or
     a module lower down holds: every call warns, naming ``new``, and calls it (found when
-    first called, so that the old place need not import the new one).
-
-    >>> class Schedule:  # doctest: +SKIP
-    ...     from_dict = staticmethod(moved_function("Schedule.from_dict",
-    ...                                             "topoplan.ir.parse:schedule_from_dict"))
+    first called, so that the old place need not import the new one): in
+    :class:`~topoplan.ir.schedule.Schedule`, ``from_dict = staticmethod(moved_function(
+    "topoplan.ir.schedule.Schedule.from_dict", "topoplan.ir.parse:schedule_from_dict"))``.
     """
     home, _, name = new.partition(":")
 
