@@ -8,7 +8,7 @@
 
 For every cluster, size and planner, the plan is made once under the profile (``nccl``
 by default), put on each channel count with
-:func:`topoplan.planners.channels.channelize` (what ``topoplan plan --channels N``
+:func:`topoplan.ir.passes.channelize` (what ``topoplan plan --channels N``
 does, with each slice ratio of ``--skews``), verified and simulated
 (:func:`topoplan.simulate`). The table gives the predicted time, the ratio against the
 same plan on one channel measured in the same run (``vs 1ch``: above 1.00x the channels
@@ -71,7 +71,7 @@ def run(clusters: list[str], sizes: list[str], planners: list[str], channels: li
     """Measure every case, print a row each as it is measured, and return the rows."""
     import topoplan
     from topoplan.analysis.bound import latency_bound
-    from topoplan.planners.channels import channelize
+    from topoplan.ir.passes import channelize
     from topoplan.units import format_time, parse_size
 
     rows: list[dict[str, Any]] = []

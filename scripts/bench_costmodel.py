@@ -110,7 +110,7 @@ def rank_main(manifest_path: str) -> None:
     from mpi4py import MPI as mpi
 
     from topoplan.runtime.executor import Allreduce
-    from topoplan.ir.schedule import load_schedule
+    from topoplan.ir.parse import load_schedule
     from topoplan.runtime.transports.mpi import MPI
 
     with open(manifest_path) as f:

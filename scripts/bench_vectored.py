@@ -1,5 +1,5 @@
 """Vectored messages (IR v4): ops per rank and simulated time over the bound, with and
-without :func:`topoplan.ir.schedule.vectorize`, of a planner's reduce-scatter and
+without :func:`topoplan.ir.passes.vectorize`, of a planner's reduce-scatter and
 allgather (``mcf`` by default) on the shipped topologies named.
 
 ``python scripts/bench_vectored.py topologies/leaf_spine_1024.yaml topologies/dgx_a100_x4.yaml``
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import topoplan
     from topoplan.analysis.bound import collective_bound
-    from topoplan.ir.schedule import vectorize
+    from topoplan.ir.passes import vectorize
     from topoplan.units import parse_size
 
     size = parse_size(args.size)

@@ -38,7 +38,7 @@ def _best(work: Callable, schedule, repeat: int) -> tuple[float, object]:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     from tests.support.native_programs import rails
-    from topoplan.ir.lower import lower_native
+    from topoplan.ir.passes import lower_native
     from topoplan.ir.verify import verify
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

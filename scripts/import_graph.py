@@ -2,7 +2,7 @@
 
 Every ``import`` and ``from ... import`` in ``topoplan/`` counts, also those inside
 function bodies (a cycle hidden in a function is still a cycle a reader must follow).
-A *room* is a top-level module (``topoplan/analysis/cost.py`` -> ``cost``) or a subpackage
+A *room* is a top-level module (``topoplan/errors.py`` -> ``errors``) or a subpackage
 (``topoplan/planners/*`` -> ``planners``). Edges join rooms; cycles are the strongly
 connected components of more than one room; levels are the longest chain of imports
 below a room (rooms of one cycle share a level).

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 import topoplan
-from topoplan.ir.schedule import load_schedule
+from topoplan.ir.parse import load_schedule
 from topoplan.runtime.transports import MPI
 
 SHARDS = (0, 1, 7, 1000, (1 << 16) + 3)  # elements per shard

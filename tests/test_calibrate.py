@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from topoplan.runtime.calibrate import (HOST_PARAMETERS, Case, Sample, calibrate, calibration_cases,
-                                fit, fit_profile, measure)
+                                fit_costs, fit_profile, measure)
 from topoplan.cli import main
 from topoplan.analysis.cost import CostProfile, load_profile, loads_profile
 from topoplan.errors import TopoplanError
@@ -63,7 +63,7 @@ def test_fit_recovers_the_costs_the_simulator_was_given():
                  simulate(TRUTH.host_cluster(n), c.schedule, c.size, profile=TRUTH).time_s)
                 for c in runs]
     start = CostProfile("start", reduce_bandwidth=TRUTH.reduce_bandwidth)
-    result = fit(measured, start, HOST_PARAMETERS)
+    result = fit_costs(measured, start, HOST_PARAMETERS)
     for name in ("step_overhead", "op_overhead", "call_overhead", "host_bandwidth"):
         assert result.values[name] == pytest.approx(getattr(TRUTH, name), rel=1e-6), name
     assert result.rms < 1e-9 and result.unidentified == ()
@@ -76,11 +76,11 @@ def test_fit_recovers_the_costs_the_simulator_was_given():
 def test_fit_names_what_it_cannot_do():
     case = calibration_cases(2)[2]
     with pytest.raises(TopoplanError, match="cannot fit 'beta'; fittable: step_overhead"):
-        fit([(case.label, case.schedule, case.size, 1e-3)], TRUTH, ["beta"])
+        fit_costs([(case.label, case.schedule, case.size, 1e-3)], TRUTH, ["beta"])
     with pytest.raises(TopoplanError, match="nothing to fit"):
-        fit([], TRUTH, ["alpha"])
+        fit_costs([], TRUTH, ["alpha"])
     with pytest.raises(TopoplanError, match="'ring': measured time must be > 0"):
-        fit([(case.label, case.schedule, case.size, 0.0)], TRUTH, ["alpha"])
+        fit_costs([(case.label, case.schedule, case.size, 0.0)], TRUTH, ["alpha"])
 
 
 def _simulated_samples(n: int, profile: CostProfile, latency: float,

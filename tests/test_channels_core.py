@@ -20,9 +20,9 @@ from topoplan.analysis.cost import IDEAL
 from topoplan.analysis.sim import simulate
 from topoplan.analysis.sim.reference import simulate_reference
 from topoplan.errors import ScheduleError
-from topoplan.ir.lower import lower_native
+from topoplan.ir.passes import lower_native
 from topoplan.ir.matching import Messages
-from topoplan.ir.schedule import (RankProgram, Schedule, build_schedule, equal_chunks, native,
+from topoplan.ir.schedule import (RankProgram, Schedule, build_schedule, equal_chunks, native_op,
                                   recv, send)
 from topoplan.ir.verify import verify
 
@@ -114,8 +114,8 @@ def test_a_chunk_on_two_channels_is_named():
 def test_a_native_op_owns_its_chunks_on_channel_0():
     # A native allreduce on chunks 0..1 (channel 0) and a channel-1 op on chunk 1.
     schedule = build_schedule(2, equal_chunks(4), [
-        [[native("allreduce", (0, 1), 0, 2)], [send(1, 1, channel=1), recv(1, 3, channel=1)]],
-        [[native("allreduce", (0, 1), 0, 2)], [recv(0, 1, channel=1), send(0, 3, channel=1)]]])
+        [[native_op("allreduce", (0, 1), 0, 2)], [send(1, 1, channel=1), recv(1, 3, channel=1)]],
+        [[native_op("allreduce", (0, 1), 0, 2)], [recv(0, 1, channel=1), send(0, 3, channel=1)]]])
     with pytest.raises(ScheduleError, match=r"rank 0 step 1: chunk 1 is on channel 1 here but "
                        r"on channel 0 at rank 0 step 0"):
         verify(schedule)
@@ -124,8 +124,8 @@ def test_a_native_op_owns_its_chunks_on_channel_0():
 def test_a_native_op_stands_alone_in_its_step_whatever_the_channels():
     # The channel-1 send would be a global step of its own; the program step is shared.
     schedule = build_schedule(2, equal_chunks(4), [
-        [[native("allreduce", (0, 1), 0, 2), send(1, 2, channel=1)]],
-        [[native("allreduce", (0, 1), 0, 2), recv(0, 2, channel=1)]]])
+        [[native_op("allreduce", (0, 1), 0, 2), send(1, 2, channel=1)]],
+        [[native_op("allreduce", (0, 1), 0, 2), recv(0, 2, channel=1)]]])
     with pytest.raises(ScheduleError, match=r"rank 0 step 0: a native allreduce over \{0, 1\} "
                        r"of chunks 0..1 stands alone in its step; this step has 2 ops"):
         verify(schedule)
@@ -202,7 +202,7 @@ def test_native_steps_with_channels_verify_lower_and_simulate():
     programs = []
     for p in ring.ranks:
         steps = [tuple(op for op in step if op.channel == 1) for step in p.steps]
-        programs.append(RankProgram(p.rank, ((native("allreduce", range(n), 0, n),),)
+        programs.append(RankProgram(p.rank, ((native_op("allreduce", range(n), 0, n),),)
                                     + tuple(steps)))
     schedule = replace(ring, ranks=tuple(programs))
     assert verify(schedule).nchannels == 2

@@ -108,22 +108,22 @@ def test_a_status_outside_a_terminal_is_quiet_when_quick_and_a_plain_line_when_l
         monkeypatch, capsys):
     import time
 
-    from topoplan import _progress
+    from topoplan import _util
     from topoplan.commands import common
 
     monkeypatch.setattr(common, "QUIET_S", 0.3)
     with common.status("quick ..."):
-        _progress.step("a step")
+        _util.step("a step")
     with common.status("planning ..."):
         time.sleep(0.6)  # past QUIET_S with no step: the message
         for i in range(12):  # a step every 0.1 s: a line at most every QUIET_S
-            _progress.step(f"step {i}")
+            _util.step(f"step {i}")
             time.sleep(0.1)
     err = capsys.readouterr().err
     lines = err.splitlines()
     assert lines[0] == "topoplan: planning ..." and ESC not in err
     assert 2 <= len(lines) <= 5 and all(ln.startswith("topoplan: step ") for ln in lines[1:])
-    _progress.step("nobody listens")  # outside a status: nothing, no error
+    _util.step("nobody listens")  # outside a status: nothing, no error
     assert capsys.readouterr().err == ""
 
 
@@ -147,8 +147,8 @@ def test_show_and_plan_say_which_figure_and_which_candidate(monkeypatch, capsys,
 
 
 def test_on_a_terminal_the_status_line_shows_the_step():
-    code = ("import time\nfrom topoplan import _progress\nfrom topoplan.commands.common import status\n"
+    code = ("import time\nfrom topoplan import _util\nfrom topoplan.commands.common import status\n"
             "with status('planning ...'):\n"
-            "    _progress.step('mcf: planning 256 ranks ...')\n    time.sleep(0.5)\n")
+            "    _util.step('mcf: planning 256 ranks ...')\n    time.sleep(0.5)\n")
     out = _in_a_terminal([sys.executable, "-c", code], _env())
     assert "planning ... mcf: planning 256 ranks ..." in out and ESC in out

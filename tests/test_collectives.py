@@ -13,8 +13,8 @@ from tests.support import schedules as S
 from topoplan.ir.collectives import (COLLECTIVES, AllGatherSpec, AllReduceSpec, ReduceScatterSpec,
                                   collective_of, get_collective, shard_chunks)
 from topoplan.errors import ScheduleError
-from topoplan.ir.schedule import (OpKind, RankProgram, build_schedule, equal_chunks, loads_schedule,
-                               recv, send)
+from topoplan.ir.parse import loads_schedule
+from topoplan.ir.schedule import OpKind, RankProgram, build_schedule, equal_chunks, recv, send
 from topoplan.ir.verify import verify
 
 

@@ -24,6 +24,7 @@ from topoplan.analysis.native.nccl import nccl_time
 from topoplan.analysis.sim import simulate
 from topoplan.cluster import Cluster, load_cluster, loads_cluster
 from topoplan.errors import InfeasiblePlanError, PlannerError
+from topoplan.ir.parse import schedule_from_dict
 from topoplan.ir.schedule import Native, NativeKind, Schedule
 from topoplan.ir.verify import verify
 from topoplan.planners import PlanRequest, compare, nccl_candidate, plan
@@ -385,7 +386,7 @@ def test_plan_table_shows_one_nccl_row_and_can_choose_it(tmp_path: Path) -> None
     nccl = next(c for c in data["candidates"] if c["algorithm"] == "nccl")
     assert nccl["speedup_vs_nccl"] == pytest.approx(1.0)
     assert {"nccl_algorithm", "protocol", "channels"} <= set(nccl)
-    saved = checked(Schedule.from_dict(json.loads((tmp_path / "p.json").read_text())), "file")
+    saved = checked(schedule_from_dict(json.loads((tmp_path / "p.json").read_text())), "file")
     assert saved.nnative == 8
     table = subprocess.run(args, capture_output=True, text=True, check=True).stdout
     assert "nccl *" in table and "chosen: nccl" in table

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from topoplan.cluster import loads_cluster
-from topoplan.ir.schedule import loads_schedule
+from topoplan.ir.parse import loads_schedule
 from topoplan.ir.verify import verify
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,7 +3,7 @@ text says of it."""
 
 from __future__ import annotations
 
-from topoplan.ir.schedule import loads_schedule
+from topoplan.ir.parse import loads_schedule
 from topoplan.ir.verify import verify
 
 from .test_docs import blocks

@@ -255,7 +255,7 @@ def test_to_json_is_text_and_to_dict_the_data_with_a_deprecation_path():
     assert json.loads(text) == data and json.loads(result.to_json(indent=1)) == data
     assert tuple(data)[:len(JSON_KEYS)] == JSON_KEYS
     # It returned the dict: its lookups still answer, each warning and naming to_dict().
-    with pytest.warns(DeprecationWarning, match=r"use Estimate\.to_dict\(\)"):
+    with pytest.warns(DeprecationWarning, match=r"use IterationEstimate\.to_dict\(\)"):
         assert text["iteration_s"] == data["iteration_s"]
     with pytest.warns(DeprecationWarning, match=r"\.get\(\).*to_dict"):
         assert text.get("nranks") == 4

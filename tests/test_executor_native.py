@@ -16,7 +16,7 @@ import pytest
 from tests.support import native_cases as C
 from tests.support import native_schedules as N
 from topoplan.errors import ScheduleError, TopoplanError, TransportError
-from topoplan.ir.schedule import build_schedule, native, send
+from topoplan.ir.schedule import build_schedule, native_op, send
 from topoplan.runtime.executor import Allreduce
 from topoplan.runtime.executor.compiler import NativePlan, compile_program, native_groups
 from topoplan.runtime.transports import Local
@@ -54,18 +54,18 @@ def test_the_groups_are_listed_in_one_order_for_every_rank() -> None:
 
 
 @pytest.mark.parametrize("op, extra, message", [
-    (native("allreduce", [0, 4], 0), None,
+    (native_op("allreduce", [0, 4], 0), None,
      r"rank 0 step 0: native allreduce over \{0, 4\} of chunk 0: group names rank 4, but "
      r"the local transport has 4 ranks"),
-    (native("allreduce", [1, 2], 0), None, "rank 0 step 0: .*rank 0 is not in the group"),
-    (native("allreduce", [0, 0, 1], 0), None, "a group names distinct ranks"),
-    (native("allreduce", [0, 1], 0), send(1, 1), "stands alone in its step; this step has 2"),
-    (native("allreduce", [0, 1], 1, 2), None, "outside the schedule's 2 chunks"),
-    (native("reduce_scatter", [0, 1, 2], 0, 2), None,
+    (native_op("allreduce", [1, 2], 0), None, "rank 0 step 0: .*rank 0 is not in the group"),
+    (native_op("allreduce", [0, 0, 1], 0), None, "a group names distinct ranks"),
+    (native_op("allreduce", [0, 1], 0), send(1, 1), "stands alone in its step; this step has 2"),
+    (native_op("allreduce", [0, 1], 1, 2), None, "outside the schedule's 2 chunks"),
+    (native_op("reduce_scatter", [0, 1, 2], 0, 2), None,
      "count 2 does not split into 3 equal parts"),
-    (native("broadcast", [0, 1], 0), None, "root None is not in the group"),
-    (native("reduce", [0, 1], 0, root=3), None, "root 3 is not in the group"),
-    (native("allgather", [0, 1], 0, 2, root=0), None, "a native allgather has no root"),
+    (native_op("broadcast", [0, 1], 0), None, "root None is not in the group"),
+    (native_op("reduce", [0, 1], 0, root=3), None, "root 3 is not in the group"),
+    (native_op("allgather", [0, 1], 0, 2, root=0), None, "a native allgather has no root"),
 ])
 def test_bad_native_ops_are_refused_before_anything_moves(op, extra, message) -> None:
     steps = [[[op, extra] if extra else [op]]] + [[] for _ in range(3)]
@@ -116,7 +116,7 @@ def test_a_member_that_never_comes_times_out_naming_the_step_and_group() -> None
 
 
 def test_members_that_disagree_fail_naming_what_each_runs() -> None:
-    steps = [[[native("broadcast", [0, 1], 0, root=r)]] for r in range(2)]
+    steps = [[[native_op("broadcast", [0, 1], 0, root=r)]] for r in range(2)]
     schedule = build_schedule(2, (1.0,), steps, algorithm="disagree")
 
     def rank_fn(t: Local):

@@ -1,4 +1,4 @@
-"""topoplan._files: every file topoplan writes has the mode open() gives, and a failed
+"""topoplan._util.atomic_write: every file topoplan writes has the mode open() gives, and a failed
 write leaves nothing behind (plans, XML and YAML came out -rw------- under umask 022)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from topoplan._files import atomic_write
+from topoplan._util import atomic_write
 from topoplan.cli import main
 from topoplan.errors import TopoplanError
 

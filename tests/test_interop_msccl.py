@@ -21,7 +21,8 @@ from topoplan.errors import PlannerError, ScheduleError, XmlFormatError
 from topoplan.interop.msccl import (Limits, export_msccl, import_msccl, limit_violations,
                                     loads_msccl, to_xml, verify_msccl)
 from topoplan.interop.msccl.export import _unit_grid
-from topoplan.ir.schedule import Op, OpKind, build_schedule, coalesce
+from topoplan.ir.passes import coalesce
+from topoplan.ir.schedule import Op, OpKind, build_schedule
 from topoplan.ir.verify import verify
 
 from .support.clusters import load_topology, switch_cluster
@@ -702,7 +703,7 @@ def test_the_old_module_paths_warn_and_are_the_new_modules(old, new, monkeypatch
     import topoplan.interop
     monkeypatch.delitem(sys.modules, old, raising=False)
     monkeypatch.delattr(topoplan.interop, old.rsplit(".", 1)[1], raising=False)
-    with pytest.warns(DeprecationWarning, match=rf"{re.escape(old)} is deprecated; import "
+    with pytest.warns(DeprecationWarning, match=rf"{re.escape(old)} moved: import "
                                                 rf"{re.escape(new)}"):
         module = importlib.import_module(old)
     assert module is importlib.import_module(new)

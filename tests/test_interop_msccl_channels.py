@@ -13,7 +13,7 @@ from topoplan.errors import PlannerError
 from topoplan.interop.msccl import (SEGMENTS_ATTR, Limits, export_msccl, import_msccl,
                                     limit_violations, loads_msccl, to_xml, verify_msccl)
 from topoplan.ir.verify import verify
-from topoplan.planners.channels import channelize
+from topoplan.ir.passes import channelize
 
 from .support.clusters import load_topology
 from .support.schedules import ring_schedule

@@ -13,7 +13,7 @@ from topoplan.analysis.bound import latency_bound
 from topoplan.analysis.sim import simulate
 from topoplan.errors import PlannerError
 from topoplan.ir.verify import verify
-from topoplan.planners.channels import slices
+from topoplan.ir.passes import slices
 from topoplan.planners.mcf import plan_mcf
 from topoplan.planners.mcf.pricing import channel_time
 

@@ -11,7 +11,8 @@ import pytest
 from topoplan.analysis.bound import collective_bound
 from topoplan.cluster import load_cluster, loads_cluster
 from topoplan.analysis.native import nccl_tables as T
-from topoplan.analysis.native.nccl import NcclModel, nccl_links, nccl_model, nccl_time
+from topoplan.analysis.native.clusters import nccl_links
+from topoplan.analysis.native.nccl import NcclModel, nccl_model, nccl_time
 from topoplan.analysis.native.nccl_search import box_view, nvlink_view, search_nvls, search_ring
 
 GiB = 1 << 30
@@ -331,7 +332,8 @@ def test_the_model_cache_keeps_no_cluster_alive():
     import gc
     import weakref
 
-    from topoplan.analysis.native.nccl import _LINKS, _MODELS
+    from topoplan.analysis.native.clusters import _LINKS
+    from topoplan.analysis.native.nccl import _MODELS
     cluster = loads_cluster(rails(2, fabric="450 GB/s"))
     nccl_time(cluster, GiB)
     nccl_links(cluster)

@@ -1,4 +1,4 @@
-"""The channels pass (:func:`topoplan.planners.channels.channelize`): any point-to-point
+"""The channels pass (:func:`topoplan.ir.passes.channelize`): any point-to-point
 plan on N independent channels over disjoint slices of the data (IR v4), verified, and
 run on the Local transport with the same result as the plan it came from."""
 
@@ -13,9 +13,11 @@ import topoplan
 from topoplan.cli import main
 from topoplan.errors import InfeasiblePlanError, PlannerError
 from topoplan.ir.collectives import shard_chunks
-from topoplan.ir.schedule import Native, build_schedule, coalesce, loads_schedule, recv, send
+from topoplan.ir.parse import loads_schedule
+from topoplan.ir.passes import coalesce
+from topoplan.ir.schedule import Native, build_schedule, recv, send
 from topoplan.ir.verify import verify
-from topoplan.planners.channels import channelize
+from topoplan.ir.passes import channelize
 from topoplan.runtime.transports import Local
 
 from .support.clusters import load_topology, switch_cluster, topology_path
@@ -207,7 +209,7 @@ def test_cli_plan_channels_writes_a_channelled_plan(tmp_path, capsys):
 
 @pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
 def test_skewed_slices_keep_shards_and_compute_what_the_plan_computes(collective):
-    from topoplan.planners.channels import slices
+    from topoplan.ir.passes import slices
 
     schedule = _plan("ddl_two_switch", "mcf", collective)
     out = channelize(schedule, 3, skew=1.5)

@@ -1,6 +1,5 @@
 """The planners' parts import one way: no cycle through the mcf package or the shared
-modules (``planners/_*.py``), and the names that moved out of ``_common`` still import
-from it."""
+modules (``planners/_*.py``)."""
 
 from __future__ import annotations
 
@@ -34,12 +33,3 @@ def test_no_import_cycle_runs_through_the_mcf_package_or_the_shared_modules():
               if len(c) > 1 and any(ours(m) for m in c)]
     assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
 
-
-def test_the_names_that_left_common_still_import_from_it():
-    from topoplan.planners import _checks, _common, _lockstep, _order, _pipeline_depth
-
-    homes = (_checks, _lockstep, _order, _pipeline_depth)
-    for name in _common.__all__:
-        home = next((m for m in homes if name in m.__all__), None)
-        assert home is not None, f"_common.{name} has no home among the split modules"
-        assert getattr(_common, name) is getattr(home, name), name

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from topoplan.errors import ScheduleError
-from topoplan.ir.schedule import (Native, NativeKind, OpKind, Schedule, build_schedule,
-                                  loads_schedule, native, recv, send)
+from topoplan.ir.parse import loads_schedule
+from topoplan.ir.schedule import (Native, NativeKind, OpKind, Schedule, build_schedule, native_op,
+                                  recv, send)
 
 
 def two_boxes() -> Schedule:
@@ -18,9 +19,9 @@ def two_boxes() -> Schedule:
         box = [0, 1] if r < 2 else [2, 3]
         half = 0 if r % 2 == 0 else 2
         peer = r ^ 2
-        steps.append([[native("reduce_scatter", box, 0, 4)],
+        steps.append([[native_op("reduce_scatter", box, 0, 4)],
                       [send(peer, half, 2), recv(peer, half, True, 2)],
-                      [native("allgather", box, 0, 4)]])
+                      [native_op("allgather", box, 0, 4)]])
     return build_schedule(4, [0.25] * 4, steps, algorithm="composed")
 
 
@@ -43,7 +44,7 @@ def test_a_schedule_without_native_steps_stays_version_1():
 
 
 def test_rooted_ops_carry_their_root():
-    op = native("broadcast", [2, 0, 1], 0, 3, root=2)
+    op = native_op("broadcast", [2, 0, 1], 0, 3, root=2)
     assert op.to_dict() == {"op": "broadcast", "group": [2, 0, 1], "chunk": 0, "count": 3,
                             "root": 2}
     assert "from root 2" in op.text() and OpKind.SEND is not op.kind

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from topoplan.commands.show import channel_table
 from topoplan.ir.schedule import build_schedule, recv, send
-from topoplan.planners.channels import channelize, slices
+from topoplan.ir.passes import channelize, slices
 from topoplan.viz.schedule_plots import channel_mark, channel_rows
 
 from .support.schedules import ring_schedule

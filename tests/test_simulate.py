@@ -12,7 +12,8 @@ from tests.support.clusters import leaf_spine_cluster, switch_cluster
 from tests.support.schedules import hierarchical_schedule, ring_schedule
 from topoplan.cluster import loads_cluster
 from topoplan.errors import ScheduleError
-from topoplan.ir.schedule import build_schedule, coalesce, recv, send
+from topoplan.ir.passes import coalesce
+from topoplan.ir.schedule import build_schedule, recv, send
 from topoplan.analysis.sim.base import EPS_T
 from topoplan.analysis.sim import SimReport, simulate
 from topoplan.ir.verify import verify

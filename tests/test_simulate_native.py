@@ -18,13 +18,14 @@ from tests.support.schedules import ring as ring_schedule
 from tests.test_nccl_model import GiB, h100, pick, rails
 from topoplan.analysis.cost import (CostProfile, NativeCost, get_profile, loads_profile,
                                     native_bus_factor, profile_names)
-from topoplan.analysis.native.nccl import group_cluster, nccl_group_time, nccl_model, nccl_time
+from topoplan.analysis.native.clusters import group_cluster
+from topoplan.analysis.native.nccl import nccl_group_time, nccl_model, nccl_time
 from topoplan.analysis.native.price import native_price
 from topoplan.analysis.sim import simulate
 from topoplan.analysis.sim.reference import simulate_reference
 from topoplan.cluster import loads_cluster
 from topoplan.errors import ProfileError, ScheduleError
-from topoplan.ir.schedule import build_schedule, equal_chunks, native, recv, send
+from topoplan.ir.schedule import build_schedule, equal_chunks, native_op, recv, send
 
 MiB = 1 << 20
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +36,7 @@ def native_only(n: int, kind: str, group, *, chunks: int = 1, root=None, others=
     ``others`` (rank -> steps) run those instead."""
     steps = [[] for _ in range(n)]
     for r in group:
-        steps[r] = [[native(kind, group, 0, chunks, root=root)]]
+        steps[r] = [[native_op(kind, group, 0, chunks, root=root)]]
     for r, program in dict(others).items():
         steps[r] = program
     return build_schedule(n, equal_chunks(chunks), steps, algorithm=f"native-{kind}")
@@ -84,7 +85,7 @@ def test_native_allreduce_in_one_nvswitch_box_is_the_models_nvls_by_hand():
 
 def test_every_box_runs_its_own_native_at_once():
     cluster = loads_cluster(rails(2, nvls=True))
-    steps = [[[native("allreduce", range(8 * (r // 8), 8 * (r // 8) + 8), 0)]]
+    steps = [[[native_op("allreduce", range(8 * (r // 8), 8 * (r // 8) + 8), 0)]]
              for r in range(16)]
     both = simulate(cluster, build_schedule(16, (1.0,), steps), GiB, profile="nccl")
     one = simulate(cluster, native_only(16, "allreduce", range(8)), GiB, profile="nccl")
@@ -208,8 +209,8 @@ def test_one_late_member_makes_every_member_wait(profile):
     cluster = switch_cluster(4, bandwidth="10 GB/s", latency="1 us")
     size = 4 * MiB
     # Ranks 2 and 3 first exchange a message; ranks 0 and 1 reach the native at once.
-    late = {2: [[send(3, 0)], [native("allreduce", range(4), 0, 4)]],
-            3: [[recv(2, 0)], [native("allreduce", range(4), 0, 4)]]}
+    late = {2: [[send(3, 0)], [native_op("allreduce", range(4), 0, 4)]],
+            3: [[recv(2, 0)], [native_op("allreduce", range(4), 0, 4)]]}
     schedule = native_only(4, "allreduce", range(4), chunks=4, others=late)
     report = simulate(cluster, schedule, size, profile=profile)
     costs = get_profile(profile)
@@ -242,8 +243,8 @@ def test_a_native_shares_its_links_with_messages_of_other_ranks(message, shared)
     assert alone.time_s == pytest.approx(size / 10e9, rel=1e-12)
     # Meanwhile rank 1 sends rank 3 ``message`` x the buffer over the same link.
     chunks = (message, 1 - message) if message < 1 else (1.0,)
-    steps = [[[native("allreduce", [0, 2], 0, len(chunks))]], [[send(3, 0)]],
-             [[native("allreduce", [0, 2], 0, len(chunks))]], [[recv(1, 0)]]]
+    steps = [[[native_op("allreduce", [0, 2], 0, len(chunks))]], [[send(3, 0)]],
+             [[native_op("allreduce", [0, 2], 0, len(chunks))]], [[recv(1, 0)]]]
     schedule = build_schedule(4, chunks, steps, algorithm="contended")
     report = simulate(cluster, schedule, size, profile="ideal", record=True)
     # Both get 5 GB/s of the link while the message lasts; the native then has it alone.
@@ -391,26 +392,26 @@ def test_bad_native_sections_name_file_line_and_key(text, where):
 # ---- bad schedules ---------------------------------------------------------------------
 def test_unmatched_and_disagreeing_native_ops_are_named():
     cluster = switch_cluster(3)
-    missing = build_schedule(3, (1.0,), [[[native("allreduce", [0, 1, 2], 0)]],
-                                         [[native("allreduce", [0, 1, 2], 0)]], []],
+    missing = build_schedule(3, (1.0,), [[[native_op("allreduce", [0, 1, 2], 0)]],
+                                         [[native_op("allreduce", [0, 1, 2], 0)]], []],
                              algorithm="x")
     with pytest.raises(ScheduleError, match=r"unmatched native op: rank 0 step 0 runs "
                                             r"allreduce over \{0, 1, 2\} of chunk 0 as op 0 over "
                                             r"that group, but rank 2 runs only 0 native ops"):
         simulate(cluster, missing, MiB, profile="ideal")
-    other = build_schedule(3, equal_chunks(3), [[[native("allreduce", [0, 1], 0, 3)]],
-                                                [[native("allreduce", [0, 1], 0, 2)]], []],
+    other = build_schedule(3, equal_chunks(3), [[[native_op("allreduce", [0, 1], 0, 3)]],
+                                                [[native_op("allreduce", [0, 1], 0, 2)]], []],
                            algorithm="x")
     with pytest.raises(ScheduleError, match=r"rank 0 step 0 runs allreduce over \{0, 1\} of "
                                             r"chunks 0..2 but rank 1 step 0 runs allreduce "
                                             r"over \{0, 1\} of chunks 0..1"):
         simulate(cluster, other, MiB, profile="ideal")
-    crowded = build_schedule(3, (1.0,), [[[native("allreduce", [0, 1], 0), send(2, 0)]],
-                                         [[native("allreduce", [0, 1], 0)]], [[recv(0, 0)]]],
+    crowded = build_schedule(3, (1.0,), [[[native_op("allreduce", [0, 1], 0), send(2, 0)]],
+                                         [[native_op("allreduce", [0, 1], 0)]], [[recv(0, 0)]]],
                              algorithm="x")
     with pytest.raises(ScheduleError, match="stands alone in its step; this step has 2 ops"):
         simulate(cluster, crowded, MiB, profile="ideal")
-    outsider = build_schedule(3, (1.0,), [[[native("allreduce", [1, 2], 0)]], [], []],
+    outsider = build_schedule(3, (1.0,), [[[native_op("allreduce", [1, 2], 0)]], [], []],
                               algorithm="x")
     with pytest.raises(ScheduleError, match="rank 0 step 0: runs allreduce over {1, 2} of "
                                             "chunk 0, a group it is not in"):
@@ -419,8 +420,8 @@ def test_unmatched_and_disagreeing_native_ops_are_named():
 
 def test_a_native_waiting_on_a_stuck_member_is_a_deadlock_naming_the_group():
     cluster = switch_cluster(2)
-    steps = [[[native("allreduce", [0, 1], 0)], [recv(1, 0)]],
-             [[send(0, 0)], [native("allreduce", [0, 1], 0)]]]
+    steps = [[[native_op("allreduce", [0, 1], 0)], [recv(1, 0)]],
+             [[send(0, 0)], [native_op("allreduce", [0, 1], 0)]]]
     with pytest.raises(ScheduleError, match=r"deadlock: 2 ranks cannot finish; rank 0 step 0 "
                                             r"waits to run allreduce over \{0, 1\} of chunk 0 "
                                             r"with rank 1, which is stuck at step 0 before its "

@@ -46,3 +46,18 @@ def test_pack_scales_and_zero_fills_unpack_writes_back():
     assert b.grad.tolist() == [0.0, 0.0, 0.0]  # a missing gradient gets a copy ...
     flat.fill_(7.0)
     assert b.grad.tolist() == [0.0, 0.0, 0.0]  # ... not a view of the buffer
+
+
+@pytest.mark.parametrize("threshold", [0, 1 << 20, 25 << 20, 64 << 20])
+def test_the_estimator_buckets_a_model_as_the_optimizer_fuses_its_parameters(threshold):
+    """One rule (topoplan.runtime.fusion.fusion_buckets): the estimator's buckets of a
+    network are the optimizer's groups of parameters of its tensors' sizes, in backward
+    order."""
+    from topoplan.estimate import fuse as buckets, get_model
+
+    model = get_model("resnet50")
+    backward = [(str(i), torch.nn.Parameter(torch.empty(t.numel)))
+                for i, t in reversed(list(enumerate(model.tensors)))]
+    groups = fuse(backward, threshold)
+    assert buckets(model, threshold, 4) == [
+        (4 * g.numel, len(g.names), min(int(name) for name in g.names)) for g in groups]

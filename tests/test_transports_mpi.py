@@ -214,7 +214,8 @@ def test_bench_cli_refuses_a_rank_count_mismatch(tmp_path: Path) -> None:
 def test_bench_cli_refuses_a_plan_that_does_not_verify(tmp_path: Path) -> None:
     """Rank 0 overwrites chunk 0 instead of adding to it: a wrong sum, but chunk 0 is
     0.1% of the buffer, empty at 1 KiB, where the run's own check would find nothing."""
-    from topoplan.ir.schedule import Schedule, load_schedule, recv, send, RankProgram
+    from topoplan.ir.schedule import Schedule, recv, send, RankProgram
+    from topoplan.ir.parse import load_schedule
     steps = {0: [(send(1, 1), recv(1, 0, reduce=False)), (send(1, 0), recv(1, 1))],
              1: [(send(0, 0), recv(0, 1, reduce=True)), (send(0, 1), recv(0, 0))]}
     broken = Schedule(2, (0.001, 0.999), tuple(RankProgram(r, tuple(steps[r])) for r in (0, 1)),

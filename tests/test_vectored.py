@@ -26,10 +26,11 @@ from topoplan.analysis.cost import CostProfile
 from topoplan.analysis.sim import simulate
 from topoplan.cluster import loads_cluster
 from topoplan.errors import PlannerError, ScheduleError
-from topoplan.ir.matching import messages
-from topoplan.ir.schedule import (Native, Schedule, build_schedule, coalesce, equal_chunks,
-                                  loads_schedule, native, recv, send, split_vectored, vectorize,
-                                  vrecv, vsend)
+from topoplan.ir.matching import match_messages
+from topoplan.ir.parse import loads_schedule
+from topoplan.ir.passes import coalesce, split_vectored, vectorize
+from topoplan.ir.schedule import (Native, Schedule, build_schedule, equal_chunks, native_op, recv,
+                                  send, vrecv, vsend)
 from topoplan.ir.verify import verify
 from topoplan.runtime.transports import Local
 
@@ -170,9 +171,9 @@ def test_code_that_reads_one_range_refuses_a_vectored_schedule_by_name() -> None
     with pytest.raises(ScheduleError, match=r"rank 0 step 0 sends chunks 1 \+ 3 to rank 1 as "
                                             r"one vectored message \(IR v4\), which this part "
                                             "of topoplan does not handle yet"):
-        messages(s)
-    assert messages(s, vectored=True).t_more
-    from topoplan.planners.channels import channelize
+        match_messages(s)
+    assert match_messages(s, vectored=True).t_more
+    from topoplan.ir.passes import channelize
     with pytest.raises(PlannerError, match=r"rank 0 step 0 sends or receives chunks 1 \+ 3 "
                                            "to or from rank 1 as one vectored message"):
         channelize(s, 2)
@@ -343,7 +344,7 @@ def _random_schedule(rng: random.Random) -> Schedule:
                 rng.shuffle(step)
     if rng.random() < 0.1:
         for program in steps:
-            program.append([native("allreduce", range(n), 0, nchunks)])
+            program.append([native_op("allreduce", range(n), 0, nchunks)])
     collective = rng.choice(["allreduce", "reduce_scatter", "allgather"]) if n != 3 else (
         "allreduce")
     return build_schedule(n, equal_chunks(nchunks), steps, algorithm="random",
@@ -424,7 +425,7 @@ def _verify_as_before(s: Schedule) -> tuple[str, object]:
     """verify() of a vectored schedule as it was: matched as it is, then run as
     split_vectored of it."""
     try:
-        nmessages = len(messages(s, natives=True, vectored=True).t_src)
+        nmessages = len(match_messages(s, natives=True, vectored=True).t_src)
         return "ok", replace(verify(split_vectored_reference(s)), nmessages=nmessages)
     except ScheduleError as exc:
         return "error", str(exc)
@@ -463,10 +464,10 @@ def test_verify_runs_a_vectored_schedule_as_its_split_form(seed: int) -> None:
         outcomes.add(next((kind for kind in _FAULTS if kind in str(got[1])), got[0]))
         # The messages verify runs are those of the split schedule, array for array.
         try:
-            found = messages(s, natives=True, vectored=True)
+            found = match_messages(s, natives=True, vectored=True)
         except ScheduleError:
             continue
-        split, want = found.split(), messages(split_vectored(s), natives=True)
+        split, want = found.split(), match_messages(split_vectored(s), natives=True)
         assert (split is found) == (not found.vectored)
         assert vars(split).keys() == vars(want).keys()
         for name, value in vars(want).items():

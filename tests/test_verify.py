@@ -8,7 +8,8 @@ from hypothesis import given, settings, strategies as st
 from tests.support import schedules as S
 from tests.support.schedules import ring_schedule
 from topoplan.errors import ScheduleError
-from topoplan.ir.schedule import build_schedule, coalesce, equal_chunks, recv, send
+from topoplan.ir.passes import coalesce
+from topoplan.ir.schedule import build_schedule, equal_chunks, recv, send
 from topoplan.ir.verify import _Chunks, verify
 
 

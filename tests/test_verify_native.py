@@ -23,10 +23,10 @@ from tests.support import native_programs as N
 from tests.test_schedule_native import two_boxes
 from topoplan.cluster import load_cluster
 from topoplan.errors import ScheduleError
-from topoplan.ir.lower import lower_call, lower_native
-from topoplan.ir.matching import messages
-from topoplan.ir.schedule import (Native, NativeKind, build_schedule, loads_schedule, native,
-                                  recv, send)
+from topoplan.ir.matching import match_messages
+from topoplan.ir.parse import loads_schedule
+from topoplan.ir.passes import lower_call, lower_native
+from topoplan.ir.schedule import Native, NativeKind, build_schedule, native_op, recv, send
 from topoplan.ir.verify import _execute, verify
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,15 +119,15 @@ ALL = _set(0, 1, 2)
 
 
 @pytest.mark.parametrize("op, ends", [
-    (native("allreduce", [0, 1, 2], 0, 3), [[ALL] * 3] * 3),
+    (native_op("allreduce", [0, 1, 2], 0, 3), [[ALL] * 3] * 3),
     # part i of member i (rank group[i]) is summed; the other parts keep their values
-    (native("reduce_scatter", [2, 0, 1], 0, 3),
+    (native_op("reduce_scatter", [2, 0, 1], 0, 3),
      [[_set(0), ALL, _set(0)], [_set(1), _set(1), ALL], [ALL, _set(2), _set(2)]]),
-    (native("allgather", [2, 0, 1], 0, 3), [[_set(2), _set(0), _set(1)]] * 3),
-    (native("broadcast", [0, 1, 2], 0, 3, root=1), [[_set(1)] * 3] * 3),
-    (native("reduce", [0, 1], 1, 2, root=1),
+    (native_op("allgather", [2, 0, 1], 0, 3), [[_set(2), _set(0), _set(1)]] * 3),
+    (native_op("broadcast", [0, 1, 2], 0, 3, root=1), [[_set(1)] * 3] * 3),
+    (native_op("reduce", [0, 1], 1, 2, root=1),
      [[_set(0)] * 3, [_set(1), _set(0, 1), _set(0, 1)], [_set(2)] * 3]),
-    (native("allreduce", [1], 0, 3), [[_set(r)] * 3 for r in range(3)]),
+    (native_op("allreduce", [1], 0, 3), [[_set(r)] * 3 for r in range(3)]),
 ])
 def test_each_native_op_ends_as_the_format_says(op, ends):
     schedule = N.global_order(3, 3, [op])
@@ -138,7 +138,7 @@ def test_each_native_op_ends_as_the_format_says(op, ends):
 def test_values_are_read_when_each_member_s_step_starts():
     """Rank 1 sends its chunk 0 to rank 0 before both allreduce it: rank 0 adds it first,
     so the allreduce would count rank 1 twice."""
-    schedule = N.global_order(2, 1, [(1, 0, 0, 1, True), native("allreduce", [0, 1], 0)])
+    schedule = N.global_order(2, 1, [(1, 0, 0, 1, True), native_op("allreduce", [0, 1], 0)])
     with pytest.raises(ScheduleError, match=r"rank 1 step 1 runs allreduce over \{0, 1\} of "
                                             r"chunk 0: adding rank 1's chunk 0 would count "
                                             r"contributions \{1\} twice"):
@@ -152,8 +152,8 @@ def _boxes(*programs) -> object:
     return build_schedule(n, [0.25] * 4, [list(p) for p in programs], algorithm="composed")
 
 
-AR01 = native("allreduce", [0, 1], 0, 4)
-AR0123 = native("allreduce", [0, 1, 2, 3], 0, 4)
+AR01 = native_op("allreduce", [0, 1], 0, 4)
+AR0123 = native_op("allreduce", [0, 1, 2, 3], 0, 4)
 
 FAULTS = {
     "counted twice": (
@@ -161,25 +161,25 @@ FAULTS = {
         "composed schedule: rank 1 step 1 runs allreduce over {0, 1} of chunks 0..3: adding "
         "rank 1's chunk 0 would count contributions {0, 1} twice"),
     "incomplete": (
-        _boxes([[AR01]], [[AR01]], [[native("allreduce", [2, 3], 0, 4)]],
-               [[native("allreduce", [2, 3], 0, 4)]]),
+        _boxes([[AR01]], [[AR01]], [[native_op("allreduce", [2, 3], 0, 4)]],
+               [[native_op("allreduce", [2, 3], 0, 4)]]),
         "rank 0 ends with chunk 0 holding {0, 1}; expected all of 0..3 once (missing {2, 3})"),
     "another kind": (
-        _boxes([[AR01]], [[native("reduce_scatter", [0, 1], 0, 4)]]),
+        _boxes([[AR01]], [[native_op("reduce_scatter", [0, 1], 0, 4)]]),
         "rank 1 step 0 runs reduce_scatter over {0, 1} of chunks 0..3 as its native op 0 over "
         "group {0, 1}, but rank 0 step 0 runs allreduce over {0, 1} of chunks 0..3: every "
         "member runs the same op (kind, group order, chunks, root)"),
     "another group order": (
-        _boxes([[AR01]], [[native("allreduce", [1, 0], 0, 4)]]),
+        _boxes([[AR01]], [[native_op("allreduce", [1, 0], 0, 4)]]),
         "rank 1 step 0 runs allreduce over {1, 0} of chunks 0..3 as its native op 0 over "
         "group {0, 1}, but rank 0 step 0 runs allreduce over {0, 1}"),
     "other chunks": (
-        _boxes([[AR01]], [[], [native("allreduce", [0, 1], 1, 3)]]),
+        _boxes([[AR01]], [[], [native_op("allreduce", [0, 1], 1, 3)]]),
         "rank 1 step 1 runs allreduce over {0, 1} of chunks 1..3 as its native op 0 over "
         "group {0, 1}, but rank 0 step 0 runs allreduce over {0, 1} of chunks 0..3"),
     "another root": (
-        _boxes([[native("broadcast", [0, 1], 0, 4, root=0)]],
-               [[native("broadcast", [0, 1], 0, 4, root=1)]]),
+        _boxes([[native_op("broadcast", [0, 1], 0, 4, root=0)]],
+               [[native_op("broadcast", [0, 1], 0, 4, root=1)]]),
         "rank 1 step 0 runs broadcast over {0, 1} of chunks 0..3 from root 1 as its native "
         "op 0 over group {0, 1}, but rank 0 step 0 runs broadcast over {0, 1} of chunks 0..3 "
         "from root 0"),
@@ -208,23 +208,23 @@ FAULTS = {
         _boxes([[AR01]], [[AR01]], [[AR01]]),
         "rank 2 step 0: allreduce over {0, 1}: rank 2 runs an op of a group it is not in"),
     "a rank outside": (
-        _boxes([[native("allreduce", [0, 5], 0, 4)]]),
+        _boxes([[native_op("allreduce", [0, 5], 0, 4)]]),
         "rank 0 step 0: allreduce over {0, 5}: the group names rank 5, outside range(1)"),
     "a rank twice": (
-        _boxes([[native("allreduce", [0, 0], 0, 4)]]),
+        _boxes([[native_op("allreduce", [0, 0], 0, 4)]]),
         "rank 0 step 0: allreduce over {0, 0}: the group names a rank twice"),
     "parts that do not cut": (
-        _boxes([[native("reduce_scatter", [0, 1], 0, 3)]], [[native("reduce_scatter", [0, 1],
+        _boxes([[native_op("reduce_scatter", [0, 1], 0, 3)]], [[native_op("reduce_scatter", [0, 1],
                                                                     0, 3)]]),
         "rank 0 step 0: reduce_scatter over {0, 1}: count 3 does not cut into 2 equal parts"),
     "past the last chunk": (
-        _boxes([[native("allreduce", [0, 1], 2, 3)]], [[native("allreduce", [0, 1], 2, 3)]]),
+        _boxes([[native_op("allreduce", [0, 1], 2, 3)]], [[native_op("allreduce", [0, 1], 2, 3)]]),
         "rank 0 step 0: allreduce over {0, 1}: chunks 2..4 out of range(4)"),
     "no root": (
         _boxes([[Native(NativeKind.BROADCAST, (0,), 0, 4)]]),
         "rank 0 step 0: broadcast over {0}: needs a root in its group, got None"),
     "a root not a member": (
-        _boxes([[native("reduce", [0, 1], 0, 4, root=2)]], [[native("reduce", [0, 1], 0, 4,
+        _boxes([[native_op("reduce", [0, 1], 0, 4, root=2)]], [[native_op("reduce", [0, 1], 0, 4,
                                                                     root=2)]], []),
         "rank 0 step 0: reduce over {0, 1}: needs a root in its group, got 2"),
 }
@@ -240,15 +240,15 @@ def test_faults_are_named_with_rank_step_and_group(fault):
 
 EMPTY = {
     "an allgather part before it arrived": (
-        N.global_order(2, 2, [native("allgather", [1, 0], 0, 2)], "allgather"),
+        N.global_order(2, 2, [native_op("allgather", [1, 0], 0, 2)], "allgather"),
         "rank 1 step 0 runs allgather over {1, 0} of chunks 0..1 with chunk 0 holding "
         "nothing (it has not received that chunk yet): there is nothing to gather"),
     "a sum of nothing": (
-        N.global_order(2, 2, [native("allreduce", [0, 1], 0, 2)], "allgather"),
+        N.global_order(2, 2, [native_op("allreduce", [0, 1], 0, 2)], "allgather"),
         "rank 0 step 0 runs allreduce over {0, 1} of chunks 0..1 with chunk 1 holding "
         "nothing (it has not received that chunk yet): there is nothing to add"),
     "a broadcast of nothing": (
-        N.global_order(2, 2, [native("broadcast", [0, 1], 1, 1, root=0)], "allgather"),
+        N.global_order(2, 2, [native_op("broadcast", [0, 1], 1, 1, root=0)], "allgather"),
         "rank 0 step 0 runs broadcast over {0, 1} of chunk 1 from root 0 with chunk 1 "
         "holding nothing"),
 }
@@ -266,7 +266,7 @@ def test_a_gathered_part_that_has_arrived_is_fine():
     """Shard 1 reaches rank 0 by a message first; then the allgather in the other order
     over {1, 0} reads parts that hold something."""
     schedule = N.global_order(2, 2, [(1, 0, 1, 1, False), (0, 1, 0, 1, False),
-                                     native("allgather", [0, 1], 0, 2)], "allgather")
+                                     native_op("allgather", [0, 1], 0, 2)], "allgather")
     assert verify(schedule).nnative == 2
 
 
@@ -283,8 +283,8 @@ def test_a_caller_that_does_not_handle_native_steps_is_told_so():
     with pytest.raises(ScheduleError, match=r"rank 0 step 0 runs a native reduce_scatter over "
                                             r"\{0, 1\} of chunks 0..3, which this part of "
                                             r"topoplan does not handle yet; .*lower_native"):
-        messages(two_boxes())
-    found = messages(two_boxes(), natives=True)
+        match_messages(two_boxes())
+    found = match_messages(two_boxes(), natives=True)
     assert [call.group for call in found.calls] == [(0, 1), (0, 1), (2, 3), (2, 3)]
     assert found.ops_per_step.tolist() == [0, 2, 0] * 4
 
@@ -326,7 +326,7 @@ def test_the_queue_order_and_the_rounds_give_the_same_chunks(schedule):
     from topoplan.ir.collectives import collective_of
     from topoplan.ir.verify import _Flow
 
-    flow = _Flow(messages(schedule, natives=True), schedule.nchunks)
+    flow = _Flow(match_messages(schedule, natives=True), schedule.nchunks)
     pc, order = flow.rounds()
     collective = collective_of(schedule)
 
@@ -368,7 +368,7 @@ def test_later_steps_move_by_the_lowered_steps():
     """A broadcast over 5 ranks is a 3-step tree at the root; the rank's next step moves
     from 1 to 3."""
     group = [3, 0, 1, 2, 4]
-    items = [native("broadcast", group, 0, 2, root=3), (3, 0, 0, 2, False)]
+    items = [native_op("broadcast", group, 0, 2, root=3), (3, 0, 0, 2, False)]
     schedule = N.global_order(5, 2, items)
     lowered = lower_native(schedule)
     assert len(lowered.ranks[3].steps) == 4
@@ -382,7 +382,7 @@ def test_later_steps_move_by_the_lowered_steps():
     ("reduce", 5, 2, 1), ("allreduce", 1, 4, 0)])
 def test_each_kind_lowers_to_its_algorithm(kind, g, count, steps):
     root = 0 if kind in ("broadcast", "reduce") else None
-    members = lower_call(native(kind, range(g), 0, count, root))
+    members = lower_call(native_op(kind, range(g), 0, count, root))
     assert len(members) == g
     assert max(map(len, members)) == steps
 
@@ -393,7 +393,7 @@ def test_a_collective_over_all_ranks_lowers_to_a_correct_schedule(kind, g):
     """The native op over every rank is the whole collective; so is its lowering."""
     collective = kind
     count = g * 2
-    schedule = N.global_order(g, count, [native(kind, list(range(g)), 0, count)], collective)
+    schedule = N.global_order(g, count, [native_op(kind, list(range(g)), 0, count)], collective)
     verify(schedule)
     verify(lower_native(schedule))
 

@@ -42,7 +42,7 @@ def _bases() -> dict[str, Schedule]:
     """Correct schedules of every shape the verifier handles."""
     from topoplan.cluster import loads_cluster
     from topoplan.planners import plan
-    from topoplan.ir.schedule import coalesce
+    from topoplan.ir.passes import coalesce
 
     out = {"ring rs": S.ring_reduce_scatter([2, 0, 3, 1]),
            "ring ag": S.ring_allgather([1, 3, 0, 2, 4]),

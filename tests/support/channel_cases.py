@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from topoplan.errors import TopoplanError, TransportError
-from topoplan.ir.schedule import Schedule, build_schedule, equal_chunks, native, recv, send
+from topoplan.ir.schedule import Schedule, build_schedule, equal_chunks, native_op, recv, send
 from topoplan.runtime.executor import AllGather, Allreduce, ReduceScatter
 
 SIZES = (0, 1, 2, 7, 1001, 40_009)  # elements of an allreduce buffer
@@ -73,7 +73,7 @@ def native_beside_a_ring(n: int) -> Schedule:
     of chunks ``n .. 2n - 1`` the other way round, beside it."""
     steps = _empty(n, 2 * n)
     for r in range(n):
-        steps[r][0].append(native("allreduce", range(n), 0, n))
+        steps[r][0].append(native_op("allreduce", range(n), 0, n))
     backward = list(reversed(range(n)))
     ring_ops(steps, backward, [n + r for r in backward], 1, first=1)
     return build_schedule(n, equal_chunks(2 * n), steps, algorithm="native+ring")

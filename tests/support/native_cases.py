@@ -18,7 +18,7 @@ import numpy as np
 from . import native_schedules as N
 from . import schedules as S
 from topoplan.errors import ScheduleError, TopoplanError, TransportError
-from topoplan.ir.schedule import build_schedule, native
+from topoplan.ir.schedule import build_schedule, native_op
 from topoplan.runtime.executor import AllGather, Allreduce, ReduceScatter
 
 SIZES = (0, 1, 2, 7, 1001, 40_009)  # elements of an allreduce buffer
@@ -198,7 +198,7 @@ def native_cases(t: Any, *, with_torch: bool = False,
               f"call {i} in flight: wrong sum")
 
     # Bad input, refused on every rank before anything moves, naming rank, step, group.
-    bad = build_schedule(n, (1.0,), [[[native("allreduce", [r, n], 0)]] for r in range(n)],
+    bad = build_schedule(n, (1.0,), [[[native_op("allreduce", [r, n], 0)]] for r in range(n)],
                          algorithm="bad")
     try:
         Allreduce(bad, t)
@@ -206,7 +206,7 @@ def native_cases(t: Any, *, with_torch: bool = False,
     except ScheduleError as exc:
         check(f"rank 0 step 0: native allreduce over {{0, {n}}}" in str(exc)
               and f"has {n} ranks" in str(exc), f"bad group: unlocated message: {exc}")
-    bad = build_schedule(n, (0.5, 0.5), [[[native("reduce_scatter", range(n), 0, 2)]]
+    bad = build_schedule(n, (0.5, 0.5), [[[native_op("reduce_scatter", range(n), 0, 2)]]
                                          for _ in range(n)], algorithm="bad")
     if n > 2:
         try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from topoplan.ir.schedule import Op, Native, Schedule, build_schedule, native, recv, send
+from topoplan.ir.schedule import Native, Op, Schedule, build_schedule, native_op, recv, send
 
 __all__ = ["rails", "rooted", "composed_reduce_scatter", "composed_allgather",
            "global_order", "events"]
@@ -25,15 +25,15 @@ def rails(nboxes: int, per_box: int, *, part: int = 1, cross: str = "native") ->
     for r in range(n):
         b, i = divmod(r, per_box)
         rail = [q * per_box + i for q in range(nboxes)]
-        program: list[list[Op | Native]] = [[native("reduce_scatter", boxes[b], 0, width)]]
+        program: list[list[Op | Native]] = [[native_op("reduce_scatter", boxes[b], 0, width)]]
         if nboxes > 1:
             if cross == "native":
-                program.append([native("allreduce", rail, i * part, part)])
+                program.append([native_op("allreduce", rail, i * part, part)])
             else:
                 others = [q for q in rail if q != r]
                 program.append([send(q, i * part, part) for q in others]
                                + [recv(q, i * part, True, part) for q in others])
-        program.append([native("allgather", boxes[b], 0, width)])
+        program.append([native_op("allgather", boxes[b], 0, width)])
         steps.append(program)
     return build_schedule(n, [1 / width] * width, steps, algorithm="composed")
 
@@ -47,14 +47,14 @@ def rooted(boxes: list[list[int]], nchunks: int = 4, *, cross: str = "native") -
     steps: list[list[list[Op | Native]]] = [[] for _ in range(n)]
     for box in boxes:
         for r in box:
-            steps[r].append([native("reduce", box, 0, nchunks, root=box[0])])
+            steps[r].append([native_op("reduce", box, 0, nchunks, root=box[0])])
             if r == box[0] and len(boxes) > 1:
                 if cross == "native":
-                    steps[r].append([native("allreduce", roots, 0, nchunks)])
+                    steps[r].append([native_op("allreduce", roots, 0, nchunks)])
                 else:
                     (peer,) = [q for q in roots if q != r]
                     steps[r].append([send(peer, 0, nchunks), recv(peer, 0, True, nchunks)])
-            steps[r].append([native("broadcast", box, 0, nchunks, root=box[0])])
+            steps[r].append([native_op("broadcast", box, 0, nchunks, root=box[0])])
     return build_schedule(n, [1 / nchunks] * nchunks, steps, algorithm="composed")
 
 
@@ -68,8 +68,8 @@ def composed_reduce_scatter(nboxes: int, per_box: int) -> Schedule:
         b, i = divmod(r, per_box)
         rail = [q * per_box + i for q in range(nboxes)]
         box = list(range(b * per_box, (b + 1) * per_box))
-        steps.append([[native("reduce_scatter", rail, 0, n)],
-                      [native("reduce_scatter", box, b * per_box, per_box)]])
+        steps.append([[native_op("reduce_scatter", rail, 0, n)],
+                      [native_op("reduce_scatter", box, b * per_box, per_box)]])
     return build_schedule(n, [1 / n] * n, steps, collective="reduce_scatter",
                           algorithm="composed")
 
@@ -83,8 +83,8 @@ def composed_allgather(nboxes: int, per_box: int) -> Schedule:
         b, i = divmod(r, per_box)
         rail = [q * per_box + i for q in range(nboxes)]
         box = list(range(b * per_box, (b + 1) * per_box))
-        steps.append([[native("allgather", box, b * per_box, per_box)],
-                      [native("allgather", rail, 0, n)]])
+        steps.append([[native_op("allgather", box, b * per_box, per_box)],
+                      [native_op("allgather", rail, 0, n)]])
     return build_schedule(n, [1 / n] * n, steps, collective="allgather", algorithm="composed")
 
 
@@ -127,4 +127,4 @@ def events(draw, nranks: int, nchunks: int, min_group: int = 2) -> object:
         count = draw(st.integers(1, nchunks))
     chunk = draw(st.integers(0, nchunks - count))
     root = draw(st.sampled_from(group)) if kind in ("broadcast", "reduce") else None
-    return native(kind, group, chunk, count, root)
+    return native_op(kind, group, chunk, count, root)

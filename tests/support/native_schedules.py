@@ -35,8 +35,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from topoplan.cluster import Cluster
-from topoplan.ir.schedule import Native, NativeKind, OpKind, Schedule, build_schedule, \
-    equal_chunks, native, recv, send
+from topoplan.ir.schedule import (Native, NativeKind, OpKind, Schedule, build_schedule,
+                                  equal_chunks, native_op, recv, send)
 
 
 def _ring(steps: list[list[list[Any]]], ranks: list[int], first: int) -> None:
@@ -60,26 +60,26 @@ def composed(cluster: Cluster, cross: str = "ring") -> Schedule:
         g, b = boxes[0].gpus, len(boxes)
         for box in boxes:
             for r in box.ranks:
-                steps[r].append([native("reduce_scatter", box.ranks, 0, g * b)])
+                steps[r].append([native_op("reduce_scatter", box.ranks, 0, g * b)])
         for local in range(g):
             rail = [box.first_rank + local for box in boxes]
             if b > 1 and cross == "native":
                 for r in rail:
-                    steps[r].append([native("allreduce", rail, local * b, b)])
+                    steps[r].append([native_op("allreduce", rail, local * b, b)])
             elif b > 1:
                 _ring(steps, rail, local * b)
         for box in boxes:
             for r in box.ranks:
-                steps[r].append([native("allgather", box.ranks, 0, g * b)])
+                steps[r].append([native_op("allgather", box.ranks, 0, g * b)])
         return build_schedule(n, equal_chunks(g * b), steps, algorithm=f"composed-{cross}")
     leaders = [box.first_rank for box in boxes]
     for box in boxes:
         for r in box.ranks:
-            steps[r].append([native("reduce", box.ranks, 0, len(boxes), root=box.first_rank)])
+            steps[r].append([native_op("reduce", box.ranks, 0, len(boxes), root=box.first_rank)])
     _ring(steps, leaders, 0)
     for box in boxes:
         for r in box.ranks:
-            steps[r].append([native("broadcast", box.ranks, 0, len(boxes), root=box.first_rank)])
+            steps[r].append([native_op("broadcast", box.ranks, 0, len(boxes), root=box.first_rank)])
     return build_schedule(n, equal_chunks(len(boxes)), steps, algorithm="composed-leaders")
 
 
@@ -200,9 +200,9 @@ def composed_allreduce(nboxes: int, per_box: int, chunks: Sequence[float] | None
         box, local = divmod(r, per_box)
         group = boxes(nboxes, per_box)[box]
         rail = [b * per_box + local for b in range(nboxes)]
-        steps.append([[native("reduce_scatter", group, 0, k)],
-                      [native("allreduce", rail, local * part, part)],
-                      [native("allgather", group, 0, k)]])
+        steps.append([[native_op("reduce_scatter", group, 0, k)],
+                      [native_op("allreduce", rail, local * part, part)],
+                      [native_op("allgather", group, 0, k)]])
     return build_schedule(nboxes * per_box, chunks, steps, algorithm="composed-rails")
 
 
@@ -220,23 +220,23 @@ def two_boxes(per_box: int = 2, chunks: Sequence[float] | None = None) -> Schedu
         box, local = divmod(r, per_box)
         group = boxes(2, per_box)[box]
         peer = (r + per_box) % n
-        steps.append([[native("reduce_scatter", group, 0, k)],
+        steps.append([[native_op("reduce_scatter", group, 0, k)],
                       [send(peer, local * part, part), recv(peer, local * part, True, part)],
-                      [native("allgather", group, 0, k)]])
+                      [native_op("allgather", group, 0, k)]])
     return build_schedule(n, chunks, steps, algorithm="composed-two-boxes")
 
 
 def native_allreduce(n: int) -> Schedule:
     """One step: the transport's own allreduce over every rank (the ``nccl`` candidate)."""
-    return build_schedule(n, (1.0,), [[[native("allreduce", range(n), 0)]] for _ in range(n)],
+    return build_schedule(n, (1.0,), [[[native_op("allreduce", range(n), 0)]] for _ in range(n)],
                           algorithm="native")
 
 
 def reduce_then_broadcast(n: int, root: int) -> Schedule:
     """An allreduce: native reduce to ``root``, native broadcast from it."""
     group = list(range(n))
-    return build_schedule(n, (0.5, 0.5), [[[native("reduce", group, 0, 2, root=root)],
-                                           [native("broadcast", group, 0, 2, root=root)]]
+    return build_schedule(n, (0.5, 0.5), [[[native_op("reduce", group, 0, 2, root=root)],
+                                           [native_op("broadcast", group, 0, 2, root=root)]]
                                           for _ in range(n)], algorithm="reduce-broadcast")
 
 
@@ -247,8 +247,8 @@ def scatter_then_gather(n: int, order: Sequence[int] | None = None,
     group = list(order) if order is not None else list(range(n))
     chunks = tuple(chunks) if chunks is not None else (1.0 / n,) * n
     k = len(chunks)
-    return build_schedule(n, chunks, [[[native("reduce_scatter", group, 0, k)],
-                                       [native("allgather", group, 0, k)]] for _ in range(n)],
+    return build_schedule(n, chunks, [[[native_op("reduce_scatter", group, 0, k)],
+                                       [native_op("allgather", group, 0, k)]] for _ in range(n)],
                           algorithm="scatter-gather")
 
 
@@ -258,7 +258,7 @@ def lone(kind: str, n: int, group: Sequence[int], *, chunk: int = 0, count: int 
     """One native op over ``group`` (the other ranks idle): results by :func:`reference`."""
     k = nchunks if nchunks is not None else (len(chunks) if chunks else 2 * len(group))
     fractions = tuple(chunks) if chunks is not None else (1.0 / k,) * k
-    op = native(kind, group, chunk, count if count is not None else k - chunk, root=root)
+    op = native_op(kind, group, chunk, count if count is not None else k - chunk, root=root)
     return build_schedule(n, fractions, [[[op]] if r in group else [] for r in range(n)],
                           algorithm=f"lone-{kind}")
 
@@ -281,7 +281,7 @@ def composed_reduce_scatter(per_box: int, shard_chunks: Sequence[float] | None =
         peer = (r + per_box) % n
         mine, theirs = box * per, (1 - box) * per
         steps.append([[send(peer, theirs, per), recv(peer, mine, True, per)],
-                      [native("reduce_scatter", boxes(2, per_box)[box], mine, per)]])
+                      [native_op("reduce_scatter", boxes(2, per_box)[box], mine, per)]])
     return build_schedule(n, chunks, steps, collective="reduce_scatter",
                           algorithm="composed-rs")
 
@@ -298,7 +298,7 @@ def composed_allgather(per_box: int, shard_chunks: Sequence[float] | None = None
         box, _ = divmod(r, per_box)
         peer = (r + per_box) % n
         mine, theirs = box * per, (1 - box) * per
-        steps.append([[native("allgather", boxes(2, per_box)[box], mine, per)],
+        steps.append([[native_op("allgather", boxes(2, per_box)[box], mine, per)],
                       [send(peer, mine, per), recv(peer, theirs, False, per)]])
     return build_schedule(n, chunks, steps, collective="allgather", algorithm="composed-ag")
 
@@ -306,14 +306,14 @@ def composed_allgather(per_box: int, shard_chunks: Sequence[float] | None = None
 def native_reduce_scatter(n: int) -> Schedule:
     """A reduce-scatter schedule of one native reduce-scatter over every rank."""
     return build_schedule(n, (1.0 / n,) * n,
-                          [[[native("reduce_scatter", range(n), 0, n)]] for _ in range(n)],
+                          [[[native_op("reduce_scatter", range(n), 0, n)]] for _ in range(n)],
                           collective="reduce_scatter", algorithm="native-rs")
 
 
 def native_allgather(n: int) -> Schedule:
     """An allgather schedule of one native allgather over every rank."""
     return build_schedule(n, (1.0 / n,) * n,
-                          [[[native("allgather", range(n), 0, n)]] for _ in range(n)],
+                          [[[native_op("allgather", range(n), 0, n)]] for _ in range(n)],
                           collective="allgather", algorithm="native-ag")
 
 

@@ -39,7 +39,7 @@ def schedules_for(n: int) -> dict[str, Any]:
     folder = os.environ.get("TOPOPLAN_TEST_PLANS")
     if folder is None:
         return {**S.builders(n), **S.planner_schedules(n)}
-    from topoplan.ir.schedule import load_schedule
+    from topoplan.ir.parse import load_schedule
     plans = {}
     for name in sorted(os.listdir(folder)):
         if name.endswith(".json"):

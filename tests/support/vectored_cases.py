@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from tests.support.clusters import flat_cluster_yaml
-from topoplan.ir.schedule import Schedule, build_schedule, equal_chunks, vectorize, vrecv, vsend
+from topoplan.ir.passes import vectorize
+from topoplan.ir.schedule import Schedule, build_schedule, equal_chunks, vrecv, vsend
 
 
 def owned(rank: int, n: int) -> list[tuple[int, int]]:
@@ -49,7 +50,7 @@ def rhd_plan(n: int, collective: str) -> Schedule:
 
 def rhd_channels(n: int, collective: str, channels: int = 2) -> Schedule:
     """:func:`rhd_plan` cut over ``channels`` channels, then vectorized (IR v4)."""
-    from topoplan.planners.channels import channelize
+    from topoplan.ir.passes import channelize
 
     return vectorize(channelize(rhd_plan(n, collective), channels))
 

@@ -153,7 +153,7 @@ def verify_reference(schedule: Schedule) -> VerifyReport:
     # numpy comes in here, on first use, not with ``import topoplan``.
     import numpy as np
 
-    from topoplan.ir.matching import deadlock_error, messages, wait_text
+    from topoplan.ir.matching import deadlock_error, match_messages, wait_text
 
     n, nchunks = schedule.nranks, schedule.nchunks
     name = f"{schedule.algorithm} schedule"
@@ -169,7 +169,7 @@ def verify_reference(schedule: Schedule) -> VerifyReport:
 
     # Bad peers and chunks, then the static matching: the k-th send src->dst pairs with
     # the k-th recv at dst from src (shared with the simulator).
-    found = messages(schedule)
+    found = match_messages(schedule)
     step_base, op_ptr = found.step_base.tolist(), found.op_ptr.tolist()
     recvs_per_step = np.bincount(found.t_rstep, minlength=found.nglobal)
     for g in np.flatnonzero(recvs_per_step > 1).tolist():

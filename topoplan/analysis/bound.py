@@ -58,7 +58,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import breadth_first_order, connected_components, maximum_flow
 
-from .._cache import ObjectCache
+from .._util import ObjectCache
 from ..cluster import Box, Cluster
 from ..ir.collectives import get_collective
 from ..units import as_bytes
@@ -247,7 +247,7 @@ def latency_bound(cluster: Cluster, size: float | str, profile: Any = None,
 
     - **Bandwidth**: :func:`collective_bound` on the links as the profile's runtime moves
       data on them (``nvlink: nccl``: NVLink at NCCL's per-link rate,
-      :func:`topoplan.analysis.native.nccl.nccl_links`), plus ``call_overhead``, plus the
+      :func:`topoplan.analysis.native.clusters.nccl_links`), plus ``call_overhead``, plus the
       fewest steps a schedule must pay beside its bytes: an allreduce reduces every chunk
       before it broadcasts it (a reduce-scatter step and an allgather step), a
       reduce-scatter or allgather one step, each posting a send and a receive and paying
@@ -283,7 +283,7 @@ def latency_bound(cluster: Cluster, size: float | str, profile: Any = None,
     steps = 1 if get_collective(collective).sharded else 2
     links = cluster
     if costs.nvlink == "nccl":
-        from .native.nccl import nccl_links
+        from .native.clusters import nccl_links
         links = nccl_links(cluster)
     bandwidth = (collective_bound(links, size, collective) + costs.call_overhead
                  + steps * costs.message_cost(network=network, ops=2))

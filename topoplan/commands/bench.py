@@ -92,7 +92,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _schedule(args: argparse.Namespace) -> Schedule:
-    from ..ir.schedule import load_schedule
+    from ..ir.parse import load_schedule
     if args.plan:
         schedule = load_schedule(args.plan)
         if args.collective is not None and args.collective != schedule.collective:
@@ -225,7 +225,7 @@ def _check_profile(args: argparse.Namespace) -> None:
 
 
 def _run_rank(args: argparse.Namespace) -> int:
-    from ..ir.schedule import load_schedule
+    from ..ir.parse import load_schedule
     if not args.plan:
         raise TopoplanError("inside mpiexec, bench runs a --plan file (started by topoplan bench)")
     schedule = load_schedule(args.plan)

@@ -293,7 +293,7 @@ def _run_rank(args: argparse.Namespace) -> int:
                                     "repeats_s": list(s.repeats_s), "calls": s.calls}
                                    for s in natives],
                 "native_skipped": skipped}
-        from .._files import atomic_write
+        from .._util import atomic_write
         atomic_write(args.result, json_text(data))
     if args.transport == "torch":
         import torch.distributed as dist

@@ -267,14 +267,14 @@ QUIET_S = 2.0
 @contextmanager
 def status(message: str) -> Iterator[None]:
     """Show on stderr what the work inside the block is doing, with each step it reports
-    (:func:`topoplan._progress.step`). On a terminal (:func:`is_terminal`): a spinner
+    (:func:`topoplan._util.step`). On a terminal (:func:`is_terminal`): a spinner
     line, rewritten at each step and gone at the end. Elsewhere (a pipe, a log): nothing
     for :data:`QUIET_S` seconds, then a plain line ``topoplan: ...`` saying what it is
     doing, and one more for a step at most every :data:`QUIET_S` seconds."""
     import threading
     import time
 
-    from .._progress import listening
+    from .._util import listening
     if is_terminal(sys.stderr):
         with Console(stderr=True, force_terminal=True).status(message) as line:
             with listening(lambda text: line.update(f"{message} {text}")):

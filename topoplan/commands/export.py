@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from ..errors import ScheduleError
-from .._files import atomic_write
-from ..ir.schedule import load_schedule
+from .._util import atomic_write
+from ..ir.parse import load_schedule
 from .common import console, json_text, positive_int, size_arg, status
 
 

@@ -91,9 +91,9 @@ def native_lines(schedule: Any, most: int = 12) -> list[str]:
     """The native collectives (IR v3) of ``schedule``, one line each, by step, such as
     ``step 0: reduce_scatter {0,1,2,3} chunks 0..7`` (the members' step, or ``steps
     2..5`` where they differ); past ``most`` lines, how many more."""
-    from ..ir.matching import messages
+    from ..ir.matching import match_messages
 
-    calls = sorted(messages(schedule, natives=True).calls,
+    calls = sorted(match_messages(schedule, natives=True).calls,
                    key=lambda call: (min(call.local), call.steps[0]))
     lines = []
     for call in calls[:most]:
@@ -152,7 +152,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                  f"planning ({args.algorithm or 'auto'}) and simulating")
         with status(f"{doing} at {format_size(args.size)} ..."):
             if args.plan:
-                from ..ir.schedule import load_schedule
+                from ..ir.parse import load_schedule
 
                 schedule = load_schedule(args.plan)
                 if schedule.nranks != cluster.nranks:
@@ -245,10 +245,10 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def _save(fig: Any, path: str | Path, dpi: float) -> None:
     """Draw ``fig`` in memory in the format of ``path``'s extension, then write it whole
-    (:func:`topoplan._files.atomic_write`): a failed drawing leaves no partial picture."""
+    (:func:`topoplan._util.atomic_write`): a failed drawing leaves no partial picture."""
     import io
 
-    from .._files import atomic_write
+    from .._util import atomic_write
     buffer = io.BytesIO()
     fig.savefig(buffer, format=Path(path).suffix.lstrip(".").lower() or None, dpi=dpi)
     atomic_write(path, buffer.getvalue())

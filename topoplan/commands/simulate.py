@@ -13,7 +13,7 @@ from ..cluster import load_cluster
 from ..analysis.cost import get_profile
 from ..errors import ScheduleError
 from ..ir.fingerprint import check_fingerprint
-from ..ir.schedule import load_schedule
+from ..ir.parse import load_schedule
 from ..analysis.sim.base import EPS_T
 from ..analysis.sim import SimReport, simulate
 from ..units import format_bandwidth, format_size, parse_bandwidth, parse_latency

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from ..errors import ScheduleError, TopoplanError
-from ..ir.schedule import load_schedule
+from ..ir.parse import load_schedule
 from ..ir.verify import verify
 from .common import console, plan_name
 

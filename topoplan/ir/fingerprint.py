@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING
 
-from .._cache import ObjectCache
+from .._util import ObjectCache
 from ..errors import ScheduleError
 
 if TYPE_CHECKING:

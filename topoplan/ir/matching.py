@@ -28,12 +28,16 @@ from typing import Sequence
 
 import numpy as np
 
-from .._cache import ObjectCache
+from .._compat import moved_names
+from .._util import ObjectCache
 from ..errors import ScheduleError
 from .schedule import Native, OpKind, Schedule, _flat_more, chunk_text, ranges_text
 
-__all__ = ["Messages", "NativeCall", "messages", "deadlock_error", "wait_text",
+__all__ = ["Messages", "NativeCall", "match_messages", "deadlock_error", "wait_text",
            "native_wait_text", "group_text"]
+
+#: ``messages`` was renamed: it clashed with the class :class:`Messages` but for case.
+__getattr__ = moved_names(__name__, {"messages": "topoplan.ir.matching:match_messages"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +96,7 @@ class Messages:
     Vectored messages (IR v4): ``t_chunk`` and ``t_count`` are a message's first range;
     ``t_more`` maps each message with several ranges to the ranges after its first
     (empty for a schedule without them, :attr:`vectored` False). A consumer that reads
-    only ``t_chunk``/``t_count`` must ask for vectored schedules (:func:`messages`).
+    only ``t_chunk``/``t_count`` must ask for vectored schedules (:func:`match_messages`).
     :meth:`split` cuts them into one message per range (the verifier runs those).
 
     Native ops (IR v3) are not ops of these arrays: ``op_ptr`` and ``ops_per_step``
@@ -479,7 +483,7 @@ class Messages:
     def split(self) -> Messages:
         """These messages with each vectored one (IR v4) cut into one message per range,
         in its place: the :class:`Messages` of
-        :func:`~topoplan.ir.schedule.split_vectored` of the schedule, built from these
+        :func:`~topoplan.ir.passes.split_vectored` of the schedule, built from these
         arrays rather than from a schedule of millions of new ops (``self`` when nothing
         is vectored).
 
@@ -576,8 +580,8 @@ class _Ops:
 _MESSAGES: ObjectCache[Schedule, Messages] = ObjectCache(Messages)
 
 
-def messages(schedule: Schedule, *, natives: bool = False,
-             vectored: bool = False) -> Messages:
+def match_messages(schedule: Schedule, *, natives: bool = False,
+                   vectored: bool = False) -> Messages:
     """The :class:`Messages` of ``schedule``, computed once per schedule object.
 
     Parameters
@@ -607,7 +611,7 @@ def messages(schedule: Schedule, *, natives: bool = False,
         r = int(found.step_rank[g])
         raise found.error(f"rank {r} step {found.local(g)} runs a native {call.op.text()}, "
                           "which this part of topoplan does not handle yet; "
-                          "topoplan.ir.lower.lower_native(schedule) turns native steps into "
+                          "topoplan.ir.passes.lower_native(schedule) turns native steps into "
                           "point-to-point ones")
     return found
 

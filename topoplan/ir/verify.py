@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from .collectives import Collective, collective_of
 from ..errors import ScheduleError
-from .schedule import NativeKind, Op, OpKind, Schedule, chunk_text, recv_clash, split_vectored
+from .passes.vectorize import split_vectored
+from .schedule import NativeKind, Op, OpKind, Schedule, chunk_text, recv_clash
 
 if TYPE_CHECKING:
     import numpy as np
@@ -342,7 +343,7 @@ def verify(schedule: Schedule) -> VerifyReport:
     (``scripts/bench_verify_native.py``: a composed allreduce on 2048 ranks, 6 k native
     ops, in 0.7 s; its lowering, 2.1 M point-to-point ops, in 23 s).
     """
-    from .matching import messages
+    from .matching import match_messages
 
     try:  # the collective's chunk layout first, as _execute checks it (same first fault)
         collective_of(schedule)
@@ -352,7 +353,7 @@ def verify(schedule: Schedule) -> VerifyReport:
     # message of several ranges moves what one message per range, in the same steps,
     # moves; recv clashes and channels are then checked range by range, on the messages
     # of split_vectored(schedule), cut from these (Messages.split).
-    matched = messages(schedule, natives=True, vectored=True)
+    matched = match_messages(schedule, natives=True, vectored=True)
     nmessages = len(matched.t_src)
     collective, found, flow, state = _execute(schedule, matched.split())
     n = schedule.nranks
@@ -380,11 +381,11 @@ def _execute(schedule: Schedule, found: Messages | None = None
 
     ``found`` are the messages to run: by default ``schedule``'s, which then has no
     vectored op (IR v4); for a vectored schedule, those of
-    :func:`~topoplan.ir.schedule.split_vectored` (:meth:`Messages.split`), so that it runs
+    :func:`~topoplan.ir.passes.split_vectored` (:meth:`Messages.split`), so that it runs
     as its split form, which is made only to name a fault in its ops.
     """
     # numpy comes in here, on first use, not with ``import topoplan``.
-    from .matching import deadlock_error, messages, native_wait_text, wait_text
+    from .matching import deadlock_error, match_messages, native_wait_text, wait_text
 
     n, nchunks = schedule.nranks, schedule.nchunks
     name = f"{schedule.algorithm} schedule"
@@ -400,7 +401,7 @@ def _execute(schedule: Schedule, found: Messages | None = None
     # Bad peers and chunks, then the static matching: the k-th send src->dst pairs with
     # the k-th recv at dst from src (shared with the simulator).
     if found is None:
-        found = messages(schedule, natives=True)
+        found = match_messages(schedule, natives=True)
     flow = _Flow(found, nchunks)
     if found.nchannels > 1:
         _check_channels(schedule, found, fail)

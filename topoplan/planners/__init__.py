@@ -75,7 +75,7 @@ def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
         :class:`InfeasiblePlanError`).
     channels : int or "auto", optional
         Run the plan on this many independent channels (IR v4,
-        :func:`topoplan.planners.channels.channelize`, applied after planning; default 1:
+        :func:`topoplan.ir.passes.channelize`, applied after planning; default 1:
         the plan as planned). ``max_chunks`` and ``max_step_ops`` hold for the result:
         the planner plans to them divided by ``channels``. ``mcf`` plans and prices its
         pipeline for the channels (its estimate is the channels' time), and with
@@ -83,10 +83,10 @@ def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
     channel_skew : float, optional
         The ratio of one channel's slice of the data to the next one's (default
         :data:`topoplan.planners.channels.SKEW`, 1.2; 1 cuts equal slices, as NCCL does,
-        which gain nothing: see :func:`~topoplan.planners.channels.channelize`).
+        which gain nothing: see :func:`~topoplan.ir.passes.channelize`).
     vectored : bool, optional
         Merge each step's messages from one rank to one peer into one vectored message
-        (IR v4, :func:`topoplan.ir.schedule.vectorize`, applied after planning and after
+        (IR v4, :func:`topoplan.ir.passes.vectorize`, applied after planning and after
         ``channels``; default False): the same data in fewer ops, which pays under a
         profile with a per-op posting cost (``nccl``). Plans with native steps are
         vectorized in their point-to-point steps only.

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .._gc import no_gc
+from .._util import no_gc
 from ..cluster import Cluster
 from ..ir.collectives import DEFAULT as DEFAULT_COLLECTIVE
 from ..ir.schedule import Op, OpKind, RankProgram, Schedule, fast_op

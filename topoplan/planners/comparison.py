@@ -18,7 +18,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
-from .._progress import step
+from .._util import step
 from ..errors import InfeasiblePlanError
 from ..ir.collectives import DEFAULT as DEFAULT_COLLECTIVE, bus_factor
 from ..ir.schedule import Schedule
@@ -269,7 +269,7 @@ def compare(request: PlanRequest, names: Sequence[str] | None = None, *,
         Filled with ``name -> reason`` for the candidates that could not meet the caps.
     progress : callable, optional
         Called with each planner's name before it plans (each step is also told to
-        :func:`topoplan._progress.step`, which the CLI's status line shows).
+        :func:`topoplan._util.step`, which the CLI's status line shows).
 
     Returns
     -------

@@ -75,7 +75,7 @@ from ..cluster import Cluster
 from ..cluster.model import Box, Nic, SwitchLink
 from ..errors import InfeasiblePlanError, PlannerError, ScheduleError
 from ..ir.collectives import DEFAULT as DEFAULT_COLLECTIVE, collective_of, shard_chunks
-from ..ir.schedule import Native, OpKind, RankProgram, Schedule, native
+from ..ir.schedule import Native, OpKind, RankProgram, Schedule, native_op
 from ._checks import check_caps
 from ._lockstep import empty_schedule, no_gc, schedule_from_arrays
 from .native import native_schedule
@@ -258,9 +258,9 @@ def _check_lockstep(schedule: Schedule, planner: str) -> None:
     """Copies that share a rank are merged step by step, which pairs their messages
     right only if every message of the box-level plan is sent and received in the same
     lock-step slot (every planner here builds them so)."""
-    from ..ir.matching import messages
+    from ..ir.matching import match_messages
 
-    found = messages(schedule)
+    found = match_messages(schedule)
     slot_s = found.step_local[found.t_sstep]  # the steps as written in the programs
     slot_r = found.step_local[found.t_rstep]
     pairs = np.stack([found.t_src, found.t_dst, slot_s], axis=1)
@@ -389,8 +389,8 @@ def _allreduce_scatter(cluster: Cluster, size: int, profile: CostProfile,
         if box.gpus > 1:
             group = tuple(box.ranks)
             for r in group:
-                before[r] = [native("reduce_scatter", group, 0, units * k)]
-                after[r] = [native("allgather", group, 0, units * k)]
+                before[r] = [native_op("reduce_scatter", group, 0, units * k)]
+                after[r] = [native_op("allgather", group, 0, units * k)]
             inbox = max(inbox, natives.seconds(box, "reduce_scatter", size)
                         + natives.seconds(box, "allgather", size))
     schedule = _assemble(cluster, arrays, fractions, before, after, "allreduce")
@@ -418,8 +418,8 @@ def _allreduce_root(cluster: Cluster, size: int, profile: CostProfile,
         if box.gpus > 1:
             group = tuple(box.ranks)
             for r in group:
-                before[r] = [native("reduce", group, 0, k, root=box.first_rank + root)]
-                after[r] = [native("broadcast", group, 0, k, root=box.first_rank + root)]
+                before[r] = [native_op("reduce", group, 0, k, root=box.first_rank + root)]
+                after[r] = [native_op("broadcast", group, 0, k, root=box.first_rank + root)]
             inbox = max(inbox, natives.seconds(box, "reduce", size)
                         + natives.seconds(box, "broadcast", size))
     schedule = _assemble(cluster, arrays, np.asarray(cross.schedule.chunks, dtype=float),
@@ -473,7 +473,7 @@ def _sharded(cluster: Cluster, size: int, collective: str, variant: str,
         group = tuple(box.ranks)
         if variant == "scatter":
             # One native op per box b' over b''s shards: part j is GPU j of b''s shard.
-            ops = [native(collective, group, shard[other.first_rank][0],
+            ops = [native_op(collective, group, shard[other.first_rank][0],
                           shard[other.first_rank + other.gpus - 1][1]
                           - shard[other.first_rank][0]) for other in boxes]
             for r in group:
@@ -485,7 +485,7 @@ def _sharded(cluster: Cluster, size: int, collective: str, variant: str,
             root = box.first_rank + owners[b]
             total = shard[-1][1]
             kind = "reduce" if collective == "reduce_scatter" else "broadcast"
-            op = native(kind, group, 0, total, root=root)
+            op = native_op(kind, group, 0, total, root=root)
             for r in group:
                 (before if collective == "reduce_scatter" else after)[r] = [op]
             # The root hands each GPU its shard (reduce-scatter), or gathers them first.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..cluster import Cluster
 from ..ir.collectives import DEFAULT as DEFAULT_COLLECTIVE
-from ..ir.schedule import RankProgram, Schedule, equal_chunks, native
+from ..ir.schedule import RankProgram, Schedule, equal_chunks, native_op
 from ._lockstep import empty_schedule
 from .request import PlanRequest
 
@@ -26,7 +26,7 @@ def native_schedule(nranks: int, collective: str, **meta: object) -> Schedule:
     an allreduce, one per shard for a reduce-scatter or an allgather."""
     group = tuple(range(nranks))
     nchunks = 1 if collective == "allreduce" else nranks
-    op = native(collective, group, 0, nchunks)
+    op = native_op(collective, group, 0, nchunks)
     programs = tuple(RankProgram(r, ((op,),)) for r in group)
     return Schedule(nranks=nranks, chunks=equal_chunks(nchunks), ranks=programs,
                     collective=collective, meta=dict(meta))

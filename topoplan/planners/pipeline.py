@@ -18,8 +18,8 @@ The steps:
 2. **Choose**: ``auto`` keeps the fastest row; a named planner is its own row.
 3. **Channels and vectored messages**: a planner that plans them itself (``mcf``) has
    done so; any other plan is cut over the channels
-   (:func:`~topoplan.planners.channels.channelize`) and vectorized
-   (:func:`~topoplan.ir.schedule.vectorize`) now, and priced again.
+   (:func:`~topoplan.ir.passes.channelize`) and vectorized
+   (:func:`~topoplan.ir.passes.vectorize`) now, and priced again.
 4. **Verify** the schedule that will run (:func:`~topoplan.ir.verify.verify`), unless
    its planner verified it.
 5. **Stamp** it (:func:`stamp`): what it was planned for and what it was measured
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from .._progress import step
+from .._util import step
 from ..errors import InfeasiblePlanError
 from ..ir.fingerprint import META_KEY, cluster_fingerprint
 from ..ir.schedule import Schedule
@@ -170,7 +170,8 @@ def _as_it_runs(request: PlanRequest, chosen: Candidate
         if isinstance(one, (int, float)):
             notes["one_channel_s"] = float(one)
     elif isinstance(request.channels, int) and request.channels > 1:
-        from .channels import channelize, check_caps_on_channels
+        from ..ir.passes import channelize
+        from .channels import check_caps_on_channels
         step(f"{chosen.name}: cutting over {request.channels} channels ...")
         notes["one_channel_s"] = time_s
         schedule = check_caps_on_channels(
@@ -178,7 +179,7 @@ def _as_it_runs(request: PlanRequest, chosen: Candidate
             request.max_step_ops, request.max_chunks)
         changed = True
     if request.vectored and not vectors_itself:
-        from ..ir.schedule import vectorize
+        from ..ir.passes import vectorize
         step(f"{chosen.name}: vectorizing ...")
         before = schedule.nops
         vectored = vectorize(schedule)

@@ -17,11 +17,6 @@ from typing import Any, Callable, Sequence
 from ..ir.collectives import COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE
 from ..errors import PlannerError
 from ..ir.schedule import Schedule
-from .hierarchical import hierarchical_core, plan_hierarchical
-from .native import native_core, plan_native
-from .rhd import plan_rhd, rhd_core
-from .ring import plan_ring, plan_ring_topo, ring_core, ring_topo_core
-from .tree import plan_tree, tree_core
 
 __all__ = ["PlannerSpec", "LazyPlanner", "SPECS", "PLANNERS", "register", "candidates",
            "takes", "collectives_of", "planners_for", "require_collective", "options_of",
@@ -84,9 +79,19 @@ class LazyPlanner:
 
     def __init__(self, module: str, function: str) -> None:
         self.module, self.function = module, function
+        self._resolved: Planner | None = None
 
     def resolve(self) -> Planner:
-        return getattr(importlib.import_module(self.module), self.function)
+        found = self._resolved
+        if found is None:
+            found = self._resolved = getattr(importlib.import_module(self.module),
+                                             self.function)
+        return found
+
+    def names(self, planner: Any) -> bool:
+        """Whether this is ``planner`` (a function), without importing it."""
+        return (getattr(planner, "__module__", None) == self.module
+                and getattr(planner, "__name__", None) == self.function)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Schedule:
         return self.resolve()(*args, **kwargs)
@@ -99,30 +104,37 @@ class LazyPlanner:
         return f"<planner {self.module}.{self.function}>"
 
 
-def _mcf(function: str) -> Planner:
-    return LazyPlanner("topoplan.planners.mcf", function)
+def _lazy(module: str, function: str) -> Planner:
+    return LazyPlanner(f"topoplan.planners.{module}", function)
 
 
 _ALL = tuple(COLLECTIVES)
 
-#: The planners, declared: what each plans and takes (see :class:`PlannerSpec`).
+#: The planners, declared: what each plans and takes (see :class:`PlannerSpec`). Each
+#: is imported when first called, so that the registry imports no planner (the
+#: planners import the request, which looks them up here).
 SPECS: dict[str, PlannerSpec] = {spec.name: spec for spec in (
-    PlannerSpec("ring", plan_ring, _ALL, ("order", "chunks"), core=ring_core),
-    PlannerSpec("ring-topo", plan_ring_topo, _ALL, ("chunks", "order"), core=ring_topo_core),
-    PlannerSpec("tree", plan_tree, (DEFAULT_COLLECTIVE,), ("chunks", "order"), core=tree_core),
-    PlannerSpec("rhd", plan_rhd, _ALL, ("chunks", "order"), core=rhd_core),
-    PlannerSpec("hierarchical", plan_hierarchical, (DEFAULT_COLLECTIVE,), ("chunks",),
-                large=True, core=hierarchical_core),
-    PlannerSpec("mcf", _mcf("plan_mcf"), _ALL, ("chunks", "exact", "time_limit", "max_ops",
-                                                "flat_max", "check", "channels",
-                                                "channel_skew", "vectored"),
-                large=True, core=_mcf("mcf_core")),
-    PlannerSpec("nccl", plan_native, _ALL, large=True, profile=False, caps=False,
-                core=native_core),
-    PlannerSpec("composed", LazyPlanner("topoplan.planners.composed", "plan_composed"), _ALL,
-                ("variant", "inner"), large=True,
-                core=LazyPlanner("topoplan.planners.composed", "composed_core")),
-    PlannerSpec("auto", LazyPlanner("topoplan.planners.auto", "plan_auto"), _ALL,
+    PlannerSpec("ring", _lazy("ring", "plan_ring"), _ALL, ("order", "chunks"),
+                core=_lazy("ring", "ring_core")),
+    PlannerSpec("ring-topo", _lazy("ring", "plan_ring_topo"), _ALL, ("chunks", "order"),
+                core=_lazy("ring", "ring_topo_core")),
+    PlannerSpec("tree", _lazy("tree", "plan_tree"), (DEFAULT_COLLECTIVE,), ("chunks", "order"),
+                core=_lazy("tree", "tree_core")),
+    PlannerSpec("rhd", _lazy("rhd", "plan_rhd"), _ALL, ("chunks", "order"),
+                core=_lazy("rhd", "rhd_core")),
+    PlannerSpec("hierarchical", _lazy("hierarchical", "plan_hierarchical"),
+                (DEFAULT_COLLECTIVE,), ("chunks",), large=True,
+                core=_lazy("hierarchical", "hierarchical_core")),
+    PlannerSpec("mcf", _lazy("mcf", "plan_mcf"), _ALL, ("chunks", "exact", "time_limit",
+                                                        "max_ops", "flat_max", "check",
+                                                        "channels", "channel_skew",
+                                                        "vectored"),
+                large=True, core=_lazy("mcf", "mcf_core")),
+    PlannerSpec("nccl", _lazy("native", "plan_native"), _ALL, large=True, profile=False,
+                caps=False, core=_lazy("native", "native_core")),
+    PlannerSpec("composed", _lazy("composed", "plan_composed"), _ALL, ("variant", "inner"),
+                large=True, core=_lazy("composed", "composed_core")),
+    PlannerSpec("auto", _lazy("auto", "plan_auto"), _ALL,
                 ("candidates", "max_sim_ops", "max_plan_ranks"), candidate=False),
 )}
 
@@ -180,7 +192,9 @@ def candidates() -> list[str]:
 def _spec_of(planner: Planner | str) -> PlannerSpec | None:
     if isinstance(planner, str):
         return SPECS.get(planner)
-    return next((s for s in SPECS.values() if s.function is planner), None)
+    return next((s for s in SPECS.values() if s.function is planner
+                 or (isinstance(s.function, LazyPlanner) and s.function.names(planner))),
+                None)
 
 
 def takes(planner: Planner | str, option: str) -> bool:

@@ -187,7 +187,8 @@ class PlanRequest:
 
     def _with_pipeline(self, algorithm: str, options: dict[str, Any]) -> PlanRequest:
         """The request with the pipeline's arguments, checked (see :meth:`make`)."""
-        from .channels import NATIVE_PLANNERS, check_channels, check_skew
+        from ..ir.passes import check_channels, check_skew
+        from .channels import NATIVE_PLANNERS
         from .registry import SPECS, check_names, default_names, require_collective
 
         ask = {k: options.pop(k) for k in _PIPELINE_OPTIONS if k in options}
@@ -268,7 +269,7 @@ class PlanRequest:
     def runtime(self) -> Cluster:
         """The cluster as the profile's runtime moves bytes on it (NVLink at NCCL's rate
         under ``nvlink: nccl``): what the planners plan on."""
-        from ..analysis.native.nccl import runtime_cluster
+        from ..analysis.native.clusters import runtime_cluster
         return runtime_cluster(self.cluster, self.profile)
 
     @cached_property

@@ -7,7 +7,8 @@
 - :mod:`~topoplan.runtime.mpirun`: finding and driving an MPI launcher (Open MPI,
   MPICH, Slurm);
 - :mod:`~topoplan.runtime.bench`: measuring a plan against the native collective;
-- :mod:`~topoplan.runtime.calibrate`: fitting a cost profile to measurements.
+- :mod:`~topoplan.runtime.calibrate`: fitting a cost profile to measurements;
+- :mod:`~topoplan.runtime.fusion`: tensor fusion's bucketing, which tensors share a buffer.
 
 It stands on the IR, the analyses and the planners.
 """

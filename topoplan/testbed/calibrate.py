@@ -9,7 +9,7 @@ steps takes far longer than its bytes alone.
 :func:`calibration_cases` are runs where those costs dominate: schedules with many
 steps of small messages, and the adds of a reduction alone. :func:`fit` turns their
 times into ``alpha`` (seconds per message, :func:`topoplan.simulate`'s ``alpha``) with
-the fitting code of ``topoplan calibrate`` (:func:`topoplan.runtime.calibrate.fit`: least
+the fitting code of ``topoplan calibrate`` (:func:`topoplan.runtime.calibrate.fit_costs`: least
 squares through the simulator, re-linearised), and a ``reduce_bandwidth``. On the
 testbed every rank is its own namespace, so messages cross shaped links and the runs
 separate ``alpha`` from the transfers; the step, op and call overheads of the host
@@ -20,7 +20,7 @@ still a prediction.
 Three modules are named calibrate: this one (the testbed's, used by
 :mod:`topoplan.testbed.bench` behind ``topoplan testbed bench``);
 :mod:`topoplan.runtime.calibrate`, the library that calibrates a transport on one host (and whose
-:func:`~topoplan.runtime.calibrate.fit` this module fits with); and
+:func:`~topoplan.runtime.calibrate.fit_costs` this module fits with); and
 :mod:`topoplan.commands.calibrate`, the ``topoplan calibrate`` command in front of that
 library.
 """
@@ -192,12 +192,12 @@ def fit(cluster: Cluster, cases: Sequence[tuple[str, int, str, Schedule | None]]
     -------
     Calibration
         ``reduce_bandwidth`` is the reduce case's bytes over its time; ``alpha`` is fitted
-        to the pipelined runs by :func:`topoplan.runtime.calibrate.fit` (the code ``topoplan
-        calibrate`` fits with): least squares, ``alpha >= 0``, through the simulator on
+        to the pipelined runs by :func:`topoplan.runtime.calibrate.fit_costs` (the code
+        ``topoplan calibrate`` fits with): least squares, ``alpha >= 0``, through the simulator on
         ``cluster`` with that reduce bandwidth, re-linearised until it settles.
         ``latency_alpha_s`` is the same fit on the latency-bound run alone.
     """
-    from ..runtime.calibrate import fit as fit_costs
+    from ..runtime.calibrate import fit_costs
     from ..analysis.cost import CostProfile
     from ..analysis.sim import simulate
     reduce_bw = None

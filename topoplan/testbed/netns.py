@@ -318,7 +318,7 @@ def interrupts_raise() -> Iterator[None]:
 
 def write_state(layout: Layout, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    from .._files import atomic_write
+    from .._util import atomic_write
     atomic_write(path, json.dumps({"format": "topoplan-testbed", "version": 1, "pid": os.getpid(),
                                    "created": time.time(), "layout": layout.to_dict()}, indent=1))
 

@@ -150,7 +150,7 @@ def _run_case(case: dict[str, Any], rank: int, nranks: int, comm: Any, torch: An
         op = comm.native
     else:
         from topoplan.runtime.executor import AllGather, Allreduce, ReduceScatter
-        from topoplan.ir.schedule import load_schedule
+        from topoplan.ir.parse import load_schedule
         transport = comm.transport()
         executors: dict[str, Any] = {"allreduce": Allreduce, "reduce_scatter": ReduceScatter,
                                      "allgather": AllGather}
@@ -246,7 +246,7 @@ def main(argv: list[str]) -> int:
     results = [_run_case(case, rank, nranks, comm, torch) for case in job["cases"]]
     if rank == 0:
         out = Path(job["dir"], "result.json")
-        from .._files import atomic_write
+        from .._util import atomic_write
         atomic_write(out, json.dumps(results))
     comm.close()
     return 0

@@ -2,13 +2,16 @@
 
 Horovod's tensor fusion (Sergeev and Del Balso, arXiv:1802.05799): gradients are packed,
 in the order given, into flat buffers of at most a threshold in bytes, one dtype and
-device a buffer, so that one allreduce moves many small gradients.
+device a buffer, so that one allreduce moves many small gradients
+(:func:`topoplan.runtime.fusion.fusion_buckets`, the rule the estimator uses too).
 :class:`~topoplan.torch.DistributedOptimizer` lays its buffers out with :func:`fuse`.
 """
 
 from __future__ import annotations
 
 import torch
+
+from ..runtime.fusion import fusion_buckets
 
 __all__ = ["FusionGroup", "fuse"]
 
@@ -74,18 +77,15 @@ def fuse(named: list[tuple[str, torch.nn.Parameter]], threshold: int) -> list[Fu
     group a parameter. Each (dtype, device) fills one open group at a time, so groups
     of different dtypes interleave in the order their first parameter came.
     """
-    groups: list[FusionGroup] = []
-    open_group: dict[tuple[torch.dtype, torch.device], FusionGroup] = {}
-    for name, p in named:
-        key = (p.dtype, p.device)
-        nbytes = p.numel() * p.element_size()
-        group = open_group.get(key)
-        if (group is None or threshold == 0
-                or (group.numel * p.element_size() + nbytes > threshold)):
-            group = FusionGroup(p.dtype)
-            groups.append(group)
-            open_group[key] = group
-        group.params.append(p)
-        group.names.append(name)
-        group.numels.append(p.numel())
+    params = [p for _, p in named]
+    groups = []
+    for bucket in fusion_buckets([p.numel() * p.element_size() for p in params], threshold,
+                                 [(p.dtype, p.device) for p in params]):
+        group = FusionGroup(params[bucket[0]].dtype)
+        for i in bucket:
+            name, p = named[i]
+            group.params.append(p)
+            group.names.append(name)
+            group.numels.append(p.numel())
+        groups.append(group)
     return groups

@@ -288,9 +288,9 @@ def _draw_natives(ax: Any, report: Any, schedule: Schedule | None, ranks: list[i
     schedule = schedule if schedule is not None else getattr(report, "schedule", None)
     if schedule is None:
         return []
-    from ..ir.matching import messages
+    from ..ir.matching import match_messages
 
-    calls = messages(schedule, natives=True).calls
+    calls = match_messages(schedule, natives=True).calls
     if not calls:
         return []
     step_times = report.step_times

@@ -9,7 +9,7 @@ import numpy as np
 from ..cluster import Cluster
 from ..analysis.cost import CostProfile, get_profile
 from ..errors import TopoplanError
-from .._progress import step
+from .._util import step
 from ..units import format_size
 from ..ir.collectives import bus_factor
 from ._common import matplotlib, new_figure, size_formatter

@@ -23,11 +23,12 @@ network as the NICs' speed. The model therefore prices NCCL's choice twice:
   spine, the link wins, as it does for NCCL.
 
 **A group of ranks** (a native step of a composed plan, IR v3) is priced as NCCL prices a
-communicator of those ranks alone (:func:`group_cluster`, :func:`nccl_group_time`): the
-group's GPUs, their boxes' NICs that serve them, the fabric between the boxes; the
-group's boxes are NCCL's nodes in the order the group first names them.
-:meth:`NcclModel.edge_loads` gives the bytes the chosen algorithm lays on every link,
-so that the simulator can share those links with other traffic.
+communicator of those ranks alone (:func:`nccl_group_time`, on
+:func:`~topoplan.analysis.native.clusters.group_cluster`): the group's GPUs, their boxes'
+NICs that serve them, the fabric between the boxes; the group's boxes are NCCL's nodes in
+the order the group first names them. :meth:`NcclModel.edge_loads` gives the bytes the
+chosen algorithm lays on every link (:mod:`~topoplan.analysis.native.loads`), so that the
+simulator can share those links with other traffic.
 
 Path latencies and the cost profile's alphas are not used: NCCL's latency terms are
 its own (``hwLatencies``). Constants come from NCCL's source and the hardware's
@@ -38,21 +39,29 @@ nccl-tests figures that set nothing here.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
-from ..._cache import ObjectCache
-from . import nccl_tables as T
+from ..._compat import moved_names
+from ..._util import ObjectCache
+from . import clusters, nccl_tables as T
+from .loads import LinkLoads, sharp_root
 from .nccl_search import BoxView, Graph, box_view, search_collnet_direct, search_nvls, \
     search_ring, search_tree
 
 if TYPE_CHECKING:
     from ...cluster import Cluster
+    from .clusters import GroupCluster
 
-__all__ = ["NcclModel", "NcclChoice", "nccl_model", "nccl_time", "nccl_links", "gpu_model",
-           "runtime_cluster", "group_cluster", "nccl_group_time",
-           "COLLECTIVES", "ROOTED", "DEFAULT_GPU"]
+__all__ = ["NcclModel", "NcclChoice", "nccl_model", "nccl_time", "nccl_group_time",
+           "COLLECTIVES", "ROOTED"]
+
+#: The clusters NCCL moves bytes on (the runtime cluster, a group's sub-cluster) have a
+#: module of their own, as have the link loads.
+__getattr__ = moved_names(__name__, {
+    name: "topoplan.analysis.native.clusters"
+    for name in ("runtime_cluster", "nccl_links", "gpu_model", "group_cluster", "GroupCluster",
+                 "DEFAULT_GPU")})
 
 #: The collectives the model prices (topoplan's names; NCCL's AllReduce, ReduceScatter,
 #: AllGather, Broadcast, Reduce).
@@ -60,10 +69,6 @@ COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"
 #: The rooted ones: NCCL runs them as rings only (tuning.cc: ``if ((coll ==
 #: ncclFuncBroadcast || coll == ncclFuncReduce) && a != NCCL_ALGO_RING) continue;``).
 ROOTED = ("broadcast", "reduce")
-
-#: The GPU model assumed for boxes whose file names none: NCCL's Ampere tables (an
-#: NVLS fabric implies Hopper).
-DEFAULT_GPU = "A100"
 
 _WIRE = (2.0, 128.0 / 120.0, 1.0)  # bytes on the wire per byte of data: LL, LL128, Simple
 
@@ -173,9 +178,9 @@ class NcclModel:
     cluster : Cluster
         Ranks in file order are NCCL's ranks; boxes are NCCL's nodes in that order.
         ``boxes[].gpu`` picks the per-architecture tables (default
-        :data:`DEFAULT_GPU`), ``fabric.nvls`` enables NVLS and NVLSTree,
-        ``switches[].sharp`` CollNet (SHARP; NCCL needs ``NCCL_COLLNET_ENABLE=1`` and
-        the SHARP plugin for it).
+        :data:`~topoplan.analysis.native.clusters.DEFAULT_GPU`), ``fabric.nvls`` enables
+        NVLS and NVLSTree, ``switches[].sharp`` CollNet (SHARP; NCCL needs
+        ``NCCL_COLLNET_ENABLE=1`` and the SHARP plugin for it).
 
     Notes
     -----
@@ -189,7 +194,7 @@ class NcclModel:
         self.nranks = cluster.nranks
         self.nnodes = len(cluster.boxes)
         self.ppn = self.nranks / self.nnodes
-        models = [gpu_model(box) for box in cluster.boxes]
+        models = [clusters.gpu_model(box) for box in cluster.boxes]
         self.assumed_gpu = any(box.gpu is None for box in cluster.boxes)
         caps = [T.COMPCAP[m] for m in models]
         self.min_cc, self.max_cc = min(caps), max(caps)
@@ -226,7 +231,7 @@ class NcclModel:
         self.comm_channels = max(1, channels)
         self.nvls_support = (self.min_cc >= 90 and self.graphs["nvls"].channels >= 2
                              and all(v.nvls for v in self._views))
-        self.collnet_support = inter and self._sharp_root() is not None
+        self.collnet_support = inter and sharp_root(cluster) is not None
         self.nvs = all(v.intra == "nvswitch" for v in self._views)
         # search.cc tries channels that repeat one GPU order first (sameChannels); the
         # model's ring channels do where each box's orders are one cycle (rotations
@@ -499,11 +504,11 @@ class NcclModel:
             self._unit[key] = self._loads(collective, a, channels, False).busiest()
         return self._unit[key]
 
-    def _loads(self, collective: str, a: int, channels: int, every: bool) -> _Loads:
+    def _loads(self, collective: str, a: int, channels: int, every: bool) -> LinkLoads:
         """The traffic of algorithm ``a`` on ``channels`` channels, per byte of the
         buffer; in-box traffic of every box (``every``) or of one box of each kind (all
         the busiest link needs)."""
-        loads = _Loads(nccl_links(self.cluster))
+        loads = LinkLoads(clusters.nccl_links(self.cluster))
         if a in (T.RING, T.PAT):
             self._ring_loads(loads, collective, channels, a == T.PAT, every)
         elif a in (T.TREE, T.COLLNET_CHAIN):
@@ -540,7 +545,7 @@ class NcclModel:
         k = c % graph.channels
         return graph.orders[k], graph.nics[k]
 
-    def _ring_loads(self, loads: _Loads, collective: str, channels: int, pat: bool,
+    def _ring_loads(self, loads: LinkLoads, collective: str, channels: int, pat: bool,
                     every: bool = False) -> None:
         n = self.nranks
         if collective in ROOTED:
@@ -579,7 +584,7 @@ class NcclModel:
                 first, _, nic_in = ends[(b + 1) % len(boxes)]
                 loads.net(b, last, nic_out, (b + 1) % len(boxes), first, nic_in, per_hop)
 
-    def _tree_loads(self, loads: _Loads, channels: int, sharp: bool,
+    def _tree_loads(self, loads: LinkLoads, channels: int, sharp: bool,
                     every: bool = False) -> None:
         boxes = self.cluster.boxes
         nodes = len(boxes)
@@ -611,7 +616,7 @@ class NcclModel:
                     loads.net(child, hc, nc, parent, hp, np_, share)
                     loads.net(parent, hp, np_, child, hc, nc, share)
 
-    def _nvls_loads(self, loads: _Loads, collective: str, tree: bool,
+    def _nvls_loads(self, loads: LinkLoads, collective: str, tree: bool,
                     every: bool = False) -> None:
         boxes = self.cluster.boxes
         graph_channels = [g["nvls"].channels for g in self._box_graphs]
@@ -654,7 +659,7 @@ class NcclModel:
                     loads.net(child, hc, nc, parent, hp, np_, share)
                     loads.net(parent, hp, np_, child, hc, nc, share)
 
-    def _direct_loads(self, loads: _Loads, every: bool = False) -> None:
+    def _direct_loads(self, loads: LinkLoads, every: bool = False) -> None:
         for b, box in enumerate(self.cluster.boxes):
             graph = self._box_graphs[b]["collnet_direct"]
             heads = [box.first_rank + order[0] for order in graph.orders]
@@ -667,147 +672,6 @@ class NcclModel:
                         loads.route(h, r, share / box.gpus)
             for nic in graph.nics:
                 loads.sharp(b, nic, share)
-
-    # ---- SHARP ----------------------------------------------------------------
-    def _sharp_root(self) -> str | None:
-        """The switch SHARP aggregates at: the one nearest (in hops) to every NIC's
-        switch, when every switch on the way reduces; ``None`` when SHARP cannot serve
-        every box."""
-        cluster = self.cluster
-        if not cluster.sharp:
-            return None
-        attach = {nic.switch for box in cluster.boxes for nic in box.nics}
-        best: tuple[int, int, str] | None = None
-        for i, root in enumerate(cluster.switches):
-            if root not in cluster.sharp:
-                continue
-            worst = 0
-            for sw in attach:
-                paths = cluster._switch_paths(sw, root)
-                if not paths or any(s not in cluster.sharp for s in paths[0]):
-                    worst = -1
-                    break
-                worst = max(worst, len(paths[0]))
-            if worst >= 0 and (best is None or (worst, i) < best[:2]):
-                best = (worst, i, root)
-        return None if best is None else best[2]
-
-
-class _Loads:
-    """Bytes per byte of the buffer on each directed edge of the cluster's graph."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
-        self.edges: dict[tuple[str, str], float] = defaultdict(float)
-        self.switch_flows: dict[tuple[str, str], float] = defaultdict(float)
-        self.sharp_from: dict[str, float] = {}
-        self._routes: dict[tuple[int, int], tuple[tuple[tuple[str, str], float], ...]] = {}
-        self.sharp_box: dict[int, float] = {}
-
-    def add(self, edge: tuple[str, str], amount: float) -> None:
-        self.edges[edge] += amount
-
-    def route(self, src: int, dst: int, amount: float) -> None:
-        """``amount`` from rank ``src`` to rank ``dst`` over the cluster's own routes."""
-        if src == dst:
-            return
-        edges = self._routes.get((src, dst))
-        if edges is None:
-            paths = self.cluster.route_edges(src, dst)
-            share = 1.0 / len(paths)
-            merged: dict[tuple[str, str], float] = defaultdict(float)
-            for path in paths:
-                for edge in path:
-                    merged[edge] += share
-            edges = self._routes[(src, dst)] = tuple(merged.items())
-        for edge, share in edges:
-            self.edges[edge] += share * amount
-
-    def _to_nic(self, rank: int, nic: int | None, outbound: bool, amount: float) -> str:
-        """From ``rank`` to its box's NIC ``nic`` (through the box to a GPU the NIC serves
-        when it does not serve ``rank``: NCCL's PXN); returns the NIC's switch."""
-        cluster = self.cluster
-        box = cluster.box_of(rank)
-        k = 0 if nic is None else nic
-        node = box.nic_node(k)
-        local = rank - box.first_rank
-        served = box.nics[k].gpus
-        via = local if local in served else served[0]
-        if via != local:
-            if outbound:
-                self.route(rank, box.first_rank + via, amount)
-            else:
-                self.route(box.first_rank + via, rank, amount)
-        gpu = box.gpu_node(via)
-        if outbound:
-            self.edges[(gpu, node)] += amount
-            self.edges[(node, box.nics[k].switch)] += amount
-        else:
-            self.edges[(node, gpu)] += amount
-            self.edges[(box.nics[k].switch, node)] += amount
-        return box.nics[k].switch
-
-    def net(self, b_src: int, src: int, nic_src: int | None, b_dst: int, dst: int,
-            nic_dst: int | None, amount: float) -> None:
-        """``amount`` from rank ``src`` out by NIC ``nic_src`` to rank ``dst`` in by NIC
-        ``nic_dst``, across the switches."""
-        a = self._to_nic(src, nic_src, True, amount)
-        b = self._to_nic(dst, nic_dst, False, amount)
-        if a != b:
-            self.switch_flows[(a, b)] += amount
-
-    def sharp(self, b: int, nic: int | None, amount: float) -> None:
-        """``amount`` up from box ``b``'s NIC to SHARP's aggregation tree and the result
-        back down."""
-        box = self.cluster.boxes[b]
-        k = 0 if nic is None else nic
-        rank = box.first_rank + box.nics[k].gpus[0]
-        sw = self._to_nic(rank, k, True, amount)
-        self._to_nic(rank, k, False, amount)
-        self.sharp_from[sw] = self.sharp_from.get(sw, 0.0)
-        self.sharp_box[b] = self.sharp_box.get(b, 0.0) + amount
-
-    def busiest(self) -> tuple[float, str]:
-        """Seconds per byte of the buffer on the busiest link, and that link."""
-        graph = self.cluster.graph
-        worst, where = 0.0, ""
-        for (u, v), amount in self.totals().items():
-            bw = graph[u][v]["bandwidth"]
-            t = amount / bw
-            if t > worst:
-                worst, where = t, f"{u} -> {v}"
-        return worst, where
-
-    def totals(self) -> dict[tuple[str, str], float]:
-        """Bytes per byte of the buffer on every directed edge: switch-to-switch flows
-        spread over their equal-cost paths, SHARP's aggregation tree included."""
-        cluster = self.cluster
-        edges = dict(self.edges)
-        for (a, b), amount in self.switch_flows.items():
-            paths = cluster._switch_paths(a, b)
-            share = amount / len(paths)
-            for path in paths:
-                for u, v in zip(path, path[1:]):
-                    edges[(u, v)] = edges.get((u, v), 0.0) + share
-        if self.sharp_from:
-            # Switches sum what comes up from below: every hop of the aggregation tree
-            # carries one stream of partial sums up and the result down, the buffer once
-            # (the most any box sends), however many boxes hang below it.
-            root = _sharp_root_of(cluster)
-            stream = max(self.sharp_box.values())
-            hops: set[tuple[str, str]] = set()
-            for sw in self.sharp_from:
-                if root is not None and sw != root:
-                    path = cluster._switch_paths(sw, root)[0]
-                    hops.update(zip(path, path[1:]))
-            for u, v in hops:
-                edges[(u, v)] = edges.get((u, v), 0.0) + stream
-                edges[(v, u)] = edges.get((v, u), 0.0) + stream
-        return edges
-
-
-def _sharp_root_of(cluster: Cluster) -> str | None:
-    return nccl_model(cluster)._sharp_root()
 
 
 def _dtree(nodes: int) -> list[list[int]]:
@@ -861,70 +725,6 @@ def _check_collective(collective: str) -> None:
                          f"{', '.join(COLLECTIVES)}")
 
 
-def gpu_model(box: Any) -> str:
-    """The GPU model NCCL's tables are chosen by for ``box``: its ``gpu``, else H100
-    for an NVLS fabric, else :data:`DEFAULT_GPU`."""
-    if box.gpu is not None:
-        return str(box.gpu)
-    return "H100" if box.fabric is not None and box.fabric.nvls else DEFAULT_GPU
-
-
-def nccl_links(cluster: Cluster) -> Cluster:
-    """``cluster`` with its NVLink links and NVSwitch ports at what NCCL counts for them
-    (:func:`~topoplan.analysis.native.nccl_search.nvlink_view`, by each box's GPU model; a box
-    whose file names no ``gpu`` keeps its bandwidths as written): the cluster a
-    schedule run by NCCL moves its bytes on (the ``nccl`` profile's ``nvlink: nccl``).
-    The same object when nothing changes; a host (a calibrated profile's machine) is
-    never changed. Computed once per cluster object."""
-    from ...cluster import HostCluster
-
-    if isinstance(cluster, HostCluster):
-        return cluster
-    counted = _LINKS(cluster)
-    return cluster if counted is None else counted
-
-
-def _count_links(cluster: Cluster) -> Cluster | None:
-    """The re-counted cluster, or None when no bandwidth changes (a cached value must
-    not refer back to its cluster)."""
-    from dataclasses import replace
-
-    from .nccl_search import nvlink_view
-
-    boxes = []
-    changed = False
-    for box in cluster.boxes:
-        if box.gpu is None:  # the file does not say which NVLink: taken as written
-            boxes.append(box)
-            continue
-        cc = T.COMPCAP[gpu_model(box)]
-        fabric = box.fabric
-
-        def view(bandwidth: float) -> float:
-            counted = nvlink_view(bandwidth / 1e9, cc) * 1e9
-            return bandwidth if math.isclose(counted, bandwidth, rel_tol=1e-9) else counted
-
-        if fabric is not None and fabric.is_nvlink and view(fabric.bandwidth) != fabric.bandwidth:
-            fabric = replace(fabric, bandwidth=view(fabric.bandwidth))
-        links = tuple(l if view(l.bandwidth) == l.bandwidth else replace(l, bandwidth=view(l.bandwidth))
-                      for l in box.gpu_links)
-        if fabric is not box.fabric or links != box.gpu_links:
-            changed = True
-            box = replace(box, fabric=fabric, gpu_links=links)
-        boxes.append(box)
-    return replace(cluster, boxes=tuple(boxes)) if changed else None
-
-
-_LINKS: ObjectCache[Cluster, Cluster | None] = ObjectCache(_count_links)
-
-
-def runtime_cluster(cluster: Cluster, profile: Any) -> Cluster:
-    """The cluster as ``profile``'s runtime moves bytes on it: :func:`nccl_links` for a
-    profile with ``nvlink: nccl``, else ``cluster`` itself. Planners plan on it and the
-    simulator runs on it; bounds for any schedule stay on ``cluster``."""
-    return nccl_links(cluster) if getattr(profile, "nvlink", None) == "nccl" else cluster
-
-
 def _model_state(cluster: Cluster) -> dict[str, Any]:
     """What a model computes of ``cluster``, without the cluster itself (a cached value
     must not keep its cluster alive); its price caches are shared by every model made
@@ -960,121 +760,21 @@ def sizes_of(low: int, high: int) -> Iterable[int]:
         size *= 2
 
 
-# ----------------------------------------------------------------------------------
-# A group of ranks: a communicator of its own
-# ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class GroupCluster:
-    """The cluster NCCL sees when a communicator holds only ``group``'s ranks.
-
-    Attributes
-    ----------
-    cluster : Cluster
-        The group's GPUs (boxes in the order the group first names them, GPUs of a box
-        in their order there), the boxes' NICs that serve them (all the box's NICs,
-        serving every kept GPU, when none does: NCCL then reaches them across the
-        host), every switch and switch link, SHARP.
-    nodes : mapping
-        Each graph node of ``cluster`` that is named otherwise in the original cluster
-        (its GPUs and NICs renumbered) to the node it is there.
-    ranks : tuple of int
-        The original rank of each rank of ``cluster``.
-    """
-
-    cluster: Cluster
-    nodes: dict[str, str]
-    ranks: tuple[int, ...]
-
-    def edge(self, edge: tuple[str, str]) -> tuple[str, str]:
-        """An edge of ``cluster`` as the edge of the original cluster it is."""
-        return self.nodes.get(edge[0], edge[0]), self.nodes.get(edge[1], edge[1])
-
-
-def group_cluster(cluster: Cluster, group: Iterable[int]) -> GroupCluster:
-    """The sub-cluster of the ranks in ``group`` (:class:`GroupCluster`), computed once
-    per cluster object and group. The whole cluster in rank order is ``cluster`` itself.
-
-    Raises
-    ------
-    ValueError
-        For an empty group, a rank outside the cluster or a rank named twice.
-    """
-    members = tuple(int(r) for r in group)
-    if not members:
-        raise ValueError("a group needs at least one rank")
-    if len(set(members)) != len(members):
-        raise ValueError(f"group {list(members)} names a rank twice")
-    bad = [r for r in members if not 0 <= r < cluster.nranks]
-    if bad:
-        raise ValueError(f"group names rank {bad[0]}, outside range({cluster.nranks})")
-    if members == tuple(range(cluster.nranks)):
-        return GroupCluster(cluster, {}, members)  # the communicator of every rank
-    groups = _GROUPS(cluster)
-    found = groups.get(members)
-    if found is None:
-        found = groups[members] = _group_cluster(cluster, members)
-    return found
-
-
-def _group_cluster(cluster: Cluster, members: tuple[int, ...]) -> GroupCluster:
-    from dataclasses import replace
-
-    from ...cluster.model import GpuLink, Nic
-
-    order: list[int] = []  # box indexes, in the order the group first names them
-    kept: dict[int, list[int]] = {}
-    for r in members:
-        b = cluster.box_index(r)
-        if b not in kept:
-            order.append(b)
-            kept[b] = []
-        kept[b].append(cluster.local_index(r))
-    boxes = []
-    nodes: dict[str, str] = {}
-    ranks: list[int] = []
-    first = 0
-    for b in order:
-        box = cluster.boxes[b]
-        local = sorted(kept[b])
-        index = {g: j for j, g in enumerate(local)}
-        links = tuple(GpuLink(index[l.a], index[l.b], l.bandwidth, l.latency)
-                      for l in box.gpu_links if l.a in index and l.b in index)
-        served = [k for k, nic in enumerate(box.nics) if any(g in index for g in nic.gpus)]
-        if served:
-            nics = tuple(replace(box.nics[k], gpus=tuple(index[g] for g in box.nics[k].gpus
-                                                         if g in index)) for k in served)
-        else:
-            served = list(range(len(box.nics)))
-            nics = tuple(replace(nic, gpus=tuple(range(len(local)))) for nic in box.nics)
-        sub = replace(box, gpus=len(local), first_rank=first, gpu_links=links, nics=nics)
-        for j, g in enumerate(local):
-            nodes[sub.gpu_node(j)] = box.gpu_node(g)
-            ranks.append(box.first_rank + g)
-        for j, k in enumerate(served):
-            nodes[sub.nic_node(j)] = box.nic_node(k)
-        boxes.append(sub)
-        first += len(local)
-    name = f"{cluster.name}[{','.join(map(str, members))}]"
-    sub_cluster = replace(cluster, name=name, boxes=tuple(boxes), source=None)
-    return GroupCluster(sub_cluster, nodes, tuple(ranks))
-
-
-_GROUPS: ObjectCache[Cluster, dict[tuple[int, ...], GroupCluster]] = ObjectCache(lambda c: {})
-
-
 def nccl_group_time(cluster: Cluster, group: Iterable[int], collective: str,
                     size: int) -> tuple[NcclChoice, NcclModel, GroupCluster]:
     """What NCCL runs for ``collective`` of ``size`` bytes on a communicator of the ranks
     in ``group`` alone, its time there, the model that chose it (for
-    :meth:`NcclModel.edge_loads`) and the sub-cluster (:func:`group_cluster`). Over every
+    :meth:`NcclModel.edge_loads`) and the sub-cluster
+    (:func:`~topoplan.analysis.native.clusters.group_cluster`). Over every
     rank in rank order it is :func:`nccl_time` exactly.
 
     Raises
     ------
     ValueError
-        For a bad group (:func:`group_cluster`), an unknown collective, or a group on
+        For a bad group (:func:`~topoplan.analysis.native.clusters.group_cluster`), an
+        unknown collective, or a group on
         which NCCL has no algorithm.
     """
-    sub = group_cluster(cluster, group)
+    sub = clusters.group_cluster(cluster, group)
     model = nccl_model(sub.cluster)
     return model.choose(collective, int(size)), model, sub

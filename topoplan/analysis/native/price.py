@@ -111,7 +111,7 @@ def native_price(cluster: Cluster, kind: str, group: Iterable[int], nbytes: int,
         Default :data:`~topoplan.analysis.cost.DEFAULT_PROFILE` (``nccl``).
     links : Cluster, optional
         The cluster as the profile's runtime moves bytes on it
-        (:func:`~topoplan.analysis.native.nccl.runtime_cluster`; computed when not
+        (:func:`~topoplan.analysis.native.clusters.runtime_cluster`; computed when not
         given): the ring's routes and the bandwidths ``time_s`` divides by.
 
     Returns
@@ -124,7 +124,7 @@ def native_price(cluster: Cluster, kind: str, group: Iterable[int], nbytes: int,
     ValueError
         For an unknown kind or a bad group.
     """
-    from .nccl import runtime_cluster
+    from .clusters import runtime_cluster
 
     if kind not in _KINDS:
         raise ValueError(f"unknown native collective {kind!r}; expected one of "

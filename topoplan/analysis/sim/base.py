@@ -12,7 +12,7 @@ import numpy as np
 
 from ..cost import CostProfile
 from ...errors import ScheduleError
-from ...ir.matching import deadlock_error, messages, wait_text
+from ...ir.matching import deadlock_error, match_messages, wait_text
 from ...ir.schedule import Schedule
 from .natives import native_steps
 
@@ -144,7 +144,7 @@ def route_table(cluster: Cluster, n: int, src: np.ndarray, dst: np.ndarray) -> R
 
 class Setup:
     """What both engines start from: costs, chunk sizes, the schedule's messages
-    (:func:`topoplan.ir.matching.messages`), its native instances
+    (:func:`topoplan.ir.matching.match_messages`), its native instances
     (:mod:`~topoplan.analysis.sim.natives`) and their prices
     (:func:`topoplan.analysis.native.price.native_price`), and each transfer's and
     step's software costs at this size.
@@ -173,7 +173,7 @@ class Setup:
         bounds = np.array(schedule.chunk_bounds(nelems), dtype=np.int64).reshape(-1, 2)
         self.chunk_bytes = (bounds[:, 1] - bounds[:, 0]) * dtype_size
         self.natives = native_steps(schedule)
-        self.flat = flat = messages(schedule if self.natives is None else self.natives.p2p,
+        self.flat = flat = match_messages(schedule if self.natives is None else self.natives.p2p,
                                     vectored=True)
         # Bytes of chunks [0, k): a transfer of chunks a..b-1 carries cum[b] - cum[a].
         cum = np.concatenate([[0], np.cumsum(self.chunk_bytes)]).astype(np.float64)

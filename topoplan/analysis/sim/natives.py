@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..._cache import ObjectCache
+from ..._util import ObjectCache
 from ...errors import ScheduleError
 from ...ir.schedule import Native, RankProgram, Schedule
 

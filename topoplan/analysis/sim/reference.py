@@ -404,7 +404,7 @@ def simulate_reference(cluster: Cluster, schedule: Schedule, size: int, *, dtype
     """:func:`simulate` by :class:`ReferenceEngine` (tests and benchmarks only)."""
     if schedule.nranks != cluster.nranks:
         raise ScheduleError("rank count differs")
-    from ..native.nccl import runtime_cluster
+    from ..native.clusters import runtime_cluster
     costs = costs_for(profile, alpha, reduce_bandwidth)
     engine = ReferenceEngine(runtime_cluster(cluster, costs), schedule, int(size), dtype_size,
                               costs, record, None, base=cluster)

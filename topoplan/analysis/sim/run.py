@@ -121,7 +121,7 @@ def simulate(cluster: Cluster | str | os.PathLike, schedule: Schedule, size: int
     costs = costs_for(profile, alpha, reduce_bandwidth)
     from .base import COARSE, COARSE_OPS, EPS_T
 
-    from ..native.nccl import runtime_cluster
+    from ..native.clusters import runtime_cluster
     links = runtime_cluster(cluster, costs)
 
     if resolution is None:

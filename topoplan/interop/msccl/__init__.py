@@ -33,7 +33,7 @@ its collective, as :func:`topoplan.verify` does for a schedule. The old names
 
 from __future__ import annotations
 
-from ..._deprecation import renamed
+from ..._compat import renamed
 from .export import ExportResult, export_msccl
 from .import_ import import_msccl
 from .limits import MAX_NODES, Limits, limit_violations

@@ -8,7 +8,7 @@ How a topoplan schedule becomes thread blocks:
   executor multiplies a reduce-scatter's and an allgather's per-rank count by
   ``ngpus``), so each rank's shard is ``nchunksperloop / ngpus`` of them.
 - **Native steps** (IR v3). MSCCL XML has no collective steps: a schedule's native
-  collectives are lowered to point-to-point steps first (:func:`topoplan.ir.lower.lower_native`:
+  collectives are lowered to point-to-point steps first (:func:`topoplan.ir.passes.lower_native`:
   rings, direct exchanges and trees inside each group), and a note says so; with
   ``lower=False`` (``topoplan export --no-lower``) such a schedule is refused.
 - **Chunks to MSCCL chunks.** The buffer is cut into ``nchunksperloop`` equal MSCCL
@@ -49,7 +49,7 @@ How a topoplan schedule becomes thread blocks:
   (:data:`~topoplan.interop.msccl.SEGMENTS_ATTR`), so that the import reads the
   plan's channels back.
 - **Vectored messages** (IR v4). MSCCL steps carry one contiguous range: a vectored
-  send or recv becomes one step per range (:func:`topoplan.ir.schedule.split_vectored`),
+  send or recv becomes one step per range (:func:`topoplan.ir.passes.split_vectored`),
   in the thread block the op's peer and channel give it, in range order, and a note
   says so. The executor then runs one MSCCL step per range, as it would for the
   unvectored plan.
@@ -75,7 +75,8 @@ from typing import Sequence
 from ...ir.collectives import collective_of, shard_chunks
 from ...errors import PlannerError, ScheduleError
 from ...ir.fingerprint import META_KEY
-from ...ir.schedule import Native, OpKind, Schedule, split_vectored
+from ...ir.passes import split_vectored
+from ...ir.schedule import Native, OpKind, Schedule
 from .limits import MAX_NODES, Limits, limit_violations
 from .model import PROTOCOLS, STEP_TYPES, Algo, Gpu, Step, ThreadBlock
 from .verify import verify_msccl
@@ -842,7 +843,7 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
         when fused ones could deadlock).
     lower : bool
         MSCCL XML has no collective steps: lower a schedule's native steps (IR v3) to
-        point-to-point ones first (:func:`topoplan.ir.lower.lower_native`), and say so in
+        point-to-point ones first (:func:`topoplan.ir.passes.lower_native`), and say so in
         a note; with ``False``, refuse such a schedule.
 
     Returns
@@ -877,7 +878,7 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
     report = verify(schedule)
     lowered_note = None
     if report.nnative:
-        from ...ir.lower import lower_native
+        from ...ir.passes import lower_native
 
         first = next((r, s, op) for r, s, op in schedule.ops() if isinstance(op, Native))
         if not lower:

@@ -44,8 +44,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from ...errors import ScheduleError
-from ...ir.schedule import (Native, Op, OpKind, RankProgram, Schedule, build_schedule,
-                            coalesce, equal_chunks)
+from ...ir.passes import coalesce
+from ...ir.schedule import Native, Op, OpKind, RankProgram, Schedule, build_schedule, equal_chunks
 from .model import Algo, Step, ThreadBlock
 from .verify import verify_msccl
 

@@ -19,13 +19,14 @@ import numpy as np
 from ...cluster import Cluster
 from ...analysis.cost import CostProfile
 from ...errors import InfeasiblePlanError, PlannerError
-from ...ir.schedule import Schedule, vectorize
+from ...ir.passes import channelize, check_channels, check_skew, slices, vectorize
+from ...ir.schedule import Schedule
 from ...ir.collectives import DEFAULT as DEFAULT_COLLECTIVE
 from .._checks import check_caps
 from .._lockstep import empty_schedule
 from .._order import topo_order
-from ..channels import (SKEW, channelize, check_caps_on_channels, check_channels, check_skew,
-                        per_channel, slices)
+from ...ir.passes import channelize, check_channels, check_skew, slices
+from ..channels import SKEW, check_caps_on_channels, per_channel
 from ..request import PlanRequest
 from .build import build, build_sharded
 from .grids import flat_ring_layout, layouts
@@ -217,7 +218,7 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     link, plus its worst path latency) and the cheapest is built.
 
     On ``channels`` channels (IR v4) the grids are priced as
-    :func:`~topoplan.planners.channels.channelize` will run them: each channel the
+    :func:`~topoplan.ir.passes.channelize` will run them: each channel the
     lock-step pipeline on its slice of the buffer, on its own clock, the channels
     sharing the links (:func:`.pricing.channel_time`), so that the pipeline depth is
     chosen for channels that hide each other's step latency. The pick is built,
@@ -282,7 +283,7 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
         (:data:`~topoplan.planners.channels.SKEW`).
     vectored : bool
         Merge each step's messages from one rank to one peer into one vectored message
-        (IR v4, :func:`topoplan.ir.schedule.vectorize`, after the channels), and price
+        (IR v4, :func:`topoplan.ir.passes.vectorize`, after the channels), and price
         the constructions so: a reduce-scatter or allgather then posts one op per peer
         and step, not one per shard, and its rounds and pipeline are chosen for that.
 

@@ -102,7 +102,7 @@ def piece_profile(model: CostModel, msgs: PieceMessages, fractions: np.ndarray,
     per byte of buffer.
 
     ``vectored``: a step's messages from one rank to one peer (of one kind, reducing or
-    not) are one op, as :func:`topoplan.ir.schedule.vectorize` merges them.
+    not) are one op, as :func:`topoplan.ir.passes.vectorize` merges them.
     """
     n = model.cluster.nranks
     key = msgs.src * n + msgs.dst
@@ -160,7 +160,7 @@ def estimate(loads: np.ndarray, step_lat: np.ndarray, sizes: np.ndarray, size: f
     overhead, and posting the ops of every piece in it).
 
     ``shares``: the plan runs on ``len(shares)`` channels, channel ``c`` on a share
-    ``shares[c]`` of every chunk (:func:`topoplan.planners.channels.slices`); each runs
+    ``shares[c]`` of every chunk (:func:`topoplan.ir.passes.slices`); each runs
     this lock-step pipeline on its own clock and they share the links
     (:func:`channel_time`). None or one share: one channel, the lock-step time.
     """

@@ -224,7 +224,7 @@ def best_rounds(model: CostModel, grid: np.ndarray, size: float,
     program over (units sent, the last two rounds) finds the best sequence, all the
     states of one ``units sent`` at once; the finer ``parts`` wins only if its time is
     lower. ``vectored``: the runs a step sends to one peer are one op (the in-group
-    copies and the fan-out post one op per peer, :func:`topoplan.ir.schedule.vectorize`).
+    copies and the fan-out post one op per peer, :func:`topoplan.ir.passes.vectorize`).
     """
     a, s, g = grid.shape
     n = a * s * g

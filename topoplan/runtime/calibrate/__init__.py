@@ -8,7 +8,7 @@ One module per concept:
   ping-pongs, executor runs built to separate the costs, and the adds alone;
 - :mod:`.measuring`: timing them on a transport (:func:`measure`, one :class:`Sample`
   per case);
-- :mod:`.fitting`: least squares through the simulator (:func:`fit`, :class:`Fit`);
+- :mod:`.fitting`: least squares through the simulator (:func:`fit_costs`, :class:`Fit`);
 - :mod:`.native`: the transport's own collectives over groups of ranks, measured and
   fitted into the profile's ``native`` section (:func:`native_cases`,
   :func:`measure_native`, :func:`fit_native`);
@@ -17,9 +17,9 @@ One module per concept:
 - :mod:`.profile`: the profile of this machine (:func:`fit_profile`, and
   :func:`calibrate`, the whole run).
 
-The modules are not named after their functions (``measure``, ``fit``): a submodule and
-a function of the same name in a package make ``import topoplan.runtime.calibrate.fit`` and
-``topoplan.runtime.calibrate.fit`` mean different things.
+The modules are not named after their functions (``measure``, ``fit_costs``): a submodule
+and a function of the same name in a package make ``import topoplan.runtime.calibrate.x``
+and ``topoplan.runtime.calibrate.x`` mean different things.
 
 Three modules are named calibrate:
 
@@ -29,7 +29,7 @@ Three modules are named calibrate:
   writes the profile YAML file;
 - :mod:`topoplan.testbed.calibrate`: the emulated testbed's calibration (``alpha`` and
   ``reduce_bandwidth`` from runs inside its network namespaces), fitted with this
-  package's :func:`fit`.
+  package's :func:`fit_costs`.
 
 Benchmarking a schedule (not a transport's costs) is :mod:`topoplan.runtime.bench`, and
 ``topoplan bench`` (:mod:`topoplan.commands.bench`).
@@ -39,17 +39,21 @@ from __future__ import annotations
 
 # Every name the single module had stays importable from here (the case builders too:
 # topoplan.testbed.calibrate builds its runs with direct_schedule).
+from ..._compat import moved_names
 from ..bench import array_kind
 from .cases import (BIG, MEDIUM_CHUNK, PING_BYTES, PING_MESSAGES, TINY_CHUNK, Case, _chain,
                     _rings, calibration_cases, direct_schedule)
-from .fitting import PARAMETERS, Fit, FittedSample, fit
+from .fitting import PARAMETERS, Fit, FittedSample, fit_costs
 from .measuring import Sample, measure
 from .native import NATIVE_RULE, fit_native, measure_native, native_cases
 from .probe import host_cores, load_average, small_limit, transport_info
 from .profile import FULL, HOST_PARAMETERS, QUICK, SPLIT_RULE, calibrate, fit_profile
 
 __all__ = ["Case", "Sample", "FittedSample", "Fit", "PARAMETERS", "HOST_PARAMETERS",
-           "calibration_cases", "measure", "fit", "fit_profile", "calibrate", "SPLIT_RULE",
+           "calibration_cases", "measure", "fit_costs", "fit_profile", "calibrate", "SPLIT_RULE",
            "native_cases", "measure_native", "fit_native", "NATIVE_RULE",
            "host_cores", "small_limit",
            "array_kind", "transport_info", "load_average"]
+
+#: ``fit`` was renamed: it clashed with the class :class:`Fit` but for case.
+__getattr__ = moved_names(__name__, {"fit": "topoplan.runtime.calibrate.fitting:fit_costs"})

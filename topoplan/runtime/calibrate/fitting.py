@@ -1,6 +1,7 @@
-"""Least squares through the simulator: :func:`fit` finds the costs that explain measured times.
+"""Least squares through the simulator: :func:`fit_costs` finds the costs that explain
+measured times.
 
-:func:`fit` fits costs to executor samples by least squares (bounds >= 0) against the
+:func:`fit_costs` fits costs to executor samples by least squares (bounds >= 0) against the
 simulator itself: each sample's time is linearised in the parameters by finite
 differences of :func:`topoplan.simulate` on the machine as a cluster
 (:meth:`CostProfile.host_cluster`) and the fit re-linearised a few times (Gauss-Newton).
@@ -18,13 +19,17 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
+from ..._compat import moved_names
 from ...analysis.cost import CostProfile
 from ...errors import TopoplanError
 from ...ir.schedule import Schedule
 
-__all__ = ["PARAMETERS", "FittedSample", "Fit", "fit"]
+__all__ = ["PARAMETERS", "FittedSample", "Fit", "fit_costs"]
 
-#: What :func:`fit` can fit: profile costs in seconds, and two bandwidths, fitted as their
+#: ``fit`` was renamed: it clashed with the class :class:`Fit` but for case.
+__getattr__ = moved_names(__name__, {"fit": "topoplan.runtime.calibrate.fitting:fit_costs"})
+
+#: What :func:`fit_costs` can fit: profile costs in seconds, and two bandwidths, fitted as their
 #: inverse (seconds per byte) so that times stay linear in every parameter.
 PARAMETERS = ("step_overhead", "op_overhead", "call_overhead", "alpha", "host_bandwidth",
               "reduce_bandwidth")
@@ -56,7 +61,7 @@ class FittedSample:
 
 @dataclass(frozen=True)
 class Fit:
-    """What :func:`fit` found.
+    """What :func:`fit_costs` found.
 
     Attributes
     ----------
@@ -111,9 +116,9 @@ def _with_theta(profile: CostProfile, names: Sequence[str], theta: Any) -> CostP
     return replace(profile, **changes)
 
 
-def fit(cases: Sequence[tuple[str, Schedule, int, float]], start: CostProfile,
-        parameters: Sequence[str], *, cluster: Any = None, iterations: int = 4,
-        min_steps: Mapping[str, float] | None = None) -> Fit:
+def fit_costs(cases: Sequence[tuple[str, Schedule, int, float]], start: CostProfile,
+              parameters: Sequence[str], *, cluster: Any = None, iterations: int = 4,
+              min_steps: Mapping[str, float] | None = None) -> Fit:
     """Fit ``parameters`` of ``start`` to measured times by least squares, through the
     simulator.
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ...analysis.cost import CostProfile
 from ...errors import TopoplanError
 from .cases import calibration_cases
-from .fitting import fit
+from .fitting import fit_costs
 from .measuring import Sample, measure
 from .probe import host_cores, load_average, small_limit, transport_info
 
@@ -92,7 +92,7 @@ def fit_profile(samples: Sequence[Sample], *, name: str = "calibrated", nranks: 
     -------
     CostProfile
         ``reduce_bandwidth`` from the adds alone; ``op_overhead``, ``call_overhead``,
-        ``host_bandwidth`` and the per-step cost fitted (:func:`fit`) on
+        ``host_bandwidth`` and the per-step cost fitted (:func:`~.fitting.fit_costs`) on
         :meth:`CostProfile.host_cluster`; ``alpha`` and ``step_overhead`` split from the
         per-step cost by :data:`SPLIT_RULE`. ``calibration`` records how, where and when,
         and every sample measured, fitted and its residual (with the final profile).
@@ -122,7 +122,7 @@ def fit_profile(samples: Sequence[Sample], *, name: str = "calibrated", nranks: 
     start = CostProfile(name, reduce_bandwidth=reduce_bandwidth, host_ranks=nranks,
                         host_cores=cores if contended else None, small_max=small_max)
     parameters = HOST_PARAMETERS + (("alpha",) if small_max is not None else ())
-    result = fit([(s.label, s.case.schedule, s.case.size, s.measured_s) for s in runs
+    result = fit_costs([(s.label, s.case.schedule, s.case.size, s.measured_s) for s in runs
                   if s.case.schedule is not None], start, parameters, iterations=iterations)
     fitted = result.profile
     per_step = fitted.step_overhead

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .schedule import Native, NativeKind, Op, RankProgram, Schedule, recv, send
+from ..schedule import Native, NativeKind, Op, RankProgram, Schedule, recv, send
 
 __all__ = ["lower_native", "lower_call"]
 
@@ -74,7 +74,7 @@ def lower_native(schedule: Schedule) -> Schedule:
     ------
     ScheduleError
         A native op that is malformed or whose members do not agree (the messages of
-        :func:`topoplan.ir.matching.messages`), as :func:`topoplan.verify` names them.
+        :func:`topoplan.ir.matching.match_messages`), as :func:`topoplan.verify` names them.
 
     Notes
     -----
@@ -83,9 +83,9 @@ def lower_native(schedule: Schedule) -> Schedule:
     reduce-scatter or allreduce, ``2 (g - 1)`` for a broadcast or a reduce; linear time
     in the ops of the result.
     """
-    from .matching import messages
+    from ..matching import match_messages
 
-    found = messages(schedule, natives=True, vectored=True)  # p2p ops pass through
+    found = match_messages(schedule, natives=True, vectored=True)  # p2p ops pass through
     if not found.calls:
         return schedule
     lowered: dict[tuple[int, int], Steps] = {}  # (rank, step) -> its lowered steps
