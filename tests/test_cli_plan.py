@@ -201,7 +201,7 @@ def test_plan_caps_leave_candidates_out():
                              "max_chunks=3; raise the cap or pick another planner\n")
 
 
-@pytest.mark.parametrize("argv", [["--size", "garbage"], ["--size", "0"], ["--size=-5MiB"],
+@pytest.mark.parametrize("argv", [["--size", "garbage"], ["--size", "0"], ["--size=-5MiB"], ["--size", "-5MiB"],
                                   ["--size", "1.5"]])
 def test_every_bad_size_gets_one_message_naming_the_option(argv):
     result = run("plan", DDL, *argv, check=False)
