@@ -111,7 +111,7 @@ def test_lint_reports_bare_numbers_instead_of_ok(tmp_path):
     result = run_cli("topo", "lint", str(path))
     assert result.returncode == 0
     assert result.stdout.splitlines() == [
-        f"{path}: 1 warning: bare, 8 ranks in 2 boxes, 1 switches"]
+        f"{path}: 1 warning: bare, 8 ranks in 2 boxes, 1 switch"]
     assert result.stderr.splitlines() == [
         f"topoplan: warning: {path}:11: boxes[0].nics[2].bandwidth: bare number 25 read as "
         "25 GB/s (200 Gbit/s); write '25 GB/s' or '25 Gbit/s'"]

@@ -185,8 +185,8 @@ def test_no_fit_fused_or_unfused_says_both(monkeypatch):
     with pytest.raises(PlannerError, match="MAX_NODES") as info:
         export_msccl(schedule, fuse=False)
     assert "XML nodes on gpu" in str(info.value)
-    with pytest.raises(PlannerError, match=r"fused, consecutive on 4 channel\(s\) each: .*"
-                       r"interleaved on 4 channel\(s\) each: .*; separate send and receive "
+    with pytest.raises(PlannerError, match=r"fused, consecutive on 4 channels each: .*"
+                       r"interleaved on 4 channels each: .*; separate send and receive "
                        r"thread blocks need at least 33"):
         export_msccl(schedule, limits=Limits(max_steps=4, max_channels=4))
 

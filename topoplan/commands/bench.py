@@ -33,7 +33,7 @@ from ..ir.collectives import COLLECTIVES, get_collective
 from ..errors import TopoplanError, TransportError
 from ..ir.schedule import Schedule
 from .common import (MPIEXEC_HELP, SHARE_GPUS_HELP, check_transport, choose_port, json_text,
-                     rank_transport, sizes_arg)
+                     plural, rank_transport, sizes_arg)
 
 __all__ = ["register"]
 
@@ -269,8 +269,8 @@ def _run_rank(args: argparse.Namespace) -> int:
             chosen = schedule.meta.get("chosen")
             name = f"{schedule.algorithm} ({chosen})" if chosen else schedule.algorithm
             print(f"# topoplan bench: {name} {schedule.collective} schedule, "
-                  f"{schedule.nranks} ranks, {schedule.nsteps} steps, {schedule.nchunks} "
-                  f"chunks, over {transport.name}")
+                  f"{plural(schedule.nranks, 'rank')}, {plural(schedule.nsteps, 'step')}, "
+                  f"{plural(schedule.nchunks, 'chunk')}, over {transport.name}")
             print(format_rows(rows, native_name=native_name))
             wrong = sum(r.wrong + (r.native_wrong or 0) for r in rows)
             print(f"# Out of bounds values : {wrong} {'OK' if not wrong else 'FAILED'}")

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import TopoplanError
+from ..units import plural  # noqa: F401 - the commands' counts: "1 switch", "2 switches"
 
 
 def is_terminal(stream: Any = None) -> bool:

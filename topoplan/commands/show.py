@@ -20,7 +20,7 @@ from ..cluster import load_cluster
 from ..analysis.cost import get_profile
 from ..errors import ScheduleError, TopoplanError
 from ..units import format_size, format_time
-from .common import (Column, add_profile_argument, console, fit_table, left_out_note,
+from .common import (Column, add_profile_argument, console, fit_table, left_out_note, plural,
                      positive_int, size_arg, sizes_arg, status)
 
 FIGURES = ("cluster", "timeline", "links", "sweep")
@@ -201,7 +201,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                       f"{format_time(summary['rsag_bound_s'])}")
         table = channel_table(schedule, min(out.width, 80))
         if table is not None and schedule is not None:
-            out.print(f"{schedule.nchannels} channels, each a pipeline on its own data "
+            out.print(f"{plural(schedule.nchannels, 'channel')}, each a pipeline on its own data "
                       "(timeline marks: cK):")
             out.print(table[0])
             note = left_out_note(table[1], out.width)

@@ -17,8 +17,8 @@ from ..ir.schedule import load_schedule
 from ..analysis.sim.base import EPS_T
 from ..analysis.sim import SimReport, simulate
 from ..units import format_bandwidth, format_size, parse_bandwidth, parse_latency
-from .common import (Column, add_profile_argument, checked_arg, console, fit_table,
-                     left_out_note, sizes_arg)
+from .common import (Column, add_profile_argument, checked_arg, console, fit_table, left_out_note,
+                     plural, sizes_arg)
 
 #: The parts of SimReport.breakdown, in the order the table and JSON show them
 #: (``native`` only for a schedule with native steps, IR v3).
@@ -158,8 +158,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return 0
     out = console()
     what = "" if schedule.collective == "allreduce" else f" {schedule.collective}"
-    out.print(f"[bold]{schedule.algorithm}[/bold]{what} on {cluster.name}: {cluster.nranks} "
-              f"ranks, {schedule.nchunks} chunks, {schedule.nsteps} steps")
+    out.print(f"[bold]{schedule.algorithm}[/bold]{what} on {cluster.name}: "
+              f"{plural(cluster.nranks, 'rank')}, {plural(schedule.nchunks, 'chunk')}, "
+              f"{plural(schedule.nsteps, 'step')}")
     out.print(f"cost profile {costs.summary()}")
     if reports and reports[0].resolution != EPS_T:
         out.print(f"time resolution {reports[0].resolution:g} of the clock (events closer "

@@ -76,6 +76,7 @@ from ...ir.collectives import collective_of, shard_chunks
 from ...errors import PlannerError, ScheduleError
 from ...ir.fingerprint import META_KEY
 from ...ir.schedule import Native, OpKind, Schedule, split_vectored
+from ...units import plural
 from .limits import MAX_NODES, Limits, limit_violations
 from .model import PROTOCOLS, STEP_TYPES, Algo, Gpu, Step, ThreadBlock
 from .verify import verify_msccl
@@ -756,7 +757,8 @@ def _emit(schedule: Schedule, per_rank: list[dict[tuple[int, int, int], list[_No
 
 
 def _too_big(name: str, why: str, channels: int) -> str:
-    return (f"{name}: does not fit the executor's limits with {channels} instance(s): {why}. "
+    return (f"{name}: does not fit the executor's limits with "
+            f"{plural(channels, 'instance')}: {why}. "
             "Make the plan smaller: fewer chunks (topoplan plan --max-chunks N), fewer ops "
             "per step (--max-step-ops N), a planner with fewer steps (rhd, hierarchical), "
             "or fewer --channels; or raise --max-steps for an executor built with a larger "
@@ -809,7 +811,7 @@ def _fitting_layout(schedule: Schedule, bounds: list[int], *, fuse: bool,
                 grown = dict.fromkeys(grown, max(grown.values()))
             if grown == segs:
                 why.append(("interleaved" if interleave else "consecutive")
-                           + f" on {nseg} channel(s) each: {problems[0]}"
+                           + f" on {plural(nseg, 'channel')} each: {problems[0]}"
                            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
                 break
             segs = grown
@@ -887,9 +889,9 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
                                 "out --no-lower, or export_msccl(..., lower=True))")
         schedule = lower_native(schedule)
         verify(schedule)
-        lowered_note = (f"{report.ncollectives} native collective"
-                        f"{'s' if report.ncollectives != 1 else ''} ({report.nnative} native "
-                        "steps) lowered to point-to-point steps: rings, direct exchanges "
+        lowered_note = (f"{plural(report.ncollectives, 'native collective')} "
+                        f"({plural(report.nnative, 'native step')}) lowered to point-to-point "
+                        "steps: rings, direct exchanges "
                         "and trees inside each group, as MSCCL XML has no collective steps")
     vectored_note = None
     split = split_vectored(schedule)  # vectored messages (IR v4): one step a range
@@ -932,7 +934,7 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
         on = f" on channel {ch}" if schedule.nchannels > 1 else ""
         raise PlannerError(_too_big(
             name, f"ranks {src} -> {dst} exchange {most} messages{on}, one step each, but "
-                  f"{room} channel(s) of {limits.max_steps} steps hold "
+                  f"{plural(room, 'channel')} of {limits.max_steps} steps hold "
                   f"{limits.max_steps * room}", channels))
     attempts = [True, False] if fuse else [False]
     no_unfused = (f"separate send and receive thread blocks need at least {unfused_nodes} "
