@@ -16,7 +16,7 @@ from ..ir.fingerprint import check_fingerprint
 from ..ir.schedule import load_schedule
 from ..analysis.sim.base import EPS_T
 from ..analysis.sim import SimReport, simulate
-from ..units import format_bandwidth, format_size, parse_bandwidth, parse_latency
+from ..units import format_size, parse_bandwidth, parse_latency
 from .common import (Column, add_profile_argument, checked_arg, console, fit_table, left_out_note,
                      plural, sizes_arg)
 
@@ -136,7 +136,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             "profile": costs.to_dict(), "resolution": reports[0].resolution if reports else None,
             "planned_size_bytes": planned,
             "bottleneck": {"gpus": cut.gpus, "bandwidth_Bps": cut.bandwidth,
-                           "nodes": sorted(cut.nodes)},
+                           "nodes": sorted(cut.nodes), "behind": cut.behind,
+                           "where": cut.where, "text": str(cut)},
             "bound_partition": ({"name": part.name, "groups": len(part.groups),
                                  "bandwidth_Bps": part.bandwidth} if part else None),
             "results": [{"size_bytes": r.size, "count": r.size // args.dtype_size,
@@ -175,7 +176,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         out.print(f"RS+AG cut bound (reduce-scatter + allgather schedules): {factor:.3g} x "
                   f"the lower bound")
     if part is not None:
-        out.print(f"bottleneck cut: {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)} out")
+        out.print(f"bottleneck cut: {cut}")
     for line in _made_for(planned, args.sizes):
         out.print(line)
     sizes = [f"{r.size}{'*' if planned not in (None, r.size) else ' '}" for r in reports]

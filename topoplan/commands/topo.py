@@ -159,9 +159,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         if bw["bound_partition"] is not None:
             summary.append(["lower bound partition (any schedule)", bw["bound_partition"]["text"]])
             cut = bw["bottleneck"]
-            summary.append(["RS+AG bottleneck cut",
-                            f"{cut['gpus']} GPUs behind {_bw(cut['bandwidth_Bps'])} "
-                            f"({_bw(cut['bandwidth_Bps'] / cut['gpus'])} per GPU)"])
+            summary.append(["RS+AG bottleneck cut", f"{cut['text']}: {cut['crossing']}"])
     out.print(fit_table(SUMMARY_COLUMNS, summary, out.width, title="Bandwidth")[0])
     return 0
 
@@ -197,7 +195,9 @@ def cluster_facts(cluster: Cluster) -> dict[str, Any]:
             part, cut = best_partition(cluster), bottleneck(cluster)
             bandwidth["bound_partition"] = {"name": part.name, "groups": len(part.groups),
                                             "bandwidth_Bps": part.bandwidth, "text": str(part)}
-            bandwidth["bottleneck"] = {"gpus": cut.gpus, "bandwidth_Bps": cut.bandwidth}
+            bandwidth["bottleneck"] = {"gpus": cut.gpus, "bandwidth_Bps": cut.bandwidth,
+                                       "behind": cut.behind, "where": cut.where,
+                                       "text": str(cut), "crossing": cut.crossing()}
     graph = cluster.graph
     return {"cluster": cluster.name, "nranks": cluster.nranks, "switches": len(cluster.switches),
             "graph": {"nodes": graph.number_of_nodes(), "directed_edges": graph.number_of_edges()},
@@ -215,7 +215,7 @@ def _bw(bytes_per_s: float | None) -> str:
 BOX_COLUMNS = (Column("box", "left"), Column("count", drop=1), Column("ranks"),
                Column("GPUs"), Column("in-box\nper GPU"), Column("NICs", stack=" + "),
                Column("injection\nper box"))
-SUMMARY_COLUMNS = (Column("measure", "left", wrap=True), Column("value", "left"))
+SUMMARY_COLUMNS = (Column("measure", "left", wrap=True), Column("value", "left", wrap=True))
 
 
 def cmd_lint(args: argparse.Namespace) -> int:

@@ -408,8 +408,7 @@ def draw_cluster(cluster: Cluster, report: Any = None, *, color_by: str = "bytes
         halo.set_gid("bottleneck")
         ax.add_collection(halo)
         handles.append(Line2D([], [], color=_CUT_COLOR, alpha=0.5, lw=7,
-                              label=f"bottleneck cut: {cut.gpus} GPUs behind "
-                                    f"{format_bandwidth(cut.bandwidth)}"))
+                              label=f"bottleneck cut: {cut}"))
 
     # ---- boxes, nodes ----------------------------------------------------------------
     for name, x0, x1, y0, y1 in lay.groups:
