@@ -83,11 +83,30 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}{hint}\n")
 
 
+#: The width of output that goes to no terminal (a pipe, a file, a CI log) without $COLUMNS.
+PIPE_WIDTH = 80
+
+
+def output_width() -> int | None:
+    """The columns standard output may take: $COLUMNS when set; a terminal's own width
+    (``None``: rich asks the terminal); else :data:`PIPE_WIDTH`. In an MPI rank, whose
+    stdout may be a pseudo-terminal of its own, $COLUMNS (which the launching command
+    passes on from its terminal, :func:`topoplan.runtime.mpirun.launch_command`) or 80."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    from ..runtime.mpirun import inside_mpi
+    try:
+        terminal = sys.stdout.isatty() and not inside_mpi()
+    except (AttributeError, ValueError):  # no isatty, or closed
+        terminal = False
+    return None if terminal else PIPE_WIDTH
+
+
 def console() -> Console:
-    """Standard output: a terminal's width, or $COLUMNS when set (rich reads it); piped
-    without $COLUMNS, wide enough that notes do not wrap in a file or CI log."""
-    wide = None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 160
-    return Console(width=wide, highlight=False, force_terminal=is_terminal(sys.stdout))
+    """Standard output, :func:`output_width` columns wide: tables fit it
+    (:func:`fit_table`) and longer lines wrap at spaces."""
+    return Console(width=output_width(), highlight=False, force_terminal=is_terminal(sys.stdout))
 
 
 #: Sphinx roles (``:func:`~topoplan.plan```) and inline literals (````x````) in docstrings.
