@@ -10,7 +10,12 @@ from typing import Sequence
 
 from .model import Box, Cluster
 
-__all__ = ["rail_rings"]
+__all__ = ["rail_rings", "MAX_RING_OPS"]
+
+#: Most point-to-point ops a plan over rail rings may hold: each ring adds a single ring's
+#: ``4 n (n - 1)`` ops, so at 1024 ranks two rings (8.4 M) and not eight (34 M: minutes
+#: and gigabytes). ``ring-topo`` and the MSCCL export run fewer rings past it.
+MAX_RING_OPS = 9_000_000
 
 
 def rail_rings(cluster: Cluster, boxes: Sequence[Box] | None = None) -> list[list[int]]:

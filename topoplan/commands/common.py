@@ -87,26 +87,29 @@ class ArgumentParser(argparse.ArgumentParser):
 PIPE_WIDTH = 80
 
 
-def output_width() -> int | None:
-    """The columns standard output may take: $COLUMNS when set; a terminal's own width
-    (``None``: rich asks the terminal); else :data:`PIPE_WIDTH`. In an MPI rank, whose
-    stdout may be a pseudo-terminal of its own, $COLUMNS (which the launching command
-    passes on from its terminal, :func:`topoplan.runtime.mpirun.launch_command`) or 80."""
+def output_width(stream: Any = None) -> int | None:
+    """The columns ``stream`` (default stdout) may take: $COLUMNS when set; a terminal's
+    own width (``None``: rich asks the terminal); else :data:`PIPE_WIDTH`. In an MPI
+    rank, whose stdout may be a pseudo-terminal of its own, $COLUMNS (which the launching
+    command passes on from its terminal, :func:`topoplan.runtime.mpirun.launch_command`)
+    or 80."""
     columns = os.environ.get("COLUMNS", "")
     if columns.isdigit() and int(columns) > 0:
         return int(columns)
     from ..runtime.mpirun import inside_mpi
     try:
-        terminal = sys.stdout.isatty() and not inside_mpi()
+        terminal = (stream or sys.stdout).isatty() and not inside_mpi()
     except (AttributeError, ValueError):  # no isatty, or closed
         terminal = False
     return None if terminal else PIPE_WIDTH
 
 
-def console() -> Console:
-    """Standard output, :func:`output_width` columns wide: tables fit it
+def console(*, stderr: bool = False) -> Console:
+    """Standard output (or error), :func:`output_width` columns wide: tables fit it
     (:func:`fit_table`) and longer lines wrap at spaces."""
-    return Console(width=output_width(), highlight=False, force_terminal=is_terminal(sys.stdout))
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(width=output_width(stream), highlight=False, stderr=stderr,
+                   force_terminal=is_terminal(stream))
 
 
 #: Sphinx roles (``:func:`~topoplan.plan```) and inline literals (````x````) in docstrings.

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..cluster import Cluster
+from ..cluster.rails import MAX_RING_OPS
 from ..analysis.native.nccl import runtime_cluster
 from ..analysis.cost import CostProfile, get_profile
 from ..ir.schedule import Schedule, equal_chunks
@@ -16,10 +17,6 @@ from ._order import rail_rings, resolve_order
 from ._pipeline_depth import fit_depth
 
 __all__ = ["plan_ring", "plan_ring_topo"]
-
-#: Most ops a rail-ring plan may hold: each ring adds a single ring's ``4 n (n - 1)`` ops,
-#: so at 1024 ranks two rings (8.4 M) and not eight (34 M, minutes and gigabytes).
-MAX_RAIL_OPS = 9_000_000
 
 
 @no_gc
@@ -44,7 +41,8 @@ def plan_ring(cluster: Cluster, *, size: int, order: str | Sequence[int] = "rank
         (:func:`~topoplan.planners._order.rail_rings`), each on its own share of the
         buffer, all in the same steps, as NCCL runs a ring per channel and NIC; each
         crosses between boxes on its own rail, so the hops between boxes spread over
-        every NIC instead of two. Fewer rings where a cap or :data:`MAX_RAIL_OPS`
+        every NIC instead of two. Fewer rings where a cap or
+        :data:`~topoplan.cluster.rails.MAX_RING_OPS`
         allows fewer (``meta["order"]`` is ``"rails"``, ``meta["rings"]`` the rings).
     chunks : int, optional
         Slices per ring segment (pipelining, as NCCL's slices): slice ``p`` runs its
@@ -142,7 +140,8 @@ def plan_ring(cluster: Cluster, *, size: int, order: str | Sequence[int] = "rank
 def _rail_rings(cluster: Cluster, slices: int, max_step_ops: int | None,
                 max_chunks: int | None) -> list[list[int]]:
     """The rail rings (:func:`rail_rings`) the caps leave room for: each ring adds ``n``
-    chunks per slice, 2 ops per step and its ops to :data:`MAX_RAIL_OPS`."""
+    chunks per slice, 2 ops per step and its ops to
+    :data:`~topoplan.cluster.rails.MAX_RING_OPS`."""
     rails = rail_rings(cluster)
     n = cluster.nranks
     most = len(rails)
@@ -150,7 +149,7 @@ def _rail_rings(cluster: Cluster, slices: int, max_step_ops: int | None,
         most = min(most, max_chunks // (n * slices))
     if max_step_ops is not None:
         most = min(most, max_step_ops // (2 * slices))
-    most = min(most, MAX_RAIL_OPS // (4 * n * (n - 1) * slices))
+    most = min(most, MAX_RING_OPS // (4 * n * (n - 1) * slices))
     return rails[:most] if most > 1 else []
 
 
