@@ -84,8 +84,10 @@ def cmd_import(args: argparse.Namespace) -> int:
                "verified")
     if args.output:
         schedule.save(args.output)
-        console().print(f"wrote {args.output}: {summary}", soft_wrap=True)
+        out = console()
+        out.print(f"wrote {args.output}", soft_wrap=True)  # a path whole, however long
     else:
         sys.stdout.write(schedule.to_json() + "\n")
-        print(summary, file=sys.stderr)
+        out = console(stderr=True)
+    out.print(summary)
     return 0
