@@ -6,7 +6,7 @@ A composed allreduce on boxes of 8 ranks (``tests/support/native_programs.py``,
 ``rails``: a native reduce-scatter in each box, a native allreduce over each rail of
 ``part`` chunks, a native allgather in each box) at 256, 1024 and 2048 ranks (``--quick``:
 256 and 1024). Per case: :func:`topoplan.verify` on the native schedule,
-:func:`topoplan.ir.lower.lower_native`, and ``verify`` on the lowered schedule (the
+:func:`topoplan.ir.passes.lower_native`, and ``verify`` on the lowered schedule (the
 baseline, measured in the same run: the same collective as point-to-point steps, each
 rail a ring), each from scratch (a fresh copy: the matching is cached per object), best
 of ``--repeat``. Prints the table and returns its rows.

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tests.support.cluster_shapes import brute_force_ratio, small_clusters, uneven_clusters
-from tests.support.clusters import switch_cluster, topology_text
+from tests.support.clusters import ROOT, switch_cluster, topology_text
 from topoplan.analysis.bound import (_bottleneck, best_partition, bottleneck, lower_bound, partitions,
                             rsag_bound, sink_classes)
-from topoplan.cluster import loads_cluster
+from topoplan.cluster import load_cluster, loads_cluster
 
 M = 256 << 20
 
@@ -288,3 +288,21 @@ def test_the_latency_bound_counts_one_step_for_sharded_collectives():
         want = (collective_bound(cluster, size, collective) + costs.call_overhead
                 + steps * costs.message_cost(network=False, ops=2))
         assert latency_bound(cluster, size, costs, collective) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("name, text, crossing", [
+    # A 4-GPU box on a 25 GB/s NIC beside boxes of 8: the cut is the 20 GPUs outside it,
+    # whose shards must all get in; a user reads the box as behind it.
+    ("targets/unequal_gpus", "4 GPUs (box small0) behind 25 GB/s",
+     "the other 20 GPUs' shards cross it at 1.25 GB/s each"),
+    ("dgx_a100_x4", "8 GPUs (box dgx0) behind 200 GB/s",
+     "the other 24 GPUs' shards cross it at 8.333 GB/s each"),
+    ("dgx1_v100", "1 GPU (dgx1/gpu0) behind 150 GB/s",
+     "the other 7 GPUs' shards cross it at 21.43 GB/s each"),
+    ("ddl_two_switch", "2 GPUs (boxes C, D) behind 10 GB/s", "their shards cross it at 5 GB/s each"),
+])
+def test_the_cut_names_the_gpus_behind_it(name, text, crossing):
+    cluster = load_cluster(ROOT / "topologies" / f"{name}.yaml")
+    cut = bottleneck(cluster)
+    assert (str(cut), cut.crossing()) == (text, crossing)
+    assert cut.behind == min(cut.gpus, cluster.nranks - cut.gpus)

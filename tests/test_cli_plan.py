@@ -55,7 +55,7 @@ def test_plan_table_names_the_bound_and_the_chosen_planner():
     assert "lower bound" in result.stdout
     assert "ring *" in result.stdout
     assert "chosen: ring" in result.stdout
-    assert "bottleneck cut: 2 GPUs behind 10 GB/s" in result.stdout
+    assert "bottleneck cut: 2 GPUs (boxes C, D) behind 10 GB/s out" in result.stdout
 
 
 def test_unknown_planner_is_one_line_error():
@@ -201,7 +201,7 @@ def test_plan_caps_leave_candidates_out():
                              "max_chunks=3; raise the cap or pick another planner\n")
 
 
-@pytest.mark.parametrize("argv", [["--size", "garbage"], ["--size", "0"], ["--size=-5MiB"],
+@pytest.mark.parametrize("argv", [["--size", "garbage"], ["--size", "0"], ["--size=-5MiB"], ["--size", "-5MiB"],
                                   ["--size", "1.5"]])
 def test_every_bad_size_gets_one_message_naming_the_option(argv):
     result = run("plan", DDL, *argv, check=False)

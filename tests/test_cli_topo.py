@@ -111,7 +111,7 @@ def test_lint_reports_bare_numbers_instead_of_ok(tmp_path):
     result = run_cli("topo", "lint", str(path))
     assert result.returncode == 0
     assert result.stdout.splitlines() == [
-        f"{path}: 1 warning: bare, 8 ranks in 2 boxes, 1 switches"]
+        f"{path}: 1 warning: bare, 8 ranks in 2 boxes, 1 switch"]
     assert result.stderr.splitlines() == [
         f"topoplan: warning: {path}:11: boxes[0].nics[2].bandwidth: bare number 25 read as "
         "25 GB/s (200 Gbit/s); write '25 GB/s' or '25 Gbit/s'"]
@@ -193,3 +193,17 @@ def test_show_one_gpu_cluster_prints_no_infinite_cut(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "inf" not in out
     assert "none: one GPU, nothing to move" in out and "- (one GPU)" in out
+
+
+def test_show_names_the_box_behind_the_cut(capsys):
+    """The cut that binds on unequal_gpus is the 20 GPUs outside a 4-GPU box: a user reads
+    the box as behind it, not the 20."""
+    assert main(["topo", "show", str(ROOT / "topologies" / "targets" / "unequal_gpus.yaml"),
+                 "--json"]) == 0
+    cut = json.loads(capsys.readouterr().out)["bandwidth"]["bottleneck"]
+    assert (cut["gpus"], cut["behind"], cut["where"]) == (20, 4, "box small0")
+    assert cut["text"] == "4 GPUs (box small0) behind 25 GB/s"
+    assert main(["topo", "show", str(ROOT / "topologies" / "targets" / "unequal_gpus.yaml")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("RS+AG bottleneck cut 4 GPUs (box small0) behind 25 GB/s: the other 20 GPUs' "
+            "shards cross it at 1.25 GB/s each") in out

@@ -114,7 +114,7 @@ def test_simulate_prints_one_row_per_size(tmp_path):
     out = done.stdout
     assert "lower bound: 2 groups (switch level 1), 20 GB/s out of them in all" in out
     assert "RS+AG cut bound (reduce-scatter + allgather schedules): 1 x the lower bound" in out
-    assert "bottleneck cut: 2 GPUs behind 10 GB/s out" in out
+    assert "bottleneck cut: 2 GPUs (boxes C, D) behind 10 GB/s\n" in out
     assert "cost profile ideal: alpha 0 us" in out
     rows = read_table(out)
     assert [row["size (B)"] for row in rows] == ["1024", "32768", "1048576"]

@@ -34,6 +34,9 @@ SIZES = [1 << 20, 1 << 28]
 
 
 def _round_trip(schedule, **options):
+    # The exact chunk grid: these tests check that what comes back is the plan itself
+    # (the default grid rounds to one that serves the plan's size, test_grid_* below).
+    options.setdefault("grid", "exact")
     result = export_msccl(schedule, **options)
     algo = loads_msccl(to_xml(result.algo))
     assert algo.gpus == result.algo.gpus  # the XML holds everything the model does
@@ -186,8 +189,8 @@ def test_no_fit_fused_or_unfused_says_both(monkeypatch):
     with pytest.raises(PlannerError, match="MAX_NODES") as info:
         export_msccl(schedule, fuse=False)
     assert "XML nodes on gpu" in str(info.value)
-    with pytest.raises(PlannerError, match=r"fused, consecutive on 4 channel\(s\) each: .*"
-                       r"interleaved on 4 channel\(s\) each: .*; separate send and receive "
+    with pytest.raises(PlannerError, match=r"fused, consecutive on 4 channels each: .*"
+                       r"interleaved on 4 channels each: .*; separate send and receive "
                        r"thread blocks need at least 33"):
         export_msccl(schedule, limits=Limits(max_steps=4, max_channels=4))
 
@@ -268,7 +271,7 @@ def test_cli_export_import_verify_simulate(tmp_path, capsys):
     plan = _plan_file(tmp_path, "mcf")
     xml = tmp_path / "algo.xml"
     assert main(["export", str(plan), "--format", "msccl", "-o", str(xml), "--channels", "2"]) == 0
-    assert "checked" in capsys.readouterr().out
+    assert "passes the MSCCL check" in " ".join(capsys.readouterr().out.split())
     assert xml.read_text().startswith("<algo ")
     back = tmp_path / "back.json"
     assert main(["import", str(xml), "--format", "msccl", "-o", str(back)]) == 0
@@ -611,9 +614,11 @@ def test_cli_exports_and_imports_a_planned_allgather(tmp_path, capsys):
     xml = tmp_path / "ag.xml"
     capsys.readouterr()
     assert main(["export", str(plan), "--format", "msccl", "-o", str(xml)]) == 0
-    out = capsys.readouterr().out
-    assert "allgather of 8 GPUs" in out and "checked" in out
-    assert re.search(r"count\s+per\s+rank\s+is\s+a\s+multiple\s+of\s+8", out)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "allgather of 8 GPUs" in out and "passes the MSCCL check" in out
+    assert re.search(r"serves calls whose count per rank is a multiple of 8 \(32B of "
+                     r"float32\); the plan's 1MiB \(32768 float32 elements per rank\) is one",
+                     out)
     assert 'coll="allgather"' in xml.read_text()
     back = tmp_path / "back.json"
     assert main(["import", str(xml), "-o", str(back)]) == 0
@@ -653,7 +658,7 @@ def test_the_cluster_fingerprint_goes_through_the_xml_and_back(tmp_path):
     algo = export_msccl(schedule).algo
     text = to_xml(algo)
     head = text.splitlines()[0]
-    assert f' {FINGERPRINT_ATTR}="{mark}">' in head
+    assert f' {FINGERPRINT_ATTR}="{mark}"' in head
     assert head.count('="') <= 16  # the executor's parser keeps 16 attributes (MAX_ATTR_COUNT)
     again = loads_msccl(text)
     assert again == algo and again.cluster_fingerprint == mark
@@ -682,8 +687,12 @@ def test_export_says_in_one_line_that_it_fell_back(tmp_path, capsys):
     capsys.readouterr()
     assert main(["export", str(plan), "-o", str(xml)]) == 0
     notes = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("topoplan: note")]
-    assert notes == ["topoplan: note: fused thread blocks failed the MSCCL check; exported "
-                     "with separate send and receive thread blocks (--verbose says why)"]
+    assert notes[-1] == (
+        "topoplan: note: fused thread blocks would deadlock: one that sends and receives "
+        "posts its send first, and its messages of up to 71 MSCCL chunks are over the 2 a "
+        "connection buffers under Simple, so each GPU waits for a peer that is sending too; "
+        "exported with separate send and receive thread blocks (the same steps and data) "
+        "(--verbose says why)")
     assert main(["export", str(plan), "-o", str(xml), "--verbose"]) == 0
     err = capsys.readouterr().err
     assert "tbs cannot move" in err and "(--verbose says why)" not in err
@@ -727,3 +736,67 @@ def test_the_old_verbs_warn_naming_the_new_and_do_the_same(tmp_path):
     assert report == verify_msccl(algo, capacity=4)
     assert msccl.check_msccl.__name__ == "check_msccl"
     assert "verify_msccl" in (msccl.check_msccl.__doc__ or "")
+
+
+# ---- which calls the executor picks an export for ----------------------------------------
+
+def test_grid_serves_the_plans_own_size():
+    """The executor picks an algorithm only for counts that are multiples of
+    nchunksperloop: mcf's exact grid on ddl_two_switch (1932 chunks) serves no
+    power-of-two buffer, its own 256 MiB included. The default grid rounds to one that
+    does, says so, and stays within 1% of the plan; every export says what it serves."""
+    cluster = load_topology("ddl_two_switch")
+    size = 256 << 20
+    schedule = topoplan.plan(cluster, algorithm="mcf", size=size)
+    exact = export_msccl(schedule, grid="exact")
+    assert exact.algo.nchunksperloop == 1932
+    assert exact.serves() == ("serves calls whose element count is a multiple of 1932 "
+                              "(7.55KiB of float32); the plan's 256MiB (67108864 float32 "
+                              "elements) is NOT one")
+    served = export_msccl(schedule)
+    assert served.algo.nchunksperloop == 4096
+    assert served.serves().endswith("the plan's 256MiB (67108864 float32 elements) is one")
+    assert served.notes[0].startswith("the exact grid of 1932 MSCCL chunks would serve no "
+                                      "call of the plan's 256MiB (67108864 float32 elements); "
+                                      "chunk fractions are not multiples of 1/D")
+    xml = to_xml(served.algo)
+    assert 'topoplanServes="element counts that are multiples of 4096"' in xml
+    assert loads_msccl(xml) == served.algo
+    back = import_msccl(loads_msccl(xml))
+    t0 = topoplan.simulate(cluster, schedule, size=size, profile="ideal").time_s
+    t1 = topoplan.simulate(cluster, back, size=size, profile="ideal").time_s
+    assert t1 == pytest.approx(t0, rel=0.01)
+    pow2 = export_msccl(topoplan.plan(cluster, algorithm="ring", size=size), grid="pow2")
+    assert pow2.algo.nchunksperloop & (pow2.algo.nchunksperloop - 1) == 0
+
+
+def test_cli_says_what_an_export_serves(tmp_path, capsys):
+    plan, xml = tmp_path / "mcf.json", tmp_path / "mcf.xml"
+    assert main(["plan", "topologies/ddl_two_switch.yaml", "-a", "mcf", "-o", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["export", str(plan), "-o", str(xml), "--grid", "exact"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"wrote {xml}\n")  # the path whole, however long
+    assert max(map(len, out.splitlines()[1:])) <= 80
+    assert ("serves calls whose element count is a multiple of 1932 (7.55KiB of float32); "
+            "the plan's 256MiB (67108864 float32 elements) is NOT one") in " ".join(out.split())
+    assert main(["export", str(plan), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["nchunksperloop"] == 4096 and data["serves"].endswith("is one")
+
+
+def test_fused_thread_blocks_say_why_they_deadlock():
+    """hierarchical on dgx_a100_x4 sends 4-chunk messages before it receives: over the 2
+    chunks a Simple connection buffers, fused thread blocks deadlock and the export
+    falls back, saying so; LL128 buffers 8, and there they stay fused."""
+    cluster = load_topology("dgx_a100_x4")
+    schedule = topoplan.plan(cluster, algorithm="hierarchical", size=1 << 26)
+    simple = export_msccl(schedule)
+    assert simple.fused == 0
+    assert any(note.startswith("fused thread blocks would deadlock: one that sends and "
+                               "receives posts its send first, and its messages of up to 4 "
+                               "MSCCL chunks are over the 2 a connection buffers under "
+                               "Simple (--proto LL128 buffers 8: fused there)")
+               for note in simple.notes), simple.notes
+    ll128 = export_msccl(schedule, proto="LL128")
+    assert ll128.fused > 0 and not any("deadlock" in note for note in ll128.notes)

@@ -448,6 +448,28 @@ def test_show_writes_every_figure(tmp_path):
         assert str(path) in proc.stdout
 
 
+def test_show_writes_one_figure_where_told_and_says_what_it_wrote(tmp_path, capsys):
+    """``-o t.png`` with one figure writes t.png (not t-timeline.png); with several, each
+    file is printed and a line says where the names beside -o come from."""
+    need_planners()
+    from topoplan.cli import main
+
+    one = tmp_path / "t.png"
+    assert main(["show", str(ROOT / "topologies" / "ddl_two_switch.yaml"), "-a", "ring", "--size", "1MiB",
+                 "--figures", "timeline", "-o", str(one)]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["t.png"]
+    assert f"wrote {one}  (timeline)" in capsys.readouterr().out
+    several = tmp_path / "x.png"
+    assert main(["show", str(ROOT / "topologies" / "ddl_two_switch.yaml"), "-a", "ring", "--size", "1MiB",
+                 "--figures", "cluster,links", "-o", str(several)]) == 0
+    out = capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.png", "x-links.png", "x.png"]
+    assert f"wrote {several}  (cluster)" in out and f"wrote {tmp_path / 'x-links.png'}" in out
+    assert (f"2 files from -o {several}: the cluster drawing there, the other figures with "
+            f"-links before the extension; --figures cluster writes {several} alone"
+            ) in " ".join(out.split())
+
+
 def test_show_draws_a_saved_plan(tmp_path):
     pytest.importorskip("topoplan.analysis.sim")
     ring_schedule(4).save(tmp_path / "plan.json")  # ddl_two_switch has 4 ranks

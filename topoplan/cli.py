@@ -1,7 +1,9 @@
 """The ``topoplan`` command line.
 
 Each command lives in ``topoplan/commands/<name>.py`` with ``register(subparsers)``;
-the parser it adds sets ``func(args) -> int``. Errors a user can cause
+the parser it adds sets ``func(args) -> int``. A mistake in the arguments is one line,
+``topoplan <cmd>: error: ...``, exit status 2 (:class:`~topoplan.commands.common.ArgumentParser`).
+Errors a user can cause
 (:class:`TopoplanError`) print ``topoplan: error: ...`` and exit 1, without a traceback;
 warnings (:class:`TopoplanWarning`) print ``topoplan: warning: ...``, one line each.
 """
@@ -23,7 +25,8 @@ _MODULES = {"import": "imports"}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from .commands.common import ArgumentParser, plain_help
+    parser = ArgumentParser(
         prog="topoplan",
         description="Topology-aware allreduce: plan, verify, simulate and run schedules.")
     from . import __version__
@@ -38,7 +41,6 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # not built yet
             raise
         module.register(subparsers)
-    from .commands.common import plain_help
     plain_help(parser)  # descriptions taken from docstrings keep no ``markup``
     return parser
 

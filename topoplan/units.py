@@ -15,7 +15,7 @@ import re
 __all__ = [
     "parse_bandwidth", "parse_latency", "parse_size", "parse_size_range", "bare_number_note",
     "as_bytes", "parse_count",
-    "format_size", "format_bandwidth", "format_time",
+    "format_size", "format_bandwidth", "format_time", "plural",
 ]
 
 _BANDWIDTH_UNITS = {
@@ -222,6 +222,21 @@ def format_time(seconds: float) -> str:
         if abs(seconds) >= scale:
             return f"{seconds / scale:.4g} {unit}"
     return f"{seconds / 1e-9:.3g} ns"
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """``count`` and ``word``, in the plural unless ``count`` is 1: ``"1 switch"``,
+    ``"12 switches"``, ``"0 GPUs"``.
+
+    The plural adds ``es`` after s, x, z, ch and sh (``box`` -> ``boxes``), else ``s``
+    (``thread block`` -> ``thread blocks``); ``many`` gives an irregular one
+    (``plural(n, "leaf", "leaves")``). Every count the CLI prints goes through here.
+    """
+    if count == 1:
+        return f"{count} {word}"
+    if many is None:
+        many = word + ("es" if word.endswith(("s", "x", "z", "ch", "sh")) else "s")
+    return f"{count} {many}"
 
 
 def __getattr__(name: str) -> object:

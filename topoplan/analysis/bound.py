@@ -86,17 +86,36 @@ class Cut:
     ratio : float
         ``gpus / bandwidth`` (seconds per byte per GPU); the lower bound is
         ``2 * (M / N) * ratio``. 0 for a one-GPU cluster (nothing to cross).
+    behind : int
+        The GPUs a user sees behind the cut: the smaller side, ``S`` or the rest (``S``
+        on a tie). The cut that binds is mostly every box but one, whose ``gpus`` shards
+        must all get into that one box: ``behind`` is then the box's GPUs.
+    where : str
+        Those GPUs by name: ``"box node3"``, ``"boxes A, B"``, ``"dgx1/gpu7"``.
     """
 
     gpus: int
     bandwidth: float
     nodes: frozenset[str]
     ratio: float
+    behind: int = 0
+    where: str = ""
 
     def __str__(self) -> str:
+        """``8 GPUs (box node3) behind 200 GB/s``."""
+        from ..units import format_bandwidth, plural
+        where = f" ({self.where})" if self.where else ""
+        return f"{plural(self.behind or self.gpus, 'GPU')}{where} behind " \
+               f"{format_bandwidth(self.bandwidth)}"
+
+    def crossing(self) -> str:
+        """Whose data crosses the cut, and how fast per GPU: ``the other 24 GPUs' shards
+        cross it at 8.333 GB/s each`` (the rate the RS+AG bound charges)."""
         from ..units import format_bandwidth
-        return (f"{self.gpus} GPUs behind {format_bandwidth(self.bandwidth)} "
-                f"({len(self.nodes)} nodes)")
+        whose = (f"the other {self.gpus} GPUs'" if self.behind and self.behind != self.gpus
+                 else "their")
+        return (f"{whose} shards cross it at {format_bandwidth(self.bandwidth / self.gpus)} "
+                "each")
 
 
 @dataclass(frozen=True, slots=True)
@@ -617,7 +636,7 @@ class _FlowGraph:
 def _bottleneck(cluster: Cluster) -> Cut:
     n = cluster.nranks
     if n < 2:
-        return Cut(1, math.inf, frozenset({cluster.gpu_node(0)}), 0.0)
+        return Cut(1, math.inf, frozenset({cluster.gpu_node(0)}), 0.0, 1, cluster.gpu_node(0))
     fg = _FlowGraph(cluster)
 
     # Start from the best obvious cut (one GPU, or one box) so that most sinks find
@@ -658,7 +677,37 @@ def _bottleneck(cluster: Cluster) -> Cut:
     assert best_mask is not None
     bandwidth, gpus = fg.price(best_mask)
     nodes = frozenset(fg.names[i] for i in np.flatnonzero(best_mask[:fg.source]))
-    return Cut(gpus=gpus, bandwidth=bandwidth, nodes=nodes, ratio=gpus / bandwidth)
+    held = {r for r in range(n) if cluster.gpu_node(r) in nodes}
+    side = sorted(held) if len(held) <= n - len(held) else \
+        [r for r in range(n) if r not in held]
+    return Cut(gpus=gpus, bandwidth=bandwidth, nodes=nodes, ratio=gpus / bandwidth,
+               behind=len(side), where=_side_name(cluster, side))
+
+
+def _side_name(cluster: Cluster, ranks: list[int]) -> str:
+    """``ranks`` as a user names them: whole boxes by name (``box node3``, ``boxes A, B``,
+    ``boxes node0 .. node46`` for more than four), other GPUs by node (``dgx1/gpu7``,
+    ``3 GPUs of dgx1``)."""
+    from ..units import plural
+    chosen = set(ranks)
+    whole: list[str] = []
+    parts: list[str] = []
+    for box in cluster.boxes:
+        mine = [r for r in range(box.first_rank, box.first_rank + box.gpus) if r in chosen]
+        if len(mine) == box.gpus:
+            whole.append(box.name)
+        elif len(mine) <= 2:
+            parts.extend(cluster.gpu_node(r) for r in mine)
+        elif mine:
+            parts.append(f"{plural(len(mine), 'GPU')} of {box.name}")
+    named = []
+    if whole:
+        named.append(("box " if len(whole) == 1 else "boxes ")
+                     + (", ".join(whole) if len(whole) <= 4
+                        else f"{whole[0]} .. {whole[-1]} ({len(whole)})"))
+    if len(parts) > 4:
+        parts = [f"GPUs of {len(parts)} more boxes" if whole else f"GPUs of {len(parts)} boxes"]
+    return ", ".join(named + parts)
 
 
 # One cut per cluster object; an entry goes with its cluster (Cluster is frozen: no

@@ -4,7 +4,8 @@
   dataclasses), and the routes data takes between two ranks;
 - :mod:`~topoplan.cluster.graph`: the topology graph (``Cluster.graph``);
 - :mod:`~topoplan.cluster.spec`: :func:`load_cluster` / :func:`loads_cluster`, the YAML
-  reader, whose errors name ``file:line: key``, and :func:`flat_cluster`.
+  reader, whose errors name ``file:line: key``, and :func:`flat_cluster`;
+- :mod:`~topoplan.cluster.rails`: the rings that follow a cluster's rails.
 """
 
 from __future__ import annotations

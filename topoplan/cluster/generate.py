@@ -14,7 +14,7 @@ one 200 Gbit/s NIC per GPU, NVSwitch at 300 GB/s per GPU each way).
 from __future__ import annotations
 
 from ..errors import TopoplanError
-from ..units import parse_bandwidth
+from ..units import parse_bandwidth, plural
 
 __all__ = ["rail_optimized", "fat_tree", "bandwidth_text"]
 
@@ -44,8 +44,9 @@ def rail_optimized(boxes: int, gpus: int = 8, *, boxes_per_leaf: int = 32, spine
     leaves = -(-boxes // boxes_per_leaf)
     up = parse_bandwidth(nic) * min(boxes, boxes_per_leaf) / spines / oversubscription
     lines = [f"name: {name or f'rail-{boxes * gpus}'}",
-             f"# {boxes} boxes x {gpus} GPUs, {gpus} rails of {leaves} leaves "
-             f"(up to {boxes_per_leaf} boxes each), {spines} spines, {oversubscription:g}:1",
+             f"# {plural(boxes, 'box')} x {plural(gpus, 'GPU')}, {plural(gpus, 'rail')} of "
+             f"{plural(leaves, 'leaf', 'leaves')} (up to {plural(boxes_per_leaf, 'box')} each), "
+             f"{plural(spines, 'spine')}, {oversubscription:g}:1",
              "switches:"]
     lines += [f"  - {{name: 'r{k}l{{i}}', count: {leaves}}}" for k in range(gpus)]
     lines += [f"  - {{name: 'spine{{i}}', count: {spines}}}", "boxes:",
@@ -71,8 +72,9 @@ def fat_tree(boxes: int, gpus: int = 8, *, boxes_per_leaf: int = 8, spines: int 
     down = parse_bandwidth(nic) * gpus * min(boxes, boxes_per_leaf)
     up = down / spines / oversubscription
     lines = [f"name: {name or f'fat-tree-{boxes * gpus}'}",
-             f"# {boxes} boxes x {gpus} GPUs, {leaves} leaves (up to {boxes_per_leaf} boxes each), "
-             f"{spines} spines, {oversubscription:g}:1",
+             f"# {plural(boxes, 'box')} x {plural(gpus, 'GPU')}, "
+             f"{plural(leaves, 'leaf', 'leaves')} (up to {plural(boxes_per_leaf, 'box')} each), "
+             f"{plural(spines, 'spine')}, {oversubscription:g}:1",
              "switches:", f"  - {{name: 'leaf{{i}}', count: {leaves}}}",
              f"  - {{name: 'spine{{i}}', count: {spines}}}", "boxes:",
              f"  - name: 'node{{i}}'", f"    count: {boxes}"]

@@ -227,6 +227,9 @@ def loads_cluster(text: str, file: str = "<string>") -> Cluster:
     if not isinstance(doc, LineDict):
         raise reader.fail(getattr(doc, "line", 1), "",
                           f"a cluster file is a mapping with name and boxes, got {_describe(doc)}")
+    if doc.get("format") == "topoplan-schedule":
+        raise reader.fail(1, "", "looks like a schedule JSON (a plan); a cluster YAML file is "
+                                 "wanted here, such as topologies/dgx_a100_x4.yaml")
     reader.keys(doc, "", ("name", "boxes"), ("version", "switches", "links", "description"))
     name = reader.string(doc, "name", "")
     if "version" in doc and doc["version"] != 1:

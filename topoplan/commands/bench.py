@@ -9,6 +9,8 @@ row per size::
 
     size(B) count type redop time(us) algbw(GB/s) busbw(GB/s) #wrong
 
+The columns take the width of the terminal ($COLUMNS; 80 in a pipe), and those that do
+not fit are left out, with a line naming them (:func:`topoplan.runtime.bench.format_rows`).
 The collective is the plan's (``--plan``), or ``--collective allreduce|reduce_scatter|
 allgather`` for ``--algorithm``; sizes are the full buffer (nccl-tests' convention),
 busbw has the collective's factor. ``--baseline native`` adds the transport's own
@@ -33,7 +35,7 @@ from ..ir.collectives import COLLECTIVES, get_collective
 from ..errors import TopoplanError, TransportError
 from ..ir.schedule import Schedule
 from .common import (MPIEXEC_HELP, SHARE_GPUS_HELP, check_transport, choose_port, json_text,
-                     plan_name, rank_transport, sizes_arg)
+                     output_width, plan_name, plural, rank_transport, sizes_arg)
 
 __all__ = ["register"]
 
@@ -44,7 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "bench", help="run a schedule over MPI or torch.distributed and print nccl-tests columns",
         description="Replay a schedule for real (launching itself under mpiexec) and print "
-                    "size(B) count type redop time(us) algbw(GB/s) busbw(GB/s) #wrong per size.")
+                    "size(B) count type redop time(us) algbw(GB/s) busbw(GB/s) #wrong per size. "
+                    "Columns take the terminal's width ($COLUMNS; 80 in a pipe): where they do "
+                    "not fit, count, type and redop, then algbw, then busbw are left out, and "
+                    "a line says so; --json has them all.")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--plan", metavar="PLAN.json", help="schedule file to run")
     source.add_argument("--algorithm", metavar="ALG",
@@ -267,9 +272,9 @@ def _run_rank(args: argparse.Namespace) -> int:
                 "rows": [asdict(r) | {"ratio": r.ratio} for r in rows]}))
         else:
             print(f"# topoplan bench: {plan_name(schedule)} {schedule.collective} schedule, "
-                  f"{schedule.nranks} ranks, {schedule.nsteps} steps, {schedule.nchunks} "
-                  f"chunks, over {transport.name}")
-            print(format_rows(rows, native_name=native_name))
+                  f"{plural(schedule.nranks, 'rank')}, {plural(schedule.nsteps, 'step')}, "
+                  f"{plural(schedule.nchunks, 'chunk')}, over {transport.name}")
+            print(format_rows(rows, native_name=native_name, width=output_width() or 80))
             wrong = sum(r.wrong + (r.native_wrong or 0) for r in rows)
             print(f"# Out of bounds values : {wrong} {'OK' if not wrong else 'FAILED'}")
         sys.stdout.flush()

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import TopoplanError, TransportError
 from .common import (MPIEXEC_HELP, SHARE_GPUS_HELP, check_transport, choose_port, json_text,
-                     rank_transport)
+                     plural, rank_transport)
 
 __all__ = ["register"]
 
@@ -103,7 +103,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         if args.share_gpus:
             argv.append("--share-gpus")
         choose_port()
-        _progress(f"launching {nranks} ranks over {args.transport}"
+        _progress(f"launching {plural(nranks, 'rank')} over {args.transport}"
                   f"{' (quick)' if args.quick else ''}")
         _warn_if_busy()
         proc = mpiexec(nranks, argv, capture=False, fault_tolerant=True,

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import TopoplanError
+from ..units import plural  # noqa: F401 - the commands' counts: "1 switch", "2 switches"
 
 
 def is_terminal(stream: Any = None) -> bool:
@@ -42,11 +43,73 @@ def is_terminal(stream: Any = None) -> bool:
         return False
 
 
-def console() -> Console:
-    """Standard output: a terminal's width, or $COLUMNS when set (rich reads it); piped
-    without $COLUMNS, wide enough that notes do not wrap in a file or CI log."""
-    wide = None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 160
-    return Console(width=wide, highlight=False, force_terminal=is_terminal(sys.stdout))
+class ArgumentParser(argparse.ArgumentParser):
+    """The CLI's argparse parser (its subcommands' too).
+
+    - An argument error is one line on stderr, ``topoplan <cmd>: error: <message>``,
+      exit status 2; where the usage would help (an argument missing, unknown or without
+      its value) the line ends with where to read it (``see topoplan plan --help``),
+      instead of argparse's usage block above the error.
+    - A value that starts with ``-`` and a digit (``--size -5MiB``, ``--alpha -1us``) is a
+      value, so that its type says what is wrong with it (argparse takes only plain
+      negative numbers as values, and anything else for an unknown option).
+    """
+
+    #: The starts of argparse's messages about the command line's shape, not a value.
+    _SHAPE = ("the following arguments are required", "unrecognized arguments",
+              "expected one argument", "expected at least one argument", "ambiguous option")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        namespace, extras = super().parse_known_args(args, namespace)
+        if not hasattr(namespace, "_parser"):  # the innermost subcommand's parser
+            namespace._parser = self
+        return namespace, extras
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """argparse's, except that arguments no parser took are the error of the
+        subcommand they were given to (``topoplan plan: error: unrecognized ...``)."""
+        namespace, extras = self.parse_known_args(args, namespace)
+        parser = vars(namespace).pop("_parser", self)
+        if extras:
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace
+
+    def error(self, message: str) -> Any:  # argparse's signature: NoReturn
+        hint = f"; see {self.prog} --help" if message.startswith(self._SHAPE) else ""
+        self.exit(2, f"{self.prog}: error: {message}{hint}\n")
+
+
+#: The width of output that goes to no terminal (a pipe, a file, a CI log) without $COLUMNS.
+PIPE_WIDTH = 80
+
+
+def output_width(stream: Any = None) -> int | None:
+    """The columns ``stream`` (default stdout) may take: $COLUMNS when set; a terminal's
+    own width (``None``: rich asks the terminal); else :data:`PIPE_WIDTH`. In an MPI
+    rank, whose stdout may be a pseudo-terminal of its own, $COLUMNS (which the launching
+    command passes on from its terminal, :func:`topoplan.runtime.mpirun.launch_command`)
+    or 80."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    from ..runtime.mpirun import inside_mpi
+    try:
+        terminal = (stream or sys.stdout).isatty() and not inside_mpi()
+    except (AttributeError, ValueError):  # no isatty, or closed
+        terminal = False
+    return None if terminal else PIPE_WIDTH
+
+
+def console(*, stderr: bool = False) -> Console:
+    """Standard output (or error), :func:`output_width` columns wide: tables fit it
+    (:func:`fit_table`) and longer lines wrap at spaces."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(width=output_width(stream), highlight=False, stderr=stderr,
+                   force_terminal=is_terminal(stream))
 
 
 #: Sphinx roles (``:func:`~topoplan.plan```) and inline literals (````x````) in docstrings.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..units import format_size, format_time, parse_count, parse_latency, parse_size
-from .common import add_profile_argument, checked_arg, console, positive_int, table
+from .common import add_profile_argument, checked_arg, console, plural, positive_int, table
 
 
 def _number(text: str) -> float:
@@ -86,7 +86,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         return 0
     out = console()
     out.print(f"[bold]{result.model}[/bold] ({result.params:,} parameters) on {result.cluster}: "
-              f"{result.nranks} GPUs, batch {result.batch_per_gpu} per GPU, gradients in "
+              f"{plural(result.nranks, 'GPU')}, batch {result.batch_per_gpu} per GPU, "
+              "gradients in "
               f"{'fp16' if result.bytes_per_param == 2 else 'fp32'}, {result.mode}")
     out.print(f"compute: {result.compute_source}")
     rows = table("", "value")
@@ -96,7 +97,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     rows.add_row("exposed communication", format_time(result.exposed_comm_s))
     rows.add_row("samples/s", f"{result.samples_per_s:,.1f}")
     rows.add_row("efficiency vs 1 GPU", f"{100 * result.efficiency:.1f}%")
-    rows.add_row(f"efficiency vs 1 box ({result.box_gpus} GPUs)",
+    rows.add_row(f"efficiency vs 1 box ({plural(result.box_gpus, 'GPU')})",
                  f"{100 * result.efficiency_box:.1f}%")
     out.print(rows)
     buckets = table("bucket", "bytes", "tensors", "ready", "start", "end", "plan")

@@ -5,14 +5,13 @@ plugin for a cluster, from the NCCL model."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from ..errors import ScheduleError
 from .._util import atomic_write
 from ..ir.parse import load_schedule
-from .common import console, json_text, positive_int, size_arg, status
+from .common import checked_arg, console, json_text, plural, positive_int, size_arg, status
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,7 +22,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "allgather: topoplan plan --collective) as an MSCCL XML algorithm that "
                     "msccl-executor-nccl and RCCL run (docs/INTEROP.md); the result passes "
                     "topoplan's MSCCL checker and the executor's limits, or nothing is "
-                    "written. nccl-tuner: write, for a cluster file, the configuration of "
+                    "written, and the output says which calls the executor picks it for "
+                    "(counts that are multiples of nchunksperloop). A plan with native steps "
+                    "(nccl, composed) needs --cluster: each native collective becomes the "
+                    "rings NCCL runs there, and the export predicts their time against the "
+                    "native steps' (refusing one over --max-slowdown). nccl-tuner: write, for a cluster file, the configuration of "
                     "NCCL's example tuner plugin (plugins/tuner/example): per size range the "
                     "algorithm, protocol and channels the NCCL model prices fastest on this "
                     "fabric, with a comment where NCCL's own tuner would pick otherwise "
@@ -49,6 +52,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-lower", action="store_true",
                         help="refuse a plan with native collective steps (IR v3) instead of "
                              "lowering them to point-to-point steps, which MSCCL XML holds")
+    parser.add_argument("--cluster", metavar="CLUSTER.yaml",
+                        help="the plan's cluster; needed for native steps (nccl, composed): "
+                             "they become the rings NCCL runs there, with their predicted "
+                             "time")
+    parser.add_argument("--size", type=size_arg, default=None, metavar="SIZE",
+                        help="the message size the export serves and predicts at (default: "
+                             "the plan's own)")
+    parser.add_argument("--profile", default=None, metavar="NAME|FILE",
+                        help="cost profile of the prediction (default: the plan's own)")
+    parser.add_argument("--max-slowdown", type=checked_arg(float, lambda x: x >= 1,
+                                                           "must be a number >= 1"),
+                        default=None, metavar="R",
+                        help="refuse native steps whose point-to-point rings simulate more "
+                             "than R times slower than themselves (default 3)")
+    # The library's GRIDS and MAX_SLOWDOWN (not imported here: --help stays quick).
+    parser.add_argument("--grid", choices=("auto", "exact", "pow2"), default="auto",
+                        help="the MSCCL chunk grid (nchunksperloop), which the executor "
+                             "needs the count to be a multiple of: auto (default) the exact "
+                             "grid if it serves the plan's size, else a power-of-two grid, "
+                             "the chunks rounded to it; exact; pow2")
     parser.add_argument("--no-fuse", action="store_true",
                         help="keep recv and send as separate steps on separate thread blocks")
     parser.add_argument("--name", help="the algorithm's name (default topoplan-<planner>)")
@@ -64,25 +87,35 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.format == "nccl-tuner":
         return _nccl_tuner(args)
     from ..interop.msccl import Limits, export_msccl, to_xml
+    from ..interop.msccl.export import MAX_SLOWDOWN
 
     schedule = load_schedule(args.plan)
+    cluster = None
+    if args.cluster:
+        from ..cluster import load_cluster
+        cluster = load_cluster(args.cluster)
     try:
-        result = export_msccl(schedule, proto=args.proto, channels=args.channels,
-                              min_bytes=args.min_bytes or 0, max_bytes=args.max_bytes or 0,
-                              name=args.name, limits=Limits(max_steps=args.max_steps),
-                              fuse=not args.no_fuse, lower=not args.no_lower)
+        with status(f"exporting {schedule.algorithm} ..."):
+            result = export_msccl(schedule, proto=args.proto, channels=args.channels,
+                                  min_bytes=args.min_bytes or 0, max_bytes=args.max_bytes or 0,
+                                  name=args.name, limits=Limits(max_steps=args.max_steps),
+                                  fuse=not args.no_fuse, lower=not args.no_lower,
+                                  cluster=cluster, size=args.size, profile=args.profile,
+                                  max_slowdown=args.max_slowdown or MAX_SLOWDOWN,
+                                  grid=args.grid)
     except ScheduleError as exc:
         raise ScheduleError(f"{args.plan}: {exc}") from None
     algo = result.algo
     text = to_xml(algo)
-    err = console() if args.output else None
     if args.json:
         if args.output:
             atomic_write(Path(args.output), text)
-        print(json.dumps({
+        print(json_text({
             "plan": args.plan, "format": args.format, "output": args.output,
             "name": algo.name, "collective": algo.coll, "ngpus": algo.ngpus,
             "nchannels": algo.nchannels, "nchunksperloop": algo.nchunksperloop,
+            "serves": result.serves(), "planned_bytes": result.planned_bytes,
+            "prediction": result.prediction.to_dict() if result.prediction else None,
             "proto": args.proto, "max_thread_blocks": result.max_tbs,
             "max_steps_per_thread_block": result.max_steps, "fused_steps": result.fused,
             "checked": True, "notes": list(result.notes),
@@ -97,21 +130,26 @@ def cmd_export(args: argparse.Namespace) -> int:
               file=sys.stderr)
     for detail in result.details if args.verbose else []:
         print(f"topoplan: note: {detail}", file=sys.stderr)
-    # msccl_lifecycle.cc: NCCL's count (per rank for reducescatter and allgather) must
-    # be a multiple of nchunksperloop
-    count = "element count" if algo.coll == "allreduce" else "count per rank"
-    summary = (f"{algo.name}: {algo.coll} of {algo.ngpus} GPUs, {algo.nchannels} channel(s), "
-               f"nchunksperloop {algo.nchunksperloop}, up to {result.max_tbs} thread blocks "
-               f"per GPU and {result.max_steps} steps per thread block, {result.fused} fused "
-               f"steps per instance; checked. The executor picks it for messages whose {count} "
-               f"is a multiple of {algo.nchunksperloop}")
+    summary = (f"{algo.name}: {algo.coll} of {plural(algo.ngpus, 'GPU')} on "
+               f"{plural(algo.nchannels, 'MSCCL channel')}, nchunksperloop "
+               f"{algo.nchunksperloop}, up to {plural(result.max_tbs, 'thread block')} per GPU "
+               f"and {plural(result.max_steps, 'step')} per thread block, "
+               f"{plural(result.fused, 'fused step')} per instance; passes the MSCCL check "
+               "and the executor's limits")
+    # msccl_lifecycle.cc: the executor picks it only where the count is a multiple of
+    # nchunksperloop; say which calls those are, and the plan's own size's fate.
+    lines = [result.serves()]
+    if result.prediction is not None:
+        lines.append(result.prediction.text())
     if args.output:
         atomic_write(Path(args.output), text)
-        assert err is not None
-        err.print(f"wrote {args.output}: {summary}", soft_wrap=True)
+        out = console()
+        out.print(f"wrote {args.output}", soft_wrap=True)
     else:
         sys.stdout.write(text)
-        print(summary, file=sys.stderr)
+        out = console(stderr=True)
+    for line in (summary, *lines):
+        out.print(line)
     return 0
 
 

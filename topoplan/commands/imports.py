@@ -11,7 +11,7 @@ import json
 import sys
 
 from ..errors import TopoplanError
-from .common import console
+from .common import console, plural
 
 #: The formats ``import`` reads (``export --format`` writes the same).
 FORMATS = ("msccl",)
@@ -79,12 +79,15 @@ def cmd_import(args: argparse.Namespace) -> int:
             "plan": None if args.output else json.loads(schedule.to_json())}))
         return 0
     summary = (f"{path}: MSCCL check ok ({', '.join(report.modes)}); "
-               f"{schedule.nranks} ranks, {schedule.nchunks} chunks, {schedule.nsteps} steps, "
-               f"{schedule.nmessages} messages; verified")
+               f"{plural(schedule.nranks, 'rank')}, {plural(schedule.nchunks, 'chunk')}, "
+               f"{plural(schedule.nsteps, 'step')}, {plural(schedule.nmessages, 'message')}; "
+               "verified")
     if args.output:
         schedule.save(args.output)
-        console().print(f"wrote {args.output}: {summary}", soft_wrap=True)
+        out = console()
+        out.print(f"wrote {args.output}", soft_wrap=True)  # a path whole, however long
     else:
         sys.stdout.write(schedule.to_json() + "\n")
-        print(summary, file=sys.stderr)
+        out = console(stderr=True)
+    out.print(summary)
     return 0

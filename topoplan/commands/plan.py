@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..cluster import load_cluster
 from ..ir.collectives import COLLECTIVES
-from ..units import format_bandwidth, format_size, format_time
+from ..units import format_size, format_time
 from .common import (Column, add_profile_argument, console, fit_table, json_text,
-                     left_out_note, positive_int, size_arg, status)
+                     left_out_note, plural, positive_int, size_arg, status)
 
 if TYPE_CHECKING:
     from ..planners import Candidate, PlanRequest, PlanResult
@@ -115,7 +115,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     bound = bounds.lower_s
     out = console()
-    out.print(f"[bold]{cluster.name}[/bold]: {cluster.nranks} ranks, {collective} of "
+    out.print(f"[bold]{cluster.name}[/bold]: {plural(cluster.nranks, 'rank')}, {collective} of "
               f"{format_size(request.size)}; lower bound {format_time(bound)}")
     out.print(f"cost profile {costs.summary()}")
     if bounds.latency_s is not None:
@@ -160,7 +160,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                       f"{format_time(bounds.rsag_s or 0.0)}" + _rsag_note(result))
         else:
             out.print(f"lower bound (any {collective}, ForestColl's cut): {format_time(bound)}")
-        out.print(f"bottleneck cut: {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)} out")
+        out.print(f"bottleneck cut: {cut} out; {cut.crossing()}")
     channels, notes = result.channels, result.notes
     predicted = result.time_s
     itself_channels, itself_vectors = request.plans_itself(chosen.name)
@@ -171,18 +171,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
         one = notes.get("one_channel_s", chosen.time_s)
         if itself_channels:
             how = "simulated" if result.simulated else "the planner's channel model"
-            out.print(f"channels: {chosen.name} planned for {channels} channels ({slicing}): "
+            out.print(f"channels: {chosen.name} planned for {plural(channels, 'channel')} "
+                      f"({slicing}): "
                       f"{format_time(predicted)} ({how}), against "
                       f"{format_time(one)} for its pipeline on one in lock-step")
         else:
-            out.print(f"channels: {chosen.name} on {channels} channels ({slicing}) simulates "
+            out.print(f"channels: {chosen.name} on {plural(channels, 'channel')} ({slicing}) "
+                      f"simulates "
                       f"in {format_time(predicted)}, against {format_time(one)} on one")
     if request.vectored and itself_vectors:
         out.print(f"vectored: {chosen.name} priced and planned one message per peer and "
-                  f"step: {schedule.nops} ops")
+                  f"step: {plural(schedule.nops, 'op')}")
     elif request.vectored:
         unvectored = notes.get("unvectored_s")
-        out.print(f"vectored: {chosen.name} in {schedule.nops} ops (one message per peer "
+        out.print(f"vectored: {chosen.name} in {plural(schedule.nops, 'op')} (one message per peer "
                   f"and step)" + ("" if unvectored is None else
                                   f" simulates in {format_time(predicted)}, against "
                                   f"{format_time(unvectored)} unvectored"))
@@ -260,11 +262,14 @@ def fixed_share(c: Candidate) -> str:
 
 def _partition_json(cluster: Any) -> dict[str, Any] | None:
     """The partition that sets the lower bound, for --json (None for one GPU)."""
-    from ..analysis.bound import best_partition
+    from ..analysis.bound import best_partition, bottleneck
     if cluster.nranks < 2:
         return None
     part = best_partition(cluster)
-    return {"name": part.name, "groups": len(part.groups), "bandwidth_Bps": part.bandwidth}
+    cut = bottleneck(cluster)
+    return {"name": part.name, "groups": len(part.groups), "bandwidth_Bps": part.bandwidth,
+            "bottleneck": {"behind": cut.behind, "where": cut.where, "text": str(cut),
+                           "crossing": cut.crossing()}}
 
 
 def _percent(bound: float, time_s: float) -> float:

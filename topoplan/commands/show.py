@@ -1,7 +1,8 @@
 """``topoplan show CLUSTER.yaml [PLAN.json] --size 256MiB -o picture.png``: draw a plan.
 
-Writes one image file per figure. ``-o picture.png`` names the cluster drawing; the
-others take a suffix before the extension: ``picture-timeline.png`` (per-rank Gantt
+Writes one image file per figure and prints each file's name. ``-o picture.png`` names
+the cluster drawing (one figure asked for with ``--figures`` is written there, whichever
+it is); the others take a suffix before the extension: ``picture-timeline.png`` (per-rank Gantt
 chart), ``picture-links.png`` (utilisation of the busiest links over time) and, with
 ``--figures all`` (or a list naming ``sweep``), ``picture-sweep.png`` (algbw/busbw
 against size for every planner). The extension picks the format (png, svg, pdf).
@@ -20,7 +21,7 @@ from ..cluster import load_cluster
 from ..analysis.cost import get_profile
 from ..errors import ScheduleError, TopoplanError
 from ..units import format_size, format_time
-from .common import (Column, add_profile_argument, console, fit_table, left_out_note,
+from .common import (Column, add_profile_argument, console, fit_table, left_out_note, plural,
                      positive_int, size_arg, sizes_arg, status)
 
 FIGURES = ("cluster", "timeline", "links", "sweep")
@@ -121,11 +122,17 @@ def channel_table(schedule: Any, width: int) -> tuple[Any, list[str]] | None:
                       Column("chunks", drop=1), Column("data"), Column("steps")), rows, width)
 
 
-def output_paths(output: str | Path, figures: list[str]) -> dict[str, Path]:
-    """``picture.png`` -> {"cluster": picture.png, "timeline": picture-timeline.png, ...}."""
+def output_paths(output: str | Path, figures: list[str], *,
+                 named: bool = False) -> dict[str, Path]:
+    """``picture.png`` -> {"cluster": picture.png, "timeline": picture-timeline.png, ...}.
+
+    ``named``: the user named the file (``-o``); one figure is then written there, as
+    asked, whichever it is (``--figures timeline -o t.png`` writes ``t.png``)."""
     output = Path(output)
     suffix = output.suffix or ".png"
     stem = output.with_suffix("") if output.suffix else output
+    if named and len(figures) == 1:
+        return {figures[0]: Path(f"{stem}{suffix}")}
     paths = {}
     for name in figures:
         paths[name] = Path(f"{stem}{suffix}") if name == "cluster" else Path(f"{stem}-{name}{suffix}")
@@ -139,7 +146,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     costs = get_profile(args.profile)
     out = console()
     output = args.output or f"{Path(args.cluster).stem}.png"
-    paths = output_paths(output, args.figures)
+    paths = output_paths(output, args.figures, named=args.output is not None)
     if not paths["cluster" if "cluster" in paths else next(iter(paths))].parent.exists():
         raise TopoplanError(f"-o {output}: folder {Path(output).parent} does not exist")
 
@@ -201,7 +208,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                       f"{format_time(summary['rsag_bound_s'])}")
         table = channel_table(schedule, min(out.width, 80))
         if table is not None and schedule is not None:
-            out.print(f"{schedule.nchannels} channels, each a pipeline on its own data "
+            out.print(f"{plural(schedule.nchannels, 'channel')}, each a pipeline on its own data "
                       "(timeline marks: cK):")
             out.print(table[0])
             note = left_out_note(table[1], out.width)
@@ -237,6 +244,14 @@ def cmd_show(args: argparse.Namespace) -> int:
                 raise TopoplanError(f"cannot write {path}: {exc}") from None
         if not args.json:
             out.print(f"wrote {path}  ({name})", soft_wrap=True)
+    if args.output and len(paths) > 1 and not args.json:
+        # One file was named and several written: say where the others' names come from.
+        others = ", ".join(f"-{name}" for name in paths if name != "cluster")
+        out.print(f"{plural(len(paths), 'file')} from -o {args.output}: "
+                  + ("the cluster drawing there, the other figures with " if "cluster" in paths
+                     else "the figures with ")
+                  + f"{others} before the extension; --figures {next(iter(paths))} writes "
+                    f"{args.output} alone")
     if args.json:
         print(json.dumps({"cluster": cluster.name, "plan": args.plan, **summary,
                           "figures": {name: str(path) for name, path in paths.items()}}))

@@ -16,9 +16,9 @@ from ..ir.fingerprint import check_fingerprint
 from ..ir.parse import load_schedule
 from ..analysis.sim.base import EPS_T
 from ..analysis.sim import SimReport, simulate
-from ..units import format_bandwidth, format_size, parse_bandwidth, parse_latency
-from .common import (Column, add_profile_argument, checked_arg, console, fit_table,
-                     left_out_note, plan_name, sizes_arg)
+from ..units import format_size, parse_bandwidth, parse_latency
+from .common import (Column, add_profile_argument, checked_arg, console, fit_table, left_out_note,
+                     plan_name, plural, sizes_arg)
 
 #: The parts of SimReport.breakdown, in the order the table and JSON show them
 #: (``native`` only for a schedule with native steps, IR v3).
@@ -136,7 +136,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             "profile": costs.to_dict(), "resolution": reports[0].resolution if reports else None,
             "planned_size_bytes": planned,
             "bottleneck": {"gpus": cut.gpus, "bandwidth_Bps": cut.bandwidth,
-                           "nodes": sorted(cut.nodes)},
+                           "nodes": sorted(cut.nodes), "behind": cut.behind,
+                           "where": cut.where, "text": str(cut)},
             "bound_partition": ({"name": part.name, "groups": len(part.groups),
                                  "bandwidth_Bps": part.bandwidth} if part else None),
             "results": [{"size_bytes": r.size, "count": r.size // args.dtype_size,
@@ -158,8 +159,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return 0
     out = console()
     what = "" if schedule.collective == "allreduce" else f" {schedule.collective}"
-    out.print(f"[bold]{plan_name(schedule)}[/bold]{what} on {cluster.name}: {cluster.nranks} "
-              f"ranks, {schedule.nchunks} chunks, {schedule.nsteps} steps")
+    out.print(f"[bold]{plan_name(schedule)}[/bold]{what} on {cluster.name}: "
+              f"{plural(cluster.nranks, 'rank')}, {plural(schedule.nchunks, 'chunk')}, "
+              f"{plural(schedule.nsteps, 'step')}")
     out.print(f"cost profile {costs.summary()}")
     if reports and reports[0].resolution != EPS_T:
         out.print(f"time resolution {reports[0].resolution:g} of the clock (events closer "
@@ -174,7 +176,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         out.print(f"RS+AG cut bound (reduce-scatter + allgather schedules): {factor:.3g} x "
                   f"the lower bound")
     if part is not None:
-        out.print(f"bottleneck cut: {cut.gpus} GPUs behind {format_bandwidth(cut.bandwidth)} out")
+        out.print(f"bottleneck cut: {cut}")
     for line in _made_for(planned, args.sizes):
         out.print(line)
     sizes = [f"{r.size}{'*' if planned not in (None, r.size) else ' '}" for r in reports]

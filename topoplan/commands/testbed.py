@@ -22,7 +22,7 @@ from ..cluster import load_cluster
 from ..ir.collectives import COLLECTIVES
 from ..errors import TopoplanError
 from ..units import format_size, parse_size
-from .common import console, json_text, table
+from .common import console, json_text, plural, table
 
 
 TOLERANCE_PCT = 10
@@ -147,9 +147,9 @@ def cmd_up(args: argparse.Namespace) -> int:
                      multipath=args.multipath)
     out = console()
     layout = bed.layout
-    out.print(f"testbed {layout.prefix}: {cluster.name}, {layout.nranks} ranks, scale "
-              f"{layout.scale:.6g}, {len(layout.routers)} router namespaces, "
-              f"{len(layout.veths)} veth pairs")
+    out.print(f"testbed {layout.prefix}: {cluster.name}, {plural(layout.nranks, 'rank')}, "
+              f"scale {layout.scale:.6g}, {plural(len(layout.routers), 'router namespace')}, "
+              f"{plural(len(layout.veths), 'veth pair')}")
     t = table("veth pair", "rate", "latency", title="shaped links (each direction)")
     for v in layout.veths:
         t.add_row(v.what, "unshaped" if v.rate is None else f"{v.rate * 8 / 1e6:,.0f} Mbit/s",
@@ -272,7 +272,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         with interrupts_raise():
             layout = bed.layout
-            print(f"topoplan testbed run: {cluster.name}, {layout.nranks} ranks at scale "
+            print(f"topoplan testbed run: {cluster.name}, {plural(layout.nranks, 'rank')} at "
+                  "scale "
                   f"1/{1 / layout.scale:.4g}, {args.transport}", file=sys.stderr, flush=True)
             if args.probe:
                 from ..testbed.probe import check_pairs

@@ -17,7 +17,7 @@ from typing import Any
 from ..cluster import Cluster, load_cluster
 from ..errors import TopoplanError, TopoplanWarning
 from ..ir.schedule import atomic_write
-from ..units import format_bandwidth, format_time, parse_bandwidth
+from ..units import format_bandwidth, format_time, parse_bandwidth, plural
 from .common import Column, console, fit_table, left_out_note, positive_int, table
 
 
@@ -116,10 +116,11 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 0
     out = console()
     out.print(f"[bold]{cluster.name}[/bold]  ({args.cluster})")
-    out.print(f"{cluster.nranks} ranks in {len(cluster.boxes)} boxes, {len(cluster.switches)} "
-              f"switches, {len(cluster.links)} switch links")
-    out.print(f"graph: {facts['graph']['nodes']} nodes, {facts['graph']['directed_edges']} "
-              "directed edges")
+    out.print(f"{plural(cluster.nranks, 'rank')} in {plural(len(cluster.boxes), 'box')}, "
+              f"{plural(len(cluster.switches), 'switch')}, "
+              f"{plural(len(cluster.links), 'switch link')}")
+    out.print(f"graph: {plural(facts['graph']['nodes'], 'node')}, "
+              f"{plural(facts['graph']['directed_edges'], 'directed edge')}")
 
     rows = [[group["boxes"], str(group["count"]),
              f"{group['first_rank']}..{group['last_rank']}", str(group["gpus"]),
@@ -158,9 +159,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         if bw["bound_partition"] is not None:
             summary.append(["lower bound partition (any schedule)", bw["bound_partition"]["text"]])
             cut = bw["bottleneck"]
-            summary.append(["RS+AG bottleneck cut",
-                            f"{cut['gpus']} GPUs behind {_bw(cut['bandwidth_Bps'])} "
-                            f"({_bw(cut['bandwidth_Bps'] / cut['gpus'])} per GPU)"])
+            summary.append(["RS+AG bottleneck cut", f"{cut['text']}: {cut['crossing']}"])
     out.print(fit_table(SUMMARY_COLUMNS, summary, out.width, title="Bandwidth")[0])
     return 0
 
@@ -196,7 +195,9 @@ def cluster_facts(cluster: Cluster) -> dict[str, Any]:
             part, cut = best_partition(cluster), bottleneck(cluster)
             bandwidth["bound_partition"] = {"name": part.name, "groups": len(part.groups),
                                             "bandwidth_Bps": part.bandwidth, "text": str(part)}
-            bandwidth["bottleneck"] = {"gpus": cut.gpus, "bandwidth_Bps": cut.bandwidth}
+            bandwidth["bottleneck"] = {"gpus": cut.gpus, "bandwidth_Bps": cut.bandwidth,
+                                       "behind": cut.behind, "where": cut.where,
+                                       "text": str(cut), "crossing": cut.crossing()}
     graph = cluster.graph
     return {"cluster": cluster.name, "nranks": cluster.nranks, "switches": len(cluster.switches),
             "graph": {"nodes": graph.number_of_nodes(), "directed_edges": graph.number_of_edges()},
@@ -214,7 +215,7 @@ def _bw(bytes_per_s: float | None) -> str:
 BOX_COLUMNS = (Column("box", "left"), Column("count", drop=1), Column("ranks"),
                Column("GPUs"), Column("in-box\nper GPU"), Column("NICs", stack=" + "),
                Column("injection\nper box"))
-SUMMARY_COLUMNS = (Column("measure", "left", wrap=True), Column("value", "left"))
+SUMMARY_COLUMNS = (Column("measure", "left", wrap=True), Column("value", "left", wrap=True))
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
@@ -233,9 +234,10 @@ def cmd_lint(args: argparse.Namespace) -> int:
                       "cluster": cluster.name, "nranks": cluster.nranks,
                       "boxes": len(cluster.boxes), "switches": len(cluster.switches)})
         if not args.json:
-            verdict = "ok" if not found else f"{len(found)} warning{'s' * (len(found) > 1)}"
-            out.print(f"{path}: {verdict}: {cluster.name}, {cluster.nranks} ranks in "
-                      f"{len(cluster.boxes)} boxes, {len(cluster.switches)} switches",
+            verdict = "ok" if not found else plural(len(found), "warning")
+            out.print(f"{path}: {verdict}: {cluster.name}, {plural(cluster.nranks, 'rank')} in "
+                      f"{plural(len(cluster.boxes), 'box')}, "
+                      f"{plural(len(cluster.switches), 'switch')}",
                       soft_wrap=True)
     if args.json:
         print(json.dumps({"files": files}))
@@ -306,8 +308,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     text = make(args.boxes, args.gpus, nic=bandwidth_text(args.nic),
                 nvlink=bandwidth_text(args.nvlink), **options)
     cluster = loads_cluster(text, file=args.output or "<generated>")  # what we write loads
-    return _emit(text, args.output, f"{cluster.nranks} ranks in {len(cluster.boxes)} boxes, "
-                                    f"{len(cluster.switches)} switches")
+    return _emit(text, args.output, f"{plural(cluster.nranks, 'rank')} in "
+                                    f"{plural(len(cluster.boxes), 'box')}, "
+                                    f"{plural(len(cluster.switches), 'switch')}")
 
 
 def _emit(text: str, output: str | None, summary: str) -> int:
@@ -343,5 +346,6 @@ def cmd_import(args: argparse.Namespace) -> int:
     for note in imported.assumptions:
         print(f"topoplan: note: {note}", file=sys.stderr)
     return _emit(text, args.output,
-                 f"{imported.nranks} ranks in {imported.document['boxes'][0]['count']} node(s); "
-                 f"{len(imported.assumptions)} assumptions noted at the top")
+                 f"{plural(imported.nranks, 'rank')} in "
+                 f"{plural(imported.document['boxes'][0]['count'], 'node')}; "
+                 f"{plural(len(imported.assumptions), 'assumption')} noted at the top")

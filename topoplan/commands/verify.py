@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import ScheduleError, TopoplanError
 from ..ir.parse import load_schedule
 from ..ir.verify import verify
-from .common import console, plan_name
+from .common import console, plan_name, plural
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -49,12 +49,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
                       "ncollectives": report.ncollectives})
         if not args.json:
             # Native steps (IR v3): one per member of each native collective.
-            natives = (f", {report.nnative} native steps ({report.ncollectives} "
-                       f"collective{'s' if report.ncollectives != 1 else ''})"
+            natives = (f", {plural(report.nnative, 'native step')} "
+                       f"({plural(report.ncollectives, 'collective')})"
                        if report.nnative else "")
-            out.print(f"{path}: ok: {plan_name(schedule)} {report.collective}, {report.nranks} "
-                      f"ranks, {report.nchunks} chunks, {report.nsteps} steps, "
-                      f"{report.nmessages} messages{natives}", soft_wrap=True)
+            out.print(f"{path}: ok: {plan_name(schedule)} {report.collective}, "
+                      f"{plural(report.nranks, 'rank')}, {plural(report.nchunks, 'chunk')}, "
+                      f"{plural(report.nsteps, 'step')}, "
+                      f"{plural(report.nmessages, 'message')}{natives}", soft_wrap=True)
     if args.json:
         print(json.dumps({"plans": plans}))
     return 0 if all(p["ok"] for p in plans) else 1

@@ -30,7 +30,7 @@ import networkx as nx
 import yaml
 
 from ..errors import ClusterSpecError, TopoplanError, UnitWarning
-from ..units import bare_number_note, format_bandwidth
+from ..units import bare_number_note, format_bandwidth, plural
 from .xmlfile import Element, read_xml
 
 __all__ = [
@@ -447,7 +447,8 @@ def _find_gpus(host: _Host, notes: list[str]) -> list[_Gpu]:
             elif _pci_class(pci).startswith(PCI_GPU_CLASS):
                 bare.append(_Gpu(pci, None, cpu, _busid(pci)))
     if with_gpu and bare:
-        notes.append(f"ignored {len(bare)} display-class <pci> element(s) without a <gpu> "
+        notes.append(f"ignored {plural(len(bare), 'display-class <pci> element')} without a "
+                     "<gpu> "
                      f"child ({', '.join(g.busid for g in bare)}): NCCL did not use them")
         bare = []
     gpus = with_gpu or bare
@@ -487,7 +488,8 @@ def _find_nics(host: _Host, notes: list[str]) -> list[_Nic]:
                     _pci_class(element).startswith(PCI_NIC_CLASS):
                 bare.append(_Nic(element, element, None, cpu))
     if nics and bare:
-        notes.append(f"ignored {len(bare)} network-class <pci> element(s) without a <nic> "
+        notes.append(f"ignored {plural(len(bare), 'network-class <pci> element')} without a "
+                     "<nic> "
                      f"child ({', '.join(_busid(n.anchor) for n in bare)}): NCCL did not use "
                      "them")
         bare = []
@@ -763,7 +765,7 @@ def _network(network: str, nodes: int, nics: list[dict[str, Any]], notes: list[s
     else:
         links = [{"a": f"rail{k}", "b": "spine", "bandwidth": _bw(b)}
                  for k, b in enumerate(bandwidths)]
-    comments["links"] = (f"each rail to the spine: {nodes} node(s) x its NIC bandwidth "
+    comments["links"] = (f"each rail to the spine: {plural(nodes, 'node')} x its NIC bandwidth "
                          "(non-blocking); change it with the node count")
     notes.append("network (--network rail): NIC k of every node on switch rail{k}; the "
                  "rails joined by one switch 'spine', each rail-spine link as fast as all "

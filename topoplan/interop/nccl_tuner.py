@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ..analysis.native import nccl_tables as T
 from ..analysis.native.nccl import NcclChoice, nccl_model
+from ..units import plural
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
@@ -154,6 +155,7 @@ def tuner_config(cluster: Cluster, command: str | None = None) -> str:
                 f"on this fabric; {rule.choice.algorithm}/{rule.choice.protocol} takes "
                 f"{rule.choice.time_s * 1e6:.1f} us ({rule.nccl.time_s / rule.choice.time_s:.2f}x)")
         out.append(rule.line(nnodes, nranks))
-    out.insert(5, f"# {differ} rule(s) differ from NCCL's own choice" if differ else
+    out.insert(5, f"# {plural(differ, 'rule differs', 'rules differ')} from NCCL's own choice"
+               if differ else
                "# every rule is what NCCL's own tuner would pick on this cluster")
     return "\n".join(out) + "\n"

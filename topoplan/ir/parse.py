@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +58,18 @@ def loads_schedule(text: str, source: str = "<string>") -> Schedule:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
+        if _CLUSTER_KEY.search(text):
+            raise ScheduleError(f"{source}: looks like a cluster YAML file; a schedule JSON "
+                                f"is wanted here (topoplan plan {source} -o PLAN.json writes "
+                                "one)") from None
         raise ScheduleError(f"{source}:{exc.lineno}: {_json_problem(text, exc)}") from None
     except RecursionError:
         raise ScheduleError(f"{source}: not a schedule: JSON nested too deeply") from None
     return schedule_from_dict(data, source)
+
+
+#: A top-level key of a cluster file (docs/CLUSTER.md) at the start of a line.
+_CLUSTER_KEY = re.compile(r"^(?:boxes|switches)\s*:", re.M)
 
 
 def _json_problem(text: str, exc: json.JSONDecodeError) -> str:

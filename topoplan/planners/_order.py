@@ -4,6 +4,8 @@
   (:func:`box_order`), boxes under their switch, switches under a root switch, and
   its leaf order: a ring in that order crosses every link of the switch tree once per
   direction, the fewest a ring can (DDL's A->B->C->D).
+- :func:`rail_rings`: on a cluster with rails (GPU ``j`` of every box on NIC ``j``), one
+  ring per rail (:mod:`topoplan.cluster.rails`), the boxes in :func:`topo_order`.
 - :func:`resolve_order`: a planner's ``order`` argument (``"rank"``, ``"topo"`` or a
   permutation) as a list of ranks.
 """
@@ -20,7 +22,7 @@ import networkx as nx
 from ..cluster import Box, Cluster
 from ..errors import PlannerError
 
-__all__ = ["TopoNode", "topo_tree", "topo_order", "box_order", "resolve_order"]
+__all__ = ["TopoNode", "topo_tree", "topo_order", "box_order", "rail_rings", "resolve_order"]
 
 
 @dataclass
@@ -131,6 +133,17 @@ def topo_order(cluster: Cluster) -> list[int]:
     path) moves between GPUs of a box over direct links only.
     """
     return topo_tree(cluster).ranks()
+
+
+def rail_rings(cluster: Cluster) -> list[list[int]]:
+    """:func:`topoplan.cluster.rails.rail_rings` with the boxes in :func:`topo_order`
+    (so that the rings cross each switch link the fewest times, as one ring would)."""
+    from ..cluster.rails import rail_rings as rings
+
+    first: dict[str, int] = {}
+    for rank in topo_order(cluster):
+        first.setdefault(cluster.box_of(rank).name, len(first))
+    return rings(cluster, sorted(cluster.boxes, key=lambda box: first[box.name]))
 
 
 def box_order(cluster: Cluster, b: int) -> list[int]:

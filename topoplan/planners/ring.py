@@ -1,16 +1,18 @@
 """Ring allreduce: reduce-scatter then allgather around one ring of all ranks; either
-phase alone is a ring reduce-scatter or a ring allgather."""
+phase alone is a ring reduce-scatter or a ring allgather. On a cluster with rails, the
+topology-aware order (``ring-topo``) runs one ring per rail, as NCCL's channels do."""
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 from ..cluster import Cluster
+from ..cluster.rails import MAX_RING_OPS
 from ..analysis.cost import CostProfile
 from ..ir.schedule import Schedule, equal_chunks
 from ._checks import check_chunks
 from ._lockstep import Timeline, empty_schedule, no_gc, ring_allgather, ring_reduce_scatter
-from ._order import resolve_order
+from ._order import rail_rings, resolve_order
 from ._pipeline_depth import fit_depth
 from .request import PlanRequest
 
@@ -34,7 +36,14 @@ def plan_ring(cluster: Cluster, *, size: int, order: str | Sequence[int] = "rank
         The ring: ranks in file order, a topology-aware order (:func:`topo_order`:
         a DFS over the switch tree, NVLink neighbours inside boxes, so the ring
         crosses every narrow cut the fewest times, DDL's A->B->C->D), or an explicit
-        permutation of the ranks.
+        permutation of the ranks. ``"topo"`` on a cluster with rails (GPU ``j`` of
+        every box on NIC ``j``, boxes on a fabric): one ring per rail
+        (:func:`~topoplan.planners._order.rail_rings`), each on its own share of the
+        buffer, all in the same steps, as NCCL runs a ring per channel and NIC; each
+        crosses between boxes on its own rail, so the hops between boxes spread over
+        every NIC instead of two. Fewer rings where a cap or
+        :data:`~topoplan.cluster.rails.MAX_RING_OPS`
+        allows fewer (``meta["order"]`` is ``"rails"``, ``meta["rings"]`` the rings).
     chunks : int, optional
         Slices per ring segment (pipelining, as NCCL's slices): slice ``p`` runs its
         own ring ``p`` slots after slice 0. Default 1 under every profile: a ring step
@@ -63,7 +72,8 @@ def plan_ring(cluster: Cluster, *, size: int, order: str | Sequence[int] = "rank
     Schedule
         ``n * chunks`` equal chunks, ``2 (n - 1) + chunks - 1`` steps per rank
         (``n - 1 + chunks - 1`` for one phase), each rank sending ``M / n`` per step to
-        its successor.
+        its successor; with ``R`` rail rings ``R`` times the chunks, each rank sending
+        ``M / (n R)`` per step to its successor on each ring.
 
     Raises
     ------
@@ -101,27 +111,53 @@ def ring_core(request: PlanRequest, *, order: str | Sequence[int] = "rank",
     if n == 1:
         return empty_schedule(cluster, algorithm, collective=collective, order=label, ring=ring,
                               slices=1, profile=costs.name)
-    # Ring position l reduces and gathers segment owner[l]: for an allreduce any segment
-    # will do (the l-th), for the sharded collectives it must be its rank's own shard.
-    owner = range(n) if collective == "allreduce" else ring
+    rings = [ring]
+    if isinstance(order, str) and order == "topo":
+        rails = _rail_rings(cluster, given or 1, max_step_ops, max_chunks)
+        if len(rails) > 1:
+            rings, label = rails, "rails"
+    nrings = len(rings)
 
     def build(slices: int) -> Schedule:
         tl = Timeline(n)
-        # Chunk l * slices + p is slice p of segment l: a segment's slices stay contiguous.
-        for p in range(slices):
-            segments = [[seg * slices + p] for seg in owner]
-            t = p
-            if collective != "allgather":
-                t = ring_reduce_scatter(tl, t, ring, segments)
-            if collective != "reduce_scatter":
-                ring_allgather(tl, t, ring, segments)
-        meta: dict[str, Any] = {"order": label, "ring": ring, "slices": slices,
+        # Chunk (l * nrings + k) * slices + p is slice p of ring k's part of segment l: a
+        # segment's parts stay contiguous, so a rank's shard is one run of chunks.
+        for k, each in enumerate(rings):
+            # Ring position l reduces and gathers segment owner[l]: for an allreduce any
+            # segment will do (the l-th), for the sharded collectives its rank's own shard.
+            owner = range(n) if collective == "allreduce" else each
+            for p in range(slices):
+                segments = [[(seg * nrings + k) * slices + p] for seg in owner]
+                t = p
+                if collective != "allgather":
+                    t = ring_reduce_scatter(tl, t, each, segments)
+                if collective != "reduce_scatter":
+                    ring_allgather(tl, t, each, segments)
+        meta: dict[str, Any] = {"order": label, "ring": rings[0], "slices": slices,
                                 "profile": costs.name}
-        return tl.build(equal_chunks(n * slices), collective=collective, algorithm=algorithm,
-                        cluster=cluster.name, **meta)
+        if nrings > 1:
+            meta["rings"] = rings
+        return tl.build(equal_chunks(n * nrings * slices), collective=collective,
+                        algorithm=algorithm, cluster=cluster.name, **meta)
 
-    return fit_depth(build, given or 1, chosen=given is None, chunks_per_depth=n,
+    return fit_depth(build, given or 1, chosen=given is None, chunks_per_depth=n * nrings,
                      max_step_ops=max_step_ops, max_chunks=max_chunks, algorithm=algorithm)
+
+
+def _rail_rings(cluster: Cluster, slices: int, max_step_ops: int | None,
+                max_chunks: int | None) -> list[list[int]]:
+    """The rail rings (:func:`rail_rings`) the caps leave room for: each ring adds ``n``
+    chunks per slice, 2 ops per step and its ops to
+    :data:`~topoplan.cluster.rails.MAX_RING_OPS`."""
+    rails = rail_rings(cluster)
+    n = cluster.nranks
+    most = len(rails)
+    if max_chunks is not None:
+        most = min(most, max_chunks // (n * slices))
+    if max_step_ops is not None:
+        most = min(most, max_step_ops // (2 * slices))
+    most = min(most, MAX_RING_OPS // (4 * n * (n - 1) * slices))
+    return rails[:most] if most > 1 else []
 
 
 def plan_ring_topo(cluster: Cluster, *, size: int, chunks: int | None = None,

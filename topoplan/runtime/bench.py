@@ -416,38 +416,126 @@ def predict_rows(rows: Sequence[BenchRow], schedule: Schedule, profile: Any,
     return out
 
 
-def format_rows(rows: Sequence[BenchRow], *, native_name: str | None = None) -> str:
+#: nccl-tests' column widths, used when no width is asked for.
+_NCCL_TESTS_WIDTHS = {"size(B)": 12, "count": 11, "type": 8, "redop": 5, "time(us)": 10,
+                      "algbw(GB/s)": 11, "busbw(GB/s)": 11, "#wrong": 6, "ratio": 6,
+                      "pred(us)": 10, "meas/pred": 9}
+
+
+def format_rows(rows: Sequence[BenchRow], *, native_name: str | None = None,
+                width: int | None = None) -> str:
     """The rows as nccl-tests text columns (plus the native baseline and ratio, if run,
     and the predicted time and measured/predicted, if predicted). A native baseline the
-    transport does not have shows as ``-`` with a ``# native:`` line saying why."""
-    head = (f"{'size(B)':>12} {'count':>11} {'type':>8} {'redop':>5} {'time(us)':>10} "
-            f"{'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>6}")
+    transport does not have shows as ``-`` with a ``# native:`` line saying why.
+
+    ``width``: the most columns a line may take (the CLI's terminal, or 80 in a pipe).
+    Columns then take the room their numbers need, and where that is still too wide,
+    columns are left out in this order, with a ``#`` line naming them: count; type and
+    redop (the same on every row, and said on that line); algbw (native, then the
+    schedule's); busbw (likewise). Size, time, ``#wrong``, the ratio and the prediction
+    always show. ``None`` (the default): nccl-tests' fixed widths, every column.
+    """
     native = any(r.native_time_us is not None or r.native_note for r in rows)
     predicted = any(r.predicted_us is not None for r in rows)
+
+    def ran(r: BenchRow) -> bool:
+        return r.native_time_us is not None
+
+    # (header, group, drop rank: higher goes first, 0 never; the cells)
+    columns: list[tuple[str, int, int, list[str]]] = [
+        ("size(B)", 0, 0, [str(r.size) for r in rows]),
+        ("count", 0, 6, [str(r.count) for r in rows]),
+        ("type", 0, 5, [r.type for r in rows]),
+        ("redop", 0, 5, [r.redop for r in rows]),
+        ("time(us)", 0, 0, [f"{r.time_us:.1f}" for r in rows]),
+        ("algbw(GB/s)", 0, 3, [f"{r.algbw:.3f}" for r in rows]),
+        ("busbw(GB/s)", 0, 1, [f"{r.busbw:.3f}" for r in rows]),
+        ("#wrong", 0, 0, [str(r.wrong) for r in rows])]
     if native:
-        head += f"   {'time(us)':>10} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>6} {'ratio':>6}"
+        columns += [
+            ("time(us)", 1, 0, [f"{r.native_time_us:.1f}" if ran(r) else "-" for r in rows]),
+            ("algbw(GB/s)", 1, 4, [f"{r.native_algbw:.3f}" if ran(r) else "-" for r in rows]),
+            ("busbw(GB/s)", 1, 2, [f"{r.native_busbw:.3f}" if ran(r) else "-" for r in rows]),
+            ("#wrong", 1, 0, [str(r.native_wrong) if ran(r) else "-" for r in rows]),
+            ("ratio", 1, 0, [f"{r.ratio or 0:.2f}x" if ran(r) else "-" for r in rows])]
     if predicted:
-        head += f"   {'pred(us)':>10} {'meas/pred':>9}"
+        columns += [
+            ("pred(us)", 2, 0, ["-" if r.predicted_us is None else f"{r.predicted_us:.1f}"
+                                for r in rows]),
+            ("meas/pred", 2, 0, ["-" if r.measured_over_predicted is None
+                                 else f"{r.measured_over_predicted:.2f}" for r in rows])]
+
+    def widths(shown: list[int]) -> dict[int, int]:
+        if width is None:
+            return {i: _NCCL_TESTS_WIDTHS[columns[i][0]] for i in shown}
+        out = {i: max(len(columns[i][0]), *map(len, columns[i][3])) for i in shown}
+        out[0] = max(out[0] + 1, len(columns[0][0]) + 2)  # the header's leading '# '
+        return out
+
+    def line_width(shown: list[int]) -> int:
+        w = widths(shown)
+        return sum(w.values()) + sum(3 if columns[i][1] != columns[j][1] else 1
+                                     for i, j in zip(shown, shown[1:]))
+
+    shown = list(range(len(columns)))
+    if width is not None:
+        for rank in sorted({c[2] for c in columns if c[2]}, reverse=True):
+            if line_width(shown) <= width:
+                break
+            shown = [i for i in shown if columns[i][2] != rank]
+    w = widths(shown)
+
+    def join(cells: dict[int, str]) -> str:
+        text = ""
+        for k, i in enumerate(shown):
+            if k:
+                text += "   " if columns[i][1] != columns[shown[k - 1]][1] else " "
+            text += cells[i].rjust(w[i])
+        return text
+
     lines = []
     if native:
-        lines.append(f"#{'':>61}schedule   {'':>18}{native_name or 'native'}")
+        # The group names over the native group: nccl-tests has none; ours say which is which.
+        if width is None:
+            lines.append(f"#{'':>61}schedule   {'':>18}{native_name or 'native'}")
+        else:
+            ends = {}
+            position = 0
+            for k, i in enumerate(shown):
+                if k:
+                    position += 3 if columns[i][1] != columns[shown[k - 1]][1] else 1
+                position += w[i]
+                ends[columns[i][1]] = position
+            label = ("#" + "schedule".rjust(ends[0] - 1))
+            name = native_name or "native"
+            label += "   " + name.rjust(ends[1] - len(label) - 3)
+            lines.append(label)
+    head = join({i: columns[i][0] for i in shown})
     lines.append("#" + head[1:])
+    for r in range(len(rows)):
+        lines.append(join({i: columns[i][3][r] for i in shown}))
     notes: list[str] = []
-    for r in rows:
-        line = (f"{r.size:>12} {r.count:>11} {r.type:>8} {r.redop:>5} {r.time_us:>10.1f} "
-                f"{r.algbw:>11.3f} {r.busbw:>11.3f} {r.wrong:>6}")
-        if native and r.native_time_us is not None:
-            line += (f"   {r.native_time_us:>10.1f} {r.native_algbw:>11.3f} "
-                     f"{r.native_busbw:>11.3f} {r.native_wrong:>6} {r.ratio or 0:>5.2f}x")
-        elif native:
-            line += f"   {'-':>10} {'-':>11} {'-':>11} {'-':>6} {'-':>6}"
-            if r.native_note and r.native_note not in notes:
-                notes.append(r.native_note)
-        if predicted:
-            pred = "-" if r.predicted_us is None else f"{r.predicted_us:.1f}"
-            ratio = ("-" if r.measured_over_predicted is None
-                     else f"{r.measured_over_predicted:.2f}")
-            line += f"   {pred:>10} {ratio:>9}"
-        lines.append(line)
+    for row in rows:
+        if native and not ran(row) and row.native_note and row.native_note not in notes:
+            notes.append(row.native_note)
     lines += [f"# native: not run: {note}" for note in notes]
+    if len(shown) < len(columns):
+        import textwrap
+        left: list[str] = []
+        for i in range(len(columns)):
+            if i not in shown:
+                name = columns[i][0].split("(")[0]
+                mine = [j for j in range(len(columns)) if columns[j][0].split("(")[0] == name]
+                if all(j not in shown for j in mine):
+                    left += [name] if name not in left else []
+                else:
+                    left.append(name + (" (native)" if columns[i][1] == 1 else ""))
+        said = [f"{key} {next(iter(values))}" for key, values in
+                (("type", {r.type for r in rows}), ("redop", {r.redop for r in rows}))
+                if key in left and len(values) == 1]
+        full = line_width(list(range(len(columns))))
+        text = (f"left out to fit {width} columns: {', '.join(left)} (COLUMNS={full} or "
+                "--json shows them)" + (f"; {', '.join(said)} on every row" if said else ""))
+        lines += textwrap.wrap(text, width=max(width or 80, 40), initial_indent="# ",
+                               subsequent_indent="# ")
     return "\n".join(lines)

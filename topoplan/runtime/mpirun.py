@@ -350,8 +350,10 @@ def launch_command(nranks: int, argv: Sequence[str], *, fault_tolerant: bool = F
     if fault_tolerant and not launcher.fault_tolerant:
         notes.append(f"{launcher.mpi} has no fault tolerance (Open MPI 5's --with-ft ulfm): "
                      "a rank that dies ends the whole job, with no error naming it")
-    env = {**os.environ, **extra, ENV_RANK_MARK: kind.value,
-           ENV_TERMINAL: "1" if _isatty(sys.stdout) and _isatty(sys.stderr) else "0"}
+    terminal = _isatty(sys.stdout) and _isatty(sys.stderr)
+    env = {**os.environ, **extra, ENV_RANK_MARK: kind.value, ENV_TERMINAL: "1" if terminal else "0"}
+    if terminal and "COLUMNS" not in env:  # the ranks' tables fit this terminal, not 80
+        env["COLUMNS"] = str(shutil.get_terminal_size().columns)
     return Launch([*command, *argv], env, launcher, tuple(notes))
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..cluster import Cluster
 from ..ir.schedule import Native, NativeKind, OpKind, Schedule
-from ..units import format_bandwidth, format_size, format_time
+from ..units import format_bandwidth, format_size, format_time, plural
 from ._common import (edge_name, fit_text, fitted_legend, keep_titles_inside, matplotlib,
                       new_figure, renderer, time_unit)
 
@@ -233,7 +233,8 @@ def timeline(report: Any, schedule: Schedule | None = None) -> Figure:
         top = ax.secondary_xaxis("top")
         marks = _step_ticks(first, horizon / scale)
         top.set_xticks([first[s] for s in marks], [str(s) for s in marks], fontsize=8)
-        top.set_xlabel(f"step (tick: where it first starts; {nsteps} steps)", fontsize=9)
+        top.set_xlabel(f"step (tick: where it first starts; {plural(nsteps, 'step')})",
+                       fontsize=9)
     lines = [ax.axvline(report.lower_bound_s / scale, color="black", ls="--", lw=1.2,
                         label=f"lower bound {format_time(report.lower_bound_s)}"),
              ax.axvline(report.time_s / scale, color="#c44e52", ls="-", lw=1.2,
@@ -245,7 +246,7 @@ def timeline(report: Any, schedule: Schedule | None = None) -> Figure:
     ax.set_title(f"{algorithm} on {_cluster_name(report)}, "
                  f"{format_size(report.size)}: each bar is one step{shown}"
                  + ("; labels name the ranks it sends to" if peers else "")
-                 + (f"; {schedule.nchannels} channels (cK)"
+                 + (f"; {plural(schedule.nchannels, 'channel')} (cK)"
                     if chan_marks and schedule is not None else ""), fontsize=10)
     fitted_legend(fig, handles, ncol=len(handles), fontsize=8.5)
     keep_titles_inside(fig)

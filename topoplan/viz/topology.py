@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from ..cluster import Box, Cluster
-from ..units import format_bandwidth, format_size, format_time
+from ..units import format_bandwidth, format_size, format_time, plural
 from ._common import (byte_unit, edge_name, fit_text, fitted_legend, keep_titles_inside,
                       matplotlib, new_figure, renderer)
 
@@ -179,10 +179,11 @@ def _box_layout(cluster: Cluster) -> _Layout:
         boxes = [cluster.boxes[b] for b in members]
         gpus = sum(box.gpus for box in boxes)
         if len(boxes) == 1:
-            label, key = f"{boxes[0].name}\n{gpus} GPUs", boxes[0].name
+            label, key = f"{boxes[0].name}\n{plural(gpus, 'GPU')}", boxes[0].name
         else:
             per = {box.gpus for box in boxes}
-            count = f"{len(boxes)}\u00d7{per.pop()} GPUs" if len(per) == 1 else f"{gpus} GPUs"
+            count = (f"{len(boxes)}\u00d7{plural(per.pop(), 'GPU')}" if len(per) == 1
+                     else plural(gpus, "GPU"))
             label, key = f"{_span(boxes[0].name, boxes[-1].name)}\n{count}", \
                 f"{boxes[0].name}..{boxes[-1].name}"
         lay.nodes[key] = _Node(key, "box", float(i), 0.0, label)
@@ -407,8 +408,7 @@ def draw_cluster(cluster: Cluster, report: Any = None, *, color_by: str = "bytes
         halo.set_gid("bottleneck")
         ax.add_collection(halo)
         handles.append(Line2D([], [], color=_CUT_COLOR, alpha=0.5, lw=7,
-                              label=f"bottleneck cut: {cut.gpus} GPUs behind "
-                                    f"{format_bandwidth(cut.bandwidth)}"))
+                              label=f"bottleneck cut: {cut}"))
 
     # ---- boxes, nodes ----------------------------------------------------------------
     for name, x0, x1, y0, y1 in lay.groups:
@@ -467,7 +467,7 @@ def draw_cluster(cluster: Cluster, report: Any = None, *, color_by: str = "bytes
     # ---- titles and legend -----------------------------------------------------------
     if title is None:
         boxes = len(cluster.boxes)
-        title = f"{cluster.name}: {cluster.nranks} GPUs in {boxes} box{'es' * (boxes != 1)}"
+        title = f"{cluster.name}: {plural(cluster.nranks, 'GPU')} in {plural(boxes, 'box')}"
         if report is not None:
             eff = report.lower_bound_s / report.time_s if report.time_s > 0 else 0.0
             title += (f" \u2014 {report.algorithm}, {format_size(report.size)}: "

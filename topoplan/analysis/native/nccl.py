@@ -540,6 +540,25 @@ class NcclModel:
         scale = choice.size * _WIRE[p]
         return {edge: amount * scale for edge, amount in totals.items() if amount > 0}
 
+    def rings(self) -> list[tuple[int, ...]]:
+        """NCCL's ring channels as rings of ranks, each once (a ring that only rotates
+        another is the same ring; reversed, it uses the links' other direction): channel
+        ``c`` goes through every box in
+        file order, through box ``b`` in the order NCCL's search found for it
+        (``graph.orders``). What the MSCCL export writes a native allreduce as where the
+        cluster has no rails (:mod:`topoplan.interop.msccl.export`)."""
+        rings: list[tuple[int, ...]] = []
+        seen: set[tuple[int, ...]] = set()
+        for c in range(self._combine("ring").channels):
+            ring = tuple(box.first_rank + j for b, box in enumerate(self.cluster.boxes)
+                         for j in self._channel(b, "ring", c)[0])
+            start = ring.index(min(ring))
+            key = ring[start:] + ring[:start]
+            if len(ring) == self.nranks and key not in seen:
+                seen.add(key)
+                rings.append(ring)
+        return rings
+
     def _channel(self, box: int, pattern: str, c: int) -> tuple[tuple[int, ...], int | None]:
         graph = self._box_graphs[box][pattern]
         k = c % graph.channels

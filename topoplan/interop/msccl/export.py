@@ -7,10 +7,19 @@ How a topoplan schedule becomes thread blocks:
   ``"allgather"`` with NCCL's buffers: ``nchunksperloop`` cuts the full buffer (the
   executor multiplies a reduce-scatter's and an allgather's per-rank count by
   ``ngpus``), so each rank's shard is ``nchunksperloop / ngpus`` of them.
-- **Native steps** (IR v3). MSCCL XML has no collective steps: a schedule's native
-  collectives are lowered to point-to-point steps first (:func:`topoplan.ir.passes.lower_native`:
-  rings, direct exchanges and trees inside each group), and a note says so; with
-  ``lower=False`` (``topoplan export --no-lower``) such a schedule is refused.
+- **Native steps** (IR v3: the ``nccl`` plan, ``composed``'s steps). MSCCL XML has no
+  collective steps: each native collective becomes what NCCL runs there, written as
+  point-to-point steps (:func:`topoplan.ir.passes.lower_native`). An allreduce or an
+  allgather over every GPU of a cluster with rails runs over NCCL's rings, one per NIC,
+  each crossing between boxes on its own rail (:func:`topoplan.cluster.rails.rail_rings`);
+  any other over one ring in group order; the chunks are cut finer until each ring
+  has a part per member. A reduce-scatter, a reduce and a broadcast lower as
+  :mod:`topoplan.ir.passes.lower` says. This needs the cluster: the export then simulates
+  both, the native steps (NCCL's time, by the NCCL model) and the point-to-point
+  algorithm, at the plan's size under its cost profile, says both in a note, and
+  refuses (naming both) an algorithm more than ``max_slowdown`` times slower than the
+  native steps. With ``lower=False`` (``topoplan export --no-lower``) such a schedule is
+  refused.
 - **Chunks to MSCCL chunks.** The buffer is cut into ``nchunksperloop`` equal MSCCL
   chunks; topoplan chunk ``k`` is a whole number of them (exact when the fractions are
   multiples of ``1/D`` for a ``D`` up to 4096, else rounded, and said so; a sharded
@@ -70,20 +79,64 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from ...ir.collectives import collective_of, shard_chunks
 from ...errors import PlannerError, ScheduleError
 from ...ir.fingerprint import META_KEY
 from ...ir.passes import split_vectored
 from ...ir.schedule import Native, OpKind, Schedule
+from ...units import plural
 from .limits import MAX_NODES, Limits, limit_violations
 from .model import PROTOCOLS, STEP_TYPES, Algo, Gpu, Step, ThreadBlock
 from .verify import verify_msccl
 
-__all__ = ["export_msccl", "ExportResult", "PROTOCOLS"]
+if TYPE_CHECKING:
+    from ...analysis.cost import CostProfile
+    from ...cluster import Cluster
+
+__all__ = ["export_msccl", "ExportResult", "Prediction", "PROTOCOLS", "MAX_SLOWDOWN"]
 
 MAX_UNITS = 4096  # the finest MSCCL chunk grid tried for exact chunk fractions
+#: The export of native steps refuses point-to-point steps this many times slower than
+#: the native steps in simulation (``topoplan export --max-slowdown``). Rings pay a
+#: message latency per step where NCCL's pipelined protocols pay less: on a 4 x 8 H100
+#: rail cluster NCCL's rings, written as MSCCL steps, are 2.1x NCCL at 64 MiB and 1.3x at
+#: 256 MiB; the all-to-all they replaced was 67x.
+MAX_SLOWDOWN = 3.0
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the export of native steps predicts: the point-to-point algorithm written
+    against the native steps it replaces, simulated at ``size`` bytes under ``profile``
+    on ``cluster``."""
+
+    cluster: str
+    size: int
+    profile: str
+    native_s: float          # the plan as it is: its native steps priced by their model
+    exported_s: float        # the exported point-to-point algorithm
+    rings: str               # what the native steps became, in words
+    nccl: str = ""           # NCCL's own choice there (``Ring/LL128 x16``), if known
+
+    @property
+    def slowdown(self) -> float:
+        return self.exported_s / self.native_s if self.native_s > 0 else 1.0
+
+    def text(self) -> str:
+        """``predicted 2.05 ms at 64MiB on rail4x8 (profile nccl), 2.14x the native
+        steps' 957 us (NCCL: Ring/LL128 x16)``."""
+        from ...units import format_size, format_time
+        nccl = f" (NCCL: {self.nccl})" if self.nccl else ""
+        return (f"predicted {format_time(self.exported_s)} at {format_size(self.size)} on "
+                f"{self.cluster} (profile {self.profile}), {self.slowdown:.2f}x the native "
+                f"steps' {format_time(self.native_s)}{nccl}")
+
+    def to_dict(self) -> dict[str, object]:
+        return {"cluster": self.cluster, "size_bytes": self.size, "profile": self.profile,
+                "native_s": self.native_s, "exported_s": self.exported_s,
+                "slowdown": self.slowdown, "rings": self.rings, "nccl": self.nccl}
 
 
 @dataclass
@@ -97,6 +150,12 @@ class ExportResult:
     segments: int = 1       # MSCCL channels per channel of the plan and instance
     max_steps: int = 0      # the longest thread block, nops included
     max_tbs: int = 0        # the most thread blocks on one GPU
+    prediction: Prediction | None = None  # native steps: the time against theirs
+    planned_bytes: int | None = None        # the size the plan was made for (or given)
+
+    def serves(self) -> str:
+        """Which calls the executor picks the algorithm for (:func:`serves`)."""
+        return serves(self.algo, self.planned_bytes)
 
 
 @dataclass(eq=False)
@@ -146,16 +205,18 @@ class _Message:
         return (self.src, self.dst, self.channel)
 
 
-def _unit_grid(chunks: Sequence[float], nshards: int = 0
+def _unit_grid(chunks: Sequence[float], nshards: int = 0, *, exact_first: bool = True
                ) -> tuple[list[int], str | None]:
     """Cumulative MSCCL-chunk boundaries of each topoplan chunk, and a note if rounded.
 
     ``nshards``: for a reduce-scatter or an allgather, the ranks whose shards (equal
     runs of chunks, :func:`topoplan.ir.collectives.shard_chunks`) must each be the same
     whole number of MSCCL chunks; the rounding then keeps every shard boundary.
+    ``exact_first``: the exact grid where there is one (else a power-of-two grid, per
+    shard for a sharded collective, rounded by largest remainder).
     """
     fracs = [Fraction(c).limit_denominator(1 << 20) for c in chunks]
-    exact = all(abs(float(f) - c) < 1e-12 for f, c in zip(fracs, chunks))
+    exact = exact_first and all(abs(float(f) - c) < 1e-12 for f, c in zip(fracs, chunks))
     shards = shard_chunks(nshards, chunks) if nshards else ()
     if exact:
         lcm = math.lcm(*(f.denominator for f in fracs), nshards or 1)
@@ -757,7 +818,8 @@ def _emit(schedule: Schedule, per_rank: list[dict[tuple[int, int, int], list[_No
 
 
 def _too_big(name: str, why: str, channels: int) -> str:
-    return (f"{name}: does not fit the executor's limits with {channels} instance(s): {why}. "
+    return (f"{name}: does not fit the executor's limits with "
+            f"{plural(channels, 'instance')}: {why}. "
             "Make the plan smaller: fewer chunks (topoplan plan --max-chunks N), fewer ops "
             "per step (--max-step-ops N), a planner with fewer steps (rhd, hierarchical), "
             "or fewer --channels; or raise --max-steps for an executor built with a larger "
@@ -810,7 +872,7 @@ def _fitting_layout(schedule: Schedule, bounds: list[int], *, fuse: bool,
                 grown = dict.fromkeys(grown, max(grown.values()))
             if grown == segs:
                 why.append(("interleaved" if interleave else "consecutive")
-                           + f" on {nseg} channel(s) each: {problems[0]}"
+                           + f" on {plural(nseg, 'channel')} each: {problems[0]}"
                            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
                 break
             segs = grown
@@ -820,7 +882,9 @@ def _fitting_layout(schedule: Schedule, bounds: list[int], *, fuse: bool,
 def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1,
                  min_bytes: int = 0, max_bytes: int = 0, name: str | None = None,
                  limits: Limits | None = None, fuse: bool = True,
-                 check: bool = True, lower: bool = True) -> ExportResult:
+                 check: bool = True, lower: bool = True, cluster: Cluster | None = None,
+                 size: int | None = None, profile: CostProfile | str | None = None,
+                 max_slowdown: float = MAX_SLOWDOWN, grid: str = "auto") -> ExportResult:
     """Write ``schedule`` as an MSCCL algorithm (see the module docstring).
 
     Parameters
@@ -842,9 +906,28 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
         Run the symbolic checker on the result (and fall back to unfused thread blocks
         when fused ones could deadlock).
     lower : bool
-        MSCCL XML has no collective steps: lower a schedule's native steps (IR v3) to
-        point-to-point ones first (:func:`topoplan.ir.passes.lower_native`), and say so in
-        a note; with ``False``, refuse such a schedule.
+        MSCCL XML has no collective steps: write a schedule's native steps (IR v3) as the
+        point-to-point rings NCCL runs there (see the module docstring), and say so in a
+        note; with ``False``, refuse such a schedule.
+    cluster : Cluster, optional
+        The cluster the plan is for: needed for native steps (their rings, and the
+        prediction); checked against the plan's recorded fingerprint.
+    size : int, optional
+        The message size (bytes) the plan is for: the prediction simulates it, and the
+        grid serves it (default: the plan's ``meta["size_bytes"]``).
+    profile : CostProfile or str, optional
+        The prediction's cost profile (default: the plan's ``meta["profile"]``, else
+        the default profile).
+    max_slowdown : float
+        Refuse native steps whose point-to-point version simulates more than this many
+        times their time (default :data:`MAX_SLOWDOWN`).
+    grid : {"auto", "exact", "pow2"}
+        The MSCCL chunk grid (``nchunksperloop``). The executor picks an algorithm only
+        for calls whose count is a multiple of it, so an exact grid of, say, 1932 chunks
+        serves no power-of-two buffer. ``"auto"``: the exact grid when it serves the
+        plan's size (as float32), else a power-of-two grid, the chunks rounded to it (a
+        note says so and how much moved); ``"exact"``: the exact grid (where there is
+        one up to 4096); ``"pow2"``: always the power-of-two grid.
 
     Returns
     -------
@@ -853,11 +936,14 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
     Raises
     ------
     ScheduleError
-        The schedule does not verify, it has native steps and ``lower`` is False, or (a
-        bug) the result fails the MSCCL check.
+        The schedule does not verify, it has native steps and ``lower`` is False or no
+        ``cluster`` is given, the cluster is not the plan's, or (a bug) the result fails
+        the MSCCL check.
     PlannerError
-        A bad option, or the plan does not fit the executor's limits even with every
-        channel used; the message names the plan options that shrink it.
+        A bad option; the plan does not fit the executor's limits even with every
+        channel used (the message names the plan options that shrink it); or its
+        native steps, written as point-to-point steps, simulate more than
+        ``max_slowdown`` times slower than themselves (the message gives both times).
     """
     from ...ir.verify import verify
 
@@ -877,21 +963,29 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
                            f"{min_bytes} and {max_bytes}")
     report = verify(schedule)
     lowered_note = None
+    prediction = None
     if report.nnative:
-        from ...ir.passes import lower_native
-
         first = next((r, s, op) for r, s, op in schedule.ops() if isinstance(op, Native))
+        op_text = first[2].text()
+        if len(first[2].group) > 8:  # not every member by name
+            op_text = (f"{first[2].kind.value} over {len(first[2].group)} ranks "
+                       f"({', '.join(map(str, first[2].group[:3]))}, ...) of "
+                       f"{first[2].chunk_text()}")
+        where = (f"{schedule.algorithm} schedule: rank {first[0]} step {first[1]} runs a "
+                 f"native {op_text}; MSCCL XML has no collective steps")
         if not lower:
-            raise ScheduleError(f"{schedule.algorithm} schedule: rank {first[0]} step "
-                                f"{first[1]} runs a native {first[2].text()}; MSCCL XML has "
-                                "no collective steps: lower them to point-to-point (leave "
-                                "out --no-lower, or export_msccl(..., lower=True))")
-        schedule = lower_native(schedule)
-        verify(schedule)
-        lowered_note = (f"{report.ncollectives} native collective"
-                        f"{'s' if report.ncollectives != 1 else ''} ({report.nnative} native "
-                        "steps) lowered to point-to-point steps: rings, direct exchanges "
-                        "and trees inside each group, as MSCCL XML has no collective steps")
+            raise ScheduleError(f"{where}: lower them to point-to-point (leave out "
+                                "--no-lower, or export_msccl(..., lower=True))")
+        if cluster is None:
+            raise ScheduleError(f"{where}, and each is written as the rings NCCL runs on "
+                                "the cluster, whose time the export checks against the "
+                                "native step's: give the plan's cluster (topoplan export "
+                                "--cluster CLUSTER.yaml, or export_msccl(..., cluster=...))")
+        schedule, prediction = _lower_natives(schedule, cluster, size, profile,
+                                              max_slowdown, name)
+        lowered_note = (f"{plural(report.ncollectives, 'native collective')} "
+                        f"({plural(report.nnative, 'native step')}) written as "
+                        f"point-to-point steps: {prediction.rings}")
     vectored_note = None
     split = split_vectored(schedule)  # vectored messages (IR v4): one step a range
     if split is not schedule:
@@ -907,7 +1001,23 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
     if schedule.nranks < 2:
         raise PlannerError(f"a {coll} of one rank has nothing to send; MSCCL needs >= 2 GPUs")
     sharded = collective_of(schedule).sharded
-    bounds, note = _unit_grid(schedule.chunks, schedule.nranks if sharded else 0)
+    nshards = schedule.nranks if sharded else 0
+    bounds, note = _unit_grid(schedule.chunks, nshards)
+    planned = size if size is not None else schedule.meta.get("size_bytes")
+    count = served_count(coll, planned, schedule.nranks) if isinstance(planned, int) else None
+    if grid not in GRIDS:
+        raise PlannerError(f"grid: must be one of {', '.join(GRIDS)}, got {grid!r}")
+    if grid == "pow2" or (grid == "auto" and count and count % (bounds[-1] * channels)):
+        # The executor picks an algorithm only for counts that are multiples of
+        # nchunksperloop: an exact grid such as 1932 serves no power-of-two buffer.
+        rounded, why = _unit_grid(schedule.chunks, nshards, exact_first=False)
+        if grid == "pow2":
+            bounds, note = rounded, why
+        elif count is not None and isinstance(planned, int) and \
+                count % (rounded[-1] * channels) == 0:
+            note = (f"the exact grid of {bounds[-1] * channels} MSCCL chunks would serve no "
+                    f"call of the plan's {_count_text(coll, planned, count)}; {why}")
+            bounds = rounded
     notes = [lowered_note] if lowered_note else []
     notes += [vectored_note] if vectored_note else []
     notes += [note] if note else []
@@ -933,7 +1043,7 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
         on = f" on channel {ch}" if schedule.nchannels > 1 else ""
         raise PlannerError(_too_big(
             name, f"ranks {src} -> {dst} exchange {most} messages{on}, one step each, but "
-                  f"{room} channel(s) of {limits.max_steps} steps hold "
+                  f"{plural(room, 'channel')} of {limits.max_steps} steps hold "
                   f"{limits.max_steps * room}", channels))
     attempts = [True, False] if fuse else [False]
     no_unfused = (f"separate send and receive thread blocks need at least {unfused_nodes} "
@@ -970,8 +1080,7 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
             last_error = exc
             if fused_try and len(attempts) > 1:
                 misfits.append(f"fused thread blocks fail the MSCCL check: {exc}")
-                notes.append("fused thread blocks failed the MSCCL check; exported with "
-                             "separate send and receive thread blocks")
+                notes.append(_fused_failure(algo, exc, proto))
                 details.append(f"fused thread blocks: {exc}")
                 continue
             raise ScheduleError(f"{name}: the exported algorithm fails the MSCCL check: {exc}"
@@ -983,6 +1092,175 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", channels: int = 1
     fingerprint = schedule.meta.get(META_KEY)
     if isinstance(fingerprint, str) and fingerprint:
         algo = replace(algo, cluster_fingerprint=fingerprint)
+    what = "element counts" if coll == "allreduce" else "counts per rank"
+    algo = replace(algo, serves=f"{what} that are multiples of {algo.nchunksperloop}")
     return ExportResult(algo=algo, notes=notes, details=details, fused=nfused, segments=nseg,
                         max_steps=max(len(tb.steps) for g in algo.gpus for tb in g.tbs),
-                        max_tbs=max(len(g.tbs) for g in algo.gpus))
+                        max_tbs=max(len(g.tbs) for g in algo.gpus), prediction=prediction,
+                        planned_bytes=planned if isinstance(planned, int) else None)
+
+
+#: How the export picks the MSCCL chunk grid (``topoplan export --grid``).
+GRIDS = ("auto", "exact", "pow2")
+
+
+def served_count(collective: str, size: int, nranks: int, itemsize: int = 4) -> int | None:
+    """The count the executor compares with ``nchunksperloop`` for a call of ``size``
+    bytes of ``itemsize``-byte elements (msccl_lifecycle.cc: the call's count, per rank
+    for a reduce-scatter or an allgather), or ``None`` when no such call exists."""
+    elements, left = divmod(size, itemsize)
+    if left or elements <= 0:
+        return None
+    if collective == "allreduce":
+        return elements
+    per_rank, left = divmod(elements, nranks)
+    return per_rank if not left and per_rank else None
+
+
+def _count_text(collective: str, size: int, count: int) -> str:
+    from ...units import format_size
+    per = "" if collective == "allreduce" else " per rank"
+    return f"{format_size(size)} ({count} float32 elements{per})"
+
+
+def serves(algo: Algo, size: int | None = None) -> str:
+    """Which calls the executor picks ``algo`` for (msccl_lifecycle.cc: the count, per
+    rank for a reduce-scatter or an allgather, is a multiple of ``nchunksperloop``, and
+    the bytes lie in ``minBytes .. maxBytes``), and whether a call of ``size`` bytes of
+    float32 is one: ``serves calls whose element count is a multiple of 256 (1 KiB of
+    float32); the plan's 64MiB (16777216 float32 elements) is one``."""
+    from ...units import format_size
+    coll = {"reducescatter": "reduce_scatter"}.get(algo.coll, algo.coll)
+    what = "element count" if coll == "allreduce" else "count per rank"
+    text = (f"serves calls whose {what} is a multiple of {algo.nchunksperloop} "
+            f"({format_size(algo.nchunksperloop * 4)} of float32)")
+    if algo.min_bytes or algo.max_bytes:
+        text += (f", of {format_size(algo.min_bytes)} to "
+                 + (format_size(algo.max_bytes) if algo.max_bytes else "any size"))
+    if size is None:
+        return text
+    count = served_count(coll, size, algo.ngpus)
+    ok = (count is not None and count % algo.nchunksperloop == 0
+          and size >= algo.min_bytes and (not algo.max_bytes or size <= algo.max_bytes))
+    plan = (_count_text(coll, size, count) if count is not None else format_size(size))
+    return f"{text}; the plan's {plan} is {'one' if ok else 'NOT one'}"
+
+
+def _fused_failure(algo: Algo, exc: Exception, proto: str) -> str:
+    """The note for fused thread blocks that failed the MSCCL check, saying why.
+
+    The usual why is a deadlock under the executor's buffering: a fused thread block has
+    a send peer and a receive peer and runs its steps in order, so where a plan step
+    sends and receives (a ring step, or an exchange of two ranks), the thread block
+    posts its send first; a send of more MSCCL chunks than a connection buffers waits
+    for the peer to receive, and the peer's thread block waits in its own send. Separate
+    send and receive thread blocks never wait on each other that way.
+    """
+    from .verify import DEFAULT_CAPACITY
+    capacity = DEFAULT_CAPACITY[proto]
+    sends = [st.cnt for g in algo.gpus for tb in g.tbs if tb.send >= 0 and tb.recv >= 0
+             for st in tb.steps if st.type == "s"]
+    big = max(sends, default=0)
+    tail = "exported with separate send and receive thread blocks (the same steps and data)"
+    if "deadlock" not in str(exc) or big <= capacity:
+        return f"fused thread blocks failed the MSCCL check; {tail}"
+    hint = ""
+    if proto != "LL128" and big <= DEFAULT_CAPACITY["LL128"]:
+        hint = f" (--proto LL128 buffers {DEFAULT_CAPACITY['LL128']}: fused there)"
+    return (f"fused thread blocks would deadlock: one that sends and receives posts its "
+            f"send first, and its messages of up to {big} MSCCL chunks are over the "
+            f"{capacity} a connection buffers under {proto}{hint}, so each GPU waits for "
+            f"a peer that is sending too; {tail}")
+
+
+def _lower_natives(schedule: Schedule, cluster: Cluster, size: int | None,
+                   profile: CostProfile | str | None,
+                   max_slowdown: float, name: str | None) -> tuple[Schedule, Prediction]:
+    """``schedule``'s native steps as NCCL's rings on ``cluster``, verified, and the
+    prediction of both; refused past ``max_slowdown`` (see :func:`export_msccl`)."""
+    from ...analysis.cost import get_profile
+    from ...analysis.native.nccl import nccl_model
+    from ...analysis.sim import simulate
+    from ...cluster.rails import MAX_RING_OPS, rail_rings
+    from ...ir.fingerprint import check_fingerprint
+    from ...ir.passes import lower_native
+    from ...ir.verify import verify
+    from ...units import format_size
+
+    check_fingerprint(schedule, cluster, force_hint="export the plan made for this cluster")
+    n = cluster.nranks
+    # Over every GPU: NCCL's ring channels; where the cluster has rails, laid out so that
+    # each crosses between boxes on its rail with point-to-point routes (NCCL's own
+    # channels leave a box from another GPU than the NIC's, which NCCL's PXN forwards
+    # and a send does not).
+    whole = [tuple(ring) for ring in rail_rings(cluster)]
+    kind = "rails" if whole else "nccl"
+    if not whole:
+        whole = nccl_model(cluster).rings() if n > 1 else []
+    # Each ring adds a ring's ops; past MAX_RING_OPS, fewer rings (as ring-topo).
+    whole = whole[:max(1, MAX_RING_OPS // max(1, 4 * n * (n - 1)))]
+    everyone = tuple(range(n))
+    used = {"whole": False, "ring": False}
+
+    def rings(op: Native) -> list[tuple[int, ...]]:
+        if whole and tuple(sorted(op.group)) == everyone:
+            used["whole"] = True
+            return whole
+        used["ring"] = True
+        return [op.group]
+
+    size = size or schedule.meta.get("size_bytes")
+    if not isinstance(size, int) or size <= 0:
+        raise ScheduleError(f"{schedule.algorithm} schedule: the plan records no size "
+                            "(meta size_bytes) to predict its native steps at: give one "
+                            "(topoplan export --size SIZE, or export_msccl(..., size=...))")
+    recorded = schedule.meta.get("profile")
+    costs = get_profile(profile if profile is not None else
+                        recorded if isinstance(recorded, str) else None)
+    native_s = simulate(cluster, schedule, size, profile=costs).time_s
+    others = any(isinstance(op, Native) and op.kind.value not in ("allreduce", "allgather")
+                 for _, _, op in schedule.ops())
+    # NCCL runs rings, or trees where the latency outweighs the bytes: both are tried,
+    # and the faster in simulation is written.
+    lowered = lower_native(schedule, rings=rings)
+    verify(lowered)
+    exported_s = simulate(cluster, lowered, size, profile=costs).time_s
+    what = []
+    if used["whole"] and kind == "rails":
+        what.append(f"{plural(len(whole), 'ring')} over every GPU, one per rail (NCCL's "
+                    "ring channels, crossing between boxes on their rails)")
+    elif used["whole"]:
+        what.append(f"{plural(len(whole), 'ring')} over every GPU (NCCL's ring channels)")
+    if used["ring"]:
+        what.append("a ring over each group in its order")
+    if any(isinstance(op, Native) and op.kind.value == "allreduce" and len(op.group) > 2
+           for _, _, op in schedule.ops()):
+        tree = lower_native(schedule, rings=rings, tree=True)
+        verify(tree)
+        tree_s = simulate(cluster, tree, size, profile=costs).time_s
+        if tree_s < exported_s:
+            lowered, exported_s = tree, tree_s
+            what = ["a binomial tree for each allreduce (reduce, then broadcast), as NCCL's "
+                    "Tree at sizes where latency outweighs bytes"]
+            what += ["a ring over each group in its order for the allgathers"] if any(
+                isinstance(op, Native) and op.kind.value == "allgather"
+                for _, _, op in schedule.ops()) else []
+    what += ["direct exchanges and trees for the others"] if others else []
+    nccl = ""
+    meta_nccl = schedule.meta.get("nccl")
+    own = "nccl" in (schedule.algorithm, schedule.meta.get("chosen"))  # NCCL's own plan
+    if own and isinstance(meta_nccl, dict) and meta_nccl.get("nccl_algorithm"):
+        nccl = (f"{meta_nccl['nccl_algorithm']}/{meta_nccl.get('protocol')} "
+                f"x{meta_nccl.get('channels')}")
+    prediction = Prediction(cluster=cluster.name, size=size, profile=costs.name,
+                            native_s=native_s, exported_s=exported_s,
+                            rings="; ".join(what), nccl=nccl)
+    if prediction.slowdown > max_slowdown:
+        raise PlannerError(
+            f"{name or 'topoplan-' + schedule.algorithm}: the native steps, written as "
+            f"point-to-point steps ({prediction.rings}), would be "
+            f"{prediction.slowdown:.1f}x slower: {prediction.text()}; over max_slowdown "
+            f"{max_slowdown:g}. Run the plan natively (topoplan bench, the executor), "
+            f"export a point-to-point plan (topoplan plan --size {format_size(size)} "
+            "-a mcf -o PLAN.json), or allow it (--max-slowdown)")
+    return lowered, prediction

@@ -20,17 +20,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 __all__ = ["Step", "ThreadBlock", "Gpu", "Algo", "STEP_TYPES", "PROTOCOLS", "COLLECTIVES",
-           "BUFFERS", "FINGERPRINT_ATTR", "SEGMENTS_ATTR"]
+           "BUFFERS", "FINGERPRINT_ATTR", "SEGMENTS_ATTR", "SERVES_ATTR"]
 
 #: The ``<algo>`` attribute in which topoplan's export records the cluster fingerprint
 #: of the plan. The executor's parser (msccl_parser.h) keeps up to 16 attributes per
-#: element (MAX_ATTR_COUNT; ``<algo>`` has 10 without it) and looks up only those it knows.
+#: element (MAX_ATTR_COUNT; ``<algo>`` has 10 without it and the two below) and looks up
+#: only those it knows.
 FINGERPRINT_ATTR = "topoplanCluster"
 #: The ``<algo>`` attribute in which topoplan's export records how many consecutive MSCCL
 #: channels (segments) each channel of the plan (IR v4) and instance took, when more than
 #: one: MSCCL channel ``ch`` is then the plan's channel ``ch // segments`` (of instance
 #: ``ch // (segments * plan channels)``), which the import reads back. Executors ignore it.
 SEGMENTS_ATTR = "topoplanSegments"
+#: The ``<algo>`` attribute in which topoplan's export says, in words, which calls the
+#: executor picks the algorithm for (``element counts that are multiples of 256``: the
+#: executor's rule on ``nchunksperloop``, msccl_lifecycle.cc). Executors ignore it.
+SERVES_ATTR = "topoplanServes"
 
 PROTOCOLS = ("Simple", "LL", "LL128")
 #: The collectives the executor's parser knows (``mscclGetAlgoFromXmlFile``).
@@ -124,7 +129,8 @@ class Algo:
     exported carries (the cluster the plan was made for, :mod:`topoplan.ir.fingerprint`;
     ``""`` when absent): executors ignore it, topoplan's importer keeps it in the plan.
     ``segments`` is the :data:`SEGMENTS_ATTR` attribute (1 when absent): the MSCCL
-    channels each channel of the plan took in a file topoplan exported.
+    channels each channel of the plan took in a file topoplan exported. ``serves`` is
+    the :data:`SERVES_ATTR` attribute (``""`` when absent).
     ``file`` names the source in errors (not compared).
     """
 
@@ -142,3 +148,4 @@ class Algo:
     file: str = field(default="<algo>", compare=False)
     cluster_fingerprint: str = ""
     segments: int = 1
+    serves: str = ""

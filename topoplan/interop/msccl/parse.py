@@ -13,8 +13,8 @@ from pathlib import Path
 
 from ...errors import XmlFormatError
 from ..xmlfile import Element, parse_xml, read_xml
-from .model import (BUFFERS, COLLECTIVES, FINGERPRINT_ATTR, SEGMENTS_ATTR, PROTOCOLS, STEP_TYPES, Algo, Gpu,
-                    Step, ThreadBlock)
+from .model import (BUFFERS, COLLECTIVES, FINGERPRINT_ATTR, PROTOCOLS, SEGMENTS_ATTR,
+                    SERVES_ATTR, STEP_TYPES, Algo, Gpu, Step, ThreadBlock)
 
 __all__ = ["loads_msccl", "load_msccl"]
 
@@ -308,7 +308,8 @@ def _parse_root(root: Element, file: str) -> Algo:
     return Algo(name, proto, nchannels, nchunks, ngpus, coll, inplace, outofplace,
                 min_bytes, max_bytes, tuple(gpus[g] for g in range(ngpus)), file=file,
                 cluster_fingerprint=root.attrs.get(FINGERPRINT_ATTR, ""),
-                segments=root.int(SEGMENTS_ATTR, 1, minimum=1, maximum=nchannels))
+                segments=root.int(SEGMENTS_ATTR, 1, minimum=1, maximum=nchannels),
+                serves=root.attrs.get(SERVES_ATTR, ""))
 
 
 def loads_msccl(text: str | bytes, file: str = "<string>") -> Algo:

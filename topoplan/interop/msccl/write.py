@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...errors import XmlFormatError
-from .model import FINGERPRINT_ATTR, SEGMENTS_ATTR, Algo
+from .model import FINGERPRINT_ATTR, SEGMENTS_ATTR, SERVES_ATTR, Algo
 
 __all__ = ["to_xml"]
 
@@ -34,6 +34,8 @@ def to_xml(algo: Algo) -> str:
         out[0] += f' {FINGERPRINT_ATTR}="{value}"'
     if algo.segments != 1:
         out[0] += f' {SEGMENTS_ATTR}="{algo.segments}"'
+    if algo.serves:
+        out[0] += f' {SERVES_ATTR}="{_attr_value(algo.serves, SERVES_ATTR, algo.file)}"'
     out[0] += ">"
     for gpu in algo.gpus:
         out.append(f'  <gpu id="{gpu.id}" i_chunks="{gpu.i_chunks}" '

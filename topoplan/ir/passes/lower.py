@@ -29,6 +29,16 @@ How each op is lowered, with ``g`` members in group order and member ``i`` the r
 
 A native op over one rank does nothing and is dropped.
 
+**Rings of the caller's choice** (``lower_native(schedule, rings=...)``: the MSCCL export,
+which asks for the rings NCCL runs on the cluster, :mod:`topoplan.cluster.rails`). An
+allreduce or an allgather then runs over the ``R`` rings given for its group, each on
+``1 / R`` of every part, all in the same steps (``2 (g - 1)`` and ``g - 1``), instead of
+one ring in group order; and the schedule's chunks are first cut finer
+(:func:`split_chunks`) until each such op has ``R`` chunks per member at least, so that
+no allreduce over fewer chunks than members falls back on the direct exchange, where
+every member sends the whole range to every other (``g - 1`` times the data: a native
+allreduce of the whole buffer over 32 GPUs, lowered that way, is 31 copies of it).
+
 Messages between two members keep their order: in a schedule without deadlock, the
 messages between two members of a call are all before the call on both sides or all
 after it (a message sent before the call and received after it, or the other way,
@@ -43,22 +53,41 @@ workstations", J. Parallel Distrib. Comput. 69(2), 2009.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
+from typing import Callable, Sequence
 
+from ...errors import ScheduleError
 from ..schedule import Native, NativeKind, Op, RankProgram, Schedule, recv, send
 
-__all__ = ["lower_native", "lower_call"]
+__all__ = ["lower_native", "lower_call", "split_chunks", "tree_allreduce"]
 
 Steps = list[list[Op]]  # one member's lowered steps
 
 
-def lower_native(schedule: Schedule) -> Schedule:
+#: ``rings(op)``: the rings (each a permutation of ``op.group``) an allreduce or an
+#: allgather is lowered over.
+Rings = Callable[[Native], Sequence[Sequence[int]]]
+
+
+def lower_native(schedule: Schedule, *, rings: Rings | None = None,
+                 tree: bool = False) -> Schedule:
     """``schedule`` with every native step replaced by point-to-point steps.
 
     Parameters
     ----------
     schedule : Schedule
         Any schedule; one without native steps is returned as it is.
+    rings : callable, optional
+        ``rings(op)`` for a native allreduce or allgather: the rings to run it over, each
+        a permutation of its group (see the module docstring); the chunks are then cut
+        finer first, and ``meta["split_chunks"]`` says by how much. Default: one ring in
+        group order, and the chunks as they are.
+    tree : bool
+        Lower every allreduce as a binomial tree instead (:func:`tree_allreduce`: a
+        reduce to the group's first member, then a broadcast, ``2 ceil(log2 g)``
+        steps of the whole range): fewer steps than a ring's ``2 (g - 1)`` where the
+        message latency outweighs the bytes, as NCCL's Tree does at small sizes.
 
     Returns
     -------
@@ -88,9 +117,26 @@ def lower_native(schedule: Schedule) -> Schedule:
     found = match_messages(schedule, natives=True, vectored=True)  # p2p ops pass through
     if not found.calls:
         return schedule
+    split = 1
+    if rings is not None:
+        for call in found.calls:
+            if tree and call.op.kind is NativeKind.ALLREDUCE:
+                continue
+            if call.op.kind in _RINGED and len(call.op.group) > 1:
+                want = len(call.op.group) * len(_checked_rings(call.op, rings))
+                split = max(split, math.ceil(want / call.op.count))
+        if split > 1:
+            schedule = split_chunks(schedule, split)
+            found = match_messages(schedule, natives=True, vectored=True)
     lowered: dict[tuple[int, int], Steps] = {}  # (rank, step) -> its lowered steps
     for call in found.calls:
-        for m, s, steps in zip(call.group, call.local, lower_call(call.op)):
+        if tree and call.op.kind is NativeKind.ALLREDUCE:
+            steps_of = tree_allreduce(call.op)
+        elif rings is not None and call.op.kind in _RINGED and len(call.op.group) > 1:
+            steps_of = lower_call(call.op, _checked_rings(call.op, rings))
+        else:
+            steps_of = lower_call(call.op)
+        for m, s, steps in zip(call.group, call.local, steps_of):
             lowered[m, s] = steps
     programs = []
     for program in schedule.ranks:
@@ -101,16 +147,53 @@ def lower_native(schedule: Schedule) -> Schedule:
             else:
                 out.append(step)
         programs.append(RankProgram(program.rank, tuple(out)))
-    return replace(schedule, ranks=tuple(programs),
-                   meta={**schedule.meta, "lowered_native": len(found.calls)})
+    meta = {**schedule.meta, "lowered_native": len(found.calls)}
+    if split > 1:
+        meta["split_chunks"] = split
+    return replace(schedule, ranks=tuple(programs), meta=meta)
 
 
-def lower_call(op: Native) -> list[Steps]:
+_RINGED = (NativeKind.ALLREDUCE, NativeKind.ALLGATHER)
+
+
+def _checked_rings(op: Native, rings: Rings) -> list[tuple[int, ...]]:
+    found = [tuple(ring) for ring in rings(op)]
+    if not found or any(sorted(ring) != sorted(op.group) for ring in found):
+        raise ScheduleError(f"rings for the native {op.text()}: each must hold every member "
+                            f"once, got {found[:2]}")
+    return found
+
+
+def split_chunks(schedule: Schedule, parts: int) -> Schedule:
+    """``schedule`` with every chunk cut into ``parts`` equal chunks: chunk ``k`` becomes
+    chunks ``k * parts .. k * parts + parts - 1``, and every op (sends, recvs, their
+    ranges, native ops) covers the same data as before. The schedule computes the same
+    thing; ``meta`` is kept."""
+    if parts == 1:
+        return schedule
+
+    def cut(op: Op | Native) -> Op | Native:
+        if isinstance(op, Native):
+            return replace(op, chunk=op.chunk * parts, count=op.count * parts)
+        return replace(op, chunk=op.chunk * parts, count=op.count * parts,
+                       more=tuple((a * parts, c * parts) for a, c in op.more))
+
+    chunks = tuple(c / parts for c in schedule.chunks for _ in range(parts))
+    programs = tuple(RankProgram(p.rank, tuple(tuple(cut(op) for op in step) for step in p.steps))
+                     for p in schedule.ranks)
+    return replace(schedule, chunks=chunks, ranks=programs)
+
+
+def lower_call(op: Native, rings: Sequence[Sequence[int]] | None = None) -> list[Steps]:
     """The point-to-point steps of each member of ``op``, in group order (see the
-    module docstring for the algorithm of each kind)."""
+    module docstring for the algorithm of each kind); an allreduce or an allgather over
+    ``rings`` (permutations of the group) when given, each ring on ``1 / len(rings)``
+    of every part: the op must then have ``len(rings)`` chunks per member at least."""
     group, g = op.group, len(op.group)
     if g == 1:
         return [[]]
+    if rings is not None and op.kind in _RINGED:
+        return _over_rings(op, [tuple(ring) for ring in rings])
     if op.kind is NativeKind.ALLGATHER:
         return _ring_allgather(group, [op.part(i) for i in range(g)])
     if op.kind is NativeKind.REDUCE_SCATTER:
@@ -125,6 +208,62 @@ def lower_call(op: Native) -> list[Steps]:
     if op.kind is NativeKind.BROADCAST:
         return _tree_broadcast(group, group.index(op.root), op.chunk, op.count)
     return _direct_reduce(group, group.index(op.root), op.chunk, op.count)
+
+
+def tree_allreduce(op: Native) -> list[Steps]:
+    """A native allreduce as a binomial tree, per member in group order: sums flow up
+    to the first member (``ceil(log2 g)`` steps; an inner member adds into its own
+    range, which the broadcast then overwrites), then the sum flows down the same tree
+    (:func:`_tree_broadcast`)."""
+    group, g = op.group, len(op.group)
+    if g == 1:
+        return [[]]
+    whole = (op.chunk, op.chunk + op.count)
+    up: list[Steps] = [[] for _ in range(g)]
+    spans = []
+    span = 1
+    while span < g:
+        spans.append(span)
+        span *= 2
+    for span in reversed(spans):  # the broadcast's levels, leaves first
+        for p in range(min(span, g - span)):
+            up[p + span].append([_range(group[p], whole)])
+            up[p].append([_range(group[p + span], whole, True)])
+    down = _tree_broadcast(group, 0, op.chunk, op.count)
+    return [a + b for a, b in zip(up, down)]
+
+
+def _over_rings(op: Native, rings: list[tuple[int, ...]]) -> list[Steps]:
+    """An allreduce or allgather over ``R`` rings at once: ring ``k`` takes piece ``k`` of
+    each part (of the whole range for an allreduce, cut into ``g`` parts; of each
+    member's part for an allgather)."""
+    group, g, nrings = op.group, len(op.group), len(rings)
+    if op.count < g * nrings:
+        raise ScheduleError(f"the native {op.text()} has {op.count} chunks; {nrings} rings "
+                            f"of {g} members need {g * nrings} at least (split_chunks)")
+    index = {m: i for i, m in enumerate(group)}
+    out: list[Steps] = [[] for _ in range(g)]
+    for k, ring in enumerate(rings):
+        if op.kind is NativeKind.ALLREDUCE:
+            a = op.chunk + k * op.count // nrings
+            size = (k + 1) * op.count // nrings - k * op.count // nrings
+            parts = [(a + i * size // g, a + (i + 1) * size // g) for i in range(g)]
+            per_position = [rs + ag for rs, ag in zip(_ring_reduce_scatter(ring, parts),
+                                                      _ring_allgather(ring, parts))]
+        else:  # allgather: position p owns piece k of its member's part
+            pieces = []
+            for member in ring:
+                start, end = op.part(index[member])
+                n = end - start
+                pieces.append((start + k * n // nrings, start + (k + 1) * n // nrings))
+            per_position = _ring_allgather(ring, pieces)
+        for position, steps in enumerate(per_position):
+            mine = out[index[ring[position]]]
+            for t, ops in enumerate(steps):
+                if t == len(mine):
+                    mine.append([])
+                mine[t].extend(ops)
+    return out
 
 
 def _range(peer: int, part: tuple[int, int], reduce: bool | None = None) -> Op:
