@@ -4,13 +4,19 @@ helpers (hand-built schedules and clusters, the shipped topologies by name) live
 
 from __future__ import annotations
 
+import multiprocessing
 from typing import Callable
 
 import pytest
 
 from topoplan.cluster import Cluster
 
+from .support import forkserver
 from .support.clusters import load_topology
+
+# Torch ranks fork from a server that imported torch once (tests/support/forkserver.py).
+# Nothing is imported here: the server starts, and imports, at the first such launch.
+multiprocessing.set_forkserver_preload(forkserver.PRELOAD)
 
 
 @pytest.fixture(scope="session")
