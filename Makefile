@@ -38,8 +38,8 @@ demo: venv
 	$(BIN)/topoplan plan $(CLUSTER) --size 256MiB
 
 # (tests/conftest.py keeps the modules whose tests share one spawned process group on
-# one worker.) The run ends with the TEST_DURATIONS slowest tests and their times, so a
-# test that grew slow is seen; 0 lists every test.
+# one worker, and hands out the long tests first.) The run ends with the TEST_DURATIONS
+# slowest tests and their times, so a test that grew slow is seen; 0 lists every test.
 TEST_DURATIONS ?= 25
 test: venv
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=$(TEST_DURATIONS)
