@@ -5,6 +5,7 @@ helpers (hand-built schedules and clusters, the shipped topologies by name) live
 from __future__ import annotations
 
 import multiprocessing
+import os
 from typing import Callable
 
 import pytest
@@ -17,6 +18,13 @@ from .support.clusters import load_topology
 # Torch ranks fork from a server that imported torch once (tests/support/forkserver.py).
 # Nothing is imported here: the server starts, and imports, at the first such launch.
 multiprocessing.set_forkserver_preload(forkserver.PRELOAD)
+
+# Open MPI's libfabric BTL (ofi) spends a second of every MPI_Init (each rank of every
+# mpiexec job, each process that imports mpi4py.MPI alone) looking for a fabric, and
+# declines where there is none (here: `--mca btl_base_verbose 100`); the ranks of one
+# machine talk over shared memory anyway. The processes the tests start leave it out. A
+# setting of your own is kept; a job's own ``--mca btl`` (the testbed's) wins over it.
+os.environ.setdefault("OMPI_MCA_btl", "^ofi")
 
 
 @pytest.fixture(scope="session")
