@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from tests.support import channel_cases as C
+from tests.support import forkserver
 from topoplan.errors import TransportError
 from topoplan.ir.schedule import build_schedule, equal_chunks, recv, send
 from topoplan.runtime.executor import Allreduce
@@ -270,7 +271,7 @@ def test_every_channel_case_over_gloo_and_a_killed_peer() -> None:
     from topoplan.runtime.transports import Torch
     nranks, victim = 3, 1
     results = Torch.launch(nranks, C.torch_rank_main, victim, TIMEOUT, backend="gloo",
-                           timeout=200, return_exceptions=True)
+                           timeout=200, return_exceptions=True, start_method=forkserver.START)
     assert isinstance(results[victim], TransportError)
     assert f"rank {victim} exited with code 9" in str(results[victim])
     for rank in (0, 2):

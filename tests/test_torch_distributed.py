@@ -138,6 +138,7 @@ def _worker(rank: int, port: int, outdir: str) -> None:
     dist.destroy_process_group()
 
 
+from tests.support import forkserver  # noqa: E402
 from tests.support.ports import free_port as _free_port  # noqa: E402
 
 
@@ -145,7 +146,7 @@ from tests.support.ports import free_port as _free_port  # noqa: E402
 def ranks(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("torch2")
     mp.start_processes(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True,
-                       start_method="spawn")
+                       start_method=forkserver.START)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 

@@ -28,6 +28,7 @@ import torch.multiprocessing as mp  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from tests.support import forkserver  # noqa: E402
 from tests.support.clusters import load_topology, switch_cluster  # noqa: E402
 from tests.support.ports import free_port as _free_port  # noqa: E402
 from topoplan.errors import TopoplanError  # noqa: E402
@@ -336,7 +337,7 @@ def ranks(request, tmp_path_factory) -> tuple[int, list[dict]]:
     world = request.param
     out = tmp_path_factory.mktemp(f"fsdp{world}")
     mp.start_processes(_worker, args=(world, _free_port(), str(out)), nprocs=world, join=True,
-                       start_method="spawn")
+                       start_method=forkserver.START)
     return world, [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 

@@ -22,6 +22,7 @@ import numpy as np  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from tests.support import forkserver  # noqa: E402
 from tests.support import native_schedules as N  # noqa: E402
 from tests.support import schedules as S  # noqa: E402
 
@@ -111,7 +112,8 @@ def _close(a: list, b: list, rtol: float) -> bool:
 def test_trainers_run_schedules_with_native_steps_over_gloo() -> None:
     from topoplan.runtime.transports import Torch
 
-    results = Torch.launch(WORLD, _rank, backend="gloo", timeout=300)
+    results = Torch.launch(WORLD, _rank, backend="gloo", timeout=300,
+                           start_method=forkserver.START)
     for rank, out in enumerate(results):
         ddp = out["ddp"]
         # The native allreduce schedule runs gloo's own allreduce: DDP's numbers exactly.

@@ -8,7 +8,7 @@ from functools import partial
 
 import pytest
 
-from tests.support import launch_ranks
+from tests.support import forkserver, launch_ranks
 from topoplan.errors import TopoplanError
 from topoplan.runtime.transports import Local, connect
 from topoplan.runtime.transports.factory import KINDS
@@ -60,5 +60,6 @@ def test_torch_ranks_join_a_group_through_the_factory():
     init = f"tcp://127.0.0.1:{free_port()}"
     out = run_processes(2, launch_ranks.torch_report, (),
                         partial(launch_ranks.torch_by_factory, init),
-                        close=launch_ranks.torch_close, timeout=120)
+                        close=launch_ranks.torch_close, timeout=120,
+                        start_method=forkserver.START)
     assert out == [(0, 2, "torch/gloo", 1.0), (1, 2, "torch/gloo", 1.0)]

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from tests.support import launch_ranks
-from topoplan.errors import TransportError
+from topoplan.errors import TopoplanError, TransportError
 from topoplan.runtime.transports import Local
 from topoplan.runtime.transports.launch import free_port, run_processes, run_threads
 
@@ -64,6 +64,23 @@ def test_processes_report_errors_and_ranks_that_died_without_a_word():
     assert "rank 2 exited with code 7 before reporting a result" in str(out[2])
     with pytest.raises(ValueError, match="rank 1 refuses"):
         run_processes(3, launch_ranks.fail_on, (1, 2), launch_ranks.connect, timeout=60)
+
+
+def test_forked_ranks_get_the_callers_environment_of_the_moment(tmp_path, monkeypatch):
+    """Under ``forkserver`` the ranks fork from a server started earlier (by another
+    test, maybe): each still sees the variables the caller set just before, as spawned
+    ranks do (launch_ranks.close reads TOPOPLAN_TEST_CLOSED), and reports what it ran."""
+    monkeypatch.delenv("TOPOPLAN_TEST_CLOSED", raising=False)
+    assert run_processes(1, launch_ranks.report, ("x",), launch_ranks.connect, timeout=60,
+                         start_method="forkserver") == [(0, 1, "x")]  # the server is up
+    monkeypatch.setenv("TOPOPLAN_TEST_CLOSED", str(tmp_path))
+    out = run_processes(2, launch_ranks.report, ("y",), launch_ranks.connect,
+                        close=launch_ranks.close, timeout=60, start_method="forkserver")
+    assert out == [(0, 2, "y"), (1, 2, "y")]
+    assert len(list(tmp_path.iterdir())) == 2
+    with pytest.raises(TopoplanError, match="start_method 'fork': expected 'spawn' or "
+                                            "'forkserver'"):
+        run_processes(1, launch_ranks.report, ("z",), launch_ranks.connect, start_method="fork")
 
 
 def test_free_port_can_be_bound_on_loopback():

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-from tests.support import transport_cases  # noqa: E402
+from tests.support import forkserver, transport_cases  # noqa: E402
 from topoplan.errors import TopoplanError, TransportError  # noqa: E402
 from topoplan.runtime.transports import Torch  # noqa: E402
 
@@ -34,7 +34,8 @@ def test_gloo_cases_and_killed_peer(tmp_path, monkeypatch) -> None:
     transport_cases.save_planner_schedules(nranks, str(tmp_path))
     monkeypatch.setenv("TOPOPLAN_TEST_PLANS", str(tmp_path))
     results = Torch.launch(nranks, transport_cases.torch_rank_main, victim, TIMEOUT,
-                           backend="gloo", timeout=200, return_exceptions=True)
+                           backend="gloo", timeout=200, return_exceptions=True,
+                           start_method=forkserver.START)
     assert isinstance(results[victim], TransportError)
     assert f"rank {victim} exited with code 9" in str(results[victim])
     for rank in (0, 2):
@@ -60,7 +61,8 @@ def test_gloo_native_steps_and_a_killed_member() -> None:
 
     nranks, victim = 4, 3
     results = Torch.launch(nranks, native_cases.torch_rank_main, victim, TIMEOUT,
-                           backend="gloo", timeout=240, return_exceptions=True)
+                           backend="gloo", timeout=240, return_exceptions=True,
+                           start_method=forkserver.START)
     assert isinstance(results[victim], TransportError)
     for rank in range(victim):
         record = results[rank]
@@ -134,7 +136,8 @@ def _old_gloo_rank(t: Torch) -> list[str]:
 
 
 def test_gloo_native_steps_as_an_older_pytorch_runs_them() -> None:
-    assert Torch.launch(3, _old_gloo_rank, backend="gloo", timeout=200) == [[], [], []]
+    assert Torch.launch(3, _old_gloo_rank, backend="gloo", timeout=200,
+                        start_method=forkserver.START) == [[], [], []]
 
 
 def test_torch_transport_needs_a_process_group() -> None:
@@ -193,6 +196,7 @@ def _rsag_rank(t: Torch) -> dict:
 
 
 def test_reduce_scatter_and_allgather_bench_against_gloo() -> None:
+    # Torch.launch's default start method (spawn: fresh interpreters, as users get).
     results = Torch.launch(2, _rsag_rank, backend="gloo", timeout=200)
     assert results[0] == results[1]
     for collective in ("reduce_scatter", "allgather"):

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.support import forkserver
 from tests.support import vectored_cases as V
 from tests.support.clusters import flat_cluster_yaml
 from tests.support.vectorize_reference import split_vectored_reference, vectorize_reference
@@ -238,7 +239,8 @@ def test_vectored_cases_over_gloo() -> None:
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     from topoplan.runtime.transports import Torch
-    for record in Torch.launch(4, V.torch_rank_main, backend="gloo", timeout=200):
+    for record in Torch.launch(4, V.torch_rank_main, backend="gloo", timeout=200,
+                               start_method=forkserver.START):
         assert record["failures"] == [] and record["ncases"] == 22, record
 
 

@@ -18,7 +18,7 @@ import threading
 import traceback
 from typing import Any, Callable, Sequence
 
-from ...errors import TransportError
+from ...errors import TopoplanError, TransportError
 from .base import Deadline
 
 __all__ = ["run_threads", "run_processes", "free_port"]
@@ -75,7 +75,8 @@ def run_threads(nranks: int, fn: Callable[[Any], Any], connect: Callable[[int], 
 def run_processes(nranks: int, fn: Callable[..., Any], args: Sequence[Any],
                   connect: Callable[[int, int], Any], *,
                   close: Callable[[], None] | None = None, timeout: float = 120.0,
-                  name: str = "topoplan-rank", return_exceptions: bool = False) -> list[Any]:
+                  name: str = "topoplan-rank", return_exceptions: bool = False,
+                  start_method: str = "spawn") -> list[Any]:
     """Run ``fn(connect(rank, nranks), *args)`` in ``nranks`` spawned processes; return
     their results.
 
@@ -96,6 +97,12 @@ def run_processes(nranks: int, fn: Callable[..., Any], args: Sequence[Any],
     return_exceptions : bool
         Return each failed rank's error in its slot instead of raising. A rank that died
         without a word gets a :class:`~topoplan.TransportError` naming its exit code.
+    start_method : str
+        ``"spawn"``: each rank is a fresh interpreter, which imports torch again (seconds
+        a rank on a busy machine). ``"forkserver"``: ranks fork from one server process
+        per caller, which imports the modules named by
+        :func:`multiprocessing.set_forkserver_preload` once (the tests preload torch);
+        each rank still gets the caller's environment of the moment, as when spawned.
 
     Raises
     ------
@@ -103,14 +110,19 @@ def run_processes(nranks: int, fn: Callable[..., Any], args: Sequence[Any],
         The first rank's error (lowest rank) unless ``return_exceptions``.
     """
     import multiprocessing as mp
+    import os
     import queue as queue_mod
 
-    ctx = mp.get_context("spawn")
+    if start_method not in ("spawn", "forkserver"):
+        raise TopoplanError(f"start_method {start_method!r}: expected 'spawn' or 'forkserver'")
+    ctx = mp.get_context("forkserver") if start_method == "forkserver" else mp.get_context("spawn")
+    # The fork server holds the environment it started with: hand each rank today's.
+    environ = dict(os.environ) if start_method == "forkserver" else None
     results: list[Any] = [None] * nranks
     errors: list[BaseException | None] = [None] * nranks
     q = ctx.Queue()
     procs = [ctx.Process(target=_process_main,
-                         args=(r, nranks, q, connect, close, fn, tuple(args)),
+                         args=(r, nranks, q, connect, close, fn, tuple(args), environ),
                          name=f"{name}-{r}", daemon=True) for r in range(nranks)]
     for p in procs:
         p.start()
@@ -147,8 +159,12 @@ def run_processes(nranks: int, fn: Callable[..., Any], args: Sequence[Any],
 
 def _process_main(rank: int, nranks: int, q: Any, connect: Callable[[int, int], Any],
                   close: Callable[[], None] | None, fn: Callable[..., Any],
-                  args: tuple) -> None:
+                  args: tuple, environ: dict[str, str] | None = None) -> None:
     """A spawned rank: connect, run, and put ``(rank, ok, result or error)`` on ``q``."""
+    if environ is not None:
+        import os
+        os.environ.clear()
+        os.environ.update(environ)
     try:
         result = fn(connect(rank, nranks), *args)
         q.put((rank, True, result))

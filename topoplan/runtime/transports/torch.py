@@ -390,7 +390,8 @@ class Torch(Transport):
     # -- launching ---------------------------------------------------------------
     @staticmethod
     def launch(nranks: int, fn: Callable[..., Any], *args: Any, backend: str = "gloo",
-               timeout: float = 120.0, return_exceptions: bool = False) -> list[Any]:
+               timeout: float = 120.0, return_exceptions: bool = False,
+               start_method: str = "spawn") -> list[Any]:
         """Run ``fn(transport, *args)`` in ``nranks`` fresh processes; return their results
         (:func:`topoplan.runtime.transports.launch.run_processes`, each rank joining a process
         group through a file in a temporary folder).
@@ -407,6 +408,9 @@ class Torch(Transport):
         return_exceptions : bool
             Return each failed rank's error in its slot instead of raising. A rank
             that died without a word gets a :class:`TransportError` naming its exit code.
+        start_method : str
+            ``"spawn"`` or ``"forkserver"`` (ranks fork from a server that imported torch
+            once: see :func:`~topoplan.runtime.transports.launch.run_processes`).
 
         Raises
         ------
@@ -419,7 +423,7 @@ class Torch(Transport):
             init = f"file://{os.path.join(tmp, 'store')}"
             return run_processes(nranks, fn, args, partial(_connect_rank, backend, init, timeout),
                                  close=_destroy_group, timeout=timeout, name="topoplan-torch",
-                                 return_exceptions=return_exceptions)
+                                 return_exceptions=return_exceptions, start_method=start_method)
 
 
 def _init_group(init_method: str, *, rank: int, size: int, backend: str = "gloo",
