@@ -295,3 +295,15 @@ def test_verify_names_a_truncated_file_in_whole_sentences(tmp_path):
     message = result.stderr.strip()
     assert message.endswith("the text ends before its brackets close: a truncated file?")
     assert " at column " in message and not message.split(";")[0].endswith(" at")
+
+
+def test_a_key_with_a_line_break_in_it_stays_one_line():
+    # found by the fuzzer: YAML reads U+0085 in a key as a line break
+    text = "name: x\nboxes: [{name: a, gpus: 1, nics: [{switch: s, latency:0\x8525 us}]}]\n" \
+           "switches: [s]\n"
+    with pytest.raises(ClusterSpecError) as info:
+        topoplan.loads_cluster(text, file="fuzz.yaml")
+    message = str(info.value)
+    assert "\n" not in message and "\x85" not in message
+    assert message.startswith("fuzz.yaml:")
+    _check_cluster_error(info.value, "fuzz.yaml")

@@ -41,7 +41,10 @@ def _where(file: str | None, line: int | None, key: str | None) -> str:
     if file is not None:
         where = f"{file}:{line}: " if line is not None else f"{file}: "
     if key:
-        where += f"{key}: "
+        # a key as written may hold what YAML reads as a line break (U+0085, U+2028):
+        # shown escaped, so that the error stays one line
+        shown = key if key.isprintable() else key.encode("unicode_escape").decode("ascii")
+        where += f"{shown}: "
     return where
 
 
