@@ -4,21 +4,17 @@ import that changes them means updating the row in the same change."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
+
+from tests.support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
 
 
 def _import_graph():
-    spec = importlib.util.spec_from_file_location("topoplan_import_graph",
-                                                  ROOT / "scripts" / "import_graph.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("import_graph")
 
 
 def _cells(line: str) -> list[str]:

@@ -3,21 +3,14 @@ modules (``planners/_*.py``)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import networkx as nx
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.scripts import load_script
+
 
 
 def _import_graph():
-    spec = importlib.util.spec_from_file_location("topoplan_import_graph",
-                                                  ROOT / "scripts" / "import_graph.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("import_graph")
 
 
 def test_no_import_cycle_runs_through_the_mcf_package_or_the_shared_modules():

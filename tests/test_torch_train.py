@@ -4,7 +4,6 @@ with fp32 sync and with fp16 + double buffering; and the command line's own outp
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.scripts import load_script
+
 pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
@@ -22,12 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_train_script():
-    spec = importlib.util.spec_from_file_location("topoplan_train_script",
-                                                  ROOT / "scripts" / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("train")
 
 
 def mpiexec() -> str | None:
