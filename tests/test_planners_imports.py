@@ -8,7 +8,6 @@ import networkx as nx
 from tests.support.scripts import load_script
 
 
-
 def _import_graph():
     return load_script("import_graph")
 
