@@ -42,8 +42,8 @@ MAX_PLAN_RANKS = 256
 AUTO = "auto"
 
 # The options :func:`topoplan.plan` takes that are the pipeline's, not a planner's.
-_PIPELINE_OPTIONS = ("candidates", "channels", "channel_skew", "vectored", "machine",
-                     "max_sim_ops", "max_plan_ranks")
+_PIPELINE_OPTIONS = ("candidates", "channels", "channel_skew", "vectored", "max_sim_ops",
+                     "max_plan_ranks")
 
 
 @dataclass(frozen=True)
@@ -174,6 +174,8 @@ class PlanRequest:
                                f"{', '.join(COLLECTIVES)}")
         size = check_size(size, who)
         check_cap_args(max_step_ops, max_chunks, who)
+        if machine is None and algorithm is not None:  # plan(..., machine=M) passes it so
+            machine = options.pop("machine", None)
         if machine is not None and machine.nranks != cluster.nranks:
             raise InfeasiblePlanError(f"{who}: the machine {machine.name!r} has "
                                       f"{machine.nranks} ranks but cluster {cluster.name!r} "
@@ -216,13 +218,8 @@ class PlanRequest:
         channels = ask.get("channels", 1)
         if channels != "auto":
             channels = check_channels(channels)
-        machine = ask.get("machine", self.machine)
-        if machine is not None and machine.nranks != self.cluster.nranks:
-            raise InfeasiblePlanError(f"{algorithm}: the machine {machine.name!r} has "
-                                      f"{machine.nranks} ranks but cluster "
-                                      f"{self.cluster.name!r} has {self.cluster.nranks}")
         request = replace(self, algorithm=algorithm, channels=channels, channel_skew=skew,
-                          vectored=vectored, machine=machine, **limits)
+                          vectored=vectored, **limits)
         if algorithm == AUTO:
             names = list(named) if named is not None else \
                 default_names(request, limits["max_plan_ranks"])
