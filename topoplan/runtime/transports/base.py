@@ -460,6 +460,13 @@ class Transport(abc.ABC):
     def allreduce_max(self, value: float) -> float:
         """The maximum of ``value`` over all ranks (a float; used for timings)."""
 
+    def allreduce_max_many(self, values: Sequence[float]) -> list[float]:
+        """The maximum over all ranks of each of ``values`` (every rank passes as many),
+        in one small collective where the transport has one (the default: one
+        :meth:`allreduce_max` each). Max is exact, so every rank gets the same floats:
+        the measured choice agrees on its statistics with it."""
+        return [self.allreduce_max(v) for v in values]
+
     @abc.abstractmethod
     def barrier(self) -> None:
         """Wait until every rank has called it."""

@@ -371,6 +371,14 @@ class Local(Transport):
         self.barrier()
         return result
 
+    def allreduce_max_many(self, values: Sequence[float]) -> list[float]:
+        world = self.world
+        world.slots[self.rank] = [float(v) for v in values]
+        self.barrier()
+        result = [max(column) for column in zip(*world.slots)]
+        self.barrier()
+        return result
+
     # -- launching ---------------------------------------------------------------------
     @staticmethod
     def launch(nranks: int, fn: Callable[[Local], Any], *, timeout: float = 60.0,

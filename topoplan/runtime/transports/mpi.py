@@ -519,6 +519,12 @@ class MPI(Transport):
     def allreduce_max(self, value: float) -> float:
         return float(self.comm.allreduce(float(value), op=self._mpi.MAX))
 
+    def allreduce_max_many(self, values: Sequence[float]) -> list[float]:
+        import numpy as np
+        array = np.array([float(v) for v in values], dtype=np.float64)
+        self.comm.Allreduce(self._mpi.IN_PLACE, array, op=self._mpi.MAX)
+        return [float(v) for v in array]
+
     def barrier(self) -> None:
         self.comm.Barrier()
 

@@ -535,5 +535,14 @@ class NCCL(Transport):
             self.stream.synchronize()
             return float(x.get()[0])
 
+    def allreduce_max_many(self, values: Sequence[float]) -> list[float]:
+        cupy = self._cupy
+        with cupy.cuda.Device(self.device):
+            x = cupy.array([float(v) for v in values], dtype=cupy.float64)
+            self.comm.allReduce(x.data.ptr, x.data.ptr, len(values), self._nccl.NCCL_FLOAT64,
+                                self._nccl.NCCL_MAX, self.stream.ptr)
+            self.stream.synchronize()
+            return [float(v) for v in x.get()]
+
     def barrier(self) -> None:
         self.allreduce_max(0.0)

@@ -384,6 +384,12 @@ class Torch(Transport):
         self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self.group)
         return float(t.item())
 
+    def allreduce_max_many(self, values: Sequence[float]) -> list[float]:
+        t = self._torch.tensor([float(v) for v in values], dtype=self._torch.float64,
+                               device=self.device)
+        self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self.group)
+        return [float(v) for v in t.tolist()]
+
     def barrier(self) -> None:
         self._dist.barrier(group=self.group)
 
