@@ -22,7 +22,7 @@ import os
 import platform
 import socket
 import statistics
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
@@ -33,7 +33,8 @@ from .fitting import fit_costs
 from .measuring import Sample, measure
 from .probe import host_cores, load_average, small_limit, transport_info
 
-__all__ = ["HOST_PARAMETERS", "SPLIT_RULE", "FULL", "QUICK", "fit_profile", "calibrate"]
+__all__ = ["HOST_PARAMETERS", "SPLIT_RULE", "FULL", "QUICK", "fit_profile", "calibrate",
+           "Measured", "measure_all", "fit_measured"]
 
 #: How ``alpha`` and ``step_overhead`` are told apart (printed and recorded).
 SPLIT_RULE = ("on one host executor runs fix only the per-step cost (step_overhead + alpha); "
@@ -255,6 +256,32 @@ def calibrate(transport: Any, *, name: str = "calibrated", quick: bool = False,
     >>> profiles = Local.launch(4, lambda t: calibrate(t, quick=True))  # doctest: +SKIP
     >>> print(profiles[0].summary())                                    # doctest: +SKIP
     """
+    measured = measure_all(transport, quick=quick, timeout=timeout, progress=progress)
+    if root is not None and transport.rank != root:
+        return None
+    return fit_measured(transport, measured, name=name, progress=progress)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What one calibration run measured, the same on every rank but ``load_average``
+    (each rank's own probe): :func:`fit_measured` makes it a profile."""
+
+    samples: tuple[Sample, ...]
+    native_samples: tuple[Sample, ...]
+    native_skipped: tuple[str, ...]
+    load_average: tuple[float, ...]
+    repeats: int
+
+
+def measure_all(transport: Any, *, quick: bool = False, timeout: float = 60.0,
+                progress: Callable[[str], None] | None = None) -> Measured:
+    """The measuring half of :func:`calibrate`; collective (every rank calls it).
+
+    Split from the fit so that a caller that fits on one rank
+    (:func:`topoplan.runtime.calibrate.cache.job_profile`) knows that an error past this
+    point is that rank's alone, and can tell the others instead of leaving them waiting.
+    """
     from .native import measure_native, native_cases
     cases = calibration_cases(transport.size)
     repeats, block = QUICK if quick else FULL
@@ -264,12 +291,19 @@ def calibrate(transport: Any, *, name: str = "calibrated", quick: bool = False,
     natives, skipped = measure_native(transport, native_cases(transport.size), repeats=repeats,
                                       block_s=block, progress=progress)
     load.append(load_average())
-    if root is not None and transport.rank != root:
-        return None
+    return Measured(tuple(samples), tuple(natives), tuple(skipped), tuple(load), repeats)
+
+
+def fit_measured(transport: Any, measured: Measured, *, name: str = "calibrated",
+                 progress: Callable[[str], None] | None = None) -> CostProfile:
+    """The fitting half of :func:`calibrate` (:func:`fit_profile` with what this host and
+    transport say of themselves); on one rank, no collective."""
     if progress is not None and transport.rank == 0:
         progress("fitting")
-    return fit_profile(samples, name=name, nranks=transport.size,
+    return fit_profile(measured.samples, name=name, nranks=transport.size,
                        transport=transport_info(transport),
-                       context={"load_average": load, "repeats": repeats},
+                       context={"load_average": list(measured.load_average),
+                                "repeats": measured.repeats},
                        cores=host_cores(transport), small_max=small_limit(transport),
-                       native_samples=natives, native_skipped=skipped)
+                       native_samples=measured.native_samples,
+                       native_skipped=measured.native_skipped)
