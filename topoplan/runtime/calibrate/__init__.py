@@ -15,7 +15,10 @@ One module per concept:
 - :mod:`.probe`: what the host and the transport say of themselves
   (:func:`transport_info`, :func:`small_limit`, :func:`host_cores`, :func:`load_average`);
 - :mod:`.profile`: the profile of this machine (:func:`fit_profile`, and
-  :func:`calibrate`, the whole run).
+  :func:`calibrate`, the whole run);
+- :mod:`.cache`: calibration on the job, cached (:func:`job_profile`: the profile a
+  running job is priced with, looked up by its :class:`CacheKey`, measured when asked
+  and kept in :func:`cache_root`).
 
 The modules are not named after their functions (``measure``, ``fit_costs``): a submodule
 and a function of the same name in a package make ``import topoplan.runtime.calibrate.x``
@@ -47,13 +50,22 @@ from .fitting import PARAMETERS, Fit, FittedSample, fit_costs
 from .measuring import Sample, measure
 from .native import NATIVE_RULE, fit_native, measure_native, native_cases
 from .probe import host_cores, load_average, small_limit, transport_info
-from .profile import FULL, HOST_PARAMETERS, QUICK, SPLIT_RULE, calibrate, fit_profile
+from .profile import (FULL, HOST_PARAMETERS, QUICK, SPLIT_RULE, Measured, calibrate,
+                      fit_measured, fit_profile, measure_all)
+from .cache import (ENV_CALIBRATE, CacheEntry, CacheKey, cache_root, cached_profiles,
+                    calibration_mode, host_set, job_key, job_profile, lookup, runtime_of_profile,
+                    runtime_of_transport, shipped_profile_for, store, transport_family)
 
 __all__ = ["Case", "Sample", "FittedSample", "Fit", "PARAMETERS", "HOST_PARAMETERS",
            "calibration_cases", "measure", "fit_costs", "fit_profile", "calibrate", "SPLIT_RULE",
            "native_cases", "measure_native", "fit_native", "NATIVE_RULE",
            "host_cores", "small_limit",
-           "array_kind", "transport_info", "load_average"]
+           "array_kind", "transport_info", "load_average",
+           "Measured", "measure_all", "fit_measured",
+           "ENV_CALIBRATE", "cache_root", "transport_family", "shipped_profile_for",
+           "runtime_of_transport", "runtime_of_profile", "calibration_mode", "host_set",
+           "CacheKey", "job_key", "lookup", "store", "CacheEntry", "cached_profiles",
+           "job_profile"]
 
 #: ``fit`` was renamed: it clashed with the class :class:`Fit` but for case.
 __getattr__ = moved_names(__name__, {"fit": "topoplan.runtime.calibrate.fitting:fit_costs"})
