@@ -296,7 +296,6 @@ def test_cli_calibrate_mpi_quick_writes_a_profile_that_loads(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["-o", "x.yaml"], "say how many ranks to calibrate with: -n N"),
     (["-n", "1", "-o", "x.yaml"], "-n 1: calibration needs 2 or more ranks"),
-    (["-n", "4"], "say where to write the profile: -o PROFILE.yaml"),
     (["-n", "4", "-o", "x.json"], "-o x.json: name the profile file .yaml or .yml"),
     (["-n", "4", "-o", "nowhere/x.yaml"], "-o nowhere/x.yaml: folder 'nowhere' does not exist"),
     (["-n", "4", "-o", "x.yaml", "--name", " "], "--name ' ': give a non-empty name"),

@@ -1,13 +1,17 @@
-"""topoplan.runtime.calibrate.cache: the key keeps jobs apart, every rank gets the same
-profile (from rank 0's cache alone), the environment variable and the cache folder are
-read as documented, a bad file never stops a job.
+"""topoplan.runtime.calibrate.cache and ``topoplan calibrate`` on the cache: the key keeps
+jobs apart, every rank gets the same profile (from rank 0's cache alone), the environment
+variable and the cache folder are read as documented, a bad file never stops a job.
 
-The collectives run on real threads (:class:`Local`).
+The collectives run on real threads (:class:`Local`); the command runs real MPI ranks.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -15,8 +19,10 @@ import pytest
 
 import topoplan.runtime.calibrate.cache as cache
 import topoplan.runtime.calibrate.profile as calibrate_profile
-from tests.support.clusters import switch_cluster
+from tests.support.clusters import switch_cluster, topology_path
 from topoplan.analysis.cost import CostProfile, get_profile, loads_profile
+from topoplan.cli import main
+from topoplan.cluster import load_cluster
 from topoplan.errors import TopoplanError, TopoplanWarning
 from topoplan.ir.fingerprint import cluster_fingerprint
 from topoplan.runtime.calibrate import (CacheKey, cache_root, cached_profiles, calibration_mode,
@@ -24,6 +30,8 @@ from topoplan.runtime.calibrate import (CacheKey, cache_root, cached_profiles, c
                                         runtime_of_profile, runtime_of_transport,
                                         shipped_profile_for, store, transport_family)
 from topoplan.runtime.transports import Local
+
+ROOT = Path(__file__).resolve().parents[1]
 
 #: A calibrated profile's shape, without measuring anything (as YAML reads it back: costs
 #: in microseconds, to 6 significant digits).
@@ -360,3 +368,82 @@ def test_a_cache_that_cannot_be_written_still_gives_the_profile(monkeypatch, tmp
     assert results[0] == results[1]
     profile, source = results[0]
     assert source.startswith("calibrated now (not cached: ") and profile.name == "local-n2"
+
+
+# ---- the command ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, message", [
+    (["--show", "-o", "x.yaml"], "argument -o/--output: not allowed with argument --show"),
+    (["--clear", "--show"], "argument --show: not allowed with argument --clear"),
+    (["--refresh", "-o", "x.yaml", "-n", "2"], "argument -o/--output: not allowed with "
+                                               "argument --refresh"),
+    (["-n", "2", "-o", "x.yaml", "--cluster", "c.yaml"],
+     "argument --cluster: not allowed with argument -o/--output"),
+    (["--show", "--quick"], "argument --quick: not allowed with argument --show"),
+    (["--clear", "--name", "x"], "argument --name: not allowed with argument --clear"),
+])
+def test_bad_combinations_are_argparse_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["calibrate", *argv])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and f"topoplan calibrate: error: {message}" in err, err
+
+
+def test_show_and_clear_an_empty_or_filtered_cache(capsys, xdg):
+    assert main(["calibrate", "--show"]) == 0
+    assert capsys.readouterr().out == (f"no cached profile yet in {xdg}; make one with: "
+                                       "topoplan calibrate --transport mpi -n N --quick\n")
+    assert main(["calibrate", "--show", "-n", "3", "--transport", "torch"]) == 0
+    assert "make one with: topoplan calibrate --transport torch -n 3 --quick" in \
+        capsys.readouterr().out
+    kept, gone = store(_key(), MEASURED), store(_key(nranks=4), MEASURED)
+    assert main(["calibrate", "--clear", "-n", "4"]) == 0
+    assert capsys.readouterr().out == f"removed {gone}\n"
+    assert kept.exists() and not gone.exists()
+    assert main(["calibrate", "--show", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [p["file"] for p in shown["profiles"]] == [str(kept)]
+    assert shown["profiles"][0]["hosts"] == ["node01"] and "profile" not in shown
+    assert main(["calibrate", "--clear"]) == 0 and not kept.exists()
+    assert main(["calibrate", "--clear"]) == 0
+    assert capsys.readouterr().out.endswith(f"no cached profile to remove in {xdg}\n")
+
+
+def _run(*argv: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "topoplan", *argv], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=240)
+
+
+@pytest.mark.mpi
+def test_cli_calibrates_into_the_cache_then_shows_and_reuses_it(tmp_path):
+    pytest.importorskip("mpi4py")
+    cluster = str(topology_path("dgx1_v100"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+           "TOPOPLAN_CALIBRATE": "off"}  # the command's own options decide, not this
+    first = _run("calibrate", "--quick", "--cluster", cluster, "-n", "2", env=env)
+    assert first.returncode == 0, first.stderr
+    files = list((tmp_path / "xdg" / "topoplan" / "profiles").iterdir())
+    assert len(files) == 1 and files[0].name.endswith(".yaml")
+    path = files[0]
+    assert f"cached in {path}" in first.stdout and "calibrate: repeat 5/5 done" in first.stderr
+    assert "per-step cost" in first.stdout  # the fit's tables, as with -o
+    record = cache._read(path, None)[0].calibration["cache"]
+    assert record["ranks"] == 2 and record["transport"] == "mpi"
+    assert record["fingerprint"] == cluster_fingerprint(load_cluster(cluster))
+
+    shown = _run("calibrate", "--show", env=env)
+    assert shown.returncode == 0, shown.stderr
+    line = shown.stdout.splitlines()[1]
+    assert line.startswith(f"{path.name}  mpi  2 ranks  {socket.gethostname()}  20")
+    assert "mpi-n2: alpha" in line
+    full = _run("calibrate", "--show", "--cluster", cluster, "-n", "2", env=env)
+    assert full.stdout.startswith(f"{path}: mpi, 2 ranks on {socket.gethostname()}, cluster sha256:")
+    assert "per-step cost" in full.stdout
+
+    before = path.read_text()
+    again = _run("calibrate", "--quick", "--cluster", cluster, "-n", "2", "--json", env=env)
+    assert again.returncode == 0, again.stderr
+    data = json.loads(again.stdout)
+    assert data["reused"] is True and data["source"] == f"cache {path}"
+    assert data["file"] == str(path) and data["profile"]["name"] == "mpi-n2"
+    assert "repeat" not in again.stderr and path.read_text() == before  # nothing measured
