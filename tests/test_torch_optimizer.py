@@ -481,8 +481,8 @@ def test_overlap_needs_start_and_one_backward_per_step():
 
 
 def test_planned_allreduce_records_what_auto_picked():
-    """``chosen`` names the planner auto picked for each size (a known planner, the same
-    on both ranks), not "auto"."""
+    """``chosen`` names what auto runs for each size (a known planner or the transport's
+    own collective, the same on both ranks), not "auto": "exploring" while it measures."""
     from topoplan.cluster import loads_cluster
     from topoplan.planners import PLANNERS
     from topoplan.torch import PlannedAllreduce
@@ -492,12 +492,17 @@ def test_planned_allreduce_records_what_auto_picked():
         planned = PlannedAllreduce(loads_cluster(PAIR), t, algorithm="auto")
         x = torch.full((1000,), float(t.rank + 1))
         planned(x)
-        return float(x[0]), dict(planned.chosen)
+        first = dict(planned.chosen)
+        while planned.choice.exploring(4000):
+            x = torch.full((1000,), float(t.rank + 1))
+            planned(x)
+        return float(x[0]), first, dict(planned.chosen)
 
     results = Local.launch(2, rank_fn, timeout=60)
-    assert [value for value, _ in results] == [3.0, 3.0]
-    assert results[0][1] == results[1][1] and set(results[0][1]) == {4000}
-    assert results[0][1][4000] in set(PLANNERS) - {"auto"}
+    assert [value for value, _, _ in results] == [3.0, 3.0]
+    assert results[0][1] == {4000: "exploring"}
+    assert results[0][2] == results[1][2] and set(results[0][2]) == {4000}
+    assert results[0][2][4000] in set(PLANNERS) - {"auto"} | {"native"}
 
 
 class _HeadFirst(nn.Module):

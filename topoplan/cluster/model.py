@@ -8,7 +8,7 @@ docs/CLUSTER.md) or :func:`host_cluster` (one machine running every rank).
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Iterable
 
@@ -392,6 +392,23 @@ class Cluster:
                 except nx.NetworkXNoPath:
                     cache[key] = []
         return cache[key]
+
+    def scaled(self, scale: float) -> Cluster:
+        """The cluster with every bandwidth multiplied by ``scale`` (latencies kept): the
+        cluster the testbed emulates at that scale."""
+        def box(b: Box) -> Box:
+            fabric = None if b.fabric is None else Fabric(b.fabric.bandwidth * scale,
+                                                          b.fabric.latency)
+            links = tuple(GpuLink(l.a, l.b, l.bandwidth * scale, l.latency)
+                          for l in b.gpu_links)
+            nics = tuple(Nic(n.switch, n.bandwidth * scale, n.latency, n.gpus) for n in b.nics)
+            return replace(b, fabric=fabric, gpu_links=links, nics=nics)
+
+        return Cluster(name=f"{self.name}@{scale:g}", boxes=tuple(box(b) for b in self.boxes),
+                       switches=self.switches,
+                       links=tuple(SwitchLink(l.a, l.b, l.bandwidth * scale, l.latency)
+                                   for l in self.links),
+                       source=self.source)
 
     # ---- summaries ---------------------------------------------------------
     def injection_bandwidth(self, box: Box) -> float:

@@ -93,6 +93,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--mpiexec", metavar="PATH", default=None, help=MPIEXEC_HELP)
     # The launcher verified the plan already; its ranks need not do it again.
     p.add_argument("--verified", action="store_true", help=argparse.SUPPRESS)
+    # --algorithm auto: the candidates of each size, planned by the launcher.
+    p.add_argument("--choices", default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_bench)
 
 
@@ -117,33 +119,78 @@ def _schedule(args: argparse.Namespace) -> Schedule:
                               force=args.force)
         return schedule
     algorithm = args.algorithm or "ring"
-    if args.cluster:
-        from ..cluster import load_cluster
-        cluster = load_cluster(args.cluster)
-    else:
-        if args.nranks is None:
-            raise TopoplanError("say how many ranks: -n N, or give --cluster or --plan")
-        from ..cluster import flat_cluster
-        cluster = flat_cluster(args.nranks)
+    cluster = _cluster(args)
     try:
         from ..planners import plan
     except ImportError:
         raise TopoplanError("the planners are not installed in this topoplan; pass --plan "
                             "PLAN.json") from None
     size = max(args.sizes) if args.sizes else 64 << 20
-    options: dict[str, Any] = {"collective": args.collective or "allreduce"}
+    pricing = _pricing(args, cluster)
+    return plan(cluster, algorithm=algorithm, size=size,
+                collective=args.collective or "allreduce", profile=pricing.profile,
+                machine=pricing.machine)
+
+
+def _cluster(args: argparse.Namespace) -> Any:
+    if args.cluster:
+        from ..cluster import load_cluster
+        return load_cluster(args.cluster)
+    if args.nranks is None:
+        raise TopoplanError("say how many ranks: -n N, or give --cluster or --plan")
+    from ..cluster import flat_cluster
+    return flat_cluster(args.nranks)
+
+
+def _pricing(args: argparse.Namespace, cluster: Any) -> Any:
+    """The price of the plans this bench runs: ``--profile``, else the transport's own
+    (the calibration cached for this cluster, transport and host, else the shipped
+    profile of the transport), on this host when the profile was measured on one (the
+    ranks run here)."""
+    from ..runtime.calibrate import launcher_profile
+    from ..runtime.choice import Pricing
     if args.profile:
-        # Plan against the runtime that runs it; auto ranks its candidates by their time
-        # on the machine the profile measured (this one), where the run happens.
         from ..analysis.cost import get_profile
-        profile = get_profile(args.profile)
-        options["profile"] = profile
-        if algorithm == "auto" and profile.host_bandwidth is not None:
-            options["machine"] = profile.host_cluster(cluster.nranks)
-    return plan(cluster, algorithm=algorithm, size=size, **options)
+        profile, source = get_profile(args.profile), "--profile"
+    else:
+        profile, source = launcher_profile(args.transport, cluster)
+    machine = (profile.host_cluster(cluster.nranks) if profile.host_bandwidth is not None
+               else None)
+    return Pricing(profile, machine, source)
 
 
-def _forward_argv(args: argparse.Namespace, plan_path: str) -> list[str]:
+def _choices(args: argparse.Namespace, nranks: int) -> dict[int, Any]:
+    """``--algorithm auto``: the model's candidates for every size, made here once (the
+    ranks explore them)."""
+    from ..runtime.choice import model_options
+    cluster = _cluster(args)
+    pricing = _pricing(args, cluster)
+    collective = args.collective or "allreduce"
+    out = {}
+    for size in args.sizes:
+        options, model_choice = model_options(cluster, size, collective,
+                                              profile=pricing.profile,
+                                              machine=pricing.machine)
+        out[size] = {"model_choice": model_choice,
+                     "options": [{"algorithm": o.algorithm, "predicted_s": o.predicted_s,
+                                  "schedule": o.schedule.to_json()} for o in options]}
+    return out
+
+
+def _load_choices(path: str) -> dict[int, tuple[list[Any], str]]:
+    import json
+
+    from ..ir.parse import loads_schedule
+    from ..runtime.choice import Option
+    with open(path) as f:
+        data = json.load(f)
+    return {int(size): ([Option(o["algorithm"], loads_schedule(o["schedule"]), o["predicted_s"])
+                         for o in entry["options"]], entry["model_choice"])
+            for size, entry in data.items()}
+
+
+def _forward_argv(args: argparse.Namespace, plan_path: str,
+                  choices_path: str | None = None) -> list[str]:
     """The rank command line: always from a plan file, so ranks never re-plan."""
     argv = [sys.executable, "-m", "topoplan", "bench", "--plan", plan_path, "--verified",
             "--sizes", ",".join(str(s) for s in args.sizes), "--dtype", args.dtype,
@@ -157,6 +204,8 @@ def _forward_argv(args: argparse.Namespace, plan_path: str) -> list[str]:
         argv += ["--profile", args.profile]
     if args.json:
         argv.append("--json")
+    if choices_path is not None:
+        argv += ["--choices", choices_path]
     return argv
 
 
@@ -194,13 +243,40 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except TopoplanError as exc:
         raise TopoplanError(f"--sizes: {exc}") from None
     check_transport(args.transport, nranks, share_gpus=args.share_gpus)
+    if args.plan:
+        _warn_priced_elsewhere(schedule, args.transport)
+    choices = None
+    if args.algorithm == "auto":
+        from ..runtime.choice import auto_mode, explore_budget
+        mode = auto_mode()
+        choices = _choices(args, nranks)
+        if not args.json:
+            how = ("the model's choice, nothing measured (TOPOPLAN_AUTO=model)"
+                   if mode == "model" else
+                   f"each size times the model's best candidates and the native collective "
+                   f"(at most {explore_budget()} calls, each checked) and runs the fastest")
+            print(f"# auto: {how}", flush=True)
     with tempfile.TemporaryDirectory(prefix="topoplan-bench-") as tmp:
         plan_path = os.path.join(tmp, "plan.json")
         schedule.save(plan_path)
+        choices_path = None
+        if choices is not None:
+            import json
+            choices_path = os.path.join(tmp, "choices.json")
+            with open(choices_path, "w") as f:
+                json.dump(choices, f)
         choose_port()
-        proc = mpiexec(nranks, _forward_argv(args, plan_path), capture=False,
+        proc = mpiexec(nranks, _forward_argv(args, plan_path, choices_path), capture=False,
                        fault_tolerant=True, launcher=args.mpiexec)
     return proc.returncode
+
+
+def _warn_priced_elsewhere(schedule: Schedule, transport: str) -> None:
+    """One line when a plan file was priced for another runtime than the one it runs on."""
+    from ..runtime.choice import priced_elsewhere
+    text = priced_elsewhere(schedule, transport)
+    if text:
+        print(f"topoplan: warning: {text}", file=sys.stderr, flush=True)
 
 
 def _verify(schedule: Schedule, path: str) -> None:
@@ -229,6 +305,19 @@ def _check_profile(args: argparse.Namespace) -> None:
         args.profile = os.path.abspath(args.profile)
 
 
+def _json_row(row: Any) -> dict[str, Any]:
+    """A row of ``--json``: the nccl-tests columns, the ratio, and for ``auto`` what it
+    chose, with every candidate (the native collective as ``"native"``)."""
+    out = asdict(row) | {"ratio": row.ratio}
+    if row.candidates is None:
+        for key in ("chosen", "model_choice", "candidates", "exploration_calls"):
+            out.pop(key)
+    else:
+        out["candidates"] = list(row.candidates)
+        out["contradicted"] = row.contradicted
+    return out
+
+
 def _run_rank(args: argparse.Namespace) -> int:
     from ..ir.parse import load_schedule
     if not args.plan:
@@ -246,17 +335,18 @@ def _run_rank(args: argparse.Namespace) -> int:
                                     args.dtype)
     transport = rank_transport(args.transport, timeout=args.timeout, share_gpus=args.share_gpus)
     try:
+        choices = _load_choices(args.choices) if args.choices else None
         rows = run_bench(schedule, transport, args.sizes, dtype=args.dtype,
                          baseline=args.baseline == "native", iters=args.iters,
                          warmup=args.warmup, timeout=args.timeout,
-                         use_torch=args.transport == "torch")
+                         use_torch=args.transport == "torch", choices=choices)
     except TransportError as exc:
         print(f"topoplan: error: {exc}", file=sys.stderr, flush=True)
         if args.transport == "mpi":
             from ..runtime.transports.mpi import leave_after_failure
             leave_after_failure(1, grace=args.timeout)
         return 1
-    if transport.rank == 0 and args.profile:
+    if transport.rank == 0 and args.profile and not args.choices:
         rows = predict_rows(rows, schedule, args.profile, transport.size)
     native_name = transport.native_name_of(schedule.collective)
     if transport.rank == 0:
@@ -266,14 +356,21 @@ def _run_rank(args: argparse.Namespace) -> int:
                              "nchunks": schedule.nchunks, "nsteps": schedule.nsteps,
                              "cluster": schedule.meta.get("cluster"),
                              "collective": schedule.collective,
-                             "chosen": schedule.meta.get("chosen")},
+                             "chosen": schedule.meta.get("chosen")
+                             if not args.choices else None},
                 "collective": schedule.collective,
                 "transport": transport.name, "native": native_name,
-                "rows": [asdict(r) | {"ratio": r.ratio} for r in rows]}))
+                "rows": [_json_row(r) for r in rows]}))
         else:
-            print(f"# topoplan bench: {plan_name(schedule)} {schedule.collective} schedule, "
-                  f"{plural(schedule.nranks, 'rank')}, {plural(schedule.nsteps, 'step')}, "
-                  f"{plural(schedule.nchunks, 'chunk')}, over {transport.name}")
+            if args.choices:
+                print(f"# topoplan bench: auto {schedule.collective}, "
+                      f"{plural(schedule.nranks, 'rank')}, over {transport.name}; per size, "
+                      "the candidate chosen and its prediction")
+            else:
+                print(f"# topoplan bench: {plan_name(schedule)} {schedule.collective} "
+                      f"schedule, {plural(schedule.nranks, 'rank')}, "
+                      f"{plural(schedule.nsteps, 'step')}, "
+                      f"{plural(schedule.nchunks, 'chunk')}, over {transport.name}")
             print(format_rows(rows, native_name=native_name, width=output_width() or 80))
             wrong = sum(r.wrong + (r.native_wrong or 0) for r in rows)
             print(f"# Out of bounds values : {wrong} {'OK' if not wrong else 'FAILED'}")

@@ -30,11 +30,12 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..ir.collectives import get_collective
 from ..errors import TopoplanError
 from ..ir.schedule import Schedule
+from .choice import size_class
 from .transports.base import NoNative
 from ..ir.collectives import bus_factor
 
@@ -74,6 +75,15 @@ class BenchRow:
     measured_over_predicted: float | None = None
     collective: str = "allreduce"
     native_note: str | None = None
+    chosen: str | None = None
+    model_choice: str | None = None
+    candidates: tuple[dict[str, Any], ...] | None = None
+    exploration_calls: int | None = None
+
+    @property
+    def contradicted(self) -> bool:
+        """Whether ``auto``'s run chose otherwise than its model."""
+        return self.chosen is not None and self.chosen != self.model_choice
 
     @property
     def ratio(self) -> float | None:
@@ -273,7 +283,9 @@ def _time(fn: Callable[[], Any], transport: Any, iters: int,
 def run_bench(schedule: Schedule, transport: Any, sizes: Sequence[int], *,
               dtype: str = "float32", baseline: bool = False, iters: int | None = None,
               warmup: int = 1, seconds_per_size: float = 0.3, max_iters: int = 200,
-              timeout: float = 60.0, use_torch: bool = False) -> list[BenchRow]:
+              timeout: float = 60.0, use_torch: bool = False,
+              choices: Mapping[int, tuple[list[Any], str]] | None = None,
+              mode: str | None = None) -> list[BenchRow]:
     """Replay ``schedule`` over ``transport`` for every size; collective (all ranks call it).
 
     Parameters
@@ -306,6 +318,15 @@ def run_bench(schedule: Schedule, transport: Any, sizes: Sequence[int], *,
         Use torch tensors as buffers (the torch transport's native form). A GPU
         transport (NCCL) always gets device buffers: CuPy arrays, or CUDA tensors for
         bfloat16 and torch's nccl.
+    choices : mapping, optional
+        ``auto`` measured on the job: size -> (candidates, the model's choice)
+        (:func:`topoplan.runtime.choice.model_options`); ``schedule`` then only says the
+        collective. Each size first explores (:class:`~topoplan.runtime.choice.MeasuredChoice`:
+        every exploring call runs on the check pattern and is checked), then its
+        chosen candidate is timed; the row has ``chosen``, ``model_choice``,
+        ``candidates`` (measured and predicted) and ``predicted_us`` of the chosen.
+    mode : str, optional
+        ``measured`` or ``model`` for ``choices`` (default ``$TOPOPLAN_AUTO``).
 
     Returns
     -------
@@ -328,7 +349,8 @@ def run_bench(schedule: Schedule, transport: Any, sizes: Sequence[int], *,
     check_sizes(sizes, n, collective, dtype)
     executors: dict[str, Any] = {"allreduce": Allreduce, "reduce_scatter": ReduceScatter,
                                  "allgather": AllGather}
-    run = executors[collective](schedule, transport, timeout=timeout)
+    run = None if choices is not None else executors[collective](schedule, transport,
+                                                                   timeout=timeout)
     native_fn = {"allreduce": transport.native_allreduce,
                  "reduce_scatter": transport.native_reduce_scatter,
                  "allgather": transport.native_allgather}[collective]
@@ -342,7 +364,12 @@ def run_bench(schedule: Schedule, transport: Any, sizes: Sequence[int], *,
         count = size // ITEMSIZE[dtype]
         bufs = _Buffers(collective, count, n, rank, dtype, arrays)
         nbytes = count * ITEMSIZE[dtype]
-        methods = [("schedule", lambda b=bufs.args: run(*b))]
+        chooser = None
+        if choices is not None:
+            chooser = _chooser(choices, size, transport, timeout, mode)
+            methods = [("schedule", lambda b=bufs.args, c=chooser, z=nbytes: c.call(z, *b))]
+        else:
+            methods = [("schedule", lambda b=bufs.args: run(*b))]
         if baseline:
             methods.append(("native", lambda b=bufs.args: native_fn(*b)))
         measured: dict[str, tuple[float, int, int] | None] = {}
@@ -354,7 +381,13 @@ def run_bench(schedule: Schedule, transport: Any, sizes: Sequence[int], *,
             except NoNative as exc:  # every rank alike, before anything moved
                 measured[name], note = None, str(exc)
                 continue
-            wrong = bufs.total(transport, bufs.wrong())
+            wrong = bufs.wrong()
+            if name == "schedule" and chooser is not None:
+                while chooser.exploring(nbytes):  # every exploring call on the pattern
+                    bufs.fill(rank)
+                    fn()
+                    wrong += bufs.wrong()
+            wrong = bufs.total(transport, wrong)
             # Timed runs reduce zeros: repeated sums of the pattern would overflow
             # (it grows n-fold per run), and 0 + 0 costs what any normal add costs.
             bufs.fill(None)
@@ -384,8 +417,30 @@ def run_bench(schedule: Schedule, transport: Any, sizes: Sequence[int], *,
                        native_wrong=w2)
         elif baseline:
             row.update(native_note=note)
+        if chooser is not None:
+            decision = chooser.decisions[size_class(nbytes)]
+            picked = next(c for c in decision.candidates if c["algorithm"] == decision.chosen)
+            row.update(chosen=decision.chosen, model_choice=decision.model_choice,
+                       candidates=decision.candidates, exploration_calls=decision.calls)
+            if picked["predicted_us"]:
+                row.update(predicted_us=picked["predicted_us"],
+                           measured_over_predicted=seconds * 1e6 / picked["predicted_us"])
         rows.append(BenchRow(**row))
     return rows
+
+
+def _chooser(choices: Mapping[int, tuple[list[Any], str]], size: int, transport: Any,
+             timeout: float, mode: str | None) -> Any:
+    """The measured choice of one size: its own candidates (a size is its own class
+    here), explored once (no re-check while the chosen one is timed)."""
+    from .choice import MeasuredChoice, executor_for, snapshot
+    if size not in choices:
+        raise TopoplanError(f"auto: no candidates were planned for {size} B")
+    options, model_choice = choices[size]
+    return MeasuredChoice(transport, lambda nbytes: (list(options), model_choice),
+                          lambda schedule: executor_for(schedule, transport, timeout=timeout),
+                          mode=mode, snapshot=snapshot, recheck_every=1 << 62,
+                          reprobe_every=1 << 62)
 
 
 def predict_rows(rows: Sequence[BenchRow], schedule: Schedule, profile: Any,
@@ -419,7 +474,21 @@ def predict_rows(rows: Sequence[BenchRow], schedule: Schedule, profile: Any,
 #: nccl-tests' column widths, used when no width is asked for.
 _NCCL_TESTS_WIDTHS = {"size(B)": 12, "count": 11, "type": 8, "redop": 5, "time(us)": 10,
                       "algbw(GB/s)": 11, "busbw(GB/s)": 11, "#wrong": 6, "ratio": 6,
-                      "pred(us)": 10, "meas/pred": 9}
+                      "pred(us)": 10, "meas/pred": 9, "chosen": 14}
+
+
+def _contradiction(row: BenchRow) -> str:
+    """``# * 1048576 B: ...``: the model's choice and the measured one, side by side."""
+    def us(algorithm: str | None) -> str:
+        c = next((c for c in row.candidates or () if c["algorithm"] == algorithm), None)
+        if c is None:
+            return ""
+        measured = "-" if c["measured_us"] is None else f"{c['measured_us']:.1f}"
+        predicted = "-" if c["predicted_us"] is None else f"{c['predicted_us']:.1f}"
+        return f" (measured {measured} us, predicted {predicted} us)"
+    return (f"# * {row.size} B: the run contradicted the model: it chose "
+            f"{row.model_choice}{us(row.model_choice)}; {row.chosen}{us(row.chosen)} "
+            "was faster")
 
 
 def format_rows(rows: Sequence[BenchRow], *, native_name: str | None = None,
@@ -451,6 +520,10 @@ def format_rows(rows: Sequence[BenchRow], *, native_name: str | None = None,
         ("algbw(GB/s)", 0, 3, [f"{r.algbw:.3f}" for r in rows]),
         ("busbw(GB/s)", 0, 1, [f"{r.busbw:.3f}" for r in rows]),
         ("#wrong", 0, 0, [str(r.wrong) for r in rows])]
+    chosen = any(r.chosen is not None for r in rows)
+    if chosen:
+        columns.append(("chosen", 0, 0, [(r.chosen or "-") + ("*" if r.contradicted else "")
+                                         for r in rows]))
     if native:
         columns += [
             ("time(us)", 1, 0, [f"{r.native_time_us:.1f}" if ran(r) else "-" for r in rows]),
@@ -519,6 +592,7 @@ def format_rows(rows: Sequence[BenchRow], *, native_name: str | None = None,
         if native and not ran(row) and row.native_note and row.native_note not in notes:
             notes.append(row.native_note)
     lines += [f"# native: not run: {note}" for note in notes]
+    lines += [_contradiction(r) for r in rows if r.contradicted]
     if len(shown) < len(columns):
         import textwrap
         left: list[str] = []

@@ -31,7 +31,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..cluster import Box, Cluster, Fabric, GpuLink, Nic, SwitchLink
+from ..cluster import Box, Cluster
 from ..errors import ClusterSpecError
 
 __all__ = ["Veth", "Layout", "PairRoute", "plan_layout", "scale_cluster", "auto_scale",
@@ -233,21 +233,12 @@ def _gpu_rate(box: Box, local: int) -> float:
 
 
 def scale_cluster(cluster: Cluster, scale: float) -> Cluster:
-    """The cluster with every bandwidth multiplied by ``scale`` (latencies kept).
+    """The cluster with every bandwidth multiplied by ``scale`` (latencies kept):
+    :meth:`Cluster.scaled`.
 
     This is the cluster the testbed emulates, hence the one to simulate for predictions.
     """
-    def box(b: Box) -> Box:
-        fabric = None if b.fabric is None else Fabric(b.fabric.bandwidth * scale, b.fabric.latency)
-        links = tuple(GpuLink(l.a, l.b, l.bandwidth * scale, l.latency) for l in b.gpu_links)
-        nics = tuple(Nic(n.switch, n.bandwidth * scale, n.latency, n.gpus) for n in b.nics)
-        return dataclasses.replace(b, fabric=fabric, gpu_links=links, nics=nics)
-
-    return Cluster(name=f"{cluster.name}@{scale:g}", boxes=tuple(box(b) for b in cluster.boxes),
-                   switches=cluster.switches,
-                   links=tuple(SwitchLink(l.a, l.b, l.bandwidth * scale, l.latency)
-                               for l in cluster.links),
-                   source=cluster.source)
+    return cluster.scaled(scale)
 
 
 def _shaped(rate: float, notes: list[str], what: str) -> float | None:

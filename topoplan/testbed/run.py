@@ -32,6 +32,7 @@ from typing import Any, Sequence
 
 from ..errors import TopoplanError, TransportError
 from .bench import MASTER_PORT, _repo_root
+from ..runtime.choice import TESTBED_SCALE_ENV
 from .netns import kill_namespace_processes
 
 __all__ = ["run_command", "TRANSPORTS", "DEFAULT_LARGEST_MESSAGE"]
@@ -80,7 +81,9 @@ def run_command(bed: Any, argv: Sequence[str], *, transport: str = "mpi",
                             "scripts/train.py")
     layout = bed.layout
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [_repo_root(), os.environ.get("PYTHONPATH")]))}
+        filter(None, [_repo_root(), os.environ.get("PYTHONPATH")])),
+        # The ranks' planned collectives price on the cluster emulated at this scale.
+        TESTBED_SCALE_ENV: repr(layout.scale)}
     deadline = None if timeout is None else time.monotonic() + timeout
     procs: list[subprocess.Popen] = []
     try:

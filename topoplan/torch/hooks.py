@@ -66,6 +66,12 @@ class TopoplanHookState:
         as a baseline.
     timeout : float
         Seconds any transfer may wait before :class:`topoplan.TransportError`.
+    profile : str, CostProfile or path, optional
+        What plans are priced with (default: the transport's own:
+        :class:`~topoplan.torch.PlannedAllreduce`).
+    mode : {"measured", "model"}, optional
+        For ``auto``: time the best candidates on the first calls of each size class
+        (default, unless ``TOPOPLAN_AUTO=model``) or keep the model's choice.
 
     Raises
     ------
@@ -76,7 +82,7 @@ class TopoplanHookState:
 
     def __init__(self, cluster: Any = None, *, algorithm: str = "auto",
                  process_group: Any = None, allreduce: Callable[[Any], Any] | None = None,
-                 timeout: float = 60.0) -> None:
+                 timeout: float = 60.0, profile: Any = None, mode: str | None = None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise TopoplanError("TopoplanHookState needs torch.distributed initialised: "
                                 "call dist.init_process_group('gloo') first")
@@ -93,7 +99,8 @@ class TopoplanHookState:
             from topoplan.runtime.transports import Torch
 
             allreduce = PlannedAllreduce(cluster, Torch(process_group), algorithm=algorithm,
-                                         share=self._share, timeout=timeout)
+                                         share=self._share, timeout=timeout, profile=profile,
+                                         mode=mode)
         elif getattr(allreduce, "nranks", self.world_size) != self.world_size:
             raise TopoplanError(f"allreduce callable spans {allreduce.nranks} ranks, "  # type: ignore[attr-defined]
                                 f"the process group {self.world_size}")
@@ -237,7 +244,8 @@ def register_hook(ddp: torch.nn.parallel.DistributedDataParallel, cluster: Any =
     fp16 : bool
         Send fp16 on the wire.
     **state_kwargs
-        More :class:`TopoplanHookState` arguments (``allreduce=``, ``timeout=``).
+        More :class:`TopoplanHookState` arguments (``allreduce=``, ``timeout=``,
+        ``profile=``, ``mode=``).
 
     Returns
     -------

@@ -60,23 +60,48 @@ class PlannedAllreduce:
         A topoplan transport (``topoplan.runtime.transports.Torch(pg)``, ``MPI(comm)``, ...).
     algorithm : str
         Planner name for :func:`topoplan.plan` (``ring``, ``tree``, ``rhd``,
-        ``hierarchical``, ``mcf``, ``auto``...).
+        ``hierarchical``, ``mcf``, ``auto``...). ``auto`` measures: each size class's
+        first calls time the model's best candidates and the transport's own allreduce,
+        and the fastest measured runs the calls after
+        (:class:`~topoplan.runtime.choice.MeasuredChoice`); ``mode="model"`` or
+        ``TOPOPLAN_AUTO=model`` keeps the model's choice.
     share : callable, optional
         ``share(obj) -> obj`` returns rank 0's ``obj`` on every rank (a broadcast).
-        When given, only rank 0's schedule is used, so ranks cannot disagree on the
-        plan even if a planner were not deterministic. Called once per new size, in
-        the same order on all ranks (the trainers call allreduce in a fixed order).
+        When given, only rank 0's plans are used, so ranks cannot disagree on them even
+        if a planner were not deterministic. Called once per new size (``auto``: per new
+        size class), in the same order on all ranks (the trainers call allreduce in a
+        fixed order).
     timeout : float
         Seconds the executor waits on any transfer before raising
         :class:`topoplan.TransportError` (never a hang).
     schedule : Schedule, optional
         Run this allreduce schedule at every size instead of planning one (a plan read
         from a file, a composed plan with native steps); ``cluster`` may then be None.
+    profile : str, CostProfile or path, optional
+        What plans are priced with. Default: the transport's own (a calibration cached
+        for this cluster, transport and hosts, else the shipped profile of the
+        transport: ``mpi``, ``gloo`` or ``nccl``; :func:`~topoplan.runtime.choice.job_pricing`),
+        found on the first call (collective).
+    machine : Cluster, optional
+        The cluster the bytes move on, for pricing (default: this host when every rank
+        runs on it and the profile was measured on one; the emulated cluster on the
+        testbed; else ``cluster``).
+    mode : {"measured", "model"}, optional
+        For ``auto``: default ``$TOPOPLAN_AUTO``, else ``measured``.
+
+    Attributes
+    ----------
+    chosen : dict
+        Byte size -> the algorithm its calls run (``exploring`` while ``auto`` measures;
+        ``native`` for the transport's own allreduce).
+    choice : MeasuredChoice or None
+        ``auto``'s decisions (``choice.decisions``, ``choice.history``).
 
     Notes
     -----
-    Planning happens once per distinct byte size; DDP buckets and fusion buffers have
-    a handful of sizes, so after the first step every call is a cache hit.
+    Planning happens once per distinct byte size (``auto``: once per size class, its
+    candidates planned for the first size seen); DDP buckets and fusion buffers have a
+    handful of sizes, so after the first steps every call is a cache hit.
 
     Schedules with native steps (IR v3: the transport's own collectives over groups of
     ranks) run like any other: the first executor over a group makes the group's
@@ -88,7 +113,8 @@ class PlannedAllreduce:
 
     def __init__(self, cluster: Any, transport: Any, *, algorithm: str = "auto",
                  share: Callable[[Any], Any] | None = None, timeout: float = 60.0,
-                 schedule: Any = None) -> None:
+                 schedule: Any = None, profile: Any = None, machine: Any = None,
+                 mode: str | None = None) -> None:
         if cluster is None and schedule is None:
             raise TopoplanError("PlannedAllreduce needs a cluster to plan for (or a schedule "
                                 "to run)")
@@ -102,48 +128,108 @@ class PlannedAllreduce:
         if schedule is not None and schedule.nranks != self.nranks:
             raise TopoplanError(f"the schedule is for {schedule.nranks} ranks, the cluster "
                                 f"{getattr(cluster, 'name', '?')!r} has {self.nranks}")
+        if cluster is not None and cluster.nranks != transport.size:
+            raise TopoplanError(f"cluster {getattr(cluster, 'name', '?')!r} has "
+                                f"{cluster.nranks} ranks but the {transport.name} transport "
+                                f"has {transport.size}; pick a cluster with {transport.size}")
         self.stats = AllreduceStats()
         self._executors: dict[int, Any] = {}
-        self.chosen: dict[int, str] = {}   # byte size -> algorithm the planner picked
+        self.chosen: dict[int, str] = {}   # byte size -> algorithm its calls run
+        self._profile, self._machine = profile, machine
+        self._pricing: Any = None
+        self._inflight: list[Any] = []
+        self.choice: Any = None
+        if schedule is None and algorithm == "auto":
+            from topoplan.runtime.choice import MeasuredChoice, snapshot
+            self.choice = MeasuredChoice(transport, self._options, self._make_executor,
+                                         mode=mode, snapshot=snapshot, drain=self._drain)
+
+    @property
+    def pricing(self) -> Any:
+        """The profile and machine plans are priced with (found on first use: collective)."""
+        if self._pricing is None:
+            from topoplan.runtime.choice import job_pricing
+            self._pricing = job_pricing(self.transport, self.cluster, profile=self._profile,
+                                        machine=self._machine)
+        return self._pricing
+
+    def _make_executor(self, schedule: Any) -> Any:
+        from topoplan.runtime.choice import executor_for
+        return executor_for(schedule, self.transport, timeout=self.timeout)
+
+    def _options(self, nbytes: int) -> tuple[list[Any], str]:
+        """auto's candidates for a new size class (rank 0's, with ``share``)."""
+        from topoplan.runtime.choice import Option, model_options
+        pricing = self.pricing
+        if self.share is None:
+            return model_options(self.cluster, nbytes, profile=pricing.profile,
+                                 machine=pricing.machine)
+        import topoplan
+        mine = None
+        if self.transport.rank == 0:
+            options, model_choice = model_options(self.cluster, nbytes,
+                                                  profile=pricing.profile,
+                                                  machine=pricing.machine)
+            mine = (model_choice, [(o.algorithm, o.schedule.to_json(), o.predicted_s)
+                                   for o in options])
+        model_choice, rows = self.share(mine)
+        return [Option(a, topoplan.loads_schedule(text), p) for a, text, p in rows], model_choice
 
     def executor_for(self, nbytes: int) -> Any:
-        """The cached executor for buffers of ``nbytes`` bytes, planning it if new."""
+        """The cached executor for buffers of ``nbytes`` bytes, planning it if new
+        (a named planner or a schedule; ``auto`` chooses per call)."""
         executor = self._executors.get(nbytes)
         if executor is None:
             import topoplan
-            from topoplan.runtime.executor import Allreduce
 
             if self.schedule is not None:
                 # One schedule: one executor (it compiles each size once).
                 schedule = self.schedule
                 executor = next(iter(self._executors.values()), None)
             else:
+                pricing = self.pricing
                 schedule = topoplan.plan(self.cluster, algorithm=self.algorithm,
-                                         size=max(nbytes, 1))
+                                         size=max(nbytes, 1), profile=pricing.profile,
+                                         machine=pricing.machine)
                 if self.share is not None:
                     schedule = topoplan.loads_schedule(self.share(schedule.to_json()))
             if executor is None:
-                executor = Allreduce(schedule, self.transport, timeout=self.timeout)
+                executor = self._make_executor(schedule)
             self._executors[nbytes] = executor
             # auto's schedules name what it picked in their meta
             self.chosen[nbytes] = str(schedule.meta.get("chosen", schedule.algorithm))
         return executor
 
+    def _drain(self) -> None:
+        """Wait for the calls this started that are still in flight."""
+        while self._inflight:
+            self._inflight.pop(0).wait()
+
     def __call__(self, buffer: Any) -> Any:
         nbytes = nbytes_of(buffer)
-        executor = self.executor_for(nbytes)
         start = time.perf_counter()
-        executor(buffer)
+        if self.choice is not None:
+            self.choice.call(max(nbytes, 1), buffer)
+            self.chosen[nbytes] = self.choice.chosen(max(nbytes, 1)) or "exploring"
+        else:
+            self.executor_for(nbytes)(buffer)
         self.stats.add(nbytes, time.perf_counter() - start)
         return buffer
 
     def start(self, buffer: Any) -> Any:
         """Start the planned allreduce of ``buffer``; an
         :class:`~topoplan.AllreduceHandle` (``test()``, ``wait()``). Planning a new size
-        happens here, before it returns. ``stats`` counts the call and its bytes (its
-        seconds are the caller's to measure: they overlap other work)."""
+        happens here, before it returns; so does an exploring call of ``auto`` (run to
+        the end, timed alone). ``stats`` counts the call and its bytes (its seconds are
+        the caller's to measure: they overlap other work)."""
         nbytes = nbytes_of(buffer)
-        handle = self.executor_for(nbytes).start(buffer)
+        if self.choice is not None:
+            handle = self.choice.start(max(nbytes, 1), buffer)
+            self.chosen[nbytes] = self.choice.chosen(max(nbytes, 1)) or "exploring"
+            self._inflight = [h for h in self._inflight if not getattr(h, "done", False)]
+            self._inflight.append(handle)
+        else:
+            handle = self.executor_for(nbytes).start(buffer)
         self.stats.add(nbytes, 0.0)
         return handle
 

@@ -121,6 +121,13 @@ class PlannedCollectives:
         Seconds any transfer may wait before :class:`topoplan.TransportError`.
     accumulate_fp32 : bool
         For float16/bfloat16 reduce-scatters: sum in float32 and round once.
+    profile : str, CostProfile or path, optional
+        What plans are priced with (default: the transport's own,
+        :func:`~topoplan.runtime.choice.job_pricing`).
+    mode : {"measured", "model"}, optional
+        For ``auto``: time the model's best candidates and the native collective on the
+        first calls of each size class and keep the fastest (``measured``, the default
+        unless ``TOPOPLAN_AUTO=model``), or take the model's choice.
 
     Raises
     ------
@@ -140,7 +147,8 @@ class PlannedCollectives:
 
     def __init__(self, cluster: Any, *, algorithm: str = "auto", group: Any = None,
                  share: bool = True, timeout: float = 60.0,
-                 accumulate_fp32: bool = False) -> None:
+                 accumulate_fp32: bool = False, profile: Any = None,
+                 mode: str | None = None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise TopoplanError("PlannedCollectives needs torch.distributed initialised: "
                                 "call dist.init_process_group('gloo') first")
@@ -157,6 +165,11 @@ class PlannedCollectives:
         self.chosen: dict[tuple[str, int, str], str] = {}
         self._transports: dict[int, tuple[Any, Any]] = {}  # id(group) -> (group, transport)
         self._executors: dict[tuple[int, str, int, torch.dtype], Any] = {}
+        self.profile, self.mode = profile, mode
+        self._pricing: dict[int, Any] = {}
+        # auto: (group, collective, dtype) -> its MeasuredChoice
+        self.choices: dict[tuple[int, str, torch.dtype], Any] = {}
+        self._inflight: list[Any] = []
         self._check_group(self._group(None))
 
     # -- groups, plans, executors ---------------------------------------------------
@@ -201,13 +214,15 @@ class PlannedCollectives:
 
             transport = self._transport(group)
             nbytes = int(numel) * torch.empty((), dtype=dtype).element_size()
+            pricing = self.pricing(group)
             if self.share:   # rank 0 plans, the others take its schedule (or its error)
                 shared, failed = ("", ""), None
                 if transport.rank == 0:
                     try:
                         shared = ("plan", topoplan.plan(
                             self.cluster, algorithm=self.algorithm, size=max(nbytes, 1),
-                            collective=collective).to_json())
+                            collective=collective, profile=pricing.profile,
+                            machine=pricing.machine).to_json())
                     except Exception as exc:  # noqa: BLE001 - every rank raises
                         failed, shared = exc, ("error", f"{type(exc).__name__}: {exc}")
                 kind, text = self._share(group, shared)
@@ -219,7 +234,8 @@ class PlannedCollectives:
                 schedule = topoplan.loads_schedule(text)
             else:
                 schedule = topoplan.plan(self.cluster, algorithm=self.algorithm,
-                                         size=max(nbytes, 1), collective=collective)
+                                         size=max(nbytes, 1), collective=collective,
+                                         profile=pricing.profile, machine=pricing.machine)
             cls = ReduceScatter if collective == "reduce_scatter" else AllGather
             executor = cls(schedule, transport, timeout=self.timeout,
                            accumulate_fp32=self.accumulate_fp32)
@@ -227,6 +243,70 @@ class PlannedCollectives:
             self.chosen[(collective, nbytes, str(dtype).removeprefix("torch."))] = \
                 str(schedule.meta.get("chosen", schedule.algorithm))
         return executor
+
+    def pricing(self, group: Any = None) -> Any:
+        """The profile and machine the plans of ``group`` are priced with (found on first
+        use, collective over the group: :func:`~topoplan.runtime.choice.job_pricing`)."""
+        group = self._group(group)
+        pricing = self._pricing.get(id(group))
+        if pricing is None:
+            from topoplan.runtime.choice import job_pricing
+            pricing = self._pricing[id(group)] = job_pricing(self._transport(group),
+                                                             self.cluster, profile=self.profile)
+        return pricing
+
+    def choice_for(self, collective: str, dtype: torch.dtype, group: Any = None) -> Any:
+        """``auto``'s :class:`~topoplan.runtime.choice.MeasuredChoice` of ``collective``
+        for ``dtype`` tensors on ``group``."""
+        group = self._group(group)
+        key = (id(group), collective, dtype)
+        choice = self.choices.get(key)
+        if choice is None:
+            from topoplan.runtime.choice import MeasuredChoice, executor_for, snapshot
+            transport = self._transport(group)
+
+            def executor(schedule: Any) -> Any:
+                return executor_for(schedule, transport, timeout=self.timeout,
+                                    accumulate_fp32=self.accumulate_fp32)
+
+            choice = self.choices[key] = MeasuredChoice(
+                transport, lambda nbytes: self._options(collective, nbytes, group), executor,
+                mode=self.mode, snapshot=snapshot, drain=self._drain, what=collective)
+        return choice
+
+    def _options(self, collective: str, nbytes: int, group: Any) -> tuple[list[Any], str]:
+        """auto's candidates for a new size class: rank 0's (or its error), with ``share``."""
+        import topoplan
+        from topoplan.runtime.choice import Option, model_options
+        transport = self._transport(group)
+        pricing = self.pricing(group)
+        if not self.share:
+            return model_options(self.cluster, nbytes, collective, profile=pricing.profile,
+                                 machine=pricing.machine)
+        shared: Any = ("", "")
+        failed = None
+        if transport.rank == 0:
+            try:
+                options, model_choice = model_options(self.cluster, nbytes, collective,
+                                                      profile=pricing.profile,
+                                                      machine=pricing.machine)
+                shared = ("plan", (model_choice, [(o.algorithm, o.schedule.to_json(),
+                                                   o.predicted_s) for o in options]))
+            except Exception as exc:  # noqa: BLE001 - every rank raises
+                failed, shared = exc, ("error", f"{type(exc).__name__}: {exc}")
+        kind, value = self._share(group, shared)
+        if failed is not None:
+            raise failed
+        if kind == "error":
+            raise TopoplanError(f"{_ALL[collective]}: planning {nbytes} bytes failed on rank "
+                                f"0: {value}")
+        model_choice, rows = value
+        return ([Option(a, topoplan.loads_schedule(text), p) for a, text, p in rows],
+                model_choice)
+
+    def _drain(self) -> None:
+        while self._inflight:
+            self._inflight.pop(0).wait()
 
     # -- the collectives ----------------------------------------------------------------
     def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor,
@@ -356,6 +436,23 @@ class PlannedCollectives:
             raise TopoplanError(f"{_ALL[collective]}: the process group's backend "
                                 f"({dist.get_backend(group)}) moves {device.type} tensors, "
                                 f"got {output.device.type} ones")
+        if self.algorithm == "auto":
+            choice = self.choice_for(collective, full.dtype, group)
+            key = (collective, nbytes, str(full.dtype).removeprefix("torch."))
+            if async_op:
+                handle = choice.start(nbytes, input.view(-1), output.view(-1))
+                self.chosen[key] = choice.chosen(nbytes) or "exploring"
+                self._inflight = [h for h in self._inflight if not getattr(h, "done", False)]
+                self._inflight.append(handle)
+                stats.add(nbytes, 0.0)
+                return PlannedWork(handle, output, finish)
+            start = time.perf_counter()
+            choice.call(nbytes, input.view(-1), output.view(-1))
+            self.chosen[key] = choice.chosen(nbytes) or "exploring"
+            if finish is not None:
+                finish()
+            stats.add(nbytes, time.perf_counter() - start)
+            return None
         executor = self.executor_for(collective, full.numel(), full.dtype, group)
         if async_op:
             handle = executor.start(input.view(-1), output.view(-1))

@@ -55,7 +55,7 @@ from ...errors import TopoplanError, TopoplanWarning
 __all__ = ["ENV_CALIBRATE", "cache_root", "transport_family", "shipped_profile_for",
            "runtime_of_transport", "runtime_of_profile", "calibration_mode", "host_set",
            "CacheKey", "job_key", "lookup", "store", "CacheEntry", "cached_profiles",
-           "job_profile"]
+           "job_profile", "launcher_profile"]
 
 #: The environment variable that turns calibration on the job on or off
 #: (:func:`calibration_mode`).
@@ -686,6 +686,24 @@ def job_profile(transport: Any, cluster: Any = None, *, calibrate_missing: bool 
         warnings.simplefilter("ignore")  # rank 0 read this text already
         profile = loads_profile(verdict["text"], verdict["file"])
     return profile, verdict["source"]
+
+
+def launcher_profile(transport: Any, cluster: Any, nranks: int | None = None
+                     ) -> tuple[CostProfile, str]:
+    """What :func:`job_profile` would give a job of ``nranks`` (default the cluster's)
+    ranks of ``transport`` (its name) on this host, without a job: the profile cached for
+    that key, else the transport's shipped one. For a launcher (``topoplan bench``) that
+    plans before its ranks start here; it never measures."""
+    import socket
+    from ...cluster import as_cluster
+    cluster = as_cluster(cluster)
+    key = CacheKey.make(transport, nranks=nranks or cluster.nranks,
+                        hosts=(socket.gethostname(),), cluster=cluster)
+    cached = lookup(key)
+    if cached is not None:
+        return cached, f"cache {key.path}"
+    name = shipped_profile_for(transport)
+    return get_profile(name), f"shipped {name}"
 
 
 def _agree(transport: Any, verdict: dict[str, Any] | None) -> dict[str, Any]:

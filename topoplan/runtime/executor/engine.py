@@ -91,6 +91,18 @@ class Cursor:
         return f"<channel {self.channel} at {self.at} of {self.end}>"
 
 
+def _warn_priced_elsewhere(schedule: Schedule, transport: Transport) -> None:
+    """A :class:`~topoplan.TopoplanWarning` (rank 0's) when the schedule was priced for
+    another runtime (:func:`topoplan.runtime.choice.priced_elsewhere`)."""
+    from ..choice import priced_elsewhere
+    text = priced_elsewhere(schedule, transport)
+    if text:
+        import warnings
+
+        from ...errors import TopoplanWarning
+        warnings.warn(text, TopoplanWarning, stacklevel=4)
+
+
 class Executor:
     """What :class:`Allreduce`, :class:`ReduceScatter` and :class:`AllGather` share:
     compiling the rank's program, binding buffers, running calls in flight, tags and
@@ -113,6 +125,8 @@ class Executor:
                 f"ranks or launch {schedule.nranks}")
         if not timeout > 0:
             raise TopoplanError(f"timeout must be > 0 seconds, got {timeout!r}")
+        if transport.rank == 0:
+            _warn_priced_elsewhere(schedule, transport)
         self.schedule = schedule
         #: What the schedule computes, over its ranks and chunks: the buffers' layout.
         self.spec = collective_of(schedule)

@@ -1,0 +1,246 @@
+"""auto's measured choice (topoplan.runtime.choice): ranks agree, failures are dropped,
+results stay exact, drift re-probes, the off switch, and ``bench --algorithm auto``'s
+report; on real MPI processes (tests/mpi_choice.py), gloo ranks and in-process threads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from topoplan.cluster import load_cluster
+from topoplan.errors import TopoplanError
+from topoplan.runtime.choice import (NATIVE, MeasuredChoice, Option, auto_mode, class_range,
+                                     explore_budget, model_options, priced_elsewhere,
+                                     size_class, snapshot)
+from topoplan.runtime.executor import Allreduce
+from topoplan.runtime.transports.local import Local
+
+ROOT = Path(__file__).resolve().parents[1]
+CROSSED = load_cluster(ROOT / "topologies" / "targets" / "ddl_two_switch_crossed.yaml")
+
+
+def _records(proc, tag="TOPOPLAN-CHOICE "):
+    out = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith(tag):
+            record = json.loads(line.removeprefix(tag))
+            out[record["rank"]] = record
+    return out
+
+
+def _mpi(case: str, nranks: int = 4):
+    from topoplan.runtime.mpirun import mpiexec
+    proc = mpiexec(nranks, [sys.executable, str(ROOT / "tests" / "mpi_choice.py"), case],
+                   timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = _records(proc)
+    assert sorted(records) == list(range(nranks)), proc.stdout + proc.stderr
+    return records, proc
+
+
+# ---- pure --------------------------------------------------------------------------------
+
+def test_size_classes_are_powers_of_two() -> None:
+    assert [size_class(n) for n in (1, 2, 3, 4, 5, 1 << 20, (1 << 20) + 1)] == \
+        [0, 1, 2, 2, 3, 20, 21]
+    assert class_range(20) == "(512KiB, 1MiB]"
+    assert explore_budget() == 16 and explore_budget(top=1, probes=2) == 6
+
+
+def test_the_off_switch_reads_the_environment(monkeypatch) -> None:
+    monkeypatch.delenv("TOPOPLAN_AUTO", raising=False)
+    assert auto_mode() == "measured"
+    monkeypatch.setenv("TOPOPLAN_AUTO", "model")
+    assert auto_mode() == "model" and auto_mode("measured") == "measured"
+    monkeypatch.setenv("TOPOPLAN_AUTO", "fastest")
+    with pytest.raises(TopoplanError, match="TOPOPLAN_AUTO='fastest': use 'measured'"):
+        auto_mode()
+
+
+def test_model_options_are_verified_plans_and_the_native_collective() -> None:
+    options, model_choice = model_options(CROSSED, 1 << 20, profile="mpi", machine=CROSSED)
+    names = [o.algorithm for o in options]
+    assert NATIVE in names and len(names) == 4 and len(set(names)) == 4
+    assert model_choice in names
+    predicted = [o.predicted_s for o in options]
+    assert predicted == sorted(predicted) and all(p > 0 for p in predicted)
+    native = options[names.index(NATIVE)]
+    assert native.schedule.nsteps == 1 and native.schedule.nnative == CROSSED.nranks
+
+
+def test_a_plan_priced_for_another_runtime_is_named() -> None:
+    import topoplan
+    schedule = topoplan.plan(CROSSED, algorithm="ring", size=1 << 20, profile="nccl")
+    assert priced_elsewhere(schedule, "mpi") == (
+        "plan priced for nccl, running on mpi: re-plan with --profile mpi or calibrate")
+    assert priced_elsewhere(schedule, "torch").startswith("plan priced for nccl, running on gloo")
+    assert priced_elsewhere(schedule, "nccl") is None
+    mine = topoplan.plan(CROSSED, algorithm="ring", size=1 << 20, profile="mpi")
+    assert priced_elsewhere(mine, "mpi") is None
+
+
+# ---- in-process threads -----------------------------------------------------------------
+
+def _options(n: int):
+    return model_options(CROSSED, n, profile="mpi", machine=CROSSED, top=2)
+
+
+def test_model_mode_runs_the_models_choice_and_times_nothing() -> None:
+    def job(t):
+        options, model_choice = _options(1 << 16)
+        choice = MeasuredChoice(t, lambda n: (options, model_choice),
+                                lambda s: Allreduce(s, t), mode="model")
+        for _ in range(3):
+            x = np.full(1 << 14, 1.0 + t.rank, dtype=np.float32)
+            choice.call(1 << 16, x)
+            assert (x == 10).all()
+        d = next(iter(choice.decisions.values()))
+        return d.chosen, d.model_choice, d.reason, d.calls, [o.samples for o in options]
+
+    for chosen, model_choice, reason, calls, samples in Local.launch(4, job):
+        assert chosen == model_choice and reason == "model" and calls == 0
+        assert samples == [[], [], []]
+
+
+def test_drift_starts_a_new_exploration_and_a_slow_candidate_is_pruned() -> None:
+    """Once chosen, a candidate that turns 3x slower is measured again against the
+    others (the drift check), and the decision follows; a candidate over PRUNE x the
+    fastest after one round is dropped."""
+    def job(t):
+        options, model_choice = _options(1 << 16)
+        slow = {"after": None}
+        by_id = {id(o.schedule): o.algorithm for o in options}
+
+        def executor(schedule):
+            run = Allreduce(schedule, t)
+            name = by_id[id(schedule)]
+
+            def call(*args):
+                out = run(*args)
+                if name == options[-1].algorithm:
+                    time.sleep(0.03)   # always slow: pruned after round 1
+                elif slow["after"] is not None and name == slow["after"]:
+                    time.sleep(0.01)   # the chosen one turns slow
+                return out
+            return call
+
+        choice = MeasuredChoice(t, lambda n: (options, model_choice), executor,
+                                snapshot=snapshot, recheck_every=4)
+        for call in range(40):
+            if call == 12:
+                slow["after"] = choice.chosen(1 << 16)
+            x = np.full(1 << 14, 1.0 + t.rank, dtype=np.float32)
+            choice.call(1 << 16, x)
+            assert (x == 10).all()
+        return [(d.chosen, d.reason, d.calls,
+                 [c["note"] for c in d.candidates]) for d in choice.history], slow["after"]
+
+    results = Local.launch(4, job)
+    assert all(r == results[0] for r in results)   # every rank saw the same decisions
+    history, slowed = results[0]
+    assert history[0][1] == "measured" and history[0][2] <= explore_budget(top=2)
+    assert any("dropped after one round" in (note or "") for note in history[0][3])
+    assert len(history) >= 2 and history[1][1] == "drift"
+    assert history[1][0] != slowed
+
+
+# ---- real MPI processes --------------------------------------------------------------------
+
+@pytest.mark.mpi
+def test_every_rank_picks_the_same_though_their_clocks_disagree() -> None:
+    records, _ = _mpi("agree")
+    assert {r["chosen"] for r in records.values()} == {"native"}
+    # alone, ranks 0 and 1 would have kept the other candidate
+    assert {records[r]["own_pick"] for r in (0, 1)} == {records[0]["first"]}
+    assert len({json.dumps(r["measured"], sort_keys=True) for r in records.values()}) == 1
+
+
+@pytest.mark.mpi
+def test_a_failing_candidate_is_dropped_and_every_result_is_exact() -> None:
+    records, proc = _mpi("fail")
+    for r in records.values():
+        assert r["wrong"] == 0, r
+        assert r["chosen"] not in (r["timed_out"], r["broken"]), r
+        assert "timed out" in r["notes"][r["timed_out"]], r
+        assert r["notes"][r["broken"]] in ("failed to build on another rank",
+                                           "failed to build: injected: this rank cannot "
+                                           "build it"), r
+    assert "dropped" in proc.stderr
+
+
+@pytest.mark.mpi
+def test_exploring_results_are_bit_identical_across_ranks() -> None:
+    records, _ = _mpi("exact")
+    for r in records.values():
+        assert r["calls"] == 40 and r["mismatched"] == 0, r
+        assert r["max_error"] < 1e-4, r
+        assert len(r["decisions"]) == 2 and all(d["exploration_calls"] > 0
+                                                for d in r["decisions"])
+
+
+@pytest.mark.mpi
+def test_a_plan_priced_for_nccl_warns_once_on_rank_0_over_mpi() -> None:
+    records, _ = _mpi("warn")
+    assert records[0]["warnings"] == [
+        "plan priced for nccl, running on mpi: re-plan with --profile mpi or calibrate"]
+    assert all(records[r]["warnings"] == [] for r in (1, 2, 3))
+
+
+# ---- the command --------------------------------------------------------------------------
+
+def _bench(*args: str, env: dict | None = None):
+    import subprocess
+    return subprocess.run([sys.executable, "-m", "topoplan", "bench", *args],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+@pytest.mark.mpi
+def test_bench_auto_reports_every_candidate_measured_and_predicted() -> None:
+    proc = _bench("--algorithm", "auto", "--cluster",
+                  str(ROOT / "topologies" / "targets" / "ddl_two_switch_crossed.yaml"),
+                  "--sizes", "64KiB,1MiB", "--iters", "3", "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)["rows"]
+    assert [r["size"] for r in rows] == [65536, 1048576]
+    for row in rows:
+        assert row["wrong"] == 0
+        names = [c["algorithm"] for c in row["candidates"]]
+        assert "native" in names and row["chosen"] in names
+        assert 0 < row["exploration_calls"] <= explore_budget()
+        for c in row["candidates"]:
+            assert c["predicted_us"] > 0 and set(c) >= {"measured_us", "spread", "note"}
+        measured = {c["algorithm"]: c["measured_us"] for c in row["candidates"]
+                    if c["measured_us"] is not None and c["note"] is None}
+        assert row["chosen"] == min(measured, key=measured.get)
+        assert row["contradicted"] == (row["chosen"] != row["model_choice"])
+        assert row["predicted_us"] == next(c["predicted_us"] for c in row["candidates"]
+                                           if c["algorithm"] == row["chosen"])
+
+
+@pytest.mark.mpi
+def test_bench_auto_off_switch_and_table() -> None:
+    cluster = str(ROOT / "topologies" / "targets" / "ddl_two_switch_crossed.yaml")
+    proc = _bench("--algorithm", "auto", "--cluster", cluster, "--sizes", "64KiB",
+                  "--iters", "2", "--json", env={"TOPOPLAN_AUTO": "model"})
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(proc.stdout)["rows"]
+    assert row["chosen"] == row["model_choice"] and row["exploration_calls"] == 0
+    assert all(c["measured_us"] is None for c in row["candidates"])
+    proc = _bench("--algorithm", "auto", "--cluster", cluster, "--sizes", "64KiB,256KiB",
+                  "--iters", "2", env={"COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    head = [line for line in proc.stdout.splitlines() if line.startswith("#  ")
+            or "chosen" in line]
+    assert any("chosen" in line and "pred(us)" in line for line in head), proc.stdout
+    assert "# auto: each size times the model's best candidates" in proc.stdout
+    for line in proc.stdout.splitlines():
+        if line.startswith("# * "):
+            assert "the run contradicted the model: it chose" in line

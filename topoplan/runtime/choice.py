@@ -1,0 +1,680 @@
+"""Measured choice: ``auto`` times the model's best candidates on the live job and keeps
+the fastest.
+
+The model (:func:`topoplan.planners.pipeline.execute` under the transport's profile)
+ranks every planner; :func:`model_options` keeps its best few plans and the transport's
+own collective (``native``: one native step over every rank). :class:`MeasuredChoice`
+then runs the first calls of each *size class* (sizes in ``(2^(k-1), 2^k]`` bytes) with
+those candidates in turn, timed, and keeps the fastest measured for the calls after:
+
+- **Rounds.** Round 0 runs each candidate once, untimed (it compiles the executor and
+  makes sub-communicators). Rounds 1 .. ``probes`` time each live candidate once per
+  round, interleaved, so drift on a shared machine falls on all of them alike. After
+  round 1, a candidate slower than ``prune`` times the fastest is dropped.
+- **Every rank picks the same.** After each timed call the ranks agree in one small
+  collective (:meth:`~topoplan.runtime.transports.base.Transport.allreduce_max_many`)
+  on whether it failed anywhere and on its slowest rank's time; the statistics are then
+  the same floats on every rank, and so is the choice (the smallest median, ties to the
+  model's order). A rank's own clock never decides alone.
+- **Exact while exploring.** Every candidate is verified before it runs. A call that
+  fails on any rank (a timeout, a transport without that native collective) drops the
+  candidate with a note; every rank puts its input back (a copy taken before the call)
+  and runs the call again with the model's best candidate still standing, so the
+  result is exact and the run goes on.
+- **Budget.** At most ``(top + 1) * (1 + probes)`` calls of a size class explore (16 by
+  default), each followed by one collective of two floats; calls of a size class after
+  the first explored one take its decision.
+- **Re-probing.** Every ``recheck_every`` timed calls the ranks agree on the chosen
+  candidate's recent median; more than ``drift`` times its measured median starts a new
+  exploration (without the untimed round). Every ``reprobe_every`` calls of a class
+  (doubling each time) it explores again anyway.
+- **Off switch.** ``TOPOPLAN_AUTO=model`` (or ``mode="model"``): the model's choice,
+  deterministic, nothing timed.
+
+Each decision is a :class:`Decision` (measured and predicted times of every candidate),
+logged on the ``topoplan.choice`` logger by rank 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import TopoplanError, TransportError
+from ..ir.schedule import Schedule
+
+__all__ = ["ENV", "MODES", "Option", "Decision", "MeasuredChoice", "auto_mode",
+           "model_options", "size_class", "class_range", "NATIVE", "TOP", "PROBES", "PRUNE",
+           "RECHECK_EVERY", "DRIFT", "REPROBE_EVERY", "explore_budget", "Pricing", "job_pricing",
+           "TESTBED_SCALE_ENV", "snapshot", "priced_elsewhere", "NativeCall",
+           "executor_for"]
+
+log = logging.getLogger("topoplan.choice")
+
+#: The environment variable that turns measuring off: ``model`` or ``measured``.
+ENV = "TOPOPLAN_AUTO"
+MODES = ("measured", "model")
+#: The candidate that is the transport's own collective.
+NATIVE = "native"
+#: The model's best plans measured (the native collective comes on top).
+TOP = 3
+#: Timed calls per candidate.
+PROBES = 3
+#: After the first timed round, a candidate over this many times the fastest is dropped.
+PRUNE = 2.0
+#: Timed calls between the checks of the chosen candidate's time.
+RECHECK_EVERY = 64
+#: The chosen candidate's recent median over its measured one that starts a re-probe.
+DRIFT = 1.3
+#: Calls of a class after which it is explored again anyway (doubled each time).
+REPROBE_EVERY = 4096
+
+
+def explore_budget(top: int = TOP, probes: int = PROBES) -> int:
+    """The most calls one exploration of a size class takes: every candidate (``top``
+    plans and the native collective) once untimed and ``probes`` times timed."""
+    return (top + 1) * (1 + probes)
+
+
+def auto_mode(mode: str | None = None) -> str:
+    """``measured`` or ``model``: ``mode`` when given, else ``$TOPOPLAN_AUTO``, else
+    ``measured``.
+
+    Raises
+    ------
+    TopoplanError
+        Another value, naming where it came from.
+    """
+    where = "mode"
+    if mode is None:
+        mode, where = os.environ.get(ENV, "").strip().lower() or "measured", ENV
+    if mode not in MODES:
+        raise TopoplanError(f"{where}={mode!r}: use 'measured' (time the best candidates on "
+                            "the job, the default) or 'model' (the model's choice, nothing "
+                            "timed)")
+    return mode
+
+
+def size_class(nbytes: int) -> int:
+    """The size class of ``nbytes``: ``k`` for sizes in ``(2^(k-1), 2^k]`` (0 for 1 byte
+    and less)."""
+    return max(0, int(nbytes) - 1).bit_length()
+
+
+def class_range(k: int) -> str:
+    """``"(512KiB, 1MiB]"``: the sizes of class ``k``."""
+    from ..units import format_size
+    if k == 0:
+        return "1B"
+    return f"({format_size(1 << (k - 1))}, {format_size(1 << k)}]"
+
+
+@dataclass(eq=False)
+class Option:
+    """One candidate of a size class: a verified schedule, its predicted time, and what
+    running it measured (the slowest rank's seconds of each timed call)."""
+
+    algorithm: str
+    schedule: Schedule
+    predicted_s: float | None = None
+    samples: list[float] = field(default_factory=list)
+    failed: str | None = None
+    pruned: bool = False
+    executor: Any = None
+
+    @property
+    def live(self) -> bool:
+        return self.failed is None and not self.pruned
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.samples) if self.samples else math.inf
+
+    @property
+    def spread(self) -> float | None:
+        """(max - min) / median of the timed calls; None with fewer than two."""
+        if len(self.samples) < 2:
+            return None
+        return (max(self.samples) - min(self.samples)) / self.median_s
+
+    def record(self) -> dict[str, Any]:
+        """The JSON form: ``algorithm``, ``measured_us`` (median), ``spread``,
+        ``predicted_us``, ``calls`` and ``note`` (why it was dropped)."""
+        note = self.failed or ("dropped after one round: over "
+                               f"{PRUNE:g}x the fastest" if self.pruned else None)
+        return {"algorithm": self.algorithm,
+                "measured_us": None if not self.samples else self.median_s * 1e6,
+                "spread": self.spread,
+                "predicted_us": None if self.predicted_s is None else self.predicted_s * 1e6,
+                "calls": len(self.samples), "note": note}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a size class runs, and why.
+
+    ``chosen`` is the algorithm kept (``native``: the transport's own collective);
+    ``model_choice`` the model's; ``candidates`` their :meth:`Option.record`;
+    ``calls`` and ``seconds`` what exploring cost; ``reason`` is ``measured``,
+    ``model`` (nothing timed), or ``drift`` / ``re-probe`` for a later exploration.
+    """
+
+    size_class: int
+    nbytes: int
+    chosen: str
+    model_choice: str
+    candidates: tuple[dict[str, Any], ...]
+    calls: int
+    seconds: float
+    reason: str
+
+    @property
+    def contradicted(self) -> bool:
+        """Whether the run chose otherwise than the model."""
+        return self.chosen != self.model_choice
+
+    @property
+    def measured_us(self) -> float | None:
+        return next((c["measured_us"] for c in self.candidates
+                     if c["algorithm"] == self.chosen), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"size_class": class_range(self.size_class), "nbytes": self.nbytes,
+                "chosen": self.chosen, "model_choice": self.model_choice,
+                "contradicted": self.contradicted, "reason": self.reason,
+                "exploration_calls": self.calls, "exploration_s": self.seconds,
+                "candidates": list(self.candidates)}
+
+    def line(self, what: str = "allreduce") -> str:
+        """One line for the log: the choice, then each candidate measured (model)."""
+        def us(v: float | None) -> str:
+            return "-" if v is None else (f"{v / 1e3:.3g} ms" if v >= 1e3 else f"{v:.3g} us")
+        parts = []
+        for c in self.candidates:
+            text = f"{c['algorithm']} {us(c['measured_us'])} (model {us(c['predicted_us'])})"
+            parts.append(text + (f" [{c['note']}]" if c["note"] else ""))
+        head = (f"auto {what} {class_range(self.size_class)}: {self.chosen}"
+                + (f", the model chose {self.model_choice}" if self.contradicted else "")
+                + f" ({self.reason}, {self.calls} calls)")
+        return head + ": " + "; ".join(parts)
+
+
+#: Set by ``topoplan testbed run`` for the ranks it starts: the testbed's bandwidth scale,
+#: so that a job on it is priced on the cluster it emulates.
+TESTBED_SCALE_ENV = "TOPOPLAN_TESTBED_SCALE"
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """What a job's plans are priced with: the cost profile, the cluster the bytes move
+    on (``machine``; None: the cluster planned for) and where the profile came from."""
+
+    profile: Any
+    machine: Any
+    source: str
+
+    @property
+    def name(self) -> str:
+        return str(self.profile.name)
+
+
+def job_pricing(transport: Any, cluster: Any, *, profile: Any = None,
+                machine: Any = None) -> Pricing:
+    """The price of this job's plans: the profile of the transport it runs on, unless
+    ``profile`` names one; collective when ``profile`` is None.
+
+    - The profile: ``profile``, else the calibration cached for this cluster, transport
+      and hosts, else the shipped profile of the transport
+      (:func:`topoplan.runtime.calibrate.job_profile`; ``$TOPOPLAN_CALIBRATE`` may have
+      it calibrate now).
+    - The machine: ``machine``, else on the testbed (``$TOPOPLAN_TESTBED_SCALE``) the
+      cluster it emulates, else, for a profile measured on a host (``host_bandwidth``)
+      with every rank on one host, that host (:meth:`CostProfile.host_cluster`): the
+      ranks then move bytes through its memory, whatever the cluster file says.
+    """
+    from ..analysis.cost import get_profile
+    if profile is None:
+        from .calibrate import job_profile
+        costs, source = job_profile(transport, cluster)
+    else:
+        costs, source = get_profile(profile), "given"
+    if machine is None:
+        scale = os.environ.get(TESTBED_SCALE_ENV)
+        if scale:
+            machine = cluster.scaled(float(scale))
+        elif costs.host_bandwidth is not None and _one_host(transport):
+            machine = costs.host_cluster(transport.size)
+    return Pricing(costs, machine, source)
+
+
+def priced_elsewhere(schedule: Schedule, transport: Any) -> str | None:
+    """``plan priced for nccl, running on mpi: re-plan with --profile mpi or calibrate``
+    when ``schedule`` was priced (``meta["profile"]``) for another runtime than
+    ``transport`` (an object or its name: ``mpi``, ``torch``, ``nccl``); else None (also
+    for a profile of no known runtime, and for in-process threads)."""
+    name = schedule.meta.get("profile")
+    kind = transport if isinstance(transport, str) else getattr(transport, "name", "")
+    if not isinstance(name, str) or kind == "local":
+        return None
+    from ..errors import ProfileError
+    from .calibrate import runtime_of_profile, runtime_of_transport, shipped_profile_for
+    try:
+        priced = runtime_of_profile(name)
+    except (ProfileError, OSError):  # a profile of another machine's files: not known here
+        return None
+    running = runtime_of_transport(transport)
+    if priced is None or priced == running:
+        return None
+    return (f"plan priced for {priced}, running on {running}: re-plan with --profile "
+            f"{shipped_profile_for(transport)} or calibrate")
+
+
+def _one_host(transport: Any) -> bool:
+    from .calibrate import host_set
+    return len(host_set(transport)) == 1
+
+
+def model_options(cluster: Any, size: int, collective: str = "allreduce", *,
+                  profile: Any = None, machine: Any = None, top: int = TOP,
+                  native: bool = True) -> tuple[list[Option], str]:
+    """The model's ``top`` best plans for ``size`` bytes and the transport's own
+    collective, fastest predicted first; and the model's choice.
+
+    The model is the pipeline's ``auto`` (:func:`topoplan.planners.pipeline.execute`)
+    under ``profile`` on ``machine`` (the cluster the runtime moves bytes on; default
+    ``cluster``). Its chosen plan is taken as it runs (channels, vectored messages); the
+    next ones as planned, each verified. ``native`` is the ``nccl`` row's plan (one
+    native step over every rank), predicted as the model prices it; it is always a
+    candidate when ``native`` is true.
+
+    Raises
+    ------
+    InfeasiblePlanError, PlannerError
+        As :func:`topoplan.plan`.
+    """
+    from ..ir.verify import verify
+    from ..planners.native import native_schedule
+    from ..planners.pipeline import NCCL, PlanRequest, execute
+
+    request = PlanRequest.make(cluster, size=max(int(size), 1), collective=collective,
+                               profile=profile, machine=machine, algorithm="auto")
+    result = execute(request)
+    model_choice = NATIVE if result.chosen.name == NCCL else result.chosen.name
+    options: list[Option] = []
+    for row in result.rows:
+        if row.name == NCCL or row.schedule is None or not math.isfinite(row.time_s):
+            continue
+        if len(options) >= top:
+            break
+        if row is result.chosen:
+            schedule, predicted = result.schedule, result.time_s
+        else:
+            schedule, predicted = row.schedule, row.time_s
+            verify(schedule)
+        options.append(Option(row.name, schedule, predicted))
+    if native and cluster.nranks > 1:
+        nccl = result.nccl
+        predicted_native = nccl.time_s if math.isfinite(nccl.time_s) else None
+        options.append(Option(NATIVE, native_schedule(cluster.nranks, collective,
+                                                      algorithm=NATIVE),
+                              predicted_native))
+    options.sort(key=lambda o: math.inf if o.predicted_s is None else o.predicted_s)
+    return options, model_choice
+
+
+class NativeCall:
+    """The transport's own collective over every rank, as a candidate runs it: a
+    blocking call goes to the library directly (``native_allreduce``,
+    ``native_reduce_scatter``, ``native_allgather``: what a user of the library calls),
+    ``start`` to the executor's native step (non-blocking, polled)."""
+
+    def __init__(self, executor: Any, direct: Callable[..., None]) -> None:
+        self.executor, self._direct = executor, direct
+
+    def __call__(self, *args: Any) -> Any:
+        self._direct(*args)
+        return args[-1]
+
+    def start(self, *args: Any) -> Any:
+        return self.executor.start(*args)
+
+
+def executor_for(schedule: Schedule, transport: Any, *, timeout: float = 60.0,
+                 accumulate_fp32: bool = False) -> Any:
+    """What runs a candidate: :class:`~topoplan.Allreduce`, ``ReduceScatter`` or
+    ``AllGather`` by the schedule's collective; for :data:`NATIVE` (one native step over
+    every rank), a :class:`NativeCall` around it."""
+    from .executor import AllGather, Allreduce, ReduceScatter
+    cls = {"allreduce": Allreduce, "reduce_scatter": ReduceScatter,
+           "allgather": AllGather}[schedule.collective]
+    executor = cls(schedule, transport, timeout=timeout, accumulate_fp32=accumulate_fp32)
+    if schedule.meta.get("algorithm") != NATIVE or schedule.nranks != transport.size:
+        return executor
+    direct = {"allreduce": transport.native_allreduce,
+              "reduce_scatter": transport.native_reduce_scatter,
+              "allgather": transport.native_allgather}[schedule.collective]
+    return NativeCall(executor, direct)
+
+
+def snapshot(*args: Any) -> Callable[[], None]:
+    """A copy of each array argument (numpy, torch, CuPy) and the function that puts them
+    back: what an exploring call may overwrite, restored after a failed one."""
+    saved = [(a, a.clone() if hasattr(a, "clone") else a.copy()) for a in args]
+
+    def restore() -> None:
+        for a, copy in saved:
+            if hasattr(a, "copy_"):
+                a.copy_(copy)
+            else:
+                a[...] = copy
+
+    return restore
+
+
+class _Done:
+    """The handle of a call that already ran (an exploring call runs at once)."""
+
+    def __init__(self, result: Any) -> None:
+        self.result, self.done = result, True
+
+    def test(self) -> bool:
+        return True
+
+    def wait(self) -> Any:
+        return self.result
+
+
+class _Class:
+    """The state of one size class."""
+
+    def __init__(self, k: int, nbytes: int, options: list[Option], model_choice: str) -> None:
+        self.k, self.nbytes = k, nbytes
+        self.options, self.model_choice = options, model_choice
+        self.queue: list[int] = list(range(len(options)))
+        self.round = 0
+        self.chosen: Option | None = None
+        self.reason = "measured"
+        self.explore_calls = 0
+        self.explore_s = 0.0
+        self.since = 0              # calls since the decision
+        self.recent: list[float] = []
+        self.reprobe_every = REPROBE_EVERY
+
+
+class MeasuredChoice:
+    """Choose among candidates by timing them on the job; collective (every rank makes
+    the same calls in the same order, as any collective needs).
+
+    Parameters
+    ----------
+    transport : Transport
+        Where the agreement runs (``allreduce_max_many``) and whose rank logs.
+    options : callable
+        ``options(nbytes) -> (list of Option, model_choice)`` for a new size class
+        (:func:`model_options`).
+    executor : callable
+        ``executor(schedule) -> callable`` runs one call: ``executor(schedule)(*args)``
+        (an :class:`~topoplan.Allreduce`, ``ReduceScatter``, ``AllGather``); built on a
+        candidate's first call, in the same order on every rank.
+    mode : str, optional
+        ``measured`` or ``model`` (default ``$TOPOPLAN_AUTO``, else measured).
+    snapshot : callable, optional
+        ``snapshot(*args) -> restore``: copy what a call overwrites and return the
+        function that puts it back (an allreduce's buffer); called before each exploring
+        call, ``restore()`` only after a failed one. None: calls leave their input as it
+        was (a reduce-scatter).
+    drain : callable, optional
+        Waits for the caller's calls in flight before an exploring call is timed.
+    probes, prune, recheck_every, drift, reprobe_every
+        See the module's notes.
+    what : str
+        The collective, for the log.
+
+    Attributes
+    ----------
+    decisions : dict
+        Size class -> the latest :class:`Decision`.
+    history : list
+        Every :class:`Decision`, in order (re-probes too).
+    """
+
+    def __init__(self, transport: Any, options: Callable[[int], tuple[list[Option], str]],
+                 executor: Callable[[Schedule], Any], *, mode: str | None = None,
+                 snapshot: Callable[..., Callable[[], None]] | None = None,
+                 drain: Callable[[], None] | None = None, probes: int = PROBES,
+                 prune: float = PRUNE, recheck_every: int = RECHECK_EVERY,
+                 drift: float = DRIFT, reprobe_every: int = REPROBE_EVERY,
+                 what: str = "allreduce", clock: Callable[[], float] = time.perf_counter
+                 ) -> None:
+        if probes < 1:
+            raise TopoplanError(f"probes={probes}: time each candidate at least once")
+        self.transport = transport
+        self.mode = auto_mode(mode)
+        self._options, self._executor = options, executor
+        self._snapshot, self._drain = snapshot, drain
+        self.probes, self.prune, self.drift = probes, prune, drift
+        self.recheck_every, self.reprobe_every = recheck_every, reprobe_every
+        self.what, self._clock = what, clock
+        self._classes: dict[int, _Class] = {}
+        self.decisions: dict[int, Decision] = {}
+        self.history: list[Decision] = []
+
+    # -- what runs ------------------------------------------------------------------
+    def chosen(self, nbytes: int) -> str | None:
+        """The algorithm the class of ``nbytes`` runs; None while it explores."""
+        state = self._classes.get(size_class(nbytes))
+        return None if state is None or state.chosen is None else state.chosen.algorithm
+
+    def options(self, nbytes: int) -> list[Option]:
+        """The candidates of the class of ``nbytes`` (empty before its first call)."""
+        state = self._classes.get(size_class(nbytes))
+        return [] if state is None else list(state.options)
+
+    def exploring(self, nbytes: int) -> bool:
+        """Whether the next call of ``nbytes`` explores."""
+        state = self._classes.get(size_class(nbytes))
+        return state is None or state.chosen is None
+
+    def call(self, nbytes: int, *args: Any) -> Any:
+        """Run one call of ``nbytes`` bytes (``executor(schedule)(*args)``) and return
+        its result."""
+        state = self._state(nbytes)
+        if state.chosen is None:
+            return self._explore(state, args)
+        return self._steady(state, args, timed=True)
+
+    def start(self, nbytes: int, *args: Any) -> Any:
+        """Start one call; a handle with ``test()`` and ``wait()``. Exploring calls run
+        to the end here (timed alone); the others are started and returned."""
+        state = self._state(nbytes)
+        if state.chosen is None:
+            return _Done(self._explore(state, args))
+        return self._steady(state, args, timed=False)
+
+    # -- size classes ---------------------------------------------------------------
+    def _state(self, nbytes: int) -> _Class:
+        k = size_class(nbytes)
+        state = self._classes.get(k)
+        if state is None:
+            options, model_choice = self._options(nbytes)
+            if not options:
+                raise TopoplanError(f"auto {self.what} of {nbytes} B: the model gave no "
+                                    "candidate to run")
+            state = self._classes[k] = _Class(k, nbytes, list(options), model_choice)
+            if self.mode == "model" or len(options) == 1:
+                pick = next((o for o in options if o.algorithm == model_choice), options[0])
+                self._decide(state, pick, "model" if self.mode == "model" else "only candidate")
+        return state
+
+    def _run(self, option: Option, args: tuple) -> Any:
+        if option.executor is None:
+            option.executor = self._executor(option.schedule)
+        return option.executor(*args)
+
+    def _explore(self, state: _Class, args: tuple) -> Any:
+        if not state.queue:
+            self._next_round(state)
+            if state.chosen is not None:
+                return self._steady(state, args, timed=True)
+        option = state.options[state.queue.pop(0)]
+        if self._drain is not None:
+            self._drain()
+        restore = self._snapshot(*args) if self._snapshot is not None else None
+        result, slowest = self._attempt(state, option, args)
+        if slowest is None:
+            return self._fallback(state, args, restore)
+        if state.round > 0:
+            option.samples.append(slowest)
+        return result
+
+    def _attempt(self, state: _Class, option: Option, args: tuple) -> tuple[Any, float | None]:
+        """Run one call with ``option`` and agree with every rank on how it went: its
+        result and slowest rank's seconds, or (None, None) when it failed on any rank
+        (the option is then marked failed, on every rank alike). A candidate's executor is
+        built on its first call, and the ranks agree that it was first: one that a rank
+        cannot build never runs."""
+        if option.executor is None and not self._build(state, option):
+            return None, None
+        error: BaseException | None = None
+        # Every rank starts together: the time is the call's, not how late a rank came
+        # (on a machine with fewer cores than ranks, the work between calls staggers them).
+        self.transport.barrier()
+        began = self._clock()
+        result: Any = None
+        try:
+            result = self._run(option, args)
+        except Exception as exc:  # noqa: BLE001 - every rank learns of it just below
+            error = exc
+        elapsed = self._clock() - began
+        try:
+            failed, slowest = self.transport.allreduce_max_many(
+                [1.0 if error is not None else 0.0, elapsed])
+        except Exception:
+            if error is not None:
+                raise error from None
+            raise
+        state.explore_calls += 1
+        state.explore_s += slowest
+        if not failed:
+            return result, slowest
+        option.failed = f"failed: {error}" if error is not None else "failed on another rank"
+        if self.transport.rank == 0:
+            log.warning("auto %s %s: dropped %s: %s", self.what, class_range(state.k),
+                        option.algorithm, option.failed)
+        return None, None
+
+    def _build(self, state: _Class, option: Option) -> bool:
+        error: BaseException | None = None
+        try:
+            option.executor = self._executor(option.schedule)
+        except Exception as exc:  # noqa: BLE001 - every rank learns of it just below
+            error = exc
+        (failed,) = self.transport.allreduce_max_many([1.0 if error is not None else 0.0])
+        if not failed:
+            return True
+        option.executor = None
+        option.failed = (f"failed to build: {error}" if error is not None
+                         else "failed to build on another rank")
+        if self.transport.rank == 0:
+            log.warning("auto %s %s: dropped %s: %s", self.what, class_range(state.k),
+                        option.algorithm, option.failed)
+        return False
+
+    def _fallback(self, state: _Class, args: tuple, restore: Callable[[], None] | None) -> Any:
+        """Run the call again, from the input as it was, with the model's best candidates
+        still standing, one after another until one works on every rank."""
+        while True:
+            standing = [o for o in state.options if o.failed is None]
+            if not standing:
+                notes = "; ".join(f"{o.algorithm}: {o.failed}" for o in state.options)
+                raise TransportError(f"auto {self.what} of {state.nbytes} B: every candidate "
+                                     f"failed ({notes})")
+            if restore is not None:
+                restore()
+            best = next((o for o in standing if o.algorithm == state.model_choice),
+                        standing[0])
+            result, slowest = self._attempt(state, best, args)
+            if slowest is not None:
+                return result
+
+    def _next_round(self, state: _Class) -> None:
+        state.round += 1
+        live = [o for o in state.options if o.live]
+        if state.round == 2 and len(live) > 1:
+            fastest = min(o.samples[0] for o in live if o.samples)
+            for o in live:
+                if o.samples and o.samples[0] > self.prune * fastest:
+                    o.pruned = True
+            live = [o for o in live if o.live]
+        if state.round > self.probes or len(live) <= 1:
+            if not live:
+                return self._fallback_decision(state)
+            best = min(live, key=lambda o: (o.median_s, state.options.index(o)))
+            return self._decide(state, best, state.reason)
+        state.queue = [state.options.index(o) for o in live]
+
+    def _fallback_decision(self, state: _Class) -> None:
+        standing = [o for o in state.options if o.failed is None]
+        if not standing:
+            raise TransportError(f"auto {self.what} of {state.nbytes} B: every candidate "
+                                 "failed")
+        self._decide(state, standing[0], state.reason)
+
+    def _decide(self, state: _Class, option: Option, reason: str) -> None:
+        state.chosen, state.since, state.recent = option, 0, []
+        decision = Decision(state.k, state.nbytes, option.algorithm, state.model_choice,
+                            tuple(o.record() for o in state.options), state.explore_calls,
+                            state.explore_s, reason)
+        self.decisions[state.k] = decision
+        self.history.append(decision)
+        if self.transport.rank == 0:
+            log.info("%s", decision.line(self.what))
+
+    # -- after the decision -----------------------------------------------------------
+    def _steady(self, state: _Class, args: tuple, *, timed: bool) -> Any:
+        option = state.chosen
+        assert option is not None
+        state.since += 1
+        if not timed:
+            result = self._start(option, args)
+        else:
+            began = self._clock()
+            result = self._run(option, args)
+            state.recent.append(self._clock() - began)
+            if self.mode == "measured" and len(state.recent) >= self.recheck_every:
+                self._recheck(state, option)
+        if self.mode == "measured" and state.since >= state.reprobe_every:
+            self._reexplore(state, "re-probe")
+            state.reprobe_every *= 2
+        return result
+
+    def _start(self, option: Option, args: tuple) -> Any:
+        if option.executor is None:
+            option.executor = self._executor(option.schedule)
+        start = getattr(option.executor, "start", None)
+        return start(*args) if start is not None else _Done(option.executor(*args))
+
+    def _recheck(self, state: _Class, option: Option) -> None:
+        recent = statistics.median(state.recent)
+        state.recent = []
+        (agreed,) = self.transport.allreduce_max_many([recent])
+        if option.samples and agreed > self.drift * option.median_s:
+            if self.transport.rank == 0:
+                log.info("auto %s %s: %s now takes %.3g us, %.2fx its measured %.3g us: "
+                         "measuring the candidates again", self.what, class_range(state.k),
+                         option.algorithm, agreed * 1e6, agreed / option.median_s,
+                         option.median_s * 1e6)
+            self._reexplore(state, "drift")
+
+    def _reexplore(self, state: _Class, reason: str) -> None:
+        """Explore the class again from the first timed round (executors are built)."""
+        for o in state.options:
+            o.samples, o.pruned = [], False
+        state.chosen, state.reason, state.round = None, reason, 1
+        state.explore_calls, state.explore_s = 0, 0.0
+        state.queue = [i for i, o in enumerate(state.options) if o.live]
