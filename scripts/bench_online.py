@@ -124,11 +124,16 @@ def _transport(kind: str):
 
 
 def _timed(transport, fn, calls: int) -> float:
-    transport.barrier()
-    began = time.perf_counter()
+    """The median over ``calls`` calls of the slowest rank's time, each call started by
+    every rank together (as a training step's calls are timed: one at a time; the
+    online auto measures its candidates the same way)."""
+    times = []
     for _ in range(calls):
+        transport.barrier()
+        began = time.perf_counter()
         fn()
-    return transport.allreduce_max((time.perf_counter() - began) / calls)
+        times.append(transport.allreduce_max(time.perf_counter() - began))
+    return statistics.median(times)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -156,9 +161,9 @@ def worker(args: argparse.Namespace) -> None:
         for o in options:
             if o.executor is None:
                 o.executor = planned._make_executor(o.schedule)
-        # calls per timing: about 20 ms of the chosen one, at least 1
+        # calls per timing: about 30 ms of the chosen one, 3 to 15
         one = _timed(transport, lambda: planned(x), 1)
-        calls = max(1, min(50, int(0.02 / max(one, 1e-6))))
+        calls = max(3, min(15, int(0.03 / max(one, 1e-6))))
         times: dict[str, list[float]] = {"online": [], **{o.algorithm: [] for o in options}}
         for _ in range(args.rounds):
             times["online"].append(_timed(transport, lambda: planned(x), calls))

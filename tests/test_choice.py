@@ -244,3 +244,50 @@ def test_bench_auto_off_switch_and_table() -> None:
     for line in proc.stdout.splitlines():
         if line.startswith("# * "):
             assert "the run contradicted the model: it chose" in line
+
+
+# ---- gloo processes ----------------------------------------------------------------------
+
+def _gloo_sharded(t) -> dict:
+    """PlannedCollectives(auto) over gloo: reduce-scatters and allgathers (blocking and
+    async) of random floats through exploration; every output exact, the decisions
+    agreed."""
+    import hashlib
+
+    import torch
+    import torch.distributed as dist
+
+    from topoplan.torch import PlannedCollectives
+    world, rank = t.size, t.rank
+    planned = PlannedCollectives(CROSSED, algorithm="auto", profile="gloo")
+    mismatched, wrong = 0, 0
+    for call in range(20):
+        g = torch.Generator().manual_seed(call)
+        full = [torch.randn(world * 2048, generator=g) for _ in range(world)]  # every rank's
+        out = torch.empty(2048)
+        work = planned.reduce_scatter_tensor(out, full[rank].clone(), async_op=call % 2 == 1)
+        if work is not None:
+            work.wait()
+        want = sum(full).view(world, -1)[rank]
+        wrong += int((out - want).abs().max() > 1e-4)
+        gathered = torch.empty(world * 2048)
+        planned.all_gather_into_tensor(gathered, out)
+        digests = [None] * world
+        dist.all_gather_object(digests, hashlib.sha1(gathered.numpy().tobytes()).hexdigest())
+        mismatched += len(set(digests)) > 1
+    return {"wrong": wrong, "mismatched": mismatched, "chosen": dict(planned.chosen),
+            "decisions": {c: [d.chosen for d in choice.history]
+                          for (_, c, _), choice in planned.choices.items()}}
+
+
+def test_sharded_collectives_measure_over_gloo() -> None:
+    from tests.support import forkserver
+    from topoplan.runtime.transports import Torch
+    results = Torch.launch(4, _gloo_sharded, backend="gloo", timeout=240,
+                           start_method=forkserver.START)
+    assert all(r == results[0] for r in results)
+    r = results[0]
+    assert r["wrong"] == 0 and r["mismatched"] == 0, r
+    assert set(r["decisions"]) == {"reduce_scatter", "allgather"}
+    assert all(len(v) == 1 for v in r["decisions"].values()), r
+    assert all(v != "exploring" for v in r["chosen"].values()), r

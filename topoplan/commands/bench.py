@@ -148,7 +148,7 @@ def _pricing(args: argparse.Namespace, cluster: Any) -> Any:
     profile of the transport), on this host when the profile was measured on one (the
     ranks run here)."""
     from ..runtime.calibrate import launcher_profile
-    from ..runtime.choice import Pricing
+    from ..runtime.calibrate import Pricing
     if args.profile:
         from ..analysis.cost import get_profile
         profile, source = get_profile(args.profile), "--profile"
@@ -273,7 +273,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _warn_priced_elsewhere(schedule: Schedule, transport: str) -> None:
     """One line when a plan file was priced for another runtime than the one it runs on."""
-    from ..runtime.choice import priced_elsewhere
+    from ..runtime.transports.families import priced_elsewhere
     text = priced_elsewhere(schedule, transport)
     if text:
         print(f"topoplan: warning: {text}", file=sys.stderr, flush=True)

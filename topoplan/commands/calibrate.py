@@ -483,7 +483,8 @@ def _run_rank(args: argparse.Namespace) -> int:
             record = profile.calibration.get("cache")
             cached = record is not None and not source.startswith("calibrated now (not cached")
             data = {"source": source, "profile": profile.dumps(),
-                    "file": str(CacheKey.from_dict(record).path) if cached else None}
+                    "file": str(CacheKey.from_dict(record).path)
+                    if cached and record is not None else None}
         from .._util import atomic_write
         atomic_write(args.result, json_text(data))
     if args.transport == "torch":

@@ -30,6 +30,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Mapping, Sequence
 
 from ..ir.collectives import get_collective
@@ -364,14 +365,17 @@ def run_bench(schedule: Schedule, transport: Any, sizes: Sequence[int], *,
         count = size // ITEMSIZE[dtype]
         bufs = _Buffers(collective, count, n, rank, dtype, arrays)
         nbytes = count * ITEMSIZE[dtype]
-        chooser = None
+        chooser: Any = None
+        args = bufs.args
+        methods: list[tuple[str, Callable[[], Any]]]
         if choices is not None:
             chooser = _chooser(choices, size, transport, timeout, mode)
-            methods = [("schedule", lambda b=bufs.args, c=chooser, z=nbytes: c.call(z, *b))]
+            methods = [("schedule", partial(chooser.call, nbytes, *args))]
         else:
-            methods = [("schedule", lambda b=bufs.args: run(*b))]
+            assert run is not None
+            methods = [("schedule", partial(run, *args))]
         if baseline:
-            methods.append(("native", lambda b=bufs.args: native_fn(*b)))
+            methods.append(("native", partial(native_fn, *args)))
         measured: dict[str, tuple[float, int, int] | None] = {}
         note = None
         for name, fn in methods:

@@ -47,12 +47,12 @@ from typing import Any, Callable
 
 from ..errors import TopoplanError, TransportError
 from ..ir.schedule import Schedule
+from .transports.families import priced_elsewhere
 
 __all__ = ["ENV", "MODES", "Option", "Decision", "MeasuredChoice", "auto_mode",
            "model_options", "size_class", "class_range", "NATIVE", "TOP", "PROBES", "PRUNE",
-           "RECHECK_EVERY", "DRIFT", "REPROBE_EVERY", "explore_budget", "Pricing", "job_pricing",
-           "TESTBED_SCALE_ENV", "snapshot", "priced_elsewhere", "NativeCall",
-           "executor_for"]
+           "RECHECK_EVERY", "DRIFT", "REPROBE_EVERY", "explore_budget", "snapshot",
+           "priced_elsewhere", "NativeCall", "executor_for"]
 
 log = logging.getLogger("topoplan.choice")
 
@@ -202,81 +202,6 @@ class Decision:
                 + (f", the model chose {self.model_choice}" if self.contradicted else "")
                 + f" ({self.reason}, {self.calls} calls)")
         return head + ": " + "; ".join(parts)
-
-
-#: Set by ``topoplan testbed run`` for the ranks it starts: the testbed's bandwidth scale,
-#: so that a job on it is priced on the cluster it emulates.
-TESTBED_SCALE_ENV = "TOPOPLAN_TESTBED_SCALE"
-
-
-@dataclass(frozen=True)
-class Pricing:
-    """What a job's plans are priced with: the cost profile, the cluster the bytes move
-    on (``machine``; None: the cluster planned for) and where the profile came from."""
-
-    profile: Any
-    machine: Any
-    source: str
-
-    @property
-    def name(self) -> str:
-        return str(self.profile.name)
-
-
-def job_pricing(transport: Any, cluster: Any, *, profile: Any = None,
-                machine: Any = None) -> Pricing:
-    """The price of this job's plans: the profile of the transport it runs on, unless
-    ``profile`` names one; collective when ``profile`` is None.
-
-    - The profile: ``profile``, else the calibration cached for this cluster, transport
-      and hosts, else the shipped profile of the transport
-      (:func:`topoplan.runtime.calibrate.job_profile`; ``$TOPOPLAN_CALIBRATE`` may have
-      it calibrate now).
-    - The machine: ``machine``, else on the testbed (``$TOPOPLAN_TESTBED_SCALE``) the
-      cluster it emulates, else, for a profile measured on a host (``host_bandwidth``)
-      with every rank on one host, that host (:meth:`CostProfile.host_cluster`): the
-      ranks then move bytes through its memory, whatever the cluster file says.
-    """
-    from ..analysis.cost import get_profile
-    if profile is None:
-        from .calibrate import job_profile
-        costs, source = job_profile(transport, cluster)
-    else:
-        costs, source = get_profile(profile), "given"
-    if machine is None:
-        scale = os.environ.get(TESTBED_SCALE_ENV)
-        if scale:
-            machine = cluster.scaled(float(scale))
-        elif costs.host_bandwidth is not None and _one_host(transport):
-            machine = costs.host_cluster(transport.size)
-    return Pricing(costs, machine, source)
-
-
-def priced_elsewhere(schedule: Schedule, transport: Any) -> str | None:
-    """``plan priced for nccl, running on mpi: re-plan with --profile mpi or calibrate``
-    when ``schedule`` was priced (``meta["profile"]``) for another runtime than
-    ``transport`` (an object or its name: ``mpi``, ``torch``, ``nccl``); else None (also
-    for a profile of no known runtime, and for in-process threads)."""
-    name = schedule.meta.get("profile")
-    kind = transport if isinstance(transport, str) else getattr(transport, "name", "")
-    if not isinstance(name, str) or kind == "local":
-        return None
-    from ..errors import ProfileError
-    from .calibrate import runtime_of_profile, runtime_of_transport, shipped_profile_for
-    try:
-        priced = runtime_of_profile(name)
-    except (ProfileError, OSError):  # a profile of another machine's files: not known here
-        return None
-    running = runtime_of_transport(transport)
-    if priced is None or priced == running:
-        return None
-    return (f"plan priced for {priced}, running on {running}: re-plan with --profile "
-            f"{shipped_profile_for(transport)} or calibrate")
-
-
-def _one_host(transport: Any) -> bool:
-    from .calibrate import host_set
-    return len(host_set(transport)) == 1
 
 
 def model_options(cluster: Any, size: int, collective: str = "allreduce", *,

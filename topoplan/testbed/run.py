@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 from ..errors import TopoplanError, TransportError
 from .bench import MASTER_PORT, _repo_root
-from ..runtime.choice import TESTBED_SCALE_ENV
+from ..runtime.calibrate import TESTBED_SCALE_ENV
 from .netns import kill_namespace_processes
 
 __all__ = ["run_command", "TRANSPORTS", "DEFAULT_LARGEST_MESSAGE"]

@@ -148,7 +148,7 @@ class PlannedAllreduce:
     def pricing(self) -> Any:
         """The profile and machine plans are priced with (found on first use: collective)."""
         if self._pricing is None:
-            from topoplan.runtime.choice import job_pricing
+            from topoplan.runtime.calibrate import job_pricing
             self._pricing = job_pricing(self.transport, self.cluster, profile=self._profile,
                                         machine=self._machine)
         return self._pricing

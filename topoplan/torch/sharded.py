@@ -250,7 +250,7 @@ class PlannedCollectives:
         group = self._group(group)
         pricing = self._pricing.get(id(group))
         if pricing is None:
-            from topoplan.runtime.choice import job_pricing
+            from topoplan.runtime.calibrate import job_pricing
             pricing = self._pricing[id(group)] = job_pricing(self._transport(group),
                                                              self.cluster, profile=self.profile)
         return pricing

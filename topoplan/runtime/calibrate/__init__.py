@@ -52,12 +52,12 @@ from .native import NATIVE_RULE, fit_native, measure_native, native_cases
 from .probe import host_cores, load_average, small_limit, transport_info
 from .profile import (FULL, HOST_PARAMETERS, QUICK, SPLIT_RULE, Measured, calibrate,
                       fit_measured, fit_profile, measure_all)
-from .cache import (ENV_CALIBRATE, CacheEntry, CacheKey, cache_root, cached_profiles,
+from .cache import (ENV_CALIBRATE, TESTBED_SCALE_ENV, Pricing, job_pricing, CacheEntry, CacheKey, cache_root, cached_profiles,
                     calibration_mode, host_set, job_key, job_profile, launcher_profile, lookup,
                     runtime_of_profile,
                     runtime_of_transport, shipped_profile_for, store, transport_family)
 
-__all__ = ["launcher_profile", "Case", "Sample", "FittedSample", "Fit", "PARAMETERS", "HOST_PARAMETERS",
+__all__ = ["launcher_profile", "Pricing", "job_pricing", "TESTBED_SCALE_ENV", "Case", "Sample", "FittedSample", "Fit", "PARAMETERS", "HOST_PARAMETERS",
            "calibration_cases", "measure", "fit_costs", "fit_profile", "calibrate", "SPLIT_RULE",
            "native_cases", "measure_native", "fit_native", "NATIVE_RULE",
            "host_cores", "small_limit",

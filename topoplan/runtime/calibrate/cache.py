@@ -51,32 +51,21 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ...analysis.cost import CostProfile, get_profile, loads_profile
 from ...errors import TopoplanError, TopoplanWarning
+# What a transport is and which profile prices it live with the transports (the
+# executor warns with them); they are this module's names too.
+from ..transports.families import (FAMILIES, runtime_of_profile, runtime_of_transport,
+                                   shipped_profile_for, transport_family)
 
 __all__ = ["ENV_CALIBRATE", "cache_root", "transport_family", "shipped_profile_for",
            "runtime_of_transport", "runtime_of_profile", "calibration_mode", "host_set",
            "CacheKey", "job_key", "lookup", "store", "CacheEntry", "cached_profiles",
-           "job_profile", "launcher_profile"]
+           "job_profile", "launcher_profile", "Pricing", "job_pricing", "TESTBED_SCALE_ENV"]
 
 #: The environment variable that turns calibration on the job on or off
 #: (:func:`calibration_mode`).
 ENV_CALIBRATE = "TOPOPLAN_CALIBRATE"
 
 _MODES = {"0": "off", "off": "off", "1": "auto", "auto": "auto", "refresh": "refresh"}
-
-#: A transport's name (``Transport.name``, or the CLI's ``--transport``) -> its family,
-#: the part of the cache key that says what was measured.
-_FAMILIES = {"mpi": "mpi", "torch": "gloo", "gloo": "gloo", "torch/gloo": "gloo",
-             "nccl": "nccl", "torch/nccl": "torch-nccl", "torch-nccl": "torch-nccl",
-             "torch/mpi": "torch-mpi", "torch-mpi": "torch-mpi", "local": "local"}
-#: A family -> the runtime family its profiles describe (:func:`runtime_of_profile`).
-_RUNTIMES = {"mpi": "mpi", "gloo": "gloo", "nccl": "nccl", "torch-nccl": "nccl",
-             "torch-mpi": "mpi", "local": "local"}
-#: A family -> the shipped profile its runs are priced with when none is calibrated.
-#: ``local`` (threads of one process copying memory) takes ``mpi``: of the measured
-#: profiles, Open MPI's shared-memory transport is the closest to it (ranks on one host,
-#: messages as memory copies, no network).
-_SHIPPED = {"mpi": "mpi", "gloo": "gloo", "nccl": "nccl", "torch-nccl": "nccl",
-            "torch-mpi": "mpi", "local": "mpi"}
 
 _FILE_NAME = re.compile(r"(?P<fingerprint>[0-9a-f]{16}|host)-(?P<transport>[a-z0-9]+(?:-[a-z0-9]+)*)"
                         r"-n(?P<nranks>\d+)-(?P<hosts>[0-9a-f]{12})\.yaml")
@@ -103,90 +92,6 @@ def cache_root() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
     return base / "topoplan" / "profiles"
-
-
-def _transport_name(transport: Any) -> str:
-    if isinstance(transport, str):
-        return transport.strip().lower()
-    return str(getattr(transport, "name", type(transport).__name__)).lower()
-
-
-def transport_family(transport: Any) -> str:
-    """What a transport measures as, for the cache key: ``mpi``, ``gloo``, ``nccl``
-    (CuPy's NCCL, topoplan's NCCL transport), ``torch-nccl`` (torch.distributed over
-    NCCL: its own posting costs), ``torch-mpi`` or ``local``.
-
-    Parameters
-    ----------
-    transport : Transport or str
-        A transport, or its name: ``Transport.name`` (``"mpi"``, ``"torch/gloo"``,
-        ``"torch/nccl"``, ``"nccl"``, ``"local"``) or the CLI's ``--transport``
-        (``"torch"`` is torch.distributed over gloo).
-
-    Raises
-    ------
-    TopoplanError
-        For a name it does not know, listing those it does.
-    """
-    name = _transport_name(transport)
-    family = _FAMILIES.get(name)
-    if family is None:
-        raise TopoplanError(f"unknown transport {name!r}: expected one of "
-                            f"{', '.join(sorted(_FAMILIES))}")
-    return family
-
-
-def shipped_profile_for(transport: Any) -> str:
-    """The shipped profile a transport's runs are priced with when nothing is calibrated.
-
-    ``mpi`` for MPI, ``gloo`` for torch.distributed over gloo, ``nccl`` for NCCL (CuPy's
-    or torch.distributed's), and ``mpi`` for the thread transport
-    (:class:`~topoplan.runtime.transports.Local`): its ranks copy memory within one
-    host, which of the measured runtimes Open MPI's shared-memory transport is closest to.
-
-    Parameters
-    ----------
-    transport : Transport or str
-        As :func:`transport_family` takes it (``"mpi"``, ``"torch"``, ``"gloo"``,
-        ``"torch/gloo"``, ``"nccl"``, ``"torch/nccl"``, ``"local"``).
-
-    Raises
-    ------
-    TopoplanError
-        For a transport name it does not know.
-    """
-    return _SHIPPED[transport_family(transport)]
-
-
-def runtime_of_transport(transport: Any) -> str:
-    """The runtime family a transport runs: ``mpi``, ``gloo``, ``nccl`` (CuPy's NCCL and
-    torch.distributed's alike) or ``local``; compare with :func:`runtime_of_profile`."""
-    return _RUNTIMES[transport_family(transport)]
-
-
-def runtime_of_profile(profile: CostProfile | str) -> str | None:
-    """The runtime family a profile was made for: ``mpi``, ``gloo``, ``nccl``, ``local``
-    (measured on the thread transport), or None (``ideal``, or a profile that does not
-    say).
-
-    A calibrated profile says in ``calibration.transport`` (``"mpi (Open MPI v5.0.11)"``,
-    ``"torch/gloo (torch 2.13.0)"``, ``"nccl (NCCL 2.21.5, CuPy)"``); any other is known
-    by its name, that of a shipped profile (``nccl``, or ``nccl*`` for a copy with
-    changed costs). Used to warn when a plan priced for one runtime runs on another.
-
-    Parameters
-    ----------
-    profile : CostProfile or str
-        A profile, or what :func:`~topoplan.analysis.cost.get_profile` takes (a shipped
-        name, a YAML path).
-    """
-    profile = get_profile(profile)
-    record = profile.calibration.get("transport") if profile.calibration else None
-    if isinstance(record, str) and record.strip():
-        family = _FAMILIES.get(record.split()[0].lower())
-        return _RUNTIMES.get(family) if family is not None else None
-    name = profile.name.rstrip("*")
-    return name if name in ("mpi", "gloo", "nccl") else None
 
 
 def calibration_mode(value: str | None = None) -> str | None:
@@ -340,7 +245,7 @@ class CacheKey:
                                 "'host' or a cluster fingerprint 'sha256:<16 hex digits>'")
         if not re.fullmatch(r"[a-z0-9]+(?:-[a-z0-9]+)*", str(self.transport)):
             raise TopoplanError(f"cache key: transport {self.transport!r}: expected a "
-                                f"family such as {', '.join(sorted(set(_FAMILIES.values())))}")
+                                f"family such as {', '.join(sorted(set(FAMILIES.values())))}")
         if isinstance(self.nranks, bool) or not isinstance(self.nranks, int) or self.nranks < 1:
             raise TopoplanError(f"cache key: nranks {self.nranks!r}: expected an integer >= 1")
         if not re.fullmatch(r"[0-9a-f]{12,64}", str(self.hosts)):
@@ -727,7 +632,7 @@ def _decide(key: CacheKey, nranks: int, calibrate_missing: bool, refresh: bool,
     mode = calibration_mode() if environment else None
     if mode is not None:
         calibrate_missing, refresh = mode != "off", mode == "refresh"
-    shipped = _SHIPPED[key.transport]
+    shipped = shipped_profile_for(key.transport)
     if not refresh:
         path = key.path
         if path.exists():
@@ -761,3 +666,56 @@ def _fit_and_store(key: CacheKey, transport: Any, measured: Any, name: str,
     say(f"cached in {path}")
     return {"action": "use", "source": f"calibrated now (cached in {path})", "text": text,
             "file": str(path)}
+
+
+# ----------------------------------------------------------------------------------
+# The job's price: the profile and the machine
+# ----------------------------------------------------------------------------------
+#: Set by ``topoplan testbed run`` for the ranks it starts: the testbed's bandwidth scale,
+#: so that a job on it is priced on the cluster it emulates.
+TESTBED_SCALE_ENV = "TOPOPLAN_TESTBED_SCALE"
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """What a job's plans are priced with: the cost profile, the cluster the bytes move
+    on (``machine``; None: the cluster planned for) and where the profile came from."""
+
+    profile: Any
+    machine: Any
+    source: str
+
+    @property
+    def name(self) -> str:
+        return str(self.profile.name)
+
+
+def job_pricing(transport: Any, cluster: Any, *, profile: Any = None,
+                machine: Any = None) -> Pricing:
+    """The price of this job's plans: the profile of the transport it runs on, unless
+    ``profile`` names one; collective when ``profile`` is None.
+
+    - The profile: ``profile``, else the calibration cached for this cluster, transport
+      and hosts, else the shipped profile of the transport
+      (:func:`job_profile`; ``$TOPOPLAN_CALIBRATE`` may have
+      it calibrate now).
+    - The machine: ``machine``, else on the testbed (``$TOPOPLAN_TESTBED_SCALE``) the
+      cluster it emulates, else, for a profile measured on a host (``host_bandwidth``)
+      with every rank on one host, that host (:meth:`CostProfile.host_cluster`): the
+      ranks then move bytes through its memory, whatever the cluster file says.
+    """
+    if profile is None:
+        costs, source = job_profile(transport, cluster)
+    else:
+        costs, source = get_profile(profile), "given"
+    if machine is None:
+        scale = os.environ.get(TESTBED_SCALE_ENV)
+        if scale:
+            machine = cluster.scaled(float(scale))
+        elif costs.host_bandwidth is not None and _one_host(transport):
+            machine = costs.host_cluster(transport.size)
+    return Pricing(costs, machine, source)
+
+
+def _one_host(transport: Any) -> bool:
+    return len(host_set(transport)) == 1

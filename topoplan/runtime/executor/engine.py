@@ -94,7 +94,7 @@ class Cursor:
 def _warn_priced_elsewhere(schedule: Schedule, transport: Transport) -> None:
     """A :class:`~topoplan.TopoplanWarning` (rank 0's) when the schedule was priced for
     another runtime (:func:`topoplan.runtime.choice.priced_elsewhere`)."""
-    from ..choice import priced_elsewhere
+    from ..transports.families import priced_elsewhere
     text = priced_elsewhere(schedule, transport)
     if text:
         import warnings
