@@ -51,7 +51,7 @@ def test_size_classes_are_powers_of_two() -> None:
     assert [size_class(n) for n in (1, 2, 3, 4, 5, 1 << 20, (1 << 20) + 1)] == \
         [0, 1, 2, 2, 3, 20, 21]
     assert class_range(20) == "(512KiB, 1MiB]"
-    assert explore_budget() == 16 and explore_budget(top=1, probes=2) == 6
+    assert explore_budget() == 36 and explore_budget(top=1, probes=2, max_probes=2) == 6
 
 
 def test_the_off_switch_reads_the_environment(monkeypatch) -> None:

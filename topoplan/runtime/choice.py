@@ -10,7 +10,10 @@ those candidates in turn, timed, and keeps the fastest measured for the calls af
 - **Rounds.** Round 0 runs each candidate once, untimed (it compiles the executor and
   makes sub-communicators). Rounds 1 .. ``probes`` time each live candidate once per
   round, interleaved, so drift on a shared machine falls on all of them alike. After
-  round 1, a candidate slower than ``prune`` times the fastest is dropped.
+  round 1, a candidate slower than ``prune`` times the fastest is dropped. After round
+  ``probes``, the candidates within ``close`` (10%) of the fastest median race on, alone,
+  up to ``max_probes`` (8) timed rounds, until one is left: a noisy machine needs more
+  calls to tell close candidates apart.
 - **Every rank picks the same.** After each timed call the ranks agree in one small
   collective (:meth:`~topoplan.runtime.transports.base.Transport.allreduce_max_many`)
   on whether it failed anywhere and on its slowest rank's time; the statistics are then
@@ -21,9 +24,11 @@ those candidates in turn, timed, and keeps the fastest measured for the calls af
   candidate with a note; every rank puts its input back (a copy taken before the call)
   and runs the call again with the model's best candidate still standing, so the
   result is exact and the run goes on.
-- **Budget.** At most ``(top + 1) * (1 + probes)`` calls of a size class explore (16 by
-  default), each followed by one collective of two floats; calls of a size class after
-  the first explored one take its decision.
+- **Budget.** ``(top + 1) * (1 + probes)`` calls of a size class explore (16 by default)
+  when the candidates are told apart in ``probes`` rounds, at most
+  ``(top + 1) * (1 + max_probes)`` (36) when they race; each is started by a barrier and
+  followed by one collective of two floats; the sizes of a class after the first take its
+  decision.
 - **Re-probing.** Every ``recheck_every`` timed calls the ranks agree on the chosen
   candidate's recent median; more than ``drift`` times its measured median starts a new
   exploration (without the untimed round). Every ``reprobe_every`` calls of a class
@@ -51,7 +56,7 @@ from .transports.families import priced_elsewhere
 
 __all__ = ["ENV", "MODES", "Option", "Decision", "MeasuredChoice", "auto_mode",
            "model_options", "size_class", "class_range", "NATIVE", "TOP", "PROBES", "PRUNE",
-           "RECHECK_EVERY", "DRIFT", "REPROBE_EVERY", "explore_budget", "snapshot",
+           "RECHECK_EVERY", "DRIFT", "CLOSE", "MAX_PROBES", "REPROBE_EVERY", "explore_budget", "snapshot",
            "priced_elsewhere", "NativeCall", "executor_for"]
 
 log = logging.getLogger("topoplan.choice")
@@ -67,6 +72,11 @@ TOP = 3
 PROBES = 3
 #: After the first timed round, a candidate over this many times the fastest is dropped.
 PRUNE = 2.0
+#: After PROBES timed rounds, the candidates within this fraction of the fastest median
+#: are timed on, up to MAX_PROBES rounds in all (a noisy machine needs more calls to
+#: tell close candidates apart).
+CLOSE = 0.10
+MAX_PROBES = 8
 #: Timed calls between the checks of the chosen candidate's time.
 RECHECK_EVERY = 64
 #: The chosen candidate's recent median over its measured one that starts a re-probe.
@@ -75,10 +85,11 @@ DRIFT = 1.3
 REPROBE_EVERY = 4096
 
 
-def explore_budget(top: int = TOP, probes: int = PROBES) -> int:
+def explore_budget(top: int = TOP, probes: int = PROBES, max_probes: int = MAX_PROBES) -> int:
     """The most calls one exploration of a size class takes: every candidate (``top``
-    plans and the native collective) once untimed and ``probes`` times timed."""
-    return (top + 1) * (1 + probes)
+    plans and the native collective) once untimed and ``probes`` times timed, and the
+    close ones up to ``max_probes`` times (``max_probes = probes``: no racing)."""
+    return (top + 1) * (1 + max(probes, max_probes))
 
 
 def auto_mode(mode: str | None = None) -> str:
@@ -355,7 +366,7 @@ class MeasuredChoice:
         was (a reduce-scatter).
     drain : callable, optional
         Waits for the caller's calls in flight before an exploring call is timed.
-    probes, prune, recheck_every, drift, reprobe_every
+    probes, max_probes, close, prune, recheck_every, drift, reprobe_every
         See the module's notes.
     what : str
         The collective, for the log.
@@ -372,6 +383,7 @@ class MeasuredChoice:
                  executor: Callable[[Schedule], Any], *, mode: str | None = None,
                  snapshot: Callable[..., Callable[[], None]] | None = None,
                  drain: Callable[[], None] | None = None, probes: int = PROBES,
+                 max_probes: int = MAX_PROBES, close: float = CLOSE,
                  prune: float = PRUNE, recheck_every: int = RECHECK_EVERY,
                  drift: float = DRIFT, reprobe_every: int = REPROBE_EVERY,
                  what: str = "allreduce", clock: Callable[[], float] = time.perf_counter
@@ -383,6 +395,7 @@ class MeasuredChoice:
         self._options, self._executor = options, executor
         self._snapshot, self._drain = snapshot, drain
         self.probes, self.prune, self.drift = probes, prune, drift
+        self.max_probes, self.close = max(probes, max_probes), close
         self.recheck_every, self.reprobe_every = recheck_every, reprobe_every
         self.what, self._clock = what, clock
         self._classes: dict[int, _Class] = {}
@@ -536,11 +549,18 @@ class MeasuredChoice:
                 if o.samples and o.samples[0] > self.prune * fastest:
                     o.pruned = True
             live = [o for o in live if o.live]
-        if state.round > self.probes or len(live) <= 1:
-            if not live:
-                return self._fallback_decision(state)
-            best = min(live, key=lambda o: (o.median_s, state.options.index(o)))
+        if not live:
+            return self._fallback_decision(state)
+        best = min(live, key=lambda o: (o.median_s, state.options.index(o)))
+        if len(live) == 1:
             return self._decide(state, best, state.reason)
+        if state.round > self.probes:
+            # Racing: only the candidates within CLOSE of the fastest run on, up to
+            # max_probes timed rounds in all, until one is left or the rounds run out.
+            close = [o for o in live if o.median_s <= (1 + self.close) * best.median_s]
+            if len(close) <= 1 or state.round > self.max_probes:
+                return self._decide(state, best, state.reason)
+            live = close
         state.queue = [state.options.index(o) for o in live]
 
     def _fallback_decision(self, state: _Class) -> None:
