@@ -57,7 +57,7 @@ from .transports.families import priced_elsewhere
 __all__ = ["ENV", "MODES", "Option", "Decision", "MeasuredChoice", "auto_mode",
            "model_options", "size_class", "class_range", "NATIVE", "TOP", "PROBES", "PRUNE",
            "RECHECK_EVERY", "DRIFT", "CLOSE", "MAX_PROBES", "REPROBE_EVERY", "explore_budget", "snapshot",
-           "priced_elsewhere", "NativeCall", "executor_for"]
+           "priced_elsewhere", "NativeCall", "executor_for", "shared_options"]
 
 log = logging.getLogger("topoplan.choice")
 
@@ -310,6 +310,32 @@ def snapshot(*args: Any) -> Callable[[], None]:
                 a[...] = copy
 
     return restore
+
+
+def shared_options(rank: int, share: Callable[[Any], Any],
+                   make: Callable[[], tuple[list[Option], str]], what: str
+                   ) -> tuple[list[Option], str]:
+    """Rank 0's candidates on every rank: ``make()`` on rank 0, handed to the others by
+    ``share(obj) -> rank 0's obj`` (a broadcast) as JSON, so that ranks cannot disagree
+    on them; an error of rank 0's planning is raised on every rank (``what`` says where).
+    """
+    from ..ir.parse import loads_schedule
+    payload: Any = None
+    failed: BaseException | None = None
+    if rank == 0:
+        try:
+            options, model_choice = make()
+            payload = ("plan", (model_choice, [(o.algorithm, o.schedule.to_json(),
+                                                o.predicted_s) for o in options]))
+        except Exception as exc:  # noqa: BLE001 - every rank raises
+            failed, payload = exc, ("error", f"{type(exc).__name__}: {exc}")
+    kind, value = share(payload)
+    if failed is not None:
+        raise failed
+    if kind == "error":
+        raise TopoplanError(f"{what}: planning failed on rank 0: {value}")
+    model_choice, rows = value
+    return [Option(a, loads_schedule(text), p) for a, text, p in rows], model_choice
 
 
 class _Done:

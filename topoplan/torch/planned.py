@@ -159,21 +159,17 @@ class PlannedAllreduce:
 
     def _options(self, nbytes: int) -> tuple[list[Any], str]:
         """auto's candidates for a new size class (rank 0's, with ``share``)."""
-        from topoplan.runtime.choice import Option, model_options
+        from topoplan.runtime.choice import model_options, shared_options
         pricing = self.pricing
-        if self.share is None:
+
+        def make() -> tuple[list[Any], str]:
             return model_options(self.cluster, nbytes, profile=pricing.profile,
                                  machine=pricing.machine)
-        import topoplan
-        mine = None
-        if self.transport.rank == 0:
-            options, model_choice = model_options(self.cluster, nbytes,
-                                                  profile=pricing.profile,
-                                                  machine=pricing.machine)
-            mine = (model_choice, [(o.algorithm, o.schedule.to_json(), o.predicted_s)
-                                   for o in options])
-        model_choice, rows = self.share(mine)
-        return [Option(a, topoplan.loads_schedule(text), p) for a, text, p in rows], model_choice
+
+        if self.share is None:
+            return make()
+        return shared_options(self.transport.rank, self.share, make,
+                              f"auto allreduce of {nbytes} bytes")
 
     def executor_for(self, nbytes: int) -> Any:
         """The cached executor for buffers of ``nbytes`` bytes, planning it if new

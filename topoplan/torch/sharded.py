@@ -276,33 +276,18 @@ class PlannedCollectives:
 
     def _options(self, collective: str, nbytes: int, group: Any) -> tuple[list[Any], str]:
         """auto's candidates for a new size class: rank 0's (or its error), with ``share``."""
-        import topoplan
-        from topoplan.runtime.choice import Option, model_options
+        from topoplan.runtime.choice import model_options, shared_options
         transport = self._transport(group)
         pricing = self.pricing(group)
-        if not self.share:
+
+        def make() -> tuple[list[Any], str]:
             return model_options(self.cluster, nbytes, collective, profile=pricing.profile,
                                  machine=pricing.machine)
-        shared: Any = ("", "")
-        failed = None
-        if transport.rank == 0:
-            try:
-                options, model_choice = model_options(self.cluster, nbytes, collective,
-                                                      profile=pricing.profile,
-                                                      machine=pricing.machine)
-                shared = ("plan", (model_choice, [(o.algorithm, o.schedule.to_json(),
-                                                   o.predicted_s) for o in options]))
-            except Exception as exc:  # noqa: BLE001 - every rank raises
-                failed, shared = exc, ("error", f"{type(exc).__name__}: {exc}")
-        kind, value = self._share(group, shared)
-        if failed is not None:
-            raise failed
-        if kind == "error":
-            raise TopoplanError(f"{_ALL[collective]}: planning {nbytes} bytes failed on rank "
-                                f"0: {value}")
-        model_choice, rows = value
-        return ([Option(a, topoplan.loads_schedule(text), p) for a, text, p in rows],
-                model_choice)
+
+        if not self.share:
+            return make()
+        return shared_options(transport.rank, lambda obj: self._share(group, obj), make,
+                              f"{_ALL[collective]} of {nbytes} bytes")
 
     def _drain(self) -> None:
         while self._inflight:
