@@ -132,7 +132,7 @@ def test_drift_starts_a_new_exploration_and_a_slow_candidate_is_pruned() -> None
             return call
 
         choice = MeasuredChoice(t, lambda n: (options, model_choice), executor,
-                                snapshot=snapshot, recheck_every=4)
+                                snapshot=snapshot, recheck_every=4, sample_every=1)
         for call in range(40):
             if call == 12:
                 slow["after"] = choice.chosen(1 << 16)

@@ -12,8 +12,9 @@ those candidates in turn, timed, and keeps the fastest measured for the calls af
   round, interleaved, so drift on a shared machine falls on all of them alike. After
   round 1, a candidate slower than ``prune`` times the fastest is dropped. After round
   ``probes``, the candidates within ``close`` (10%) of the fastest median race on, alone,
-  up to ``max_probes`` (8) timed rounds, until one is left: a noisy machine needs more
-  calls to tell close candidates apart.
+  up to ``max_probes`` (8) timed rounds, until one is left or all are within ``TIE``
+  (3%) of the fastest: a noisy machine needs more calls to tell close candidates apart,
+  and candidates within 3% are as good as each other.
 - **Every rank picks the same.** After each timed call the ranks agree in one small
   collective (:meth:`~topoplan.runtime.transports.base.Transport.allreduce_max_many`)
   on whether it failed anywhere and on its slowest rank's time; the statistics are then
@@ -29,8 +30,9 @@ those candidates in turn, timed, and keeps the fastest measured for the calls af
   ``(top + 1) * (1 + max_probes)`` (36) when they race; each is started by a barrier and
   followed by one collective of two floats; the sizes of a class after the first take its
   decision.
-- **Re-probing.** Every ``recheck_every`` timed calls the ranks agree on the chosen
-  candidate's recent median; more than ``drift`` times its measured median starts a new
+- **Re-probing.** After the decision one blocking call in ``SAMPLE_EVERY`` (8) is timed;
+  every ``recheck_every`` (64) timed calls the ranks agree on the chosen candidate's
+  recent median; more than ``drift`` times its measured median starts a new
   exploration (without the untimed round). Every ``reprobe_every`` calls of a class
   (doubling each time) it explores again anyway.
 - **Off switch.** ``TOPOPLAN_AUTO=model`` (or ``mode="model"``): the model's choice,
@@ -56,7 +58,7 @@ from .transports.families import priced_elsewhere
 
 __all__ = ["ENV", "MODES", "Option", "Decision", "MeasuredChoice", "auto_mode",
            "model_options", "size_class", "class_range", "NATIVE", "TOP", "PROBES", "PRUNE",
-           "RECHECK_EVERY", "DRIFT", "CLOSE", "MAX_PROBES", "REPROBE_EVERY", "explore_budget", "snapshot",
+           "RECHECK_EVERY", "DRIFT", "CLOSE", "MAX_PROBES", "SAMPLE_EVERY", "TIE", "REPROBE_EVERY", "explore_budget", "snapshot",
            "priced_elsewhere", "NativeCall", "executor_for", "shared_options"]
 
 log = logging.getLogger("topoplan.choice")
@@ -77,7 +79,11 @@ PRUNE = 2.0
 #: tell close candidates apart).
 CLOSE = 0.10
 MAX_PROBES = 8
-#: Timed calls between the checks of the chosen candidate's time.
+#: Candidates within this fraction of the fastest median are as good as it: no racing.
+TIE = 0.03
+#: After the decision, one blocking call in this many is timed (the rest run bare).
+SAMPLE_EVERY = 8
+#: Timed calls between the checks of the chosen candidate's time (64: every 512 calls).
 RECHECK_EVERY = 64
 #: The chosen candidate's recent median over its measured one that starts a re-probe.
 DRIFT = 1.3
@@ -392,7 +398,7 @@ class MeasuredChoice:
         was (a reduce-scatter).
     drain : callable, optional
         Waits for the caller's calls in flight before an exploring call is timed.
-    probes, max_probes, close, prune, recheck_every, drift, reprobe_every
+    probes, max_probes, close, prune, recheck_every, sample_every, drift, reprobe_every
         See the module's notes.
     what : str
         The collective, for the log.
@@ -411,6 +417,7 @@ class MeasuredChoice:
                  drain: Callable[[], None] | None = None, probes: int = PROBES,
                  max_probes: int = MAX_PROBES, close: float = CLOSE,
                  prune: float = PRUNE, recheck_every: int = RECHECK_EVERY,
+                 sample_every: int = SAMPLE_EVERY,
                  drift: float = DRIFT, reprobe_every: int = REPROBE_EVERY,
                  what: str = "allreduce", clock: Callable[[], float] = time.perf_counter
                  ) -> None:
@@ -422,9 +429,12 @@ class MeasuredChoice:
         self._snapshot, self._drain = snapshot, drain
         self.probes, self.prune, self.drift = probes, prune, drift
         self.max_probes, self.close = max(probes, max_probes), close
+        self.sample_every = max(1, int(sample_every))
         self.recheck_every, self.reprobe_every = recheck_every, reprobe_every
         self.what, self._clock = what, clock
         self._classes: dict[int, _Class] = {}
+        #: Counts the decisions and re-explorations: what runs changed when it moved.
+        self.version = 0
         self.decisions: dict[int, Decision] = {}
         self.history: list[Decision] = []
 
@@ -584,7 +594,8 @@ class MeasuredChoice:
             # Racing: only the candidates within CLOSE of the fastest run on, up to
             # max_probes timed rounds in all, until one is left or the rounds run out.
             close = [o for o in live if o.median_s <= (1 + self.close) * best.median_s]
-            if len(close) <= 1 or state.round > self.max_probes:
+            tied = all(o.median_s <= (1 + TIE) * best.median_s for o in close)
+            if len(close) <= 1 or tied or state.round > self.max_probes:
                 return self._decide(state, best, state.reason)
             live = close
         state.queue = [state.options.index(o) for o in live]
@@ -598,6 +609,7 @@ class MeasuredChoice:
 
     def _decide(self, state: _Class, option: Option, reason: str) -> None:
         state.chosen, state.since, state.recent = option, 0, []
+        self.version += 1
         decision = Decision(state.k, state.nbytes, option.algorithm, state.model_choice,
                             tuple(o.record() for o in state.options), state.explore_calls,
                             state.explore_s, reason)
@@ -613,11 +625,14 @@ class MeasuredChoice:
         state.since += 1
         if not timed:
             result = self._start(option, args)
-        else:
+        elif state.since % self.sample_every or self.mode != "measured":
+            result = option.executor(*args) if option.executor is not None \
+                else self._run(option, args)
+        else:  # every sample_every-th blocking call is timed, for the drift check
             began = self._clock()
             result = self._run(option, args)
             state.recent.append(self._clock() - began)
-            if self.mode == "measured" and len(state.recent) >= self.recheck_every:
+            if len(state.recent) >= self.recheck_every:
                 self._recheck(state, option)
         if self.mode == "measured" and state.since >= state.reprobe_every:
             self._reexplore(state, "re-probe")
@@ -646,6 +661,7 @@ class MeasuredChoice:
         """Explore the class again from the first timed round (executors are built)."""
         for o in state.options:
             o.samples, o.pruned = [], False
+        self.version += 1
         state.chosen, state.reason, state.round = None, reason, 1
         state.explore_calls, state.explore_s = 0, 0.0
         state.queue = [i for i, o in enumerate(state.options) if o.live]

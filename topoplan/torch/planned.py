@@ -138,6 +138,7 @@ class PlannedAllreduce:
         self._profile, self._machine = profile, machine
         self._pricing: Any = None
         self._inflight: list[Any] = []
+        self._noted: dict[int, int] = {}
         self.choice: Any = None
         if schedule is None and algorithm == "auto":
             from topoplan.runtime.choice import MeasuredChoice, snapshot
@@ -196,6 +197,13 @@ class PlannedAllreduce:
             self.chosen[nbytes] = str(schedule.meta.get("chosen", schedule.algorithm))
         return executor
 
+    def _note_choice(self, nbytes: int) -> None:
+        """``chosen[nbytes]``, kept current (only looked up when a decision moved)."""
+        version = self.choice.version
+        if self._noted.get(nbytes) != version:
+            self._noted[nbytes] = version
+            self.chosen[nbytes] = self.choice.chosen(max(nbytes, 1)) or "exploring"
+
     def _drain(self) -> None:
         """Wait for the calls this started that are still in flight."""
         while self._inflight:
@@ -206,7 +214,7 @@ class PlannedAllreduce:
         start = time.perf_counter()
         if self.choice is not None:
             self.choice.call(max(nbytes, 1), buffer)
-            self.chosen[nbytes] = self.choice.chosen(max(nbytes, 1)) or "exploring"
+            self._note_choice(nbytes)
         else:
             self.executor_for(nbytes)(buffer)
         self.stats.add(nbytes, time.perf_counter() - start)
@@ -221,7 +229,7 @@ class PlannedAllreduce:
         nbytes = nbytes_of(buffer)
         if self.choice is not None:
             handle = self.choice.start(max(nbytes, 1), buffer)
-            self.chosen[nbytes] = self.choice.chosen(max(nbytes, 1)) or "exploring"
+            self._note_choice(nbytes)
             self._inflight = [h for h in self._inflight if not getattr(h, "done", False)]
             self._inflight.append(handle)
         else:
