@@ -30,9 +30,10 @@ those candidates in turn, timed, and keeps the fastest measured for the calls af
   ``(top + 1) * (1 + max_probes)`` (36) when they race; each is started by a barrier and
   followed by one collective of two floats; the sizes of a class after the first take its
   decision.
-- **Re-probing.** After the decision one blocking call in ``SAMPLE_EVERY`` (8) is timed;
-  every ``recheck_every`` (64) timed calls the ranks agree on the chosen candidate's
-  recent median; more than ``drift`` times its measured median starts a new
+- **Re-probing.** After the decision the first ``recheck_every`` (64) blocking calls are
+  timed, then one in ``SAMPLE_EVERY`` (8); every ``recheck_every`` timed calls the ranks
+  agree on the chosen candidate's recent median (the first check confirms the
+  exploration's few samples); more than ``drift`` times its measured median starts a new
   exploration (without the untimed round). Every ``reprobe_every`` calls of a class
   (doubling each time) it explores again anyway.
 - **Off switch.** ``TOPOPLAN_AUTO=model`` (or ``mode="model"``): the model's choice,
@@ -372,6 +373,11 @@ class _Class:
         self.since = 0              # calls since the decision
         self.recent: list[float] = []
         self.reprobe_every = REPROBE_EVERY
+        # The chosen candidate's steady-state median, once a check confirmed it: later
+        # checks compare calls with calls (exploration times each call alone, after a
+        # barrier; a training loop's calls also carry how late ranks arrive).
+        self.reference: float | None = None
+        self.drifted: tuple[str, float] | None = None  # (what ran, its agreed median)
 
 
 class MeasuredChoice:
@@ -609,6 +615,11 @@ class MeasuredChoice:
 
     def _decide(self, state: _Class, option: Option, reason: str) -> None:
         state.chosen, state.since, state.recent = option, 0, []
+        if state.drifted is not None and state.drifted[0] == option.algorithm:
+            # Measured again, the same candidate won: its calls just run slower than
+            # its probes did. Compare with what they run at from now on.
+            state.reference = state.drifted[1]
+        state.drifted = None
         self.version += 1
         decision = Decision(state.k, state.nbytes, option.algorithm, state.model_choice,
                             tuple(o.record() for o in state.options), state.explore_calls,
@@ -625,10 +636,11 @@ class MeasuredChoice:
         state.since += 1
         if not timed:
             result = self._start(option, args)
-        elif state.since % self.sample_every or self.mode != "measured":
+        elif self.mode != "measured" or (state.since > self.recheck_every
+                                         and state.since % self.sample_every):
             result = option.executor(*args) if option.executor is not None \
                 else self._run(option, args)
-        else:  # every sample_every-th blocking call is timed, for the drift check
+        else:  # the first recheck_every blocking calls, then every sample_every-th, timed
             began = self._clock()
             result = self._run(option, args)
             state.recent.append(self._clock() - began)
@@ -649,13 +661,19 @@ class MeasuredChoice:
         recent = statistics.median(state.recent)
         state.recent = []
         (agreed,) = self.transport.allreduce_max_many([recent])
-        if option.samples and agreed > self.drift * option.median_s:
+        reference = state.reference if state.reference is not None else (
+            option.median_s if option.samples else None)
+        if reference is None:
+            state.reference = agreed
+        elif agreed > self.drift * reference:
             if self.transport.rank == 0:
                 log.info("auto %s %s: %s now takes %.3g us, %.2fx its measured %.3g us: "
                          "measuring the candidates again", self.what, class_range(state.k),
-                         option.algorithm, agreed * 1e6, agreed / option.median_s,
-                         option.median_s * 1e6)
+                         option.algorithm, agreed * 1e6, agreed / reference, reference * 1e6)
+            state.drifted, state.reference = (option.algorithm, agreed), None
             self._reexplore(state, "drift")
+        elif state.reference is None:
+            state.reference = agreed  # confirmed: from now on, calls against calls
 
     def _reexplore(self, state: _Class, reason: str) -> None:
         """Explore the class again from the first timed round (executors are built)."""
