@@ -291,3 +291,18 @@ def test_sharded_collectives_measure_over_gloo() -> None:
     assert set(r["decisions"]) == {"reduce_scatter", "allgather"}
     assert all(len(v) == 1 for v in r["decisions"].values()), r
     assert all(v != "exploring" for v in r["chosen"].values()), r
+
+
+@pytest.mark.mpi
+def test_bench_says_once_when_a_plan_file_was_priced_for_another_runtime(tmp_path) -> None:
+    import subprocess
+    plan = tmp_path / "plan.json"
+    subprocess.run([sys.executable, "-m", "topoplan", "plan",
+                    str(ROOT / "topologies" / "ddl_two_switch.yaml"), "-a", "ring", "-s", "1MiB",
+                    "-o", str(plan)], check=True, capture_output=True, cwd=ROOT,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = _bench("--plan", str(plan), "--sizes", "4KiB", "--iters", "1")
+    assert proc.returncode == 0, proc.stderr
+    line = ("topoplan: warning: plan priced for nccl, running on mpi: re-plan with --profile "
+            "mpi or calibrate")
+    assert proc.stderr.count(line) == 1, proc.stderr

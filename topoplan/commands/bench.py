@@ -319,7 +319,12 @@ def _json_row(row: Any) -> dict[str, Any]:
 
 
 def _run_rank(args: argparse.Namespace) -> int:
+    import warnings
+
+    from ..errors import TopoplanWarning
     from ..ir.parse import load_schedule
+    if args.verified:  # the launcher said it once already (_warn_priced_elsewhere)
+        warnings.filterwarnings("ignore", message="plan priced for ", category=TopoplanWarning)
     if not args.plan:
         raise TopoplanError("inside mpiexec, bench runs a --plan file (started by topoplan bench)")
     schedule = load_schedule(args.plan)
