@@ -159,22 +159,35 @@ def _pricing(args: argparse.Namespace, cluster: Any) -> Any:
     return Pricing(profile, machine, source)
 
 
-def _choices(args: argparse.Namespace, nranks: int) -> dict[int, Any]:
+def _choices(args: argparse.Namespace, cluster: Any) -> dict[int, tuple[list[Any], str]]:
     """``--algorithm auto``: the model's candidates for every size, made here once (the
     ranks explore them)."""
     from ..runtime.choice import model_options
-    cluster = _cluster(args)
     pricing = _pricing(args, cluster)
-    collective = args.collective or "allreduce"
-    out = {}
-    for size in args.sizes:
-        options, model_choice = model_options(cluster, size, collective,
-                                              profile=pricing.profile,
-                                              machine=pricing.machine)
-        out[size] = {"model_choice": model_choice,
-                     "options": [{"algorithm": o.algorithm, "predicted_s": o.predicted_s,
-                                  "schedule": o.schedule.to_json()} for o in options]}
-    return out
+    return {size: model_options(cluster, size, args.collective or "allreduce",
+                                profile=pricing.profile, machine=pricing.machine)
+            for size in args.sizes}
+
+
+def _dump_choices(choices: dict[int, tuple[list[Any], str]], path: str) -> None:
+    """The candidates as the ranks read them back (:func:`_load_choices`)."""
+    import json
+    data = {size: {"model_choice": model_choice,
+                   "options": [{"algorithm": o.algorithm, "predicted_s": o.predicted_s,
+                                "schedule": o.schedule.to_json()} for o in options]}
+            for size, (options, model_choice) in choices.items()}
+    with open(path, "w") as f:
+        json.dump(data, f)
+
+
+def _sizes(args: argparse.Namespace, nranks: int, collective: str) -> None:
+    """``--sizes`` (default :data:`DEFAULT_SIZES`), checked for ``collective``."""
+    if args.sizes is None:
+        args.sizes = _default_sizes(nranks, collective, args.dtype)
+    try:
+        check_sizes(args.sizes, nranks, collective, args.dtype)
+    except TopoplanError as exc:
+        raise TopoplanError(f"--sizes: {exc}") from None
 
 
 def _load_choices(path: str) -> dict[int, tuple[list[Any], str]]:
@@ -230,26 +243,29 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from ..runtime.mpirun import mpiexec
     if args.profile:
         _check_profile(args)
-    schedule = _schedule(args)
+    choices = None
+    if args.algorithm == "auto":
+        # Every size's candidates, planned once; the plan file is the model's choice at
+        # the largest (the ranks take its collective and rank count).
+        from ..runtime.choice import auto_mode, explore_budget
+        mode = auto_mode()
+        cluster = _cluster(args)
+        _sizes(args, cluster.nranks, args.collective or "allreduce")
+        choices = _choices(args, cluster)
+        options, model_choice = choices[max(args.sizes)]
+        schedule = next(o.schedule for o in options if o.algorithm == model_choice)
+    else:
+        schedule = _schedule(args)
     _verify(schedule, args.plan or f"the {schedule.algorithm} plan")
     nranks = args.nranks if args.nranks is not None else schedule.nranks
     if nranks != schedule.nranks:
         raise TopoplanError(f"the {schedule.algorithm} schedule is for {schedule.nranks} ranks "
                             f"but -n asks for {nranks}")
-    if args.sizes is None:
-        args.sizes = _default_sizes(nranks, schedule.collective, args.dtype)
-    try:
-        check_sizes(args.sizes, nranks, schedule.collective, args.dtype)
-    except TopoplanError as exc:
-        raise TopoplanError(f"--sizes: {exc}") from None
+    _sizes(args, nranks, schedule.collective)
     check_transport(args.transport, nranks, share_gpus=args.share_gpus)
     if args.plan:
         _warn_priced_elsewhere(schedule, args.transport)
-    choices = None
-    if args.algorithm == "auto":
-        from ..runtime.choice import auto_mode, explore_budget
-        mode = auto_mode()
-        choices = _choices(args, nranks)
+    if choices is not None:
         if not args.json:
             how = ("the model's choice, nothing measured (TOPOPLAN_AUTO=model)"
                    if mode == "model" else
@@ -261,10 +277,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         schedule.save(plan_path)
         choices_path = None
         if choices is not None:
-            import json
             choices_path = os.path.join(tmp, "choices.json")
-            with open(choices_path, "w") as f:
-                json.dump(choices, f)
+            _dump_choices(choices, choices_path)
         choose_port()
         proc = mpiexec(nranks, _forward_argv(args, plan_path, choices_path), capture=False,
                        fault_tolerant=True, launcher=args.mpiexec)

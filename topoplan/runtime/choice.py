@@ -638,8 +638,7 @@ class MeasuredChoice:
             result = self._start(option, args)
         elif self.mode != "measured" or (state.since > self.recheck_every
                                          and state.since % self.sample_every):
-            result = option.executor(*args) if option.executor is not None \
-                else self._run(option, args)
+            result = self._run(option, args)
         else:  # the first recheck_every blocking calls, then every sample_every-th, timed
             began = self._clock()
             result = self._run(option, args)
