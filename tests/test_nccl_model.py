@@ -122,11 +122,14 @@ def test_two_node_tree_by_hand():
     cluster = loads_cluster(rails(2))
     model = nccl_model(cluster)
     graph = model.graphs["tree"]
-    assert (graph.channels, graph.bw_intra, graph.bw_inter) == (8, 45.0, 45.0)
+    # A chain between nodes is a path: 7 channels' worth on each port direction, so 8 at
+    # 48 fit a 370.8 GB/s port (search.cc:602-604).
+    assert (graph.channels, graph.bw_intra, graph.bw_inter) == (8, 48.0, 48.0)
     tree = pick(model, "allreduce", GiB, "Tree", "Simple")
-    # 2 nodes use bwIntra: 8 x 45 x 0.92 against perChMaxTreeBw (Hopper, 2 nodes) 41.4 x 8,
+    # 2 nodes use bwIntra: 8 x 48 x 0.92 against perChMaxTreeBw (Hopper, 2 nodes) 41.4 x 8,
+    # times 0.85 for the plain TREE pattern (each GPU has its own NIC: tuning.cc:336),
     # halved for the tree; latency 8.4 + 2 ((8 - 1) x 4.0 + log2(2) x 14).
-    algbw = min(8 * 45 * 0.92, 8 * 41.4) * 0.5
+    algbw = min(8 * 48 * 0.92, 8 * 41.4) * 0.85 * 0.5
     lat = 8.4 + 2 * (7 * 4.0 + 1 * 14.0)
     assert tree.tuner_time_s == pytest.approx((lat + GiB / (1000 * algbw)) * 1e-6)
     # On the wire: each node sends and receives its whole buffer once over its 8 NICs
@@ -234,6 +237,65 @@ def test_sharp_switches_enable_collnet():
     plain = nccl_model(loads_cluster(text.replace(", sharp: true", "")))
     assert not plain.collnet_support
     assert "CollNetDirect" not in {c.algorithm for c in plain.candidates("allreduce", GiB)}
+
+
+def test_collnet_runs_simple_only():
+    # tuning.cc:338-339 (master 5067397c): "if (a == NCCL_ALGO_COLLNET_DIRECT && p !=
+    # NCCL_PROTO_SIMPLE) busBw = 0; // Not used", the same for CollNetChain. Before, the
+    # model let CollNetChain/LL win at zero latency: 8 B in 0.0 us, 1 MiB in 9.9 us.
+    text = ("name: sharp\nswitches: [{name: ib, sharp: true}]\n"
+            "boxes: [{name: 'n{i}', count: 2, gpus: 8, gpu: H100, fabric: "
+            "{bandwidth: 370.8 GB/s}, nics: [" + ", ".join(
+                f"{{switch: ib, bandwidth: 400 Gbit/s, gpus: [{k}]}}" for k in range(8))
+            + "]}]\n")
+    model = nccl_model(loads_cluster(text))
+    for size in (8, 1 << 20, GiB):
+        found = model.candidates("allreduce", size)
+        assert {(c.algorithm, c.protocol) for c in found if c.algorithm.startswith("CollNet")} \
+            <= {("CollNetDirect", "Simple"), ("CollNetChain", "Simple")}
+    assert model.choose("allreduce", 8).time_s > 5e-6
+    assert model.choose("allreduce", 1 << 20).time_s > 15e-6
+
+
+def test_plain_tree_pattern_costs_fifteen_percent():
+    # tuning.cc:336: "if (a == NCCL_ALGO_TREE && comm->maxTreePattern ==
+    # NCCL_TOPO_PATTERN_TREE) busBw *= .85". On Hopper the search falls back to the plain
+    # TREE (search.cc:1214-1217) when the balanced tree's two first GPUs cannot share a NIC
+    # (search.cc:614-616): one NIC per GPU. With a NIC per two GPUs, or on Ampere, it
+    # keeps the balanced tree.
+    own = nccl_model(loads_cluster(rails(4)))
+    assert own.max_tree_pattern == "tree"
+    shared_nics = ", ".join(f"{{switch: 'rail{k}', bandwidth: 400 Gbit/s, gpus: [{2 * k}, "
+                            f"{2 * k + 1}]}}" for k in range(4))
+    shared = loads_cluster(rails(4).split("nics: [")[0] + f"nics: [{shared_nics}]}}]\n")
+    pair = nccl_model(shared)
+    assert pair.max_tree_pattern == "balanced_tree"
+    assert nccl_model(loads_cluster(rails(4, gpu="A100", fabric="240 GB/s"))
+                      ).max_tree_pattern == "balanced_tree"
+    tree = pick(own, "allreduce", GiB, "Tree", "Simple")
+    bws, _ = own.tables("allreduce")
+    graph = own.graphs["tree"]
+    # 4 nodes: bwInter; min(busBw x 0.92, nChannels x perChMaxTreeBw[Hopper][N4] 36.0),
+    # x 0.85, x 0.5 (busBw to algbw).
+    expected = min(graph.channels * graph.bw_inter * 0.92, graph.channels * 36.0) * 0.85 * 0.5
+    assert bws[0][2] == pytest.approx(expected)
+    assert tree.algorithm == "Tree"
+
+
+def test_inter_node_ring_is_a_path_through_the_box():
+    # search.cc:602-604 and :1238 (crossNic 2, NCCL_CROSS_NIC's default): between nodes a
+    # ring channel enters by one NIC and may leave by another, so it crosses 7 of an H100's
+    # 8 ports each way. 8 channels of 48 GB/s need 7 x 48 = 336 <= 370.8 per direction
+    # (the model used to charge 8 x 48 = 384 and fall to 45). ncclTopoDupChannels keeps 8
+    # (Hopper, < 50 GB/s, > 4 channels: search.cc:1040); connect.cc:460 doubles them to 16
+    # and connect.cc:480 does not double again (16 is not < 16).
+    model = nccl_model(loads_cluster(rails(2)))
+    ring = model.graphs["ring"]
+    assert (ring.channels, ring.bw_intra, ring.bw_inter) == (8, 48.0, 48.0)
+    assert model.comm_channels == 16
+    # In one node a ring is a cycle: every port, both ways, for every channel.
+    one = search_ring(box_view(loads_cluster(h100(nvls=False)).boxes[0], 90), inter=False)
+    assert one.channels * one.bw_intra <= 370.8
 
 
 # ---- the bound holds for what the hardware can run --------------------------------------
@@ -369,3 +431,26 @@ def test_export_nccl_tuner_from_the_cli(tmp_path, capsys):
     capsys.readouterr()
     assert main(["export", "--format", "nccl-tuner", str(plan)]) == 1
     assert "takes a cluster file" in capsys.readouterr().err
+
+
+# ---- versions -------------------------------------------------------------------------
+def test_tables_follow_the_version_asked_for():
+    # The default is 2.30 (master 5067397c); each older version differs where its tag
+    # says: v2.29.7-1 tuning.cc:198 (Blackwell NVLSTree beyond two nodes 43.8, not 80.0),
+    # v2.28.9-1 :179 (Blackwell Ring LL128 two nodes 34.6), v2.27.7-1 :155 (NVLSTree's
+    # network latency 14, not 20.9) and no NVLS efficiency.
+    assert T.constants().version == T.DEFAULT_VERSION == "2.30"
+    assert T.constants("2.30").per_ch_max_nvls_tree_bw[3][2] == 80.0
+    assert T.constants("2.29.7").per_ch_max_nvls_tree_bw[3][2] == 43.8
+    assert T.constants("v2.28.9-1").per_ch_max_ring_ll128_bw[3][1] == 34.6
+    assert T.constants("2.27").hw_latency[T.HW_NET][T.NVLS_TREE][T.SIMPLE] == 14.0
+    assert T.constants("2.28").hw_latency[T.HW_NET][T.NVLS_TREE][T.SIMPLE] == 20.9
+    with pytest.raises(ValueError, match="2.27, 2.28, 2.29, 2.30"):
+        T.constants("2.19")
+    text = rails(2, nvls=True)
+    new, old = nccl_model(loads_cluster(text)), nccl_model(loads_cluster(text), "2.27")
+    assert (new.version, old.version) == ("2.30", "2.27")
+    # 2.28 doubled NVLSTree's network bandwidth on two nodes (tuning.cc, "Handle 2 node
+    # case of NVLSTree"); 2.27 took min(bwIntra, bwInter).
+    assert pick(new, "allreduce", GiB, "NVLSTree", "Simple").tuner_time_s < pick(
+        old, "allreduce", GiB, "NVLSTree", "Simple").tuner_time_s

@@ -189,8 +189,11 @@ class NcclModel:
     traffic of every channel (cached).
     """
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, version: str | None = None) -> None:
         self.cluster = cluster
+        #: The tables of the NCCL version followed (:func:`nccl_tables.constants`).
+        self.k = k = T.constants(version)
+        self.version = k.version
         self.nranks = cluster.nranks
         self.nnodes = len(cluster.boxes)
         self.ppn = self.nranks / self.nnodes
@@ -210,10 +213,11 @@ class NcclModel:
             self._representative.append(key not in found)
             if key not in found:
                 view = box_view(box, T.COMPCAP[model], count=box.gpu is not None)
-                ring_graph = search_ring(view, inter)
-                graphs = {"ring": ring_graph, "tree": search_tree(view, inter, ring_graph),
-                          "nvls": search_nvls(view, inter),
-                          "collnet_direct": search_collnet_direct(view) if inter else
+                ring_graph = search_ring(view, inter, tables=k)
+                tree_graph = search_tree(view, inter, ring_graph, tables=k)
+                graphs = {"ring": ring_graph, "tree": tree_graph,
+                          "nvls": search_nvls(view, inter, tables=k),
+                          "collnet_direct": search_collnet_direct(view, tables=k) if inter else
                           Graph("none", 0, 0.0, 0.0, False)}
                 found[key] = (view, graphs)
             view, graphs = found[key]
@@ -232,6 +236,18 @@ class NcclModel:
         self.nvls_support = (self.min_cc >= 90 and self.graphs["nvls"].channels >= 2
                              and all(v.nvls for v in self._views))
         self.collnet_support = inter and sharp_root(cluster) is not None
+        # The network plugin's latency (us): ncclNetProperties_t.latency, which the search
+        # keeps as graph->latencyInter (search.cc:745) and the tuner adds to every
+        # inter-node step, twice for Simple ("the flush extra latency", tuning.cc:389-391).
+        # 0 for NCCL's own IB and socket transports; the cluster file's NIC
+        # ``plugin_latency`` (docs/CLUSTER.md).
+        self.net_latency_us = max((getattr(nic, "plugin_latency", 0.0) * 1e6
+                                   for box in cluster.boxes for nic in box.nics),
+                                  default=0.0) if inter else 0.0
+        # init.cc:1447: comm->maxTreePattern, the highest tree pattern of any node; the
+        # tuner takes 15% off the Tree's bandwidth when it is the plain TREE (tuning.cc:336).
+        self.max_tree_pattern = ("tree" if any(g["tree"].pattern == "tree"
+                                               for g in self._box_graphs) else "balanced_tree")
         self.nvs = all(v.intra == "nvswitch" for v in self._views)
         # search.cc tries channels that repeat one GPU order first (sameChannels); the
         # model's ring channels do where each box's orders are one cycle (rotations
@@ -263,7 +279,9 @@ class NcclModel:
             return False
         if a == T.PAT and (p != T.SIMPLE or self.nnodes != self.nranks or self.min_cc < 60):
             return False
-        if a in (T.COLLNET_DIRECT, T.COLLNET_CHAIN) and not self.collnet_support:
+        if a in (T.COLLNET_DIRECT, T.COLLNET_CHAIN) and (p != T.SIMPLE
+                                                         or not self.collnet_support):
+            # tuning.cc:338-339: CollNet Direct and Chain with LL or LL128: "Not used".
             return False
         if a == T.COLLNET_DIRECT and not self.nvs:
             return False
@@ -304,11 +322,11 @@ class NcclModel:
         cci = T.compcap_index(self.min_cc)
         index2 = nodes - 1 if nodes <= 2 else 2
         index1 = cci if nodes == 1 else 0  # between nodes: Intel CPUs assumed
-        ll_max = T.LL_MAX_BW[index1][index2]
-        per_tree = T.PER_CH_MAX_TREE_BW[cci][index2]
-        per_ring_ll128 = T.PER_CH_MAX_RING_LL128_BW[cci][index2]
-        per_tree_ll128 = T.PER_CH_MAX_TREE_LL128_BW[cci][index2]
-        per_nvls_tree = T.PER_CH_MAX_NVLS_TREE_BW[cci][index2]
+        ll_max = self.k.ll_max_bw[index1][index2]
+        per_tree = self.k.per_ch_max_tree_bw[cci][index2]
+        per_ring_ll128 = self.k.per_ch_max_ring_ll128_bw[cci][index2]
+        per_tree_ll128 = self.k.per_ch_max_tree_ll128_bw[cci][index2]
+        per_nvls_tree = self.k.per_ch_max_nvls_tree_bw[cci][index2]
         allreduce = collective == "allreduce"
         rooted = collective in ROOTED
         # tuning.cc: nsteps = 2 (n - 1) for AllReduce, n - 1 for ReduceScatter and
@@ -326,7 +344,15 @@ class NcclModel:
                     continue
                 collnet = a in (T.COLLNET_DIRECT, T.COLLNET_CHAIN)
                 bw = graph.bw_intra if nodes <= 2 or collnet else graph.bw_inter
-                if a in (T.NVLS, T.NVLS_TREE):
+                if a in (T.NVLS, T.NVLS_TREE) and self.k.nvls_bw == "min":
+                    # 2.27 (tuning.cc:266-274): no efficiency, no 2-channel minimum.
+                    if a == T.NVLS:
+                        bw = (min(graph.bw_intra, graph.bw_inter) if allreduce else
+                              min(graph.bw_intra * (ppn - 1) / ppn, graph.bw_inter * 0.9))
+                    else:
+                        bw = min(graph.bw_intra,
+                                 graph.bw_inter if nodes <= 2 else graph.bw_inter / 2)
+                elif a in (T.NVLS, T.NVLS_TREE):
                     if graph.channels < 2:
                         continue
                     intra_bw = (graph.bw_intra * T.NVLS_EFFICIENCY[cci]
@@ -346,6 +372,8 @@ class NcclModel:
                 if a == T.TREE and p == T.LL128:
                     bus = min(bus * (7.0 / 9.0 if nodes == 1 else 120.0 / 128.0),
                               graph.channels * per_tree_ll128)
+                if a == T.TREE and self.max_tree_pattern == "tree":
+                    bus *= 0.85  # tuning.cc:336
                 if a == T.PAT:
                     bus *= 0.75
                 if a == T.COLLNET_DIRECT:
@@ -362,20 +390,21 @@ class NcclModel:
                 if not (a != T.RING and not allreduce):
                     bus *= (n / nsteps) if a in (T.RING, T.NVLS, T.NVLS_TREE) else 0.5
                 bws[a][p] = bus
-                lat = T.BASE_LATENCY[a][p]
-                intra_lat = T.HW_LATENCY[intra_hw][a][p]
-                inter_lat = (T.HW_LATENCY[T.HW_NET][T.TREE][p] if ppn == 1
-                             else T.HW_LATENCY[T.HW_NET][a][p])
+                lat = self.k.base_latency[a][p]
+                intra_lat = self.k.hw_latency[intra_hw][a][p]
+                inter_lat = (self.k.hw_latency[T.HW_NET][T.TREE][p] if ppn == 1
+                             else self.k.hw_latency[T.HW_NET][a][p])
+                inter_lat += self.net_latency_us * (2 if p == T.SIMPLE else 1)
                 ippn = n // nodes
                 if a == T.RING and rooted:
                     # tuning.cc: one step's latency when the channels repeat one order,
                     # else nsteps of them ("some chunk latency"; Simple at Tree's).
                     hw = intra_hw if nodes == 1 else T.HW_NET
                     if self.same_channels:
-                        lat += T.HW_LATENCY[hw][T.RING][p]
+                        lat += self.k.hw_latency[hw][T.RING][p]
                     else:
                         step_a = T.TREE if p == T.SIMPLE else T.RING
-                        lat += nsteps * T.HW_LATENCY[hw][step_a][p]
+                        lat += nsteps * self.k.hw_latency[hw][step_a][p]
                 elif a == T.RING:
                     overhead = 0.0
                     if nodes > 1:
@@ -410,7 +439,8 @@ class NcclModel:
         allreduce = collective == "allreduce"
         if a == T.TREE and allreduce and 0 <= log_size < 23:
             bw *= T.TREE_CORRECTION[p][log_size]
-        if (a == T.NVLS_TREE and allreduce and 0 <= log_size < 24 and self.min_cc >= 100):
+        if (a == T.NVLS_TREE and allreduce and 0 <= log_size < 24 and self.min_cc >= 100
+                and self.k.nvls_tree_correction):
             bw *= T.TREE_CORRECTION[p][log_size]
         if (a == T.RING and p == T.SIMPLE and self.nnodes > 1 and allreduce
                 and nbytes / (self.comm_channels * self.nranks) >= 64):
@@ -744,23 +774,29 @@ def _check_collective(collective: str) -> None:
                          f"{', '.join(COLLECTIVES)}")
 
 
-def _model_state(cluster: Cluster) -> dict[str, Any]:
+def _model_state(cluster: Cluster, version: str) -> dict[str, Any]:
     """What a model computes of ``cluster``, without the cluster itself (a cached value
     must not keep its cluster alive); its price caches are shared by every model made
     from it."""
-    state = dict(NcclModel(cluster).__dict__)
+    state = dict(NcclModel(cluster, version).__dict__)
     del state["cluster"]
     return state
 
 
-_MODELS: ObjectCache[Cluster, dict[str, Any]] = ObjectCache(_model_state)
+_MODELS: ObjectCache[Cluster, dict[str, dict[str, Any]]] = ObjectCache(lambda cluster: {})
 
 
-def nccl_model(cluster: Cluster) -> NcclModel:
-    """The :class:`NcclModel` of ``cluster``: its search and tables run once per cluster
-    object, and prices computed on one model serve the next."""
+def nccl_model(cluster: Cluster, version: str | None = None) -> NcclModel:
+    """The :class:`NcclModel` of ``cluster`` for NCCL ``version`` (default
+    :data:`~topoplan.analysis.native.nccl_tables.DEFAULT_VERSION`): its search and tables
+    run once per cluster object and version, and prices computed on one model serve the
+    next."""
+    key = T.constants(version).version
+    states = _MODELS(cluster)
+    if key not in states:
+        states[key] = _model_state(cluster, key)
     model = NcclModel.__new__(NcclModel)
-    model.__dict__.update(_MODELS(cluster))
+    model.__dict__.update(states[key])
     model.cluster = cluster
     return model
 

@@ -27,7 +27,8 @@ from typing import Sequence
 
 from . import nccl_tables as T
 
-__all__ = ["BoxView", "Graph", "box_view", "search_ring", "search_tree", "search_nvls",
+__all__ = ["BoxView", "Graph", "box_view", "search_ring", "search_tree", "tree_pattern",
+           "search_nvls",
            "search_collnet_direct", "nvlink_view"]
 
 _EPS = 1e-9
@@ -177,8 +178,12 @@ class Graph:
 _NONE = Graph("none", 0, 0.0, 0.0, False)
 
 
-def _speeds(compcap: int, inter: bool) -> tuple[float, ...]:
-    table = T.SPEEDS_INTER if inter else T.SPEEDS_INTRA
+_DEFAULT = T.constants()
+
+
+def _speeds(compcap: int, inter: bool,
+            tables: T.VersionTables = _DEFAULT) -> tuple[float, ...]:
+    table = tables.speeds_inter if inter else tables.speeds_intra
     return table[100] if compcap >= 100 else table[90] if compcap >= 90 else table[70]
 
 
@@ -206,11 +211,36 @@ def _start_gpu(view: BoxView, nic: int | None, nth: int) -> int:
     return served[nth % len(served)]
 
 
-def _fabric_fit(view: BoxView, speed: float) -> int:
-    """Channels a fabric carries at ``speed``: every channel crosses each GPU's port."""
+def _fabric_fit(view: BoxView, speed: float, starts: Sequence[int] = (),
+                path: bool = False) -> int:
+    """Channels a fabric carries at ``speed``.
+
+    In one node a channel is a cycle: it crosses each GPU's port both ways. Between nodes
+    it is a path (``start``, ``start + 1``, ..., ``start - 1``): it enters by a NIC at its
+    first GPU and leaves by a NIC at its last, so the first GPU's port carries nothing
+    into it and the last's nothing out (search.cc:602-604, the ring's ``crossNic == 2``:
+    a channel may leave by another NIC than it entered; :1238, tried when the rail-aligned
+    ring falls short; NCCL_CROSS_NIC defaults to 2). NCCL charges each direction of a link
+    on its own (``ncclTopoFollowPath``): with 8 GPUs and 8 channels each starting at its
+    own GPU, a port carries 7 channels each way, not 8.
+    """
     if view.gpus == 1:
         return T.MAXCHANNELS
-    return int(math.floor(view.intra_bw / speed + _EPS))
+    per_port = int(math.floor(view.intra_bw / speed + _EPS))
+    if not path:
+        return per_port
+    out = [0] * view.gpus
+    into = [0] * view.gpus
+    fit = 0
+    for k, start in enumerate(starts):
+        last = (start - 1) % view.gpus
+        for g in range(view.gpus):
+            out[g] += g != last
+            into[g] += g != start
+        if max(max(out), max(into)) > per_port:
+            break
+        fit = k + 1
+    return fit
 
 
 def _mesh_walks(view: BoxView, speed: float, starts: Sequence[int], cycle: bool,
@@ -277,14 +307,14 @@ def _ring_channels(view: BoxView, s_intra: float, s_inter: float, inter: bool,
     if view.intra == "nvlink":
         orders = _mesh_walks(view, s_intra, starts, cycle=not inter)
     else:
-        fit = min(len(starts), _fabric_fit(view, s_intra))
+        fit = min(len(starts), _fabric_fit(view, s_intra, starts, path=inter))
         orders = [tuple((start + j) % view.gpus for j in range(view.gpus))
                   for start in starts[:fit]]
     return orders, nics[:len(orders)]
 
 
 def search_ring(view: BoxView, inter: bool, pattern: str = "ring",
-                channels: int | None = None) -> Graph:
+                channels: int | None = None, tables: T.VersionTables = _DEFAULT) -> Graph:
     """NCCL's ring (or, with ``channels``, tree chain) search on one box.
 
     Pass 1 tries speeds fastest first from the first that the box can carry (at most
@@ -297,7 +327,7 @@ def search_ring(view: BoxView, inter: bool, pattern: str = "ring",
     channels fit (rings), or raises a tree's speed inside the box up to twice the
     network's.
     """
-    speeds = _speeds(view.compcap, inter)
+    speeds = _speeds(view.compcap, inter, tables)
     tree = channels is not None
     max_ch: int = channels if channels is not None else T.RING_MAX_CHANNELS
     min_ch: int = channels if channels is not None else 1
@@ -361,16 +391,34 @@ def search_ring(view: BoxView, inter: bool, pattern: str = "ring",
     return Graph(pattern, n, s_intra, s_inter, view.nvlink, tuple(orders), tuple(nics))
 
 
-def search_tree(view: BoxView, inter: bool, ring: Graph) -> Graph:
-    """The tree search (``NCCL_TOPO_PATTERN_BALANCED_TREE``): as many channels as the
-    ring (``treeGraph->minChannels = maxChannels = ringGraph->nChannels``), each a
-    chain through the box."""
+def tree_pattern(view: BoxView, inter: bool) -> str:
+    """The pattern NCCL's tree search ends on: ``"balanced_tree"`` or ``"tree"``.
+
+    The search starts with ``NCCL_TOPO_PATTERN_BALANCED_TREE``, whose first two GPUs of a
+    chain both reach the network by one NIC (search.cc:614-616: at ``step != 0`` the NIC
+    must be ``graph->inter[nChannels * 2 + 1]``; :657-661 count half the bandwidth on each
+    of the two). On Hopper and later, when that fails the search tries the plain
+    ``NCCL_TOPO_PATTERN_TREE`` ("Try a simpler tree", search.cc:1214-1217), before it
+    widens the path types (PXN) or slows down. Between nodes it fails where no NIC serves
+    two GPUs: each GPU has its own NIC.
+    """
+    if not inter or view.compcap < 90 or not view.nics:
+        return "balanced_tree"
+    return "balanced_tree" if any(len(served) >= 2 for _, served in view.nics) else "tree"
+
+
+def search_tree(view: BoxView, inter: bool, ring: Graph,
+                tables: T.VersionTables = _DEFAULT) -> Graph:
+    """The tree search: as many channels as the ring (``treeGraph->minChannels =
+    maxChannels = ringGraph->nChannels``, init.cc:1184-1185), each a chain through the
+    box; the graph's ``pattern`` is :func:`tree_pattern`'s."""
     if ring.empty:
         return _NONE
-    return search_ring(view, inter, pattern="tree", channels=ring.channels)
+    return search_ring(view, inter, pattern=tree_pattern(view, inter), channels=ring.channels,
+                       tables=tables)
 
 
-def search_nvls(view: BoxView, inter: bool) -> Graph:
+def search_nvls(view: BoxView, inter: bool, tables: T.VersionTables = _DEFAULT) -> Graph:
     """The NVLS search (``NCCL_TOPO_PATTERN_NVLS``, Hopper and later with NVLink SHARP).
 
     A channel has a head GPU; it moves ``bw`` between the switch and every GPU each
@@ -382,7 +430,7 @@ def search_nvls(view: BoxView, inter: bool) -> Graph:
     """
     if not view.nvls or view.compcap < 90 or view.intra != "nvswitch" or view.gpus < 2:
         return _NONE
-    speeds = _speeds(view.compcap, inter)
+    speeds = _speeds(view.compcap, inter, tables)
     max_ch = min(T.NVLS_MAX_ARITY, view.gpus)
     if inter:
         heads: list[tuple[int, int]] = []
@@ -441,12 +489,12 @@ def search_nvls(view: BoxView, inter: bool) -> Graph:
     return Graph("nvls", n, s, s_inter, True, orders, nics)
 
 
-def search_collnet_direct(view: BoxView) -> Graph:
+def search_collnet_direct(view: BoxView, tables: T.VersionTables = _DEFAULT) -> Graph:
     """CollNet Direct's heads: one GPU per NIC (at most ``NCCL_MAX_DIRECT_ARITY + 1``),
     each channel at the fastest network speed its NIC carries."""
     if not view.nics:
         return _NONE
-    speeds = _speeds(view.compcap, True)
+    speeds = _speeds(view.compcap, True, tables)
     heads: list[tuple[int, int]] = []
     for k, (_, served) in enumerate(view.nics):
         for g in served:

@@ -1,15 +1,21 @@
 """NCCL's own constants, as its tuner and topology search use them.
 
-Every number here is copied from NVIDIA/nccl (``master`` at commit 5067397c, NCCL 2.29;
-the values below are also those of 2.28, the version run on this project's H100) and
-carries the file and name it comes from. Nothing is fitted to a measurement: the
-measurements in docs/NCCL_MODEL.md check the model, they never set it.
+Every number here is copied from NVIDIA/nccl and carries the file and name it comes
+from. The module-level tables are those of NCCL 2.30 (``master`` at commit 5067397c,
+``makefiles/version.mk``: 2.30.7), the version the model follows by default
+(:data:`DEFAULT_VERSION`); :func:`constants` gives the tables of each version in
+:data:`VERSIONS` where they differ (the tags ``v2.27.7-1``, ``v2.28.9-1``, ``v2.29.7-1``,
+``v2.30.7-1``). Nothing is fitted to a measurement: the measurements in
+docs/NCCL_MODEL.md check the model, they never set it.
 
 Bandwidths are GB/s one way (NCCL's unit; 1 GB/s = 1e9 bytes/s), latencies
 microseconds, as in NCCL.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
 
 __all__ = [
     "ALGORITHMS", "PROTOCOLS", "RING", "TREE", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS",
@@ -19,7 +25,8 @@ __all__ = [
     "SPEEDS_INTER", "NVLINK_BW", "NVLINK_SPEC_BW", "COMPCAP", "compcap_index",
     "MAXCHANNELS", "RING_MAX_CHANNELS", "NVLS_MAX_ARITY", "DIRECT_MAX_ARITY",
     "NVLS_CHANNELS", "MAX_NTHREADS", "THREAD_THRESHOLD", "NET_OVERHEAD_US", "PCI_BW",
-    "LOC_BW", "ALGORITHM_NAMES", "TUNER_NAMES",
+    "LOC_BW", "ALGORITHM_NAMES", "TUNER_NAMES", "VERSIONS", "DEFAULT_VERSION",
+    "VersionTables", "constants",
 ]
 
 # Algorithm and protocol indexes, in NCCL's order (src/include/device.h:
@@ -147,3 +154,104 @@ NET_OVERHEAD_US = 1.0
 def compcap_index(compcap: int) -> int:
     """tuning.cc's compCapIndex: 0 Volta, 1 Ampere, 2 Hopper, 3 Blackwell."""
     return 3 if compcap >= 100 else 2 if compcap >= 90 else 1 if compcap >= 80 else 0
+
+
+# ---- versions ------------------------------------------------------------------------
+
+#: The NCCL versions whose tables the model knows (major.minor; the patch releases of one
+#: minor share them). Where two differ, the difference is below with its tag and line.
+VERSIONS = ("2.27", "2.28", "2.29", "2.30")
+#: The version the model follows unless told (docs/NCCL_MODEL.md names it).
+DEFAULT_VERSION = "2.30"
+
+
+@dataclass(frozen=True)
+class VersionTables:
+    """The tables of one NCCL version (same layout as the module-level ones).
+
+    ``nvls_bw`` is how the tuner turns the NVLS graph into a per-channel bandwidth:
+    ``"efficiency"`` (2.28 and later: ``nvlsEfficiency``, the 2x of AllReduce and the
+    NVLSTree cap ``perChMaxNVLSTreeBws``) or ``"min"`` (2.27, tuning.cc lines 266-274:
+    ``min(bwIntra, bwInter)``, NVLSTree ``min(bwIntra, bwInter / 2)`` beyond two nodes).
+    ``nvls_tree_correction`` says whether the tree correction factors apply to NVLSTree on
+    Blackwell (2.29 and later, tuning.cc ``ncclTopoGetAlgoTime``).
+    """
+
+    version: str
+    base_latency: tuple
+    hw_latency: tuple
+    ll_max_bw: tuple
+    per_ch_max_ring_ll128_bw: tuple
+    per_ch_max_tree_ll128_bw: tuple
+    per_ch_max_tree_bw: tuple
+    per_ch_max_nvls_tree_bw: tuple
+    speeds_intra: dict
+    speeds_inter: dict
+    nvls_bw: str = "efficiency"
+    nvls_tree_correction: bool = True
+
+
+def _with_net(hw: tuple, algorithm: int, row: tuple) -> tuple:
+    net = list(hw[HW_NET])
+    net[algorithm] = row
+    return (hw[HW_NVLINK], hw[HW_PCI], tuple(net))
+
+
+def _with_row(table: tuple, index: int, row: tuple) -> tuple:
+    return tuple(row if k == index else r for k, r in enumerate(table))
+
+
+_V230 = VersionTables("2.30", BASE_LATENCY, HW_LATENCY, LL_MAX_BW, PER_CH_MAX_RING_LL128_BW,
+                      PER_CH_MAX_TREE_LL128_BW, PER_CH_MAX_TREE_BW, PER_CH_MAX_NVLS_TREE_BW,
+                      SPEEDS_INTRA, SPEEDS_INTER)
+# v2.29.7-1: tuning.cc:198 Blackwell perChMaxNVLSTreeBws {0.0, 96.0, 43.8}; search.cc:988
+# sm100SpeedArrayInter without 86.0.
+_V229 = replace(
+    _V230, version="2.29",
+    per_ch_max_nvls_tree_bw=_with_row(PER_CH_MAX_NVLS_TREE_BW, 3, (0.0, 96.0, 43.8)),
+    speeds_inter={**SPEEDS_INTER, 100: tuple(x for x in SPEEDS_INTER[100] if x != 86.0)})
+# v2.28.9-1: tuning.cc:179 Blackwell perChMaxRingLL128Bws {2*36.7, 34.6, 2*36.7}; no
+# NVLSTree correction on Blackwell (ncclTopoGetAlgoTime has only the Tree's).
+_V228 = replace(
+    _V229, version="2.28",
+    per_ch_max_ring_ll128_bw=_with_row(PER_CH_MAX_RING_LL128_BW, 3, (2 * 36.7, 34.6, 2 * 36.7)),
+    nvls_tree_correction=False)
+# v2.27.7-1: tuning.cc:155 hwLat NET NVLSTree {0, 0, 14}; :134-136 and :143-156 baseLat and
+# hwLat list six algorithms, so PAT's row is zero; :176-188 Blackwell tables twice
+# Hopper's; no perChMaxNVLSTreeBws, no nvlsEfficiency (:266-274); search.cc:962-963 the
+# sm100 speed arrays without 45.0 (intra) and 86.0, 80.0 (inter).
+_NO_PAT = (0.0, 0.0, 0.0)
+_V227 = replace(
+    _V228, version="2.27",
+    base_latency=_with_row(BASE_LATENCY, PAT, _NO_PAT),
+    hw_latency=tuple(_with_row(hw, PAT, _NO_PAT)
+                     for hw in _with_net(HW_LATENCY, NVLS_TREE, (0.0, 0.0, 14.0))),
+    per_ch_max_ring_ll128_bw=_with_row(PER_CH_MAX_RING_LL128_BW, 3, (2 * 36.7,) * 3),
+    per_ch_max_tree_ll128_bw=_with_row(PER_CH_MAX_TREE_LL128_BW, 3, (2 * 36.7, 2 * 36.7, 2 * 29.0)),
+    per_ch_max_tree_bw=_with_row(PER_CH_MAX_TREE_BW, 3, (2 * 38.7, 2 * 41.4, 2 * 36.0)),
+    per_ch_max_nvls_tree_bw=tuple((math.inf,) * 3 for _ in range(4)),
+    speeds_intra={**SPEEDS_INTRA, 100: tuple(x for x in SPEEDS_INTRA[100] if x != 45.0)},
+    speeds_inter={**SPEEDS_INTER, 100: tuple(x for x in SPEEDS_INTER[100]
+                                             if x not in (86.0, 80.0))},
+    nvls_bw="min")
+_BY_VERSION = {k.version: k for k in (_V227, _V228, _V229, _V230)}
+
+
+def constants(version: str | None = None) -> VersionTables:
+    """The tables of NCCL ``version`` (``"2.28"``, ``"2.28.9"``; ``None``: the default).
+
+    Raises
+    ------
+    ValueError
+        For a version the model does not know, naming the ones it does.
+    """
+    if version is None:
+        return _BY_VERSION[DEFAULT_VERSION]
+    text = str(version).strip().lstrip("v")
+    minor = ".".join(text.split("-")[0].split(".")[:2])
+    if minor not in _BY_VERSION:
+        raise ValueError(f"unknown NCCL version {version!r}; the model knows "
+                         f"{', '.join(VERSIONS)} (a patch release such as 2.28.9 is its "
+                         f"minor's)")
+    return _BY_VERSION[minor]
+
