@@ -207,3 +207,42 @@ def test_show_names_the_box_behind_the_cut(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert ("RS+AG bottleneck cut 4 GPUs (box small0) behind 25 GB/s: the other 20 GPUs' "
             "shards cross it at 1.25 GB/s each") in out
+
+
+PORTS = """name: ports
+switches: [{name: 'rail{i}', count: 4}, spine]
+links: [{a: 'rail{i}', b: spine, count: 4, bandwidth: 1.6 Tbit/s}]
+boxes:
+  - name: 'n{i}'
+    count: 2
+    gpus: 2
+    gpu: H100
+    fabric: {bandwidth: 450 GB/s}
+    nics:
+      - {switch: rail0, bandwidth: 200 Gbit/s, gpus: [0]}
+      - {switch: rail1, bandwidth: 200 Gbit/s, gpus: [0]}
+      - {switch: rail2, bandwidth: 200 Gbit/s, gpus: [1]}
+      - {switch: rail3, bandwidth: 200 Gbit/s, gpus: [1]}
+"""
+
+
+def test_lint_flags_the_ports_of_one_card_written_as_nics(tmp_path):
+    # Four 200G NICs for two GPUs, two per GPU: most likely two dual-port cards, which
+    # NCCL merges (NCCL_IB_MERGE_NICS=1): the nccl row would see 2 x 400G, not 4 x 200G.
+    path = tmp_path / "ports.yaml"
+    path.write_text(PORTS)
+    result = run_cli("topo", "lint", str(path))
+    assert result.returncode == 0
+    assert result.stdout.splitlines() == [f"{path}: 1 warning: ports, 4 ranks in 2 boxes, "
+                                          "5 switches"]
+    assert result.stderr.splitlines() == [
+        f"topoplan: warning: {path}:10: boxes[0].nics: 4 NICs for 2 GPUs: nics[0] and nics[1] "
+        "serve the same GPUs [0] (switches rail0, rail1); if they are the ports of one card, "
+        "NCCL merges them (NCCL_IB_MERGE_NICS=1; aws-ofi-nccl groups a GPU's EFA devices): "
+        "write them as one NIC of 400 Gbit/s"]
+    assert run_cli("topo", "lint", "--strict", str(path)).returncode == 1
+    merged = PORTS.replace("      - {switch: rail1, bandwidth: 200 Gbit/s, gpus: [0]}\n", "") \
+        .replace("      - {switch: rail3, bandwidth: 200 Gbit/s, gpus: [1]}\n", "") \
+        .replace("200 Gbit/s", "400 Gbit/s")
+    path.write_text(merged)
+    assert run_cli("topo", "lint", "--strict", str(path)).returncode == 0

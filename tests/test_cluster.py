@@ -857,3 +857,27 @@ def test_route_loads_of_generated_fabrics_with_many_paths() -> None:
             assert got_worst == pytest.approx(worst, rel=1e-12)
     assert len(cluster.routes(0, cluster.nranks - 1)) == MAX_ROUTES  # the cut is exercised
     assert len(cluster._switch_paths("l0", "l2")) == 4
+
+
+def test_nic_plugin_latency_is_read_with_units_and_checked():
+    # The latency NCCL's network plugin reports (ncclNetProperties_t.latency), which its
+    # tuner adds to every step between nodes: optional, a time, >= 0.
+    text = """\
+        name: x
+        switches: [s]
+        boxes:
+          - name: "a{i}"
+            count: 2
+            gpus: 1
+            nics:
+              - {switch: s, bandwidth: 400 Gbit/s, plugin_latency: 75 us}
+        """
+    cluster = loads_cluster(textwrap.dedent(text), "c.yaml")
+    assert cluster.boxes[0].nics[0].plugin_latency == pytest.approx(75e-6)
+    assert cluster.boxes[0].nics[0].latency == 0.0
+    plain = loads_cluster(textwrap.dedent(text.replace(", plugin_latency: 75 us", "")), "c.yaml")
+    assert plain.boxes[0].nics[0].plugin_latency == 0.0
+    # Boxes that differ only in it are not one kind (the nccl row prices them apart).
+    assert plain.boxes[0].signature() != cluster.boxes[0].signature()
+    assert error(text.replace("75 us", "-1 us")) == \
+        "c.yaml:8: boxes[0].nics[0].plugin_latency: must be >= 0, got -1 us"

@@ -334,3 +334,24 @@ def test_cli_rejects_bad_options(capsys):
     assert "leave out --network" in capsys.readouterr().err
     assert main(["topo", "import", "nccl", str(DATA / "missing.xml")]) == 1
     assert "missing.xml" in capsys.readouterr().err
+
+
+def test_ports_of_one_card_are_one_nic(tmp_path):
+    # NCCL reads a card's ports as one PCI device (src/transport/net_ib/init.cc:69-70 sets
+    # the function to 0) and merges them into one (NCCL_IB_MERGE_NICS=1, :198): the import
+    # writes one NIC of their summed speed, not two that `topo lint` would flag.
+    card = ('<pci busid="0000:04:00.0" class="0x020000" link_speed="16.0 GT/s PCIe" '
+            'link_width="16"><nic>'
+            '<net name="mlx5_0" dev="0" speed="50000" port="1" guid="0x1" maxconn="131072" '
+            'gdr="1"/>'
+            '<net name="mlx5_1" dev="1" speed="50000" port="2" guid="0x1" maxconn="131072" '
+            'gdr="1"/></nic></pci>\n    </pci>\n  </cpu>\n  <cpu host_hash="0x1" numaid="1"')
+    path = tmp_path / "ports.xml"
+    path.write_text(NVLINK_PAIRS.replace('</pci>\n  </cpu>\n  <cpu host_hash="0x1" numaid="1"',
+                                         card, 1))
+    imported = import_nccl_topology(path)
+    box = loads_cluster(render_cluster_yaml(imported)).boxes[0]
+    (nic,) = box.nics
+    assert nic.bandwidth == pytest.approx(2 * 50000 / 8000 * 1e9)
+    assert any("2 ports of one card (mlx5_0, mlx5_1) merged" in note
+               for note in imported.assumptions)

@@ -454,3 +454,22 @@ def test_tables_follow_the_version_asked_for():
     # case of NVLSTree"); 2.27 took min(bwIntra, bwInter).
     assert pick(new, "allreduce", GiB, "NVLSTree", "Simple").tuner_time_s < pick(
         old, "allreduce", GiB, "NVLSTree", "Simple").tuner_time_s
+
+
+def test_network_plugin_latency_is_paid_on_every_step_between_nodes():
+    # tuning.cc:389-391: interLat += graphs[a]->latencyInter, and once more for Simple (the
+    # flush). aws-ofi-nccl reports 75 us on p5 (docs/CLUSTER.md): a ring over 4 nodes has
+    # 2 (4 - 1) inter-node steps, so LL128 pays 6 x 75 us more and Simple 12 x 75 us more
+    # (before the ring's plateau factor, 1.4 on Ampere and later).
+    plain = nccl_model(loads_cluster(rails(4)))
+    slow = nccl_model(loads_cluster(rails(4).replace("gpus: [", "plugin_latency: 75 us, gpus: [")))
+    assert slow.net_latency_us == pytest.approx(75.0)
+    _, lat0 = plain.tables("allreduce")
+    _, lat1 = slow.tables("allreduce")
+    assert lat1[T.RING][T.LL128] - lat0[T.RING][T.LL128] == pytest.approx(6 * 75)
+    assert lat1[T.RING][T.SIMPLE] - lat0[T.RING][T.SIMPLE] == pytest.approx(12 * 75)
+    # Tree: 2 log2(nodes) inter-node steps.
+    assert lat1[T.TREE][T.LL] - lat0[T.TREE][T.LL] == pytest.approx(2 * 2 * 75)
+    # One node has no step between nodes.
+    one = nccl_model(loads_cluster(h100()))
+    assert one.net_latency_us == 0.0

@@ -125,7 +125,26 @@ class TopoplanWarning(UserWarning):
     ``warnings.simplefilter("error", topoplan.TopoplanWarning)`` to refuse such input."""
 
 
-class UnitWarning(TopoplanWarning):
+class SpecWarning(TopoplanWarning):
+    """Input read from a file that may not mean what its author meant, located: the
+    message starts ``FILE:LINE: KEY: `` and ``file``, ``line``, ``key`` and ``reason``
+    hold the parts."""
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
+                 key: str | None = None) -> None:
+        self.file, self.line, self.key, self.reason = file, line, key, message
+        super().__init__(_where(file, line, key) + message)
+
+
+class PortWarning(SpecWarning):
+    """A box whose NICs look like the ports of fewer cards: more NICs than GPUs, two of
+    them serving the same GPUs. NCCL merges the ports of one card into one device
+    (``NCCL_IB_MERGE_NICS``, default 1) and aws-ofi-nccl presents a GPU's EFA devices as
+    one, so the ``nccl`` row sees fewer, faster NICs than such a file says
+    (docs/CLUSTER.md, "NICs as NCCL sees them")."""
+
+
+class UnitWarning(SpecWarning):
     """A bandwidth or latency written as a bare number, read in the default unit.
 
     A bare bandwidth is GB/s and a bare latency microseconds (docs/CLUSTER.md); a NIC
@@ -134,8 +153,3 @@ class UnitWarning(TopoplanWarning):
     as 100 GB/s (800 Gbit/s); write '100 GB/s' or '100 Gbit/s'``; ``file``, ``line`` and
     ``key`` hold the parts.
     """
-
-    def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
-                 key: str | None = None) -> None:
-        self.file, self.line, self.key, self.reason = file, line, key, message
-        super().__init__(_where(file, line, key) + message)

@@ -70,12 +70,19 @@ class GpuLink:
 
 @dataclass(frozen=True, slots=True)
 class Nic:
-    """A network interface: plugs into ``switch``, serves the box-local ``gpus``."""
+    """A network interface: plugs into ``switch``, serves the box-local ``gpus``.
+
+    ``plugin_latency`` (seconds) is what NCCL's network plugin reports for it
+    (``ncclNetProperties_t.latency``): NCCL's tuner adds it to every step between nodes
+    (docs/CLUSTER.md, docs/NCCL_MODEL.md). It moves no byte and prices no planned
+    schedule; only the ``nccl`` row reads it.
+    """
 
     switch: str
     bandwidth: float
     latency: float
     gpus: tuple[int, ...]
+    plugin_latency: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +132,8 @@ class Box:
     def signature(self) -> tuple:
         """What makes two boxes interchangeable for planning (all but name and switches)."""
         return (self.gpus, self.fabric, self.gpu_links,
-                tuple((n.bandwidth, n.latency, n.gpus) for n in self.nics), self.gpu)
+                tuple((n.bandwidth, n.latency, n.gpus, n.plugin_latency) for n in self.nics),
+                self.gpu)
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,7 +409,7 @@ class Cluster:
                                                           b.fabric.latency)
             links = tuple(GpuLink(l.a, l.b, l.bandwidth * scale, l.latency)
                           for l in b.gpu_links)
-            nics = tuple(Nic(n.switch, n.bandwidth * scale, n.latency, n.gpus) for n in b.nics)
+            nics = tuple(replace(n, bandwidth=n.bandwidth * scale) for n in b.nics)
             return replace(b, fabric=fabric, gpu_links=links, nics=nics)
 
         return Cluster(name=f"{self.name}@{scale:g}", boxes=tuple(box(b) for b in self.boxes),

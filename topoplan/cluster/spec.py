@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 import networkx as nx
 
 from .._yaml import LineDict, LineList, load_yaml
-from ..errors import ClusterSpecError, UnitWarning
+from ..errors import ClusterSpecError, PortWarning, UnitWarning
 from ..units import bare_number_note, parse_bandwidth, parse_latency
 from .model import FABRIC_KINDS, GPU_MODELS, Box, Cluster, Fabric, GpuLink, Nic, SwitchLink
 
@@ -357,6 +357,9 @@ def _read_boxes(reader: _Reader, doc: LineDict,
             lines[name] = entry.line_of("name")
             nics = tuple(_read_nic(reader, nics_list, k, f"{path}.nics[{k}]", gpus, i, known)
                          for k in range(len(nic_items)))
+            if i == 0:
+                _check_ports(reader, nics, gpus, entry.line_of("nics") if nics else entry.line,
+                             _join(path, "nics"))
             boxes.append(Box(name=name, gpus=gpus, first_rank=rank, fabric=fabric,
                              gpu_links=gpu_links, nics=nics, template=template, gpu=model))
             rank += gpus
@@ -423,11 +426,36 @@ def _gpu_index(reader: _Reader, mapping: LineDict, key: str, path: str, gpus: in
     return value
 
 
+def _check_ports(reader: _Reader, nics: tuple[Nic, ...], gpus: int, line: int,
+                 where: str) -> None:
+    """Warn (:class:`~topoplan.errors.PortWarning`) where a box lists more NICs than GPUs
+    and two of them serve the same GPUs: most likely the ports of one card, which NCCL
+    merges into one device (src/transport/net_ib/init.cc:69-70 and :198,
+    ``NCCL_IB_MERGE_NICS``)."""
+    if len(nics) <= gpus:
+        return
+    seen: dict[tuple[int, ...], int] = {}
+    for k, nic in enumerate(nics):
+        first = seen.setdefault(nic.gpus, k)
+        if first == k:
+            continue
+        same = [j for j, other in enumerate(nics) if other.gpus == nic.gpus]
+        total = sum(nics[j].bandwidth for j in same)
+        gbit = f"{total * 8 / 1e9:g} Gbit/s"
+        warnings.warn(PortWarning(
+            f"{len(nics)} NICs for {gpus} GPUs: nics[{first}] and nics[{k}] serve the same "
+            f"GPUs {list(nic.gpus)} (switches {nics[first].switch}, {nic.switch}); if they are "
+            f"the ports of one card, NCCL merges them (NCCL_IB_MERGE_NICS=1; aws-ofi-nccl "
+            f"groups a GPU's EFA devices): write them as one NIC of {gbit}",
+            file=reader.file, line=line, key=where), stacklevel=2)
+        return
+
+
 def _read_nic(reader: _Reader, items: LineList | None, k: int, path: str, gpus: int, i: int,
               switches: set[str]) -> Nic:
     assert items is not None
     nic = reader.mapping(items[k], items.line_of(k), path)
-    reader.keys(nic, path, ("switch", "bandwidth"), ("latency", "gpus"))
+    reader.keys(nic, path, ("switch", "bandwidth"), ("latency", "gpus", "plugin_latency"))
     template = reader.string(nic, "switch", path)
     switch = reader.expand(template, i, nic.line_of("switch"), _join(path, "switch"))
     if switch not in switches:
@@ -439,6 +467,8 @@ def _read_nic(reader: _Reader, items: LineList | None, k: int, path: str, gpus: 
                           + f"; switches: {known}")
     bandwidth = reader.bandwidth(nic, path)
     latency = reader.latency(nic, path)
+    plugin_latency = (reader.quantity(nic, "plugin_latency", path, parse_latency, positive=False)
+                      if "plugin_latency" in nic else 0.0)
     if "gpus" in nic:
         listed = reader.sequence(nic["gpus"], nic.line_of("gpus"), _join(path, "gpus"))
         if not listed:
@@ -451,7 +481,8 @@ def _read_nic(reader: _Reader, items: LineList | None, k: int, path: str, gpus: 
             raise reader.fail(nic.line_of("gpus"), _join(path, "gpus"), f"repeated GPU in {list(served)}")
     else:
         served = tuple(range(gpus))
-    return Nic(switch=switch, bandwidth=bandwidth, latency=latency, gpus=served)
+    return Nic(switch=switch, bandwidth=bandwidth, latency=latency, gpus=served,
+               plugin_latency=plugin_latency)
 
 
 def _read_links(reader: _Reader, doc: LineDict, switches: list[str]) -> list[SwitchLink]:

@@ -209,12 +209,17 @@ class _Nic:
     pci: Element | None   # the <pci> the NIC sits on; None for a <nic> right under <cpu>
     net: Element | None
     cpu: Element
+    #: The other ports of the same card (<net> siblings under one <nic>), merged into this
+    #: NIC as NCCL merges them (src/transport/net_ib/init.cc:69-70 and :198,
+    #: NCCL_IB_MERGE_NICS).
+    ports: tuple[Element, ...] = ()
 
     @property
     def label(self) -> str:
         parts = []
         if self.net is not None and self.net.get("name"):
-            parts.append(str(self.net.get("name")))
+            parts.append("+".join(str(n.get("name")) for n in (self.net, *self.ports)
+                                  if n.get("name")))
         if self.pci is not None and self.pci.get("busid"):
             parts.append(f"PCI {self.pci.get('busid')}")
         return ", ".join(parts) or self.anchor.path
@@ -478,12 +483,19 @@ def _find_nics(host: _Host, notes: list[str]) -> list[_Nic]:
             if element.tag == "nic":
                 parent = host.parent[element]
                 pci = parent if parent.tag == "pci" else None
-                for net in element.find_all("net"):
-                    if "dev" not in net.attrs:
-                        continue  # NCCL skips a <net> without dev (ncclTopoAddNic)
-                    if net.int("net", 1) == 0:
-                        continue  # a GIN/RMA-only device, not a network device for NCCL
-                    nics.append(_Nic(net, pci, net, cpu))
+                nets = [net for net in element.find_all("net")
+                        # NCCL skips a <net> without dev (ncclTopoAddNic) and a GIN/RMA-only
+                        # device (net="0"), not a network device for it
+                        if "dev" in net.attrs and net.int("net", 1) != 0]
+                if nets:
+                    # The ports of one card are one device to NCCL (net_ib/init.cc:69: "Merge
+                    # multi-port NICs into the same PCI device", NCCL_IB_MERGE_NICS=1).
+                    nics.append(_Nic(nets[0], pci, nets[0], cpu, tuple(nets[1:])))
+                    if len(nets) > 1:
+                        notes.append(f"{len(nets)} ports of one card "
+                                     f"({', '.join(str(n.get('name', n.path)) for n in nets)}) "
+                                     "merged into one NIC of their summed speed, as NCCL "
+                                     "does (NCCL_IB_MERGE_NICS=1)")
             elif element.tag == "pci" and not element.find_all("nic") and \
                     _pci_class(element).startswith(PCI_NIC_CLASS):
                 bare.append(_Nic(element, element, None, cpu))
@@ -697,7 +709,7 @@ def _nic_entries(host: _Host, gpus: list[_Gpu], nics: list[_Nic], nic_speed: flo
                 notes.append(f"NIC {k} ({nic.label}): --nic-speed overrides the file's "
                              f"speed={nic.net.get('speed')} Mbps")
         else:
-            mbps = nic.net.int("speed", 0)
+            mbps = sum(max(net.int("speed", 0), 0) for net in (nic.net, *nic.ports))
             if mbps <= 0:
                 notes.append(f"NIC {k} ({nic.label}): speed missing or <= 0; "
                              f"{NET_SPEED_FALLBACK_MBPS} Mbps like NCCL (ncclTopoAddNet)")

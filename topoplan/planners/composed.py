@@ -72,7 +72,7 @@ import numpy as np
 
 from ..analysis.cost import CostProfile
 from ..cluster import Cluster
-from ..cluster.model import Box, Nic, SwitchLink
+from ..cluster.model import Box, SwitchLink
 from ..errors import InfeasiblePlanError, PlannerError, ScheduleError
 from ..ir.collectives import DEFAULT as DEFAULT_COLLECTIVE, collective_of, shard_chunks
 from ..ir.schedule import Native, OpKind, RankProgram, Schedule, native_op
@@ -133,8 +133,8 @@ def box_level_cluster(cluster: Cluster, owners: Sequence[int], units: int | None
         own = sum(box.nics[k].bandwidth for k in used)
         total = sum(nic.bandwidth for nic in box.nics)
         scale = 1.0 if units is None else total / units / own if own > 0 else 0.0
-        nics = tuple(Nic(box.nics[k].switch, box.nics[k].bandwidth * scale,
-                         box.nics[k].latency, (0,)) for k in used)
+        nics = tuple(replace(box.nics[k], bandwidth=box.nics[k].bandwidth * scale, gpus=(0,))
+                     for k in used)
         boxes.append(Box(name=box.name, gpus=1, first_rank=b, nics=nics,
                          template=box.template, gpu=box.gpu))
     share = 1 if units is None else units
