@@ -139,5 +139,5 @@ def test_under_ideal_the_nccl_row_is_nccls_algorithm_on_the_links_alone(capsys):
     assert cli.main(["plan", path, "-s", "64MiB", "--profile", "ideal",
                      "--candidates", "mcf,nccl"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert f"what NCCL itself runs here, {result.nccl.nccl.label()}, paying its links alone" \
+    assert f"what NCCL 2.30 runs here, {result.nccl.nccl.label()}, paying its links alone" \
         in out

@@ -75,8 +75,10 @@ def _main(argv: list[str] | None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from .commands.common import nccl_settings_of
     try:
-        return int(args.func(args) or 0)
+        with nccl_settings_of(args):
+            return int(args.func(args) or 0)
     except TopoplanError as exc:
         print(f"topoplan: error: {exc}", file=sys.stderr)
         return 1

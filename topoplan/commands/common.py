@@ -10,7 +10,7 @@ import os
 import re
 import sys
 import warnings
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal, Sequence
 
@@ -321,6 +321,44 @@ def add_profile_argument(parser: argparse.ArgumentParser, what: str) -> None:
                         help=f"cost profile of the runtime {what}: "
                              f"{', '.join(profile_names())} or a profile YAML file "
                              f"(default {DEFAULT_PROFILE})")
+
+
+def add_nccl_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--nccl-version``, ``--nccl-algo``, ``--nccl-proto``: what the ``nccl`` row follows
+    and is forced with (:mod:`topoplan.analysis.native.nccl_env`); checked as parsed."""
+    from ..analysis.native import nccl_tables
+
+    group = parser.add_argument_group("the nccl row (docs/NCCL_MODEL.md)")
+    group.add_argument("--nccl-version", type=_nccl_setting("version"), metavar="X.Y",
+                       help=f"the NCCL version whose tables price it: "
+                            f"{', '.join(nccl_tables.VERSIONS)} "
+                            f"(default {nccl_tables.DEFAULT_VERSION})")
+    group.add_argument("--nccl-algo", type=_nccl_setting("algo"), metavar="LIST",
+                       help="as NCCL_ALGO, e.g. 'ring' or 'ring;allreduce:tree' or '^nvls'")
+    group.add_argument("--nccl-proto", type=_nccl_setting("proto"), metavar="LIST",
+                       help="as NCCL_PROTO, e.g. 'simple' or '^ll,ll128'")
+
+
+def _nccl_setting(name: str) -> Callable[[str], str]:
+    def check(text: str) -> str:
+        from ..analysis.native.nccl_env import NcclSettings
+        try:
+            NcclSettings(**{name: text})
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
+    check.__name__ = f"nccl-{name}"
+    return check
+
+
+def nccl_settings_of(args: argparse.Namespace) -> AbstractContextManager[Any]:
+    """The :func:`~topoplan.analysis.native.nccl_env.nccl_settings` a command's
+    ``--nccl-*`` arguments ask for (nothing to set without them)."""
+    from ..analysis.native.nccl_env import nccl_settings
+    values = {key: getattr(args, f"nccl_{key}", None) for key in ("version", "algo", "proto")}
+    if not any(v is not None for v in values.values()):
+        return nullcontext()
+    return nccl_settings(**values)
 
 
 #: Seconds of work before a status shows in a pipe or a log: quick commands stay quiet.

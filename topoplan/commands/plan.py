@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from ..cluster import load_cluster
 from ..ir.collectives import COLLECTIVES
 from ..units import format_size, format_time
-from .common import (Column, add_profile_argument, console, fit_table, json_text,
-                     left_out_note, plural, positive_int, size_arg, status)
+from .common import (Column, add_nccl_arguments, add_profile_argument, console, fit_table,
+                     json_text, left_out_note, plural, positive_int, size_arg, status)
 
 if TYPE_CHECKING:
     from ..planners import Candidate, PlanRequest, PlanResult
@@ -56,7 +56,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="merge each step's messages from one rank to one peer into one "
                         "vectored message (IR v4, docs/SCHEDULE.md): fewer ops to post")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    add_nccl_arguments(p)
     p.set_defaults(func=cmd_plan)
+
+
+def told(choice: Any) -> str:
+    """``2.30`` or ``2.30 with NCCL_ALGO=ring``: the version an NCCL choice follows and
+    what it was forced with."""
+    return choice.version + (f" with {choice.forced}" if choice.forced else "")
 
 
 def _channels_arg(text: str) -> int | str:
@@ -138,12 +145,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     out.print("vs bound: time / lower bound of any schedule (1.00x: none is faster); * chosen")
     if nccl.nccl is not None and costs.native_model == "nccl":
         out.print(f"vs nccl: NCCL's time / the row's (above 1.00x: faster than NCCL); nccl: "
-                  f"what NCCL itself runs here, {nccl.nccl.label()} (algorithm/protocol x "
+                  f"what NCCL {told(nccl.nccl)} runs here, {nccl.nccl.label()} "
+                  f"(algorithm/protocol x "
                   f"channels), priced by its own tuner on this fabric (docs/NCCL_MODEL.md)"
                   + ("" if nccl in result.rows else "; not a candidate here"))
     elif nccl.nccl is not None and costs.is_ideal:
         out.print(f"vs nccl: the nccl row's time / the row's (above 1.00x: faster); nccl: "
-                  f"what NCCL itself runs here, {nccl.nccl.label()}, paying its links alone "
+                  f"what NCCL {told(nccl.nccl)} runs here, {nccl.nccl.label()}, paying its "
+                  f"links alone "
                   f"as every row does under {costs.name}")
     else:
         out.print("vs nccl: the nccl row's time / the row's (above 1.00x: faster); nccl: "

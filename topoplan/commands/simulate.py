@@ -17,8 +17,8 @@ from ..ir.parse import load_schedule
 from ..analysis.sim.base import EPS_T
 from ..analysis.sim import SimReport, simulate
 from ..units import format_size, parse_bandwidth, parse_latency
-from .common import (Column, add_profile_argument, checked_arg, console, fit_table, left_out_note,
-                     plan_name, plural, sizes_arg)
+from .common import (Column, add_nccl_arguments, add_profile_argument, checked_arg, console,
+                     fit_table, left_out_note, plan_name, plural, sizes_arg)
 
 #: The parts of SimReport.breakdown, in the order the table and JSON show them
 #: (``native`` only for a schedule with native steps, IR v3).
@@ -69,6 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="simulate a plan made for another cluster (its recorded cluster "
                              "fingerprint differs)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
+    add_nccl_arguments(parser)
     parser.set_defaults(func=cmd_simulate)
 
 

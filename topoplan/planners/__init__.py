@@ -18,6 +18,7 @@ pipelining depth, and ``mcf`` its construction, against it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from typing import Any
@@ -49,7 +50,8 @@ def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
          size: int | str = 256 << 20,
          profile: CostProfile | str | None = None, collective: str = DEFAULT_COLLECTIVE,
          max_step_ops: int | None = None, max_chunks: int | None = None,
-         **options: Any) -> Schedule:
+         nccl_version: str | None = None, nccl_algo: str | None = None,
+         nccl_proto: str | None = None, **options: Any) -> Schedule:
     """Plan ``collective`` (an allreduce) of ``size`` bytes on ``cluster`` with the named
     algorithm.
 
@@ -100,6 +102,11 @@ def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
         Plans of more ops are ranked by their planner's estimate, not simulated
         (default 250 000); above ``max_plan_ranks`` ranks (default 256) ``auto``
         compares only the planners that scale.
+    nccl_version, nccl_algo, nccl_proto : str, optional
+        What the ``nccl`` row (``meta["nccl"]``, and the ``nccl`` candidate's native
+        price) follows: NCCL's tables of that version, and ``NCCL_ALGO`` / ``NCCL_PROTO``
+        in NCCL's own syntax (``"ring;allreduce:tree"``, ``"^ll,ll128"``;
+        :mod:`topoplan.analysis.native.nccl_env`), as ``topoplan plan --nccl-*``.
     **options
         Passed to the planners that take them (``chunks``, ``order``, ...).
 
@@ -132,7 +139,22 @@ def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
         No candidate (or not the named planner) could plan within the caps, or the plan
         on ``channels`` channels breaks ``max_chunks`` or ``max_step_ops``.
     """
-    request = PlanRequest.make(cluster, size=size, collective=collective, profile=profile,
-                               max_step_ops=max_step_ops, max_chunks=max_chunks,
-                               algorithm=algorithm, **options)
-    return execute(request).schedule
+    with _nccl_told(nccl_version, nccl_algo, nccl_proto):
+        request = PlanRequest.make(cluster, size=size, collective=collective, profile=profile,
+                                   max_step_ops=max_step_ops, max_chunks=max_chunks,
+                                   algorithm=algorithm, **options)
+        return execute(request).schedule
+
+
+def _nccl_told(version: str | None, algo: str | None,
+               proto: str | None) -> contextlib.AbstractContextManager[Any]:
+    """:func:`~topoplan.analysis.native.nccl_env.nccl_settings` for the API's
+    ``nccl_*`` arguments; a bad one is a :class:`PlannerError`."""
+    from ..analysis.native.nccl_env import NcclSettings, nccl_settings
+    if version is None and algo is None and proto is None:
+        return contextlib.nullcontext()
+    try:
+        NcclSettings(version, algo, proto)
+    except ValueError as exc:
+        raise PlannerError(str(exc)) from None
+    return nccl_settings(version, algo, proto)

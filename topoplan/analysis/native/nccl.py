@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from ..._compat import moved_names
 from ..._util import ObjectCache
-from . import clusters, nccl_tables as T
+from . import clusters, nccl_env, nccl_tables as T
 from .loads import LinkLoads, sharp_root
 from .nccl_search import BoxView, Graph, box_view, search_collnet_direct, search_nvls, \
     search_ring, search_tree
@@ -117,6 +117,10 @@ class NcclChoice:
     latency_s: float
     fabric_s: float
     bottleneck: str
+    #: The NCCL version whose tables priced it, and what it was forced with
+    #: (``NCCL_ALGO=ring``; empty when NCCL chose).
+    version: str = T.DEFAULT_VERSION
+    forced: str = ""
 
     @property
     def algbw(self) -> float:
@@ -153,7 +157,8 @@ class NcclChoice:
                 "time_s": self.time_s, "tuner_time_s": self.tuner_time_s,
                 "algbw_GBps": self.algbw / 1e9, "busbw_GBps": self.busbw / 1e9,
                 "fabric_bound": self.fabric_bound, "limited_by": self.limited_by,
-                "bottleneck": self.bottleneck}
+                "bottleneck": self.bottleneck, "nccl_version": self.version,
+                "nccl_forced": self.forced}
 
     def label(self) -> str:
         """``NVLS/Simple x16``."""
@@ -189,11 +194,15 @@ class NcclModel:
     traffic of every channel (cached).
     """
 
-    def __init__(self, cluster: Cluster, version: str | None = None) -> None:
+    def __init__(self, cluster: Cluster, version: str | None = None, algo: str | None = None,
+                 proto: str | None = None) -> None:
         self.cluster = cluster
         #: The tables of the NCCL version followed (:func:`nccl_tables.constants`).
         self.k = k = T.constants(version)
         self.version = k.version
+        #: What the model is forced with, as NCCL_ALGO / NCCL_PROTO (:mod:`.nccl_env`).
+        self.settings = nccl_env.NcclSettings(k.version, algo, proto)
+        self._algo_mask, self._proto_mask = self.settings.masks()
         self.nranks = cluster.nranks
         self.nnodes = len(cluster.boxes)
         self.ppn = self.nranks / self.nnodes
@@ -268,6 +277,11 @@ class NcclModel:
 
     # ---- the tuner -------------------------------------------------------------
     def _enabled(self, coll: str, a: int, p: int) -> bool:
+        if self._algo_mask is not None and self._algo_mask[coll][a] == nccl_env.OFF:
+            return False
+        proto = nccl_env.DEFAULT if self._proto_mask is None else self._proto_mask[coll][p]
+        if proto == nccl_env.OFF:
+            return False
         if coll in ROOTED and a != T.RING:
             return False
         sharded = coll != "allreduce"
@@ -292,7 +306,7 @@ class NcclModel:
             return False
         if a in (T.COLLNET_DIRECT, T.COLLNET_CHAIN) and self.ppn > T.DIRECT_MAX_ARITY + 1:
             return False
-        if p == T.LL128:
+        if p == T.LL128 and proto == nccl_env.DEFAULT:
             # tuning.cc: LL128 only over NVLink inside the boxes (or one GPU each), with
             # one compute capability or Hopper and later.
             intra_ok = all(v.nvlink or v.gpus == 1 for v in self._views)
@@ -486,7 +500,8 @@ class NcclModel:
         _check_collective(collective)
         size = int(size)
         if self.nranks == 1:
-            return [NcclChoice(collective, size, 1, "Ring", "Simple", 1, 0.0, 0.0, 0.0, 0.0, "")]
+            return [NcclChoice(collective, size, 1, "Ring", "Simple", 1, 0.0, 0.0, 0.0, 0.0, "",
+                               self.version, self.settings.forced)]
         return [self._price(collective, a, p, size, t) for t, a, p in self._pairs(collective, size)]
 
     def choose(self, collective: str, size: int) -> NcclChoice:
@@ -498,7 +513,9 @@ class NcclModel:
             return self.candidates(collective, size)[0]
         pairs = self._pairs(collective, size)
         if not pairs:
-            raise ValueError(f"NCCL has no algorithm for {collective} on {self.cluster.name!r}")
+            forced = self.settings.forced
+            raise ValueError(f"NCCL has no algorithm for {collective} on {self.cluster.name!r}"
+                             + (f" with {forced}" if forced else ""))
         tuner, a, p = pairs[0]
         return self._price(collective, a, p, size, tuner)
 
@@ -524,7 +541,8 @@ class NcclModel:
         lat = lat_us * 1e-6
         time = max(tuner, lat + fabric)
         return NcclChoice(collective, size, self.nranks, T.ALGORITHM_NAMES[a],
-                          T.PROTOCOL_NAMES[p], channels, time, tuner, lat, fabric, where)
+                          T.PROTOCOL_NAMES[p], channels, time, tuner, lat, fabric, where,
+                          self.version, self.settings.forced)
 
     # ---- the fabric ------------------------------------------------------------
     def _fabric_unit(self, collective: str, a: int, channels: int) -> tuple[float, str]:
@@ -774,37 +792,53 @@ def _check_collective(collective: str) -> None:
                          f"{', '.join(COLLECTIVES)}")
 
 
-def _model_state(cluster: Cluster, version: str) -> dict[str, Any]:
+def _model_state(cluster: Cluster, settings: nccl_env.NcclSettings) -> dict[str, Any]:
     """What a model computes of ``cluster``, without the cluster itself (a cached value
     must not keep its cluster alive); its price caches are shared by every model made
     from it."""
-    state = dict(NcclModel(cluster, version).__dict__)
+    state = dict(NcclModel(cluster, settings.version, settings.algo, settings.proto).__dict__)
     del state["cluster"]
     return state
 
 
-_MODELS: ObjectCache[Cluster, dict[str, dict[str, Any]]] = ObjectCache(lambda cluster: {})
+_MODELS: ObjectCache[Cluster, dict[tuple, dict[str, Any]]] = ObjectCache(lambda cluster: {})
 
 
-def nccl_model(cluster: Cluster, version: str | None = None) -> NcclModel:
-    """The :class:`NcclModel` of ``cluster`` for NCCL ``version`` (default
-    :data:`~topoplan.analysis.native.nccl_tables.DEFAULT_VERSION`): its search and tables
-    run once per cluster object and version, and prices computed on one model serve the
-    next."""
-    key = T.constants(version).version
+def nccl_model(cluster: Cluster, version: str | None = None, algo: str | None = None,
+               proto: str | None = None) -> NcclModel:
+    """The :class:`NcclModel` of ``cluster`` for NCCL ``version``, forced with ``algo`` and
+    ``proto`` as NCCL_ALGO / NCCL_PROTO would (each ``None``: the enclosing
+    :func:`~topoplan.analysis.native.nccl_env.nccl_settings`, else NCCL's default
+    :data:`~topoplan.analysis.native.nccl_tables.DEFAULT_VERSION` and its own choice). Its
+    search and tables run once per cluster object and settings, and prices computed on
+    one model serve the next.
+
+    Raises
+    ------
+    ValueError
+        For an unknown version, algorithm, protocol or function name.
+    """
+    outer = nccl_env.current()
+    settings = nccl_env.NcclSettings(
+        T.constants(version if version is not None else outer.version).version,
+        algo if algo is not None else outer.algo, proto if proto is not None else outer.proto)
     states = _MODELS(cluster)
+    key = (settings.version, settings.algo, settings.proto)
     if key not in states:
-        states[key] = _model_state(cluster, key)
+        states[key] = _model_state(cluster, settings)
     model = NcclModel.__new__(NcclModel)
     model.__dict__.update(states[key])
     model.cluster = cluster
     return model
 
 
-def nccl_time(cluster: Cluster, size: int, collective: str = "allreduce") -> NcclChoice:
+def nccl_time(cluster: Cluster, size: int, collective: str = "allreduce", *,
+              version: str | None = None, algo: str | None = None,
+              proto: str | None = None) -> NcclChoice:
     """NCCL's choice for ``collective`` of ``size`` bytes on ``cluster`` and its time
-    there (:meth:`NcclModel.choose`)."""
-    return nccl_model(cluster).choose(collective, size)
+    there (:meth:`NcclModel.choose`; ``version``, ``algo``, ``proto`` as for
+    :func:`nccl_model`)."""
+    return nccl_model(cluster, version, algo, proto).choose(collective, size)
 
 
 def sizes_of(low: int, high: int) -> Iterable[int]:

@@ -29,7 +29,8 @@ def simulate(cluster: Cluster | str | os.PathLike, schedule: Schedule, size: int
              reduce_bandwidth: float | None = None, alpha: float | None = None,
              record: bool = False, progress: Callable[[float, float], None] | None = None,
              resolution: float | None = None, force: bool = False,
-             yardsticks: Yardsticks | None = None) -> SimReport:
+             yardsticks: Yardsticks | None = None, nccl_version: str | None = None,
+             nccl_algo: str | None = None, nccl_proto: str | None = None) -> SimReport:
     """Predict how long ``schedule`` takes on ``cluster`` for ``size`` bytes per rank.
 
     Parameters
@@ -72,6 +73,11 @@ def simulate(cluster: Cluster | str | os.PathLike, schedule: Schedule, size: int
     force : bool
         Simulate a schedule planned for another cluster (its recorded fingerprint
         differs), as ``topoplan simulate --force``.
+    nccl_version, nccl_algo, nccl_proto : str, optional
+        What the ``nccl`` yardstick (``report.nccl``) and native steps priced by the
+        NCCL model follow: NCCL's tables of that version and ``NCCL_ALGO`` /
+        ``NCCL_PROTO`` in NCCL's syntax (:mod:`topoplan.analysis.native.nccl_env`), as
+        ``topoplan simulate --nccl-*``.
     yardsticks : Yardsticks, optional
         The lower bound and NCCL's row for this size and collective on ``cluster``,
         when the caller has them (a plan request computes them once for all its
@@ -97,7 +103,8 @@ def simulate(cluster: Cluster | str | os.PathLike, schedule: Schedule, size: int
         For an unknown profile name or a bad profile file.
     ValueError
         For a size that is not a number of bytes >= 0, or a bad ``dtype_size``,
-        ``alpha``, ``reduce_bandwidth`` or ``resolution``.
+        ``alpha``, ``reduce_bandwidth``, ``resolution``, NCCL version, algorithm or
+        protocol.
 
     Notes
     -----
@@ -108,6 +115,21 @@ def simulate(cluster: Cluster | str | os.PathLike, schedule: Schedule, size: int
     15 s under ``ideal`` and 60 s under ``nccl`` on a 2-core machine
     (``scripts/bench_simulate.py``, ``scripts/bench_scale.py``).
     """
+    from ..native.nccl_env import NcclSettings, nccl_settings
+    if nccl_version is None and nccl_algo is None and nccl_proto is None:
+        return _simulate(cluster, schedule, size, profile, dtype_size, reduce_bandwidth, alpha,
+                         record, progress, resolution, force, yardsticks)
+    NcclSettings(nccl_version, nccl_algo, nccl_proto)  # a bad one raises before anything runs
+    with nccl_settings(nccl_version, nccl_algo, nccl_proto):
+        return _simulate(cluster, schedule, size, profile, dtype_size, reduce_bandwidth, alpha,
+                         record, progress, resolution, force, yardsticks)
+
+
+def _simulate(cluster: Cluster | str | os.PathLike, schedule: Schedule, size: int | str,
+              profile: CostProfile | str | None, dtype_size: int,
+              reduce_bandwidth: float | None, alpha: float | None, record: bool,
+              progress: Callable[[float, float], None] | None, resolution: float | None,
+              force: bool, yardsticks: Yardsticks | None) -> SimReport:
     from ...cluster import as_cluster  # networkx and yaml load with the first simulation
     cluster = as_cluster(cluster, "simulate")
     if schedule.nranks != cluster.nranks:
@@ -164,7 +186,16 @@ def nccl_row(cluster: Cluster, size: int, collective: str) -> Any:
     if isinstance(cluster, HostCluster):
         return None
     from ..native.nccl import nccl_time
-    return nccl_time(cluster, size, collective)
+    from ..native.nccl_env import current
+    try:
+        return nccl_time(cluster, size, collective)
+    except ValueError as exc:
+        forced = current().forced
+        if not forced:
+            raise
+        from ...errors import PlannerError
+        raise PlannerError(f"the nccl row: {exc}; NCCL itself stops there ('No "
+                           f"algorithm/protocol available ... {forced}')") from None
 
 
 def costs_for(profile: CostProfile | str | None, alpha: float | None,

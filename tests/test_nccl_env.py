@@ -1,0 +1,160 @@
+"""Forcing the nccl row as NCCL_ALGO / NCCL_PROTO do, and choosing the tables' version."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import topoplan
+from tests.support.clusters import ROOT
+from tests.test_nccl_model import h100, rails
+from topoplan.analysis.native import nccl_tables as T
+from topoplan.analysis.native.nccl import nccl_model, nccl_time
+from topoplan.analysis.native.nccl_env import DEFAULT, OFF, ON, current, nccl_settings, parse_list
+from topoplan.cluster import loads_cluster
+
+GiB = 1 << 30
+DGX = str(ROOT / "topologies" / "dgx_a100_x4.yaml")
+
+
+# ---- NCCL's parseList ------------------------------------------------------------------
+def test_parse_list_follows_the_examples_above_nccls_parser():
+    # tuning.cc, the comment above parseList: "ring,collnetdirect;allreduce:tree,
+    # collnetdirect;broadcast:ring" enables ring and collnetdirect for all functions, then
+    # tree and collnetdirect for allreduce and ring for broadcast.
+    masks = parse_list("ring,collnetdirect;allreduce:tree,collnetdirect;broadcast:ring",
+                       T.ALGORITHM_NAMES, "NCCL_ALGO")
+    on = {coll: {T.ALGORITHM_NAMES[k] for k, v in enumerate(m) if v == ON}
+          for coll, m in masks.items()}
+    assert on["allgather"] == on["reduce"] == {"Ring", "CollNetDirect"}
+    assert on["allreduce"] == {"Tree", "CollNetDirect"}
+    assert on["broadcast"] == {"Ring"}
+    # "LL,Simple;allreduce:^LL": LL and Simple everywhere, everything but LL for allreduce.
+    masks = parse_list("LL,Simple;allreduce:^LL", T.PROTOCOL_NAMES, "NCCL_PROTO")
+    assert masks["allgather"] == (ON, OFF, ON)
+    assert masks["allreduce"] == (OFF, ON, ON)
+    # "^LL128;allreduce:LL128": everything but LL128, but only LL128 for allreduce.
+    masks = parse_list("^LL128;allreduce:LL128", T.PROTOCOL_NAMES, "NCCL_PROTO")
+    assert masks["reduce_scatter"] == (ON, OFF, ON)
+    assert masks["allreduce"] == (OFF, ON, OFF)
+    # Case does not matter, and topoplan's function names work too.
+    assert parse_list("RING;reduce_scatter:Tree", T.ALGORITHM_NAMES, "x")["reduce_scatter"][
+        T.TREE] == ON
+
+
+@pytest.mark.parametrize("text, message", [
+    ("bogus", "unknown name 'bogus'; use one of Tree, Ring"),
+    ("ring;tree", "every entry but the first needs a function prefix"),
+    ("alltoall:ring", "unknown function 'alltoall'; use one of Broadcast"),
+    ("", "empty"),
+])
+def test_parse_list_refuses_what_nccl_refuses(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_list(text, T.ALGORITHM_NAMES, "NCCL_ALGO")
+
+
+# ---- the model, forced -----------------------------------------------------------------
+def test_forcing_the_algorithm_and_protocol():
+    cluster = loads_cluster(h100())
+    assert nccl_time(cluster, GiB).algorithm == "NVLS"        # NCCL's own choice
+    ring = nccl_time(cluster, GiB, algo="ring")
+    assert (ring.algorithm, ring.forced) == ("Ring", "NCCL_ALGO=ring")
+    assert ring.time_s > nccl_time(cluster, GiB).time_s
+    small = nccl_time(cluster, 1024, proto="^ll,ll128")
+    assert small.protocol == "Simple"
+    assert nccl_time(cluster, 1024).protocol == "LL"
+    with pytest.raises(ValueError, match="no algorithm for allreduce .* with NCCL_ALGO=pat"):
+        nccl_time(cluster, GiB, algo="pat")               # PAT does not run allreduce
+    # A forced model's choices never leak into NCCL's own: the caches are per setting.
+    assert nccl_model(cluster).choose("allreduce", GiB).algorithm == "NVLS"
+
+
+def test_listing_ll128_turns_it_on_where_nccl_would_not_by_default():
+    # tuning.cc:446: LL128 is 2 ("on where the hardware rules allow") unless listed; a
+    # listed LL128 is 1 and skips those rules. Two GPUs on PCIe get no LL128 by default.
+    pcie = loads_cluster("name: p\nboxes: [{name: b, gpus: 2, gpu: A100, fabric: "
+                         "{bandwidth: 24 GB/s, kind: pcie}}]\n")
+    assert "LL128" not in {c.protocol for c in nccl_model(pcie).candidates("allreduce", GiB)}
+    forced = nccl_model(pcie, proto="ll128").candidates("allreduce", GiB)
+    assert {c.protocol for c in forced} == {"LL128"}
+    assert parse_list("simple", T.PROTOCOL_NAMES, "p")["allreduce"][T.LL128] == OFF
+    assert DEFAULT not in parse_list("ll", T.PROTOCOL_NAMES, "p")["allreduce"]
+
+
+def test_settings_reach_every_price_inside_them_and_nest():
+    cluster = loads_cluster(rails(2))
+    own = nccl_time(cluster, GiB)
+    with nccl_settings(algo="ring") as outer:
+        assert outer.forced == "NCCL_ALGO=ring"
+        assert nccl_time(cluster, GiB).algorithm == "Ring"
+        with nccl_settings(proto="simple", version="2.28"):
+            inner = nccl_time(cluster, GiB)
+            assert (inner.algorithm, inner.protocol, inner.version) == ("Ring", "Simple", "2.28")
+            assert current().forced == "NCCL_ALGO=ring NCCL_PROTO=simple"
+    assert current().forced == "" and nccl_time(cluster, GiB) == own
+    with pytest.raises(ValueError, match="unknown NCCL version"):
+        with nccl_settings(version="3.0"):
+            pass
+
+
+def test_plan_and_simulate_take_the_same_arguments():
+    cluster = topoplan.load_cluster(DGX)
+    schedule = topoplan.plan(cluster, "ring", size="64MiB", nccl_algo="tree",
+                             nccl_version="2.28")
+    assert (schedule.meta["nccl"]["nccl_algorithm"], schedule.meta["nccl"]["nccl_forced"],
+            schedule.meta["nccl"]["nccl_version"]) == ("Tree", "NCCL_ALGO=tree", "2.28")
+    report = topoplan.simulate(cluster, schedule, "64MiB", nccl_algo="ring",
+                               nccl_proto="simple")
+    assert report.nccl.label().startswith("Ring/Simple")
+    assert topoplan.simulate(cluster, schedule, "64MiB").nccl.forced == ""
+    with pytest.raises(topoplan.PlannerError, match="NCCL_PROTO='LL9': unknown name"):
+        topoplan.plan(cluster, "ring", nccl_proto="LL9")
+
+
+# ---- the CLI -----------------------------------------------------------------------------
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "topoplan", *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+
+
+def test_cli_plan_forced_row_says_so():
+    result = run_cli("plan", DGX, "-a", "ring", "--nccl-algo", "tree", "--nccl-version", "2.28",
+                     "--json")
+    assert result.returncode == 0, result.stderr
+    row = next(c for c in json.loads(result.stdout)["candidates"] if c["algorithm"] == "nccl")
+    assert (row["nccl_algorithm"], row["nccl_forced"], row["nccl_version"]) == (
+        "Tree", "NCCL_ALGO=tree", "2.28")
+    text = run_cli("plan", DGX, "-a", "ring", "--nccl-algo", "tree")
+    assert "NCCL 2.30 with NCCL_ALGO=tree runs here, Tree/" in " ".join(text.stdout.split())
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--nccl-algo", "bogus"), "argument --nccl-algo: NCCL_ALGO='bogus': unknown name"),
+    (("--nccl-proto", "ll;ring"), "argument --nccl-proto:"),
+    (("--nccl-version", "1.0"), "argument --nccl-version: unknown NCCL version '1.0'"),
+])
+def test_cli_bad_settings_exit_2_naming_the_flag(args, message):
+    result = run_cli("plan", DGX, *args)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_forcing_an_algorithm_nccl_cannot_run_is_one_error_line():
+    result = run_cli("plan", DGX, "-a", "ring", "--nccl-algo", "nvls")
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "topoplan: error: the nccl row: NCCL has no algorithm for allreduce on 'dgx-a100-x4' "
+        "with NCCL_ALGO=nvls; NCCL itself stops there ('No algorithm/protocol available ... "
+        "NCCL_ALGO=nvls')"]
+
+
+def test_cli_simulate_takes_them_too(tmp_path):
+    plan = tmp_path / "ring.json"
+    assert run_cli("plan", DGX, "-a", "ring", "-o", str(plan)).returncode == 0
+    result = run_cli("simulate", DGX, str(plan), "--sizes", "64MiB", "--nccl-algo", "ring",
+                     "--json")
+    assert result.returncode == 0, result.stderr
+    assert "NCCL_ALGO=ring" in result.stdout
