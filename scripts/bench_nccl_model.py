@@ -9,6 +9,14 @@ figure (or inside a published range).
 
     python scripts/bench_nccl_model.py            # the table
     python scripts/bench_nccl_model.py --json     # the rows as JSON
+    python scripts/bench_nccl_model.py --only p5   # the rows whose name holds "p5"
+
+Besides single figures it carries a published curve: AWS p5.48xlarge, 2 to 32 nodes,
+32 MiB to 8 GiB (45 points), measured with AWS's tuner plugin loaded, whose choice
+(``scripts/aws_tuner_regions.py``, its region table) the rows force as NCCL_ALGO and
+NCCL_PROTO would; the cluster carries the plugin's reported latency (75 us,
+aws-ofi-nccl ``src/platform-aws.cpp``). Targets: figures of 1 MiB and more within 15%
+of the published busbw, latency rows within 1.5x.
 
 docs/NCCL_MODEL.md holds the table this prints, with the sources.
 """
@@ -26,15 +34,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from topoplan.cluster import loads_cluster  # noqa: E402
 from topoplan.analysis.native.nccl import nccl_model  # noqa: E402
+from aws_tuner_regions import p5_allreduce  # noqa: E402
 
 GiB = 1 << 30
 MiB = 1 << 20
 
 
 def box_cluster(nodes: int, gpu: str, nvlink: str, nics: list[tuple[str, list[int]]] = (),
-                nvls: bool = False, gpus: int = 8, name: str = "c") -> str:
+                nvls: bool = False, gpus: int = 8, name: str = "c",
+                plugin_latency: str | None = None) -> str:
     """Cluster YAML: ``nodes`` boxes of ``gpus`` GPUs on an NVSwitch of ``nvlink`` per GPU,
-    NIC k on rail k, the rails joined by a non-blocking spine."""
+    NIC k on rail k, the rails joined by a non-blocking spine; every NIC with the network
+    plugin's ``plugin_latency`` when given."""
+    extra = f", plugin_latency: {plugin_latency}" if plugin_latency else ""
     text = f"name: {name}\n"
     if nics:
         text += (f"switches: [{{name: 'rail{{i}}', count: {len(nics)}}}, spine]\n"
@@ -45,7 +57,7 @@ def box_cluster(nodes: int, gpu: str, nvlink: str, nics: list[tuple[str, list[in
              f"fabric: {fabric}")
     if nics:
         text += ", nics: [" + ", ".join(
-            f"{{switch: 'rail{k}', bandwidth: {bw}, gpus: {served}}}"
+            f"{{switch: 'rail{k}', bandwidth: {bw}, gpus: {served}{extra}}}"
             for k, (bw, served) in enumerate(nics)) + "]"
     return text + "}]\n"
 
@@ -66,15 +78,33 @@ class Row:
     algo: str | None = None          # NCCL_ALGO the measurement forced
     note: str = ""
     collective: str = "allreduce"
+    proto: str | None = None         # NCCL_PROTO the measurement forced
+    group: str = "figures"           # the summary line it counts in
+    measured_with: str = ""          # the NCCL version the source ran, where it says
 
-    def predict(self) -> tuple[float, str]:
-        model = nccl_model(loads_cluster(self.cluster, self.what))
+    def predict(self) -> tuple[float, str, str, float]:
+        """The model's busbw (GB/s) and the label of what it runs; the label and busbw of
+        what NCCL alone would run."""
+        model = nccl_model(_cluster(self.cluster, self.what))
+        own = model.choose(self.collective, self.size)
         if self.algo is None:
-            choice = model.choose(self.collective, self.size)
+            choice = own
         else:
             choice = min((c for c in model.candidates(self.collective, self.size)
-                          if c.algorithm == self.algo), key=lambda c: c.tuner_time_s)
-        return choice.busbw / 1e9, choice.label()
+                          if c.algorithm == self.algo
+                          and (self.proto is None or c.protocol == self.proto)),
+                         key=lambda c: c.tuner_time_s)
+        return choice.busbw / 1e9, choice.label(), own.label(), own.busbw / 1e9
+
+
+_CLUSTERS: dict[str, object] = {}
+
+
+def _cluster(text: str, name: str):
+    """The cluster of ``text``, read once (the curve's points share it)."""
+    if text not in _CLUSTERS:
+        _CLUSTERS[text] = loads_cluster(text, name)
+    return _CLUSTERS[text]
 
 
 H100_NICS_400 = [("400 Gbit/s", [k]) for k in range(8)]
@@ -114,6 +144,37 @@ ROWS = [
         8 * GiB, (366, 366), "NVIDIA/nccl-tests#309 (365.84 GB/s on 4 nodes)"),
 ]
 
+#: AWS p5.48xlarge: 8 H100 on NVSwitch, 32 x 100G EFA that aws-ofi-nccl presents as one
+#: 400G device per GPU; out-of-place busbw (GB/s) at 32 MiB .. 8 GiB, nccl-tests with
+#: NCCL 2.27.7 and AWS's tuner plugin (crazyguitar/aws-gpu-communication-benchmark,
+#: data/nccl_all_reduce.csv, commit 4fdb5a4f).
+P5_SOURCE = ("crazyguitar/aws-gpu-communication-benchmark data/nccl_all_reduce.csv "
+             "(p5.48xlarge, NCCL 2.27.7, AWS tuner plugin)")
+P5_CURVE = {
+    2: (147.32, 207.00, 305.13, 364.46, 395.99, 435.14, 445.05, 465.81, 477.71),
+    4: (95.38, 152.41, 229.48, 273.34, 278.41, 280.30, 347.57, 354.45, 356.99),
+    8: (86.74, 103.85, 156.33, 232.09, 272.62, 274.47, 278.15, 351.32, 355.36),
+    16: (74.85, 92.39, 129.20, 148.11, 223.80, 269.23, 270.91, 306.15, 356.27),
+    32: (66.34, 83.60, 115.78, 137.99, 156.83, 220.08, 269.47, 302.81, 321.10),
+}
+P5_SIZES = tuple((32 * MiB) << k for k in range(9))
+
+
+def p5_rows() -> list[Row]:
+    """The p5 curve, each point priced as what AWS's tuner ran there."""
+    rows = []
+    for nodes, figures in P5_CURVE.items():
+        text = box_cluster(nodes, "H100", "450 GB/s", H100_NICS_400, nvls=True,
+                           plugin_latency="75 us", name=f"p5x{nodes}")
+        for size, busbw in zip(P5_SIZES, figures):
+            picked = p5_allreduce(size, 8 * nodes, nodes)
+            algo, proto = picked if picked is not None else (None, None)
+            rows.append(Row(f"AWS p5, {nodes} nodes (AWS tuner)", text, size, (busbw, busbw),
+                            P5_SOURCE, algo=algo, proto=proto, group="p5 curve",
+                            measured_with="2.27.7"))
+    return rows
+
+
 #: Latency rows: time (us) of a small allreduce, low .. high.
 LATENCY = [
     ("HGX H100, 8 GPUs, 1 KiB", box_cluster(1, "H100", "450 GB/s", nvls=True), 1024,
@@ -129,50 +190,89 @@ def within(value: float, low: float, high: float, tolerance: float = 0.15) -> bo
     return low * (1 - tolerance) <= value <= high * (1 + tolerance)
 
 
+def ratio_to(value: float, low: float, high: float) -> float:
+    """``value`` over the published figure, or over the nearer end of a range."""
+    return value / (low if value < low else high if value > high else value)
+
+
+def size_text(size: int) -> str:
+    return (f"{size >> 30}G" if size >= GiB else f"{size >> 20}M" if size >= MiB
+            else f"{size >> 10}K" if size >= 1024 else f"{size}B")
+
+
+def measure(only: str | None = None) -> list[dict]:
+    """Every row: the model's figure, the published one, their ratio, what it runs."""
+    out = []
+    for row in ROWS + p5_rows():
+        if only and only.lower() not in row.what.lower():
+            continue
+        busbw, label, own, own_busbw = row.predict()
+        low, high = row.published
+        ratio = ratio_to(busbw, low, high)
+        forced = " ".join(f"{k}={v}" for k, v in (("NCCL_ALGO", row.algo),
+                                                  ("NCCL_PROTO", row.proto)) if v)
+        out.append({"what": row.what, "group": row.group, "size": row.size,
+                    "forced": forced or None, "nccl": label, "nccl_alone": own,
+                    "nccl_alone_busbw_GBps": round(own_busbw, 1),
+                    "nccl_alone_within_15pct": within(own_busbw, low, high),
+                    "predicted_busbw_GBps": round(busbw, 1),
+                    "published_busbw_GBps": [low, high], "ratio": round(ratio, 3),
+                    "within_15pct": within(busbw, low, high),
+                    "within_target": row.size < MiB or within(busbw, low, high),
+                    "source": row.source, "measured_with": row.measured_with,
+                    "note": row.note})
+    for what, text, size, (low, high), source in LATENCY:
+        if only and only.lower() not in what.lower():
+            continue
+        choice = nccl_model(_cluster(text, what)).choose("allreduce", size)
+        us = choice.time_s * 1e6
+        ratio = ratio_to(us, low, high)
+        out.append({"what": what, "group": "latency", "size": size, "forced": None,
+                    "nccl": choice.label(), "nccl_alone": choice.label(),
+                    "predicted_us": round(us, 1), "published_us": [low, high],
+                    "ratio": round(ratio, 3), "within_15pct": within(us, low, high),
+                    "within_target": 1 / 1.5 <= ratio <= 1.5, "source": source,
+                    "measured_with": "", "note": ""})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument("--only", metavar="TEXT",
+                        help="only the rows whose measurement holds TEXT (any case)")
     args = parser.parse_args(argv)
-    rows = []
     t0 = time.perf_counter()
-    for row in ROWS:
-        busbw, label = row.predict()
-        low, high = row.published
-        ratio = busbw / (low if busbw < low else high if busbw > high else busbw)
-        rows.append({"what": row.what, "size": row.size, "forced": row.algo,
-                     "nccl": label, "predicted_busbw_GBps": round(busbw, 1),
-                     "published_busbw_GBps": [low, high], "ratio": round(ratio, 3),
-                     "within_15pct": within(busbw, low, high), "source": row.source,
-                     "note": row.note})
-    for what, text, size, (low, high), source in LATENCY:
-        choice = nccl_model(loads_cluster(text, what)).choose("allreduce", size)
-        us = choice.time_s * 1e6
-        ratio = us / (low if us < low else high if us > high else us)
-        rows.append({"what": what, "size": size, "forced": None, "nccl": choice.label(),
-                     "predicted_us": round(us, 1), "published_us": [low, high],
-                     "ratio": round(ratio, 3), "within_15pct": within(us, low, high),
-                     "source": source, "note": ""})
+    rows = measure(args.only)
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
     print("NCCL model against published nccl-tests figures (busbw GB/s; latency rows in us)")
-    print(f"{'measurement':44} {'size':>6} {'model: NCCL runs':18} {'model':>7} "
-          f"{'published':>9} {'ratio':>6}")
+    print(f"{'measurement':36} {'size':>5} {'model runs':26} {'model':>7} {'published':>9} "
+          f"{'ratio':>6}")
     for r in rows:
-        size = (f"{r['size'] >> 30}G" if r["size"] >= GiB else f"{r['size'] >> 20}M"
-                if r["size"] >= MiB else f"{r['size']}B")
         pred = r.get("predicted_busbw_GBps", r.get("predicted_us"))
         pub = r.get("published_busbw_GBps", r.get("published_us"))
         pub_text = f"{pub[0]:g}" if pub[0] == pub[1] else f"{pub[0]:g}-{pub[1]:g}"
-        mark = "" if r["within_15pct"] else "  (miss)"
+        mark = "" if r["within_target"] else "  (miss)"
         label = r["nccl"] + (" forced" if r["forced"] else "")
-        print(f"{r['what'][:44]:44} {size:>6} {label[:18]:18} {pred:7.1f} {pub_text:>9} "
-              f"{r['ratio']:6.2f}{mark}")
-    hits = sum(r["within_15pct"] for r in rows)
-    print(f"{hits} of {len(rows)} within 15% (ratio: model over the published figure, or over "
-          f"the nearer end of a range); {time.perf_counter() - t0:.1f} s")
-    for r in rows:
-        print(f"  - {r['what']}: {r['source']}" + (f"; {r['note']}" if r["note"] else ""))
+        print(f"{r['what'][:36]:36} {size_text(r['size']):>5} {label[:26]:26} {pred:7.1f} "
+              f"{pub_text:>9} {r['ratio']:6.2f}{mark}")
+    for group in dict.fromkeys(r["group"] for r in rows):
+        members = [r for r in rows if r["group"] == group]
+        hits = sum(r["within_target"] for r in members)
+        target = "within 1.5x" if group == "latency" else "within 15%"
+        forced = [r for r in members if r["forced"] and "nccl_alone_within_15pct" in r]
+        alone_hits = sum(r["nccl_alone_within_15pct"] for r in forced)
+        alone = (f"; priced as NCCL alone would choose, {alone_hits} of {len(forced)}"
+                 if forced and len(forced) == len(members) else "")
+        print(f"{group}: {hits} of {len(members)} {target}{alone}")
+    print(f"ratio: the model over the published figure (or over the nearer end of a range); "
+          f"'forced': what the measurement ran by NCCL_ALGO/NCCL_PROTO or a tuner plugin; "
+          f"{time.perf_counter() - t0:.1f} s")
+    for source in dict.fromkeys((r["what"], r["source"], r["note"]) for r in rows):
+        what, text, note = source
+        print(f"  - {what}: {text}" + (f"; {note}" if note else ""))
     return 0
 
 
