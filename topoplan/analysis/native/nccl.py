@@ -250,7 +250,7 @@ class NcclModel:
         # inter-node step, twice for Simple ("the flush extra latency", tuning.cc:389-391).
         # 0 for NCCL's own IB and socket transports; the cluster file's NIC
         # ``plugin_latency`` (docs/CLUSTER.md).
-        self.net_latency_us = max((getattr(nic, "plugin_latency", 0.0) * 1e6
+        self.net_latency_us = max((nic.plugin_latency * 1e6
                                    for box in cluster.boxes for nic in box.nics),
                                   default=0.0) if inter else 0.0
         # init.cc:1447: comm->maxTreePattern, the highest tree pattern of any node; the
