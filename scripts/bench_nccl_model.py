@@ -12,12 +12,12 @@ a published range), latency rows within 1.5x.
     python scripts/bench_nccl_model.py                  # the table
     python scripts/bench_nccl_model.py --json           # the rows as JSON
     python scripts/bench_nccl_model.py --only p5        # rows whose name or group holds "p5"
-    python scripts/bench_nccl_model.py --default-version  # every row on the model's default tables
+    python scripts/bench_nccl_model.py --measured-version  # the version each source ran
 
-Where a source names the NCCL version it ran, the row asks the model for that version's
-tables (``nccl_model(..., version=)``), when the model takes that keyword and knows the
-version; otherwise the model's default. The JSON says which (``model_version``; null: the
-default).
+Every row is priced with the tables of the NCCL version docs/NCCL_MODEL.md names (the
+model's default). With ``--measured-version`` a row whose source names the NCCL version
+it ran asks the model for that version's tables (``nccl_model(..., version=)``) where the
+model knows it. The JSON says which (``model_version``; null: the default).
 
 docs/NCCL_MODEL.md holds the table this prints, with the sources.
 """
@@ -25,7 +25,6 @@ docs/NCCL_MODEL.md holds the table this prints, with the sources.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import sys
 import time
@@ -43,16 +42,6 @@ TOLERANCE = 0.15        # figures of 1 MiB and more
 LATENCY_FACTOR = 1.5    # latency rows
 
 
-def _takes_version() -> bool:
-    try:
-        return "version" in inspect.signature(nccl_model).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-#: Whether this model takes ``version=`` (the script runs before and after it does).
-TAKES_VERSION = _takes_version()
-
 _CLUSTERS: dict[str, object] = {}
 
 
@@ -67,7 +56,7 @@ def model_for(text: str, name: str, version: str | None):
     """The model of cluster ``text`` and the version it was asked for (None: its default,
     also where it does not take a version or has no tables for this one)."""
     cluster = _cluster(text, name)
-    if version and TAKES_VERSION:
+    if version:
         try:
             return nccl_model(cluster, version=version), version
         except ValueError:      # a version the model has no tables for
@@ -188,12 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", metavar="SUBSTRING",
                         help="only the rows whose measurement or group holds SUBSTRING "
                              "(any case)")
-    parser.add_argument("--default-version", action="store_true",
-                        help="price every row on the model's default NCCL tables, not the "
-                             "version its source ran")
+    parser.add_argument("--measured-version", action="store_true",
+                        help="price each row with the tables of the NCCL version its source "
+                             "ran, where the model knows it (default: the model's default)")
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
-    rows = measure(args.only, versions=not args.default_version)
+    rows = measure(args.only, versions=args.measured_version)
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0

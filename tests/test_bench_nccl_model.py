@@ -80,18 +80,15 @@ def test_only_filters_by_measurement_or_group(bench, capsys):
     assert run_json(bench, capsys, "--only", "no such measurement") == []
 
 
-def test_a_version_goes_to_the_model_only_where_it_takes_one(bench, capsys, monkeypatch):
-    rows = run_json(bench, capsys, "--only", "p5, 2 nodes")
-    if bench.TAKES_VERSION:
-        assert {r["model_version"] for r in rows} == {"2.27"}
-    # --default-version, or a model without version=, prices on the default tables.
-    assert {r["model_version"] for r in run_json(
-        bench, capsys, "--only", "p5, 2 nodes", "--default-version")} == {None}
-    monkeypatch.setattr(bench, "TAKES_VERSION", False)
+def test_the_measured_version_is_asked_for_only_when_told(bench, capsys):
+    # By default every row is priced with the tables docs/NCCL_MODEL.md names.
     assert {r["model_version"] for r in run_json(bench, capsys, "--only", "p5, 2 nodes")} \
         == {None}
-    # A version the model has no tables for (NCCL 2.7) falls back to the default.
-    old = run_json(bench, capsys, "--only", "8 x 100G RoCE")
+    # --measured-version: the version the source ran, where the model knows it ...
+    assert {r["model_version"] for r in run_json(
+        bench, capsys, "--only", "p5, 2 nodes", "--measured-version")} == {"2.27"}
+    # ... and the default where it does not (NCCL 2.7).
+    old = run_json(bench, capsys, "--only", "8 x 100G RoCE", "--measured-version")
     assert old[0]["nccl_version"] == "2.7" and old[0]["model_version"] is None
 
 
