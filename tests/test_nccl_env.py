@@ -12,7 +12,7 @@ import topoplan
 from tests.support.clusters import ROOT
 from tests.test_nccl_model import h100, rails
 from topoplan.analysis.native import nccl_tables as T
-from topoplan.analysis.native.nccl import nccl_model, nccl_time
+from topoplan.analysis.native.nccl import NcclModel, nccl_group_time, nccl_model, nccl_time
 from topoplan.analysis.native.nccl_env import DEFAULT, OFF, ON, current, nccl_settings, parse_list
 from topoplan.cluster import loads_cluster
 
@@ -70,6 +70,37 @@ def test_forcing_the_algorithm_and_protocol():
         nccl_time(cluster, GiB, algo="pat")               # PAT does not run allreduce
     # A forced model's choices never leak into NCCL's own: the caches are per setting.
     assert nccl_model(cluster).choose("allreduce", GiB).algorithm == "NVLS"
+
+
+@pytest.mark.parametrize("make, algo, proto", [
+    (h100, "ring", None), (h100, None, "^ll,ll128"), (lambda: rails(2), "tree", "simple"),
+    (lambda: rails(2), "ring;allreduce:nvls,nvlstree", None),
+])
+def test_a_forced_model_shares_the_search_and_loads_not_the_tables(make, algo, proto):
+    cluster = loads_cluster(make())
+    own = nccl_model(cluster)
+    sizes = [1024, 1 << 20, 64 << 20, GiB]
+    for size in sizes:                       # NCCL's own choices fill the shared caches
+        own.candidates("allreduce", size)
+    forced = nccl_model(cluster, algo=algo, proto=proto)
+    assert forced._box_graphs is own._box_graphs and forced.graphs is own.graphs
+    assert forced._unit is own._unit and forced._totals is own._totals
+    assert forced._tables is not own._tables
+    # ... and prices every size as a model built forced from scratch does.
+    fresh = NcclModel(cluster, algo=algo, proto=proto)
+    for size in sizes:
+        assert forced.candidates("allreduce", size) == fresh.candidates("allreduce", size)
+    assert nccl_model(cluster).candidates("allreduce", GiB) == NcclModel(cluster).candidates(
+        "allreduce", GiB)
+
+
+def test_group_time_takes_the_settings_too():
+    cluster = loads_cluster(rails(2))
+    whole, _, _ = nccl_group_time(cluster, range(cluster.nranks), "allreduce", GiB,
+                                  algo="ring", proto="simple", version="2.28")
+    assert whole == nccl_time(cluster, GiB, algo="ring", proto="simple", version="2.28")
+    assert (whole.algorithm, whole.protocol, whole.version) == ("Ring", "Simple", "2.28")
+    assert whole.forced == "NCCL_ALGO=ring NCCL_PROTO=simple"
 
 
 def test_listing_ll128_turns_it_on_where_nccl_would_not_by_default():

@@ -792,12 +792,25 @@ def _check_collective(collective: str) -> None:
                          f"{', '.join(COLLECTIVES)}")
 
 
-def _model_state(cluster: Cluster, settings: nccl_env.NcclSettings) -> dict[str, Any]:
+def _model_state(cluster: Cluster, settings: nccl_env.NcclSettings,
+                 states: dict[tuple, dict[str, Any]]) -> dict[str, Any]:
     """What a model computes of ``cluster``, without the cluster itself (a cached value
     must not keep its cluster alive); its price caches are shared by every model made
-    from it."""
-    state = dict(NcclModel(cluster, settings.version, settings.algo, settings.proto).__dict__)
-    del state["cluster"]
+    from it. A forced model is NCCL's own of the same version with the forcing's masks:
+    the search and the loads (``_unit``, ``_totals``, per algorithm and channel count)
+    are shared with it, the tables (``_tables``: what is enabled, LL128 listed or not)
+    are its own."""
+    if settings.algo is None and settings.proto is None:
+        state = dict(NcclModel(cluster, settings.version).__dict__)
+        del state["cluster"]
+        return state
+    own = (settings.version, None, None)
+    if own not in states:
+        states[own] = _model_state(cluster, nccl_env.NcclSettings(settings.version), states)
+    state = dict(states[own])
+    state["settings"] = settings
+    state["_algo_mask"], state["_proto_mask"] = settings.masks()
+    state["_tables"] = {}
     return state
 
 
@@ -825,7 +838,7 @@ def nccl_model(cluster: Cluster, version: str | None = None, algo: str | None = 
     states = _MODELS(cluster)
     key = (settings.version, settings.algo, settings.proto)
     if key not in states:
-        states[key] = _model_state(cluster, settings)
+        states[key] = _model_state(cluster, settings, states)
     model = NcclModel.__new__(NcclModel)
     model.__dict__.update(states[key])
     model.cluster = cluster
@@ -850,12 +863,14 @@ def sizes_of(low: int, high: int) -> Iterable[int]:
 
 
 def nccl_group_time(cluster: Cluster, group: Iterable[int], collective: str,
-                    size: int) -> tuple[NcclChoice, NcclModel, GroupCluster]:
+                    size: int, *, version: str | None = None, algo: str | None = None,
+                    proto: str | None = None) -> tuple[NcclChoice, NcclModel, GroupCluster]:
     """What NCCL runs for ``collective`` of ``size`` bytes on a communicator of the ranks
     in ``group`` alone, its time there, the model that chose it (for
     :meth:`NcclModel.edge_loads`) and the sub-cluster
-    (:func:`~topoplan.analysis.native.clusters.group_cluster`). Over every
-    rank in rank order it is :func:`nccl_time` exactly.
+    (:func:`~topoplan.analysis.native.clusters.group_cluster`). ``version``, ``algo``,
+    ``proto`` as for :func:`nccl_model`. Over every rank in rank order it is
+    :func:`nccl_time` exactly.
 
     Raises
     ------
@@ -865,5 +880,5 @@ def nccl_group_time(cluster: Cluster, group: Iterable[int], collective: str,
         which NCCL has no algorithm.
     """
     sub = clusters.group_cluster(cluster, group)
-    model = nccl_model(sub.cluster)
+    model = nccl_model(sub.cluster, version, algo, proto)
     return model.choose(collective, int(size)), model, sub
