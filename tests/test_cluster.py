@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from tests.support.clusters import SHIPPED, topology_path
 from topoplan.cluster import load_cluster, loads_cluster
-from topoplan.errors import ClusterSpecError, TopoplanError, TopoplanWarning, UnitWarning
+from topoplan.errors import (ClusterSpecError, PortWarning, TopoplanError, TopoplanWarning,
+                             UnitWarning)
 
 
 def load(text: str):
@@ -881,3 +882,53 @@ def test_nic_plugin_latency_is_read_with_units_and_checked():
     assert plain.boxes[0].signature() != cluster.boxes[0].signature()
     assert error(text.replace("75 us", "-1 us")) == \
         "c.yaml:8: boxes[0].nics[0].plugin_latency: must be >= 0, got -1 us"
+
+
+def hgx(nics: str) -> str:
+    """Two 8-GPU boxes on rails ``rail0 .. rail15``, with the NIC entries given."""
+    return textwrap.dedent(f"""\
+        name: hgx
+        switches: [{{name: 'rail{{i}}', count: 16}}, spine]
+        links: [{{a: 'rail{{i}}', b: spine, count: 16, bandwidth: 1.6 Tbit/s}}]
+        boxes:
+          - name: 'n{{i}}'
+            count: 2
+            gpus: 8
+            fabric: {{bandwidth: 450 GB/s}}
+            nics: [{nics}]
+        """)
+
+
+def port_warnings(text: str) -> list[str]:
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loads_cluster(text, "c.yaml")
+    return [str(w.message) for w in caught if issubclass(w.category, PortWarning)]
+
+
+def test_the_ports_of_one_card_written_as_nics_are_flagged_once_per_box_kind():
+    # 16 x 200G for 8 GPUs, two per GPU: most likely eight dual-port cards, which NCCL
+    # merges into eight 400G devices (NCCL_IB_MERGE_NICS=1).
+    ports = ", ".join(f"{{switch: 'rail{2 * g + p}', bandwidth: 200 Gbit/s, gpus: [{g}]}}"
+                      for g in range(8) for p in range(2))
+    assert port_warnings(hgx(ports)) == [
+        "c.yaml:9: boxes[0].nics: 16 NICs for 8 GPUs: nics[0] and nics[1] serve the same "
+        "GPUs [0] (switches rail0, rail1); if they are the ports of one card, NCCL merges them "
+        "(NCCL_IB_MERGE_NICS=1; aws-ofi-nccl groups a GPU's EFA devices): write them as one "
+        "NIC of 400 Gbit/s"]
+    # The same ports on one switch are flagged too.
+    assert len(port_warnings(hgx(ports.replace("rail{2 * g + p}", "rail0")))) == 1
+
+
+def test_one_nic_per_gpu_and_nics_shared_by_gpus_are_not_flagged():
+    # As NCCL sees an HGX H100: one 400G NIC per GPU.
+    cards = ", ".join(f"{{switch: 'rail{g}', bandwidth: 400 Gbit/s, gpus: [{g}]}}"
+                      for g in range(8))
+    assert port_warnings(hgx(cards)) == []
+    # No more NICs than GPUs: two NICs serving every GPU are not ports by this rule.
+    assert port_warnings(hgx("{switch: rail0, bandwidth: 400 Gbit/s}, "
+                             "{switch: rail1, bandwidth: 400 Gbit/s}")) == []
+    # More NICs than GPUs, but no two serve the same GPUs.
+    mixed = cards + ", " + "{switch: rail8, bandwidth: 400 Gbit/s}"
+    assert port_warnings(hgx(mixed)) == []

@@ -355,3 +355,30 @@ def test_ports_of_one_card_are_one_nic(tmp_path):
     assert nic.bandwidth == pytest.approx(2 * 50000 / 8000 * 1e9)
     assert any("2 ports of one card (mlx5_0, mlx5_1) merged" in note
                for note in imported.assumptions)
+
+
+def test_the_plugins_reported_latency_becomes_plugin_latency(tmp_path):
+    # NCCL writes ncclNetProperties_t.latency as <net latency> (ncclTopoPopulateNics) and
+    # reads it back as the NET node's latency (ncclTopoAddNet): aws-ofi-nccl reports 75 us
+    # on p5. The import writes it as the NIC's plugin_latency; NCCL's own IB reports 0,
+    # which writes no key (the H100 dump has latency="0.000000").
+    card = ('<pci busid="0000:04:00.0" class="0x020000" link_speed="16.0 GT/s PCIe" '
+            'link_width="16"><nic>'
+            '<net name="rdmap0" dev="0" speed="400000" port="1" latency="75" guid="0x1" '
+            'maxconn="131072" gdr="1"/></nic></pci>\n    </pci>\n  </cpu>\n'
+            '  <cpu host_hash="0x1" numaid="1"')
+    path = tmp_path / "efa.xml"
+    path.write_text(NVLINK_PAIRS.replace('</pci>\n  </cpu>\n  <cpu host_hash="0x1" numaid="1"',
+                                         card, 1))
+    imported = import_nccl_topology(path, nodes=2)
+    text = render_cluster_yaml(imported)
+    assert "plugin_latency: 75 us" in text
+    (nic,) = loads_cluster(text).boxes[0].nics
+    assert nic.plugin_latency == pytest.approx(75e-6)
+    assert any("plugin_latency 75 us" in note for note in imported.assumptions)
+    ib = loads_cluster(render_cluster_yaml(import_nccl_topology(H100, nodes=2)))
+    assert all(nic.plugin_latency == 0.0 for nic in ib.boxes[0].nics)
+    assert "plugin_latency" not in render_cluster_yaml(import_nccl_topology(H100))
+    path.write_text(path.read_text().replace('latency="75"', 'latency="fast"'))
+    with pytest.raises(XmlFormatError, match="latency: must be a number, got 'fast'"):
+        import_nccl_topology(path)

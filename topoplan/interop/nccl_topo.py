@@ -379,8 +379,8 @@ def import_nccl_topology(path: str | Path, *, nodes: int = 1, network: str = "ra
 
     if nodes > 1:
         notes.append(f"nodes: {nodes} identical copies of this host (node0 .. node{nodes - 1})")
-    notes.append("latency: an NCCL topology file gives none that topoplan can use, so every "
-                 "latency is 0; add latency: keys by hand where it matters")
+    notes.append("latency: an NCCL topology file gives no link latency, so every latency "
+                 "is 0; add latency: keys by hand where it matters")
     imported = ImportedCluster(document, tuple(notes), str(path), comments)
     _check_loads(imported, overlay)
     return imported
@@ -728,6 +728,9 @@ def _nic_entries(host: _Host, gpus: list[_Gpu], nics: list[_Nic], nic_speed: flo
         entry: dict[str, Any] = {"switch": "", "bandwidth": _bw(bandwidth)}
         if len(served) < len(gpus):
             entry["gpus"] = served
+        latency = _plugin_latency_us(nic, k, notes)
+        if latency > 0:
+            entry["plugin_latency"] = f"{latency:g} us"
         entries.append(entry)
     for (bandwidth, cap, path), which in capped.items():
         notes.append(f"NIC{'s' if len(which) > 1 else ''} {', '.join(map(str, which))}: "
@@ -737,6 +740,25 @@ def _nic_entries(host: _Host, gpus: list[_Gpu], nics: list[_Nic], nic_speed: flo
         notes.append("NICs: each NIC serves the GPUs that share its nearest PCIe switch "
                      "(else the GPUs of its CPU); a GPU reaches its NIC at the NIC's bandwidth")
     return entries
+
+
+def _plugin_latency_us(nic: _Nic, k: int, notes: list[str]) -> float:
+    """The latency the network plugin reported for a NIC, in microseconds: the ``<net
+    latency>`` NCCL writes from ``ncclNetProperties_t.latency`` (src/graph/topo.cc,
+    ``ncclTopoPopulateNics``) and reads back as the NET node's latency (``ncclTopoAddNet``;
+    absent is 0). The largest of a merged card's ports; a negative value is left out."""
+    if nic.net is None:
+        return 0.0
+    values = [net.float("latency") for net in (nic.net, *nic.ports) if "latency" in net.attrs]
+    latency = max(values, default=0.0)
+    if latency < 0:
+        notes.append(f"NIC {k} ({nic.label}): latency={latency:g} us is negative; "
+                     "plugin_latency left out (0)")
+        return 0.0
+    if latency > 0:
+        notes.append(f"NIC {k} ({nic.label}): plugin_latency {latency:g} us, the latency "
+                     "its network plugin reports (<net latency>)")
+    return latency
 
 
 def _served_gpus(host: _Host, nic: _Nic, gpu_of: dict[Element, int]) -> tuple[list[int], str]:
