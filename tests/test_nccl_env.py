@@ -243,3 +243,6 @@ def test_cli_simulate_takes_them_too(tmp_path):
                      "--json")
     assert result.returncode == 0, result.stderr
     assert "NCCL_ALGO=ring" in result.stdout
+    text = run_cli("simulate", DGX, str(plan), "--sizes", "64MiB", "--nccl-algo", "tree",
+                   "--nccl-version", "2.27")
+    assert "nccl: what NCCL 2.27 with NCCL_ALGO=tree runs here" in " ".join(text.stdout.split())
