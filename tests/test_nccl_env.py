@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import random
+import re
 import subprocess
 import sys
 
@@ -10,10 +12,12 @@ import pytest
 
 import topoplan
 from tests.support.clusters import ROOT
+from tests.support.nccl_parselist import nccl_parse_list
 from tests.test_nccl_model import h100, rails
 from topoplan.analysis.native import nccl_tables as T
 from topoplan.analysis.native.nccl import NcclModel, nccl_group_time, nccl_model, nccl_time
-from topoplan.analysis.native.nccl_env import DEFAULT, OFF, ON, current, nccl_settings, parse_list
+from topoplan.analysis.native.nccl_env import (DEFAULT, FUNCTIONS, OFF, ON, current,
+                                               nccl_settings, parse_list)
 from topoplan.cluster import loads_cluster
 
 GiB = 1 << 30
@@ -54,6 +58,56 @@ def test_parse_list_follows_the_examples_above_nccls_parser():
 def test_parse_list_refuses_what_nccl_refuses(text, message):
     with pytest.raises(ValueError, match=message):
         parse_list(text, T.ALGORITHM_NAMES, "NCCL_ALGO")
+
+
+@pytest.mark.parametrize("text, on", [
+    ("ring,,tree;", {"Ring", "Tree"}),         # strtok_r: empty pieces vanish
+    ("^", set(T.ALGORITHM_NAMES)),             # nothing turned off: everything on
+    (":ring", {"Ring"}),                       # one piece: no prefix
+    ("allreduce:tree:ring", {"Tree"}),         # a group's third piece is never read
+    ("AllReduce:^nvls,NVLSTree", set(T.ALGORITHM_NAMES) - {"NVLS", "NVLSTree"}),
+])
+def test_parse_list_reads_what_nccl_reads(text, on):
+    mask = parse_list(text, T.ALGORITHM_NAMES, "NCCL_ALGO")["allreduce"]
+    assert {T.ALGORITHM_NAMES[k] for k, v in enumerate(mask) if v == ON} == on
+    assert DEFAULT not in mask
+
+
+@pytest.mark.parametrize("text, message", [
+    (" ring", "unknown name ' ring' (NCCL keeps spaces)"),
+    ("ring; allreduce:tree", "unknown function ' allreduce'"),
+    ("allreduce:", "unknown name 'allreduce'"),     # one piece: a list, not a prefix
+    (";ring", "every entry but the first needs a function prefix"),  # not at offset 0
+    ("::", "names neither a function nor anything to run"),          # NCCL reads NULL
+    (";", "empty"),
+])
+def test_parse_list_refuses_what_nccl_refuses_to_the_letter(text, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_list(text, T.ALGORITHM_NAMES, "NCCL_ALGO")
+
+
+@pytest.mark.parametrize("names", [T.ALGORITHM_NAMES, T.PROTOCOL_NAMES])
+def test_parse_list_is_nccls_parse_list(names):
+    # Against tuning.cc's parseList transcribed char by char (tests/support): the same list
+    # or the same refusal, but where NCCL reads a NULL list ("::") or sees no group ("",
+    # ";"), which parse_list refuses.
+    defaults = [2 if name == "LL128" else 1 for name in names]   # tuning.cc:444-451
+    prefixes = list(FUNCTIONS)
+    pieces = [*names[:3], "RING", "ll", "Simple", "^", "bogus", " ring", ";", ";", ":", ":",
+              ",", ",", "allreduce", "AllGather", "broadcast", "reducescatter", ""]
+    rng = random.Random(41)
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 7)))
+        want = nccl_parse_list(text, prefixes, names, [defaults] * len(prefixes))
+        try:
+            masks = parse_list(text, names, "X")
+            got: object = [[defaults[e] if v == DEFAULT else v for e, v in
+                            enumerate(masks[FUNCTIONS[f]])] for f in prefixes]
+        except ValueError:
+            got = "error"
+        if want == "crash" or not text.strip(";"):
+            want = "error"
+        assert got == want, text
 
 
 # ---- the model, forced -----------------------------------------------------------------
@@ -189,3 +243,6 @@ def test_cli_simulate_takes_them_too(tmp_path):
                      "--json")
     assert result.returncode == 0, result.stderr
     assert "NCCL_ALGO=ring" in result.stdout
+    text = run_cli("simulate", DGX, str(plan), "--sizes", "64MiB", "--nccl-algo", "tree",
+                   "--nccl-version", "2.27")
+    assert "nccl: what NCCL 2.27 with NCCL_ALGO=tree runs here" in " ".join(text.stdout.split())

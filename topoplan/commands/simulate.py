@@ -217,12 +217,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for line in _notes(reports):
         out.print(f"note: {line}")
     if any(r.nccl is not None for r in reports):
+        from .plan import told
+        first = next(r.nccl for r in reports if r.nccl is not None)
         t, _ = fit_table(NCCL_COLUMNS, [
             [size, f"{r.nccl.time_s * 1e6:.2f}", f"{r.nccl.busbw / 1e9:.2f}",
              r.nccl.algorithm, r.nccl.protocol, str(r.nccl.channels),
              r.nccl.limited_by]
             for size, r in zip(sizes, reports) if r.nccl is not None], out.width,
-            title="nccl: what NCCL itself runs here (docs/NCCL_MODEL.md)")
+            title=f"nccl: what NCCL {told(first)} runs here (docs/NCCL_MODEL.md)")
         out.print(t)
         out.print("set by: latency, NCCL's own speeds (nccl), or the fabric's busiest "
                   "link, which NCCL does not see")
