@@ -917,8 +917,14 @@ def test_the_ports_of_one_card_written_as_nics_are_flagged_once_per_box_kind():
         "GPUs [0] (switches rail0, rail1); if they are the ports of one card, NCCL merges them "
         "(NCCL_IB_MERGE_NICS=1; aws-ofi-nccl groups a GPU's EFA devices): write them as one "
         "NIC of 400 Gbit/s"]
-    # The same ports on one switch are flagged too.
-    assert len(port_warnings(hgx(ports.replace("rail{2 * g + p}", "rail0")))) == 1
+    # Both ports on one switch (each GPU's pair on rail g) are flagged too.
+    one_switch = ", ".join(f"{{switch: 'rail{g}', bandwidth: 200 Gbit/s, gpus: [{g}]}}"
+                           for g in range(8) for _ in range(2))
+    assert port_warnings(hgx(one_switch)) == [
+        "c.yaml:9: boxes[0].nics: 16 NICs for 8 GPUs: nics[0] and nics[1] serve the same "
+        "GPUs [0] on switch rail0; if they are the ports of one card, NCCL merges them "
+        "(NCCL_IB_MERGE_NICS=1; aws-ofi-nccl groups a GPU's EFA devices): write them as one "
+        "NIC of 400 Gbit/s"]
 
 
 def test_one_nic_per_gpu_and_nics_shared_by_gpus_are_not_flagged():

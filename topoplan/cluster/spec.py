@@ -442,9 +442,11 @@ def _check_ports(reader: _Reader, nics: tuple[Nic, ...], gpus: int, line: int,
         same = [j for j, other in enumerate(nics) if other.gpus == nic.gpus]
         total = sum(nics[j].bandwidth for j in same)
         gbit = f"{total * 8 / 1e9:g} Gbit/s"
+        on = (f"on switch {nic.switch}" if nic.switch == nics[first].switch
+              else f"(switches {nics[first].switch}, {nic.switch})")
         warnings.warn(PortWarning(
             f"{len(nics)} NICs for {gpus} GPUs: nics[{first}] and nics[{k}] serve the same "
-            f"GPUs {list(nic.gpus)} (switches {nics[first].switch}, {nic.switch}); if they are "
+            f"GPUs {list(nic.gpus)} {on}; if they are "
             f"the ports of one card, NCCL merges them (NCCL_IB_MERGE_NICS=1; aws-ofi-nccl "
             f"groups a GPU's EFA devices): write them as one NIC of {gbit}",
             file=reader.file, line=line, key=where), stacklevel=2)
