@@ -882,6 +882,17 @@ def test_nic_plugin_latency_is_read_with_units_and_checked():
     assert plain.boxes[0].signature() != cluster.boxes[0].signature()
     assert error(text.replace("75 us", "-1 us")) == \
         "c.yaml:8: boxes[0].nics[0].plugin_latency: must be >= 0, got -1 us"
+    assert error(text.replace("75 us", "75 Gbit/s")).startswith(
+        "c.yaml:8: boxes[0].nics[0].plugin_latency: unknown unit 'Gbit/s'")
+    assert load(text.replace("75 us", "0.035 ms")).boxes[0].nics[0].plugin_latency == \
+        pytest.approx(35e-6)
+    # A bare number is microseconds, as for latency, with the same warning.
+    with pytest.warns(UnitWarning) as caught:
+        bare = loads_cluster(textwrap.dedent(text.replace("75 us", "75")), "c.yaml")
+    assert bare.boxes[0].nics[0].plugin_latency == pytest.approx(75e-6)
+    assert [str(w.message) for w in caught] == [
+        "c.yaml:8: boxes[0].nics[0].plugin_latency: bare number 75 read as 75 us; write "
+        "'75 us' (or '75 ns', '75 ms' if that is what you meant)"]
 
 
 def hgx(nics: str) -> str:

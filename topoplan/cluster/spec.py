@@ -91,7 +91,7 @@ class _Reader:
         if not positive and number < 0:
             raise self.fail(line, where, f"must be >= 0, got {_show(value)}")
         # A bare number has a default unit, which may not be the one meant: never silent.
-        note = bare_number_note(value, key)
+        note = bare_number_note(value, "latency" if parse is parse_latency else "bandwidth")
         if note is not None and (line, where) not in self.warned:
             self.warned.add((line, where))
             warnings.warn(UnitWarning(note, file=self.file, line=line, key=where), stacklevel=2)
