@@ -10,7 +10,7 @@ import os
 import re
 import sys
 import warnings
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal, Sequence
 
@@ -355,10 +355,8 @@ def nccl_settings_of(args: argparse.Namespace) -> AbstractContextManager[Any]:
     """The :func:`~topoplan.analysis.native.nccl_env.nccl_settings` a command's
     ``--nccl-*`` arguments ask for (nothing to set without them)."""
     from ..analysis.native.nccl_env import nccl_settings
-    values = {key: getattr(args, f"nccl_{key}", None) for key in ("version", "algo", "proto")}
-    if not any(v is not None for v in values.values()):
-        return nullcontext()
-    return nccl_settings(**values)
+    return nccl_settings(**{key: getattr(args, f"nccl_{key}", None)
+                            for key in ("version", "algo", "proto")})
 
 
 #: Seconds of work before a status shows in a pipe or a log: quick commands stay quiet.

@@ -150,11 +150,8 @@ def _nccl_told(version: str | None, algo: str | None,
                proto: str | None) -> contextlib.AbstractContextManager[Any]:
     """:func:`~topoplan.analysis.native.nccl_env.nccl_settings` for the API's
     ``nccl_*`` arguments; a bad one is a :class:`PlannerError`."""
-    from ..analysis.native.nccl_env import NcclSettings, nccl_settings
-    if version is None and algo is None and proto is None:
-        return contextlib.nullcontext()
+    from ..analysis.native.nccl_env import nccl_settings
     try:
-        NcclSettings(version, algo, proto)
+        return nccl_settings(version, algo, proto)
     except ValueError as exc:
         raise PlannerError(str(exc)) from None
-    return nccl_settings(version, algo, proto)

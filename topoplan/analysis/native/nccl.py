@@ -39,7 +39,7 @@ nccl-tests figures that set nothing here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterable
 
 from ..._compat import moved_names
@@ -831,10 +831,8 @@ def nccl_model(cluster: Cluster, version: str | None = None, algo: str | None = 
     ValueError
         For an unknown version, algorithm, protocol or function name.
     """
-    outer = nccl_env.current()
-    settings = nccl_env.NcclSettings(
-        T.constants(version if version is not None else outer.version).version,
-        algo if algo is not None else outer.algo, proto if proto is not None else outer.proto)
+    settings = nccl_env.resolved(version, algo, proto)
+    settings = replace(settings, version=T.constants(settings.version).version)
     states = _MODELS(cluster)
     key = (settings.version, settings.algo, settings.proto)
     if key not in states:

@@ -30,7 +30,7 @@ from typing import Iterator
 
 from . import nccl_tables as T
 
-__all__ = ["NcclSettings", "nccl_settings", "current", "parse_list", "FUNCTIONS"]
+__all__ = ["NcclSettings", "nccl_settings", "current", "resolved", "parse_list", "FUNCTIONS"]
 
 #: NCCL's function names (``ncclFuncStr``, src/init.cc:52) and topoplan's for each.
 FUNCTIONS = {"Broadcast": "broadcast", "Reduce": "reduce", "AllGather": "allgather",
@@ -153,21 +153,39 @@ def current() -> NcclSettings:
     return _SETTINGS.get()
 
 
-@contextlib.contextmanager
-def nccl_settings(version: str | None = None, algo: str | None = None,
-                  proto: str | None = None) -> Iterator[NcclSettings]:
-    """Price every ``nccl`` row inside with NCCL ``version``'s tables and ``NCCL_ALGO`` /
-    ``NCCL_PROTO`` set as given (``None`` keeps the enclosing setting).
+def resolved(version: str | None = None, algo: str | None = None,
+             proto: str | None = None) -> NcclSettings:
+    """The settings in force with these in place of the enclosing ones (``None`` keeps
+    the enclosing one), checked.
 
     Raises
     ------
     ValueError
-        For an unknown version, algorithm, protocol or function (before anything runs).
+        For an unknown version, algorithm, protocol or function.
     """
     outer = current()
-    settings = NcclSettings(version if version is not None else outer.version,
-                            algo if algo is not None else outer.algo,
-                            proto if proto is not None else outer.proto)
+    return NcclSettings(version if version is not None else outer.version,
+                        algo if algo is not None else outer.algo,
+                        proto if proto is not None else outer.proto)
+
+
+def nccl_settings(version: str | None = None, algo: str | None = None,
+                  proto: str | None = None) -> contextlib.AbstractContextManager[NcclSettings]:
+    """Price every ``nccl`` row inside with NCCL ``version``'s tables and ``NCCL_ALGO`` /
+    ``NCCL_PROTO`` set as given (``None`` keeps the enclosing setting); with none given,
+    the enclosing settings unchanged.
+
+    Raises
+    ------
+    ValueError
+        For an unknown version, algorithm, protocol or function: when called, before the
+        block runs.
+    """
+    return _in_force(resolved(version, algo, proto))
+
+
+@contextlib.contextmanager
+def _in_force(settings: NcclSettings) -> Iterator[NcclSettings]:
     token = _SETTINGS.set(settings)
     try:
         yield settings

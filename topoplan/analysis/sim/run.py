@@ -115,11 +115,7 @@ def simulate(cluster: Cluster | str | os.PathLike, schedule: Schedule, size: int
     15 s under ``ideal`` and 60 s under ``nccl`` on a 2-core machine
     (``scripts/bench_simulate.py``, ``scripts/bench_scale.py``).
     """
-    from ..native.nccl_env import NcclSettings, nccl_settings
-    if nccl_version is None and nccl_algo is None and nccl_proto is None:
-        return _simulate(cluster, schedule, size, profile, dtype_size, reduce_bandwidth, alpha,
-                         record, progress, resolution, force, yardsticks)
-    NcclSettings(nccl_version, nccl_algo, nccl_proto)  # a bad one raises before anything runs
+    from ..native.nccl_env import nccl_settings
     with nccl_settings(nccl_version, nccl_algo, nccl_proto):
         return _simulate(cluster, schedule, size, profile, dtype_size, reduce_bandwidth, alpha,
                          record, progress, resolution, force, yardsticks)
