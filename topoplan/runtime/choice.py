@@ -55,12 +55,14 @@ from typing import Any, Callable
 
 from ..errors import TopoplanError, TransportError
 from ..ir.schedule import Schedule
+from .health import CHECK_EVERY, RECOVER_EVERY, TRIGGER
 from .transports.families import priced_elsewhere
 
 __all__ = ["ENV", "MODES", "Option", "Decision", "MeasuredChoice", "auto_mode",
            "model_options", "size_class", "class_range", "NATIVE", "TOP", "PROBES", "PRUNE",
            "RECHECK_EVERY", "DRIFT", "CLOSE", "MAX_PROBES", "SAMPLE_EVERY", "TIE", "REPROBE_EVERY", "explore_budget", "snapshot",
-           "priced_elsewhere", "NativeCall", "executor_for", "shared_options"]
+           "priced_elsewhere", "NativeCall", "executor_for", "shared_options", "traceable",
+           "BEFORE"]
 
 log = logging.getLogger("topoplan.choice")
 
@@ -90,6 +92,8 @@ RECHECK_EVERY = 64
 DRIFT = 1.3
 #: Calls of a class after which it is explored again anyway (doubled each time).
 REPROBE_EVERY = 4096
+#: What a candidate kept from before link health re-planned is called: ``"old ring"``.
+BEFORE = "old "
 
 
 def explore_budget(top: int = TOP, probes: int = PROBES, max_probes: int = MAX_PROBES) -> int:
@@ -304,6 +308,14 @@ def executor_for(schedule: Schedule, transport: Any, *, timeout: float = 60.0,
     return NativeCall(executor, direct)
 
 
+def traceable(option: Option) -> bool:
+    """Whether link health can read ``option``'s step times: point-to-point messages in
+    one channel (a native step's links are the library's; channels run at once)."""
+    schedule = option.schedule
+    return (option.algorithm != NATIVE and schedule.nnative == 0
+            and schedule.nchannels <= 1)
+
+
 def snapshot(*args: Any) -> Callable[[], None]:
     """A copy of each array argument (numpy, torch, CuPy) and the function that puts them
     back: what an exploring call may overwrite, restored after a failed one."""
@@ -378,6 +390,13 @@ class _Class:
         # barrier; a training loop's calls also carry how late ranks arrive).
         self.reference: float | None = None
         self.drifted: tuple[str, float] | None = None  # (what ran, its agreed median)
+        # Link health: the chosen plan's agreed steady time at the first check after the
+        # decision (what later checks compare with), and the call (``since``) at which
+        # the next probe of the plan before a re-planning runs, while a link is slow.
+        self.health_reference: float | None = None
+        self.probe_at = RECOVER_EVERY
+        # The chosen candidate's recent call times when it cannot be traced (native).
+        self.health_times: list[float] = []
 
 
 class MeasuredChoice:
@@ -408,6 +427,11 @@ class MeasuredChoice:
         See the module's notes.
     what : str
         The collective, for the log.
+    health : LinkHealth, optional
+        Find slow links from the chosen plan's step times and re-plan around them
+        (:mod:`topoplan.runtime.health`); ``options`` is then also called as
+        ``options(nbytes, slow={link: factor})`` for the cluster with those links at
+        their measured rates. None (default): off.
 
     Attributes
     ----------
@@ -425,8 +449,8 @@ class MeasuredChoice:
                  prune: float = PRUNE, recheck_every: int = RECHECK_EVERY,
                  sample_every: int = SAMPLE_EVERY,
                  drift: float = DRIFT, reprobe_every: int = REPROBE_EVERY,
-                 what: str = "allreduce", clock: Callable[[], float] = time.perf_counter
-                 ) -> None:
+                 what: str = "allreduce", clock: Callable[[], float] = time.perf_counter,
+                 health: Any = None) -> None:
         if probes < 1:
             raise TopoplanError(f"probes={probes}: time each candidate at least once")
         self.transport = transport
@@ -443,6 +467,13 @@ class MeasuredChoice:
         self.version = 0
         self.decisions: dict[int, Decision] = {}
         self.history: list[Decision] = []
+        #: Link health (:class:`~topoplan.runtime.health.LinkHealth`), or None: off.
+        self.health = health if self.mode == "measured" else None
+        #: Calls made (every rank counts the same).
+        self.calls = 0
+        # Size class -> what it ran before link health re-planned it (a candidate still).
+        self._before: dict[int, Option] = {}
+        self._health_asked = health is not None
 
     # -- what runs ------------------------------------------------------------------
     def chosen(self, nbytes: int) -> str | None:
@@ -463,6 +494,7 @@ class MeasuredChoice:
     def call(self, nbytes: int, *args: Any) -> Any:
         """Run one call of ``nbytes`` bytes (``executor(schedule)(*args)``) and return
         its result."""
+        self.calls += 1
         state = self._state(nbytes)
         if state.chosen is None:
             return self._explore(state, args)
@@ -471,6 +503,7 @@ class MeasuredChoice:
     def start(self, nbytes: int, *args: Any) -> Any:
         """Start one call; a handle with ``test()`` and ``wait()``. Exploring calls run
         to the end here (timed alone); the others are started and returned."""
+        self.calls += 1
         state = self._state(nbytes)
         if state.chosen is None:
             return _Done(self._explore(state, args))
@@ -481,7 +514,7 @@ class MeasuredChoice:
         k = size_class(nbytes)
         state = self._classes.get(k)
         if state is None:
-            options, model_choice = self._options(nbytes)
+            options, model_choice = self._plan(k, nbytes)
             if not options:
                 raise TopoplanError(f"auto {self.what} of {nbytes} B: the model gave no "
                                     "candidate to run")
@@ -491,9 +524,15 @@ class MeasuredChoice:
                 self._decide(state, pick, "model" if self.mode == "model" else "only candidate")
         return state
 
+    def _make(self, option: Option) -> None:
+        option.executor = self._executor(option.schedule)
+        if self.health is not None and traceable(option):
+            from .health import StepTrace
+            option.executor.trace = StepTrace()
+
     def _run(self, option: Option, args: tuple) -> Any:
         if option.executor is None:
-            option.executor = self._executor(option.schedule)
+            self._make(option)
         return option.executor(*args)
 
     def _explore(self, state: _Class, args: tuple) -> Any:
@@ -551,7 +590,7 @@ class MeasuredChoice:
     def _build(self, state: _Class, option: Option) -> bool:
         error: BaseException | None = None
         try:
-            option.executor = self._executor(option.schedule)
+            self._make(option)
         except Exception as exc:  # noqa: BLE001 - every rank learns of it just below
             error = exc
         (failed,) = self.transport.allreduce_max_many([1.0 if error is not None else 0.0])
@@ -628,12 +667,18 @@ class MeasuredChoice:
         self.history.append(decision)
         if self.transport.rank == 0:
             log.info("%s", decision.line(self.what))
+        state.health_reference, state.health_times = None, []
+        if self.health is not None and reason == "drift":
+            self._fit_explored(state)
 
     # -- after the decision -----------------------------------------------------------
     def _steady(self, state: _Class, args: tuple, *, timed: bool) -> Any:
         option = state.chosen
         assert option is not None
         state.since += 1
+        if self.health is not None and self.health.slow and state.since >= state.probe_at:
+            result = self._probe_recovery(state, args)
+            return result if timed else _Done(result)
         if not timed:
             result = self._start(option, args)
         elif self.mode != "measured" or (state.since > self.recheck_every
@@ -643,16 +688,21 @@ class MeasuredChoice:
             began = self._clock()
             result = self._run(option, args)
             state.recent.append(self._clock() - began)
+            if self.health is not None:
+                state.health_times = [*state.health_times[-(CHECK_EVERY - 1):],
+                                      state.recent[-1]]
             if len(state.recent) >= self.recheck_every:
                 self._recheck(state, option)
         if self.mode == "measured" and state.since >= state.reprobe_every:
             self._reexplore(state, "re-probe")
             state.reprobe_every *= 2
+        elif self.health is not None and state.since % CHECK_EVERY == 0:
+            self._check_health(state, option)
         return result
 
     def _start(self, option: Option, args: tuple) -> Any:
         if option.executor is None:
-            option.executor = self._executor(option.schedule)
+            self._make(option)
         start = getattr(option.executor, "start", None)
         return start(*args) if start is not None else _Done(option.executor(*args))
 
@@ -682,3 +732,180 @@ class MeasuredChoice:
         state.chosen, state.reason, state.round = None, reason, 1
         state.explore_calls, state.explore_s = 0, 0.0
         state.queue = [i for i, o in enumerate(state.options) if o.live]
+
+    # -- link health ------------------------------------------------------------------
+    def enable_health(self, machine: Any, profile: Any) -> None:
+        """Turn link health on, once the job's pricing is known (the first planning):
+        not in ``model`` mode, nor where :func:`~topoplan.runtime.health.health_enabled`
+        says no. Collective only in that every rank must call it alike."""
+        if self.health is None and self.mode == "measured" and not self._health_asked:
+            from .health import LinkHealth, health_enabled
+            self._health_asked = True
+            if health_enabled(machine):
+                self.health = LinkHealth(machine, profile)
+    def _plan(self, k: int, nbytes: int) -> tuple[list[Option], str]:
+        """The candidates of a new size class: the model's, on the cluster with the slow
+        links at their measured rates when link health found any; then what the class
+        ran before (or the healthy model's choice) as a candidate named ``old ...``."""
+        health = self.health
+        before = self._before.pop(k, None)
+        if health is None or (not health.slow and before is None):
+            return self._options(nbytes)
+        faults = health.planning_faults()
+        if len(faults) > 1:
+            options, model_choice = self._around_each(nbytes, faults)
+        else:
+            options, model_choice = self._options(nbytes, slow=faults[0] if faults else None)
+        if before is None:  # planned for the first time while a link is slow
+            healthy, healthy_choice = self._options(nbytes)
+            before = next((o for o in healthy if o.algorithm == healthy_choice), None)
+        if before is not None and before.algorithm != NATIVE:
+            name = BEFORE + before.algorithm.removeprefix(BEFORE)
+            before = Option(name, before.schedule, health.predict(before.schedule, nbytes),
+                            executor=before.executor)
+            options = [*options, before]
+        if self.transport.rank == 0:
+            new = next((o for o in options if o.algorithm == model_choice), options[0])
+            log.warning("link health: %s; auto %s %s re-planned: %s %s -> %s %s predicted",
+                        health.describe(), self.what, class_range(k),
+                        before.algorithm if before is not None else "-",
+                        _us(before.predicted_s if before is not None else None),
+                        new.algorithm, _us(new.predicted_s))
+        return options, model_choice
+
+    def _around_each(self, nbytes: int, faults: list[dict[str, float]]
+                     ) -> tuple[list[Option], str]:
+        """Links that could not be told apart: the model's best plan around each (and
+        the native collective), named ``"mcf around B/nic0"``; measuring them tells
+        which link it was."""
+        options: list[Option] = []
+        seen: set[str] = set()
+        model_choice = ""
+        for fault in faults:
+            link = next(k for k in fault if k in self.health.alternatives)
+            found, choice = self._options(nbytes, slow=fault)
+            for o in found:
+                if o.algorithm == NATIVE:
+                    if NATIVE not in seen:
+                        seen.add(NATIVE)
+                        options.append(o)
+                    continue
+                if o.algorithm != choice:
+                    continue
+                text = o.schedule.to_json()
+                if text in seen:
+                    continue
+                seen.add(text)
+                options.append(Option(f"{o.algorithm} around {link}", o.schedule,
+                                      o.predicted_s))
+                model_choice = model_choice or options[-1].algorithm
+        return options, model_choice or options[0].algorithm
+
+    def _check_health(self, state: _Class, option: Option) -> None:
+        """Every CHECK_EVERY calls: the ranks agree on the chosen plan's recent time
+        (one float); over TRIGGER times its time at the first check, a fit."""
+        trace = getattr(option.executor, "trace", None)
+        traced = trace is not None and trace.last is not None  # alike on every rank
+        if traced:
+            own = trace.call_time(trace.last[0])
+        elif traceable(option) or not self.sample_every:
+            return
+        else:  # the native collective: its calls' times say something is slower
+            own = statistics.median(state.health_times) if state.health_times else 0.0
+        (recent,) = self.transport.allreduce_max_many([own])
+        if state.health_reference is None:
+            state.health_reference = recent or None
+            return
+        if recent <= TRIGGER * state.health_reference and not self.health.pending:
+            return
+        if not traced:
+            # Measure the candidates again: their exploring calls are traced, and the
+            # decision fits the plans' step times (:meth:`_fit_explored`).
+            if self.transport.rank == 0:
+                log.info("auto %s %s: %s now takes %.3g us, %.2fx its time before: "
+                         "measuring the candidates again", self.what, class_range(state.k),
+                         option.algorithm, recent * 1e6, recent / state.health_reference)
+            state.drifted = (option.algorithm, recent)
+            self._reexplore(state, "drift")
+            return
+        if self._fit(state, option):
+            self._replan()
+
+    def _fit_explored(self, state: _Class) -> None:
+        """After an exploration started by a slower native collective: fit the step times
+        the exploring calls traced of the fastest plan measured (every rank alike: the
+        options, their samples and traces agree), as confirmed as a steady check's."""
+        traced = [o for o in state.options if o.executor is not None and o.samples
+                  and getattr(o.executor, "trace", None) is not None
+                  and o.executor.trace.last is not None]
+        if not traced:
+            return
+        option = min(traced, key=lambda o: (o.median_s, state.options.index(o)))
+        if self._fit(state, option, weight=self.health.confirm):
+            self._replan()
+
+    def _fit(self, state: _Class, option: Option, weight: int = 1) -> bool:
+        """Gather every rank's step times of ``option``'s last calls, fit them on rank 0,
+        hand its verdict to every rank; whether the slow links changed (confirmed)."""
+        from .health import Verdict, decode, encode, fit_links, gather_durations
+        health, trace = self.health, option.executor.trace
+        n, itemsize = trace.last
+        measured = gather_durations(self.transport,
+                                    trace.durations(n, option.schedule.nsteps))
+        if measured is None:
+            return False
+        verdict: Verdict | None = None
+        if self.transport.rank == 0:
+            try:
+                verdict = fit_links(health.machine, option.schedule, n * itemsize, measured,
+                                    profile=health.profile, dtype_size=itemsize)
+            except Exception as exc:  # noqa: BLE001 - a fit that fails changes nothing
+                log.warning("link health: the fit of %s failed: %s", option.algorithm, exc)
+        agreed = decode(self.transport.allreduce_max_many(encode(verdict, health.machine)),
+                        health.machine)
+        if verdict is not None:  # rank 0 keeps its fits, for the log
+            agreed = Verdict(agreed.slow, verdict.healthy_error, verdict.fits,
+                             agreed.ambiguous, verdict.predicted_healthy_s, agreed.loaded)
+        return health.observe(agreed, calls=self.calls, weight=weight)
+
+    def _replan(self) -> None:
+        """The slow links changed: every size class is planned again at its next call,
+        what it ran kept as a candidate; the calls in flight end as they started."""
+        if self._drain is not None:
+            self._drain()
+        for k, st in self._classes.items():
+            if st.chosen is not None:
+                self._before[k] = st.chosen
+        self._classes.clear()
+        self.version += 1
+
+    def _probe_recovery(self, state: _Class, args: tuple) -> Any:
+        """While a link is slow: run this call with the plan from before (it crosses the
+        link), timed alone, and fit its step times: a link back at its rate is noticed.
+        The next probe comes RECOVER_EVERY calls later, or CHECK_EVERY while a verdict
+        waits for confirmation."""
+        old = next((o for o in state.options if o.algorithm.startswith(BEFORE)
+                    and o.failed is None and traceable(o)), None)
+        state.probe_at = state.since + RECOVER_EVERY
+        if self._drain is not None:
+            self._drain()
+        if old is None:  # nothing crosses the slow link that could tell
+            return self._run(state.chosen, args)
+        if old.executor is not None:
+            old.executor.trace.clear()
+        restore = self._snapshot(*args) if self._snapshot is not None else None
+        result, slowest = self._attempt(state, old, args)
+        if slowest is None:
+            return self._fallback(state, args, restore)
+        if old.executor.trace.last is not None:
+            if self._fit(state, old):
+                self._replan()
+            elif self.health.pending:
+                state.probe_at = state.since + CHECK_EVERY
+        return result
+
+
+def _us(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3g} us"

@@ -158,14 +158,17 @@ class PlannedAllreduce:
         from topoplan.runtime.choice import executor_for
         return executor_for(schedule, self.transport, timeout=self.timeout)
 
-    def _options(self, nbytes: int) -> tuple[list[Any], str]:
-        """auto's candidates for a new size class (rank 0's, with ``share``)."""
+    def _options(self, nbytes: int, slow: Any = None) -> tuple[list[Any], str]:
+        """auto's candidates for a new size class (rank 0's, with ``share``); ``slow``:
+        planned on the cluster with those links at their measured rates (link health)."""
         from topoplan.runtime.choice import model_options, shared_options
+        from topoplan.runtime.health import with_slow_links
         pricing = self.pricing
+        self.choice.enable_health(pricing.machine or self.cluster, pricing.profile)
+        cluster, machine = with_slow_links(slow, self.cluster, pricing.machine)
 
         def make() -> tuple[list[Any], str]:
-            return model_options(self.cluster, nbytes, profile=pricing.profile,
-                                 machine=pricing.machine)
+            return model_options(cluster, nbytes, profile=pricing.profile, machine=machine)
 
         if self.share is None:
             return make()

@@ -270,19 +270,27 @@ class PlannedCollectives:
                                     accumulate_fp32=self.accumulate_fp32)
 
             choice = self.choices[key] = MeasuredChoice(
-                transport, lambda nbytes: self._options(collective, nbytes, group), executor,
-                mode=self.mode, snapshot=snapshot, drain=self._drain, what=collective)
+                transport, lambda nbytes, slow=None: self._options(
+                    collective, nbytes, group, self.choices[key], slow),
+                executor, mode=self.mode, snapshot=snapshot, drain=self._drain,
+                what=collective)
         return choice
 
-    def _options(self, collective: str, nbytes: int, group: Any) -> tuple[list[Any], str]:
-        """auto's candidates for a new size class: rank 0's (or its error), with ``share``."""
+    def _options(self, collective: str, nbytes: int, group: Any, choice: Any,
+                 slow: Any = None) -> tuple[list[Any], str]:
+        """auto's candidates for a new size class: rank 0's (or its error), with ``share``;
+        ``slow``: planned on the cluster with those links at their measured rates."""
         from topoplan.runtime.choice import model_options, shared_options
+        from topoplan.runtime.health import with_slow_links
         transport = self._transport(group)
         pricing = self.pricing(group)
+        if group is None or transport.size == self.cluster.nranks:
+            choice.enable_health(pricing.machine or self.cluster, pricing.profile)
+        cluster, machine = with_slow_links(slow, self.cluster, pricing.machine)
 
         def make() -> tuple[list[Any], str]:
-            return model_options(self.cluster, nbytes, collective, profile=pricing.profile,
-                                 machine=pricing.machine)
+            return model_options(cluster, nbytes, collective, profile=pricing.profile,
+                                 machine=machine)
 
         if not self.share:
             return make()

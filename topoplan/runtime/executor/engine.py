@@ -164,6 +164,10 @@ class Executor:
         self._queue: CallQueue[Handle] = queue_of(transport)
         #: The groups of the schedule's native steps (their sub-communicators are made).
         self.groups = frozenset(self._make_groups())
+        #: Where each call's step times go (:class:`topoplan.runtime.health.StepTrace`),
+        #: or None: the calls that run their steps one after another record when each
+        #: step ended (a clock read per step); calls that run channels at once do not.
+        self.trace: Any = None
 
     def _make_groups(self) -> list[tuple[int, ...]]:
         """Check the native ops and have the transport make their groups' sub-communicators
@@ -368,6 +372,8 @@ class Executor:
                 self._drain(h.call)
             for dst, src in h._bound.copy_in:
                 h._ops.copy(dst, src)
+            if self.trace is not None and h._cursors is None:
+                h._ends = [time.perf_counter()]
         if h._cursors is not None:
             return self._advance_channels(h, h._cursors, block=block)
         transport, steps = self.transport, h._bound.steps
@@ -400,6 +406,8 @@ class Executor:
                         work.finish()
                         h._posted = None
                         h._step += 1
+                        if h._ends is not None:
+                            h._ends.append(time.perf_counter())
                         moved = True
                         continue
                     if h._posted is None:
@@ -433,9 +441,13 @@ class Executor:
                         h._ops.copy(dst, src)
                     h._posted = None
                     h._step += 1
+                    if h._ends is not None:
+                        h._ends.append(time.perf_counter())
                     moved = True
                 for dst, src in h._bound.copy_out:
                     h._ops.copy(dst, src)
+                if h._ends is not None and self.trace is not None:
+                    self.trace.add(h._bound, h._ends)
         except PeerFailure as exc:
             step = steps[h._step]
             if step.native is not None:
@@ -699,6 +711,8 @@ class Executor:
                 copy(dst, src)
             return
         transport, timeout = self.transport, self.timeout
+        trace = self.trace
+        ends = [time.perf_counter()] if trace is not None else None
         for s, step in enumerate(bound.steps):
             work = step.native
             if work is not None:
@@ -713,6 +727,8 @@ class Executor:
                     self._leave_behind(bound.steps[s:], call, epoch, lane)
                     raise self._native_error(step, None)
                 work.finish()
+                if ends is not None:
+                    ends.append(time.perf_counter())
                 continue
             for dst, src in step.snapshots:
                 copy(dst, src)
@@ -734,8 +750,12 @@ class Executor:
                 add(dst, src)
             for dst, src in step.copies:  # vectored recvs (IR v4)
                 copy(dst, src)
+            if ends is not None:
+                ends.append(time.perf_counter())
         for dst, src in bound.copy_out:
             copy(dst, src)
+        if ends is not None:
+            trace.add(bound, ends)
 
     # -- epochs -------------------------------------------------------------------
     def _shift(self, epoch: int, lane: int) -> int:

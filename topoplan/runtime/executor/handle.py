@@ -47,7 +47,7 @@ class Handle:
     """
 
     __slots__ = ("_owner", "buffer", "_bound", "_ops", "call", "epoch", "lane", "_step",
-                 "_posted", "_deadline", "_begun", "done", "_error", "_cursors")
+                 "_posted", "_deadline", "_begun", "done", "_error", "_cursors", "_ends")
 
     def __init__(self, owner: _Owner, buffer: Any, bound: BoundProgram, ops: ArrayOps,
                  call: int, epoch: int, lane: int) -> None:
@@ -61,6 +61,9 @@ class Handle:
         self._error: TransportError | None = None
         # A call that runs its channels at once: each channel's place (engine.Cursor).
         self._cursors: list[Any] | None = None
+        # When each step ended (perf_counter; the call's start first), for the executor's
+        # trace (link health); None when it keeps none.
+        self._ends: list[float] | None = None
 
     def test(self) -> bool:
         """Progress without blocking; True once the call is done.
