@@ -79,8 +79,8 @@ def _links(cluster: Cluster) -> tuple[Link, ...]:
     switch: dict[tuple[str, str], float] = {}
     for sl in cluster.links:
         switch[(sl.a, sl.b)] = switch.get((sl.a, sl.b), 0.0) + sl.bandwidth
-    for (a, b), bandwidth in switch.items():
-        found.append(Link(_switch_name(a, b), "switch", ((a, b), (b, a)), bandwidth))
+    for (u, v), bandwidth in switch.items():
+        found.append(Link(_switch_name(u, v), "switch", ((u, v), (v, u)), bandwidth))
     return tuple(found)
 
 

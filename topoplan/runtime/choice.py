@@ -441,7 +441,7 @@ class MeasuredChoice:
         Every :class:`Decision`, in order (re-probes too).
     """
 
-    def __init__(self, transport: Any, options: Callable[[int], tuple[list[Option], str]],
+    def __init__(self, transport: Any, options: Callable[..., tuple[list[Option], str]],
                  executor: Callable[[Schedule], Any], *, mode: str | None = None,
                  snapshot: Callable[..., Callable[[], None]] | None = None,
                  drain: Callable[[], None] | None = None, probes: int = PROBES,
@@ -468,7 +468,7 @@ class MeasuredChoice:
         self.decisions: dict[int, Decision] = {}
         self.history: list[Decision] = []
         #: Link health (:class:`~topoplan.runtime.health.LinkHealth`), or None: off.
-        self.health = health if self.mode == "measured" else None
+        self.health: Any = health if self.mode == "measured" else None
         #: Calls made (every rank counts the same).
         self.calls = 0
         # Size class -> what it ran before link health re-planned it (a candidate still).
@@ -804,7 +804,7 @@ class MeasuredChoice:
     def _check_health(self, state: _Class, option: Option) -> None:
         """Every CHECK_EVERY calls: the ranks agree on the chosen plan's recent time
         (one float); over TRIGGER times its time at the first check, a fit."""
-        trace = getattr(option.executor, "trace", None)
+        trace: Any = getattr(option.executor, "trace", None)
         traced = trace is not None and trace.last is not None  # alike on every rank
         if traced:
             own = trace.call_time(trace.last[0])
@@ -890,7 +890,7 @@ class MeasuredChoice:
         if self._drain is not None:
             self._drain()
         if old is None:  # nothing crosses the slow link that could tell
-            return self._run(state.chosen, args)
+            return self._run(option_of(state), args)
         if old.executor is not None:
             old.executor.trace.clear()
         restore = self._snapshot(*args) if self._snapshot is not None else None
@@ -903,6 +903,13 @@ class MeasuredChoice:
             elif self.health.pending:
                 state.probe_at = state.since + CHECK_EVERY
         return result
+
+
+def option_of(state: _Class) -> Option:
+    """The candidate a decided class runs."""
+    if state.chosen is None:
+        raise TopoplanError(f"size class {class_range(state.k)} has not chosen yet")
+    return state.chosen
 
 
 def _us(seconds: float | None) -> str:

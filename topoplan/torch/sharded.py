@@ -269,11 +269,12 @@ class PlannedCollectives:
                 return executor_for(schedule, transport, timeout=self.timeout,
                                     accumulate_fp32=self.accumulate_fp32)
 
+            def options(nbytes: int, slow: Any = None) -> tuple[list[Any], str]:
+                return self._options(collective, nbytes, group, self.choices[key], slow)
+
             choice = self.choices[key] = MeasuredChoice(
-                transport, lambda nbytes, slow=None: self._options(
-                    collective, nbytes, group, self.choices[key], slow),
-                executor, mode=self.mode, snapshot=snapshot, drain=self._drain,
-                what=collective)
+                transport, options, executor, mode=self.mode, snapshot=snapshot,
+                drain=self._drain, what=collective)
         return choice
 
     def _options(self, collective: str, nbytes: int, group: Any, choice: Any,
