@@ -2,11 +2,18 @@
 
 Pure tests (any machine): which veth ends a fault changes, with which ``tc`` lines, and
 the degraded model the probe checks against. Real ones (root with CAP_NET_ADMIN): the
-HTB classes ``tc`` reports, a pair's measured rate across a degraded link, restoring it.
+HTB classes ``tc`` reports, a pair's measured rate across a degraded link, restoring it,
+a delayed fault, and the CLI's errors.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -128,6 +135,27 @@ def test_link_names_resolve_from_the_state_table():
         find_link(table, "A/nic1", "ddl-two-switch")
 
 
+def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "topoplan", "testbed", *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.mark.parametrize("command", ["up", "bench", "run"])
+@pytest.mark.parametrize("value, message", [
+    ("switch0-swich1=0.5", "--degrade 'switch0-swich1=0.5': ddl-two-switch has no link "
+                           "'switch0-swich1': did you mean switch0-switch1"),
+    ("A/nic0=1.5", "--degrade 'A/nic0=1.5': the factor must be in (0, 1]"),
+    ("A/nic0", "--degrade 'A/nic0': use LINK=FACTOR[@SECONDS]"),
+])
+def test_cli_refuses_a_bad_degrade_in_one_line_before_building(command, value, message):
+    tail = ["--", "true"] if command == "run" else []
+    proc = _cli(command, str(DDL), "--degrade", value, *tail)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"topoplan: error: {message}"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
 # ---- real namespaces: root with CAP_NET_ADMIN only --------------------------------------
 
 @pytest.fixture
@@ -177,3 +205,62 @@ def test_degrade_a_live_testbed_measure_and_restore(state_dir):
         assert _link_classes(bed, "switch switch0 - switch switch1") == healthy
         again = rate(0, 2, cross)
         assert again / before[(0, 2)] == pytest.approx(1, rel=0.15)
+
+
+@needs_netns
+def test_cli_delayed_degrade_changes_the_rate_later_and_dies_with_the_testbed(state_dir):
+    state = state_dir / "tb.json"
+    up = _cli("up", str(DDL), "--state", str(state), "--degrade", "switch1-switch0=0.5@1.5",
+              "--degrade", "A/nic0=0.5@60")
+    assert up.returncode == 0, up.stderr
+    assert "degrade switch0-switch1 x0.5 in 1.5 s" in up.stdout
+    from topoplan.testbed import Testbed
+    bed = Testbed.attach(state)
+    try:
+        pids = [t["pid"] for t in json.loads(state.read_text())["timers"]]
+        healthy = _link_classes(bed, "switch switch0 - switch switch1")[0]["1:1"][0]
+        bad = _cli("degrade", str(state), "switch0-swich1=0.5")
+        assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1
+        assert "topoplan: error: ddl-two-switch has no link 'switch0-swich1': did you mean " \
+               "switch0-switch1?" in bad.stderr
+        bad = _cli("degrade", str(state), "A/nic0=0")
+        assert bad.returncode == 1 and "the factor must be in (0, 1]" in bad.stderr
+        deadline = time.monotonic() + 10
+        while bed.degrades == {} and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert bed.degrades == {"switch0-switch1": 0.5}
+        now = _link_classes(bed, "switch switch0 - switch switch1")[0]["1:1"][0]
+        assert now == pytest.approx(healthy / 2, rel=0.01)
+        shown = _cli("degrade", str(state))
+        assert "degraded now: switch0-switch1 x0.5" in shown.stdout
+        assert Path(f"/proc/{pids[1]}").exists()  # still waiting for its 60 s
+    finally:
+        down = _cli("down", str(state))
+    assert down.returncode == 0, down.stderr
+    time.sleep(0.2)
+    assert not any(Path(f"/proc/{pid}").exists() and "Z" not in
+                   Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[:1]
+                   for pid in pids)
+
+
+@needs_netns
+@pytest.mark.slow
+def test_cli_bench_checks_the_degraded_network_and_plans_on_the_file(state_dir):
+    """A switch link at 0.25 from the start: the network check passes (it checks the
+    degraded rates), the ring is planned and predicted on the healthy file, so it
+    measures about 4x its prediction; a NIC fault half a second after the check is
+    applied by the front-end's timer during the runs; the JSON says both."""
+    proc = _cli("bench", str(DDL), "--degrade", "switch0-switch1=0.25", "--degrade",
+                "A/nic0=0.5@0.5", "--algorithms", "ring", "--sizes", "1MiB", "--iters", "1",
+                "--warmup", "0", "--no-calibrate", "--json", timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["probe"]["ok"]
+    assert report["degrades"][0] == {"link": "switch0-switch1", "factor": 0.25, "after": 0.0,
+                                     "applied_s": 0.0}
+    nic = report["degrades"][1]
+    assert (nic["link"], nic["factor"], nic["after"]) == ("A/nic0", 0.5, 0.5)
+    assert nic["applied_s"] == pytest.approx(0.5, abs=0.5)
+    assert re.fullmatch(r"switch0-switch1 x0.25, A/nic0 x0.5 at \d+\.\d s", report["degraded"])
+    ring = report["rows"][0]
+    assert ring["wrong"] == 0 and 3 < ring["ratio"] < 5, ring
