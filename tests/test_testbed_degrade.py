@@ -264,3 +264,22 @@ def test_cli_bench_checks_the_degraded_network_and_plans_on_the_file(state_dir):
     assert re.fullmatch(r"switch0-switch1 x0.25, A/nic0 x0.5 at \d+\.\d s", report["degraded"])
     ring = report["rows"][0]
     assert ring["wrong"] == 0 and 3 < ring["ratio"] < 5, ring
+
+
+@needs_netns
+def test_an_unshaped_link_is_shaped_while_degraded(state_dir):
+    """At scale 1 the 2x2 cluster's 100 Gbit/s NICs are unshaped: at 0.05 the NIC gets an
+    HTB tree at 5 Gbit/s (on the wire), at 1 it is unshaped again."""
+    from topoplan.testbed import Testbed
+    from topoplan.testbed.degrade import apply_degrades
+    with Testbed.up(loads_cluster(TWO_BY_TWO), 1.0) as bed:
+        what = "nic n0/nic0 - nic n1/nic0"
+        assert _veth(bed.layout, what).rate is None and _link_classes(bed, what) == [{}, {}]
+        with pytest.raises(TestbedError, match="at most 0.08"):
+            apply_degrades(bed.state, ["n0/nic0=0.5"])
+        apply_degrades(bed.state, ["n0/nic0=0.05"])
+        for classes in _link_classes(bed, what):
+            assert classes["1:1"][0] == pytest.approx(5e9 * WIRE_OVERHEAD, rel=0.01)
+        assert bed.current_layout().route(0, 2).rate == pytest.approx(12.5e9 * 0.05)
+        apply_degrades(bed.state, ["n0/nic0=1"])
+        assert _link_classes(bed, what) == [{}, {}] and bed.degrades == {}
