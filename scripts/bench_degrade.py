@@ -4,7 +4,7 @@
 On the emulated cluster (root; 4 ranks; MPI and gloo), each rank runs
 ``PlannedAllreduce(cluster, transport, "auto")`` as a trainer would. After its choice
 settled and a warm-up, rank 0 slows one link to ``--factor`` of its rate with real ``tc``
-(:func:`topoplan.testbed.degrade.degrade`) and the calls go on. Printed per setting, from
+(:func:`topoplan.testbed.degrade.apply_degrades`, as ``topoplan testbed degrade`` does) and the calls go on. Printed per setting, from
 one run (the slowest rank's time per call, every call started together; medians):
 
 - ``found``: calls after the fault until link health changed the plan (target <= 20),
@@ -107,11 +107,8 @@ def worker(args: argparse.Namespace) -> None:
     health = planned.choice.health
     transport.barrier()
     if rank == 0:
-        from topoplan.testbed import load_state
-        from topoplan.testbed.degrade import degrade
-        file_cluster = loads_cluster(Path(args.cluster).read_text(), args.cluster)
-        degrade(load_state(os.environ["TOPOPLAN_DEGRADE_STATE"]), file_cluster, args.link,
-                args.factor)
+        from topoplan.testbed.degrade import apply_degrades
+        apply_degrades(os.environ["TOPOPLAN_DEGRADE_STATE"], {args.link: args.factor})
     transport.barrier()
     fault_at = planned.choice.calls
     after = settle(planned, 12)

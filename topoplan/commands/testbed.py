@@ -1,8 +1,9 @@
-"""``topoplan testbed up|down|probe|bench|run``: an emulated cluster on this machine.
+"""``topoplan testbed up|degrade|down|probe|bench|run``: an emulated cluster on this machine.
 
 ``up`` builds network namespaces, tc-shaped veth pairs and static routes for a cluster
-(bandwidths times ``--scale``) and leaves them up, recorded in a state file; ``down``
-removes them; ``probe`` measures paths with raw TCP (``--concurrent``: several flows at
+(bandwidths times ``--scale``) and leaves them up, recorded in a state file; ``degrade``
+slows links of a running one down (``--degrade LINK=F[@SECONDS]`` does it for ``up``,
+``bench`` and ``run``); ``down`` removes them; ``probe`` measures paths with raw TCP (``--concurrent``: several flows at
 once; ``--all-pairs``: every pair's path and rate, alone and under load, against the
 model); ``bench`` builds a testbed, checks it, runs planned schedules of a collective
 (``--collective allreduce|reduce_scatter|allgather``) and the transport's own one in it
@@ -15,6 +16,7 @@ launch`` does, over the emulated links: Open MPI or torch.distributed). Needs ro
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +46,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "path, and simulate the same (pin, default), or spread its packets "
                             "over all of them as the simulator splits bytes (spray: TCP then "
                             "reorders, measured 0.6-0.9 of the share under load)")
+        p.add_argument("--degrade", action="append", default=[], metavar="LINK=F[@SECONDS]",
+                       help="run link LINK (as `topo show` names it: A/nic0, switch0-switch1, "
+                            "BOX/fabric, BOX/gpu0-gpu1) at F of its bandwidth, from the start "
+                            "or after SECONDS (repeatable)")
 
     up = sub.add_parser("up", help="build the emulated network and leave it up")
     common(up)
     up.add_argument("--state", type=Path, default=None, help="state file (default /run/topoplan/..)")
     up.set_defaults(func=cmd_up)
+
+    degrade = sub.add_parser(
+        "degrade", help="slow links of a running testbed down (or restore them with F=1)")
+    degrade.add_argument("state", type=Path, help="state file printed by `up`")
+    degrade.add_argument("degrades", nargs="*", metavar="LINK=F[@SECONDS]",
+                         help="link at F of its bandwidth (1 restores it), now or after SECONDS; "
+                              "none: show the links degraded now")
+    degrade.set_defaults(func=cmd_degrade)
 
     down = sub.add_parser("down", help="remove testbeds: processes, namespaces, bridges, veths")
     down.add_argument("state", nargs="*", type=Path, help="state files printed by `up`")
@@ -109,7 +123,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run = sub.add_parser(
         "run", help="run a command on every rank inside a testbed (mpiexec or torchrun-style)",
         usage="topoplan testbed run [-h] CLUSTER [--scale S] [--transport {mpi,torch}] "
-              "[--state FILE] [--probe] [--timeout SECONDS] -- CMD [ARG ...]",
+              "[--state FILE] [--probe] [--timeout SECONDS] [--degrade LINK=F[@SECONDS]] "
+              "-- CMD [ARG ...]",
         description="Build the testbed of CLUSTER (or use --state), run CMD once per rank in "
                     "its namespace and tear the testbed down. mpi: Open MPI over the emulated "
                     "links (btl tcp, one host per rank); torch: RANK, WORLD_SIZE, MASTER_ADDR "
@@ -138,15 +153,46 @@ def _scale(text: str) -> float | None:
     return parse_scale(text)
 
 
+def parse_degrades(texts: list[str], cluster: Any) -> list[Any]:
+    """``--degrade`` values -> :class:`~topoplan.cluster.links.Degrade` with the links'
+    own names, checked against ``cluster`` (a bad one is an error naming the option)."""
+    from ..cluster.links import find_link, parse_degrade
+    out = []
+    for text in texts:
+        degrade = parse_degrade(text)
+        try:
+            link = find_link(cluster, degrade.link)
+        except TopoplanError as exc:
+            raise TopoplanError(f"--degrade {text!r}: {exc}") from None
+        out.append(dataclasses.replace(degrade, link=link.name))
+    return out
+
+
+def _degrade_now(bed: Any, degrades: list[Any]) -> None:
+    """Apply to ``bed`` the degrades that have no delay."""
+    from ..testbed.degrade import apply_degrades
+    now = [d for d in degrades if not d.after]
+    if now:
+        apply_degrades(bed.state, now)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from ..testbed import Testbed, capable, check_fits
+    from ..testbed.degrade import describe, start_timer
     cluster = load_cluster(args.cluster)
+    degrades = parse_degrades(args.degrade, cluster)
     check_fits(cluster, args.max_ranks)  # a cluster too big for here, whatever else is missing
     _require_capable(capable)
     bed = Testbed.up(cluster, _scale(args.scale), state=args.state, max_ranks=args.max_ranks,
                      multipath=args.multipath)
+    try:
+        _degrade_now(bed, degrades)
+        timers = [(d, start_timer(bed.state, d)) for d in degrades if d.after]
+    except BaseException:
+        bed.down()
+        raise
     out = console()
-    layout = bed.layout
+    layout = bed.current_layout()
     out.print(f"testbed {layout.prefix}: {cluster.name}, {plural(layout.nranks, 'rank')}, "
               f"scale {layout.scale:.6g}, {plural(len(layout.routers), 'router namespace')}, "
               f"{plural(len(layout.veths), 'veth pair')}")
@@ -159,7 +205,31 @@ def cmd_up(args: argparse.Namespace) -> int:
         out.print(f"rank {r}: ip netns exec {ns} ...   (eth0 {addr})")
     for note in layout.notes:
         out.print(f"note: {note}")
+    if bed.degrades:
+        out.print(f"degraded: {describe(bed.degrades)} (rates above are the degraded ones)")
+    for d, pid in timers:
+        out.print(f"degrade {d.link} x{d.factor:g} in {d.after:g} s (process {pid}; "
+                  "`testbed down` stops it)")
     out.print(f"state: {bed.state}\nremove with: topoplan testbed down {bed.state}")
+    return 0
+
+
+def cmd_degrade(args: argparse.Namespace) -> int:
+    from ..cluster.links import parse_degrade
+    from ..testbed import Testbed
+    from ..testbed.degrade import apply_degrades, describe, start_timer
+    bed = Testbed.attach(args.state)
+    degrades = [parse_degrade(text) for text in args.degrades]
+    out = console()
+    now = [d for d in degrades if not d.after]
+    if now or not degrades:
+        factors = apply_degrades(bed.state, now) if now else bed.degrades
+        out.print(f"degraded now: {describe(factors)}")
+    for d in degrades:
+        if d.after:
+            pid = start_timer(bed.state, d)
+            out.print(f"degrade {d.link} x{d.factor:g} in {d.after:g} s (process {pid}; "
+                      "`testbed down` stops it)")
     return 0
 
 
@@ -268,9 +338,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     argv = program(args.command, args.timeout, "topoplan testbed run CLUSTER")
     largest = parse_size(args.largest_message)
     cluster = load_cluster(args.cluster)
+    degrades = parse_degrades(args.degrade, cluster)
     bed, owned = _testbed(args, cluster, capable)
     try:
         with interrupts_raise():
+            from ..testbed.degrade import Timers
+            _degrade_now(bed, degrades)
             layout = bed.layout
             print(f"topoplan testbed run: {cluster.name}, {plural(layout.nranks, 'rank')} at "
                   "scale "
@@ -285,8 +358,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                     raise TestbedError(f"the network check found {len(report.failures)} probes "
                                        f"outside {TOLERANCE_PCT}% of the model (run `topoplan "
                                        "testbed probe --all-pairs` for the table); not running")
-            return run_command(bed, argv, transport=args.transport,
-                               timeout=args.timeout, largest_message=largest)
+            with Timers(bed.state, degrades) as timers:
+                status = run_command(bed, argv, transport=args.transport,
+                                     timeout=args.timeout, largest_message=largest)
+            timers.check()
+            return status
     finally:
         if owned:
             bed.down()
@@ -361,11 +437,23 @@ def algorithms_for(collective: str, text: str | None) -> tuple[list[str], list[s
     return keep, [a for a in default if a not in keep]
 
 
+def _degraded_text(records: Any) -> str:
+    """``"switch0-switch1 x0.25, A/nic0 x0.5 at 30 s"`` from :attr:`BenchReport.degrades`."""
+    parts = []
+    for d in records:
+        when = "" if not d["after"] else (
+            f" at {d['applied_s']:.1f} s" if d["applied_s"] is not None
+            else f" (due at {d['after']:g} s, not reached)")
+        parts.append(f"{d['link']} x{d['factor']:g}{when}")
+    return ", ".join(parts)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from ..testbed import capable
     from ..testbed.bench import bench
     from ..testbed.netns import interrupts_raise
     cluster = load_cluster(args.cluster)
+    degrades = parse_degrades(args.degrade, cluster)
     algorithms, left_out = algorithms_for(args.collective, args.algorithms)
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     from ..testbed.bench import check_case_size
@@ -380,7 +468,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             report = bench(bed, cluster, algorithms, sizes, iters=args.iters,
                            warmup=args.warmup, timeout=args.timeout,
                            calibrate=args.calibrate, transport=args.transport,
-                           probe=args.probe, collective=args.collective)
+                           probe=args.probe, collective=args.collective,
+                           degrades=degrades)
     finally:
         if owned:
             bed.down()
@@ -388,13 +477,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json_text({"cluster": cluster.name, "scale": bed.layout.scale,
                          "nranks": cluster.nranks, "left_out": left_out,
+                         "degraded": _degraded_text(report.degrades),
                          **report.to_dict()}, indent=1))
         return 1 if any(r.wrong for r in rows) else 0
     cal = report.calibration
     t = table("algorithm", "size", "steps", "measured (ms)", "predicted (ms)", "meas/pred",
               "calibrated (ms)", "meas/cal", "native (ms)", "native/measured", "#wrong",
               title=f"{cluster.name} {args.collective} at scale 1/{1 / bed.layout.scale:.4g}, "
-                    f"{args.transport}; native: {report.native_name or '-'}")
+                    f"{args.transport}; native: {report.native_name or '-'}"
+                    + (f"; degraded: {_degraded_text(report.degrades)}"
+                       if report.degrades else ""))
 
     def ms(x: float | None) -> str:
         return "-" if x is None else f"{x * 1e3:.0f}"
@@ -411,6 +503,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     out.print(t)
     for note in report.notes:
         out.print(f"note: {note}")
+    if report.degrades:
+        out.print("note: degraded links: plans and predictions are the cluster file's (they do "
+                  "not know of the fault); the network check used the degraded rates")
     if left_out:
         out.print(f"note: left out of the default algorithms: {', '.join(left_out)} (they "
                   f"plan only allreduce)")

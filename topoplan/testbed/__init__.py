@@ -109,7 +109,8 @@ class Testbed:
             layout = dataclasses.replace(layout, notes=(*layout.notes, (
                 "this kernel has no netem (CONFIG_NET_SCH_NETEM): link latencies are not "
                 "emulated, only bandwidths")))
-        return cls(layout, create(layout, state))
+        from .degrade import link_table
+        return cls(layout, create(layout, state, link_table(cluster)))
 
     @classmethod
     def attach(cls, state: str | Path) -> Testbed:
@@ -120,6 +121,17 @@ class Testbed:
             raise TestbedError(f"{state}: testbed is gone (namespaces {missing[:3]} missing); "
                                "run `topoplan testbed down` on it and build it again")
         return cls(layout, Path(state))
+
+    @property
+    def degrades(self) -> dict[str, float]:
+        """The links degraded now (link name -> factor), from the state file."""
+        from .degrade import state_degrades
+        return state_degrades(self.state)
+
+    def current_layout(self) -> Layout:
+        """The layout at the rates its degraded links have now: what the probe checks."""
+        from .degrade import current_layout
+        return current_layout(self.layout, self.state)
 
     def down(self) -> list[str]:
         """Remove everything (processes, namespaces, bridges, veths)."""

@@ -98,11 +98,15 @@ class BenchReport:
     collective: str = "allreduce"
     native_name: str | None = None  # the transport's own collective, as run
     notes: tuple[str, ...] = ()  # what was not run, and why (a missing native collective)
+    #: The links degraded during the run: ``link``, ``factor``, ``after`` (the delay asked
+    #: for, seconds after the network check) and ``applied_s`` (when it was applied; 0:
+    #: before the network check, ``None``: the run ended first).
+    degrades: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"transport": self.transport, "load": list(self.load),
                 "collective": self.collective, "native_name": self.native_name,
-                "notes": list(self.notes),
+                "notes": list(self.notes), "degrades": [dict(d) for d in self.degrades],
                 "calibration": None if self.calibration is None else self.calibration.to_dict(),
                 "probe": None if self.probe is None else self.probe.to_dict(),
                 "rows": [r.to_dict() for r in self.rows]}
@@ -297,7 +301,8 @@ def plan_algorithm(cluster: Cluster, spec: str, size: int, profile: Any = None,
 def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence[int], *,
           iters: int = 3, warmup: int = 1, timeout: float = 600.0,
           calibrate: bool = True, transport: str = "gloo", probe: bool = True,
-          progress: Any = None, collective: str = "allreduce") -> BenchReport:
+          progress: Any = None, collective: str = "allreduce",
+          degrades: Sequence[Any] = ()) -> BenchReport:
     """Plan, verify, simulate and run each algorithm at each size.
 
     ``collective`` is what runs: ``allreduce``, ``reduce_scatter`` or ``allgather``
@@ -318,21 +323,52 @@ def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence
     :data:`~topoplan.testbed.probe.TOLERANCE` raises :class:`TestbedError` instead of
     reporting numbers measured on it.
 
+    ``degrades`` (:class:`~topoplan.cluster.links.Degrade`) slow links of the testbed
+    down (:mod:`~topoplan.testbed.degrade`): those without a delay before the network
+    check, which then checks against the degraded rates; the others that many seconds
+    after it, from a timer in this process. Plans and predictions stay the cluster's as
+    given (a plan that does not know of the fault); :attr:`BenchReport.degrades` says
+    what was applied, and when.
+
     Raises
     ------
     TestbedError
-        The probe found a pair whose path or rate is not the model's.
+        The probe found a pair whose path or rate is not the model's, or a degrade could
+        not be applied.
     """
     from ..ir.collectives import get_collective
-    from ..ir.verify import verify
-    from .calibrate import calibration_cases, fit, predict
+    from .degrade import Timers, apply_degrades, state_degrades
     from .layout import emulated_cluster
     get_collective(collective)
     for size in sizes:
         check_case_size(size, bed.layout.nranks, collective)
     scaled = emulated_cluster(cluster, bed.layout)
     load_before = load_average()
+    if any(not d.after for d in degrades):
+        apply_degrades(bed.state, [d for d in degrades if not d.after])
+    faults = state_degrades(bed.state)
     report = check_network(bed, progress=progress) if probe else None
+    with Timers(bed.state, degrades) as timers:
+        rows, calibration, results_notes, native_name = _bench_runs(
+            bed, scaled, algorithms, sizes, iters=iters, warmup=warmup, timeout=timeout,
+            calibrate=calibrate, transport=transport, collective=collective)
+    timers.check()
+    applied = dict(timers.applied)
+    record = tuple({"link": link, "factor": factor, "after": 0.0, "applied_s": 0.0}
+                   for link, factor in faults.items())
+    record += tuple({"link": d.link, "factor": d.factor, "after": d.after,
+                     "applied_s": applied.get(d)} for d in timers.degrades)
+    return BenchReport(rows, calibration, transport, (load_before, load_average()), report,
+                       collective, native_name, results_notes, record)
+
+
+def _bench_runs(bed: Any, scaled: Cluster, algorithms: Sequence[str], sizes: Sequence[int], *,
+                iters: int, warmup: int, timeout: float, calibrate: bool, transport: str,
+                collective: str) -> tuple[list[BenchRow], Calibration | None,
+                                          tuple[str, ...], str | None]:
+    """Calibrate, plan, run: :func:`bench` after its network check."""
+    from ..ir.verify import verify
+    from .calibrate import calibration_cases, fit, predict
     calibration = None
     if calibrate:
         # A launch of its own first: the plans are then priced with what it measured.
@@ -392,8 +428,7 @@ def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence
                              nat, nat / measured if nat else None, r["wrong"],
                              tuple(r["times_s"]), cal, measured / cal if cal else None, steps,
                              collective))
-    return BenchReport(rows, calibration, transport, (load_before, load_average()), report,
-                       collective, native_name, notes)
+    return rows, calibration, notes, native_name
 
 
 #: The quick network check of :func:`bench`: seconds per transfer at the model's rate,

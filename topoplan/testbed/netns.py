@@ -316,11 +316,14 @@ def interrupts_raise() -> Iterator[None]:
             signal.signal(sig, previous)
 
 
-def write_state(layout: Layout, path: Path) -> None:
+def write_state(layout: Layout, path: Path, links: Sequence[dict] = ()) -> None:
+    """Write the state file: the layout, and the cluster's link table (``links``, what
+    :mod:`~topoplan.testbed.degrade` resolves link names against) with no link degraded."""
     path.parent.mkdir(parents=True, exist_ok=True)
     from .._util import atomic_write
     atomic_write(path, json.dumps({"format": "topoplan-testbed", "version": 1, "pid": os.getpid(),
-                                   "created": time.time(), "layout": layout.to_dict()}, indent=1))
+                                   "created": time.time(), "layout": layout.to_dict(),
+                                   "links": list(links), "degrades": {}}, indent=1))
 
 
 def load_state(path: str | Path) -> Layout:
@@ -338,8 +341,11 @@ def default_state_path(layout: Layout) -> Path:
     return state_dir() / f"{layout.prefix.rstrip('-')}.json"
 
 
-def create(layout: Layout, state: Path | None = None) -> Path:
+def create(layout: Layout, state: Path | None = None, links: Sequence[dict] = ()) -> Path:
     """Build ``layout``; on any error or interrupt remove what was built, then re-raise.
+
+    ``links`` is the cluster's link table for the state file
+    (:func:`topoplan.testbed.degrade.link_table`; without it links cannot be degraded).
 
     Returns
     -------
@@ -348,7 +354,7 @@ def create(layout: Layout, state: Path | None = None) -> Path:
     """
     state = state or default_state_path(layout)
     with interrupts_raise():
-        write_state(layout, state)
+        write_state(layout, state, links)
         try:
             if layout.bridges:
                 raise TestbedError("this state file holds a bridged layout of an older "

@@ -6,7 +6,8 @@ runs several at once and returns each one's rate while all of them were flowing,
 is what the simulator's max-min sharing predicts. :func:`check_pairs` is the testbed's
 self-test: every ordered pair alone, with the bytes each interface sent read from the
 kernel's counters (so the path the packets took is measured, not assumed) and the rate
-compared with the model's; then ``shift`` patterns where every rank sends at once.
+compared with the model's; then ``shift`` patterns where every rank sends at once. The
+model is the layout at the rates its degraded links have now (:func:`model_layout`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import numpy as np
 from .netns import TestbedError
 
 __all__ = ["measure", "measure_concurrent", "counters", "check_pairs", "predicted_rates",
-           "PairCheck", "ProbeReport", "PORT", "TOLERANCE"]
+           "model_layout", "PairCheck", "ProbeReport", "PORT", "TOLERANCE"]
 
 PORT = 5201
 #: How far a measured rate or a path's share of the bytes may be from the model.
@@ -131,6 +132,13 @@ class _Agents:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def model_layout(bed: Any) -> Any:
+    """The layout whose rates the testbed should deliver now: with the links degraded
+    on it (:meth:`Testbed.current_layout`, from its state file) at their factors."""
+    current = getattr(bed, "current_layout", None)
+    return current() if callable(current) else bed.layout
 
 
 def measure(bed: Any, src: int, dst: int, nbytes: int = 4 << 20, timeout: float = 60) -> float:
@@ -368,7 +376,7 @@ def check_pairs(bed: Any, pairs: Sequence[tuple[int, int]] | None = None, *,
     -------
     ProbeReport
     """
-    layout = bed.layout
+    layout = model_layout(bed)
     n = layout.nranks
     started = time.monotonic()
     if pairs is None:
