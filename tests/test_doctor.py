@@ -142,3 +142,27 @@ def test_cli_rank_mismatch_is_one_line():
     done = _cli(TWO_LEAF, DATA / "all_reduce_2x8_h100.txt")
     assert done.returncode == 1 and done.stderr.count("\n") == 1
     assert "has 16 ranks but cluster 'two-leaf-oversubscribed' has 64 GPUs" in done.stderr
+
+
+def test_a_testbed_log_with_a_slow_switch_link(tmp_path):
+    """The testbed's JSON (cluster, scale, nranks, each algorithm's rows): the ring that ran
+    is planned again on the scaled cluster and simulated on each hypothesis."""
+    from topoplan.commands.doctor import planned_predictor
+    path = ROOT / "topologies" / "targets" / "two_switch_4x2.yaml"
+    cluster = load_cluster(path)
+    scaled = cluster.scaled(0.01)
+    sizes = [1 << k for k in range(12, 26, 2)]
+    times = planned_predictor(scaled)(degraded(scaled, {"switch0-switch1": 0.25}), "ring",
+                                      "allreduce", sizes)
+    rnd = random.Random(0)
+    rows = [{"algorithm": "ring", "size": s, "measured_s": t * math.exp(rnd.gauss(0, 0.03)),
+             "predicted_s": None} for s, t in zip(sizes, times)]
+    rows += [{"algorithm": "native", "size": s, "measured_s": 1.0} for s in sizes]
+    log = tmp_path / "testbed.json"
+    log.write_text(json.dumps({"cluster": cluster.name, "scale": 0.01, "nranks": 8,
+                               "transport": "gloo", "collective": "allreduce",
+                               "calibration": None, "rows": rows}))
+    data = json.loads(_cli(path, log, "--json").stdout)
+    assert data["algorithm"] == "ring" and data["nranks"] == 8
+    assert data["best"][0]["label"] == "switch link switch0-switch1 at x0.25"
+    assert any("native rows" in note for note in data["notes"])
