@@ -19,7 +19,7 @@ import warnings
 from .errors import TopoplanError, TopoplanWarning
 
 COMMANDS = ("topo", "plan", "verify", "simulate", "bench", "calibrate", "show", "launch",
-            "testbed", "export", "import", "estimate")
+            "testbed", "export", "import", "estimate", "doctor")
 #: Commands whose module name differs from the command (``import`` is a keyword).
 _MODULES = {"import": "imports"}
 
