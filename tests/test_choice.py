@@ -123,19 +123,23 @@ def test_drift_starts_a_new_exploration_and_a_slow_candidate_is_pruned() -> None
             name = by_id[id(schedule)]
 
             def call(*args):
+                # slowdowns relative to the call's own time, so that a loaded machine
+                # (CI: 2 cores, two test workers, 4 threads) cannot hide them
+                start = time.perf_counter()
                 out = run(*args)
+                took = time.perf_counter() - start
                 if name == options[-1].algorithm:
-                    time.sleep(0.03)   # always slow: pruned after round 1
+                    time.sleep(3 * took + 0.03)   # always slow: pruned after round 1
                 elif slow["after"] is not None and name == slow["after"]:
-                    time.sleep(0.01)   # the chosen one turns slow
+                    time.sleep(2 * took + 0.01)   # the chosen one turns 3x slower
                 return out
             return call
 
         choice = MeasuredChoice(t, lambda n: (options, model_choice), executor,
                                 snapshot=snapshot, recheck_every=4, sample_every=1)
-        for call in range(40):
-            if call == 12:
-                slow["after"] = choice.chosen(1 << 16)
+        for _ in range(48):
+            if slow["after"] is None:
+                slow["after"] = choice.chosen(1 << 16)   # slow from the first call chosen
             x = np.full(1 << 14, 1.0 + t.rank, dtype=np.float32)
             choice.call(1 << 16, x)
             assert (x == 10).all()
