@@ -166,3 +166,38 @@ def test_a_testbed_log_with_a_slow_switch_link(tmp_path):
     assert data["algorithm"] == "ring" and data["nranks"] == 8
     assert data["best"][0]["label"] == "switch link switch0-switch1 at x0.25"
     assert any("native rows" in note for note in data["notes"])
+
+
+def test_several_curves_tell_apart_what_one_cannot(tmp_path):
+    """On doctor_6 a ring in rank order crosses every NIC and the uplink once each way:
+    a slow uplink and a slow NIC make the same ring curve. A second ring that crosses the
+    uplink four times tells them apart; the doctor fits every curve of the log at once."""
+    from topoplan.commands.doctor import planned_predictor
+    path = DATA / "doctor_6.yaml"
+    cluster = load_cluster(path)
+    predict = planned_predictor(cluster)
+    sizes = [1 << 22, 1 << 24]
+    slow = degraded(cluster, {"leaf0-leaf1": 0.5})
+    rows = [{"algorithm": algorithm, "size": s, "measured_s": t, "predicted_s": None}
+            for algorithm in ("ring", "ring:0,3,1,4,2,5")
+            for s, t in zip(sizes, predict(slow, algorithm, "allreduce", sizes))]
+    log = tmp_path / "testbed.json"
+    log.write_text(json.dumps({"cluster": cluster.name, "scale": 1.0, "nranks": 6,
+                               "transport": "gloo", "collective": "allreduce",
+                               "calibration": None, "rows": rows}))
+    one = json.loads(_cli(path, log, "--json", "--algorithm", "ring").stdout)
+    best = min(f["rms"] for f in one["all"])
+    tied = [f["label"] for f in one["all"] if f["rms"] < best + 1e-6]
+    assert "switch link leaf0-leaf1 at x0.5" in tied and "NIC b/nic0 at x0.5" in tied
+    both = json.loads(_cli(path, log, "--json").stdout)
+    assert both["algorithm"] == "ring + ring:0,3,1,4,2,5"
+    assert both["algorithms"] == ["ring", "ring:0,3,1,4,2,5"]
+    assert both["best"][0]["label"] == "switch link leaf0-leaf1 at x0.5"
+    assert both["best"][1]["score"] > both["best"][0]["score"] + 0.05
+    assert [(m["algorithm"], m["size"]) for m in both["measured"]] == \
+        [(a, s) for a in ("ring", "ring:0,3,1,4,2,5") for s in sizes]
+    assert any("2 curves fitted together" in n for n in both["notes"])
+    text = _cli(path, log, "--algorithm", "ring,ring:0,3,1,4,2,5").stdout
+    assert "ring:0,3,1,4,2,5" in text and "verdict: best explained by switch link" in text
+    missing = _cli(path, log, "--algorithm", "ring,mcf")
+    assert missing.returncode == 1 and "has no 'mcf' rows" in missing.stderr

@@ -41,9 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="nccl-tests' in-place or out-of-place columns, or per size the "
                              "faster (default best)")
     parser.add_argument("--algorithm", metavar="NAME",
-                        help="which curve of a log with several (topoplan bench and testbed "
-                             "logs: a planner's name, nccl, native); default nccl, else the "
-                             "first")
+                        help="which curves of a log with several (topoplan bench and testbed "
+                             "logs: a planner's name, ring:0,2,1,3, nccl; commas for several); "
+                             "default all that can be priced, fitted together")
     parser.add_argument("--scale", type=float, metavar="S",
                         help="testbed logs: the testbed's scale (printed by testbed up; new "
                              "logs carry it)")
@@ -55,10 +55,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=cmd_doctor)
 
 
-def planned_predictor(healthy: Cluster, profile: Any = None) -> Any:
+def planned_predictor(healthy: Cluster, profile: Any = None, plan_profile: Any = None) -> Any:
     """A :data:`~topoplan.analysis.doctor.fit.Predictor` for planned schedules: each
-    algorithm planned once per size on the ``healthy`` cluster (as it ran), then
-    simulated on each hypothesis's cluster (the same schedule on the changed links)."""
+    algorithm planned once per size on the ``healthy`` cluster (as it ran: with
+    ``plan_profile``, default ``profile``), then simulated with ``profile`` on each
+    hypothesis's cluster (the same schedule on the changed links)."""
+    plan_profile = profile if plan_profile is None else plan_profile
     from ..analysis.sim import simulate
     from ..analysis.sim.report import Yardsticks
     from ..testbed.bench import plan_algorithm
@@ -71,7 +73,7 @@ def planned_predictor(healthy: Cluster, profile: Any = None) -> Any:
         for size in sizes:
             key = (algorithm, collective, size)
             if key not in plans:
-                plans[key] = plan_algorithm(healthy, algorithm, size, profile, collective)
+                plans[key] = plan_algorithm(healthy, algorithm, size, plan_profile, collective)
             report = simulate(cluster, plans[key], size, profile=profile, force=True,
                               yardsticks=Yardsticks(size, collective, 0.0, None))
             out.append(report.time_s)
@@ -79,26 +81,29 @@ def planned_predictor(healthy: Cluster, profile: Any = None) -> Any:
     return predict
 
 
-def _testbed_cluster(cluster: Cluster, log: Any, scale: float | None) -> tuple[Cluster, Any,
-                                                                              list[str]]:
-    """The cluster a testbed log ran on (scaled), and its calibrated costs."""
+def _testbed_cluster(cluster: Cluster, log: Any, scale: float | None
+                     ) -> tuple[Cluster, Any, Any, list[str]]:
+    """The cluster a testbed log ran on (scaled), its calibrated costs, and the profile
+    its plans were made with (``testbed bench`` plans with the calibration's
+    ``planning_profile``: the pipeline depth that ran)."""
     scale = scale or log.scale
     if scale is None:
         raise TopoplanError(f"{log.path}: a testbed log without its scale; give --scale S "
                             "(testbed up prints it)")
     notes = [f"testbed at scale {scale:g}: the cluster's bandwidths x{scale:g}"]
-    profile = None
+    profile = plan_profile = None
     if log.calibration:
         from ..testbed.calibrate import Calibration
         fields = {k: log.calibration[k] for k in ("alpha_s", "reduce_bandwidth", "load",
                                                   "latency_alpha_s", "op_overhead_s")
                   if k in log.calibration}
         try:
-            profile = Calibration(**fields).profile
+            calibration = Calibration(**fields)
+            profile, plan_profile = calibration.profile, calibration.planning_profile
             notes.append("priced with the log's calibrated software costs")
         except TypeError:
             notes.append("the log's calibration is incomplete: priced without it")
-    return cluster.scaled(scale), profile, notes
+    return cluster.scaled(scale), profile, plan_profile, notes
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -108,22 +113,25 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     log = read_log(args.log, place=args.place, collective=args.collective)
     extra: list[str] = []
-    profile = None
+    profile = plan_profile = None
     if log.format == "testbed-bench":
         if log.cluster and log.cluster != cluster.name:
             extra.append(f"the log ran on {log.cluster!r}, the cluster file is "
                          f"{cluster.name!r}")
-        cluster, profile, notes = _testbed_cluster(cluster, log, args.scale)
+        cluster, profile, plan_profile, notes = _testbed_cluster(cluster, log, args.scale)
         extra += notes
-    predict = planned_predictor(cluster, profile)
+    predict = planned_predictor(cluster, profile, plan_profile)
     diagnosis = diagnose(log, cluster, algorithm=args.algorithm, predict=predict,
                          nranks=args.nranks)
     settings = current()
-    model = (f"the nccl row (NCCL {settings.version or DEFAULT_VERSION}"
-             + (f", NCCL_ALGO={settings.algo}" if settings.algo else "")
-             + (f", NCCL_PROTO={settings.proto}" if settings.proto else "") + ")"
-             if diagnosis.algorithm == "nccl" else
-             f"{diagnosis.algorithm} planned on the cluster and simulated")
+    curves = list(dict.fromkeys(p.algorithm for p in diagnosis.points))
+    planned = [name for name in curves if name != "nccl"]
+    model = " and ".join(
+        ([f"the nccl row (NCCL {settings.version or DEFAULT_VERSION}"
+          + (f", NCCL_ALGO={settings.algo}" if settings.algo else "")
+          + (f", NCCL_PROTO={settings.proto}" if settings.proto else "") + ")"]
+         if "nccl" in curves else [])
+        + ([f"{', '.join(planned)} planned on the cluster and simulated"] if planned else []))
     if args.json:
         print(json_text({"log": log.path, "format": log.format, "cluster": cluster.name,
                          "model": model, **diagnosis.to_dict(args.top),
@@ -146,19 +154,22 @@ def _size(size: int) -> str:
 def _print(d: Any, log: Any, cluster: Cluster, model: str, extra: list[str], top: int) -> None:
     out = console()
     out.print(f"{log.path}: {log.format}, {d.collective}, {d.nranks} ranks, "
-              f"{len(d.points)} sizes; on {cluster.name}, priced with {model}", soft_wrap=True, markup=False)
+              f"{len(d.points)} points; on {cluster.name}, priced with {model}", soft_wrap=True, markup=False)
     for note in extra + list(d.notes):
         out.print(f"note: {note}", markup=False)
     out.print(f"\nverdict: {d.verdict}\n", markup=False)
     best = list(d.fits[:top])
     width = output_width() or 100
-    columns = [Column("size", "right"), Column("measured\nbusbw"), Column("healthy\nbusbw"),
+    several = len({p.algorithm for p in d.points}) > 1
+    columns = [Column("algorithm")] if several else []
+    columns += [Column("size", "right"), Column("measured\nbusbw"), Column("healthy\nbusbw"),
                Column("measured/\nhealthy", drop=1)]
     columns += [Column(f"fit {i + 1}\nbusbw", drop=2 + i) for i in range(len(best))]
     rows = []
     for i, p in enumerate(d.points):
         healthy = d.busbw(p.size, d.healthy.expected_s[i])
-        rows.append([_size(p.size), _gbps(p.busbw or 0), _gbps(healthy),
+        rows.append(([p.algorithm] if several else [])
+                    + [_size(p.size), _gbps(p.busbw or 0), _gbps(healthy),
                      f"{(p.busbw or 0) / healthy:.2f}" if healthy else "-"]
                     + [_gbps(d.busbw(p.size, f.expected_s[i])) for f in best])
     table, left = fit_table(columns, rows, width, title="bus bandwidth (GB/s) per size")

@@ -28,10 +28,11 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..runtime.bench import load_average
 from ..cluster import Cluster
+from ..cluster.links import degraded
 from ..errors import ScheduleError, TopoplanError, TransportError
 from ..ir.schedule import Schedule
 from .calibrate import Calibration
@@ -326,8 +327,9 @@ def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence
     ``degrades`` (:class:`~topoplan.cluster.links.Degrade`) slow links of the testbed
     down (:mod:`~topoplan.testbed.degrade`): those without a delay before the network
     check, which then checks against the degraded rates; the others that many seconds
-    after it, from a timer in this process. Plans and predictions stay the cluster's as
-    given (a plan that does not know of the fault); :attr:`BenchReport.degrades` says
+    after it, from a timer in this process. The calibration is fitted on the cluster
+    with the faults of the start (its software costs do not absorb them). Plans and
+    predictions stay the cluster's as given (a plan that does not know of the fault); :attr:`BenchReport.degrades` says
     what was applied, and when.
 
     Raises
@@ -351,7 +353,7 @@ def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence
     with Timers(bed.state, degrades) as timers:
         rows, calibration, results_notes, native_name = _bench_runs(
             bed, scaled, algorithms, sizes, iters=iters, warmup=warmup, timeout=timeout,
-            calibrate=calibrate, transport=transport, collective=collective)
+            calibrate=calibrate, transport=transport, collective=collective, faults=faults)
     timers.check()
     applied = dict(timers.applied)
     record = tuple({"link": link, "factor": factor, "after": 0.0, "applied_s": 0.0}
@@ -364,15 +366,19 @@ def bench(bed: Any, cluster: Cluster, algorithms: Sequence[str], sizes: Sequence
 
 def _bench_runs(bed: Any, scaled: Cluster, algorithms: Sequence[str], sizes: Sequence[int], *,
                 iters: int, warmup: int, timeout: float, calibrate: bool, transport: str,
-                collective: str) -> tuple[list[BenchRow], Calibration | None,
-                                          tuple[str, ...], str | None]:
-    """Calibrate, plan, run: :func:`bench` after its network check."""
+                collective: str, faults: Mapping[str, float] | None = None
+                ) -> tuple[list[BenchRow], Calibration | None, tuple[str, ...], str | None]:
+    """Calibrate, plan, run: :func:`bench` after its network check. ``faults`` (link ->
+    factor) are the degrades in place from the start: the calibration runs are planned
+    and fitted on the cluster with them, so that the software costs it finds do not absorb a slow
+    link (the plans and predictions stay the healthy cluster's)."""
     from ..ir.verify import verify
     from .calibrate import calibration_cases, fit, predict
     calibration = None
     if calibrate:
         # A launch of its own first: the plans are then priced with what it measured.
-        cal_cases = calibration_cases(scaled)
+        actual = degraded(scaled, faults) if faults else scaled
+        cal_cases = calibration_cases(actual)
         results = run_cases(bed, [Case(label, size, kind=kind, schedule=schedule, warmup=2,
                                        iters=5) for label, size, kind, schedule in cal_cases],
                             timeout=timeout, transport=transport)
@@ -381,7 +387,7 @@ def _bench_runs(bed: Any, scaled: Cluster, algorithms: Sequence[str], sizes: Seq
             raise TransportError(f"calibration run {bad[0]['label']} computed "
                                  f"{bad[0]['wrong']} wrong elements")
         times = {r["label"]: statistics.median(r["times_s"]) for r in results}
-        calibration = fit(scaled, cal_cases, times)
+        calibration = fit(actual, cal_cases, times)
     profile = None if calibration is None else calibration.planning_profile
     cases: list[Case] = []
     schedules: dict[tuple[str, int], Schedule] = {}

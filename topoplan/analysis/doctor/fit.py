@@ -66,20 +66,22 @@ class Fit:
     explains: str
     check: str
 
-    def to_dict(self, sizes: Sequence[int], busbw: Callable[[int, float], float]
+    def to_dict(self, points: Sequence[Point], busbw: Callable[[int, float], float]
                 ) -> dict[str, Any]:
         return {"kind": self.kind, "label": self.label, "parameter": self.parameter,
                 "value": self.value, "score": self.score, "rms": self.rms,
                 "stands_for": self.stands_for, "explains": self.explains,
                 "check": self.check, "meaning": KINDS[self.kind][0],
-                "expected": [{"size": s, "time_us": t * 1e6, "busbw_GBps": busbw(s, t) / 1e9}
-                             for s, t in zip(sizes, self.expected_s)]}
+                "expected": [{"algorithm": p.algorithm, "size": p.size, "time_us": t * 1e6,
+                              "busbw_GBps": busbw(p.size, t) / 1e9}
+                             for p, t in zip(points, self.expected_s)]}
 
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """What :func:`diagnose` found for one algorithm's curve: the measured points, the
-    healthy fit, every fit best first, and the verdict in one sentence."""
+    """What :func:`diagnose` found for the curves it fitted (``algorithm``: their names
+    joined by `` + ``): the measured points (curve by curve, each smallest size first),
+    the healthy fit, every fit best first, and the verdict in one sentence."""
 
     algorithm: str
     collective: str
@@ -101,11 +103,14 @@ class Diagnosis:
     def to_dict(self, top: int = 3) -> dict[str, Any]:
         return {"algorithm": self.algorithm, "collective": self.collective,
                 "nranks": self.nranks, "verdict": self.verdict, "notes": list(self.notes),
-                "measured": [{"size": p.size, "time_us": p.time_s * 1e6,
+                "algorithms": sorted({p.algorithm for p in self.points},
+                                     key=[p.algorithm for p in self.points].index),
+                "measured": [{"algorithm": p.algorithm, "size": p.size,
+                              "time_us": p.time_s * 1e6,
                               "busbw_GBps": (p.busbw or 0) / 1e9, "line": p.line}
                              for p in self.points if p.time_s],
-                "healthy": self.healthy.to_dict(self.sizes, self.busbw),
-                "best": [f.to_dict(self.sizes, self.busbw) for f in self.fits[:top]],
+                "healthy": self.healthy.to_dict(self.points, self.busbw),
+                "best": [f.to_dict(self.points, self.busbw) for f in self.fits[:top]],
                 "all": [{"kind": f.kind, "label": f.label, "score": f.score, "rms": f.rms}
                         for f in self.fits]}
 
@@ -158,8 +163,11 @@ def diagnose(log: BenchLog, cluster: Cluster, *, algorithm: str | None = None,
     cluster : Cluster
         The cluster as it should be: every hypothesis is a change of it.
     algorithm : str, optional
-        Which of the log's curves (default: the first that can be priced, ``nccl``
-        first).
+        Which of the log's curves: one name, several joined by commas, or ``all``
+        (default: every curve that can be priced). Several curves are fitted together:
+        each hypothesis is one cluster that must explain every curve at once, so a log
+        of plans that load the links differently (a ring in two orders, a hierarchical
+        plan) tells apart faults that one curve cannot.
     predict : Predictor, optional
         Prices an algorithm other than ``nccl`` (a planned schedule); ``nccl`` is
         priced with :func:`nccl_predictor` always.
@@ -192,20 +200,17 @@ def diagnose(log: BenchLog, cluster: Cluster, *, algorithm: str | None = None,
     if stated is None:
         notes.append(f"the log states no rank count: the cluster's {cluster.nranks} assumed")
     log = log.with_ranks(cluster.nranks)
-    names = [a for a in log.algorithms if a != "native"]
-    if algorithm is None:
-        priced = [a for a in names if a == "nccl" or predict is not None]
-        if not priced:
-            raise DoctorError(f"{log.path}: no curve topoplan can price ({', '.join(names) or 'only native rows'})")
-        algorithm = "nccl" if "nccl" in priced else priced[0]
-    if algorithm not in log.algorithms:
-        raise DoctorError(f"{log.path} has no {algorithm!r} rows; it has "
-                          f"{', '.join(log.algorithms)}")
-    if algorithm != "nccl" and predict is None:
-        raise DoctorError(f"{algorithm!r}: a planned schedule needs a predictor (the planners "
-                          "re-plan it); only 'nccl' is priced here")
-    price: Predictor = nccl_predictor if algorithm == "nccl" or predict is None else predict
-    points = log.curve(algorithm)
+    chosen = _curves(log, algorithm, predict)
+    if len(chosen) > 1:
+        notes.append(f"{len(chosen)} curves fitted together ({', '.join(chosen)}): each "
+                     "hypothesis explains all of them at once")
+
+    def price(changed: Cluster, name: str, sizes: Sequence[int]) -> list[float]:
+        priced: Predictor = nccl_predictor if name == "nccl" or predict is None else predict
+        return [float(t) for t in priced(changed, name, log.collective, sizes)]
+
+    curves = [(name, log.curve(name)) for name in chosen]
+    points = tuple(p for _, curve in curves for p in curve)
     sizes = [p.size for p in points]
     measured = [p.time_s or 0.0 for p in points]
     healthy_s: list[float] | None = None
@@ -213,8 +218,9 @@ def diagnose(log: BenchLog, cluster: Cluster, *, algorithm: str | None = None,
     for hyp in hypotheses(cluster):
         tried = []
         for value in hyp.values:
-            expected = [float(t) for t in price(hyp.build(value), algorithm, log.collective,
-                                                sizes)]
+            changed = hyp.build(value)
+            expected = [t for name, curve in curves
+                        for t in price(changed, name, [p.size for p in curve])]
             tried.append((_rms(measured, expected), value, expected))
         rms, value, expected = min(tried, key=lambda t: t[0])
         if healthy_s is None:  # the first hypothesis is the healthy cluster
@@ -243,5 +249,41 @@ def diagnose(log: BenchLog, cluster: Cluster, *, algorithm: str | None = None,
             verdict += ("; no hypothesis fits within noise: the fault may be another, or "
                         "the model off for this machine")
     notes.append(f"measured against healthy: {measured_bands}")
-    return Diagnosis(algorithm, log.collective, cluster.nranks, points, healthy,
+    return Diagnosis(" + ".join(chosen), log.collective, cluster.nranks, points, healthy,
                      tuple(ranked), verdict, tuple(notes))
+
+
+def _curves(log: BenchLog, algorithm: str | None, predict: Predictor | None) -> list[str]:
+    """The curves of ``log`` that :func:`diagnose` fits: ``algorithm`` (a name, names
+    joined by commas, ``all`` or None: every curve that can be priced)."""
+    names = [a for a in log.algorithms if a != "native"]
+    if algorithm is None or algorithm == "all":
+        chosen = [a for a in names if a == "nccl" or predict is not None]
+        if not chosen:
+            raise DoctorError(f"{log.path}: no curve topoplan can price "
+                              f"({', '.join(names) or 'only native rows'})")
+        return chosen
+    chosen = _split(algorithm, log.algorithms)
+    for name in chosen:
+        if name not in log.algorithms:
+            raise DoctorError(f"{log.path} has no {name!r} rows; it has "
+                              f"{', '.join(log.algorithms)}")
+        if name != "nccl" and predict is None:
+            raise DoctorError(f"{name!r}: a planned schedule needs a predictor (the planners "
+                              "re-plan it); only 'nccl' is priced here")
+    return chosen
+
+
+def _split(algorithm: str, known: Sequence[str]) -> list[str]:
+    """``"ring,ring:0,2,1,3,mcf"`` -> ``["ring", "ring:0,2,1,3", "mcf"]``: a ring order's
+    commas belong to it (the names of ``known`` are taken whole where they match)."""
+    if algorithm in known:
+        return [algorithm]
+    out: list[str] = []
+    for part in algorithm.split(","):
+        part = part.strip()
+        if out and part.isdigit() and out[-1].startswith("ring:"):
+            out[-1] += "," + part
+        elif part:
+            out.append(part)
+    return out
