@@ -441,7 +441,10 @@ def mcf_core(request: PlanRequest, *, chunks: int | None = None, exact: bool | N
     if len(close) > 1 and sum(c.nops for c in close) <= SIM_OPS:
         from ...analysis.sim import simulate
         timed = []
-        for c in close:
+        # Ties go to the earlier candidate in ``close`` (the better estimate, then the
+        # order they were built in), never to anything that differs between processes:
+        # every rank that plans for itself must pick the same schedule.
+        for k, c in enumerate(close):
             sched = schedule if c is pick else c.make()
             cut = channelize(sched, c.channels, channel_skew)
             if vectored:
@@ -449,8 +452,8 @@ def mcf_core(request: PlanRequest, *, chunks: int | None = None, exact: bool | N
             # on the cluster as written, measured against the request's yardsticks
             yardsticks = request.yardsticks if request.machine is None else None
             timed.append((simulate(request.cluster, cut, size, profile=costs,
-                                   yardsticks=yardsticks).time_s, c.nops, id(c), c, sched))
-        _, _, _, pick, schedule = min(timed)
+                                   yardsticks=yardsticks).time_s, c.nops, k, c, sched))
+        _, _, _, pick, schedule = min(timed, key=lambda t: t[:3])
         pick.info["simulated_s"] = {c.name: t for t, _, _, c, _ in timed}
     if max_step_ops is not None or max_chunks is not None:  # trees: checked once built
         check_caps(schedule, per_channel(max_step_ops, pick.channels),
