@@ -248,11 +248,13 @@ def test_cli_delayed_degrade_changes_the_rate_later_and_dies_with_the_testbed(st
 def test_cli_bench_checks_the_degraded_network_and_plans_on_the_file(state_dir):
     """A switch link at 0.25 from the start: the network check passes (it checks the
     degraded rates), the ring is planned and predicted on the healthy file, so it
-    measures about 4x its prediction; a NIC fault half a second after the check is
-    applied by the front-end's timer during the runs; the JSON says both."""
+    measures about 4x its prediction, with the calibrated software costs too (they are
+    fitted on the degraded network: they must not absorb the fault); a NIC fault
+    seconds after the check is applied by the front-end's timer during the runs; the
+    JSON says both."""
     proc = _cli("bench", str(DDL), "--degrade", "switch0-switch1=0.25", "--degrade",
                 "A/nic0=0.5@0.5", "--algorithms", "ring", "--sizes", "1MiB", "--iters", "1",
-                "--warmup", "0", "--no-calibrate", "--json", timeout=180)
+                "--warmup", "0", "--json", timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     assert report["probe"]["ok"]
@@ -264,6 +266,7 @@ def test_cli_bench_checks_the_degraded_network_and_plans_on_the_file(state_dir):
     assert re.fullmatch(r"switch0-switch1 x0.25, A/nic0 x0.5 at \d+\.\d s", report["degraded"])
     ring = report["rows"][0]
     assert ring["wrong"] == 0 and 3 < ring["ratio"] < 5, ring
+    assert 2.5 < ring["calibrated_ratio"] < 5, (ring, report["calibration"])
 
 
 @needs_netns
