@@ -400,3 +400,43 @@ def test_a_failed_planned_step_is_a_dist_backend_error_naming_rank_step_and_peer
         kind, is_backend_error, message = seen
         assert is_backend_error, (r, kind, message)
         assert f"rank {r}" in message and "step" in message and "peer" in message, message
+
+
+# -- under torchrun, started by topoplan launch ----------------------------------------------
+TORCHRUN_JOB = """
+import torch
+import torch.distributed as dist
+import topoplan.torch  # noqa: F401
+
+dist.init_process_group("topoplan")
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+model(torch.ones(3, 4)).sum().backward()
+t = torch.full((5,), float(dist.get_rank() + 1))
+dist.all_reduce(t)
+pg = dist.group.WORLD
+print(f"rank {dist.get_rank()}/{dist.get_world_size()} {dist.get_backend()} "
+      f"{pg.cluster.name} sum {t.tolist()} planned {pg.allreduce_planned.stats.calls}")
+dist.destroy_process_group()
+"""
+
+
+def test_a_job_under_torchrun_changes_two_lines(tmp_path):
+    job = tmp_path / "job.py"
+    job.write_text(TORCHRUN_JOB)
+    cluster = tmp_path / "two.yaml"
+    cluster.write_text(textwrap.dedent("""\
+        name: two
+        switches: [sw]
+        boxes:
+          - {name: "b{i}", count: 2, gpus: 1, nics: [{switch: sw, bandwidth: 1 GB/s, latency: 1 us}]}
+        """))
+    env = {**os.environ, "TOPOPLAN_CLUSTER": str(cluster), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([sys.executable, "-m", "topoplan", "launch", "-n", "2", "--transport",
+                           "torch", "--timeout", "120", "--", "python", str(job)],
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in range(2):
+        assert (f"rank {rank}/2 topoplan two sum [3.0, 3.0, 3.0, 3.0, 3.0] planned"
+                in done.stdout), done.stdout
