@@ -38,7 +38,8 @@ def topology() -> Callable[[str], Cluster]:
 #: once for the module, 3-25 s each): under pytest-xdist a module split over two workers
 #: would start them on both. ``xdist_group`` marks would say this, but ``--dist loadgroup``
 #: ignores them on pytest 9.2 (pytest-xdist issue #1386), hence the scheduler below.
-ONE_WORKER = frozenset({"test_torch_fsdp.py", "test_torch_distributed.py"})
+ONE_WORKER = frozenset({"test_torch_fsdp.py", "test_torch_distributed.py",
+                        "test_torch_backend.py"})
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -11,6 +11,9 @@
 - :class:`PlannedCollectives`: planned ``reduce_scatter_tensor`` / ``all_gather_into_tensor``
   with torch's signatures on a process group (FSDP, ZeRO); :func:`register_fsdp` plugs
   them into FSDP2's ``fully_shard``.
+- The ``topoplan`` torch.distributed backend (:mod:`~topoplan.torch.backend`), registered
+  on import: ``dist.init_process_group("topoplan")`` plans DDP's, FSDP2's and plain
+  ``dist`` collectives with no other change; :class:`TopoplanOptions` are its options.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ try:
 except ImportError:  # pragma: no cover - depends on the environment
     raise ImportError("topoplan.torch needs PyTorch: pip install 'topoplan[torch]'") from None
 
+from .backend import TopoplanOptions, TopoplanProcessGroup, TopoplanWork, register_backend
 from .compression import Compression, Compressor, FP16Compressor, NoneCompressor
 from .hooks import (TopoplanHookState, allreduce_hook, fp16_compress_hook, register,
                     register_hook)
@@ -33,4 +37,7 @@ __all__ = ["Compression", "Compressor", "FP16Compressor", "NoneCompressor", "Top
            "allreduce_hook", "fp16_compress_hook", "register_hook", "register",
            "DistributedOptimizer", "broadcast_parameters", "AllreduceStats", "PlannedAllreduce",
            "mpi_native_allreduce", "torch_native_allreduce", "PlannedCollectives", "PlannedWork",
-           "FSDPAllGather", "FSDPReduceScatter", "register_fsdp"]
+           "FSDPAllGather", "FSDPReduceScatter", "register_fsdp", "TopoplanOptions",
+           "TopoplanProcessGroup", "TopoplanWork", "register_backend"]
+
+register_backend()

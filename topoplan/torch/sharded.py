@@ -128,6 +128,12 @@ class PlannedCollectives:
         For ``auto``: time the model's best candidates and the native collective on the
         first calls of each size class and keep the fastest (``measured``, the default
         unless ``TOPOPLAN_AUTO=model``), or take the model's choice.
+    transport : Transport, optional
+        Run every call on this transport (its ranks are the group's) instead of a
+        :class:`~topoplan.runtime.transports.Torch` transport over ``group``; it must have
+        ``share(obj) -> rank 0's obj``. The ``topoplan`` backend passes its inner
+        backend's (:class:`~topoplan.runtime.transports.c10d.C10d`); torch.distributed
+        need not be initialised then.
 
     Raises
     ------
@@ -148,8 +154,9 @@ class PlannedCollectives:
     def __init__(self, cluster: Any, *, algorithm: str = "auto", group: Any = None,
                  share: bool = True, timeout: float = 60.0,
                  accumulate_fp32: bool = False, profile: Any = None,
-                 mode: str | None = None) -> None:
-        if not dist.is_available() or not dist.is_initialized():
+                 mode: str | None = None, transport: Any = None) -> None:
+        self._fixed = transport
+        if transport is None and (not dist.is_available() or not dist.is_initialized()):
             raise TopoplanError("PlannedCollectives needs torch.distributed initialised: "
                                 "call dist.init_process_group('gloo') first")
         if cluster is None or not hasattr(cluster, "nranks"):
@@ -170,16 +177,18 @@ class PlannedCollectives:
         # auto: (group, collective, dtype) -> its MeasuredChoice
         self.choices: dict[tuple[int, str, torch.dtype], Any] = {}
         self._inflight: list[Any] = []
-        self._check_group(self._group(None))
+        self._check_group(None if transport is not None else self._group(None))
 
     # -- groups, plans, executors ---------------------------------------------------
     def _group(self, group: Any) -> Any:
+        if self._fixed is not None:
+            return None    # one transport: its calls ignore ``group``
         if group is not None:
             return group
         return self.group if self.group is not None else dist.group.WORLD
 
     def _check_group(self, group: Any) -> int:
-        size = dist.get_world_size(group)
+        size = self._fixed.size if self._fixed is not None else dist.get_world_size(group)
         if size != self.nranks:
             raise TopoplanError(
                 f"cluster {getattr(self.cluster, 'name', '?')!r} has {self.nranks} ranks but "
@@ -187,6 +196,8 @@ class PlannedCollectives:
         return size
 
     def _transport(self, group: Any) -> Any:
+        if self._fixed is not None:
+            return self._fixed
         entry = self._transports.get(id(group))
         if entry is None:
             self._check_group(group)
@@ -196,6 +207,8 @@ class PlannedCollectives:
         return entry[1]
 
     def _share(self, group: Any, obj: Any) -> Any:
+        if self._fixed is not None:
+            return self._fixed.share(obj)
         holder = [obj]
         dist.broadcast_object_list(holder, src=dist.get_global_rank(group, 0), group=group)
         return holder[0]
@@ -427,8 +440,10 @@ class PlannedCollectives:
             return PlannedWork(None, output) if async_op else None
         device = self._transport(group).device
         if output.device.type != device.type:
+            backend = (self._fixed.name if self._fixed is not None
+                       else dist.get_backend(group))
             raise TopoplanError(f"{_ALL[collective]}: the process group's backend "
-                                f"({dist.get_backend(group)}) moves {device.type} tensors, "
+                                f"({backend}) moves {device.type} tensors, "
                                 f"got {output.device.type} ones")
         if self.algorithm == "auto":
             choice = self.choice_for(collective, full.dtype, group)
