@@ -14,30 +14,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 from topoplan.analysis.cost import get_profile  # noqa: E402
 from topoplan.cluster import load_cluster, loads_cluster  # noqa: E402
 from topoplan.cluster.links import degraded  # noqa: E402
 from topoplan.runtime.choice import model_options  # noqa: E402
 
-CUBE = """
-name: cube-mesh-4
-boxes:
-  - name: dgx1
-    gpus: 4
-    gpu_links:
-      - {a: 0, b: 1, bandwidth: 25 GB/s, latency: 1 us}
-      - {a: 0, b: 2, bandwidth: 25 GB/s, latency: 1 us}
-      - {a: 0, b: 3, bandwidth: 25 GB/s, latency: 1 us, count: 2}
-      - {a: 1, b: 2, bandwidth: 25 GB/s, latency: 1 us, count: 2}
-      - {a: 1, b: 3, bandwidth: 25 GB/s, latency: 1 us}
-      - {a: 2, b: 3, bandwidth: 25 GB/s, latency: 1 us, count: 2}
-"""
+from bench_online import CUTS  # noqa: E402  (the testbed's 4-GPU NVLink mesh)
+
 TIMING = re.compile(r'"\w+_s": [-+0-9.eE]+')
 
 
 def main() -> None:
-    cube = loads_cluster(CUBE, "cube.yaml")
+    cube = loads_cluster(CUTS["cube"], "cube.yaml")
     crossed = load_cluster(ROOT / "topologies" / "targets" / "ddl_two_switch_crossed.yaml")
     doctor = load_cluster(ROOT / "tests" / "data" / "doctor" / "doctor_6.yaml")
     settings = [(cube, {}), (cube, {"dgx1/gpu0-gpu1": 0.25}), (crossed, {}),

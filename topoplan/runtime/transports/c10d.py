@@ -23,12 +23,11 @@ receives from one peer cannot deadlock.
 
 from __future__ import annotations
 
-import datetime
 import pickle
 from typing import Any, Sequence
 
-from .base import Collective, Deadline, Group, Message, NativeWork, NoNative, PeerFailure
-from .torch import Torch, _first_line, _timed_out, _torch
+from .base import Collective, Group, Message, NativeWork, NoNative, PeerFailure
+from .torch import Torch, _WorksNative, _first_line, _torch
 
 __all__ = ["C10d"]
 
@@ -47,7 +46,7 @@ class _Whole:
         self.inner = backend
 
 
-class _BackendNative(NativeWork):
+class _BackendNative(_WorksNative):
     """A native step over every rank, on the inner backend's own collective."""
 
     def __init__(self, transport: C10d, op: Collective) -> None:
@@ -91,23 +90,6 @@ class _BackendNative(NativeWork):
         except RuntimeError as exc:
             raise PeerFailure(0, _first_line(exc)) from None
 
-    def test(self) -> bool:
-        return all(work.is_completed() for work in self.works)
-
-    def wait(self, timeout: float) -> bool:
-        deadline = Deadline(timeout)
-        for work in self.works:
-            try:
-                work.wait(datetime.timedelta(seconds=max(deadline.left(), 1e-3)))
-            except RuntimeError as exc:
-                if _timed_out(exc):
-                    return False
-                raise PeerFailure(0, _first_line(exc)) from None
-        return True
-
-    def finish(self) -> None:
-        for dst, src in self.copy_out:
-            dst.copy_(src)
 
 
 class C10d(Torch):

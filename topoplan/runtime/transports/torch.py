@@ -82,7 +82,34 @@ class _Group:
         return self.rank_of == tuple(range(len(self.rank_of)))
 
 
-class _TorchNative(NativeWork):
+class _WorksNative(NativeWork):
+    """A native step whose calls are c10d works (``self.works``), with results copied
+    out of scratch tensors (``self.copy_out``) once they completed."""
+
+    works: list[Any]
+    copy_out: list[tuple[Any, Any]]
+
+    def test(self) -> bool:
+        return all(work.is_completed() for work in self.works)
+
+    def wait(self, timeout: float) -> bool:
+        deadline = Deadline(timeout)
+        for work in self.works:
+            try:
+                # timedelta(0) would mean "the group's default": never pass it.
+                work.wait(datetime.timedelta(seconds=max(deadline.left(), 1e-3)))
+            except RuntimeError as exc:
+                if _timed_out(exc):
+                    return False
+                raise PeerFailure(0, _first_line(exc)) from None
+        return True
+
+    def finish(self) -> None:
+        for dst, src in self.copy_out:
+            dst.copy_(src)
+
+
+class _TorchNative(_WorksNative):
     """A native step over a process group: one or two async collectives per call."""
 
     def __init__(self, transport: Torch, op: Collective, group: _Group) -> None:
@@ -199,24 +226,6 @@ class _TorchNative(NativeWork):
                 return
             raise PeerFailure(0, _first_line(exc)) from None
 
-    def test(self) -> bool:
-        return all(work.is_completed() for work in self.works)
-
-    def wait(self, timeout: float) -> bool:
-        deadline = Deadline(timeout)
-        for work in self.works:
-            try:
-                # timedelta(0) would mean "the group's default": never pass it.
-                work.wait(datetime.timedelta(seconds=max(deadline.left(), 1e-3)))
-            except RuntimeError as exc:
-                if _timed_out(exc):
-                    return False
-                raise PeerFailure(0, _first_line(exc)) from None
-        return True
-
-    def finish(self) -> None:
-        for dst, src in self.copy_out:
-            dst.copy_(src)
 
     def abort(self) -> None:
         # A collective cannot be taken back: the members are out of step on this group.
