@@ -183,7 +183,7 @@ def test_a_failing_candidate_is_dropped_and_every_result_is_exact() -> None:
 def test_exploring_results_are_bit_identical_across_ranks() -> None:
     records, _ = _mpi("exact")
     for r in records.values():
-        assert r["calls"] == 40 and r["mismatched"] == 0, r
+        assert r["calls"] == 80 and r["mismatched"] == 0, r
         assert r["max_error"] < 1e-4, r
         assert len(r["decisions"]) == 2 and all(d["exploration_calls"] > 0
                                                 for d in r["decisions"])
