@@ -185,8 +185,9 @@ def test_exploring_results_are_bit_identical_across_ranks() -> None:
     for r in records.values():
         assert r["calls"] == 80 and r["mismatched"] == 0, r
         assert r["max_error"] < 1e-4, r
-        assert len(r["decisions"]) == 2 and all(d["exploration_calls"] > 0
-                                                for d in r["decisions"])
+        # each size class decided (40 calls a size: a drift may re-explore one again)
+        assert len({d["size_class"] for d in r["decisions"]}) == 2
+        assert all(d["exploration_calls"] > 0 for d in r["decisions"])
 
 
 @pytest.mark.mpi
