@@ -141,7 +141,10 @@ def worker(args: argparse.Namespace) -> None:
                   "median_ms": 1e3 * statistics.median(times[(mode, backend)]),
                   "accuracy": accuracy, "steps": step_of[(mode, backend)]}
         records.append(record)
-    records.append({"setting": args.setting, "chosen": _chosen(pg)})
+    records.append({"setting": args.setting, "chosen": _chosen(pg)
+                    + [{"collective": None, "class": None, "chosen": None,
+                        "line": f"native collectives started on the caller's thread: "
+                                f"{pg.direct_calls}"}]})
     if rank == 0:
         for record in records:
             print(TAG + json.dumps(record), flush=True)
@@ -158,6 +161,12 @@ def _chosen(pg) -> list[dict]:
     if pg.collectives is not None:
         choices += [(key[1], choice) for key, choice in pg.collectives.choices.items()]
     for what, choice in choices:
+        health = choice.health
+        out.append({"collective": what, "class": None, "chosen": None,
+                    "line": f"{what}: {choice.calls} calls, {len(choice.history)} decisions"
+                            + (f", {health.fits} link-health fits, "
+                               f"{len(health.history)} changes" if health is not None
+                               else ", link health off")})
         for k, decision in sorted(choice.decisions.items()):
             record = decision.to_dict()
             out.append({"collective": what, "class": k, "chosen": record.get("chosen"),

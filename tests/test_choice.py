@@ -18,7 +18,7 @@ from topoplan.cluster import load_cluster
 from topoplan.errors import TopoplanError
 from topoplan.runtime.choice import (NATIVE, MeasuredChoice, Option, auto_mode, class_range,
                                      explore_budget, model_options, priced_elsewhere,
-                                     size_class, snapshot)
+                                     size_class, snapshot, TIE)
 from topoplan.runtime.executor import Allreduce
 from topoplan.runtime.transports.local import Local
 
@@ -155,6 +155,74 @@ def test_drift_starts_a_new_exploration_and_a_slow_candidate_is_pruned() -> None
     assert history[1][0] != slowed
 
 
+def _clocked(t, costs):
+    """A MeasuredChoice over threads whose clock moves by each candidate's cost (seconds
+    by algorithm) per call, not by the machine's load: its decisions are exact."""
+    options, model_choice = _options(1 << 16)
+    now = [0.0]
+    by_id = {id(o.schedule): o.algorithm for o in options}
+
+    def executor(schedule):
+        run = Allreduce(schedule, t)
+        name = by_id[id(schedule)]
+
+        def call(*args):
+            out = run(*args)
+            now[0] += costs.get(name, 1.0)
+            return out
+        return call
+
+    choice = MeasuredChoice(t, lambda n: (options, model_choice), executor,
+                            snapshot=snapshot, clock=lambda: now[0], recheck_every=4,
+                            sample_every=2)
+    return choice, [o.algorithm for o in options]
+
+
+@pytest.mark.parametrize("native_cost, wins", [(1.02, True), (1.05, False)])
+def test_the_native_collective_wins_a_tie(native_cost, wins) -> None:
+    """Within TIE (3%) of the fastest plan, the native collective is chosen (as fast,
+    and the cheapest for the host); 5% slower, the plan is."""
+    def job(t):
+        names = [o.algorithm for o in _options(1 << 16)[0]]
+        plan = next(n for n in names if n != NATIVE)
+        choice, _ = _clocked(t, {NATIVE: native_cost, plan: 1.0,
+                                 **{n: 2.5 for n in names if n not in (NATIVE, plan)}})
+        while choice.exploring(1 << 16):
+            x = np.full(1 << 14, 1.0 + t.rank, dtype=np.float32)
+            choice.call(1 << 16, x)
+            assert (x == 10).all()
+        return choice.chosen(1 << 16), plan
+
+    for chosen, plan in Local.launch(4, job):
+        assert chosen == (NATIVE if wins else plan)
+
+
+def test_a_claimed_call_runs_the_native_collective_and_counts_alike() -> None:
+    """Once native is chosen, the calls that are neither timed nor checked are claimed
+    (the caller runs the library's allreduce itself), on every rank the same calls; the
+    timed ones still run through the choice; every result is exact."""
+    def job(t):
+        names = [o.algorithm for o in _options(1 << 16)[0]]
+        choice, _ = _clocked(t, {n: (1.0 if n == NATIVE else 2.5) for n in names})
+        claimed = []
+        for i in range(40):
+            x = np.full(1 << 14, 1.0 + t.rank, dtype=np.float32)
+            if choice.claim_native(1 << 16):
+                claimed.append(i)
+                t.native_allreduce(x)
+            else:
+                choice.call(1 << 16, x)
+            assert (x == 10).all()
+        return choice.chosen(1 << 16), claimed, choice.calls
+
+    results = Local.launch(4, job)
+    chosen, claimed, calls = results[0]
+    assert chosen == NATIVE and calls == 40
+    assert all(r == results[0] for r in results)
+    # after the first recheck_every (4) timed calls, every second call is timed
+    assert len(claimed) >= 8 and all(b - a <= 2 for a, b in zip(claimed, claimed[1:]))
+
+
 # ---- real MPI processes --------------------------------------------------------------------
 
 @pytest.mark.mpi
@@ -224,7 +292,10 @@ def test_bench_auto_reports_every_candidate_measured_and_predicted() -> None:
             assert c["predicted_us"] > 0 and set(c) >= {"measured_us", "spread", "note"}
         measured = {c["algorithm"]: c["measured_us"] for c in row["candidates"]
                     if c["measured_us"] is not None and c["note"] is None}
-        assert row["chosen"] == min(measured, key=measured.get)
+        # the fastest, or the native collective within TIE of it (as good, cheaper)
+        fastest = min(measured, key=measured.get)
+        assert row["chosen"] == fastest or (
+            row["chosen"] == NATIVE and measured[NATIVE] <= (1 + TIE) * measured[fastest]), row
         assert row["contradicted"] == (row["chosen"] != row["model_choice"])
         assert row["predicted_us"] == next(c["predicted_us"] for c in row["candidates"]
                                            if c["algorithm"] == row["chosen"])
@@ -253,6 +324,11 @@ def test_bench_auto_off_switch_and_table() -> None:
 
 # ---- gloo processes ----------------------------------------------------------------------
 
+# past explore_budget() (36): a class racing close candidates on a loaded machine still
+# decides
+CALLS = 40
+
+
 def _gloo_sharded(t) -> dict:
     """PlannedCollectives(auto) over gloo: reduce-scatters and allgathers (blocking and
     async) of random floats through exploration; every output exact, the decisions
@@ -266,7 +342,7 @@ def _gloo_sharded(t) -> dict:
     world, rank = t.size, t.rank
     planned = PlannedCollectives(CROSSED, algorithm="auto", profile="gloo")
     mismatched, wrong = 0, 0
-    for call in range(20):
+    for call in range(CALLS):
         g = torch.Generator().manual_seed(call)
         full = [torch.randn(world * 2048, generator=g) for _ in range(world)]  # every rank's
         out = torch.empty(2048)
@@ -294,7 +370,7 @@ def test_sharded_collectives_measure_over_gloo() -> None:
     r = results[0]
     assert r["wrong"] == 0 and r["mismatched"] == 0, r
     assert set(r["decisions"]) == {"reduce_scatter", "allgather"}
-    assert all(len(v) == 1 for v in r["decisions"].values()), r
+    assert all(len(v) >= 1 for v in r["decisions"].values()), r
     assert all(v != "exploring" for v in r["chosen"].values()), r
 
 

@@ -288,3 +288,42 @@ def test_a_link_that_slows_mid_run_is_planned_around_bit_exact():
         assert other[6] == first[6]            # bit for bit
     for blob in first[6]:
         assert np.array_equal(np.frombuffer(blob, dtype=np.float32), want)
+
+
+def test_ranks_that_come_to_the_calls_apart_do_not_read_as_a_slow_link():
+    """One rank comes to every call late (as FSDP's ranks do, and a loaded host's): the
+    others wait in the call, so their call times rise with no link slower. The checks
+    read the fastest rank's time, and a fit that finds nothing backs off: no link is
+    named, and few fits run (every 4 calls, before: one per check)."""
+    import time
+    from topoplan.runtime.choice import MeasuredChoice, executor_for, snapshot
+    cube = loads_cluster(CUBE, "cube.yaml")
+    orders = [(0, 1, 2, 3), (0, 2, 1, 3), (0, 1, 3, 2)]
+    nbytes = 1 << 20
+
+    def rank(t, world):
+        health = LinkHealth(cube, get_profile("ideal"))
+        choice = MeasuredChoice(t, _ring_options(orders),
+                                lambda s: executor_for(s, t, timeout=30),
+                                mode="measured", snapshot=snapshot, health=health)
+        x = np.zeros(nbytes // 4, dtype=np.float32)
+
+        def call():
+            x[...] = t.rank
+            began = time.perf_counter()
+            choice.call(nbytes, x)
+            assert (x == 6).all()
+            return time.perf_counter() - began
+
+        while choice.exploring(nbytes):
+            call()
+        took = min(call() for _ in range(8))   # the first checks set the reference
+        for _ in range(48):
+            if t.rank == 3:
+                time.sleep(2 * took)            # late to every call
+            call()
+        return health.fits, dict(health.slow), len(health.history)
+
+    for fits, slow, changes in slow_local.launch(cube, rank):
+        assert slow == {} and changes == 0
+        assert fits <= 3, fits

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 from pathlib import Path
 
@@ -117,6 +118,17 @@ def _more_calls(rank: int, gloo) -> dict:
     work = dist.all_reduce(x.clone(), async_op=True)
     out["future"] = torch.allclose(work.get_future().wait()[0], ref, rtol=1e-5, atol=1e-5)
     out["work_done"] = work.is_completed() and work.wait()
+    late = x.clone()
+    if rank != 0:
+        time.sleep(1.0)              # rank 0's call waits for the others
+    work = dist.all_reduce(late, async_op=True)
+    if rank == 0:
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=0.1))
+            out["short_wait"] = "returned"
+        except dist.DistBackendError as exc:
+            out["short_wait"] = str(exc)
+    out["late"] = work.wait() and torch.allclose(late, ref, rtol=1e-5, atol=1e-5)
     big = torch.full((3,), float(rank))
     dist.all_reduce(big, op=dist.ReduceOp.MAX)                 # delegated op
     out["max"] = big.tolist()
@@ -142,6 +154,36 @@ def _more_calls(rank: int, gloo) -> dict:
     cm.wait()
     out["rs_coalesced"] = [o.tolist() for o in rs_outs]
     return out
+
+
+def _direct(rank: int, gloo) -> dict:
+    """A group whose calls ``auto`` runs with gloo's own collectives (the model's choice
+    on this cluster: ``mode="model"``): after a call of each has made the plans, they start
+    on the caller's thread, with nothing queued to the worker."""
+    from topoplan.torch import TopoplanOptions
+    pg = dist.new_group(backend="topoplan",
+                        pg_options=TopoplanOptions(cluster=CLUSTER, mode="model"))
+    ok = []
+    for i in range(6):
+        x = _data(50 + i, rank, 4000, torch.float32)
+        ours, ref = x.clone(), x.clone()
+        op = dist.ReduceOp.AVG if i % 2 else dist.ReduceOp.SUM
+        work = dist.all_reduce(ours, op=op, group=pg, async_op=True)
+        dist.all_reduce(ref, group=gloo)
+        got = work.get_future().wait()[0]
+        ok.append(torch.equal(got, ours) and torch.allclose(
+            ours, ref / WORLD if i % 2 else ref, rtol=1e-5, atol=1e-5))
+        rs, rs_ref = torch.empty(1000), torch.empty(1000)
+        dist.reduce_scatter_tensor(rs, x, group=pg)
+        dist.reduce_scatter_tensor(rs_ref, x, group=gloo)
+        ag, ag_ref = torch.empty(16000), torch.empty(16000)
+        dist.all_gather_into_tensor(ag, x, group=pg)
+        dist.all_gather_into_tensor(ag_ref, x, group=gloo)
+        ok.append(torch.equal(rs, rs_ref) and torch.equal(ag, ag_ref))
+    return {"ok": ok, "direct": pg.direct_calls,
+            "chosen": sorted({d.chosen for c in pg.collectives.choices.values()
+                              for d in c.decisions.values()}
+                             | {d.chosen for d in pg.allreduce_planned.choice.decisions.values()})}
 
 
 def _delegated(rank: int) -> dict:
@@ -231,7 +273,8 @@ def _worker(rank: int, port: int, outdir: str) -> None:
     result = {"backend": dist.get_backend(), "type": type(pg).__name__,
               "cluster": pg.cluster.name,
               "collectives": _collectives(rank, gloo), "more": _more_calls(rank, gloo),
-              "delegated": _delegated(rank), "training": _training(rank, gloo),
+              "delegated": _delegated(rank), "direct": _direct(rank, gloo),
+              "training": _training(rank, gloo),
               "chosen": dict(pg.allreduce_planned.chosen)}
     torch.save(result, Path(outdir) / f"rank{rank}.pt")
     dist.destroy_process_group()
@@ -263,6 +306,11 @@ def test_collectives_equal_gloo_and_ranks_are_bit_identical(ranks):
             assert len(digests) == 1, f"{what} of {key}: ranks differ"
 
 
+def test_wait_honours_its_timeout(ranks):
+    assert "did not finish within the 0.1 s wait() was given" in ranks[0]["more"]["short_wait"]
+    assert all(res["more"]["late"] for res in ranks)
+
+
 def test_avg_futures_coalesced_and_delegated_ops(ranks):
     for r, res in enumerate(ranks):
         got = res["more"]
@@ -279,6 +327,15 @@ def test_avg_futures_coalesced_and_delegated_ops(ranks):
         assert d["all_to_all"] == [float(10 * s + r) for s in range(WORLD)]
         assert d["send_recv"] == [float(r - r % 2)] * 2
         assert d["objects"] == [{"rank": s} for s in range(WORLD)]
+
+
+def test_calls_of_the_native_collective_start_on_the_callers_thread(ranks):
+    for res in ranks:
+        direct = res["direct"]
+        assert all(direct["ok"]) and direct["chosen"] == ["native"], direct
+        # the first call of each collective makes its plans on the worker; the others
+        # (5 allreduces, 5 reduce-scatters, 5 all-gathers) start directly
+        assert direct["direct"] == 15, direct
 
 
 def test_ddp_fsdp2_and_hsdp_train_as_over_gloo(ranks):

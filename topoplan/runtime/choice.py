@@ -19,7 +19,8 @@ those candidates in turn, timed, and keeps the fastest measured for the calls af
   collective (:meth:`~topoplan.runtime.transports.base.Transport.allreduce_max_many`)
   on whether it failed anywhere and on its slowest rank's time; the statistics are then
   the same floats on every rank, and so is the choice (the smallest median, ties to the
-  model's order). A rank's own clock never decides alone.
+  model's order; the native collective when it is within ``TIE`` of it: as good, and
+  the cheapest for the host). A rank's own clock never decides alone.
 - **Exact while exploring.** Every candidate is verified before it runs. A call that
   fails on any rank (a timeout, a transport without that native collective) drops the
   candidate with a note; every rank puts its input back (a copy taken before the call)
@@ -397,6 +398,13 @@ class _Class:
         self.probe_at = RECOVER_EVERY
         # The chosen candidate's recent call times when it cannot be traced (native).
         self.health_times: list[float] = []
+        # Checks over TRIGGER in a row that found nothing (a fit with no verdict, an
+        # exploration that kept the same candidate), and the job's call count before
+        # which no check acts again: CHECK_EVERY << fruitless calls, up to RECOVER_EVERY.
+        self.fruitless = 0
+        self.quiet_until = 0
+        self.timed = 0              # timed calls of the chosen candidate (native: checks)
+        self.raised = 0             # checks over TRIGGER in a row
 
 
 class MeasuredChoice:
@@ -641,7 +649,7 @@ class MeasuredChoice:
             close = [o for o in live if o.median_s <= (1 + self.close) * best.median_s]
             tied = all(o.median_s <= (1 + TIE) * best.median_s for o in close)
             if len(close) <= 1 or tied or state.round > self.max_probes:
-                return self._decide(state, best, state.reason)
+                return self._decide(state, _tie_break(live, best), state.reason)
             live = close
         state.queue = [state.options.index(o) for o in live]
 
@@ -658,6 +666,8 @@ class MeasuredChoice:
             # Measured again, the same candidate won: its calls just run slower than
             # its probes did. Compare with what they run at from now on.
             state.reference = state.drifted[1]
+        elif state.drifted is not None:
+            state.fruitless = 0  # the exploration changed what runs: it found something
         state.drifted = None
         self.version += 1
         decision = Decision(state.k, state.nbytes, option.algorithm, state.model_choice,
@@ -679,26 +689,57 @@ class MeasuredChoice:
         if self.health is not None and self.health.slow and state.since >= state.probe_at:
             result = self._probe_recovery(state, args)
             return result if timed else _Done(result)
+        check = self.health is not None and traceable(option) \
+            and state.since % CHECK_EVERY == 0
         if not timed:
             result = self._start(option, args)
-        elif self.mode != "measured" or (state.since > self.recheck_every
-                                         and state.since % self.sample_every):
+        elif self._untimed(state.since):
             result = self._run(option, args)
         else:  # the first recheck_every blocking calls, then every sample_every-th, timed
             began = self._clock()
             result = self._run(option, args)
             state.recent.append(self._clock() - began)
-            if self.health is not None:
+            if self.health is not None and not traceable(option):
+                # what the native collective's checks read: every CHECK_EVERY timed calls
                 state.health_times = [*state.health_times[-(CHECK_EVERY - 1):],
                                       state.recent[-1]]
+                state.timed += 1
+                check = state.timed % CHECK_EVERY == 0
             if len(state.recent) >= self.recheck_every:
                 self._recheck(state, option)
         if self.mode == "measured" and state.since >= state.reprobe_every:
             self._reexplore(state, "re-probe")
             state.reprobe_every *= 2
-        elif self.health is not None and state.since % CHECK_EVERY == 0:
+        elif check:
             self._check_health(state, option)
         return result
+
+    def _untimed(self, since: int) -> bool:
+        """Whether a blocking call, ``since`` calls after the decision, runs bare."""
+        return self.mode != "measured" or (since > self.recheck_every
+                                           and since % self.sample_every != 0)
+
+    def claim_native(self, nbytes: int) -> bool:
+        """Whether the next call of ``nbytes`` runs the native collective and nothing
+        else: its class chose ``native``, and the call is neither timed nor due a check,
+        a re-probe or a probe of a slow link. Then it is counted here (as :meth:`call`
+        counts it), and the caller runs the library's own collective itself, without
+        the executor: the cheapest way there is.
+
+        Collective like :meth:`call`: every rank's answer for the same call is the same
+        (it depends on the calls counted only), whichever rank asks from where."""
+        state = self._classes.get(size_class(nbytes))
+        if state is None or state.chosen is None or state.chosen.algorithm != NATIVE:
+            return False
+        since = state.since + 1
+        if not self._untimed(since) or (self.mode == "measured"
+                                         and since >= state.reprobe_every):
+            return False
+        if self.health is not None and self.health.slow and since >= state.probe_at:
+            return False
+        self.calls += 1
+        state.since = since
+        return True
 
     def _start(self, option: Option, args: tuple) -> Any:
         if option.executor is None:
@@ -812,12 +853,30 @@ class MeasuredChoice:
             return
         else:  # the native collective: its calls' times say something is slower
             own = statistics.median(state.health_times) if state.health_times else 0.0
-        (recent,) = self.transport.allreduce_max_many([own])
+        # The fastest rank's time: a rank that came to the calls late waits least in
+        # them, so ranks arriving apart (FSDP2's, a loaded host's) do not read as a
+        # slower link; a slower link slows every rank's calls.
+        (fastest,) = self.transport.allreduce_max_many([-own])
+        recent = -fastest
         if state.health_reference is None:
             state.health_reference = recent or None
             return
-        if recent <= TRIGGER * state.health_reference and not self.health.pending:
+        pending = self.health.pending
+        if recent <= TRIGGER * state.health_reference and not pending:
+            state.fruitless, state.raised = 0, 0
             return
+        if not pending:
+            # Slower at two checks in a row: then the calls the trace holds all came
+            # after the change (a fit of calls from both sides of it says little).
+            state.raised += 1
+            if state.raised < 2 or self.calls < state.quiet_until:
+                return
+        # What this check starts may find nothing: the next one acts after twice as many
+        # calls as this one (a fit is a gather and rank 0 simulating the schedule for
+        # every link it loads; an exploration, a few dozen calls).
+        state.raised = 0
+        state.fruitless += 1
+        state.quiet_until = self.calls + min(RECOVER_EVERY, CHECK_EVERY << state.fruitless)
         if not traced:
             # Measure the candidates again: their exploring calls are traced, and the
             # decision fits the plans' step times (:meth:`_fit_explored`).
@@ -830,6 +889,12 @@ class MeasuredChoice:
             return
         if self._fit(state, option):
             self._replan()
+        elif self.health.pending:
+            state.fruitless = 0  # a verdict waits: the next check confirms it
+        else:
+            # The links known explain these times (the calls run slower for another
+            # reason: a busier host, compute overlapping them): the new normal.
+            state.health_reference = max(state.health_reference, recent)
 
     def _fit_explored(self, state: _Class) -> None:
         """After an exploration started by a slower native collective: fit the step times
@@ -858,7 +923,8 @@ class MeasuredChoice:
         if self.transport.rank == 0:
             try:
                 verdict = fit_links(health.machine, option.schedule, n * itemsize, measured,
-                                    profile=health.profile, dtype_size=itemsize)
+                                    profile=health.profile, dtype_size=itemsize,
+                                    cache=health.cache)
             except Exception as exc:  # noqa: BLE001 - a fit that fails changes nothing
                 log.warning("link health: the fit of %s failed: %s", option.algorithm, exc)
         agreed = decode(self.transport.allreduce_max_many(encode(verdict, health.machine)),
@@ -903,6 +969,16 @@ class MeasuredChoice:
             elif self.health.pending:
                 state.probe_at = state.since + CHECK_EVERY
         return result
+
+
+def _tie_break(live: list[Option], best: Option) -> Option:
+    """The native collective when it is within :data:`TIE` of the fastest median: as good,
+    and it costs the host least (the library runs it; no Python between steps, nothing
+    traced), which a job feels when calls overlap its compute; else ``best``."""
+    native = next((o for o in live if o.algorithm == NATIVE), None)
+    if native is not None and native.median_s <= (1 + TIE) * best.median_s:
+        return native
+    return best
 
 
 def option_of(state: _Class) -> Option:

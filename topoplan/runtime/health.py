@@ -74,6 +74,8 @@ TRIGGER = 1.25
 RECOVER_EVERY = 256
 #: Calls a trace keeps per buffer size (the step times fitted are their medians).
 WINDOW = 4
+#: Predictions a job's :class:`LinkHealth` keeps (:func:`fit_links`'s ``cache``).
+CACHE = 4096
 #: Ranks x steps above which step times are not gathered (one collective of as many
 #: floats): link health then waits for a cheaper gather (left to do).
 MAX_GATHER = 1 << 16
@@ -168,8 +170,13 @@ def predicted_durations(machine: Any, schedule: Any, nbytes: int, *, profile: An
     as :meth:`StepTrace.durations` measures them: a rank's step ends when its last
     message of the step arrived), and the call's time."""
     from ..analysis.sim import simulate
+    from ..analysis.sim.report import Yardsticks
+    # No yardsticks: the lower bound and NCCL's row are most of a small simulation's
+    # cost, and step times need neither (the report's bound is then nan).
+    effective = (int(nbytes) // dtype_size) * dtype_size
     report = simulate(machine, schedule, nbytes, profile=profile, dtype_size=dtype_size,
-                      record=True, force=True)
+                      record=True, force=True,
+                      yardsticks=Yardsticks(effective, schedule.collective, math.nan))
     ends = np.full((schedule.nranks, schedule.nsteps), -1.0)
     for t in report.transfers:
         if t.nbytes == 0:
@@ -256,7 +263,8 @@ def _error(measured: np.ndarray, predicted: np.ndarray, scale: float) -> float:
 
 def fit_links(machine: Any, schedule: Any, nbytes: int, measured: np.ndarray, *,
               profile: Any, dtype_size: int = 4, factors: Sequence[float] = FACTORS,
-              known: Mapping[str, float] | None = None) -> Verdict:
+              known: Mapping[str, float] | None = None,
+              cache: dict | None = None) -> Verdict:
     """Which link, slowed to which factor, explains the measured step durations.
 
     Parameters
@@ -273,6 +281,10 @@ def fit_links(machine: Any, schedule: Any, nbytes: int, measured: np.ndarray, *,
         The runtime's costs, as the plans were priced.
     known : mapping, optional
         Links known slow (name -> factor): every hypothesis keeps the others of them.
+    cache : dict, optional
+        Predictions of earlier fits (filled here; :class:`LinkHealth` keeps one): a job
+        fits the same schedules at the same sizes again and again, and each hypothesis's
+        simulation gives the same step times every time.
 
     Returns
     -------
@@ -281,7 +293,9 @@ def fit_links(machine: Any, schedule: Any, nbytes: int, measured: np.ndarray, *,
     Notes
     -----
     Cost: one simulation of the schedule per loaded link and factor (11 factors, then
-    4 around the best), each O(messages); a 4-rank schedule, a few ms each.
+    4 around the best), each O(messages): a 4-rank schedule over 5 links, 0.15-0.8 s on
+    a 2-core machine; with ``cache``, the fits after the first of a schedule and size
+    cost microseconds.
     """
     measured = np.asarray(measured, dtype=float)
     scale = float(np.sum(measured ** 2)) or 1.0
@@ -291,16 +305,27 @@ def fit_links(machine: Any, schedule: Any, nbytes: int, measured: np.ndarray, *,
         faults = {k: v for k, v in known.items() if k != link}
         if link is not None and factor != 1.0:
             faults[link] = factor
+        predicted, time_s = predict(faults)
+        return _error(measured, predicted, scale), time_s
+
+    def predict(faults: dict[str, float]) -> tuple[np.ndarray, float]:
+        key = (id(schedule), int(nbytes), dtype_size, tuple(sorted(faults.items())))
+        hit = cache.get(key) if cache is not None else None
+        if hit is not None and hit[0] is schedule:
+            return hit[1], hit[2]
         cluster = degraded(machine, faults) if faults else machine
         predicted, time_s = predicted_durations(cluster, schedule, nbytes, profile=profile,
                                                 dtype_size=dtype_size)
-        return _error(measured, predicted, scale), time_s
+        if cache is not None:
+            if len(cache) >= CACHE:
+                del cache[next(iter(cache))]  # the oldest
+            cache[key] = (schedule, predicted, time_s)  # holds the schedule: ids stay
+        return predicted, time_s
 
     base = {k: v for k, v in known.items()}
     healthy_error, healthy_s = trial(None, 1.0) if not base else (math.inf, math.nan)
     if base:  # the healthy model: none of the known faults either
-        predicted, healthy_s = predicted_durations(machine, schedule, nbytes,
-                                                   profile=profile, dtype_size=dtype_size)
+        predicted, healthy_s = predict({})
         healthy_error = _error(measured, predicted, scale)
     by_name = {link.name: link for link in links(machine)}
     fits = []
@@ -355,6 +380,10 @@ class LinkHealth:
     #: Slow links the last change could not tell apart (one of them is slow, maybe
     #: not all): plans are made around each, and measured (:meth:`planning_faults`).
     alternatives: tuple[str, ...] = ()
+    #: Verdicts observed (fits run), whatever they found.
+    fits: int = 0
+    #: The simulations of earlier fits (:func:`fit_links`'s ``cache``).
+    cache: dict = field(default_factory=dict, repr=False)
     _recovered: tuple[str, ...] = ()
 
     def observe(self, verdict: Verdict, *, calls: int = 0, weight: int = 1) -> bool:
@@ -365,6 +394,7 @@ class LinkHealth:
         known slow that the fitted plan does not cross stays known slow. So a plan that
         goes around one of several links that could not be told apart clears the ones it
         crosses at their rate, and the next plan goes around the rest."""
+        self.fits += 1
         known = tuple(sorted(self.slow))
         after = {k: v for k, v in self.slow.items() if k not in verdict.loaded}
         after.update(verdict.slow)

@@ -125,9 +125,13 @@ class TopoplanWork(dist.Work):
         else:
             self._future.set_exception(error)
 
-    def wait(self, timeout: datetime.timedelta | None = None) -> bool:  # noqa: ARG002
-        # What bounds the wait is each planned step's deadline (TopoplanOptions.timeout).
-        self._done.wait()
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        # Each planned step has its deadline (TopoplanOptions.timeout); ``timeout``
+        # (torch's: zero is none) bounds this wait too.
+        seconds = timeout.total_seconds() if timeout else None
+        if not self._done.wait(seconds or None):
+            raise dist.DistBackendError(f"topoplan backend: the call did not finish within "
+                                        f"the {seconds:g} s wait() was given")
         if self._error is not None:
             raise self._error
         return True
@@ -162,6 +166,80 @@ def _done_work(result: list[torch.Tensor]) -> TopoplanWork:
     return work
 
 
+class _Joined(TopoplanWork):
+    """Works of the inner backend that have no future (gloo's ``_reduce_scatter_base``):
+    done when all of them are, found out by waiting for them in :meth:`wait` (or when
+    :meth:`is_completed` sees them done). A future, when asked for, is completed by a
+    thread that waits."""
+
+    def __init__(self, result: list[torch.Tensor], works: list[Any],
+                 finish: Callable[[], None] | None,
+                 describe: Callable[[BaseException], BaseException]) -> None:
+        super().__init__(result)
+        self._works, self._after, self._describe = works, finish, describe
+        self._joining = threading.Lock()
+        self._waiter: threading.Thread | None = None
+
+    def _join(self) -> None:
+        with self._joining:
+            if self._done.is_set():
+                return
+            try:
+                for w in self._works:
+                    w.wait()
+                if self._after is not None:
+                    self._after()
+            except Exception as exc:  # noqa: BLE001 - handed to wait()
+                self._finish(self._describe(exc))
+            else:
+                self._finish()
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        self._join()
+        return super().wait(timeout)
+
+    def is_completed(self) -> bool:
+        if not self._done.is_set() and all(w.is_completed() for w in self._works):
+            self._join()
+        return self._done.is_set()
+
+    def get_future(self) -> torch.futures.Future:
+        with self._joining:
+            if self._waiter is None and not self._done.is_set():
+                self._waiter = threading.Thread(target=self._join, daemon=True,
+                                                name="topoplan-join")
+                self._waiter.start()
+        return self._future
+
+
+def _completion(works: list[Any], result: list[torch.Tensor],
+                finish: Callable[[], None] | None,
+                describe: Callable[[BaseException], BaseException]) -> TopoplanWork:
+    """A work done when the inner backend's ``works`` are (then ``finish()``): their
+    futures complete it, with no thread of ours (one alive at the interpreter's exit
+    after running DDP's callbacks aborts the process); works without futures are
+    waited for (:class:`_Joined`)."""
+    try:
+        futures = [w.get_future() for w in works]
+    except RuntimeError:   # "Work::getFuture not implemented"
+        return _Joined(result, works, finish, describe)
+    work = TopoplanWork(result)
+
+    def done(all_done: torch.futures.Future) -> None:
+        try:
+            for future in all_done.value():
+                future.value()   # raises the first call's error
+            if finish is not None:
+                finish()
+        except Exception as exc:  # noqa: BLE001 - handed to the caller's wait()
+            work._finish(describe(exc))
+        else:
+            work._finish()
+
+    torch.futures.collect_all(futures).add_done_callback(done)
+    return work
+
+
 class _Worker:
     """One thread running a process group's planned calls in the order they were made
     (every rank makes them in one order, so the ranks' threads agree)."""
@@ -171,6 +249,10 @@ class _Worker:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._pending = 0          # jobs queued or running
+        self._direct: list[Any] = []  # the inner backend's works started directly
+        #: Calls started directly (:meth:`direct`).
+        self.direct_calls = 0
         self.closed = False
 
     def submit(self, job: Callable[[], None], work: TopoplanWork,
@@ -182,8 +264,25 @@ class _Worker:
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
                 _WORKERS.add(self)
-        self._queue.put((job, work, describe))
+            self._pending += 1
+            self._queue.put((job, work, describe))
         return work
+
+    def direct(self, start: Callable[[], Any]) -> Any:
+        """``start()`` on the caller's thread, when no job is queued or running (every
+        earlier call has then sent what it sends: starting now keeps the order the
+        calls were made in), under the lock :meth:`submit` takes; None when busy.
+        ``start`` returns None, or the inner backend's work it started (held until
+        done: :meth:`close` waits for it)."""
+        with self._lock:
+            if self.closed or self._pending:
+                return None
+            started = start()
+            if started is not None:
+                self._direct = [w for w in self._direct if not w.is_completed()]
+                self._direct.append(started)
+                self.direct_calls += 1
+            return started
 
     def _run(self) -> None:
         while True:
@@ -191,23 +290,30 @@ class _Worker:
             if item is None:
                 return
             job, work, describe = item
+            error: BaseException | None = None
             try:
                 job()
             except Exception as exc:  # noqa: BLE001 - handed to the caller's wait()
-                work._finish(describe(exc))
-            else:
-                work._finish()
+                error = describe(exc)
+            with self._lock:
+                self._pending -= 1
+            work._finish(error)
 
     def close(self) -> None:
         with self._lock:
             if self.closed:
                 return
             self.closed = True
-            thread = self._thread
+            thread, direct = self._thread, self._direct
         if thread is not None:
             self._queue.put(None)
             if thread is not threading.current_thread():
                 thread.join(timeout=10)
+        for started in direct:   # their callbacks run Python: done before the exit
+            try:
+                started.wait()
+            except Exception:  # noqa: BLE001 - its caller was told
+                pass
 
 
 _WORKERS: weakref.WeakSet[_Worker] = weakref.WeakSet()
@@ -332,6 +438,12 @@ class TopoplanProcessGroup(dist.ProcessGroup):
         return self._made.get("cpu", (None, None))[0]
 
     @property
+    def direct_calls(self) -> int:
+        """Calls run with the inner backend's own collective started on the caller's
+        thread (``auto`` chose it, and the call had nothing else to do)."""
+        return self._worker.direct_calls
+
+    @property
     def collectives(self) -> Any:
         """The :class:`~topoplan.torch.PlannedCollectives` of CPU tensors."""
         return self._made.get("cpu", (None, None))[1]
@@ -397,6 +509,28 @@ class TopoplanProcessGroup(dist.ProcessGroup):
                 result: list[torch.Tensor]) -> TopoplanWork:
         return self._worker.submit(job, TopoplanWork(result), self._describe(what))
 
+    def _direct(self, what: str, kind: str, claim: Callable[[Any, Any], bool],
+                call: Callable[[Any], Any], result: list[torch.Tensor],
+                finish: Callable[[], None] | None = None) -> TopoplanWork | None:
+        """A call ``auto`` runs with the inner backend's own collective and nothing
+        else, started here on the caller's thread (no hop to the worker: what a job
+        feels on every call): ``claim(allreduce, collectives)`` says whether this call
+        is one (:meth:`PlannedAllreduce.claim_native`); ``call(inner)`` starts it on
+        the inner backend and returns its work, whose future completes ours (after
+        ``finish()``: AVG's division). None: the call goes to the worker (the worker
+        is busy, the planned objects are not made yet, or it is not such a call)."""
+        made = self._made.get(kind)
+        if made is None:
+            return None
+
+        def start() -> Any:
+            return call(self._inner[kind][1]) if claim(*made) else None
+
+        started = self._worker.direct(start)
+        if started is None:
+            return None
+        return _completion([started], result, finish, self._describe(what))
+
     # -- allreduce ---------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         """``dist.all_reduce``: planned for ``SUM`` and ``AVG`` (floating types) on
@@ -423,6 +557,14 @@ class TopoplanProcessGroup(dist.ProcessGroup):
 
     def _run_allreduce(self, what: str, tensors: list[torch.Tensor], op: str) -> TopoplanWork:
         world, kind = self.size(), tensors[0].device.type
+        if len(tensors) == 1 and tensors[0].numel():
+            t = tensors[0]
+            work = self._direct(
+                what, kind, lambda run, _: run.claim_native(t.view(-1)),
+                lambda inner: inner.allreduce([t], _allreduce_options(dist.ReduceOp.SUM)),
+                [t], (lambda: t.div_(world)) if op == "AVG" else None)
+            if work is not None:
+                return work
 
         def job() -> None:
             run, _ = self._planned(kind)
@@ -472,6 +614,15 @@ class TopoplanProcessGroup(dist.ProcessGroup):
                                    for o, i in pairs], list(outputs))
         dist_op = dist.ReduceOp.AVG if op == "AVG" else dist.ReduceOp.SUM
         kind = outputs[0].device.type
+        if len(pairs) == 1 and inputs[0].numel():
+            (o, i), world = pairs[0], self.size()
+            work = self._direct(
+                "reduce_scatter_tensor", kind,
+                lambda _, planned: planned.claim_native("reduce_scatter", i),
+                lambda inner: inner._reduce_scatter_base(o, i, dist.ReduceScatterOptions()),
+                [o], (lambda: o.div_(world)) if op == "AVG" else None)
+            if work is not None:
+                return work
 
         def job() -> None:
             _, collectives = self._planned(kind)
@@ -503,6 +654,14 @@ class TopoplanProcessGroup(dist.ProcessGroup):
             return _delegate_each([partial(inner._allgather_base, o, i, opts)
                                    for o, i in pairs], list(outputs))
         kind = outputs[0].device.type
+        if len(pairs) == 1 and outputs[0].numel():
+            o, i = pairs[0]
+            work = self._direct(
+                "all_gather_into_tensor", kind,
+                lambda _, planned: planned.claim_native("allgather", o),
+                lambda inner: inner._allgather_base(o, i, _c10d.AllgatherOptions()), [o])
+            if work is not None:
+                return work
 
         def job() -> None:
             _, collectives = self._planned(kind)
@@ -604,21 +763,8 @@ def _allreduce_options(op: Any) -> Any:
 
 
 def _delegate_each(calls: list[Callable[[], Any]], outputs: list[torch.Tensor]) -> TopoplanWork:
-    """Start each delegated call now; a work that waits for all of them."""
-    works = [call() for call in calls]
-    work = TopoplanWork(outputs)
-
-    def finish() -> None:
-        try:
-            for w in works:
-                w.wait()
-        except Exception as exc:  # noqa: BLE001 - handed to wait()
-            work._finish(exc)
-        else:
-            work._finish()
-
-    threading.Thread(target=finish, name="topoplan-delegated", daemon=True).start()
-    return work
+    """Start each delegated call now; a work done when all of theirs are."""
+    return _completion([call() for call in calls], outputs, None, lambda exc: exc)
 
 
 # -- the creator torch calls -----------------------------------------------------------------

@@ -223,6 +223,21 @@ class PlannedAllreduce:
         self.stats.add(nbytes, time.perf_counter() - start)
         return buffer
 
+    def claim_native(self, buffer: Any) -> bool:
+        """Whether this call of ``buffer`` is one ``auto`` runs with the transport's own
+        allreduce and nothing else (:meth:`MeasuredChoice.claim_native
+        <topoplan.runtime.choice.MeasuredChoice.claim_native>`); then it is counted as
+        a call, and the caller runs that allreduce itself (the torch backend starts its
+        inner backend's, asynchronous)."""
+        if self.choice is None:
+            return False
+        nbytes = nbytes_of(buffer)
+        if not self.choice.claim_native(max(nbytes, 1)):
+            return False
+        self._note_choice(nbytes)
+        self.stats.add(nbytes, 0.0)
+        return True
+
     def start(self, buffer: Any) -> Any:
         """Start the planned allreduce of ``buffer``; an
         :class:`~topoplan.AllreduceHandle` (``test()``, ``wait()``). Planning a new size

@@ -311,6 +311,23 @@ class PlannedCollectives:
         return shared_options(transport.rank, lambda obj: self._share(group, obj), make,
                               f"{_ALL[collective]} of {nbytes} bytes")
 
+    def claim_native(self, collective: str, full: torch.Tensor, group: Any = None) -> bool:
+        """Whether this ``collective`` call (``reduce_scatter``, ``allgather``) of the
+        ``full`` tensor (the input of a reduce-scatter, the output of an all-gather) is one
+        ``auto`` runs with the transport's own collective and nothing else; then it is
+        counted, and the caller runs that collective itself (as
+        :meth:`PlannedAllreduce.claim_native <topoplan.torch.PlannedAllreduce.claim_native>`)."""
+        if self.algorithm != "auto":
+            return False
+        choice = self.choices.get((id(self._group(group)), collective, full.dtype))
+        nbytes = full.numel() * full.element_size()
+        if choice is None or not choice.claim_native(nbytes):
+            return False
+        key = (collective, nbytes, str(full.dtype).removeprefix("torch."))
+        self.chosen[key] = "native"
+        self.stats[collective].add(nbytes, 0.0)
+        return True
+
     def _drain(self) -> None:
         while self._inflight:
             self._inflight.pop(0).wait()
