@@ -27,6 +27,7 @@ class SlowWorld(LocalWorld):
         self.faults: dict[str, float] = {}
         self._rates: dict[tuple, float] = {}
         self._busy: dict[tuple[int, int], float] = {}  # pair -> when its last message lands
+        self.timers: dict[int, list[threading.Timer]] = {}  # sender -> its deliveries
 
     def rate(self, src: int, dst: int) -> float:
         key = (tuple(sorted(self.faults.items())), src, dst)
@@ -64,6 +65,9 @@ class SlowLocal(Local):
             timer = threading.Timer(max(0.0, lands - time.perf_counter()), deliver)
             timer.daemon = True
             timer.start()
+            mine = world.timers.setdefault(self.rank, [])
+            mine[:] = [t for t in mine if t.is_alive()]
+            mine.append(timer)
         return [(i, m) for i, m in enumerate(messages) if not m.send]
 
 
@@ -71,6 +75,16 @@ def launch(cluster: Any, fn: Any, timeout: float = 60.0) -> list:
     """Run ``fn(transport, world)`` on every rank of ``cluster`` (threads)."""
     from topoplan.runtime.transports.launch import run_threads
     world = SlowWorld(cluster)
-    return run_threads(cluster.nranks, lambda t: fn(t, world),
+
+    def rank(t: Any) -> Any:
+        try:
+            return fn(t, world)
+        finally:
+            # A rank done is a rank gone (its peers' receives fail): its messages still
+            # on the wire land first.
+            for timer in world.timers.get(t.rank, []):
+                timer.join()
+
+    return run_threads(cluster.nranks, rank,
                        lambda rank: world.transport(rank, timeout), leave=world.leave,
                        name="topoplan-slow")

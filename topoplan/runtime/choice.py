@@ -37,6 +37,10 @@ those candidates in turn, timed, and keeps the fastest measured for the calls af
   exploration's few samples); more than ``drift`` times its measured median starts a new
   exploration (without the untimed round). Every ``reprobe_every`` calls of a class
   (doubling each time) it explores again anyway.
+- **Claimed calls.** A call of a class that chose ``native`` and has nothing else to do
+  (not timed, no check or re-probe due) can be claimed by the caller
+  (:meth:`MeasuredChoice.claim_native`), which then runs the library's own collective
+  itself: the torch backend starts it on the caller's thread, with no executor between.
 - **Off switch.** ``TOPOPLAN_AUTO=model`` (or ``mode="model"``): the model's choice,
   deterministic, nothing timed.
 
@@ -755,6 +759,9 @@ class MeasuredChoice:
             option.median_s if option.samples else None)
         if reference is None:
             state.reference = agreed
+        elif agreed > self.drift * reference and self.health is not None and (
+                state.raised or self.health.pending):
+            pass  # link health is on it: its fit names the link (the same on every rank)
         elif agreed > self.drift * reference:
             if self.transport.rank == 0:
                 log.info("auto %s %s: %s now takes %.3g us, %.2fx its measured %.3g us: "

@@ -18,7 +18,10 @@ verdict names them all and the plan goes around all of them.
 links known slow, and the verdict waiting for confirmation (:data:`CONFIRM` fits in a
 row must agree before anything changes). :class:`~topoplan.runtime.choice.MeasuredChoice`
 drives it: every :data:`CHECK_EVERY` calls of a size class the ranks agree on the
-chosen plan's recent time; :data:`TRIGGER` times its measured time starts a fit; a
+chosen plan's recent time (the fastest rank's: ranks arriving apart do not read as a slow
+link); :data:`TRIGGER` times its measured time at two checks in a row starts a fit (one
+that finds nothing makes that time the reference, and the class's next fit waits twice
+as many calls); a
 confirmed slow link re-plans every size class on the cluster with that link at its
 measured rate (the old plan stays a candidate), and the ranks measure the new candidates
 as ``auto`` always does. While a link is slow, one call in :data:`RECOVER_EVERY` runs the
