@@ -3,7 +3,8 @@
 - :func:`atomic_write`: the one way topoplan writes a file, whole or not at all;
 - :class:`ObjectCache`: a value computed once per live object, keyed by identity;
 - :func:`no_gc`: a function run with the cyclic garbage collector paused;
-- :func:`step` and :func:`listening`: what long work is doing now, for whoever shows it.
+- :func:`step` and :func:`listening`: what long work is doing now, for whoever shows it;
+- :func:`signals_raise`: SIGTERM and SIGHUP end the work the way Ctrl-C does.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import functools
 import gc
 import os
+import signal
 import stat
 import tempfile
 import weakref
@@ -19,7 +21,8 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Callable, Generic, Iterator, ParamSpec, TypeVar
 
-__all__ = ["atomic_write", "open_mode", "ObjectCache", "no_gc", "step", "listening"]
+__all__ = ["atomic_write", "open_mode", "ObjectCache", "no_gc", "step", "listening",
+           "signals_raise"]
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -163,3 +166,35 @@ def listening(sink: Callable[[str], None]) -> Iterator[None]:
         yield
     finally:
         _SINK.reset(token)
+
+
+# ----------------------------------------------------------------------------------
+# Signals
+# ----------------------------------------------------------------------------------
+# kill, timeout and batch schedulers send SIGTERM; a closed terminal sends SIGHUP. Python's
+# default for both is to die at once, skipping every finally: a launcher started in a
+# session of its own (mpiexec, torchrun) and its ranks would run on, and scratch folders
+# and testbed namespaces would stay. Raised as an exception instead, they unwind like
+# Ctrl-C.
+
+@contextmanager
+def signals_raise() -> Iterator[None]:
+    """Inside the block, SIGTERM and SIGHUP raise :class:`~topoplan.errors.Terminated` (a
+    :class:`KeyboardInterrupt`) in the main thread; outside it, the handlers before.
+    Elsewhere than the main thread it changes nothing."""
+    from .errors import Terminated
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated(signum)
+
+    old = {}
+    try:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            old[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        yield
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)

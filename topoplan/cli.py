@@ -75,9 +75,11 @@ def _main(argv: list[str] | None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from ._util import signals_raise
     from .commands.common import nccl_settings_of
     try:
-        with nccl_settings_of(args):
+        # SIGTERM/SIGHUP unwind like Ctrl-C: launchers and their ranks end, scratch goes
+        with signals_raise(), nccl_settings_of(args):
             return int(args.func(args) or 0)
     except TopoplanError as exc:
         print(f"topoplan: error: {exc}", file=sys.stderr)
@@ -87,8 +89,10 @@ def _main(argv: list[str] | None) -> int:
             raise
         print(f"topoplan: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("topoplan: interrupted", file=sys.stderr)
-        return 128 + signal.SIGINT
+    except KeyboardInterrupt as exc:
+        signum = getattr(exc, "signum", signal.SIGINT)
+        print("topoplan: interrupted" if signum == signal.SIGINT else
+              f"topoplan: terminated ({signal.Signals(signum).name})", file=sys.stderr)
+        return 128 + signum
     except BrokenPipeError:
         return 0

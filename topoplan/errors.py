@@ -119,6 +119,16 @@ class EstimateError(TopoplanError, ValueError):
     """
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the process was (:func:`topoplan._util.signals_raise`)
+    so that ``finally`` blocks end launchers and remove scratch as Ctrl-C does. A
+    :class:`KeyboardInterrupt`, so every handler of Ctrl-C handles it too."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
 class TopoplanWarning(UserWarning):
     """Base class of the warnings topoplan issues: input it reads, but which may not mean
     what its author meant. Filter them with :mod:`warnings`, e.g.

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from dataclasses import asdict
 from typing import Any
@@ -282,6 +283,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         choose_port()
         proc = mpiexec(nranks, _forward_argv(args, plan_path, choices_path), capture=False,
                        fault_tolerant=True, launcher=args.mpiexec)
+    if proc.returncode < 0:  # the launcher itself was killed; its ranks were ended
+        raise TopoplanError(f"mpiexec was ended by {signal.Signals(-proc.returncode).name}; "
+                            "its ranks were stopped")
     return proc.returncode
 
 
@@ -362,8 +366,8 @@ def _run_rank(args: argparse.Namespace) -> int:
     except TransportError as exc:
         print(f"topoplan: error: {exc}", file=sys.stderr, flush=True)
         if args.transport == "mpi":
-            from ..runtime.transports.mpi import leave_after_failure
-            leave_after_failure(1, grace=args.timeout)
+            from ..runtime.transports.mpi import LEAVE_GRACE, leave_after_failure
+            leave_after_failure(1, grace=min(args.timeout, LEAVE_GRACE))
         return 1
     if transport.rank == 0 and args.profile and not args.choices:
         rows = predict_rows(rows, schedule, args.profile, transport.size)

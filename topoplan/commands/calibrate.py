@@ -466,8 +466,8 @@ def _run_rank(args: argparse.Namespace) -> int:
     except TransportError as exc:
         print(f"topoplan: error: {exc}", file=sys.stderr, flush=True)
         if args.transport == "mpi":
-            from ..runtime.transports.mpi import leave_after_failure
-            leave_after_failure(1, grace=args.timeout)
+            from ..runtime.transports.mpi import LEAVE_GRACE, leave_after_failure
+            leave_after_failure(1, grace=min(args.timeout, LEAVE_GRACE))
         return 1
     if transport.rank == 0:
         if args.output:

@@ -6,8 +6,10 @@ help texts, :func:`check_transport` before launching, :func:`rank_transport` in 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
+import signal
 import sys
 import warnings
 from contextlib import AbstractContextManager, contextmanager
@@ -497,6 +499,39 @@ def check_transport(transport: str, nranks: int, *, share_gpus: bool = False) ->
                                 f"share them over NCCL's sockets)")
 
 
+@contextmanager
+def _joining_within(timeout: float, what: str) -> Iterator[None]:
+    """End this rank with a located line if the block (joining the job) outlasts
+    ``timeout`` s: a rank that died before joining leaves the others waiting in
+    ``MPI_Init`` for ever, where no error reaches them. ``MPI_Init`` holds Python's
+    lock, so no Python thread of this process could act: a shell says so, and
+    :mod:`faulthandler`'s thread (which needs no lock) ends the rank with status 1 a
+    moment later, so the launcher sees a failed rank."""
+    import faulthandler
+    import shlex
+    import subprocess
+
+    from ..runtime.mpirun import rank_and_size
+    rank = (rank_and_size() or ("?", 0))[0]
+    line = (f"topoplan: error: rank {rank}: {what} did not finish within {timeout:g} s: a rank "
+            "died or hangs before it joined the job (its own output, or the launcher's, says "
+            "which)")
+    # A session of its own, ended whole: a sleep left behind would hold this rank's
+    # stderr open, and the launcher waits for every copy of it to close.
+    watchdog = subprocess.Popen(["sh", "-c", f"sleep {timeout:g} && echo {shlex.quote(line)} >&2"],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                start_new_session=True)
+    with open(os.devnull, "w") as sink:
+        faulthandler.dump_traceback_later(timeout + 0.5, exit=True, file=sink)
+        try:
+            yield
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(watchdog.pid, signal.SIGKILL)
+            watchdog.wait()
+
+
 def rank_transport(transport: str, *, timeout: float, share_gpus: bool = False) -> Any:
     """This rank's transport (:func:`topoplan.runtime.transports.connect`), in a job that bench or
     calibrate launched under mpiexec: MPI and NCCL over ``COMM_WORLD``; torch.distributed
@@ -504,7 +539,8 @@ def rank_transport(transport: str, *, timeout: float, share_gpus: bool = False) 
     (:func:`choose_port`), with ``timeout`` seconds for the process group."""
     from ..runtime.transports import connect
     if transport == "mpi":
-        return connect("mpi")
+        with _joining_within(timeout, "MPI_Init"):
+            return connect("mpi")
     if transport == "nccl":
         return connect("nccl", share_gpus=share_gpus)
     try:

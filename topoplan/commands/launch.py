@@ -100,14 +100,23 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def _run(command: list[str], env: dict[str, str], timeout: float | None) -> int:
-    """Run the launcher in a session of its own; end all of it on a timeout or Ctrl-C."""
-    from ..runtime.mpirun import stop
-    proc = subprocess.Popen(command, env=env, start_new_session=True)
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        stop(proc)
-        raise TopoplanError(f"the job did not finish within {timeout:g} s; ended it") from None
-    except BaseException:
-        stop(proc)
-        raise
+    """Run the launcher in a session of its own, with a scratch ``TMPDIR`` that goes with
+    the job (Open MPI's session files, torchrun's logs); end all of it on a timeout,
+    Ctrl-C, SIGTERM or SIGHUP. torchrun is ended quietly: its own answer to a signal is
+    a traceback."""
+    from ..runtime.mpirun import scratch_tmpdir, stop
+    torchrun = "torch.distributed.run" in command
+    with scratch_tmpdir(env, prefix="topoplan-launch-") as env:
+        if torchrun:  # its logs, else a torchelastic_* folder in /tmp per run
+            at = command.index("torch.distributed.run") + 1
+            command = [*command[:at], "--log-dir", os.path.join(env["TMPDIR"], "logs"),
+                       *command[at:]]
+        proc = subprocess.Popen(command, env=env, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stop(proc, quiet=torchrun)
+            raise TopoplanError(f"the job did not finish within {timeout:g} s; ended it") from None
+        except BaseException:
+            stop(proc, quiet=torchrun)
+            raise

@@ -33,16 +33,19 @@ What each launcher is given
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from ..errors import TopoplanError
 
@@ -431,9 +434,24 @@ def mpiexec(nranks: int, argv: Sequence[str], *, timeout: float | None = None,
         note(text)
     command = launch.command
     out = subprocess.PIPE if capture else None
-    # A new session lets us kill mpiexec and every rank it started, and nothing else.
-    proc = subprocess.Popen(command, env=launch.env, stdout=out, stderr=out, text=True,
-                            cwd=cwd, start_new_session=True)
+    with scratch_tmpdir(launch.env) as env:
+        # A new session lets us kill mpiexec and every rank it started, and nothing else.
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=out, text=True,
+                                cwd=cwd, start_new_session=True)
+        return _wait(proc, command, nranks, timeout)
+
+
+@contextlib.contextmanager
+def scratch_tmpdir(env: dict[str, str], prefix: str = "topoplan-job-") -> Iterator[dict[str, str]]:
+    """``env`` with ``TMPDIR`` set to a new folder that goes when the block ends: a
+    launcher's session files (Open MPI's, torchrun's logs) and its ranks' temporary
+    files go there, so a job that is killed leaves none of them behind."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        yield {**env, "TMPDIR": tmp}
+
+
+def _wait(proc: subprocess.Popen, command: list[str], nranks: int,
+          timeout: float | None) -> subprocess.CompletedProcess:
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -446,27 +464,85 @@ def mpiexec(nranks: int, argv: Sequence[str], *, timeout: float | None = None,
         # of their own, so they must be ended here.
         stop(proc)
         raise
+    _sweep(proc.pid)
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
-def stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
-    """End an ``mpiexec`` started in a session of its own, and every rank it started.
+
+def _sweep(sid: int, grace: float = 2.0) -> None:
+    """End what is left of a launcher's session once the launcher has gone: a rank that
+    outlived the job (one that was still waiting on a dead peer when ``mpiexec`` left)
+    gets ``grace`` seconds to go by itself, then SIGKILL."""
+    import signal
+    deadline = time.monotonic() + grace
+    while (left := [pid for pid in _session(sid) if _alive(pid)]):
+        if time.monotonic() >= deadline:
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            return
+        time.sleep(0.05)
+
+
+def stop(proc: subprocess.Popen, grace: float = 5.0, *, quiet: bool = False) -> None:
+    """End a launcher started in a session of its own (``mpiexec``, ``torchrun``) and
+    every process it started, in its session or not.
 
     SIGTERM first: mpiexec (prterun) then ends its ranks, which run in process groups of
-    their own (killing mpiexec's group alone leaves them running). Whatever is left of the
-    session after ``grace`` seconds gets SIGKILL.
+    their own (killing mpiexec's group alone leaves them running). Whatever is left of
+    the launcher's session and of its process tree after ``grace`` seconds gets SIGKILL.
+    ``quiet`` kills the launcher itself at once and sends SIGTERM to its children only:
+    torchrun answers SIGTERM with a traceback of its own, and its workers run in
+    sessions of their own, out of reach of the session kill.
     """
     import signal
+    tree = _tree(proc.pid)
     try:
-        proc.send_signal(signal.SIGTERM)
+        if quiet:
+            proc.kill()
+            for pid in tree:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
         proc.wait(timeout=grace)
+        while any(_alive(pid) for pid in tree) and time.monotonic() < deadline:
+            time.sleep(0.05)
     except (ProcessLookupError, subprocess.TimeoutExpired):
         pass
-    for pid in _session(proc.pid) or [proc.pid]:
+    for pid in dict.fromkeys([*_session(proc.pid), *tree, *_tree(proc.pid)]) or [proc.pid]:
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
     proc.wait()
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not: it only waits for its parent)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return text[text.rindex(")") + 2:].split()[0] != "Z"
+
+
+def _tree(root: int) -> list[int]:
+    """The processes below ``root`` (Linux /proc; empty elsewhere), parents first."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop(0)
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
 
 
 def _session(sid: int) -> list[int]:

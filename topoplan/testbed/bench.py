@@ -191,7 +191,7 @@ def run_cases(bed: Any, cases: Sequence[Case], *, timeout: float = 300.0,
                 with open(launcher_log, "w") as log:
                     # Its own session: a timeout kills mpiexec and everything it started.
                     procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                                  env={**mpi_env, **env},
+                                                  env={**mpi_env, **env, "TMPDIR": tmp},
                                                   start_new_session=True))
                 _wait_mpi(procs[0], launcher_log, logs, timeout)
             else:
@@ -199,7 +199,7 @@ def run_cases(bed: Any, cases: Sequence[Case], *, timeout: float = 300.0,
                     with open(logs[r], "w") as log:
                         procs.append(subprocess.Popen(
                             ["ip", "netns", "exec", ns, *worker, str(r)],
-                            stdout=log, stderr=subprocess.STDOUT, env=env))
+                            stdout=log, stderr=subprocess.STDOUT, env={**env, "TMPDIR": tmp}))
                 _wait(procs, logs, timeout)
         finally:
             for proc in procs:

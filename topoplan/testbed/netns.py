@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from .._util import signals_raise
 from ..errors import TopoplanError
 from .layout import Layout, Veth
 
@@ -293,27 +294,14 @@ def crossing_pairs(layout: Layout) -> dict[tuple[str, str], list[tuple[str, str]
     return out
 
 
-@contextlib.contextmanager
-def interrupts_raise() -> Iterator[None]:
-    """Turn SIGTERM/SIGHUP into KeyboardInterrupt so cleanup code runs (main thread only).
+def interrupts_raise() -> contextlib.AbstractContextManager[None]:
+    """Turn SIGTERM/SIGHUP into KeyboardInterrupt so cleanup code runs (main thread only):
+    :func:`topoplan._util.signals_raise`.
 
     Wrap whatever runs while a testbed is up: killing the process then still removes
     the namespaces (a background job started by a script also ignores SIGINT).
     """
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    old = {}
-    try:
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            old[sig] = signal.signal(sig, handler)
-    except ValueError:  # not the main thread: leave signals alone
-        pass
-    try:
-        yield
-    finally:
-        for sig, previous in old.items():
-            signal.signal(sig, previous)
+    return signals_raise()
 
 
 def write_state(layout: Layout, path: Path, links: Sequence[dict] = ()) -> None:

@@ -86,27 +86,30 @@ def run_command(bed: Any, argv: Sequence[str], *, transport: str = "mpi",
         TESTBED_SCALE_ENV: repr(layout.scale)}
     deadline = None if timeout is None else time.monotonic() + timeout
     procs: list[subprocess.Popen] = []
-    try:
-        with tempfile.TemporaryDirectory(prefix="topoplan-testbed-run-") as tmp:
+    # The folder holds the launcher's files and is the ranks' TMPDIR (Open MPI's session
+    # files): it goes when they have gone, however the run ends.
+    with tempfile.TemporaryDirectory(prefix="topoplan-testbed-run-") as tmp:
+        try:
             if transport == "mpi":
                 from .mpi import mpiexec_command
                 command, mpi_env = mpiexec_command(layout, Path(tmp), list(argv), largest_message)
-                procs.append(subprocess.Popen(command, env={**mpi_env, **env},
+                procs.append(subprocess.Popen(command, env={**mpi_env, **env, "TMPDIR": tmp},
                                               start_new_session=True))
             else:
                 for r, ns in enumerate(layout.rank_ns):
                     procs.append(subprocess.Popen(["ip", "netns", "exec", ns, *argv],
-                                                  env={**env, **rank_environment(layout, r)},
+                                                  env={**env, **rank_environment(layout, r),
+                                                       "TMPDIR": tmp},
                                                   start_new_session=True))
             return _wait(procs, deadline, timeout)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for ns in layout.rank_ns:
-            kill_namespace_processes(ns)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            for ns in layout.rank_ns:
+                kill_namespace_processes(ns)
 
 
 def _wait(procs: list[subprocess.Popen], deadline: float | None, timeout: float | None) -> int:

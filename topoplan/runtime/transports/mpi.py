@@ -34,10 +34,18 @@ import time
 import weakref
 from typing import Any, Callable, NoReturn, Sequence
 
-from ...errors import TopoplanError
+from ...errors import TopoplanError, TransportError
 from .base import Collective, Group, Message, NativeWork, NoNative, PeerFailure, Transport
 
-__all__ = ["MPI", "byte_view", "leave_after_failure"]
+__all__ = ["MPI", "byte_view", "leave_after_failure", "LEAVE_GRACE"]
+
+#: Seconds a survivor asks MPI which ranks failed, after a failure, while the news of it
+#: reaches this process.
+FAILED_WAIT = 2.0
+#: Seconds a survivor waits before it leaves (:func:`leave_after_failure`): enough for the
+#: others, whose calls fail at once on the revoked communicator, to say what they saw
+#: before ``mpiexec`` ends the job.
+LEAVE_GRACE = 3.0
 
 
 def _mpi() -> Any:
@@ -182,7 +190,7 @@ class _MPINative(NativeWork):
         try:
             self.block()
         except self.mpi.Exception as exc:
-            raise PeerFailure(0, self.t._describe(exc)) from None
+            raise PeerFailure(0, self.t._describe(exc, self.comm)) from None
         return True
 
     def start(self) -> None:
@@ -194,13 +202,13 @@ class _MPINative(NativeWork):
         try:
             self.request = self.post()
         except self.mpi.Exception as exc:
-            raise PeerFailure(0, self.t._describe(exc)) from None
+            raise PeerFailure(0, self.t._describe(exc, self.comm)) from None
 
     def test(self) -> bool:
         try:
             return bool(self.request.Test())
         except self.mpi.Exception as exc:
-            raise PeerFailure(0, self.t._describe(exc)) from None
+            raise PeerFailure(0, self.t._describe(exc, self.comm)) from None
 
     def wait(self, timeout: float) -> bool:
         request, pause, spin = self.request, self.t._pause, self.t.spin
@@ -215,7 +223,7 @@ class _MPINative(NativeWork):
                     pause()
             return True
         except self.mpi.Exception as exc:
-            raise PeerFailure(0, self.t._describe(exc)) from None
+            raise PeerFailure(0, self.t._describe(exc, self.comm)) from None
 
     def finish(self) -> None:
         for dst, src in self.copy_out:
@@ -424,12 +432,69 @@ class MPI(Transport):
                 return i
         return 0
 
-    def _describe(self, exc: Any) -> str:
+    def _describe(self, exc: Any, comm: Any = None) -> str:
+        """What ``exc`` says, and, after a process failure (ULFM), which ranks died.
+
+        The first rank to learn of a death revokes the communicator (and ``comm``, a
+        native step's sub-communicator), so every survivor's pending call fails at once
+        with ``MPI_ERR_REVOKED`` instead of waiting out its deadline on a live peer that
+        has stopped; each then asks MPI which ranks failed, for up to
+        :data:`FAILED_WAIT` s while the news spreads."""
         try:
             code = exc.Get_error_class()
-            return f"{exc.Get_error_string().strip()} (MPI error class {code})"
+            text = f"{exc.Get_error_string().strip()} (MPI error class {code})"
         except Exception:  # noqa: BLE001 - describing an error must not raise another
             return str(exc)
+        mpi = self._mpi
+        if code not in (getattr(mpi, "ERR_PROC_FAILED", -1), getattr(mpi, "ERR_REVOKED", -1),
+                        getattr(mpi, "ERR_PROC_FAILED_PENDING", -1)):
+            return text
+        self._revoke(comm)
+        dead = self._dead()
+        if not dead:
+            return f"{text}; MPI cannot tell which rank failed"
+        names = ", ".join(str(r) for r in dead)
+        return f"rank{'s' if len(dead) > 1 else ''} {names} died ({text})"
+
+    def _revoke(self, comm: Any = None) -> None:
+        for c in (comm, self.comm):
+            if c is None:
+                continue
+            try:
+                if not c.Is_revoked():
+                    c.Revoke()
+            except Exception:  # noqa: BLE001 - no ULFM (MPICH, Open MPI 4): nothing to do
+                pass
+
+    def _dead(self) -> list[int]:
+        """The ranks of the transport's communicator that MPI knows to have failed."""
+        mpi, deadline = self._mpi, time.monotonic() + FAILED_WAIT
+        while True:
+            try:
+                failed = self.comm.Get_failed()
+                size = failed.Get_size()
+                if size:
+                    return sorted(mpi.Group.Translate_ranks(failed, list(range(size)),
+                                                            self.comm.Get_group()))
+            except Exception:  # noqa: BLE001 - no ULFM: MPI cannot tell
+                return []
+            if time.monotonic() >= deadline:
+                return []
+            # The news arrives as a runtime event that only MPI's progress engine takes
+            # in: a probe drives it (without one, a rank that learned of the failure by
+            # the revoke alone could ask for seconds and hear of no failed rank).
+            mpi.COMM_SELF.Iprobe()
+            time.sleep(0.01)
+
+    def _agree(self, what: str, call: Callable[[], Any]) -> Any:
+        """``call()``, a collective over the whole communicator (the agreement on timings,
+        the result check); an MPI failure in it becomes the located error every other
+        failure is."""
+        try:
+            return call()
+        except self._mpi.Exception as exc:
+            raise TransportError(f"rank {self.rank}: mpi {what} failed: "
+                                 f"{self._describe(exc)}", rank=self.rank) from None
 
     def abort(self, handle: _Batch) -> None:
         # Cancel what is still pending so a late message cannot land in a buffer
@@ -503,30 +568,33 @@ class MPI(Transport):
     def native_allreduce(self, buffer: Any) -> None:
         mpi = self._mpi
         flat = self._summable(buffer, "MPI_Allreduce")
-        self.comm.Allreduce(mpi.IN_PLACE, flat, op=mpi.SUM)
+        self._agree("MPI_Allreduce", lambda: self.comm.Allreduce(mpi.IN_PLACE, flat, op=mpi.SUM))
 
     def native_reduce_scatter(self, input: Any, output: Any) -> None:
         """``MPI_Reduce_scatter_block`` (sum) from ``input`` into ``output``."""
         mpi = self._mpi
         what = "MPI_Reduce_scatter_block"
-        self.comm.Reduce_scatter_block(self._summable(input, what),
-                                       self._summable(output, what), op=mpi.SUM)
+        src, dst = self._summable(input, what), self._summable(output, what)
+        self._agree(what, lambda: self.comm.Reduce_scatter_block(src, dst, op=mpi.SUM))
 
     def native_allgather(self, input: Any, output: Any) -> None:
         """``MPI_Allgather`` of ``input`` into ``output`` (moved as bytes: any dtype)."""
-        self.comm.Allgather(byte_view(input.reshape(-1)), byte_view(output.reshape(-1)))
+        src, dst = byte_view(input.reshape(-1)), byte_view(output.reshape(-1))
+        self._agree("MPI_Allgather", lambda: self.comm.Allgather(src, dst))
 
     def allreduce_max(self, value: float) -> float:
-        return float(self.comm.allreduce(float(value), op=self._mpi.MAX))
+        return float(self._agree("allreduce of the slowest time", lambda: self.comm.allreduce(
+            float(value), op=self._mpi.MAX)))
 
     def allreduce_max_many(self, values: Sequence[float]) -> list[float]:
         import numpy as np
         array = np.array([float(v) for v in values], dtype=np.float64)
-        self.comm.Allreduce(self._mpi.IN_PLACE, array, op=self._mpi.MAX)
+        self._agree("agreement (allreduce MAX)", lambda: self.comm.Allreduce(
+            self._mpi.IN_PLACE, array, op=self._mpi.MAX))
         return [float(v) for v in array]
 
     def barrier(self) -> None:
-        self.comm.Barrier()
+        self._agree("barrier", self.comm.Barrier)
 
     @classmethod
     def world(cls, **kwargs: Any) -> MPI:

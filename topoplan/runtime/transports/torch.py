@@ -34,12 +34,13 @@ from __future__ import annotations
 import datetime
 import inspect
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
-from ...errors import TopoplanError
+from ...errors import TopoplanError, TransportError
 from .base import (Collective, Deadline, Group, Message, NativeWork, NoNative, PeerFailure,
                    Transport)
 
@@ -233,8 +234,24 @@ class _TorchNative(_WorksNative):
 
 
 def _first_line(exc: BaseException) -> str:
+    """What a c10d error says, in one line: gloo's source location and its closing advice
+    left out, and, where a connection closed, who that can be."""
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    if not text:
+        return type(exc).__name__
+    line = re.sub(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*", "", text.splitlines()[0])
+    line = re.split(r"\.\s+This is typically caused by", line)[0].rstrip(". ")
+    if _CLOSED.search(line):
+        line += " (the peer's process died or left after an error of its own)"
+    return line
+
+
+#: gloo's words for a connection its peer closed.
+_CLOSED = re.compile(r"closed by peer|reset by peer|broken pipe|end of file", re.IGNORECASE)
+
+
+def _reraise(exc: BaseException) -> NoReturn:
+    raise exc
 
 
 class Torch(Transport):
@@ -308,7 +325,7 @@ class Torch(Transport):
             except RuntimeError as exc:
                 if _timed_out(exc):
                     return [j for j in range(i, len(handle)) if not handle[j].is_completed()]
-                raise PeerFailure(i, str(exc).strip().splitlines()[0]) from None
+                raise PeerFailure(i, _first_line(exc)) from None
         return []
 
     # -- native steps --------------------------------------------------------------
@@ -342,7 +359,19 @@ class Torch(Transport):
         return self.prepare(flat)
 
     def native_allreduce(self, buffer: Any) -> None:
-        self._dist.all_reduce(self._tensor(buffer), group=self.group)
+        tensor = self._tensor(buffer)
+        self._agree("dist.all_reduce", lambda: self._dist.all_reduce(tensor, group=self.group))
+
+    def _agree(self, what: str, call: Callable[[], Any]) -> Any:
+        """``call()``, a collective over the whole group (a native collective, the
+        agreement on timings, the result check); a failure in it becomes a located
+        :class:`~topoplan.TransportError`. A collective does not say which member failed."""
+        try:
+            return call()
+        except RuntimeError as exc:
+            raise TransportError(f"rank {self.rank}: {self.name} {what} failed: "
+                                 f"{_first_line(exc)}; {self.name} cannot tell which rank "
+                                 "failed", rank=self.rank) from None
 
     def _native_fn(self, names: tuple[str, ...]) -> tuple[str, Any]:
         """The first of ``names`` this torch.distributed has (newer names first: 2.13
@@ -372,7 +401,7 @@ class Torch(Transport):
             if "not support" in low or "does not support" in low or "not implemented" in low:
                 # Raised by the backend before anything moves, on every rank alike.
                 raise NoNative(f"{name} on {self.backend}: {text}") from None
-            raise
+            self._agree(name, lambda: _reraise(exc))
 
     def native_reduce_scatter(self, input: Any, output: Any) -> None:
         """``reduce_scatter_tensor`` (sum) from ``input`` into ``output``.
@@ -389,18 +418,17 @@ class Torch(Transport):
         self._native(self._AG, output, input)
 
     def allreduce_max(self, value: float) -> float:
-        t = self._torch.tensor([float(value)], dtype=self._torch.float64, device=self.device)
-        self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self.group)
-        return float(t.item())
+        return self.allreduce_max_many([value])[0]
 
     def allreduce_max_many(self, values: Sequence[float]) -> list[float]:
         t = self._torch.tensor([float(v) for v in values], dtype=self._torch.float64,
                                device=self.device)
-        self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self.group)
+        self._agree("agreement (all_reduce MAX)", lambda: self._dist.all_reduce(
+            t, op=self._dist.ReduceOp.MAX, group=self.group))
         return [float(v) for v in t.tolist()]
 
     def barrier(self) -> None:
-        self._dist.barrier(group=self.group)
+        self._agree("barrier", lambda: self._dist.barrier(group=self.group))
 
     # -- launching ---------------------------------------------------------------
     @staticmethod

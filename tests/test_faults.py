@@ -1,0 +1,255 @@
+"""Faults with real processes: SIGTERM to a front-end ends its whole job, and a rank
+killed with SIGKILL is named by every survivor, fast, with nothing left behind.
+
+Each job carries a marker in its environment, which every process it starts inherits
+(mpiexec's ranks, torchrun's workers, the testbed's): what is left after the job is
+found by that marker in ``/proc/*/environ``, so a test on another pytest-xdist worker is
+never mistaken for a leftover. Each job's ``TMPDIR`` is a folder of the test's own, which
+must be empty afterwards (the launcher's session files, topoplan's scratch).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from .support.netns import needs_netns
+
+ROOT = Path(__file__).resolve().parent.parent
+MARK = "TOPOPLAN_FAULT_TEST"
+#: What every survivor must do within this many seconds of the fault: end, having said so.
+WITHIN = 10.0
+SLEEP = "import time; time.sleep(120)"
+
+
+def marked(mark: str, rank_var: str | None = None) -> dict[int, str | None]:
+    """The live processes whose environment holds ``MARK=mark``: pid -> the value of
+    ``rank_var`` in it (None without one)."""
+    found: dict[int, str | None] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if f"{MARK}={mark}".encode() not in env:
+            continue
+        if state[state.rindex(")") + 2:].split()[0] == "Z":
+            continue  # a zombie has ended: its parent has only not reaped it yet
+        value = None
+        if rank_var is not None:
+            for item in env:
+                if item.startswith(f"{rank_var}=".encode()):
+                    value = item.split(b"=", 1)[1].decode()
+        found[int(entry.name)] = value
+    return found
+
+
+class Job:
+    """A ``topoplan`` command started as a user would, with a marker and its own TMPDIR."""
+
+    def __init__(self, tmp_path: Path, *args: str, env: dict[str, str] | None = None,
+                 python: bool = False) -> None:
+        self.mark = uuid.uuid4().hex
+        self.tmp = tmp_path / "tmp"
+        self.tmp.mkdir()
+        env = {**os.environ, **(env or {}), MARK: self.mark, "TMPDIR": str(self.tmp)}
+        argv = [sys.executable, *args] if python else [sys.executable, "-m", "topoplan", *args]
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def wait_ready(self, count: int, timeout: float = 120.0) -> None:
+        """Wait until ``count`` lines ``READY <rank>`` came."""
+        deadline = time.monotonic() + timeout
+        while sum(line.startswith("READY ") for line in self.lines) < count:
+            assert time.monotonic() < deadline and self.proc.poll() is None, (
+                self.lines, self.proc.poll())
+            time.sleep(0.1)
+
+    def wait_for(self, count: int, rank_var: str | None = None, timeout: float = 120.0,
+                 settle: float = 2.0) -> dict[int, str | None]:
+        """Wait until ``count`` marked processes with ``rank_var`` set run, then
+        ``settle`` seconds more (into the work)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.proc.stderr.read() if self.proc.stderr else ""
+            found = {p: r for p, r in marked(self.mark, rank_var).items()
+                     if rank_var is None or r is not None}
+            if len(found) >= count:
+                time.sleep(settle)
+                return found
+            time.sleep(0.1)
+        self.proc.kill()
+        raise AssertionError(f"{count} processes did not start within {timeout} s")
+
+    def end(self) -> tuple[int, str, float]:
+        """The exit status, stderr and seconds it took to end from now (at most WITHIN,
+        else the test fails, after killing what is left)."""
+        start = time.monotonic()
+        try:
+            self.proc.wait(timeout=WITHIN + 20)
+            self._reader.join(5)
+            assert self.proc.stderr is not None
+            err = self.proc.stderr.read()
+        finally:
+            self.proc.kill()
+            for pid in marked(self.mark):
+                os.kill(pid, signal.SIGKILL)
+        return self.proc.returncode, err, time.monotonic() - start
+
+    def nothing_left(self) -> None:
+        deadline = time.monotonic() + 3
+        while marked(self.mark) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not marked(self.mark), "processes outlived the job"
+        assert not list(self.tmp.iterdir()), f"left in TMPDIR: {list(self.tmp.iterdir())}"
+
+
+BENCH = ["bench", "--cluster", "topologies/ddl_two_switch.yaml", "--algorithm", "ring",
+         "--sizes", "16MiB", "--iters", "100000", "--timeout", "60"]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", ["bench-mpi", "bench-torch", "launch-mpi", "launch-torch"])
+def test_sigterm_ends_the_front_end_the_launcher_and_every_rank(case, tmp_path):
+    pytest.importorskip("mpi4py")
+    command, transport = case.split("-")
+    if transport == "torch":
+        pytest.importorskip("torch")
+    if command == "bench":
+        job = Job(tmp_path, *BENCH, "--transport", transport)
+        job.wait_for(4, "OMPI_COMM_WORLD_RANK")
+    else:
+        job = Job(tmp_path, "launch", "-n", "2", "--transport", transport, "--",
+                  "python", "-c", SLEEP)
+        job.wait_for(2, "OMPI_COMM_WORLD_RANK" if transport == "mpi" else "LOCAL_RANK",
+                     settle=0.5)
+    job.proc.send_signal(signal.SIGTERM)
+    code, err, took = job.end()
+    assert code == 143, err
+    assert err.strip().splitlines()[-1] == "topoplan: terminated (SIGTERM)", err
+    assert "Traceback" not in err, err
+    assert took < WITHIN, f"took {took:.1f} s"
+    job.nothing_left()
+
+
+FRONT = ("import sys; from topoplan.commands.common import choose_port; "
+         "from topoplan.runtime.mpirun import mpiexec; choose_port(); "
+         "sys.exit(mpiexec(4, [sys.executable, '-m', 'tests.support.fault_rank', sys.argv[1]], "
+         "fault_tolerant=True, capture=False).returncode)")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("transport", ["mpi", "torch"])
+def test_every_survivor_of_a_killed_rank_says_so_fast_and_names_it(transport, tmp_path):
+    """What bench's ranks do (tests/support/fault_rank.py): rank 1 is killed once every
+    rank is in the loop of planned allreduces."""
+    pytest.importorskip("mpi4py")
+    if transport == "torch":
+        pytest.importorskip("torch")
+    job = Job(tmp_path, "-c", FRONT, transport, python=True)
+    job.wait_ready(4)
+    ranks = marked(job.mark, "OMPI_COMM_WORLD_RANK")
+    victim = next(pid for pid, rank in ranks.items() if rank == "1")
+    os.kill(victim, signal.SIGKILL)
+    code, err, took = job.end()
+    assert code != 0, err
+    assert "Traceback" not in err, err
+    assert took < WITHIN, f"took {took:.1f} s:\n{err}"
+    lines = [line for line in err.splitlines() if line.startswith("topoplan: error: rank ")]
+    said = {int(re.match(r"topoplan: error: rank (\d+):", line).group(1)): line
+            for line in lines}
+    assert sorted(said) == [0, 2, 3], err
+    for rank, line in said.items():
+        if transport == "mpi":  # ULFM tells every survivor which rank failed
+            assert "rank 1 died" in line, line
+        else:  # gloo tells the peer whose connection closed: rank 1, or one that left
+            assert "died or left" in line and re.search(r"(from|to) peer \d", line), line
+    if transport == "torch":
+        assert any(re.search(r"(from|to) peer 1 failed", line) for line in lines), err
+    job.nothing_left()
+
+
+AGREE_PROGRAM = textwrap.dedent("""
+    import os, signal, sys
+    from mpi4py import MPI
+    from topoplan.errors import TransportError
+    from topoplan.runtime.transports.mpi import MPI as Transport, leave_after_failure
+    t = Transport.world()
+    t.barrier()
+    if t.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        for _ in range(1000):
+            t.allreduce_max(1.0)
+    except TransportError as exc:
+        print(f"topoplan: error: {exc}", file=sys.stderr, flush=True)
+        leave_after_failure(1, grace=2)
+""")
+
+
+@pytest.mark.mpi
+def test_a_rank_that_dies_during_an_agreement_is_named_without_a_traceback(tmp_path):
+    pytest.importorskip("mpi4py")
+    from topoplan.runtime.mpirun import mpiexec
+    start = time.monotonic()
+    done = mpiexec(4, [sys.executable, "-c", AGREE_PROGRAM], fault_tolerant=True, timeout=60,
+                   cwd=ROOT)
+    assert time.monotonic() - start < 30
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("topoplan: error:")]
+    assert len(lines) == 3, done.stderr
+    for line in lines:
+        assert re.match(r"topoplan: error: rank [023]: mpi allreduce of the slowest time "
+                        r"failed: rank 1 died \(MPI_ERR_", line), line
+
+
+TESTBED = """\
+name: tb-fault
+switches: [{name: sw0}]
+boxes:
+  - {name: A, gpus: 1, nics: [{switch: sw0, bandwidth: 500 Mbit/s}]}
+  - {name: B, gpus: 1, nics: [{switch: sw0, bandwidth: 500 Mbit/s}]}
+"""
+
+
+@needs_netns
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_sigterm_to_a_testbed_run_removes_the_testbed_and_its_ranks(tmp_path):
+    pytest.importorskip("mpi4py")
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(TESTBED)
+    before = set(subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                text=True).stdout.split())
+    job = Job(tmp_path, "testbed", "run", str(cluster), "--transport", "mpi", "--",
+              "python", "-c", SLEEP, env={"TOPOPLAN_TESTBED_STATE": str(tmp_path / "state")})
+    job.wait_for(2, "OMPI_COMM_WORLD_RANK", settle=0.5)
+    job.proc.send_signal(signal.SIGTERM)
+    code, err, took = job.end()
+    assert code == 143, err
+    assert took < WITHIN, f"took {took:.1f} s"
+    job.nothing_left()
+    after = set(subprocess.run(["ip", "netns", "list"], capture_output=True,
+                               text=True).stdout.split())
+    mine = [ns for ns in after - before if ns.split("-")[1:2] == [str(job.proc.pid)]]
+    assert not mine, mine
+    assert not list((tmp_path / "state").glob("*.json"))
