@@ -60,13 +60,16 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .commands.common import show_warning
-
-    with warnings.catch_warnings():
-        # Each warning once per command (a file read twice warns once), one line each.
-        warnings.simplefilter("default", TopoplanWarning)
-        warnings.showwarning = show_warning
-        return _main(argv)
+    try:
+        from .commands.common import show_warning
+        with warnings.catch_warnings():
+            # Each warning once per command (a file read twice warns once), one line each.
+            warnings.simplefilter("default", TopoplanWarning)
+            warnings.showwarning = show_warning
+            return _main(argv)
+    except KeyboardInterrupt:  # while the commands load, before _main's own handler
+        print("topoplan: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 def _main(argv: list[str] | None) -> int:

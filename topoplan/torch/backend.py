@@ -101,6 +101,11 @@ class TopoplanOptions:
 
 
 # -- the work object ---------------------------------------------------------------------
+def _value(future: torch.futures.Future) -> Any:
+    """``future.value()``: raises what the call raised (see :class:`TopoplanWork`)."""
+    return future.value()
+
+
 class TopoplanWork(dist.Work):
     """A call of the backend: done when its job on the worker thread is (planned), with
     a :class:`torch.futures.Future` of its output tensors.
@@ -113,7 +118,11 @@ class TopoplanWork(dist.Work):
         self._result = result
         self._done = threading.Event()
         self._error: BaseException | None = None
-        self._future: torch.futures.Future = torch.futures.Future()
+        self._outcome: torch.futures.Future = torch.futures.Future()
+        # What get_future() hands out: DDP's reducer reads it in C++, where an exception
+        # set from Python is only an object ("Unable to cast <message> to Tensor"); a
+        # callback that raises marks the Future it returns failed, as C++ expects.
+        self._future: torch.futures.Future = self._outcome.then(_value)
 
     def _finish(self, error: BaseException | None = None) -> None:
         # Done first: a caller woken by the future (DDP's callbacks run inside
@@ -121,9 +130,9 @@ class TopoplanWork(dist.Work):
         self._error = error
         self._done.set()
         if error is None:
-            self._future.set_result(self._result)
+            self._outcome.set_result(self._result)
         else:
-            self._future.set_exception(error)
+            self._outcome.set_exception(error)
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         # Each planned step has its deadline (TopoplanOptions.timeout); ``timeout``
@@ -436,6 +445,16 @@ class TopoplanProcessGroup(dist.ProcessGroup):
         """The :class:`~topoplan.torch.PlannedAllreduce` of CPU tensors (None before
         the first planned call)."""
         return self._made.get("cpu", (None, None))[0]
+
+    @property
+    def settled(self) -> bool:
+        """Whether ``auto`` has settled on every size class this group has called
+        (:attr:`MeasuredChoice.settled <topoplan.runtime.choice.MeasuredChoice.settled>`):
+        what a benchmark waits for before it times steady steps."""
+        choices = [c for kind in self._made.values() for c in (
+            [kind[0].choice] if kind[0].choice is not None else []) + list(
+            kind[1].choices.values())]
+        return all(c.settled for c in choices)
 
     @property
     def direct_calls(self) -> int:

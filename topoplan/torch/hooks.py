@@ -48,6 +48,11 @@ __all__ = ["TopoplanHookState", "allreduce_hook", "fp16_compress_hook", "registe
            "register"]
 
 
+def _value(future: torch.futures.Future) -> Any:
+    """``future.value()``: raises what the call raised (see :meth:`TopoplanHookState.launch`)."""
+    return future.value()
+
+
 class TopoplanHookState:
     """What the hooks need: the cluster, the planned allreduce per size, a progress thread.
 
@@ -130,19 +135,23 @@ class TopoplanHookState:
         """Start the allreduce of ``buffer`` now; a Future of ``finish()``, which runs
         once the allreduce is done (on the progress thread)."""
         future: torch.futures.Future = torch.futures.Future()
+        # DDP's reducer reads the Future in C++, where an exception set from Python is
+        # only an object ("Unable to cast <message> to Tensor"); a callback that raises
+        # marks the Future it returns failed, with the message, as C++ expects.
+        handed = future.then(_value)
         start = getattr(self.allreduce, "start", None)
         began = time.perf_counter()
         try:
             handle = start(buffer) if start is not None else _Deferred(self.allreduce, buffer)
         except BaseException as exc:  # noqa: BLE001 - handed to DDP, which re-raises it
             future.set_exception(exc)
-            return future
+            return handed
         with self._progress.lock:
             if self._progress.closed:
                 raise TopoplanError("TopoplanHookState is closed")
             self._inflight.append((handle, future, finish, began))
             self._progress.wake()
-        return future
+        return handed
 
     def _complete_first(self) -> None:
         """The progress thread's step: wait for the oldest call, complete its Future."""
