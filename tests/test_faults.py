@@ -253,3 +253,23 @@ def test_sigterm_to_a_testbed_run_removes_the_testbed_and_its_ranks(tmp_path):
     mine = [ns for ns in after - before if ns.split("-")[1:2] == [str(job.proc.pid)]]
     assert not mine, mine
     assert not list((tmp_path / "state").glob("*.json"))
+
+
+@pytest.mark.parametrize("outcome", ["success", "timeout"])
+def test_a_torch_launch_leaves_nothing_and_prints_no_traceback(outcome, tmp_path):
+    """torchrun keeps its logs in a torchelastic_* folder of TMPDIR, and answers the
+    SIGTERM that ends a job past --timeout with a traceback of its own."""
+    pytest.importorskip("torch")
+    program = "print('ran')" if outcome == "success" else SLEEP
+    timeout = [] if outcome == "success" else ["--timeout", "5"]
+    job = Job(tmp_path, "launch", "-n", "2", "--transport", "torch", *timeout, "--",
+              "python", "-c", program)
+    code, err, _ = job.end()
+    assert "Traceback" not in err, err
+    if outcome == "success":
+        assert code == 0, err
+        assert job.lines.count("ran\n") == 2, job.lines
+    else:
+        assert code == 1 and err.strip().splitlines()[-1] == (
+            "topoplan: error: the job did not finish within 5 s; ended it"), err
+    job.nothing_left()
