@@ -55,6 +55,13 @@ def marked(mark: str, rank_var: str | None = None) -> dict[int, str | None]:
     return found
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # gone
+        return b""
+
+
 class Job:
     """A ``topoplan`` command started as a user would, with a marker and its own TMPDIR."""
 
@@ -234,15 +241,27 @@ boxes:
 @needs_netns
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_sigterm_to_a_testbed_run_removes_the_testbed_and_its_ranks(tmp_path):
-    pytest.importorskip("mpi4py")
+@pytest.mark.parametrize("action", ["run", "bench"])
+def test_sigterm_to_a_testbed_job_removes_the_testbed_and_its_ranks(action, tmp_path):
+    pytest.importorskip("mpi4py" if action == "run" else "torch")
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(TESTBED)
     before = set(subprocess.run(["ip", "netns", "list"], capture_output=True,
                                 text=True).stdout.split())
-    job = Job(tmp_path, "testbed", "run", str(cluster), "--transport", "mpi", "--",
-              "python", "-c", SLEEP, env={"TOPOPLAN_TESTBED_STATE": str(tmp_path / "state")})
-    job.wait_for(2, "OMPI_COMM_WORLD_RANK", settle=0.5)
+    env = {"TOPOPLAN_TESTBED_STATE": str(tmp_path / "state")}
+    if action == "run":
+        job = Job(tmp_path, "testbed", "run", str(cluster), "--transport", "mpi", "--",
+                  "python", "-c", SLEEP, env=env)
+        job.wait_for(2, "OMPI_COMM_WORLD_RANK", settle=0.5)
+    else:  # gloo ranks of the testbed's own worker, in the timed loop
+        job = Job(tmp_path, "testbed", "bench", str(cluster), "--no-calibrate", "--no-probe",
+                  "--sizes", "64MiB", "--iters", "500", "--transport", "gloo", env=env)
+        deadline = time.monotonic() + 120
+        while len([p for p in marked(job.mark) if b"topoplan.testbed.worker" in
+                   _cmdline(p)]) < 2:
+            assert time.monotonic() < deadline and job.proc.poll() is None
+            time.sleep(0.2)
+        time.sleep(2)
     job.proc.send_signal(signal.SIGTERM)
     code, err, took = job.end()
     assert code == 143, err
