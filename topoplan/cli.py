@@ -6,6 +6,10 @@ the parser it adds sets ``func(args) -> int``. A mistake in the arguments is one
 Errors a user can cause
 (:class:`TopoplanError`) print ``topoplan: error: ...`` and exit 1, without a traceback;
 warnings (:class:`TopoplanWarning`) print ``topoplan: warning: ...``, one line each.
+Ctrl-C prints ``topoplan: interrupted`` (exit 130); a SIGTERM that lands while a file is
+written (``-o``) removes the temporary file and prints ``topoplan: terminated`` (exit
+143); elsewhere SIGTERM keeps its default action (a rank under mpiexec must not run
+``MPI_Finalize`` on its way out).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import signal
 import sys
 import warnings
 
+from ._util import Terminated
 from .errors import TopoplanError, TopoplanWarning
 
 COMMANDS = ("topo", "plan", "verify", "simulate", "bench", "calibrate", "show", "launch",
@@ -90,5 +95,8 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         print("topoplan: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
+    except Terminated:  # SIGTERM during a write (atomic_write), its temporary file removed
+        print("topoplan: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except BrokenPipeError:
         return 0
