@@ -1,7 +1,8 @@
 """Executors run only schedules that verify: ``Allreduce``, ``ReduceScatter`` and
 ``AllGather`` built from a schedule verify it once per schedule (cached: another executor
 of it, or of an equal schedule read again, does not verify again), unless the caller
-says ``verified=True``."""
+says ``verified=True``; ``topoplan simulate`` refuses such a plan as ``topoplan verify``
+does, unless ``--force``."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 
 import topoplan
 import topoplan.ir.verify as V
+from topoplan.cli import main
 from topoplan.cluster import flat_cluster
 from topoplan.errors import ScheduleError
 from topoplan.ir.parse import load_schedule, loads_schedule
@@ -182,3 +184,19 @@ def test_real_mpi_ranks_refuse_a_flipped_plan_and_verify_a_good_one_once(tmp_pat
         # the flipped plan (refused: not remembered) and the good one, once for two executors
         assert record["verify_calls"] == ["ring", "ring"], record["verify_calls"]
     assert proc.returncode == 0, proc.stderr
+
+
+def test_simulate_refuses_a_plan_that_does_not_verify_as_verify_does(tmp_path, capsys):
+    path = tmp_path / "flipped.json"
+    flip_reduce(topoplan.plan(topoplan.load_cluster(CLUSTER), "ring", size=1 << 20)).save(path)
+    assert main(["verify", str(path)]) == 1
+    said = capsys.readouterr().err.strip()
+    assert said.startswith(f"topoplan: error: {path}: ring schedule: rank ")
+    assert main(["simulate", str(CLUSTER), str(path), "--sizes", "1MiB"]) == 1
+    out = capsys.readouterr()
+    assert out.err.strip() == f"{said}; pass --force to simulate it anyway"
+    assert out.out == ""
+    assert main(["simulate", str(CLUSTER), str(path), "--sizes", "1MiB", "--json",
+                 "--force"]) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert len(rows) == 1 and rows[0]["time_s"] > 0
