@@ -91,7 +91,7 @@ def _sigterm(at_once: bool) -> Iterator[Callable[[], None]]:
         yield check
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    check()
+        check()  # the signal wins over an error of the block's: the process still ends
 
 
 def _umask() -> int:
