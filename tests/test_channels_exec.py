@@ -100,12 +100,12 @@ def test_an_untagged_transport_runs_channels_one_after_another() -> None:
         out["mode"] = run._channel_mode
         out["rings"] = bool(np.array_equal(x, C._sum(1001, 3)))
         x = C._ints(100, rank)
-        Allreduce(C.lockstep_trap(3), t, timeout=10)(x)
+        Allreduce(C.lockstep_trap(3), t, timeout=10, verified=True)(x)  # ranks 0 and 1
         out["trap"] = bool(np.array_equal(x, C._sum(100, 2) if rank < 2 else C._ints(100, rank)))
         if rank == 2:
             go.wait(3 * TIMEOUT)
         try:
-            Allreduce(C.handoff(3), t, timeout=TIMEOUT)(C._ints(100, rank))
+            Allreduce(C.handoff(3), t, timeout=TIMEOUT, verified=True)(C._ints(100, rank))
             out["handoff"] = None
         except TransportError as exc:
             out["handoff"] = str(exc)
@@ -139,7 +139,7 @@ def test_channels_whose_tags_would_wrap_run_one_after_another() -> None:
     assert pair_span(schedule) == 2 * k > TAG_LIMIT
 
     def rank_fn(t: Local) -> Any:
-        run = Allreduce(schedule, t, timeout=30)
+        run = Allreduce(schedule, t, timeout=30, verified=True)  # adds k times: as it is
         x = np.full(4, t.rank + 1.0)
         run(x)
         return run._channel_mode, x.tolist()
@@ -296,7 +296,7 @@ def test_channels_keep_a_schedule_that_is_not_channelled_as_it_was() -> None:
             t.world.barrier(t.rank, 30)
             return None
         try:
-            Allreduce(schedule, t, timeout=0.5)(np.ones(4))
+            Allreduce(schedule, t, timeout=0.5, verified=True)(np.ones(4))
         except TransportError as exc:
             t.world.barrier(t.rank, 30)
             return str(exc)

@@ -86,7 +86,7 @@ def test_bound_views_alias_the_user_buffer() -> None:
 def test_send_carries_the_value_at_step_start() -> None:
     def rank_fn(t: Local) -> np.ndarray:
         x = np.full(1001, float(t.rank))
-        Allreduce(S.swap(3), t)(x)
+        Allreduce(S.swap(3), t, verified=True)(x)  # not an allreduce: as it is
         return x
 
     for rank, x in enumerate(Local.launch(3, rank_fn)):
@@ -101,7 +101,7 @@ def test_a_range_send_overlapping_a_range_recv_goes_out_of_a_snapshot() -> None:
 
     def rank_fn(t: Local) -> np.ndarray:
         x = np.arange(1000, dtype=np.float64) + 10000.0 * t.rank
-        Allreduce(S.shifted_swap(3), t)(x)
+        Allreduce(S.shifted_swap(3), t, verified=True)(x)  # not an allreduce
         return x
 
     for rank, x in enumerate(Local.launch(3, rank_fn)):
@@ -289,7 +289,7 @@ def test_ordering_many_messages_per_pair_in_one_step() -> None:
 
     def rank_fn(t: Local) -> np.ndarray:
         x = np.arange(8, dtype=np.float64) + 100 * t.rank
-        Allreduce(schedule, t)(x)
+        Allreduce(schedule, t, verified=True)(x)  # not an allreduce: run as it is
         return x
 
     assert np.array_equal(Local.launch(2, rank_fn)[1], np.arange(8))
@@ -325,7 +325,7 @@ def test_run_bench_counts_wrong_elements() -> None:
     from topoplan.runtime.bench import run_bench
 
     # A schedule that is not an allreduce: the check must notice.
-    rows = Local.launch(2, lambda t: run_bench(S.swap(2), t, [4096], iters=1))
+    rows = Local.launch(2, lambda t: run_bench(S.swap(2), t, [4096], iters=1, verified=True))
     # The pattern is i % 7 + rank % 3, so the sum is 2 (i % 7) + 1. After the swap rank 0
     # holds rank 1's i % 7 + 1, right only where i % 7 == 0; rank 1 holds i % 7, never
     # right. #wrong sums both ranks, as nccl-tests does.

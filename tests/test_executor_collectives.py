@@ -212,14 +212,15 @@ def test_run_bench_counts_wrong_elements_of_a_reduce_scatter_and_an_allgather():
     from topoplan.runtime.bench import run_bench
     count = 4096 // 4
     m = count // 2
-    rows = Local.launch(2, lambda t: run_bench(_wrong_reduce_scatter(), t, [4096], iters=1))
+    rows = Local.launch(2, lambda t: run_bench(_wrong_reduce_scatter(), t, [4096], iters=1,
+                                                      verified=True))
     # Pattern i % 7 + rank % 3, sum 2 (i % 7) + 1. Rank 0 holds rank 1's i % 7 + 1, right
     # only where i % 7 == 0; rank 1 holds rank 0's i % 7, never right.
     assert rows[0][0].wrong == sum(1 for i in range(m) if i % 7) + m
     # An "allgather" that moves nothing: every rank misses the other's shard (the output
     # starts as -1, which no result holds).
     idle = build_schedule(2, (0.5, 0.5), [[], []], collective="allgather", algorithm="idle")
-    rows = Local.launch(2, lambda t: run_bench(idle, t, [4096], iters=1))
+    rows = Local.launch(2, lambda t: run_bench(idle, t, [4096], iters=1, verified=True))
     assert rows[0][0].wrong == 2 * m
 
 

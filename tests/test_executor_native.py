@@ -121,7 +121,7 @@ def test_members_that_disagree_fail_naming_what_each_runs() -> None:
 
     def rank_fn(t: Local):
         with pytest.raises(TransportError) as info:
-            Allreduce(schedule, t, timeout=5)(np.ones(4))
+            Allreduce(schedule, t, timeout=5, verified=True)(np.ones(4))  # the run's error
         return str(info.value)
 
     for text in Local.launch(2, rank_fn, timeout=30):

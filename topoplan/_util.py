@@ -1,6 +1,7 @@
 """The package's small helpers, each a few lines, used across the layers.
 
-- :func:`atomic_write`: the one way topoplan writes a file, whole or not at all;
+- :func:`atomic_write`: the one way topoplan writes a file, where ``>`` would and whole
+  or not at all where the target allows it (:class:`Terminated`: its SIGTERM);
 - :class:`ObjectCache`: a value computed once per live object, keyed by identity;
 - :func:`no_gc`: a function run with the cyclic garbage collector paused;
 - :func:`step` and :func:`listening`: what long work is doing now, for whoever shows it;
@@ -9,19 +10,21 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import gc
 import os
 import signal
 import stat
 import tempfile
+import threading
 import weakref
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Callable, Generic, Iterator, ParamSpec, TypeVar
 
-__all__ = ["atomic_write", "open_mode", "ObjectCache", "no_gc", "step", "listening",
+__all__ = ["atomic_write", "open_mode", "Terminated", "ObjectCache", "no_gc", "step", "listening",
            "signals_raise"]
 
 K = TypeVar("K")
@@ -34,11 +37,67 @@ R = TypeVar("R")
 # Files
 # ----------------------------------------------------------------------------------
 # Every file topoplan writes for a user (plans, profiles, cluster YAML, MSCCL XML, figures)
-# and the files its processes hand each other go through atomic_write. The text is written
-# to a temporary file in the same folder and renamed over the target, so a crash or a full
-# disk never leaves half a file behind. ``mkstemp`` makes that temporary file private
-# (0600); the writer gives it the mode ``open(path, "w")`` would have given: an existing
-# file's own mode, else 0666 less the umask (0644 under umask 022).
+# and the files its processes hand each other go through atomic_write. It writes where
+# the shell's ``>`` would, with the permissions ``>`` has, and whole or not at all where
+# the target allows it: a regular file (or a new path) gets a temporary file in the same
+# folder, renamed over it, so a crash, a full disk or a SIGTERM never leaves half a file
+# behind. ``mkstemp`` makes that temporary file private (0600); the writer gives it the
+# mode ``open(path, "w")`` would have given: an existing file's own mode, else 0666 less
+# the umask (0644 under umask 022). What a rename would break is written in place
+# instead: a device or FIFO (``-o /dev/null`` stays a device), a file with other hard
+# links, a file the user may write in a folder they may not, or one owned by someone the
+# writer cannot give the new file to.
+
+#: Bytes per write(2) of a temporary file: between two, a SIGTERM can end the write.
+_CHUNK = 1 << 20
+
+
+class Terminated(SystemExit):
+    """SIGTERM, raised where it lands during :func:`atomic_write` once the temporary
+    file is gone: the process then exits with status 143 (128 + SIGTERM), as the signal's
+    default action would have ended it, without a traceback; the CLI says
+    ``topoplan: terminated``."""
+
+    def __init__(self) -> None:
+        super().__init__(128 + signal.SIGTERM)
+
+
+@contextmanager
+def _sigterm(at_once: bool) -> Iterator[Callable[[], None]]:
+    """Within the block, SIGTERM raises :class:`Terminated`: where it lands (``at_once``),
+    or where the block calls the check it is handed, and at the end of the block at the
+    latest. Checks put the exception where the block can clean up after it: a signal
+    landing between creating a temporary file and noting its name would leave it behind.
+
+    Only in the main thread (where Python runs signal handlers) and only while SIGTERM
+    has its default action: a handler of the program's own (or SIG_IGN) is left to decide.
+    """
+    pending: list[int] = []
+
+    def check() -> None:
+        if pending:
+            raise Terminated()
+
+    previous = signal.getsignal(signal.SIGTERM)
+    if (threading.current_thread() is not threading.main_thread()
+            or not (previous is signal.SIG_DFL or getattr(previous, "unwinds", False))):
+        yield check
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        pending.append(signum)
+        if at_once:
+            raise Terminated()
+
+    # The CLI's own handler (signals_raise: ``unwinds``) raises wherever the signal
+    # lands: this one takes over while the file is written, and gives it back.
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield check
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        check()  # the signal wins over an error of the block's: the process still ends
+
 
 def _umask() -> int:
     """The process's umask. Read from /proc where it is (Linux 4.7+): setting it to read it
@@ -63,30 +122,134 @@ def open_mode(path: str | os.PathLike) -> int:
         return 0o666 & ~_umask()
 
 
+def _may_write(path: Path) -> bool:
+    """Whether this process may open ``path`` for writing, as the kernel decides for the
+    shell's ``>``: by the effective user and groups, so root may (it overrides a 0444
+    mode, as ``echo x > file`` as root does) and anyone else needs a write bit."""
+    effective = os.access in os.supports_effective_ids
+    return os.access(path, os.W_OK, effective_ids=effective)
+
+
+def _error(exc: OSError, path: str | os.PathLike) -> OSError:
+    """``exc`` naming ``path`` (the user's name for it), not a temporary file's."""
+    return OSError(exc.errno, exc.strerror, os.fspath(path))
+
+
+def _write_fd(fd: int, payload: bytes, check: Callable[[], None]) -> None:
+    """All of ``payload`` to ``fd``, a chunk at a time, calling ``check`` after each."""
+    view = memoryview(payload)
+    while view:
+        done = os.write(fd, view[:_CHUNK])
+        view = view[done:]
+        check()
+
+
+def _write_in_place(target: Path, payload: bytes, *, regular: bool) -> None:
+    """Open ``target`` and write ``payload`` into it, as ``>`` does: truncated first for
+    a regular file, whose write a SIGTERM then waits for; a device or FIFO is written as
+    it is, and a SIGTERM ends the write at once (a FIFO's open waits for a reader, as the
+    shell's does, and a pipe's write may wait for ever)."""
+    flags = os.O_WRONLY | os.O_CLOEXEC | (os.O_TRUNC if regular else 0)
+    with _sigterm(at_once=not regular):
+        fd = os.open(target, flags)
+        try:
+            _write_fd(fd, payload, lambda: None)
+        finally:
+            os.close(fd)
+
+
+def _replace(target: Path, payload: bytes, old: os.stat_result | None) -> bool:
+    """Write ``payload`` to a temporary file beside ``target`` and rename it over; False
+    (nothing written, nothing left) when the new file could not take ``old``'s owner and
+    group, or the folder refuses a new file while ``old`` exists: then write in place."""
+    mode = stat.S_IMODE(old.st_mode) if old is not None else 0o666 & ~_umask()
+    tmp: str | None = None
+    with _sigterm(at_once=False) as check:
+        try:
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+            except PermissionError:
+                if old is not None:
+                    return False
+                raise
+            try:
+                _write_fd(fd, payload, check)
+            finally:
+                os.close(fd)
+            if old is not None and (old.st_uid != os.geteuid() or old.st_gid != os.getegid()):
+                try:
+                    os.chown(tmp, old.st_uid, old.st_gid)
+                except PermissionError:
+                    os.unlink(tmp)
+                    return False
+            os.chmod(tmp, mode)
+            check()
+            os.replace(tmp, target)
+            tmp = None
+        except BaseException:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+            raise
+    return True
+
+
 def atomic_write(path: str | os.PathLike, data: str | bytes, *, encoding: str = "utf-8") -> None:
-    """Write ``data`` (text or bytes) to ``path`` whole or not at all, with the mode
-    ``open(path, "w")`` gives.
+    """Write ``data`` (text or bytes) to ``path`` where the shell's ``>`` would, with its
+    permissions and the mode ``open(path, "w")`` gives, whole or not at all where the
+    target allows it.
+
+    - A new path, or a regular file with no other hard link that this process may write:
+      written to a hidden temporary file in the same folder (``.NAME.XXXXXXXX``), given the
+      file's mode, owner and group, and renamed over it: readers see the old file or the
+      new one, never a part. A file owned by someone else that only root could hand back
+      to them, or whose folder refuses new files, is written in place instead.
+    - A symbolic link: followed to its target, which these rules then write (a regular
+      target is replaced, the link stays a link; a dangling link's target is created).
+    - A device, FIFO or socket: opened and written, never replaced (``-o /dev/null``
+      writes nothing anywhere; a FIFO's open waits for a reader, as the shell's does).
+    - A regular file with other hard links: truncated and written in place, so every
+      link sees the new text. What is lost is atomicity: a crash or a full disk part
+      way leaves a part of the new text (a SIGTERM waits for the write to end).
+    - A file this process may not write: refused, as ``>`` refuses it. Whether it may
+      is the kernel's ``access(W_OK)`` answer for the effective user: root may write a
+      0444 file (as ``echo x > file`` as root does), anyone else gets EACCES.
+
+    A SIGTERM during the write (in the main thread, while SIGTERM has its default
+    action) removes the temporary file, then ends the process with status 143
+    (:class:`Terminated`). Extended attributes and ACLs of a replaced file are not
+    copied to the new one.
 
     Raises
     ------
     OSError
-        As ``open()`` would (missing folder, no permission, full disk), with nothing
-        left behind: neither the temporary file nor a partial ``path``.
+        As ``open()`` would (missing folder, no permission: ``PermissionError``, a
+        folder: ``IsADirectoryError``, full disk), naming ``path``, with nothing left
+        behind: neither the temporary file nor, where it was replaced, a partial file.
     """
-    path = Path(path)
-    mode = open_mode(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    payload = data.encode(encoding) if isinstance(data, str) else data
+    target = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data.encode(encoding) if isinstance(data, str) else data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            old: os.stat_result | None = os.stat(target)
+        except FileNotFoundError:
+            old = None
+        if old is not None and stat.S_ISDIR(old.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
+        if old is not None and not stat.S_ISREG(old.st_mode):
+            _write_in_place(target, payload, regular=False)
+            return
+        if old is not None and not _may_write(target):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        if old is not None and old.st_nlink > 1:
+            _write_in_place(target, payload, regular=True)
+            return
+        if not _replace(target, payload, old):
+            _write_in_place(target, payload, regular=True)
+    except OSError as exc:
+        raise _error(exc, path) from None
 
 
 # ----------------------------------------------------------------------------------
@@ -187,6 +350,7 @@ def signals_raise() -> Iterator[None]:
     def handler(signum: int, frame: object) -> None:
         raise Terminated(signum)
 
+    handler.unwinds = True  # type: ignore[attr-defined] # atomic_write's _sigterm takes over
     old = {}
     try:
         for sig in (signal.SIGTERM, signal.SIGHUP):

@@ -6,6 +6,10 @@ the parser it adds sets ``func(args) -> int``. A mistake in the arguments is one
 Errors a user can cause
 (:class:`TopoplanError`) print ``topoplan: error: ...`` and exit 1, without a traceback;
 warnings (:class:`TopoplanWarning`) print ``topoplan: warning: ...``, one line each.
+Ctrl-C prints ``topoplan: interrupted`` (exit 130); a SIGTERM that lands while a file is
+written (``-o``) removes the temporary file and prints ``topoplan: terminated`` (exit
+143); elsewhere SIGTERM keeps its default action (a rank under mpiexec must not run
+``MPI_Finalize`` on its way out).
 """
 
 from __future__ import annotations
@@ -16,12 +20,17 @@ import signal
 import sys
 import warnings
 
+from ._util import Terminated
 from .errors import TopoplanError, TopoplanWarning
 
 COMMANDS = ("topo", "plan", "verify", "simulate", "bench", "calibrate", "show", "launch",
             "testbed", "export", "import", "estimate", "doctor")
 #: Commands whose module name differs from the command (``import`` is a keyword).
 _MODULES = {"import": "imports"}
+
+
+#: What a command says when a signal ends it.
+_TERMINATED = {signal.SIGTERM: "topoplan: terminated", signal.SIGHUP: "topoplan: terminated (SIGHUP)"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,11 +87,17 @@ def _main(argv: list[str] | None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from contextlib import nullcontext
+
     from ._util import signals_raise
     from .commands.common import nccl_settings_of
+    from .runtime.mpirun import inside_mpi
+    # SIGTERM/SIGHUP unwind like Ctrl-C: launchers and their ranks end, scratch goes. Not
+    # in an MPI rank: one that unwound would run MPI_Finalize, which waits for dead peers;
+    # the signal's own default ends it at once.
+    unwind = nullcontext() if inside_mpi() else signals_raise()
     try:
-        # SIGTERM/SIGHUP unwind like Ctrl-C: launchers and their ranks end, scratch goes
-        with signals_raise(), nccl_settings_of(args):
+        with unwind, nccl_settings_of(args):
             return int(args.func(args) or 0)
     except TopoplanError as exc:
         print(f"topoplan: error: {exc}", file=sys.stderr)
@@ -92,10 +107,13 @@ def _main(argv: list[str] | None) -> int:
             raise
         print(f"topoplan: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt as exc:
+    except KeyboardInterrupt as exc:  # Ctrl-C; SIGTERM/SIGHUP (signals_raise)
         signum = getattr(exc, "signum", signal.SIGINT)
-        print("topoplan: interrupted" if signum == signal.SIGINT else
-              f"topoplan: terminated ({signal.Signals(signum).name})", file=sys.stderr)
+        print("topoplan: interrupted" if signum == signal.SIGINT else _TERMINATED[signum],
+              file=sys.stderr)
         return 128 + signum
+    except Terminated:  # SIGTERM during a write (atomic_write), its temporary file removed
+        print(_TERMINATED[signal.SIGTERM], file=sys.stderr)
+        return 128 + signal.SIGTERM
     except BrokenPipeError:
         return 0

@@ -194,7 +194,7 @@ def channel_cases(t: Any, *, let_go: Callable[[], Any] | None = None,
         check(np.array_equal(x, _sum(1001, n, 5)), "native beside a ring, in flight")
 
     # Channels that move on their own: the lock-step trap, to the end and in flight.
-    trap = Allreduce(lockstep_trap(n), t, timeout=timeout)
+    trap = Allreduce(lockstep_trap(n), t, timeout=timeout, verified=True)  # ranks 0, 1
     for how in ("call", "start"):
         x = _ints(100, rank)
         (trap(x) if how == "call" else trap.start(x).wait())
@@ -202,7 +202,7 @@ def channel_cases(t: Any, *, let_go: Callable[[], Any] | None = None,
         check(np.array_equal(x, want), f"lock-step trap ({how})")
 
     if let_go is not None and wait_to_go is not None and n >= 3:
-        run_handoff = Allreduce(handoff(n), t, timeout=timeout)
+        run_handoff = Allreduce(handoff(n), t, timeout=timeout, verified=True)
         x = _ints(100, rank)
         if rank == 2:
             wait_to_go()

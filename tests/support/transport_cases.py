@@ -134,7 +134,7 @@ def run_cases(t: Any, *, with_torch: bool = True) -> tuple[list[str], int, list[
     # Sends carry the chunk as it was at step start, even when the same step
     # overwrites it (large enough for MPI's rendezvous protocol).
     z = np.full(300_001, float(rank))
-    Allreduce(S.swap(n), t, timeout=30)(z)
+    Allreduce(S.swap(n), t, timeout=30, verified=True)(z)  # not an allreduce
     check(np.all(z == float((rank - 1) % n)), f"swap: got {z[0]}, expected {(rank - 1) % n}")
     if n & (n - 1) == 0 and n > 1:
         b = np.full(100_003, rank + 1.0)

@@ -362,7 +362,8 @@ def _run_rank(args: argparse.Namespace) -> int:
         rows = run_bench(schedule, transport, args.sizes, dtype=args.dtype,
                          baseline=args.baseline == "native", iters=args.iters,
                          warmup=args.warmup, timeout=args.timeout,
-                         use_torch=args.transport == "torch", choices=choices)
+                         use_torch=args.transport == "torch", choices=choices,
+                         verified=True)  # by the launcher, or just above
     except TransportError as exc:
         print(f"topoplan: error: {exc}", file=sys.stderr, flush=True)
         if args.transport == "mpi":

@@ -19,6 +19,7 @@ from ..analysis.sim import SimReport, simulate
 from ..units import format_size, parse_bandwidth, parse_latency
 from .common import (Column, add_nccl_arguments, add_profile_argument, checked_arg, console,
                      fit_table, left_out_note, plan_name, plural, sizes_arg)
+from .verify import verify_plan
 
 #: The parts of SimReport.breakdown, in the order the table and JSON show them
 #: (``native`` only for a schedule with native steps, IR v3).
@@ -67,7 +68,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "1e-5 above 200000 ops; see topoplan.simulate)")
     parser.add_argument("--force", action="store_true",
                         help="simulate a plan made for another cluster (its recorded cluster "
-                             "fingerprint differs)")
+                             "fingerprint differs), or one that does not verify (a wrong "
+                             "result or a deadlock, as topoplan verify says)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     add_nccl_arguments(parser)
     parser.set_defaults(func=cmd_simulate)
@@ -100,6 +102,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             f"topoplan plan {args.cluster} -o PLAN.json")
     check_fingerprint(schedule, cluster, plan=args.plan, cluster_file=args.cluster,
                       force=args.force)
+    if not args.force:  # a wrong plan has no time worth printing: refused as verify does
+        try:
+            verify_plan(schedule, args.plan)
+        except ScheduleError as exc:
+            raise ScheduleError(f"{exc}; pass --force to simulate it anyway") from None
     if args.dtype_size < 1:
         raise ScheduleError(f"--dtype-size must be >= 1, got {args.dtype_size}")
     costs = get_profile(args.profile)

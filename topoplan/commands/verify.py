@@ -9,7 +9,8 @@ from typing import Any
 
 from ..errors import ScheduleError, TopoplanError
 from ..ir.parse import load_schedule
-from ..ir.verify import verify
+from ..ir.schedule import Schedule
+from ..ir.verify import VerifyReport, verify
 from .common import console, plan_name, plural
 
 
@@ -27,16 +28,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=cmd_verify)
 
 
+def verify_plan(schedule: Schedule, path: str) -> VerifyReport:
+    """:func:`~topoplan.ir.verify.verify` ``schedule``, read from ``path``: the error names
+    the file (``PATH: ring schedule: rank 3 ...``), as every command that refuses a plan
+    that does not verify words it."""
+    try:
+        return verify(schedule)
+    except ScheduleError as exc:
+        raise ScheduleError(f"{path}: {exc}") from None
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     out = console()
     plans: list[dict[str, Any]] = []
     for path in args.plan:
         try:
             schedule = load_schedule(path)  # format errors already name the file
-            try:
-                report = verify(schedule)
-            except ScheduleError as exc:
-                raise ScheduleError(f"{path}: {exc}") from None
+            report = verify_plan(schedule, path)
         except TopoplanError as exc:
             if not args.json:
                 raise

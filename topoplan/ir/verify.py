@@ -30,6 +30,8 @@ chunk and the order they interleave in does not change what any chunk ends with.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
@@ -45,7 +47,7 @@ if TYPE_CHECKING:
 
     from .matching import Messages, NativeCall
 
-__all__ = ["verify", "VerifyReport"]
+__all__ = ["verify", "VerifyReport", "verify_once", "mark_verified"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,10 +370,89 @@ def verify(schedule: Schedule) -> VerifyReport:
                 if mask != want:
                     raise ScheduleError(f"{schedule.algorithm} schedule: "
                                         + _wrong_end(collective, r, k, mask, want))
+    _PASSED.note(schedule)
     return VerifyReport(nranks=n, nchunks=schedule.nchunks, nsteps=schedule.nsteps,
                         nmessages=nmessages, collective=collective.name,
                         nnative=sum(len(call.steps) for call in found.calls),
                         ncollectives=len(found.calls), nchannels=found.nchannels)
+
+
+# ----------------------------------------------------------------------------------
+# Schedules that passed: what the executors trust
+# ----------------------------------------------------------------------------------
+class _Passed:
+    """The schedules :func:`verify` passed in this process, still alive: by identity
+    (free to look up), and by content (``hash`` and ``==`` of the schedule: its ranks'
+    ops, chunk layout and collective, not its meta), so that a schedule read again from
+    the same file, or rank 0's plan received as JSON, is not verified twice while an
+    equal one lives. A schedule is frozen, so what passed stays correct; entries go
+    with their schedules (weak references), so nothing is kept alive here."""
+
+    def __init__(self) -> None:
+        self._ids: dict[int, None] = {}
+        self._content: weakref.WeakSet[Schedule] = weakref.WeakSet()
+        #: Held while a schedule is verified for an executor: ranks on threads (Local)
+        #: building executors of one schedule at once wait for the first to verify it.
+        self.lock = threading.RLock()
+
+    def note(self, schedule: Schedule, *, content: bool = False) -> None:
+        """Record that ``schedule`` passed (``content``: also as its content, which costs
+        a hash of every op)."""
+        key = id(schedule)
+        if key not in self._ids:
+            self._ids[key] = None
+            weakref.finalize(schedule, self._ids.pop, key, None)
+        if content:
+            self._content.add(schedule)
+
+    def __contains__(self, schedule: Schedule) -> bool:
+        if id(schedule) in self._ids:
+            return True
+        if schedule in self._content:  # an equal schedule passed and is still alive
+            self.note(schedule)
+            return True
+        return False
+
+
+_PASSED = _Passed()
+
+
+def verify_once(schedule: Schedule) -> bool:
+    """:func:`verify` ``schedule`` unless it, or an equal schedule still alive, passed
+    before in this process; what the executors call on a schedule they are given.
+
+    A schedule passes once for every buffer size: the proof is over its chunks, and a
+    buffer of any element count lays them out (``Schedule.chunk_bounds``), empty ones
+    included. The cache looks up a schedule by identity first (free: every executor of
+    one schedule object, a schedule :func:`verify` or :func:`topoplan.plan` returned),
+    then by content (a hash of its ops, a small part of verifying it: 10 ms against
+    160 ms for a 65 k-op ring, and ``==`` against the equal schedule found). Its meta (``meta["verified"]`` of a file
+    included) is never trusted.
+
+    Returns
+    -------
+    bool
+        True when ``schedule`` was verified now, False when it had passed before.
+
+    Raises
+    ------
+    ScheduleError
+        As :func:`verify`; a schedule that fails is not remembered, and fails again.
+    """
+    with _PASSED.lock:
+        if schedule in _PASSED:
+            return False
+        verify(schedule)
+        _PASSED.note(schedule, content=True)
+        return True
+
+
+def mark_verified(schedule: Schedule) -> None:
+    """Record that ``schedule`` computes its collective without verifying it: for the
+    code that has just verified an equal schedule (the planning pipeline stamps a copy
+    of the schedule it verified; rank 0's verified plan arrives on the others as JSON)."""
+    with _PASSED.lock:
+        _PASSED.note(schedule)
 
 
 def _execute(schedule: Schedule, found: Messages | None = None

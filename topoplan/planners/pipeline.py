@@ -37,6 +37,7 @@ from .._util import step
 from ..errors import InfeasiblePlanError
 from ..ir.fingerprint import META_KEY, cluster_fingerprint
 from ..ir.schedule import Schedule
+from ..ir.verify import mark_verified
 from .comparison import NCCL, Candidate, compare, nccl_candidate, price, run, shared
 from .registry import default_names
 from .request import AUTO, MAX_PLAN_RANKS, MAX_SIM_OPS, Bounds, PlanRequest
@@ -136,6 +137,7 @@ def execute(request: PlanRequest) -> PlanResult:
         schedule, time_s, simulated, notes = _as_it_runs(request, chosen)
     schedule = stamp(request, schedule, rows=rows, chosen=chosen, nccl=nccl,
                      left_out=left_out, time_s=time_s)
+    mark_verified(schedule)  # verified above (or by its planner): executors trust it
     return PlanResult(request, tuple(rows), chosen, nccl, MappingProxyType(left_out),
                       schedule, time_s, simulated, MappingProxyType(notes))
 

@@ -286,7 +286,7 @@ def run_bench(schedule: Schedule, transport: Any, sizes: Sequence[int], *,
               warmup: int = 1, seconds_per_size: float = 0.3, max_iters: int = 200,
               timeout: float = 60.0, use_torch: bool = False,
               choices: Mapping[int, tuple[list[Any], str]] | None = None,
-              mode: str | None = None) -> list[BenchRow]:
+              mode: str | None = None, verified: bool = False) -> list[BenchRow]:
     """Replay ``schedule`` over ``transport`` for every size; collective (all ranks call it).
 
     Parameters
@@ -328,6 +328,11 @@ def run_bench(schedule: Schedule, transport: Any, sizes: Sequence[int], *,
         ``candidates`` (measured and predicted) and ``predicted_us`` of the chosen.
     mode : str, optional
         ``measured`` or ``model`` for ``choices`` (default ``$TOPOPLAN_AUTO``).
+    verified : bool
+        True: ``schedule`` was verified already (:func:`topoplan.verify`) and runs as it
+        is; by default the executor verifies it once (:class:`~topoplan.Allreduce`).
+        ``choices`` are the model's plans, verified when planned, and always run as
+        they are.
 
     Returns
     -------
@@ -340,6 +345,8 @@ def run_bench(schedule: Schedule, transport: Any, sizes: Sequence[int], *,
     TopoplanError
         An unknown dtype, or a size that is not a multiple of ``nranks`` elements for
         a reduce-scatter or an allgather.
+    ScheduleError
+        When ``schedule`` does not compute its collective (unless ``verified``).
     """
     from .executor import AllGather, Allreduce, ReduceScatter
 
@@ -351,7 +358,8 @@ def run_bench(schedule: Schedule, transport: Any, sizes: Sequence[int], *,
     executors: dict[str, Any] = {"allreduce": Allreduce, "reduce_scatter": ReduceScatter,
                                  "allgather": AllGather}
     run = None if choices is not None else executors[collective](schedule, transport,
-                                                                   timeout=timeout)
+                                                                   timeout=timeout,
+                                                                   verified=verified)
     native_fn = {"allreduce": transport.native_allreduce,
                  "reduce_scatter": transport.native_reduce_scatter,
                  "allgather": transport.native_allgather}[collective]
@@ -442,7 +450,8 @@ def _chooser(choices: Mapping[int, tuple[list[Any], str]], size: int, transport:
         raise TopoplanError(f"auto: no candidates were planned for {size} B")
     options, model_choice = choices[size]
     return MeasuredChoice(transport, lambda nbytes: (list(options), model_choice),
-                          lambda schedule: executor_for(schedule, transport, timeout=timeout),
+                          lambda schedule: executor_for(schedule, transport, timeout=timeout,
+                                                        verified=True),
                           mode=mode, snapshot=snapshot, recheck_every=1 << 62,
                           reprobe_every=1 << 62)
 

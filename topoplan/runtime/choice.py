@@ -297,14 +297,17 @@ class NativeCall:
 
 
 def executor_for(schedule: Schedule, transport: Any, *, timeout: float = 60.0,
-                 accumulate_fp32: bool = False) -> Any:
+                 accumulate_fp32: bool = False, verified: bool = False) -> Any:
     """What runs a candidate: :class:`~topoplan.Allreduce`, ``ReduceScatter`` or
     ``AllGather`` by the schedule's collective; for :data:`NATIVE` (one native step over
-    every rank), a :class:`NativeCall` around it."""
+    every rank), a :class:`NativeCall` around it. ``verified``: the caller verified
+    ``schedule`` (the candidates of :func:`model_options` and :func:`shared_options`
+    were), so the executor does not verify it again."""
     from .executor import AllGather, Allreduce, ReduceScatter
     cls = {"allreduce": Allreduce, "reduce_scatter": ReduceScatter,
            "allgather": AllGather}[schedule.collective]
-    executor = cls(schedule, transport, timeout=timeout, accumulate_fp32=accumulate_fp32)
+    executor = cls(schedule, transport, timeout=timeout, accumulate_fp32=accumulate_fp32,
+                   verified=verified)
     if schedule.meta.get("algorithm") != NATIVE or schedule.nranks != transport.size:
         return executor
     direct = {"allreduce": transport.native_allreduce,

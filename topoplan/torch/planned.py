@@ -154,9 +154,13 @@ class PlannedAllreduce:
                                         machine=self._machine)
         return self._pricing
 
-    def _make_executor(self, schedule: Any) -> Any:
+    def _make_executor(self, schedule: Any, verified: bool = True) -> Any:
+        """The executor of ``schedule``; ``verified``: planned here (the pipeline verified
+        it, or rank 0's did), so not verified again. A schedule given to the constructor
+        is verified by its first executor."""
         from topoplan.runtime.choice import executor_for
-        return executor_for(schedule, self.transport, timeout=self.timeout)
+        return executor_for(schedule, self.transport, timeout=self.timeout,
+                            verified=verified)
 
     def _options(self, nbytes: int, slow: Any = None) -> tuple[list[Any], str]:
         """auto's candidates for a new size class (rank 0's, with ``share``); ``slow``:
@@ -194,7 +198,7 @@ class PlannedAllreduce:
                 if self.share is not None:
                     schedule = topoplan.loads_schedule(self.share(schedule.to_json()))
             if executor is None:
-                executor = self._make_executor(schedule)
+                executor = self._make_executor(schedule, verified=self.schedule is None)
             self._executors[nbytes] = executor
             # auto's schedules name what it picked in their meta
             self.chosen[nbytes] = str(schedule.meta.get("chosen", schedule.algorithm))

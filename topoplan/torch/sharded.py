@@ -250,8 +250,8 @@ class PlannedCollectives:
                                          size=max(nbytes, 1), collective=collective,
                                          profile=pricing.profile, machine=pricing.machine)
             cls = ReduceScatter if collective == "reduce_scatter" else AllGather
-            executor = cls(schedule, transport, timeout=self.timeout,
-                           accumulate_fp32=self.accumulate_fp32)
+            executor = cls(schedule, transport, timeout=self.timeout,  # planned: verified
+                           accumulate_fp32=self.accumulate_fp32, verified=True)
             self._executors[key] = executor
             self.chosen[(collective, nbytes, str(dtype).removeprefix("torch."))] = \
                 str(schedule.meta.get("chosen", schedule.algorithm))
@@ -280,7 +280,7 @@ class PlannedCollectives:
 
             def executor(schedule: Any) -> Any:
                 return executor_for(schedule, transport, timeout=self.timeout,
-                                    accumulate_fp32=self.accumulate_fp32)
+                                    accumulate_fp32=self.accumulate_fp32, verified=True)
 
             def options(nbytes: int, slow: Any = None) -> tuple[list[Any], str]:
                 return self._options(collective, nbytes, group, self.choices[key], slow)

@@ -22,7 +22,8 @@ class Allreduce(Executor):
     Parameters
     ----------
     schedule : Schedule
-        A verified schedule (:func:`topoplan.verify`) for ``transport.size`` ranks.
+        An allreduce schedule for ``transport.size`` ranks (verified here, see
+        ``verified``).
     transport : Transport
         :class:`~topoplan.runtime.transports.MPI`, :class:`~topoplan.runtime.transports.Torch`,
         :class:`~topoplan.runtime.transports.NCCL` or :class:`~topoplan.runtime.transports.Local`.
@@ -34,6 +35,14 @@ class Allreduce(Executor):
         For float16/bfloat16 buffers: run the schedule on a float32 copy (twice the
         bytes on the wire) and round once at the end, instead of rounding every
         partial sum to the buffer dtype. Ignored for other dtypes.
+    verified : bool
+        False (the default): verify the schedule before anything is sent
+        (:func:`~topoplan.ir.verify.verify_once`), once per schedule in this process:
+        another executor of the same schedule object, or of an equal schedule still
+        alive (one read again from its file), is not verified again, and neither is a
+        schedule :func:`topoplan.plan` or :func:`topoplan.verify` returned. True: the
+        caller verified it (or runs a schedule that is no collective on purpose) and
+        it runs as it is.
 
     Raises
     ------
@@ -43,7 +52,11 @@ class Allreduce(Executor):
     ScheduleError
         When a native step cannot run (a group naming a rank outside the transport,
         a count that does not split into the group's parts, ...), naming its rank,
-        step and group.
+        step and group; when the schedule does not compute its collective (unless
+        ``verified``), naming the rank, step and chunk as :func:`topoplan.verify`
+        does: ``rank 0: Allreduce refuses a schedule that does not compute its
+        allreduce: ring schedule: rank 3 ends with chunk 5 holding ...``. Every rank
+        refuses it alike.
 
     Notes
     -----
@@ -156,7 +169,7 @@ class ReduceScatter(_Sharded):
     Parameters
     ----------
     schedule : Schedule
-        A verified ``reduce_scatter`` schedule (``topoplan.plan(..., collective=
+        A ``reduce_scatter`` schedule (``topoplan.plan(..., collective=
         "reduce_scatter")``) for ``transport.size`` ranks.
     transport : Transport
         As for :class:`Allreduce`.
@@ -165,12 +178,17 @@ class ReduceScatter(_Sharded):
     accumulate_fp32 : bool
         For float16/bfloat16 buffers: sum in a float32 copy and round once into the
         output.
+    verified : bool
+        As for :class:`Allreduce`.
 
     Raises
     ------
     TopoplanError
         When the schedule is for a different number of ranks than the transport, or is
         not a reduce-scatter.
+    ScheduleError
+        As for :class:`Allreduce`: a native step that cannot run, or a schedule that
+        does not compute a reduce-scatter (unless ``verified``).
     """
 
     collective = "reduce_scatter"
@@ -190,7 +208,7 @@ class AllGather(_Sharded):
     Parameters
     ----------
     schedule : Schedule
-        A verified ``allgather`` schedule (``topoplan.plan(..., collective="allgather")``)
+        An ``allgather`` schedule (``topoplan.plan(..., collective="allgather")``)
         for ``transport.size`` ranks.
     transport : Transport
         As for :class:`Allreduce`.
@@ -198,12 +216,17 @@ class AllGather(_Sharded):
         As for :class:`Allreduce`.
     accumulate_fp32 : bool
         Ignored: an allgather adds nothing.
+    verified : bool
+        As for :class:`Allreduce`.
 
     Raises
     ------
     TopoplanError
         When the schedule is for a different number of ranks than the transport, or is
         not an allgather.
+    ScheduleError
+        As for :class:`Allreduce`: a native step that cannot run, or a schedule that
+        does not compute an allgather (unless ``verified``).
     """
 
     collective = "allgather"

@@ -60,7 +60,7 @@ from functools import partial
 from typing import Any, Callable, ClassVar, Sequence
 
 from ...ir.collectives import collective_of
-from ...errors import TopoplanError, TransportError
+from ...errors import ScheduleError, TopoplanError, TransportError
 from ...ir.schedule import Native, Schedule
 from ..transports.base import TAG_LIMIT, Collective, Message, NoNative, PeerFailure, Transport
 from .arrays import ArrayOps, array_ops
@@ -103,6 +103,19 @@ def _warn_priced_elsewhere(schedule: Schedule, transport: Transport) -> None:
         warnings.warn(text, TopoplanWarning, stacklevel=4)
 
 
+def _check(schedule: Schedule, who: str, rank: int) -> None:
+    """Refuse a schedule that does not compute its collective (verified once per schedule
+    in this process: :func:`~topoplan.ir.verify.verify_once`). Every rank verifies the
+    same schedule alike, so every rank refuses it, before anything is sent."""
+    from ...ir.verify import verify_once
+    try:
+        verify_once(schedule)
+    except ScheduleError as exc:
+        raise ScheduleError(f"rank {rank}: {who} refuses a schedule that does not compute its "
+                            f"{schedule.collective}: {exc} (topoplan verify names the same; "
+                            "plan it again)") from None
+
+
 class Executor:
     """What :class:`Allreduce`, :class:`ReduceScatter` and :class:`AllGather` share:
     compiling the rank's program, binding buffers, running calls in flight, tags and
@@ -114,7 +127,7 @@ class Executor:
     collective: ClassVar[str | None] = None
 
     def __init__(self, schedule: Schedule, transport: Transport, *, timeout: float = 60.0,
-                 accumulate_fp32: bool = False) -> None:
+                 accumulate_fp32: bool = False, verified: bool = False) -> None:
         if self.collective is not None and schedule.collective != self.collective:
             raise TopoplanError(f"{type(self).__name__} runs {self.collective} schedules, got "
                                 f"{schedule.collective!r}")
@@ -163,17 +176,21 @@ class Executor:
         self._last: tuple | None = None
         self._queue: CallQueue[Handle] = queue_of(transport)
         #: The groups of the schedule's native steps (their sub-communicators are made).
-        self.groups = frozenset(self._make_groups())
+        self.groups = frozenset(self._make_groups(verified))
         #: Where each call's step times go (:class:`topoplan.runtime.health.StepTrace`),
         #: or None: the calls that run their steps one after another record when each
         #: step ended (a clock read per step); calls that run channels at once do not.
         self.trace: Any = None
 
-    def _make_groups(self) -> list[tuple[int, ...]]:
-        """Check the native ops and have the transport make their groups' sub-communicators
-        (see the module docstring); the groups, in the order they were made."""
+    def _make_groups(self, verified: bool) -> list[tuple[int, ...]]:
+        """Check the native ops, verify the schedule (unless ``verified``), and have the
+        transport make their groups' sub-communicators (see the module docstring); the
+        groups, in the order they were made. Every check comes before anything collective,
+        so a schedule refused is refused on every rank alike."""
         transport = self.transport
         groups = native_groups(self.schedule, transport.size, f"{transport.name} transport")
+        if not verified:
+            _check(self.schedule, type(self).__name__, transport.rank)
         if not groups or all(transport.has_group(g) for g in groups):
             return groups
         # Making a sub-communicator blocks until every rank makes it (MPI_Comm_split,
