@@ -501,14 +501,6 @@ class MeasuredChoice:
         state = self._classes.get(size_class(nbytes))
         return [] if state is None else list(state.options)
 
-    @property
-    def settled(self) -> bool:
-        """Whether every size class seen has decided and is past its first check (its
-        first ``recheck_every`` calls, all timed): from then on calls run as they will,
-        one in ``sample_every`` timed. The same on every rank."""
-        return all(st.chosen is not None and st.since > self.recheck_every
-                   for st in self._classes.values())
-
     def exploring(self, nbytes: int) -> bool:
         """Whether the next call of ``nbytes`` explores."""
         state = self._classes.get(size_class(nbytes))

@@ -447,16 +447,6 @@ class TopoplanProcessGroup(dist.ProcessGroup):
         return self._made.get("cpu", (None, None))[0]
 
     @property
-    def settled(self) -> bool:
-        """Whether ``auto`` has settled on every size class this group has called
-        (:attr:`MeasuredChoice.settled <topoplan.runtime.choice.MeasuredChoice.settled>`):
-        what a benchmark waits for before it times steady steps."""
-        choices = [c for kind in self._made.values() for c in (
-            [kind[0].choice] if kind[0].choice is not None else []) + list(
-            kind[1].choices.values())]
-        return all(c.settled for c in choices)
-
-    @property
     def direct_calls(self) -> int:
         """Calls run with the inner backend's own collective started on the caller's
         thread (``auto`` chose it, and the call had nothing else to do)."""
