@@ -308,3 +308,14 @@ def test_a_key_with_a_line_break_in_it_stays_one_line():
     assert "\n" not in message and "\x85" not in message
     assert message.startswith("fuzz.yaml:")
     _check_cluster_error(info.value, "fuzz.yaml")
+
+
+@pytest.mark.parametrize("op", [{"op": "send"}, ["send"]])
+def test_an_op_that_is_not_a_name_is_a_located_error(op):
+    # found by scripts/fuzz_inputs.py: an op of a list or an object was looked up as a
+    # name (TypeError: unhashable type)
+    data = json.loads(SCHEDULES[0])
+    data["ranks"][1]["steps"][0][0]["op"] = op
+    with pytest.raises(ScheduleError,
+                       match=r"^fuzz\.json: ranks\[1\]\.steps\[0\]\[0\]: unknown op "):
+        topoplan.loads_schedule(json.dumps(data), "fuzz.json")

@@ -20,8 +20,8 @@ import typing as _typing
 
 from ._compat import MOVED, MovedFinder as _MovedFinder
 from .errors import (ClusterSpecError, InfeasiblePlanError, PlannerError, ProfileError,
-                     ScheduleError, SpecError, TopoplanError, TopoplanWarning, TransportError,
-                     UnitWarning, XmlFormatError)
+                     RangeWarning, ScheduleError, SpecError, TopoplanError, TopoplanWarning,
+                     TransportError, UnitWarning, XmlFormatError)
 
 __version__ = "0.1.0"
 
@@ -58,7 +58,7 @@ _sys.meta_path.insert(0, _MovedFinder(MOVED))
 __all__ = ["TopoplanError", "SpecError", "ClusterSpecError", "ProfileError", "XmlFormatError",
            "ScheduleError",
            "PlannerError", "InfeasiblePlanError", "TransportError", "TopoplanWarning",
-           "UnitWarning", *_LAZY]
+           "UnitWarning", "RangeWarning", *_LAZY]
 
 
 def __getattr__(name: str) -> _typing.Any:

@@ -154,6 +154,16 @@ class PortWarning(SpecWarning):
     (docs/CLUSTER.md, "NICs as NCCL sees them")."""
 
 
+class RangeWarning(SpecWarning):
+    """A bandwidth, latency or count outside the range real clusters have, but within what
+    topoplan computes with: a unit mixed up (``100 Kbit/s`` for ``100 Gbit/s``), a typo,
+    or a fabric bigger than any measured (docs/CLUSTER.md, "Ranges"). Beyond that range a
+    value is a :class:`ClusterSpecError`. The message reads ``cluster.yaml:12:
+    boxes[0].nics[0].bandwidth: 100 Kbit/s is outside the plausible range 1 Mbit/s to
+    100 TB/s; check the unit``.
+    """
+
+
 class UnitWarning(SpecWarning):
     """A bandwidth or latency written as a bare number, read in the default unit.
 

@@ -14,7 +14,7 @@ import re
 
 __all__ = [
     "parse_bandwidth", "parse_latency", "parse_size", "parse_size_range", "bare_number_note",
-    "as_bytes", "parse_count",
+    "as_bytes", "parse_count", "MAX_SIZE",
     "format_size", "format_bandwidth", "format_time", "plural",
 ]
 
@@ -34,6 +34,11 @@ _SIZE_UNITS = {
 }
 _NUMBER_UNIT = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-zµ/]*)\s*$")
 
+
+#: The largest message size topoplan takes (1 EiB): times of it over the slowest link a
+#: cluster file may hold (1 bit/s) stay finite, and its element counts fit the C longs
+#: of numpy's arrays (docs/CLUSTER.md, "Ranges").
+MAX_SIZE = 1 << 60
 
 _EXAMPLES = {"bandwidth": "25 GB/s", "latency": "2 us", "size": "256MiB"}
 
@@ -127,6 +132,8 @@ def parse_size(value: object) -> int:
         number = amount * _SIZE_UNITS[unit]
     if number < 0 or number != math.floor(number):
         raise ValueError(f"a size must be a whole number of bytes >= 0, got {value!r}")
+    if number > MAX_SIZE:
+        raise ValueError(f"a size must be at most 2**60 bytes (1 EiB), got {value!r}")
     return int(number)
 
 

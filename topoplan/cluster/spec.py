@@ -16,14 +16,59 @@ from typing import Any, Callable, Iterable
 import networkx as nx
 
 from .._yaml import LineDict, LineList, load_yaml
-from ..errors import ClusterSpecError, PortWarning, UnitWarning
+from ..errors import ClusterSpecError, PortWarning, RangeWarning, SpecWarning, UnitWarning
 from ..units import bare_number_note, parse_bandwidth, parse_latency
 from .model import FABRIC_KINDS, GPU_MODELS, Box, Cluster, Fabric, GpuLink, Nic, SwitchLink
 
-__all__ = ["load_cluster", "loads_cluster", "flat_cluster", "MAX_COUNT", "MAX_GPUS"]
+__all__ = ["load_cluster", "loads_cluster", "flat_cluster", "MAX_COUNT", "MAX_GPUS",
+           "BANDWIDTH_LIMITS", "BANDWIDTH_PLAUSIBLE", "MAX_LATENCY", "PLAUSIBLE_LATENCY",
+           "MAX_RANKS", "rank_limit"]
 
 MAX_COUNT = 100_000  # instances one `count` may stamp out
 MAX_GPUS = 4096  # GPUs one box may hold (more is a typo that would exhaust memory)
+
+# The ranges of docs/CLUSTER.md ("Ranges"). Beyond the limits a value is an error: the
+# arithmetic of the bounds, the planners and the simulator holds only inside them
+# (tests/test_cluster_ranges.py plans and simulates at both ends). Beyond them it did not:
+# a 1e308 GB/s link is inf in bytes/s, a 1e-310 GB/s one makes transfer times inf, a
+# 1e300 us latency leaves the simulator's clock too coarse to tell events apart. Outside
+# the plausible range, inside the limits, a value is a RangeWarning: no cluster has it.
+#: Bytes/s: 1 bit/s to 1000 TB/s (1 PB/s). A message of the largest size (2**60 bytes,
+#: units.MAX_SIZE) then takes at most 2**63 s on one link, and one byte at least 1e-15 s.
+BANDWIDTH_LIMITS = (1 / 8, 1e15)
+#: Bytes/s: 1 Mbit/s (a slow management Ethernet) to 100 TB/s (111 times the 900 GB/s
+#: each way of an NVLink 5 GPU).
+BANDWIDTH_PLAUSIBLE = (1e6 / 8, 1e14)
+#: Seconds: a latency above it is an error (11.6 days)...
+MAX_LATENCY = 1e6
+#: ... and above this one a warning: no link takes a second to deliver a byte.
+PLAUSIBLE_LATENCY = 1.0
+#: GPUs a cluster may hold: the planners' memory grows with them (about 3 GB at 8192
+#: GPUs, docs/RESULTS.md); a quarter of it draws a warning. Switches may number a quarter
+#: of it and links (switch links, NICs and GPU links, each instance) 16 times it.
+#: The environment variable TOPOPLAN_MAX_RANKS raises (or lowers) it.
+MAX_RANKS = 32_768
+_LIMITS_TEXT = {"bandwidth": "1 bit/s to 1000 TB/s", "latency": "0 to 1e6 s (11.6 days)"}
+_PLAUSIBLE_TEXT = {"bandwidth": "1 Mbit/s to 100 TB/s", "latency": "0 to 1 s"}
+_DEFAULT_UNIT = {"bandwidth": " GB/s", "latency": " us"}  # of a bare number
+
+
+def rank_limit() -> int:
+    """The most GPUs a cluster file may hold: ``TOPOPLAN_MAX_RANKS`` if set, else
+    :data:`MAX_RANKS`.
+
+    Raises
+    ------
+    ClusterSpecError
+        For a ``TOPOPLAN_MAX_RANKS`` that is not a whole number >= 1.
+    """
+    text = os.environ.get("TOPOPLAN_MAX_RANKS", "").strip()
+    if not text:
+        return MAX_RANKS
+    if not text.isdigit() or int(text) < 1:
+        raise ClusterSpecError(f"TOPOPLAN_MAX_RANKS must be a whole number >= 1, got {text!r}")
+    return int(text)
+
 
 _TEMPLATE = re.compile(r"\{([^{}]*)\}")
 _TEMPLATE_EXPR = re.compile(r"^\s*i\s*(?:(//|%|\+|-|\*)\s*(\d+)\s*)?$")
@@ -35,6 +80,37 @@ class _Reader:
     def __init__(self, file: str) -> None:
         self.file = file
         self.warned: set[tuple[int, str]] = set()  # a box with count: N is read N times
+        self.max_ranks = rank_limit()
+        self.totals: dict[str, int] = {}  # GPUs, switches, links (instances) so far
+        self.totals_warned: set[str] = set()
+
+    def warn(self, warning: type[SpecWarning], line: int, key: str,
+             message: str) -> None:
+        """Issue ``warning`` once per ``line`` and ``key`` (a box with ``count: N`` is read
+        N times)."""
+        if (line, key) in self.warned:
+            return
+        self.warned.add((line, key))
+        warnings.warn(warning(message, file=self.file, line=line, key=key), stacklevel=3)
+
+    def add(self, what: str, amount: int, line: int, key: str) -> None:
+        """Count ``amount`` more ``what`` (``"GPUs"``, ``"switches"`` or ``"links"``):
+        refuse the cluster past its limit (:func:`rank_limit`: GPUs; a quarter of it:
+        switches; 16 times it: links), warn once past a quarter of that."""
+        limit = {"GPUs": self.max_ranks, "switches": max(1, self.max_ranks // 4),
+                 "links": 16 * self.max_ranks}[what]
+        total = self.totals[what] = self.totals.get(what, 0) + amount
+        if total > limit:
+            raise self.fail(line, key, f"{total} {what} in all, more than {limit}, the most "
+                            "topoplan plans for (its memory grows with them); is a count "
+                            "wrong? TOPOPLAN_MAX_RANKS raises the limit (docs/CLUSTER.md, "
+                            "'Ranges')")
+        if total > limit // 4 and what not in self.totals_warned:
+            self.totals_warned.add(what)
+            self.warn(RangeWarning, line, key,
+                      f"{total} {what} in all, more than {limit // 4}, the most of the "
+                      "plausible range: planning takes minutes and GBs (8192 GPUs: 30 s, "
+                      "3 GB, docs/RESULTS.md); is a count wrong?")
 
     def fail(self, line: int | None, key: str, message: str) -> ClusterSpecError:
         return ClusterSpecError(message, file=self.file, line=line, key=key)
@@ -90,11 +166,26 @@ class _Reader:
             raise self.fail(line, where, f"must be > 0, got {_show(value)}")
         if not positive and number < 0:
             raise self.fail(line, where, f"must be >= 0, got {_show(value)}")
+        what = "latency" if parse is parse_latency else "bandwidth"
+        if what == "bandwidth":
+            low, high = BANDWIDTH_LIMITS
+            inside = low <= number <= high
+            plausible = BANDWIDTH_PLAUSIBLE[0] <= number <= BANDWIDTH_PLAUSIBLE[1]
+        else:
+            inside, plausible = number <= MAX_LATENCY, number <= PLAUSIBLE_LATENCY
+        shown = _show(value) + (_DEFAULT_UNIT[what] if _bare(value) else "")
+        if not inside:
+            raise self.fail(line, where, f"{shown} is out of range: a {what} must be "
+                            f"{_LIMITS_TEXT[what]}, what topoplan computes with (plausible: "
+                            f"{_PLAUSIBLE_TEXT[what]})")
         # A bare number has a default unit, which may not be the one meant: never silent.
-        note = bare_number_note(value, "latency" if parse is parse_latency else "bandwidth")
-        if note is not None and (line, where) not in self.warned:
-            self.warned.add((line, where))
-            warnings.warn(UnitWarning(note, file=self.file, line=line, key=where), stacklevel=2)
+        note = bare_number_note(value, what)
+        if note is not None:
+            self.warn(UnitWarning, line, where, note)
+        if not plausible:
+            self.warn(RangeWarning, line, where,
+                      f"{shown} is outside the plausible range {_PLAUSIBLE_TEXT[what]}; "
+                      "check the unit")
         return number
 
     def boolean(self, mapping: LineDict, key: str, path: str) -> bool:
@@ -167,6 +258,11 @@ def _describe(value: Any) -> str:
     names: dict[type, str] = {LineDict: "mapping", LineList: "list"}
     kind = names.get(type(value), type(value).__name__)
     return kind if isinstance(value, (LineDict, LineList)) else f"{kind} {value!r}"
+
+
+def _bare(value: Any) -> bool:
+    """A number written without a unit (read as GB/s or us)."""
+    return bare_number_note(value, "latency") is not None
 
 
 def _show(value: Any) -> str:
@@ -276,6 +372,7 @@ def _read_switches(reader: _Reader, doc: LineDict) -> tuple[list[str], dict[str,
         reader.keys(entry, path, ("name",), ("count", "sharp"))
         template = reader.string(entry, "name", path)
         count = reader.count(entry, path)
+        reader.add("switches", count, entry.line_of("count"), _join(path, "count"))
         reduces = "sharp" in entry and reader.boolean(entry, "sharp", path)
         for i in range(count):
             switch = reader.expand(template, i, entry.line_of("name"), _join(path, "name"))
@@ -308,6 +405,12 @@ def _read_boxes(reader: _Reader, doc: LineDict,
         entry = reader.mapping(item, items.line_of(b), path)
         reader.keys(entry, path, ("name", "gpus"), ("count", "fabric", "gpu_links", "nics", "gpu"))
         count = reader.count(entry, path)
+        gpus = reader.integer(entry, "gpus", path, 1)
+        if gpus > MAX_GPUS:
+            raise reader.fail(entry.line_of("gpus"), _join(path, "gpus"),
+                              f"must be <= {MAX_GPUS}, got {gpus}")
+        reader.add("GPUs", count * gpus, entry.line_of("count" if count > 1 else "gpus"),
+                   _join(path, "count" if count > 1 else "gpus"))
         entries.append((path, entry, count))
         total_boxes += count
 
@@ -318,9 +421,6 @@ def _read_boxes(reader: _Reader, doc: LineDict,
     for path, entry, count in entries:
         template = reader.string(entry, "name", path)
         gpus = reader.integer(entry, "gpus", path, 1)
-        if gpus > MAX_GPUS:
-            raise reader.fail(entry.line_of("gpus"), _join(path, "gpus"),
-                              f"must be <= {MAX_GPUS}, got {gpus}")
         model = reader.choice(entry, "gpu", path, GPU_MODELS) if "gpu" in entry else None
         fabric = None
         if "fabric" in entry:
@@ -347,6 +447,7 @@ def _read_boxes(reader: _Reader, doc: LineDict,
             if not nic_items and total_boxes > 1:
                 raise reader.fail(entry.line_of("nics"), _join(path, "nics"),
                                   "empty: a cluster with more than one box needs NICs in every box")
+        reader.add("links", count * (len(nic_items) + len(gpu_links)), entry.line, path)
         for i in range(count):
             name = reader.expand(template, i, entry.line_of("name"), _join(path, "name"))
             _check_name(reader, name, entry.line_of("name"), _join(path, "name"))
@@ -499,7 +600,9 @@ def _read_links(reader: _Reader, doc: LineDict, switches: list[str]) -> list[Swi
         reader.keys(link, path, ("a", "b", "bandwidth"), ("latency", "count"))
         ta, tb = reader.string(link, "a", path), reader.string(link, "b", path)
         bandwidth, latency = reader.bandwidth(link, path), reader.latency(link, path)
-        for i in range(reader.count(link, path)):
+        count = reader.count(link, path)
+        reader.add("links", count, link.line_of("count"), _join(path, "count"))
+        for i in range(count):
             ends = []
             for key, template in (("a", ta), ("b", tb)):
                 name = reader.expand(template, i, link.line_of(key), _join(path, key))

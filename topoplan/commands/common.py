@@ -302,6 +302,8 @@ def sizes_arg(text: str) -> list[int]:
 def _size_reason(text: str, exc: ValueError | None) -> str:
     if exc is not None and str(exc).startswith("unknown unit"):
         return f"{exc} ({SIZE_EXAMPLE})"
+    if exc is not None and "at most" in str(exc):
+        return f"expected a whole number of bytes > 0, at most 2**60 (1 EiB); got {text!r}"
     return f"expected a whole number of bytes > 0, {SIZE_EXAMPLE}; got {text!r}"
 
 

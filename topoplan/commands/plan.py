@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import TYPE_CHECKING, Any
 
 from ..cluster import load_cluster
@@ -115,7 +116,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "bound_partition": _partition_json(cluster),
             "chosen": chosen.name, "profile": costs.to_dict(),
             "channels": result.channels, "channel_skew": request.channel_skew,
-            "vectored": request.vectored, "chosen_time_s": result.time_s,
+            "vectored": request.vectored,
+            "chosen_time_s": result.time_s if math.isfinite(result.time_s) else None,
+            "chosen_unpriced": None if math.isfinite(result.time_s) else chosen.unpriced,
             "candidates": [candidate_json(c, request, bounds.lower_s, nccl) for c in shown],
             "left_out": dict(result.left_out)}))
         return 0
@@ -131,15 +134,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   f"docs/COST_MODEL.md)")
     # One unit for the column: ms once the fastest takes a millisecond, so that 256 MiB
     # reads 27.108, not 27108.37.
-    unit = "ms" if min(c.time_s for c in shown) >= 1e-3 else "us"
+    unit = "ms" if min((c.time_s for c in shown if c.unpriced is None), default=0) >= 1e-3 \
+        else "us"
     t, left_out_columns = fit_table(columns(unit), [
         cells(c, request, bound, nccl, chosen=c is chosen, unit=unit) for c in shown],
         out.width)
     out.print(t)
+    unpriced: dict[str, list[str]] = {}  # reason -> rows, each reason once
+    for c in shown:
+        if c.unpriced is not None:
+            unpriced.setdefault(c.unpriced, []).append(c.name)
     for note in (left_out_note(left_out_columns, out.width),
                  "~ estimated by the planner's own cost model: the schedule is too big to "
                  "simulate quickly (topoplan simulate CLUSTER PLAN.json simulates it)"
-                 if any(not c.simulated for c in result.rows) else None):
+                 if any(not c.simulated and c.unpriced is None for c in result.rows)
+                 else None,
+                 *(f"n/a ({', '.join(names)}): {reason}" for reason, names in unpriced.items())):
         if note:
             out.print(note)
     out.print("vs bound: time / lower bound of any schedule (1.00x: none is faster); * chosen")
@@ -230,12 +240,16 @@ def cells(c: Candidate, request: PlanRequest, bound: float, nccl: Candidate | No
     """The row of the table (:func:`columns`), the time in ``unit`` (us or ms); ``~``:
     estimated, not simulated."""
     algbw, busbw = c.algbw(request.size, request.cluster.nranks, request.collective)
+    assert c.schedule is not None
+    if c.unpriced is not None:  # no time: the note under the table says why
+        return [c.name + (" *" if chosen else ""), "n/a", "-", "-", "-", "-",
+                str(c.messages), str(c.schedule.nsteps), str(c.schedule.nchunks), "-",
+                f"{c.plan_s:.3f}"]
     approx = "" if c.simulated else "~"
     ratio = x_bound(c.time_s, bound)
     time = f"{c.time_s * 1e3:.3f}" if unit == "ms" else f"{c.time_s * 1e6:.2f}"
     speedup = c.speedup_over(nccl)
     vs_nccl = "-" if speedup is None else f"{approx}{speedup:.2f}x"
-    assert c.schedule is not None
     return [c.name + (" *" if chosen else ""), approx + time,
             _gbps(algbw), _gbps(busbw), "-" if ratio is None else f"{approx}{ratio:.2f}x",
             vs_nccl, str(c.messages), str(c.schedule.nsteps), str(c.schedule.nchunks),
@@ -245,12 +259,18 @@ def cells(c: Candidate, request: PlanRequest, bound: float, nccl: Candidate | No
 def candidate_json(c: Candidate, request: PlanRequest, bound: float,
                    nccl: Candidate | None) -> dict[str, Any]:
     """A row of ``topoplan plan --json``: the usual fields, and for NCCL's row
-    ``nccl_algorithm``, ``protocol`` and ``channels``."""
+    ``nccl_algorithm``, ``protocol`` and ``channels``. A row with no time
+    (:attr:`~topoplan.planners.comparison.Candidate.unpriced`) has ``time_s`` and what
+    follows from it null, and ``unpriced`` says why (null on every other row)."""
     algbw, busbw = c.algbw(request.size, request.cluster.nranks, request.collective)
+    priced = c.unpriced is None
     row: dict[str, Any] = {
-        "algorithm": c.name, "time_s": c.time_s, "algbw_GBps": _finite(algbw / 1e9),
-        "busbw_GBps": _finite(busbw / 1e9), "percent_of_bound": _percent(bound, c.time_s),
-        "x_bound": x_bound(c.time_s, bound), "speedup_vs_nccl": c.speedup_over(nccl),
+        "algorithm": c.name, "time_s": c.time_s if priced else None,
+        "algbw_GBps": _finite(algbw / 1e9) if priced else None,
+        "busbw_GBps": _finite(busbw / 1e9) if priced else None,
+        "percent_of_bound": _percent(bound, c.time_s) if priced else None,
+        "x_bound": x_bound(c.time_s, bound) if priced else None,
+        "speedup_vs_nccl": c.speedup_over(nccl), "unpriced": c.unpriced,
         "simulated": c.simulated, "messages": c.messages,
         "steps": c.schedule.nsteps if c.schedule is not None else None,
         "chunks": c.schedule.nchunks if c.schedule is not None else None,

@@ -228,6 +228,9 @@ def _parse_step(step: list, rank: int, nranks: int, nchunks: int, version: int, 
     for j, raw in enumerate(step):
         if not isinstance(raw, dict):
             raise fail_op(j, "an op is an object with op, peer and chunk")
+        if not isinstance(raw.get("op"), str):  # a list or an object is no op's name
+            raise fail_op(j, f"unknown op {raw.get('op')!r}; expected 'send', 'recv' or a "
+                             f"native collective ({', '.join(map(repr, _NATIVE))})")
         if raw.get("op") in _NATIVE:
             if len(step) != 1:
                 raise fail_step(f"a native {raw.get('op')} stands alone in its step; this "

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from ..ir.collectives import COLLECTIVES
 from ..errors import InfeasiblePlanError, PlannerError
 from ..ir.schedule import Schedule
-from ..units import as_bytes
+from ..units import MAX_SIZE, as_bytes
 
 __all__ = ["PlannerError", "check_size", "check_chunks", "check_collective", "check_cap_args",
            "check_caps", "unknown_options"]
@@ -29,6 +29,9 @@ def check_size(size: Any, algorithm: str) -> int:
     if isinstance(size, bool) or not isinstance(size, (int, float)) or not size > 0 \
             or not math.isfinite(size):
         raise PlannerError(f"{algorithm}: size must be a positive number of bytes, got {size!r}")
+    if size > MAX_SIZE:
+        raise PlannerError(f"{algorithm}: size must be at most 2**60 bytes (1 EiB), got "
+                           f"{size!r}")
     return int(size)
 
 

@@ -129,7 +129,8 @@ class Candidate:
 
     @property
     def time_s(self) -> float:
-        """Simulated seconds; else NCCL's by its model, else the planner's own estimate."""
+        """Simulated seconds; else NCCL's by its model, else the planner's own estimate;
+        NaN when there is none (:attr:`unpriced` says why)."""
         if self.report is not None:
             return float(self.report.time_s)
         if self.nccl is not None:
@@ -137,6 +138,20 @@ class Candidate:
         assert self.schedule is not None
         est = self.schedule.meta.get("estimate_s")
         return float(est) if isinstance(est, (int, float)) else float("nan")
+
+    @property
+    def unpriced(self) -> str | None:
+        """Why the row has no time, in words (the tables print it instead of a number);
+        None when it has one: simulated, NCCL's by its model, or its planner's estimate."""
+        if math.isfinite(self.time_s):
+            return None
+        if self.report is None and self.nccl is None and self.schedule is not None:
+            est = self.schedule.meta.get("estimate_s")
+            if est is None:
+                return ("too many ops to simulate here, and no estimate from the planner "
+                        "(topoplan simulate CLUSTER PLAN.json prices it)")
+            return f"not simulated, and its planner's own estimate is not a number ({est!r})"
+        return f"its time is not a number ({self.time_s!r})"
 
     @property
     def messages(self) -> int | None:
