@@ -73,3 +73,19 @@ def test_the_command_line_shows_one_line_too():
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == ("topoplan plan: error: argument -s/--size: expected a whole "
                            "number of bytes > 0, e.g. 256MiB, 64KiB or 4096; got '-5MiB'\n")
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_verbose_shows_the_traceback_before_the_line(verbose, tmp_path, monkeypatch):
+    monkeypatch.delenv("TOPOPLAN_VERBOSE", raising=False)
+    missing = str(tmp_path / "missing.yaml")
+    done = subprocess.run([sys.executable, "-m", "topoplan", *(["--verbose"] if verbose else []),
+                           "plan", missing, "--size", "1MiB"], capture_output=True, text=True,
+                          cwd=ROOT)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1
+    assert lines[-1] == f"topoplan: error: {missing}: cannot read cluster file: No such file " \
+                        "or directory"
+    assert (lines[0] == "Traceback (most recent call last):") is verbose, done.stderr
+    if not verbose:
+        assert len(lines) == 1, done.stderr

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 import warnings
@@ -29,6 +30,13 @@ COMMANDS = ("topo", "plan", "verify", "simulate", "bench", "calibrate", "show", 
 _MODULES = {"import": "imports"}
 
 
+def _traceback(show: bool) -> None:
+    """Under ``--verbose``, the traceback of the error being handled, before its line."""
+    if show:
+        import traceback
+        traceback.print_exc(file=sys.stderr)
+
+
 #: What a command says when a signal ends it.
 _TERMINATED = {signal.SIGTERM: "topoplan: terminated", signal.SIGHUP: "topoplan: terminated (SIGHUP)"}
 
@@ -40,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Topology-aware allreduce: plan, verify, simulate and run schedules.")
     from . import __version__
     parser.add_argument("--version", action="version", version=f"topoplan {__version__}")
+    parser.add_argument("--verbose", action="store_true", dest="show_tracebacks",
+                        help="with an error, also print its traceback, on every rank, and "
+                             "let launchers print their own reports (also "
+                             "TOPOPLAN_VERBOSE=1)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:
@@ -90,7 +102,9 @@ def _main(argv: list[str] | None) -> int:
     from contextlib import nullcontext
 
     from ._util import signals_raise
-    from .commands.common import nccl_settings_of
+    from .commands.common import ENV_VERBOSE, nccl_settings_of, verbose
+    if getattr(args, "show_tracebacks", False):
+        os.environ[ENV_VERBOSE] = "1"  # for the ranks and launchers it starts too
     from .runtime.mpirun import inside_mpi
     # SIGTERM/SIGHUP unwind like Ctrl-C: launchers and their ranks end, scratch goes. Not
     # in an MPI rank: one that unwound would run MPI_Finalize, which waits for dead peers;
@@ -100,14 +114,17 @@ def _main(argv: list[str] | None) -> int:
         with unwind, nccl_settings_of(args):
             return int(args.func(args) or 0)
     except TopoplanError as exc:
+        _traceback(verbose())
         print(f"topoplan: error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:  # files the user named: missing folders, permissions, full disks
         if exc.filename is None:
             raise
+        _traceback(verbose())
         print(f"topoplan: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:  # Ctrl-C; SIGTERM/SIGHUP (signals_raise)
+        _traceback(verbose())
         signum = getattr(exc, "signum", signal.SIGINT)
         print("topoplan: interrupted" if signum == signal.SIGINT else _TERMINATED[signum],
               file=sys.stderr)

@@ -36,7 +36,7 @@ from ..ir.collectives import COLLECTIVES, get_collective
 from ..errors import TopoplanError, TransportError
 from ..ir.schedule import Schedule
 from .common import (MPIEXEC_HELP, SHARE_GPUS_HELP, check_transport, choose_port, json_text,
-                     output_width, plan_name, plural, rank_transport, sizes_arg)
+                     output_width, plan_name, plural, rank_transport, report, sizes_arg)
 
 __all__ = ["register"]
 
@@ -365,7 +365,7 @@ def _run_rank(args: argparse.Namespace) -> int:
                          use_torch=args.transport == "torch", choices=choices,
                          verified=True)  # by the launcher, or just above
     except TransportError as exc:
-        print(f"topoplan: error: {exc}", file=sys.stderr, flush=True)
+        report(exc)
         if args.transport == "mpi":
             from ..runtime.transports.mpi import LEAVE_GRACE, leave_after_failure
             leave_after_failure(1, grace=min(args.timeout, LEAVE_GRACE))

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import TopoplanError, TransportError
 from .common import (MPIEXEC_HELP, SHARE_GPUS_HELP, check_transport, choose_port, json_text,
-                     plural, rank_transport)
+                     plural, rank_transport, report)
 
 __all__ = ["register"]
 
@@ -464,7 +464,7 @@ def _run_rank(args: argparse.Namespace) -> int:
                 quick=args.quick, progress=_progress, name=args.name, timeout=args.timeout,
                 environment=False)
     except TransportError as exc:
-        print(f"topoplan: error: {exc}", file=sys.stderr, flush=True)
+        report(exc)
         if args.transport == "mpi":
             from ..runtime.transports.mpi import LEAVE_GRACE, leave_after_failure
             leave_after_failure(1, grace=min(args.timeout, LEAVE_GRACE))

@@ -534,6 +534,25 @@ def _joining_within(timeout: float, what: str) -> Iterator[None]:
             watchdog.wait()
 
 
+#: Set (to 1) by ``topoplan --verbose``, for the command and every process it starts.
+ENV_VERBOSE = "TOPOPLAN_VERBOSE"
+
+
+def verbose() -> bool:
+    """Whether errors also show their traceback, and launchers their own reports
+    (``topoplan --verbose``, or ``TOPOPLAN_VERBOSE=1``)."""
+    return os.environ.get(ENV_VERBOSE, "") not in ("", "0")
+
+
+def report(exc: BaseException) -> None:
+    """A rank's error, as the command line shows one: ``topoplan: error: ...``, one line,
+    and its traceback before it under ``--verbose``."""
+    if verbose():
+        import traceback
+        traceback.print_exception(exc, file=sys.stderr)
+    print(f"topoplan: error: {exc}", file=sys.stderr, flush=True)
+
+
 def rank_transport(transport: str, *, timeout: float, share_gpus: bool = False) -> Any:
     """This rank's transport (:func:`topoplan.runtime.transports.connect`), in a job that bench or
     calibrate launched under mpiexec: MPI and NCCL over ``COMM_WORLD``; torch.distributed

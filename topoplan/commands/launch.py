@@ -102,10 +102,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
 def _run(command: list[str], env: dict[str, str], timeout: float | None) -> int:
     """Run the launcher in a session of its own, with a scratch ``TMPDIR`` that goes with
     the job (Open MPI's session files, torchrun's logs); end all of it on a timeout,
-    Ctrl-C, SIGTERM or SIGHUP. torchrun is ended quietly: its own answer to a signal is
-    a traceback."""
+    Ctrl-C, SIGTERM or SIGHUP. torchrun is ended quietly (unless ``--verbose``): its own
+    answer to a signal is a traceback."""
     from ..runtime.mpirun import scratch_tmpdir, stop
+    from .common import verbose
     torchrun = "torch.distributed.run" in command
+    quiet = torchrun and not verbose()
     with scratch_tmpdir(env, prefix="topoplan-launch-") as env:
         if torchrun:  # its logs, else a torchelastic_* folder in /tmp per run
             at = command.index("torch.distributed.run") + 1
@@ -115,8 +117,8 @@ def _run(command: list[str], env: dict[str, str], timeout: float | None) -> int:
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            stop(proc, quiet=torchrun)
+            stop(proc, quiet=quiet)
             raise TopoplanError(f"the job did not finish within {timeout:g} s; ended it") from None
         except BaseException:
-            stop(proc, quiet=torchrun)
+            stop(proc, quiet=quiet)
             raise
