@@ -197,10 +197,11 @@ def test_every_survivor_of_a_killed_rank_says_so_fast_and_names_it(transport, tm
 
 AGREE_PROGRAM = textwrap.dedent("""
     import os, signal, sys
-    from mpi4py import MPI
+    from topoplan.commands.common import rank_transport
     from topoplan.errors import TransportError
-    from topoplan.runtime.transports.mpi import MPI as Transport, leave_after_failure
-    t = Transport.world()
+    from topoplan.runtime.transports.mpi import leave_after_failure
+    name = sys.argv[1]
+    t = rank_transport(name, timeout=60)
     t.barrier()
     if t.rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -209,24 +210,38 @@ AGREE_PROGRAM = textwrap.dedent("""
             t.allreduce_max(1.0)
     except TransportError as exc:
         print(f"topoplan: error: {exc}", file=sys.stderr, flush=True)
-        leave_after_failure(1, grace=2)
+        if name == "mpi":
+            leave_after_failure(1, grace=2)
+        sys.exit(1)
 """)
 
 
 @pytest.mark.mpi
-def test_a_rank_that_dies_during_an_agreement_is_named_without_a_traceback(tmp_path):
+@pytest.mark.parametrize("transport", ["mpi", "torch"])
+def test_a_rank_that_dies_during_an_agreement_is_reported_without_a_traceback(transport):
+    """The agreements (auto's timings, bench's result check) are collectives: a death in
+    one is a located line on every survivor, naming the rank where MPI can tell."""
     pytest.importorskip("mpi4py")
+    if transport == "torch":
+        pytest.importorskip("torch")
+    from topoplan.commands.common import choose_port
     from topoplan.runtime.mpirun import mpiexec
+    choose_port()
     start = time.monotonic()
-    done = mpiexec(4, [sys.executable, "-c", AGREE_PROGRAM], fault_tolerant=True, timeout=60,
-                   cwd=ROOT)
+    done = mpiexec(4, [sys.executable, "-c", AGREE_PROGRAM, transport], fault_tolerant=True,
+                   timeout=60, cwd=ROOT)
     assert time.monotonic() - start < 30
     assert "Traceback" not in done.stderr, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("topoplan: error:")]
     assert len(lines) == 3, done.stderr
     for line in lines:
-        assert re.match(r"topoplan: error: rank [023]: mpi allreduce of the slowest time "
-                        r"failed: rank 1 died \(MPI_ERR_", line), line
+        if transport == "mpi":
+            assert re.match(r"topoplan: error: rank [023]: mpi allreduce of the slowest time "
+                            r"failed: rank 1 died \(MPI_ERR_", line), line
+        else:
+            assert re.match(r"topoplan: error: rank [023]: torch/gloo agreement \(all_reduce "
+                            r"MAX\) failed: .*; torch/gloo cannot tell which rank failed$",
+                            line), line
 
 
 TESTBED = """\
