@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import math
 import os
 import sys
@@ -523,6 +524,17 @@ def main(argv: list[str] | None = None) -> int:
                        and not args.json and is_terminal(sys.stdout))
     except TopoplanError as exc:
         print(f"train: error: {exc}", file=sys.stderr)
+        return 1
+    except RuntimeError as exc:
+        # DDP hands a failed hook call back wrapped ("Got the following error when
+        # running the callback: TransportError: rank 2: ... step 3 ... peer 1 ...", then
+        # a stack): its located line is what to say, unless topoplan --verbose asked for
+        # everything.
+        from topoplan.commands.common import verbose
+        found = re.search(r"(?:TransportError|TopoplanError|DistBackendError): (.+)", str(exc))
+        if found is None or verbose():
+            raise
+        print(f"train: error: {found.group(1).strip()}", file=sys.stderr)
         return 1
     if world.rank == 0:
         print(json.dumps(result) if args.json else summary_line(result), flush=True)

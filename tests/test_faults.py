@@ -307,3 +307,21 @@ def test_a_torch_launch_leaves_nothing_and_prints_no_traceback(outcome, tmp_path
         assert code == 1 and err.strip().splitlines()[-1] == (
             "topoplan: error: the job did not finish within 5 s; ended it"), err
     job.nothing_left()
+
+
+def test_a_failed_rank_under_a_torch_launch_is_one_line_each(tmp_path):
+    """torchrun's own answer to a failed worker is a ChildFailedError traceback, a 30-line
+    report and its log: launch says one line per failed rank, the failure first."""
+    pytest.importorskip("torch")
+    program = ("import os, sys, time; rank = int(os.environ['RANK']); "
+               "sys.exit(3) if rank == 1 else time.sleep(60)")
+    job = Job(tmp_path, "launch", "-n", "3", "--transport", "torch", "--", "python", "-c",
+              program)
+    code, err, took = job.end()
+    lines = err.strip().splitlines()
+    assert code == 1, err
+    assert took < WITHIN + 5, f"took {took:.1f} s"
+    assert re.fullmatch(r"topoplan: error: rank 1 \(pid \d+\) exited with status 3", lines[0]), err
+    assert sorted(re.fullmatch(r"topoplan: error: rank (\d) \(pid \d+\) was stopped after rank 1 "
+                               r"failed", line).group(1) for line in lines[1:]) == ["0", "2"], err
+    job.nothing_left()

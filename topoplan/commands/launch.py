@@ -86,7 +86,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
                             "the ranks of --transport torch")
     if importlib.util.find_spec("torch") is None:
         raise TopoplanError("--transport torch needs PyTorch: pip install 'topoplan[torch]'")
-    run = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+    # torchrun, with its reports made one line per failed rank (commands/torchrun.py)
+    run = [sys.executable, "-m", "topoplan.commands.torchrun", "--standalone",
            "--nproc-per-node", str(args.nranks)]
     if argv[0] == sys.executable and len(argv) > 1 and not argv[1].startswith("-"):
         run += argv[1:]  # the launcher runs a script with its own Python
@@ -106,11 +107,11 @@ def _run(command: list[str], env: dict[str, str], timeout: float | None) -> int:
     answer to a signal is a traceback."""
     from ..runtime.mpirun import scratch_tmpdir, stop
     from .common import verbose
-    torchrun = "torch.distributed.run" in command
+    torchrun = "topoplan.commands.torchrun" in command
     quiet = torchrun and not verbose()
     with scratch_tmpdir(env, prefix="topoplan-launch-") as env:
         if torchrun:  # its logs, else a torchelastic_* folder in /tmp per run
-            at = command.index("torch.distributed.run") + 1
+            at = command.index("topoplan.commands.torchrun") + 1
             command = [*command[:at], "--log-dir", os.path.join(env["TMPDIR"], "logs"),
                        *command[at:]]
         proc = subprocess.Popen(command, env=env, start_new_session=True)
