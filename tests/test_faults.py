@@ -135,10 +135,12 @@ BENCH = ["bench", "--cluster", "topologies/ddl_two_switch.yaml", "--algorithm", 
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("case", ["bench-mpi", "bench-torch", "launch-mpi", "launch-torch"])
+@pytest.mark.parametrize("case", ["bench-mpi", "bench-torch", "launch-mpi", "launch-torch",
+                                  "bench-mpi-SIGINT", "launch-torch-SIGHUP"])
 def test_sigterm_ends_the_front_end_the_launcher_and_every_rank(case, tmp_path):
     pytest.importorskip("mpi4py")
-    command, transport = case.split("-")
+    command, transport, *sig = case.split("-")
+    signum = getattr(signal, sig[0]) if sig else signal.SIGTERM
     if transport == "torch":
         pytest.importorskip("torch")
     if command == "bench":
@@ -149,13 +151,34 @@ def test_sigterm_ends_the_front_end_the_launcher_and_every_rank(case, tmp_path):
                   "python", "-c", SLEEP)
         job.wait_for(2, "OMPI_COMM_WORLD_RANK" if transport == "mpi" else "LOCAL_RANK",
                      settle=0.5)
-    job.proc.send_signal(signal.SIGTERM)
+    job.proc.send_signal(signum)
     code, err, took = job.end()
-    assert code == 143, err
-    assert err.strip().splitlines()[-1] == "topoplan: terminated", err
+    assert code == 128 + signum, err
+    assert err.strip().splitlines()[-1] == {
+        signal.SIGTERM: "topoplan: terminated", signal.SIGINT: "topoplan: interrupted",
+        signal.SIGHUP: "topoplan: terminated (SIGHUP)"}[signum], err
     assert "Traceback" not in err, err
     assert took < WITHIN, f"took {took:.1f} s"
     job.nothing_left()
+
+
+@pytest.mark.mpi
+def test_two_bench_jobs_at_once_both_run(tmp_path):
+    """Each job picks its own port and scratch: neither sees the other."""
+    pytest.importorskip("mpi4py")
+    args = ["bench", "--cluster", "topologies/ddl_two_switch.yaml", "--algorithm", "ring",
+            "--sizes", "1MiB", "--iters", "20"]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    jobs = [Job(tmp_path / "a", *args), Job(tmp_path / "b", *args, "--transport", "torch")]
+    for job in jobs:
+        job.proc.wait(timeout=180)
+        job._reader.join(5)
+        err = job.proc.stderr.read() if job.proc.stderr else ""
+        assert job.proc.returncode == 0, err
+        rows = [line.split() for line in job.lines if line.strip() and not line.startswith("#")]
+        assert rows and rows[0][-1] == "0", job.lines  # #wrong
+        job.nothing_left()
 
 
 FRONT = ("import sys; from topoplan.commands.common import choose_port; "
