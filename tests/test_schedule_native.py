@@ -8,8 +8,8 @@ import pytest
 
 from topoplan.errors import ScheduleError
 from topoplan.ir.parse import loads_schedule
-from topoplan.ir.schedule import (Native, NativeKind, OpKind, Schedule, build_schedule, native_op,
-                                  recv, send)
+from topoplan.ir.schedule import (GROUP_RANGE_MIN, Native, NativeKind, OpKind, Schedule,
+                                  build_schedule, group_json, native_op, recv, send)
 
 
 def two_boxes() -> Schedule:
@@ -76,10 +76,35 @@ def _file(op: dict, *, version: int = 3, nranks: int = 4, nchunks: int = 4,
     ({"op": "allreduce", "group": [0, 1], "chunk": 0}, None, 2, 'needs "version": 3'),
     ({"op": "allreduce", "group": [], "chunk": 0}, None, 3, "group must be a non-empty list"),
     ({"op": "alltoall", "group": [0, 1], "chunk": 0}, None, 3, "unknown op 'alltoall'"),
+    ({"op": "allreduce", "group": "0..4", "chunk": 0}, None, 3,
+     r"group names rank 4, outside range\(4\)"),
+    ({"op": "allreduce", "group": "2..1", "chunk": 0}, None, 3, "the first rank is after"),
+    ({"op": "allreduce", "group": "1..3", "chunk": 0}, None, 3,
+     "rank 0 runs a native allreduce over group 1..3 it is not in"),
+    ({"op": "allreduce", "group": "0-3", "chunk": 0}, None, 3,
+     "a non-empty list of ranks or a range 'first..last', got '0-3'"),
 ])
 def test_bad_native_ops_are_located(op, extra, version, message):
     with pytest.raises(ScheduleError, match=message):
         loads_schedule(_file(op, version=version, extra=extra), "plan.json")
+
+
+def test_a_big_group_of_consecutive_ranks_is_written_as_a_range_and_read_back():
+    # The nccl row over 16384 ranks would repeat the 16384 ranks in every rank's program.
+    from topoplan.planners.native import native_schedule
+
+    schedule = native_schedule(GROUP_RANGE_MIN, "allreduce", algorithm="nccl")
+    text = schedule.to_json()
+    assert json.loads(text)["ranks"][5]["steps"][0] == [
+        {"op": "allreduce", "group": f"0..{GROUP_RANGE_MIN - 1}", "chunk": 0}]
+    again = loads_schedule(text)
+    assert again == schedule
+    assert again.ranks[0].steps[0][0].group is again.ranks[7].steps[0][0].group  # one tuple
+    # fewer ranks, or not consecutive and ascending: the list, as before
+    assert group_json(tuple(range(GROUP_RANGE_MIN - 1))) == list(range(GROUP_RANGE_MIN - 1))
+    shuffled = (1, 0, *range(2, GROUP_RANGE_MIN))
+    assert group_json(shuffled) == list(shuffled)
+    assert group_json(tuple(range(3, 3 + GROUP_RANGE_MIN))) == f"3..{GROUP_RANGE_MIN + 2}"
 
 
 def test_a_newer_version_is_refused_naming_the_ones_read():

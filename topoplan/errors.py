@@ -95,6 +95,14 @@ class InfeasiblePlanError(TopoplanError):
     """
 
 
+class BudgetError(TopoplanError):
+    """Planning would hold more memory than allowed (``topoplan plan --max-memory``, or
+    what the machine has available), by the estimate made before it starts.
+
+    The message gives the estimate and how to go on (a larger budget, fewer candidates).
+    """
+
+
 class TransportError(TopoplanError, RuntimeError):
     """A point-to-point transfer failed or timed out while running a schedule.
 

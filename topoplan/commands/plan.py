@@ -56,6 +56,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--vectored", action="store_true",
                    help="merge each step's messages from one rank to one peer into one "
                         "vectored message (IR v4, docs/SCHEDULE.md): fewer ops to post")
+    p.add_argument("--max-memory", type=_memory_arg, default=None, metavar="SIZE",
+                   help="refuse, before planning, when planning is estimated to hold more "
+                        "memory than SIZE (default 4GiB, and never more than the machine "
+                        "has available; 0: no bound); a large plan's estimate is printed "
+                        "first (README, 'Large clusters')")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     add_nccl_arguments(p)
     p.set_defaults(func=cmd_plan)
@@ -70,6 +75,20 @@ def told(choice: Any) -> str:
 def _channels_arg(text: str) -> int | str:
     """argparse type for --channels: a count, or ``auto`` (mcf picks)."""
     return "auto" if text == "auto" else positive_int(text)
+
+
+def _memory_arg(text: str) -> int:
+    """argparse type for --max-memory: a size (``6GiB``), or 0 for no bound."""
+    from ..units import parse_size
+    if text.strip() == "0":
+        return 0
+    try:
+        value = parse_size(text)
+    except Exception as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a size such as 6GiB, or 0, got {text!r}")
+    return value
 
 
 def candidate_names(requested: str | None) -> list[str] | None:
@@ -92,9 +111,27 @@ def plan_result(args: argparse.Namespace) -> PlanResult:
                                collective=args.collective, profile=args.profile,
                                max_step_ops=args.max_step_ops, max_chunks=args.max_chunks,
                                algorithm=args.algorithm, **options)
+    check_work(request, args)
     nranks = request.cluster.nranks
     with status(f"planning and simulating candidates for {nranks} ranks ..."):
         return execute(request)
+
+
+def check_work(request: PlanRequest, args: argparse.Namespace) -> None:
+    """Before planning: refuse a request estimated to hold more memory than
+    ``--max-memory`` (default 4 GiB) or the machine has available, and say the estimate
+    of a large one on stderr (:mod:`topoplan.planners.budget`)."""
+    import sys
+
+    from ..planners.budget import DEFAULT_MAX_BYTES, check_budget, estimate_work
+
+    estimate = estimate_work(request)
+    budget = DEFAULT_MAX_BYTES if args.max_memory is None else args.max_memory
+    check_budget(request, estimate, budget, where=args.cluster)
+    if estimate.large:
+        print(f"topoplan: note: planning {estimate.nranks} ranks will take "
+              f"{estimate.text()}, by the estimate (--max-memory bounds it; "
+              "docs/RESULTS.md, 'Planning at scale')", file=sys.stderr, flush=True)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

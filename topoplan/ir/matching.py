@@ -400,78 +400,97 @@ class Messages:
 
     def _match_natives(self, where: list[int], ops: list[Native], nchunks: int) -> None:
         """Check each native op (``ops``, at global steps ``where``, in program order) and
-        pair the k-th over a group at every member into :attr:`calls`."""
+        pair the k-th over a group at every member into :attr:`calls`.
+
+        O(native ops + the groups' sizes): what depends on a group alone (its checks,
+        its members as a set, its sorted key) is worked out once per group object, which
+        the members of one op share (16384 members of one op over 16384 ranks would
+        otherwise be 268 M membership tests)."""
         step_rank, step_local = self.step_rank.tolist(), self.step_local.tolist()
         # Per group (as a set), its calls in the order met: the op of the first member
         # met, and each member's global step.
-        groups: dict[tuple[int, ...], list[tuple[Native, dict[int, int]]]] = {}
-        seen: dict[tuple[tuple[int, ...], int], int] = {}  # ops over a group per member
-        checked: set[Native] = set()  # each op once, not once per member
+        groups: dict[frozenset[int], list[tuple[Native, dict[int, int]]]] = {}
+        seen: dict[tuple[frozenset[int], int], int] = {}  # ops over a group per member
+        known: dict[int, tuple[tuple[int, ...], frozenset[int]]] = {}  # id(group) -> it
+        keys: dict[frozenset[int], tuple[int, ...]] = {}  # each group's ranks, sorted
+        checked: set[int] = set()  # id of each op checked (an op once, not per member)
         for g, op in zip(where, ops):
             r = step_rank[g]
-            if op not in checked:
+            found = known.get(id(op.group))
+            if found is None:
+                self._check_group(op, r, step_local[g])
+                members = frozenset(op.group)
+                found = known[id(op.group)] = (op.group, members)
+                keys.setdefault(members, tuple(sorted(members)))
+            members = found[1]
+            if id(op) not in checked:
                 self._check_native(op, r, step_local[g], nchunks)
-                checked.add(op)
-            if r not in op.group:
+                checked.add(id(op))
+            if r not in members:
                 raise self.error(f"rank {r} step {step_local[g]}: {op.kind.value} over "
                                  f"{group_text(op.group)}: rank {r} runs an op of a group it "
                                  "is not in")
-            key = tuple(sorted(op.group))
-            k = seen.get((key, r), 0)
-            seen[key, r] = k + 1
-            calls = groups.setdefault(key, [])
+            k = seen.get((members, r), 0)
+            seen[members, r] = k + 1
+            calls = groups.setdefault(members, [])
             if k == len(calls):
                 calls.append((op, {}))
             ref, at = calls[k]
-            if op != ref:
+            if op is not ref and op != ref:
                 p = min(at)
                 raise self.error(
                     f"rank {r} step {step_local[g]} runs {op.text()} as its native op {k} "
-                    f"over group {group_text(key)}, but rank {p} step {step_local[at[p]]} "
-                    f"runs {ref.text()}: every member runs the same op (kind, group order, "
-                    "chunks, root)")
+                    f"over group {group_text(keys[members])}, but rank {p} step "
+                    f"{step_local[at[p]]} runs {ref.text()}: every member runs the same op "
+                    "(kind, group order, chunks, root)")
             at[r] = g
-        found = []
-        for key, calls in groups.items():
+        found_calls = []
+        for members, calls in groups.items():
+            key = keys[members]
             for k, (op, at) in enumerate(calls):
                 missing = [m for m in key if m not in at]
                 if missing:
                     p, q = min(at), missing[0]
-                    ran = seen.get((key, q), 0)
+                    ran = seen.get((members, q), 0)
                     raise self.error(
                         f"rank {p} step {step_local[at[p]]} runs {op.text()} as its native "
                         f"op {k} over group {group_text(key)}, but rank {q} runs only {ran} "
                         f"native op{'' if ran == 1 else 's'} over that group")
-                found.append((min(at.values()), op, tuple(at[m] for m in op.group)))
-        found.sort(key=lambda item: item[0])
+                found_calls.append((min(at.values()), op, tuple(at[m] for m in op.group)))
+        found_calls.sort(key=lambda item: item[0])
         self.calls = [NativeCall(op, steps, tuple(step_local[g] for g in steps))
-                      for _, op, steps in found]
+                      for _, op, steps in found_calls]
         for c, call in enumerate(self.calls):
             self.step_call[list(call.steps)] = c
             self.step_member[list(call.steps)] = np.arange(len(call.steps))
 
-    def _check_native(self, op: Native, rank: int, step: int, nchunks: int) -> None:
-        """A native op built in Python may break what the reader checks: say where."""
-        where = f"rank {rank} step {step}: {op.kind.value} over {group_text(op.group)}"
-        if rank not in op.group:
-            raise self.error(f"{where}: rank {rank} runs an op of a group it is not in")
+    def _check_group(self, op: Native, rank: int, step: int) -> None:
+        """What the reader checks of a native op's group, for one built in Python: say
+        where (once per group object; membership is checked per member by the caller)."""
         if not op.group:
-            raise self.error(f"{where}: a group names at least one rank")
+            raise self.error(f"rank {rank} step {step}: {op.kind.value} over {{}}: a group "
+                             "names at least one rank")
         bad = [m for m in op.group if not 0 <= m < self.nranks]
+        where = f"rank {rank} step {step}: {op.kind.value} over {group_text(op.group)}"
         if bad:
             raise self.error(f"{where}: the group names rank {bad[0]}, outside "
                              f"range({self.nranks})")
         if len(set(op.group)) != len(op.group):
             raise self.error(f"{where}: the group names a rank twice")
+
+    def _check_native(self, op: Native, rank: int, step: int, nchunks: int) -> None:
+        """A native op built in Python may break what the reader checks: say where."""
+        def where() -> str:  # the group's text only for an error: it may be long
+            return f"rank {rank} step {step}: {op.kind.value} over {group_text(op.group)}"
         if op.chunk < 0 or op.count < 1 or op.end > nchunks:
-            raise self.error(f"{where}: {op.chunk_text()} out of range({nchunks})")
+            raise self.error(f"{where()}: {op.chunk_text()} out of range({nchunks})")
         g = len(op.group)
         if op.kind.parted and op.count % g:
-            raise self.error(f"{where}: count {op.count} does not cut into {g} equal parts")
+            raise self.error(f"{where()}: count {op.count} does not cut into {g} equal parts")
         if op.kind.rooted and op.root not in op.group:
-            raise self.error(f"{where}: needs a root in its group, got {op.root!r}")
+            raise self.error(f"{where()}: needs a root in its group, got {op.root!r}")
         if not op.kind.rooted and op.root is not None:
-            raise self.error(f"{where}: has no root (got root {op.root!r})")
+            raise self.error(f"{where()}: has no root (got root {op.root!r})")
 
     def native_step(self, g: int) -> tuple[NativeCall, int] | None:
         """The call global step ``g`` runs and the rank's index in its group, or None."""

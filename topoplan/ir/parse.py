@@ -15,8 +15,9 @@ import json
 import math
 import os
 import re
+from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import ScheduleError
 from .collectives import COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE, shard_chunks
@@ -189,18 +190,27 @@ def _parse_native(raw: dict, rank: int, nranks: int, nchunks: int, version: int,
     kind = _NATIVE[raw["op"]]
     if version < 3:
         raise fail(f"a native {kind.value} needs \"version\": 3")
-    group = raw.get("group")
-    if (not isinstance(group, list) or len(group) < 1
-            or any(isinstance(m, bool) or not isinstance(m, int) for m in group)):
-        raise fail(f"group must be a non-empty list of ranks, got {group!r}")
-    outside = [m for m in group if not 0 <= m < nranks]
-    if outside:
-        raise fail(f"group names rank {outside[0]}, outside range({nranks})")
-    if len(set(group)) != len(group):
-        twice = next(m for m in group if group.count(m) > 1)
-        raise fail(f"group names rank {twice} twice")
-    if rank not in group:
-        raise fail(f"rank {rank} runs a native {kind.value} over group {group} it is not in")
+    group: Any = raw.get("group")
+    if isinstance(group, str):  # "first..last": consecutive ranks, one tuple for all
+        first, last = _group_range(group, nranks, fail)
+        if not first <= rank <= last:
+            raise fail(f"rank {rank} runs a native {kind.value} over group {group} it is "
+                       "not in")
+        group = _range_tuple(first, last)
+    else:
+        if (not isinstance(group, list) or len(group) < 1
+                or any(isinstance(m, bool) or not isinstance(m, int) for m in group)):
+            raise fail(f"group must be a non-empty list of ranks or a range "
+                       f"'first..last', got {group!r}")
+        outside = [m for m in group if not 0 <= m < nranks]
+        if outside:
+            raise fail(f"group names rank {outside[0]}, outside range({nranks})")
+        if len(set(group)) != len(group):
+            twice = next(m for m in group if group.count(m) > 1)
+            raise fail(f"group names rank {twice} twice")
+        if rank not in group:
+            raise fail(f"rank {rank} runs a native {kind.value} over group {group} it is "
+                       "not in")
     chunk, count = raw.get("chunk"), raw.get("count", 1)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or not 0 <= chunk < nchunks:
         raise fail(f"chunk {chunk!r} out of range({nchunks})")
@@ -219,6 +229,30 @@ def _parse_native(raw: dict, rank: int, nranks: int, nchunks: int, version: int,
     elif root is not None:
         raise fail(f"a native {kind.value} has no root (got root {root!r})")
     return Native(kind, tuple(group), chunk, count, root)
+
+
+_RANGE = re.compile(r"(\d+)\.\.(\d+)")
+
+
+def _group_range(text: str, nranks: int, fail: Callable[[str], Exception]) -> tuple[int, int]:
+    """``(first, last)`` of a group written ``"first..last"``, checked."""
+    found = _RANGE.fullmatch(text)
+    if found is None:
+        raise fail(f"group must be a non-empty list of ranks or a range 'first..last', "
+                   f"got {text!r}")
+    first, last = int(found[1]), int(found[2])
+    if first > last:
+        raise fail(f"group {text!r}: the first rank is after the last")
+    if last >= nranks:
+        raise fail(f"group names rank {last}, outside range({nranks})")
+    return first, last
+
+
+@lru_cache(maxsize=16)
+def _range_tuple(first: int, last: int) -> tuple[int, ...]:
+    """The group ``first..last`` as one tuple shared by every member's op (a group over
+    16384 ranks once, not 16384 times)."""
+    return tuple(range(first, last + 1))
 
 
 def _parse_step(step: list, rank: int, nranks: int, nchunks: int, version: int, fail_op,

@@ -244,6 +244,22 @@ class NativeKind(str, Enum):
         return self in (NativeKind.REDUCE_SCATTER, NativeKind.ALLGATHER)
 
 
+#: A native op's group of at least this many consecutive ranks in ascending order is
+#: written as the text ``"first..last"`` (docs/SCHEDULE.md): as a list, the ``nccl``
+#: row's group over 16384 ranks, repeated in every rank's program, is 1.4 GB of JSON.
+GROUP_RANGE_MIN = 64
+
+
+def group_json(group: Sequence[int]) -> list[int] | str:
+    """A native op's group as the JSON writes it: ``"0..16383"`` for
+    :data:`GROUP_RANGE_MIN` or more consecutive ranks in ascending order, else the list."""
+    n = len(group)
+    if n >= GROUP_RANGE_MIN and group[-1] - group[0] == n - 1 \
+            and all(b == a + 1 for a, b in zip(group, group[1:])):
+        return f"{group[0]}..{group[-1]}"
+    return list(group)
+
+
 @dataclass(frozen=True, slots=True)
 class Native:
     """A collective over ``group`` on chunks ``chunk .. chunk + count - 1`` (IR v3).
@@ -292,8 +308,11 @@ class Native:
         size = self.count // len(self.group)
         return self.chunk + index * size, self.chunk + (index + 1) * size
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"op": self.kind.value, "group": list(self.group),
+    def to_dict(self, group: list[int] | str | None = None) -> dict[str, Any]:
+        """The op's JSON object; ``group``: its group's JSON form when the caller has it
+        already (:func:`group_json`, computed once per group for a whole schedule)."""
+        out: dict[str, Any] = {"op": self.kind.value,
+                               "group": group_json(self.group) if group is None else group,
                                "chunk": self.chunk}
         if self.count != 1:
             out["count"] = self.count
@@ -457,12 +476,14 @@ class Schedule:
 
     # ---- JSON --------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        groups: dict[int, list[int] | str] = {}  # id(group) -> its JSON, once per group
         return {
             "format": FORMAT, "version": self.version,
             "collective": self.collective,
             "nranks": self.nranks,
             "chunks": list(self.chunks),
-            "ranks": [{"rank": p.rank, "steps": [[op.to_dict() for op in step] for step in p.steps]}
+            "ranks": [{"rank": p.rank, "steps": [[_op_dict(op, groups) for op in step]
+                                                  for step in p.steps]}
                       for p in self.ranks],
             "meta": dict(self.meta),
         }
@@ -492,6 +513,17 @@ class Schedule:
 
     from_dict = staticmethod(moved_function("topoplan.ir.schedule.Schedule.from_dict",
                                             "topoplan.ir.parse:schedule_from_dict"))
+
+
+def _op_dict(op: Op | Native, groups: dict[int, list[int] | str]) -> dict[str, Any]:
+    """``op.to_dict()``, a native op's group made JSON once per group object (``groups``:
+    ``id(group) -> JSON``; the members of a native op share its group)."""
+    if isinstance(op, Op):
+        return op.to_dict()
+    found = groups.get(id(op.group))
+    if found is None:
+        found = groups[id(op.group)] = group_json(op.group)
+    return op.to_dict(found)
 
 
 def recv_clash(ranges: Sequence[tuple[int, int, bool]]) -> int | None:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..analysis.native.nccl import NcclChoice
     from ..analysis.sim import SimReport
 
-__all__ = ["Candidate", "run", "price", "compare", "nccl_candidate", "shared", "NCCL"]
+__all__ = ["Candidate", "run", "price", "compare", "too_big", "nccl_candidate", "shared", "NCCL"]
 
 #: The row of the transport's own collective (:mod:`topoplan.planners.native`).
 NCCL = "nccl"
@@ -262,6 +262,22 @@ def price(request: PlanRequest, name: str, options: Mapping[str, Any] | None = N
     return row
 
 
+def too_big(request: PlanRequest, name: str, limit: int) -> str | None:
+    """Why planner ``name``'s plan of ``request`` would have no time, worked out without
+    planning it, or None: its planner makes no estimate of its own
+    (:attr:`~.registry.PlannerSpec.min_ops` declared) and even its fewest ops are over
+    the simulator's ``limit``. The planner's own options (``chunks``) only add ops."""
+    spec = SPECS[name]
+    if spec.min_ops is None:
+        return None
+    fewest = spec.min_ops(request.for_planner(name))
+    if fewest <= limit:
+        return None
+    return (f"{name}: its plan would hold at least {fewest:,} ops, over the {limit:,} the "
+            "simulator takes here, and its planner makes no estimate of its own: it would "
+            "have no time")
+
+
 def compare(request: PlanRequest, names: Sequence[str] | None = None, *,
             max_sim_ops: int | None = None, max_plan_ranks: int | None = None,
             left_out: dict[str, str] | None = None,
@@ -313,7 +329,19 @@ def compare(request: PlanRequest, names: Sequence[str] | None = None, *,
         raise unknown_options("auto", unused, known)
     rows: list[Candidate] = []
     last: Exception | None = None
+    limit = request.max_sim_ops if max_sim_ops is None else max_sim_ops
     for name in names:
+        # On a large cluster, a row that could have no time is not built (ring over
+        # 16384 ranks: 1 G ops); one named (-a) is, and small clusters show every row.
+        why = too_big(request, name, limit) \
+            if request.cluster.nranks > request.max_plan_ranks and name != request.algorithm \
+            else None
+        if why is not None:
+            why += f" (name it, -a {name}, to plan it anyway)"
+            if left_out is not None:
+                left_out[name] = why
+            last = InfeasiblePlanError(why)
+            continue
         if progress is not None:
             progress(name)
         try:

@@ -169,7 +169,7 @@ def _cross_plan(sub: Cluster, size: int, collective: str, profile: CostProfile,
     a cross-box plan already made for the request (the box-level cluster is the
     cluster itself when every box has one GPU) is taken as it is
     (:func:`~topoplan.planners.comparison.shared`)."""
-    from .comparison import price
+    from .comparison import price, too_big
     from .registry import planners_for
 
     names = planners_for(collective, inner)
@@ -182,6 +182,10 @@ def _cross_plan(sub: Cluster, size: int, collective: str, profile: CostProfile,
     left_out: dict[str, str] = {}
     found = []
     for name in names:
+        why = too_big(request, name, SUB_SIM_OPS)  # dropped below anyway: do not build it
+        if why is not None:
+            left_out[name] = why
+            continue
         try:
             found.append(price(request, name, {}, max_sim_ops=SUB_SIM_OPS))
         except InfeasiblePlanError as exc:

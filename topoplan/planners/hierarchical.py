@@ -15,7 +15,8 @@ from ._order import TopoNode, topo_order, topo_tree
 from ._pipeline_depth import OP_BUDGET, fit_depth, link_params, message_latency
 from .request import PlanRequest
 
-__all__ = ["plan_hierarchical", "hierarchical_core", "hierarchy", "STEP_OPS"]
+__all__ = ["plan_hierarchical", "hierarchical_core", "hierarchical_min_ops", "hierarchy",
+           "STEP_OPS"]
 
 #: Ops a rank posts per step of a pipelined plan, for the per-step cost of the depth
 #: rule: a ring step is a send and a receive, and while one part runs an in-box stage
@@ -233,6 +234,19 @@ def plan_hierarchical(cluster: Cluster, *, size: int, chunks: int | None = None,
                                max_step_ops=max_step_ops, max_chunks=max_chunks,
                                who="hierarchical")
     return hierarchical_core(request, chunks=chunks)
+
+
+def hierarchical_min_ops(request: PlanRequest) -> int:
+    """Fewest ops a hierarchical plan of ``request`` holds, without planning it: at each
+    level every rank (one per piece it owns) runs a ring reduce-scatter and a ring
+    allgather over a group of at least that level's smallest size ``g``, a send and a
+    recv in each of their ``g - 1`` steps: ``4 n sum(g - 1)`` for one pipeline part."""
+    cluster = request.runtime
+    if cluster.nranks == 1:
+        return 0
+    tree, depth, _ = hierarchy(cluster)
+    smallest = [min(len(g) for g in _groups_at(tree, depth, level)) for level in range(depth)]
+    return 4 * cluster.nranks * sum(g - 1 for g in smallest)
 
 
 @no_gc

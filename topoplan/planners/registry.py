@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 from ..ir.collectives import COLLECTIVES, DEFAULT as DEFAULT_COLLECTIVE
 from ..errors import PlannerError
@@ -54,6 +54,12 @@ class PlannerSpec:
         size, collective and caps checked once), which the pipeline calls; ``function``
         checks its arguments into such a request and calls it. None for a planner
         registered from outside: the pipeline calls ``function``.
+    min_ops : callable or None
+        ``min_ops(request) -> int``: fewest ops its plan of a validated request holds,
+        worked out without planning, for a planner whose plans carry no estimate of
+        their own. Where it is above the simulator's limit the plan would have no time,
+        and a comparison on a large cluster (or ``composed``'s cross-box choice) leaves
+        the planner out instead of building it (:func:`~.comparison.too_big`).
     """
 
     name: str
@@ -65,6 +71,7 @@ class PlannerSpec:
     profile: bool = True
     caps: bool = True
     core: Planner | None = None
+    min_ops: Callable[[Any], int] | None = None
 
     def plans(self, collective: str) -> bool:
         return collective in self.collectives
@@ -108,6 +115,11 @@ def _lazy(module: str, function: str) -> Planner:
     return LazyPlanner(f"topoplan.planners.{module}", function)
 
 
+def _lazy_count(module: str, function: str) -> Callable[[Any], int]:
+    """A planner module's ``min_ops`` function, imported on first use."""
+    return cast(Callable[[Any], int], _lazy(module, function))
+
+
 _ALL = tuple(COLLECTIVES)
 
 #: The planners, declared: what each plans and takes (see :class:`PlannerSpec`). Each
@@ -115,16 +127,17 @@ _ALL = tuple(COLLECTIVES)
 #: planners import the request, which looks them up here).
 SPECS: dict[str, PlannerSpec] = {spec.name: spec for spec in (
     PlannerSpec("ring", _lazy("ring", "plan_ring"), _ALL, ("order", "chunks"),
-                core=_lazy("ring", "ring_core")),
+                core=_lazy("ring", "ring_core"), min_ops=_lazy_count("ring", "ring_min_ops")),
     PlannerSpec("ring-topo", _lazy("ring", "plan_ring_topo"), _ALL, ("chunks", "order"),
-                core=_lazy("ring", "ring_topo_core")),
+                core=_lazy("ring", "ring_topo_core"), min_ops=_lazy_count("ring", "ring_min_ops")),
     PlannerSpec("tree", _lazy("tree", "plan_tree"), (DEFAULT_COLLECTIVE,), ("chunks", "order"),
-                core=_lazy("tree", "tree_core")),
+                core=_lazy("tree", "tree_core"), min_ops=_lazy_count("tree", "tree_min_ops")),
     PlannerSpec("rhd", _lazy("rhd", "plan_rhd"), _ALL, ("chunks", "order"),
-                core=_lazy("rhd", "rhd_core")),
+                core=_lazy("rhd", "rhd_core"), min_ops=_lazy_count("rhd", "rhd_min_ops")),
     PlannerSpec("hierarchical", _lazy("hierarchical", "plan_hierarchical"),
                 (DEFAULT_COLLECTIVE,), ("chunks",), large=True,
-                core=_lazy("hierarchical", "hierarchical_core")),
+                core=_lazy("hierarchical", "hierarchical_core"),
+                min_ops=_lazy_count("hierarchical", "hierarchical_min_ops")),
     PlannerSpec("mcf", _lazy("mcf", "plan_mcf"), _ALL, ("chunks", "exact", "time_limit",
                                                         "max_ops", "flat_max", "check",
                                                         "channels", "channel_skew",

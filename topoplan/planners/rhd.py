@@ -15,7 +15,7 @@ from ._order import resolve_order
 from ._pipeline_depth import fit_depth
 from .request import PlanRequest
 
-__all__ = ["plan_rhd", "rhd_core"]
+__all__ = ["plan_rhd", "rhd_core", "rhd_min_ops"]
 
 
 @no_gc
@@ -94,6 +94,15 @@ def plan_rhd(cluster: Cluster, *, size: int, chunks: int | None = None,
     request = PlanRequest.make(cluster, size=size, profile=profile, collective=collective,
                                max_step_ops=max_step_ops, max_chunks=max_chunks, who="rhd")
     return rhd_core(request, chunks=chunks, order=order)
+
+
+def rhd_min_ops(request: PlanRequest) -> int:
+    """Fewest ops an rhd plan of ``request`` holds, without planning it: each of the
+    ``p`` ranks of the largest power of two in ``n`` posts a send and a recv in each of
+    the ``log2 p`` steps of a phase (``4 p log2 p`` for an allreduce)."""
+    n = request.cluster.nranks
+    p = 1 << (n.bit_length() - 1)
+    return (2 if request.collective == "allreduce" else 1) * 2 * p * (p.bit_length() - 1)
 
 
 @no_gc

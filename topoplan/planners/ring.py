@@ -16,7 +16,7 @@ from ._order import rail_rings, resolve_order
 from ._pipeline_depth import fit_depth
 from .request import PlanRequest
 
-__all__ = ["plan_ring", "plan_ring_topo", "ring_core", "ring_topo_core"]
+__all__ = ["plan_ring", "plan_ring_topo", "ring_core", "ring_topo_core", "ring_min_ops"]
 
 
 @no_gc
@@ -142,6 +142,14 @@ def ring_core(request: PlanRequest, *, order: str | Sequence[int] = "rank",
 
     return fit_depth(build, given or 1, chosen=given is None, chunks_per_depth=n * nrings,
                      max_step_ops=max_step_ops, max_chunks=max_chunks, algorithm=algorithm)
+
+
+def ring_min_ops(request: PlanRequest) -> int:
+    """Fewest ops a ring plan of ``request`` holds, without planning it: every rank posts
+    a send and a recv in each of a ring's ``n - 1`` steps per phase (``4 n (n - 1)`` for
+    an allreduce), more with slices or rail rings."""
+    n = request.cluster.nranks
+    return (2 if request.collective == "allreduce" else 1) * 2 * n * (n - 1)
 
 
 def _rail_rings(cluster: Cluster, slices: int, max_step_ops: int | None,

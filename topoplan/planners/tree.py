@@ -14,7 +14,7 @@ from ._order import TopoNode, resolve_order, topo_tree
 from ._pipeline_depth import OP_BUDGET, fit_depth, link_params, message_latency, pipeline_depth
 from .request import PlanRequest
 
-__all__ = ["plan_tree", "tree_core", "btree", "double_btree", "STEP_OPS"]
+__all__ = ["plan_tree", "tree_core", "tree_min_ops", "btree", "double_btree", "STEP_OPS"]
 
 #: Ops a rank posts per step once the pipeline is full, for the depth model's per-step
 #: cost: a rank interior to one tree (receives from two children and sends to its parent,
@@ -211,6 +211,13 @@ def plan_tree(cluster: Cluster, *, size: int, chunks: int | None = None,
     request = PlanRequest.make(cluster, size=size, profile=profile,
                                max_step_ops=max_step_ops, max_chunks=max_chunks, who="tree")
     return tree_core(request, chunks=chunks, order=order)
+
+
+def tree_min_ops(request: PlanRequest) -> int:
+    """Fewest ops a tree plan of ``request`` holds, without planning it: every rank but a
+    root sends its part up and receives the sum down, a send and a recv each way, in
+    each of the two trees (``8 (n - 1)``)."""
+    return 8 * (request.cluster.nranks - 1)
 
 
 @no_gc
