@@ -84,6 +84,13 @@ def test_the_estimate_grows_with_the_ranks_and_the_candidates():
     assert ring.bytes > 2 * budget.DEFAULT_MAX_BYTES
 
 
+def test_the_estimate_knows_mcfs_op_budget():
+    from topoplan.planners.mcf import planner as mcf
+    for n in (8, 400, 1024, 8192, 16384):
+        assert budget.mcf_ops_budget(n) == max(mcf.SOFT_OPS, min(mcf.OPS_PER_RANK * n,
+                                                                 mcf.MAX_OPS))
+
+
 def test_a_large_estimate_is_noted_on_stderr_before_the_plan(monkeypatch, capsys):
     monkeypatch.setattr(budget, "NOTE_SECONDS", 0.0)  # a shipped topology counts as large
     assert main(["plan", DDL, "--size", "1MiB", "--candidates", "ring"]) == 0

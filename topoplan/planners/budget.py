@@ -52,12 +52,12 @@ MODEL: dict[str, tuple[float, float, float, float]] = {
 #: The process without any row: imports, the cluster, its routes and the bounds, fitted
 #: to NCCL's row alone at 1024 to 16384 GPUs: ``(seconds, per 1024 ranks, per 1024
 #: ranks squared, bytes, per 1024 ranks, per 1024 ranks squared)``; the squared terms
-#: (the bounds' partitions and cuts) take over above 8192 GPUs.
+#: take over above 8192 GPUs (NCCL's row alone: 0.3 GiB at 8192, 0.8 GiB at 16384).
 BASE = (3.0, 0.5, 0.16, 85e6, 14e6, 2.4e6)
 #: mcf pipelines a large message until its plan fills its op budget
 #: (:func:`mcf_ops_budget`): from 16 MiB to 256 MiB (:func:`budget_share`) its row adds
 #: up to this much per op of the budget (8192 GPUs at 256 MiB: 2.6 GB and 36 s more
-#: than at 1 MiB, for 8.2 M ops).
+#: than at 1 MiB, for a budget of 8 M ops).
 MCF_OP_SECONDS = 4.5e-6
 MCF_OP_BYTES = 290.0
 #: ... and, per 1024 ranks squared, this much more (its budget stops at 8 M ops, its
@@ -169,7 +169,8 @@ def _work(request: PlanRequest, name: str) -> PlannerWork:
 
 def mcf_ops_budget(nranks: int) -> int:
     """mcf's default op budget for ``nranks`` ranks (:func:`~topoplan.planners.mcf.plan_mcf`'s
-    ``max_ops``), without importing it (scipy)."""
+    ``max_ops``), without importing it (scipy); tests/test_plan_limits.py checks that
+    the numbers are mcf's."""
     return max(400_000, min(1000 * nranks, 8_000_000))
 
 
