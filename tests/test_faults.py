@@ -55,6 +55,10 @@ def marked(mark: str, rank_var: str | None = None) -> dict[int, str | None]:
     return found
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _cmdline(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -72,8 +76,11 @@ class Job:
         self.tmp.mkdir()
         env = {**os.environ, **(env or {}), MARK: self.mark, "TMPDIR": str(self.tmp)}
         argv = [sys.executable, *args] if python else [sys.executable, "-m", "topoplan", *args]
+        # SIGINT as at a terminal: a test runner's worker may ignore it, and a program
+        # started with it ignored keeps it so (Python installs no Ctrl-C handler then).
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=_default_sigint)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
