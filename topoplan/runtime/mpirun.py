@@ -518,25 +518,37 @@ def stop(proc: subprocess.Popen, grace: float = 5.0, *, quiet: bool = False) -> 
     proc.wait()
 
 
+def _stat(path: Path) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after ``pid (comm)`` (comm may hold spaces and
+    parentheses): state ppid pgrp session ...; None for a process that is gone."""
+    try:
+        text = (path / "stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()
+
+
+def _processes() -> list[tuple[int, list[str]]]:
+    """Every process and its stat fields (Linux /proc; empty elsewhere)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        fields = _stat(entry)
+        if fields is not None and len(fields) > 3:
+            found.append((int(entry.name), fields))
+    return found
+
+
 def _alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie does not: it only waits for its parent)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return text[text.rindex(")") + 2:].split()[0] != "Z"
+    fields = _stat(Path(f"/proc/{pid}"))
+    return fields is not None and fields[0] != "Z"
 
 
 def _tree(root: int) -> list[int]:
     """The processes below ``root`` (Linux /proc; empty elsewhere), parents first."""
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2:].split()
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    for pid, fields in _processes():
+        children.setdefault(int(fields[1]), []).append(pid)
     found, todo = [], list(children.get(root, []))
     while todo:
         pid = todo.pop(0)
@@ -547,14 +559,4 @@ def _tree(root: int) -> list[int]:
 
 def _session(sid: int) -> list[int]:
     """The processes of session ``sid`` (Linux /proc; empty elsewhere)."""
-    pids = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # pid (comm) state ppid pgrp session ...; comm may hold spaces and parentheses.
-        fields = text[text.rindex(")") + 2:].split()
-        if len(fields) > 3 and int(fields[3]) == sid:
-            pids.append(int(entry.name))
-    return pids
+    return [pid for pid, fields in _processes() if int(fields[3]) == sid]
