@@ -11,12 +11,22 @@ topology. 1.00 is optimal; lower is better. Also prints how long planning took.
     python scripts/bench_planners.py --json out.json  # the rows as data too
     python scripts/bench_planners.py --plan-times 64,1024   # planning time only
     python scripts/bench_planners.py --collective allgather --profile ideal --sizes 256MiB
+    python scripts/bench_planners.py --profile ideal --sizes 256MiB --planners mcf --channels auto
 
 ``--collective`` benches reduce-scatter or allgather (the planners that plan it; the
 bound is then ForestColl's shard bound). ``--profile`` plans *and* simulates under that
 cost profile (default ``nccl``, :data:`topoplan.analysis.cost.DEFAULT_PROFILE`): each plan
 is made as the pipeline makes it (:func:`topoplan.planners.run` on one validated
 request), so ``nccl``'s native row and every planner take the same arguments.
+``--channels`` passes a channel count (or ``auto``) to the planners that plan their
+channels (mcf).
+
+Each row also says which bound the ratios are over. For an allreduce that is the
+allreduce lower bound; the column ``RS+AG / lower`` gives the RS+AG cut bound over it:
+``=`` where the two are equal (the optimum is known, and reachable by packing trees),
+else their ratio (the optimum is only bracketed; structure-free flows can beat the RS+AG
+bound there). Reduce-scatter and allgather are over their own cut bound, which is
+reachable (``=``).
 
 ``main()`` returns the rows (one dict per planner x topology x size) so other
 scripts can reuse them.
@@ -43,14 +53,16 @@ from topoplan.units import format_size, parse_size  # noqa: E402
 
 def bench(paths: list[Path], planners: list[str], sizes: list[int], max_ranks: int,
           verify_plans: bool, collective: str = "allreduce",
-          profile: str | None = None) -> list[dict[str, Any]]:
+          profile: str | None = None, channels: int | str = 1) -> list[dict[str, Any]]:
     """Plan + simulate every (topology, planner, size); one record each."""
     try:
         from topoplan.analysis.sim import simulate
     except ImportError:
         raise SystemExit("bench_planners: topoplan.simulate is not available in this checkout "
                          "(the simulator has not been merged yet)") from None
+    from topoplan.analysis.bound import lower_bound, rsag_bound
     from topoplan.ir.verify import verify
+    from topoplan.planners.registry import spec_of
 
     rows: list[dict[str, Any]] = []
     for path in paths:
@@ -64,11 +76,18 @@ def bench(paths: list[Path], planners: list[str], sizes: list[int], max_ranks: i
                 record: dict[str, Any] = {"topology": path.stem, "nranks": cluster.nranks,
                                           "planner": name, "size_bytes": size,
                                           "collective": collective, "profile": profile}
+                if collective == "allreduce":
+                    lower, rsag = lower_bound(cluster, size), rsag_bound(cluster, size)
+                    record["bounds_ratio"] = rsag / lower if lower > 0 else 1.0
+                else:
+                    record["bounds_ratio"] = 1.0
                 try:
                     request = PlanRequest.make(cluster, size=size, collective=collective,
                                                profile=profile)
                     t0 = time.perf_counter()
-                    schedule = run(request, name)
+                    own = ({"channels": channels}
+                           if channels != 1 and "channels" in spec_of(name).options else None)
+                    schedule = run(request, name, own)
                     record["plan_s"] = time.perf_counter() - t0
                     if verify_plans:
                         verify(schedule)
@@ -95,12 +114,15 @@ def bench(paths: list[Path], planners: list[str], sizes: list[int], max_ranks: i
 
 def table(rows: list[dict[str, Any]], planners: list[str], sizes: list[int]) -> str:
     """Markdown: one row per topology, one column per (size, planner): time / bound."""
-    head = ["topology", "ranks"] + [f"{format_size(s)} {p}" for s in sizes for p in planners]
+    head = (["topology", "ranks", "RS+AG / lower"]
+            + [f"{format_size(s)} {p}" for s in sizes for p in planners])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     topologies = list(dict.fromkeys((r["topology"], r["nranks"]) for r in rows))
     index = {(r["topology"], r["planner"], r["size_bytes"]): r for r in rows}
     for topo, nranks in topologies:
-        cells = [topo, str(nranks)]
+        first = next(r for r in rows if r["topology"] == topo)
+        bounds = first.get("bounds_ratio", 1.0)
+        cells = [topo, str(nranks), "=" if abs(bounds - 1) < 1e-9 else f"{bounds:.3f}"]
         for s in sizes:
             best = min((index[(topo, p, s)].get("ratio", float("inf")) for p in planners
                         if (topo, p, s) in index), default=float("inf"))
@@ -109,7 +131,7 @@ def table(rows: list[dict[str, Any]], planners: list[str], sizes: list[int]) -> 
                 if r is None or "ratio" not in r:
                     cells.append("err" if r else "-")
                 else:
-                    text = f"{r['ratio']:.2f}"
+                    text = f"{r['ratio']:.3f}"
                     cells.append(f"**{text}**" if r["ratio"] == best else text)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -179,6 +201,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--max-ranks", type=int, default=1 << 30,
                         help="skip topologies with more ranks")
     parser.add_argument("--verify", action="store_true", help="also verify every plan")
+    parser.add_argument("--channels", default="1",
+                        help="channels for the planners that plan them (mcf): a count or "
+                             "'auto' (default 1)")
     parser.add_argument("--json", type=Path, help="also write the records here")
     parser.add_argument("--plan-times", metavar="RANKS", default=None,
                         help="instead: time planning on leaf-spine clusters of these rank "
@@ -198,10 +223,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         if args.json:
             args.json.write_text(json.dumps(rows, indent=1))
         return rows
+    channels: int | str = args.channels if args.channels == "auto" else int(args.channels)
     rows = bench(paths, planners, sizes, args.max_ranks, args.verify, args.collective,
-                 args.profile)
+                 args.profile, channels)
     print(f"{args.collective}: predicted time / lower bound (1.00 = optimal; best per size "
-          f"in bold; profile {args.profile or 'nccl'})\n")
+          f"in bold; profile {args.profile or 'nccl'}; channels {args.channels})\n")
     print(table(rows, planners, sizes))
     timed = [r["plan_s"] for r in rows if "plan_s" in r]
     if timed:

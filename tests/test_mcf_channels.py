@@ -154,7 +154,13 @@ def test_mcf_picks_its_channels_by_its_estimate():
     schedule = plan_mcf(cluster, size=size, channels="auto")
     options = schedule.meta["channel_candidates"]
     assert set(options) == {"1", "2", "4"}
-    assert schedule.meta["estimate_s"] == pytest.approx(min(options.values()))
+    simulated = schedule.meta.get("simulated_s")
+    if simulated:  # the event simulator had the last word among the best estimates
+        label = f"{schedule.meta['construction']} on {schedule.meta['channels']} channels"
+        assert simulated[label] == min(simulated.values())
+        assert set(simulated) <= set(schedule.meta["candidates"])
+    else:
+        assert schedule.meta["estimate_s"] == pytest.approx(min(options.values()))
     # under nccl the step latency is worth hiding here: more than one channel wins
     assert schedule.nchannels == schedule.meta["channels"] > 1
     with pytest.raises(PlannerError, match="only mcf picks its channels, not ring"):
