@@ -31,9 +31,11 @@ those candidates in turn, timed, and keeps the fastest measured for the calls af
   ``(top + 1) * (1 + max_probes)`` (36) when they race; each is started by a barrier and
   followed by one collective of two floats; the sizes of a class after the first take its
   decision.
-- **Re-probing.** After the decision the first ``recheck_every`` (64) blocking calls are
-  timed, then one in ``SAMPLE_EVERY`` (8); every ``recheck_every`` timed calls the ranks
-  agree on the chosen candidate's recent median (the first check confirms the
+- **Re-probing.** After the decision the first ``FIRST_TIMED`` (16) blocking calls are
+  timed, then one in ``SAMPLE_EVERY`` (8), so that a training job's calls run bare
+  within a few dozen steps (timing all of the first 64 calls of each size class cost a
+  DDP step 2 ms on the testbed); every ``recheck_every`` (64) timed calls the ranks agree
+  on the chosen candidate's recent median (the first check, at call 400, confirms the
   exploration's few samples); more than ``drift`` times its measured median starts a new
   exploration (without the untimed round). Every ``reprobe_every`` calls of a class
   (doubling each time) it explores again anyway.
@@ -93,6 +95,9 @@ TIE = 0.03
 SAMPLE_EVERY = 8
 #: Timed calls between the checks of the chosen candidate's time (64: every 512 calls).
 RECHECK_EVERY = 64
+#: The blocking calls right after the decision that are all timed (then one in
+#: SAMPLE_EVERY; at most ``recheck_every``).
+FIRST_TIMED = 16
 #: The chosen candidate's recent median over its measured one that starts a re-probe.
 DRIFT = 1.3
 #: Calls of a class after which it is explored again anyway (doubled each time).
@@ -476,6 +481,7 @@ class MeasuredChoice:
         self.max_probes, self.close = max(probes, max_probes), close
         self.sample_every = max(1, int(sample_every))
         self.recheck_every, self.reprobe_every = recheck_every, reprobe_every
+        self.first_timed = min(FIRST_TIMED, recheck_every)
         self.what, self._clock = what, clock
         self._classes: dict[int, _Class] = {}
         #: Counts the decisions and re-explorations: what runs changed when it moved.
@@ -702,7 +708,7 @@ class MeasuredChoice:
             result = self._start(option, args)
         elif self._untimed(state.since):
             result = self._run(option, args)
-        else:  # the first recheck_every blocking calls, then every sample_every-th, timed
+        else:  # the first first_timed blocking calls, then every sample_every-th, timed
             began = self._clock()
             result = self._run(option, args)
             state.recent.append(self._clock() - began)
@@ -723,7 +729,7 @@ class MeasuredChoice:
 
     def _untimed(self, since: int) -> bool:
         """Whether a blocking call, ``since`` calls after the decision, runs bare."""
-        return self.mode != "measured" or (since > self.recheck_every
+        return self.mode != "measured" or (since > self.first_timed
                                            and since % self.sample_every != 0)
 
     def claim_native(self, nbytes: int) -> bool:
