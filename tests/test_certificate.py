@@ -241,6 +241,24 @@ def test_a_plan_below_the_bound_it_claims_is_refused():
         check({**fine.to_dict(), "bracket_s": [1.0, 3.0]}, fine, where="plan.json")
     with pytest.raises(ScheduleError, match="expected an object"):
         check("1.1x", fine, where="plan.json")
+    with pytest.raises(ScheduleError, match=r"time_s 2.0; simulated, the plan takes 2.2"):
+        check({**fine.to_dict(), "time_s": 2.0}, fine, where="plan.json")
+    with pytest.raises(ScheduleError, match=r"rsag_structured False; the plan's is True"):
+        check({**fine.to_dict(), "rsag_structured": False}, fine, where="plan.json")
+    # recorded with no time (too big to simulate, no estimate): no gap was claimed
+    check({**fine.to_dict(), "time_s": None, "gap": None}, fine, where="plan.json")
+
+
+def test_the_chosen_certificate_is_of_the_plan_as_it_runs():
+    """On two channels a plan can hide one channel's step latency behind the other's
+    transfer: the latency-aware bound does not measure it, while its row, compared on
+    one channel, is measured against it."""
+    out = plan_json(DDL, "-s", "1MiB", "-a", "rhd", "--channels", "2")
+    assert out["channels"] == 2
+    assert rows(out)["rhd"]["certificate"]["bound"] == latency_name("nccl")
+    chosen = out["certificate"]
+    check_consistent(chosen, out["chosen_time_s"])
+    assert (chosen["bound"], chosen["optimum"]) == (RSAG, "known")
 
 
 def test_verify_names_what_it_cannot_recompute(tmp_path):

@@ -248,8 +248,9 @@ def recompute(schedule: Schedule, cluster: Cluster, *, profile: Any = None,
 def check(recorded: Any, actual: Certificate | None, *, where: str) -> None:
     """Check a recorded certificate (a plan's ``meta["certificate"]``) against the one
     recomputed from the schedule: the same bound, its value within
-    :data:`BOUND_TOLERANCE`, the same optimum and bracket, the gap within
-    :data:`GAP_TOLERANCE`, and the plan no faster than its bound.
+    :data:`BOUND_TOLERANCE`, the same optimum, bracket, structure and native steps, the
+    gap and the time within :data:`GAP_TOLERANCE` (unless it records neither: a plan
+    that had no time), and the plan no faster than its bound.
 
     Raises
     ------
@@ -279,12 +280,20 @@ def check(recorded: Any, actual: Certificate | None, *, where: str) -> None:
     if not (isinstance(bracket, (list, tuple)) and len(bracket) == 2
             and all(_near(b, a, BOUND_TOLERANCE) for b, a in zip(bracket, actual.bracket_s))):
         raise fail(f"bracket_s {bracket!r}; recomputed {_pair(actual.bracket_s)}")
-    gap = recorded.get("gap")
+    for key in ("rsag_structured", "native_steps"):
+        if recorded.get(key) != getattr(actual, key):
+            raise fail(f"{key} {recorded.get(key)!r}; the plan's is "
+                       f"{getattr(actual, key)!r}")
     if actual.gap is None:
         return
-    if not _near(gap, actual.gap, GAP_TOLERANCE):
-        raise fail(f"gap {_x(gap)} to the {actual.bound}; simulated, the plan is at "
-                   f"{actual.gap:.4f}x it")
+    gap, time_s = recorded.get("gap"), recorded.get("time_s")
+    # A plan recorded without a time (too big to simulate, no estimate) claims no gap.
+    if gap is not None or time_s is not None:
+        if not _near(gap, actual.gap, GAP_TOLERANCE):
+            raise fail(f"gap {_x(gap)} to the {actual.bound}; simulated, the plan is at "
+                       f"{actual.gap:.4f}x it")
+        if not _near(time_s, actual.time_s or 0.0, GAP_TOLERANCE):
+            raise fail(f"time_s {time_s!r}; simulated, the plan takes {actual.time_s!r} s")
     if actual.gap < 1 - GAP_TOLERANCE:
         raise fail(f"simulated, the plan runs at {actual.gap:.4f}x the {actual.bound}: "
                    "below it, so that bound does not apply to it")

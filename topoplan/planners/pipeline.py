@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Mapping
 
@@ -98,7 +99,7 @@ class PlanResult:
         """Channels the schedule runs on."""
         return self.schedule.nchannels
 
-    @property
+    @cached_property
     def certificate(self) -> Certificate | None:
         """The schedule's certificate (as it runs: on its channels, vectored), as its
         ``meta["certificate"]`` records it; None on one GPU."""
