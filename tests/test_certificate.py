@@ -261,9 +261,33 @@ def test_the_chosen_certificate_is_of_the_plan_as_it_runs():
     assert (chosen["bound"], chosen["optimum"]) == (RSAG, "known")
 
 
+def test_verify_json_reports_a_false_certificate_as_not_ok(planned, tmp_path):
+    path, _ = planned
+    data = json.loads(path.read_text())
+    data["meta"]["certificate"]["gap"] *= 0.5
+    tampered = tmp_path / "tampered.json"
+    tampered.write_text(json.dumps(data))
+    done = topoplan_cli("verify", "--json", str(path), str(tampered), "--cluster", DDL)
+    assert done.returncode == 1 and not done.stderr
+    genuine, false = json.loads(done.stdout)["plans"]
+    assert genuine["ok"] and not false["ok"]
+    assert false["error"].startswith(f"{tampered}: the recorded certificate does not hold: "
+                                     "gap ")
+
+
 def test_verify_names_what_it_cannot_recompute(tmp_path):
     plan = tmp_path / "bare.json"
-    topoplan.plan(DDL, "ring", size="1MiB").with_meta(size_bytes=None).save(plan)
+    ring = topoplan.plan(DDL, "ring", size="1MiB")
+    ring.with_meta(size_bytes=None).save(plan)
     done = topoplan_cli("verify", str(plan), "--cluster", DDL)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert f"{plan}: its meta has no size_bytes" in done.stderr
+    ring.with_meta(machine="elsewhere").save(plan)
+    done = topoplan_cli("verify", str(plan), "--cluster", DDL)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert f"{plan}: it was priced on the machine 'elsewhere'" in done.stderr
+    ring.save(plan)
+    done = topoplan_cli("verify", str(plan), "--cluster",
+                        str(ROOT / "topologies" / "targets" / "two_switch_4x2.yaml"))
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert f"{plan} has 4 ranks but cluster 'two-switch-4x2' has 8 GPUs" in done.stderr

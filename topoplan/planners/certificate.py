@@ -211,8 +211,9 @@ def recompute(schedule: Schedule, cluster: Cluster, *, profile: Any = None,
     Raises
     ------
     ScheduleError
-        A plan without ``size_bytes`` in its meta, or one whose profile is not a
-        shipped name and no ``profile`` was given (naming ``where``, the file).
+        A plan without ``size_bytes`` in its meta, one priced on another machine
+        (``meta["machine"]``), or one whose profile is not a shipped name and no
+        ``profile`` was given (naming ``where``, the file).
     InfeasiblePlanError, ScheduleError
         A cluster of another rank count, or whose fingerprint differs from the one the
         plan records (:func:`~topoplan.ir.fingerprint.check_fingerprint`).
@@ -228,6 +229,11 @@ def recompute(schedule: Schedule, cluster: Cluster, *, profile: Any = None,
         raise ScheduleError(f"{where}: its meta has no size_bytes (the size it was planned "
                             "for), so its bounds cannot be recomputed; plan it with "
                             "topoplan plan -o")
+    machine = schedule.meta.get("machine")
+    if machine is not None:
+        raise ScheduleError(f"{where}: it was priced on the machine {machine!r}, not on the "
+                            "cluster it was planned for, so its certificate cannot be "
+                            "recomputed from that cluster")
     if schedule.nranks != cluster.nranks:
         raise ScheduleError(f"{where} has {schedule.nranks} ranks but cluster "
                             f"{cluster.name!r} has {cluster.nranks} GPUs")
