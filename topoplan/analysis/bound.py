@@ -31,7 +31,7 @@ real clusters (every GPU alone, every box, every level of the switch hierarchy, 
 minimum 2-cut, and the reduce-scatter + allgather cut below) and the largest wins.
 
 **The RS+AG cut bound** (:func:`rsag_bound`) holds for schedules that reduce-scatter
-and then allgather (ring, mcf's trees, hierarchical on even boxes):
+and then allgather, each phase over before the next (ring):
 
     T >= 2 * (M / N) * max_S |S ∩ GPUs| / B_out(S)
 
@@ -40,8 +40,14 @@ the maximum over node sets ``S`` that hold at least one GPU but not every GPU
 ``x* = min_S B_out(S) / |S ∩ GPUs|`` (bytes/s per GPU) with max-flow, never by
 enumerating cuts, and return ``2 (M/N) / x*``. It is not a bound for schedules that
 reduce inside a group before crossing a cut that holds more than half of the GPUs
-(tree, rhd's fold): those move ``M``, not ``2 |S| M / N``, each way across it. Where every
-cut is balanced the two bounds agree.
+(tree, rhd's fold): those move ``M``, not ``2 |S| M / N``, each way across it. Nor for
+schedules that overlap one chunk's reduce-scatter with another's allgather across such a
+cut (the bound adds the two phases' times; overlapped, they share the time, one in each
+direction). Plans that do either run below it on unequal clusters (64 MiB, ``ideal``
+profile: mcf on ``topologies/targets/unequal_nics.yaml``, hierarchical and rhd on
+``unequal_gpus.yaml``). A ring moves
+``2 (N - 1) M / N`` out of every such set and always meets it. Where every cut is
+balanced the two bounds agree.
 """
 
 from __future__ import annotations

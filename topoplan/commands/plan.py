@@ -15,6 +15,7 @@ from .common import (Column, add_nccl_arguments, add_profile_argument, console, 
 
 if TYPE_CHECKING:
     from ..planners import Candidate, PlanRequest, PlanResult
+    from ..planners.certificate import Certificate
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -156,7 +157,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "vectored": request.vectored,
             "chosen_time_s": result.time_s if math.isfinite(result.time_s) else None,
             "chosen_unpriced": None if math.isfinite(result.time_s) else chosen.unpriced,
-            "candidates": [candidate_json(c, request, bounds.lower_s, nccl) for c in shown],
+            "certificate": _certificate_json(result.certificate),
+            "candidates": [candidate_json(c, request, bounds.lower_s, nccl,
+                                          result.row_certificate(c)) for c in shown],
             "left_out": dict(result.left_out)}))
         return 0
 
@@ -244,6 +247,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   f"and step)" + ("" if unvectored is None else
                                   f" simulates in {format_time(predicted)}, against "
                                   f"{format_time(unvectored)} unvectored"))
+    certificate = result.certificate
+    if certificate is not None:
+        out.print(f"certificate: {certificate.text(chosen.name)}")
     out.print(f"chosen: {chosen.name}" + (f" -> {args.output}" if args.output else
                                           " (write it with -o PLAN.json)"), soft_wrap=True)
     return 0
@@ -294,8 +300,10 @@ def cells(c: Candidate, request: PlanRequest, bound: float, nccl: Candidate | No
 
 
 def candidate_json(c: Candidate, request: PlanRequest, bound: float,
-                   nccl: Candidate | None) -> dict[str, Any]:
-    """A row of ``topoplan plan --json``: the usual fields, and for NCCL's row
+                   nccl: Candidate | None,
+                   certificate: Certificate | None = None) -> dict[str, Any]:
+    """A row of ``topoplan plan --json``: the usual fields, its ``certificate``
+    (:mod:`topoplan.planners.certificate`; null on one GPU), and for NCCL's row
     ``nccl_algorithm``, ``protocol`` and ``channels``. A row with no time
     (:attr:`~topoplan.planners.comparison.Candidate.unpriced`) has ``time_s`` and what
     follows from it null, and ``unpriced`` says why (null on every other row)."""
@@ -312,10 +320,15 @@ def candidate_json(c: Candidate, request: PlanRequest, bound: float,
         "steps": c.schedule.nsteps if c.schedule is not None else None,
         "chunks": c.schedule.nchunks if c.schedule is not None else None,
         "ops": c.schedule.nops if c.schedule is not None else None,
-        "breakdown": c.breakdown, "plan_s": c.plan_s}
+        "breakdown": c.breakdown, "plan_s": c.plan_s,
+        "certificate": _certificate_json(certificate)}
     if c.nccl is not None:
         row.update({k: v for k, v in c.nccl.to_dict().items() if k not in row})
     return row
+
+
+def _certificate_json(certificate: Certificate | None) -> dict[str, Any] | None:
+    return None if certificate is None else certificate.to_dict()
 
 
 def fixed_share(c: Candidate) -> str:

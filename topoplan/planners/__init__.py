@@ -120,7 +120,9 @@ def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
         meta as ``chosen_algorithm_meta``), ``predicted_time_s`` (simulated, or the
         planner's estimate when too big to simulate; None without either),
         ``lower_bound_s`` (and ``rsag_bound_s`` for an allreduce, ``latency_bound_s``
-        under a profile with latencies), ``comparison`` (every row compared, fastest
+        under a profile with latencies), ``certificate`` (the bound the plan is
+        measured against, its gap and whether the optimum is known:
+        :mod:`topoplan.planners.certificate`), ``comparison`` (every row compared, fastest
         first), ``left_out`` (candidates that gave no plan, and why) and ``nccl``: what
         NCCL itself runs for the same collective and size on the cluster and its time
         there (:meth:`topoplan.analysis.native.nccl.NcclChoice.to_dict`; ``algorithm``

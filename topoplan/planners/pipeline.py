@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Mapping
 
@@ -38,6 +39,7 @@ from ..errors import InfeasiblePlanError
 from ..ir.fingerprint import META_KEY, cluster_fingerprint
 from ..ir.schedule import Schedule
 from ..ir.verify import mark_verified
+from .certificate import Certificate, certify_schedule
 from .comparison import NCCL, Candidate, compare, nccl_candidate, price, run, shared
 from .registry import default_names
 from .request import AUTO, MAX_PLAN_RANKS, MAX_SIM_OPS, Bounds, PlanRequest
@@ -96,6 +98,19 @@ class PlanResult:
     def channels(self) -> int:
         """Channels the schedule runs on."""
         return self.schedule.nchannels
+
+    @cached_property
+    def certificate(self) -> Certificate | None:
+        """The schedule's certificate (as it runs: on its channels, vectored), as its
+        ``meta["certificate"]`` records it; None on one GPU."""
+        return certify_schedule(self.schedule, self.bounds, self.time_s,
+                                self.request.profile, planner=self.chosen.name)
+
+    def row_certificate(self, row: Candidate) -> Certificate | None:
+        """A row's certificate (its plan as compared; None on one GPU)."""
+        assert row.schedule is not None
+        return certify_schedule(row.schedule, self.bounds, row.time_s,
+                                self.request.profile, planner=row.name)
 
     @property
     def shown(self) -> tuple[Candidate, ...]:
@@ -217,8 +232,9 @@ def stamp(request: PlanRequest, schedule: Schedule, *, rows: Any = (),
           time_s: float | None = None) -> Schedule:
     """``schedule`` with what the plan records (docs/SCHEDULE.md, "meta"): the cluster's
     fingerprint, the size it was made for, the profile, the ``nccl`` row, the bounds,
-    and, from :func:`execute`, the predicted time, the chosen planner and the comparison
-    (with ``auto``: ``algorithm`` is ``"auto"``, the chosen planner's own meta kept as
+    and, from :func:`execute`, the predicted time, the chosen planner, its certificate
+    (:mod:`~topoplan.planners.certificate`) and the comparison (with ``auto``:
+    ``algorithm`` is ``"auto"``, the chosen planner's own meta kept as
     ``chosen_algorithm_meta``)."""
     # The size it was made for: simulate marks the sizes it runs that are not this one.
     extra: dict[str, Any] = {META_KEY: cluster_fingerprint(request.cluster),
@@ -233,6 +249,9 @@ def stamp(request: PlanRequest, schedule: Schedule, *, rows: Any = (),
     if chosen is not None:
         extra["chosen"] = chosen.name
         extra["comparison"] = [_comparison_row(c, nccl) for c in rows]
+        found = certify_schedule(schedule, request.bounds, time_s, request.profile,
+                                 planner=chosen.name)
+        extra["certificate"] = found.to_dict() if found is not None else None
     if left_out:
         extra["left_out"] = dict(left_out)
     if request.machine is not None:

@@ -60,6 +60,17 @@ class PlannerSpec:
         their own. Where it is above the simulator's limit the plan would have no time,
         and a comparison on a large cluster (or ``composed``'s cross-box choice) leaves
         the planner out instead of building it (:func:`~.comparison.too_big`).
+    rsag : bool
+        Its allreduce plans are RS+AG-structured: the RS+AG cut bound
+        (:func:`~topoplan.analysis.bound.rsag_bound`) holds for every one of them, on any
+        channels, so their certificate may measure them against it
+        (:mod:`~topoplan.planners.certificate`). Declared for the rings: a ring moves
+        ``2 (N - 1) / N`` of the buffer over each of its edges and leaves every node set
+        ``S`` it does not cover by one edge at least, so ``2 (N - 1) M / N >=
+        2 |S ∩ GPUs| M / N`` bytes leave ``S``. Not for plans that reduce inside a group
+        before crossing an unbalanced cut, or overlap one chunk's reduce-scatter with
+        another's allgather across it (mcf, rhd's fold, hierarchical, tree): on
+        unequal clusters they run below it.
     """
 
     name: str
@@ -72,6 +83,7 @@ class PlannerSpec:
     caps: bool = True
     core: Planner | None = None
     min_ops: Callable[[Any], int] | None = None
+    rsag: bool = False
 
     def plans(self, collective: str) -> bool:
         return collective in self.collectives
@@ -127,9 +139,11 @@ _ALL = tuple(COLLECTIVES)
 #: planners import the request, which looks them up here).
 SPECS: dict[str, PlannerSpec] = {spec.name: spec for spec in (
     PlannerSpec("ring", _lazy("ring", "plan_ring"), _ALL, ("order", "chunks"),
-                core=_lazy("ring", "ring_core"), min_ops=_lazy_count("ring", "ring_min_ops")),
+                core=_lazy("ring", "ring_core"), min_ops=_lazy_count("ring", "ring_min_ops"),
+                rsag=True),
     PlannerSpec("ring-topo", _lazy("ring", "plan_ring_topo"), _ALL, ("chunks", "order"),
-                core=_lazy("ring", "ring_topo_core"), min_ops=_lazy_count("ring", "ring_min_ops")),
+                core=_lazy("ring", "ring_topo_core"), min_ops=_lazy_count("ring", "ring_min_ops"),
+                rsag=True),
     PlannerSpec("tree", _lazy("tree", "plan_tree"), (DEFAULT_COLLECTIVE,), ("chunks", "order"),
                 core=_lazy("tree", "tree_core"), min_ops=_lazy_count("tree", "tree_min_ops")),
     PlannerSpec("rhd", _lazy("rhd", "plan_rhd"), _ALL, ("chunks", "order"),
