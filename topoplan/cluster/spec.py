@@ -22,7 +22,7 @@ from .model import FABRIC_KINDS, GPU_MODELS, Box, Cluster, Fabric, GpuLink, Nic,
 
 __all__ = ["load_cluster", "loads_cluster", "flat_cluster", "MAX_COUNT", "MAX_GPUS",
            "BANDWIDTH_LIMITS", "BANDWIDTH_PLAUSIBLE", "MAX_LATENCY", "PLAUSIBLE_LATENCY",
-           "MAX_RANKS", "rank_limit"]
+           "MAX_RANKS", "rank_limit", "check_cluster", "SUMMED_BANDWIDTH_LIMIT"]
 
 MAX_COUNT = 100_000  # instances one `count` may stamp out
 MAX_GPUS = 4096  # GPUs one box may hold (more is a typo that would exhaust memory)
@@ -282,15 +282,81 @@ def as_cluster(cluster: Cluster | str | os.PathLike, who: str = "topoplan") -> C
     Raises
     ------
     ClusterSpecError
-        A file that does not load (naming ``file:line: key``), or something that is neither
-        a :class:`Cluster` nor a path.
+        A file that does not load (naming ``file:line: key``), a :class:`Cluster` with a
+        bandwidth or latency beyond what topoplan computes with (:func:`check_cluster`),
+        or something that is neither a :class:`Cluster` nor a path.
     """
     if isinstance(cluster, Cluster):
+        check_cluster(cluster, who)
         return cluster
     if isinstance(cluster, (str, os.PathLike)):
         return load_cluster(cluster)
     raise ClusterSpecError(f"{who}: expected a Cluster (topoplan.load_cluster) or a cluster "
                            f"YAML path, got {type(cluster).__name__}")
+
+
+#: Bytes/s a link of the model or an edge of the graph may carry at most: parallel links
+#: add up (``count: N`` of them, N <= MAX_COUNT), so a summed link may exceed what one
+#: link of the file may say.
+SUMMED_BANDWIDTH_LIMIT = BANDWIDTH_LIMITS[1] * MAX_COUNT
+
+
+def check_cluster(cluster: Cluster, who: str = "topoplan") -> None:
+    """Refuse a cluster built in code (or a graph edited after it was built) whose
+    bandwidths or latencies are beyond what topoplan computes with: NaN, infinite,
+    not positive (a bandwidth) or negative (a latency), or outside the ranges a cluster
+    file may say (docs/CLUSTER.md, "Ranges"). A loaded file was checked line by line;
+    a :class:`Cluster` made through the API was not, and such a value makes a planner or
+    the simulator divide by zero, carry NaN or wait forever.
+
+    Raises
+    ------
+    ClusterSpecError
+        Naming the cluster, the field (``boxes[0].nics[1].bandwidth``) or graph edge, the
+        link and the value, and the range.
+    """
+    def bad(key: str, link: str, what: str, value: object, limit: float) -> ClusterSpecError:
+        shown = f"{value:g}" if isinstance(value, float) else repr(value)
+        unit = " bytes/s" if what == "bandwidth" else " s"
+        top = (_LIMITS_TEXT[what] if limit == BANDWIDTH_LIMITS[1] or what == "latency"
+               else f"1 bit/s to {limit:g} bytes/s (parallel links summed)")
+        return ClusterSpecError(f"{shown}{unit} on link {link} is out of range: a {what} "
+                                f"must be a number, {top}", key=f"{who}: cluster "
+                                f"{cluster.name!r}: {key}")
+
+    def check(key: str, link: str, bandwidth: object, latency: object,
+              limit: float = BANDWIDTH_LIMITS[1]) -> None:
+        if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) \
+                or not BANDWIDTH_LIMITS[0] <= bandwidth <= limit:  # NaN fails too
+            raise bad(f"{key}.bandwidth", link, "bandwidth", bandwidth, limit)
+        if isinstance(latency, bool) or not isinstance(latency, (int, float)) \
+                or not 0 <= latency <= MAX_LATENCY:
+            raise bad(f"{key}.latency", link, "latency", latency, limit)
+
+    for b, box in enumerate(cluster.boxes):
+        if box.fabric is not None:
+            check(f"boxes[{b}].fabric", f"{box.name}/gpu* <-> {box.fabric_node}",
+                  box.fabric.bandwidth, box.fabric.latency)
+        for n, link in enumerate(box.gpu_links):
+            check(f"boxes[{b}].gpu_links[{n}]",
+                  f"{box.gpu_node(link.a)} <-> {box.gpu_node(link.b)}", link.bandwidth,
+                  link.latency, SUMMED_BANDWIDTH_LIMIT)
+        for k, nic in enumerate(box.nics):
+            check(f"boxes[{b}].nics[{k}]", f"{box.nic_node(k)} <-> {nic.switch}",
+                  nic.bandwidth, nic.latency)
+            plugin = nic.plugin_latency
+            if isinstance(plugin, bool) or not isinstance(plugin, (int, float)) \
+                    or not 0 <= plugin <= MAX_LATENCY:
+                raise bad(f"boxes[{b}].nics[{k}].plugin_latency",
+                          f"{box.nic_node(k)} <-> {nic.switch}", "latency", plugin, 0.0)
+    for n, switch_link in enumerate(cluster.links):
+        check(f"links[{n}]", f"{switch_link.a} <-> {switch_link.b}", switch_link.bandwidth,
+              switch_link.latency, SUMMED_BANDWIDTH_LIMIT)
+    graph = cluster.__dict__.get("graph")  # built (cached) and perhaps edited since
+    if graph is not None:
+        for u, v, data in graph.edges(data=True):
+            check(f"graph[{u!r}][{v!r}]", f"{u} -> {v}", data.get("bandwidth"),
+                  data.get("latency"), SUMMED_BANDWIDTH_LIMIT)
 
 
 def load_cluster(path: str | os.PathLike) -> Cluster:
