@@ -328,6 +328,25 @@ def test_a_cluster_built_in_code_is_refused_by_plan_and_simulate(field, value):
     for algorithm in ("auto", "ring", "mcf"):
         refused(lambda: topoplan.plan(cluster, algorithm, size=1 << 20),
                 "boxes[1].nics[0]." + field, "b/nic0 <-> sw", shown)
+    refused(lambda: topoplan.lower_bound(cluster, 1 << 20), "b/nic0 <-> sw", shown)
+
+
+@pytest.mark.parametrize("size, dtype_size", [(math.nan, 4), (math.inf, 4), (-1, 4),
+                                               (1 << 20, math.nan), (1 << 20, 0.5)])
+def test_simulate_refuses_a_size_or_element_size_that_is_no_number_of_bytes(size, dtype_size):
+    import topoplan
+    good = coded_cluster("bandwidth", 12.5e9)
+    schedule = topoplan.plan(good, "ring", size=1 << 20, profile="ideal")
+    with pytest.raises(ValueError, match="size"):
+        topoplan.simulate(good, schedule, size, dtype_size=dtype_size)
+
+
+@pytest.mark.timeout(30)
+def test_the_nccl_rows_ring_search_ends_on_a_negative_nic():
+    """It handed out channels while any NIC had some left, counting -1 as some: it never
+    ended. Unchecked (the model is internal), it must end all the same."""
+    from topoplan.analysis.native.nccl import nccl_time
+    assert nccl_time(coded_cluster("bandwidth", -1.0), 1 << 20, "allreduce") is not None
 
 
 @pytest.mark.timeout(60)
