@@ -349,6 +349,18 @@ def test_the_nccl_rows_ring_search_ends_on_a_negative_nic():
     assert nccl_time(coded_cluster("bandwidth", -1.0), 1 << 20, "allreduce") is not None
 
 
+def test_a_cluster_built_in_code_with_numpy_numbers_plans():
+    import numpy as np
+
+    import topoplan
+    from topoplan.cluster import Box, Cluster, Nic
+    nic = Nic("sw", bandwidth=np.int64(12_500_000_000), latency=np.float64(1e-6), gpus=(0,))
+    cluster = Cluster(name="numpy", switches=("sw",),
+                      boxes=(Box("a", 1, 0, nics=(nic,)), Box("b", 1, 1, nics=(nic,))))
+    schedule = topoplan.plan(cluster, "ring", size=1 << 20)
+    assert topoplan.simulate(cluster, schedule, 1 << 20).time_s > 0
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("field, value", BAD_VALUES, ids=lambda x: str(x))
 def test_a_loaded_cluster_whose_graph_was_edited_is_refused(field, value):

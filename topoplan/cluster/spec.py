@@ -6,8 +6,8 @@ Every mistake a user can make is reported as :class:`ClusterSpecError` naming
 
 from __future__ import annotations
 
+import numbers
 import os
-
 import re
 import warnings
 from pathlib import Path
@@ -302,7 +302,7 @@ def check_cluster(cluster: Cluster, who: str = "topoplan") -> None:
         link and the value, and the range.
     """
     def bad(key: str, link: str, what: str, value: object, limit: float) -> ClusterSpecError:
-        shown = f"{value:g}" if isinstance(value, float) else repr(value)
+        shown = f"{value:g}" if number(value) else repr(value)
         unit = " bytes/s" if what == "bandwidth" else " s"
         top = (_RANGES[what].limits_text if limit == BANDWIDTH_LIMITS[1] or what == "latency"
                else f"1 bit/s to {limit:g} bytes/s (parallel links summed)")
@@ -310,13 +310,14 @@ def check_cluster(cluster: Cluster, who: str = "topoplan") -> None:
                                 f"must be a number, {top}", key=f"{who}: cluster "
                                 f"{cluster.name!r}: {key}")
 
-    def check(key: str, link: str, bandwidth: object, latency: object,
+    def number(value: object) -> bool:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)  # numpy's too
+
+    def check(key: str, link: str, bandwidth: Any, latency: Any,
               limit: float = BANDWIDTH_LIMITS[1]) -> None:
-        if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) \
-                or not BANDWIDTH_LIMITS[0] <= bandwidth <= limit:  # NaN fails too
+        if not number(bandwidth) or not BANDWIDTH_LIMITS[0] <= bandwidth <= limit:  # NaN too
             raise bad(f"{key}.bandwidth", link, "bandwidth", bandwidth, limit)
-        if isinstance(latency, bool) or not isinstance(latency, (int, float)) \
-                or not 0 <= latency <= MAX_LATENCY:
+        if not number(latency) or not 0 <= latency <= MAX_LATENCY:
             raise bad(f"{key}.latency", link, "latency", latency, limit)
 
     for b, box in enumerate(cluster.boxes):
@@ -331,8 +332,7 @@ def check_cluster(cluster: Cluster, who: str = "topoplan") -> None:
             check(f"boxes[{b}].nics[{k}]", f"{box.nic_node(k)} <-> {nic.switch}",
                   nic.bandwidth, nic.latency)
             plugin = nic.plugin_latency
-            if isinstance(plugin, bool) or not isinstance(plugin, (int, float)) \
-                    or not 0 <= plugin <= MAX_LATENCY:
+            if not number(plugin) or not 0 <= plugin <= MAX_LATENCY:
                 raise bad(f"boxes[{b}].nics[{k}].plugin_latency",
                           f"{box.nic_node(k)} <-> {nic.switch}", "latency", plugin, 0.0)
     for n, switch_link in enumerate(cluster.links):
