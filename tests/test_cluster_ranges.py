@@ -349,6 +349,16 @@ def test_the_nccl_rows_ring_search_ends_on_a_negative_nic():
     assert nccl_time(coded_cluster("bandwidth", -1.0), 1 << 20, "allreduce") is not None
 
 
+@pytest.mark.timeout(60)
+def test_every_planner_called_alone_refuses_it():
+    from topoplan.planners import PLANNERS
+    cluster = coded_cluster("bandwidth", -1.0)
+    for name in sorted(PLANNERS):
+        message = refused(lambda: PLANNERS[name](cluster, size=1 << 20),
+                          "boxes[1].nics[0].bandwidth", "b/nic0 <-> sw")
+        assert message.startswith(f"{name}: cluster 'coded': "), message
+
+
 def test_a_cluster_built_in_code_with_numpy_numbers_plans():
     import numpy as np
 
