@@ -1,4 +1,4 @@
-"""Mutate cluster YAML files and schedule JSON files and run the CLI on each.
+"""Mutate cluster YAML files, schedule JSON files and cost profiles; run the CLI on each.
 
     PYTHONPATH=. python scripts/fuzz_inputs.py [--cases 200] [--seed 0] [--timeout 10]
                                                [--memory 1024] [--show 5]
@@ -11,6 +11,9 @@ ranges, v3 with native steps), fields flipped, steps and ops deleted, ranks, pee
 chunk indexes out of range, wrong types, the text cut short. A cluster case runs
 ``topoplan topo lint``, ``topoplan plan --size 1MiB -a ring`` and ``topoplan topo show``;
 a schedule case ``topoplan verify`` and ``topoplan simulate CLUSTER PLAN --sizes 1MiB``.
+A profile case (a shipped cost profile, its calibration record left out, or the ``mpi``
+one with measured native collectives, edited as a cluster is) runs ``topoplan plan
+--size 1MiB -a ring --profile PROFILE`` and ``topoplan simulate`` of a ring plan under it.
 
 The cases run in a child process (a batch at a time, restarted after a crash) whose
 address space is capped (``--memory`` MiB, RLIMIT_AS) and whose every command has an
@@ -147,6 +150,30 @@ def cluster_case(rng: random.Random, texts: dict[str, str]) -> dict[str, Any]:
     return {"kind": "cluster", "base": base, "what": "; ".join(what), "text": text}
 
 
+def profile_texts() -> dict[str, str]:
+    """The shipped cost profiles without their calibration records (free-form, read as
+    they are), and ``mpi`` with measured native collectives: the bases of profile cases."""
+    import yaml
+    folder = ROOT / "topoplan" / "analysis" / "cost" / "profiles"
+    texts = {}
+    for name in ("nccl", "mpi", "gloo"):
+        data = yaml.safe_load((folder / f"{name}.yaml").read_text())
+        data.pop("calibration", None)
+        texts[name] = yaml.safe_dump(data, sort_keys=False)
+        if name == "mpi":
+            data["native"] = {"allreduce": {"alpha": "30 us", "alpha_per_rank": "4 us",
+                                            "bandwidth": "2 GB/s"},
+                              "allgather": {"alpha": "20 us", "bandwidth": "3 GB/s"}}
+            texts["mpi-native"] = yaml.safe_dump(data, sort_keys=False)
+    return texts
+
+
+def profile_case(rng: random.Random, texts: dict[str, str]) -> dict[str, Any]:
+    case = cluster_case(rng, texts)
+    case["kind"] = "profile"
+    return case
+
+
 def schedule_case(rng: random.Random, plans: dict[str, tuple[str, str]]) -> dict[str, Any]:
     name = rng.choice(sorted(plans))
     cluster, text = plans[name]
@@ -253,6 +280,15 @@ def run_case(case: dict[str, Any], folder: Path, timeout: float) -> tuple[str, s
         commands = [["topo", "lint", str(path)],
                     ["plan", str(path), "--size", "1MiB", "-a", "ring"],
                     ["topo", "show", str(path)]]
+    elif case["kind"] == "profile":
+        path = folder / "profile.yaml"
+        path.write_text(case["text"], encoding="utf-8", errors="surrogatepass")
+        plan = folder / "ring.json"
+        plan.write_text(case["plan"], encoding="utf-8")
+        commands = [["plan", case["cluster"], "--size", "1MiB", "-a", "ring", "--profile",
+                     str(path)],
+                    ["simulate", case["cluster"], str(plan), "--sizes", "1MiB", "--profile",
+                     str(path)]]
     else:
         path = folder / "plan.json"
         path.write_text(case["text"], encoding="utf-8", errors="surrogatepass")
@@ -282,7 +318,8 @@ def child(cases_file: str, start: int, timeout: float, memory_mb: int) -> None:
 
 
 # ---- the parent --------------------------------------------------------------------------
-def make_cases(ncluster: int, nschedule: int, seed: int) -> list[dict[str, Any]]:
+def make_cases(ncluster: int, nschedule: int, seed: int,
+               nprofile: int = 0) -> list[dict[str, Any]]:
     import warnings
 
     import topoplan
@@ -300,6 +337,11 @@ def make_cases(ncluster: int, nschedule: int, seed: int) -> list[dict[str, Any]]
             plans[name] = (str(path), schedule.to_json())
     cases = [cluster_case(rng, texts) for _ in range(ncluster)]
     cases += [schedule_case(rng, plans) for _ in range(nschedule)]
+    profiles = profile_texts()
+    cluster, ring = plans["ring"]
+    for _ in range(nprofile):
+        case = profile_case(rng, profiles)
+        cases.append(dict(case, cluster=cluster, plan=ring))
     return cases
 
 
@@ -344,7 +386,7 @@ def run_all(cases: list[dict[str, Any]], timeout: float = 10.0,
 
 
 def table(cases: list[dict[str, Any]]) -> str:
-    kinds = ("cluster", "schedule")
+    kinds = ("cluster", "schedule", "profile")
     rows = [f"{'outcome':<15}" + "".join(f"{k:>10}" for k in kinds) + f"{'all':>8}"]
     for outcome in OUTCOMES:
         counts = [sum(c["kind"] == k and c.get("outcome") == outcome for c in cases)
@@ -358,7 +400,7 @@ def table(cases: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=int, default=200,
-                        help="cluster cases, and as many schedule cases (200)")
+                        help="cluster cases, and as many schedule and profile cases (200)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (0)")
     parser.add_argument("--timeout", type=float, default=10.0,
                         help="seconds one command may take (10)")
@@ -366,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the child's address space in MiB (1024)")
     parser.add_argument("--show", type=int, default=5, help="failures to print (5)")
     args = parser.parse_args(argv)
-    cases = run_all(make_cases(args.cases, args.cases, args.seed), args.timeout, args.memory)
+    cases = run_all(make_cases(args.cases, args.cases, args.seed, args.cases), args.timeout,
+                    args.memory)
     print(table(cases))
     failed = [c for c in cases if c.get("outcome") not in ("ok", "located error")]
     for case in failed[:args.show]:

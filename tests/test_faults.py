@@ -355,3 +355,118 @@ def test_a_failed_rank_under_a_torch_launch_is_one_line_each(tmp_path):
     assert sorted(re.fullmatch(r"topoplan: error: rank (\d) \(pid \d+\) was stopped after rank 1 "
                                r"failed", line).group(1) for line in lines[1:]) == ["0", "2"], err
     job.nothing_left()
+
+
+# ---- topoplan plan: Ctrl-C and SIGTERM mid-LP and mid-write -----------------------------
+#: In the child: the first call of ``what`` says ``READY <what>`` on stdout, then runs the
+#: real call again and again for up to 60 s, so that the signal lands inside it (a linear
+#: program: in HiGHS; a write: between two chunks of the temporary file), or (``mkstemp``)
+#: makes the temporary file and waits 3 s before its name is returned.
+HOLD = """
+import sys, time
+import scipy.optimize
+import topoplan._util as util
+import topoplan.planners.mcf.lp as lp
+import topoplan.planners.mcf.pieces as pieces
+import topoplan.planners.mcf.rings as rings
+told = []
+
+def tell(what):
+    if not told:
+        told.append(what)
+        sys.stdout.write(f"READY {what}\\n")
+        sys.stdout.flush()
+
+def solve(*args, **kwargs):
+    tell("lp")
+    end = time.monotonic() + 60
+    while True:
+        result = scipy.optimize.linprog(*args, **kwargs)
+        if time.monotonic() > end:
+            return result
+
+real_write = util._write_fd
+
+def write(fd, payload, check):
+    tell("write")
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        time.sleep(0.01)
+        check()
+    real_write(fd, payload, check)
+
+real_mkstemp = util.tempfile.mkstemp
+
+def mkstemp(*args, **kwargs):
+    made = real_mkstemp(*args, **kwargs)
+    tell("mkstemp")  # made, its name not yet noted: where a signal used to leave it
+    time.sleep(3)
+    return made
+
+if sys.argv[1] == "lp":
+    lp.linprog = pieces.linprog = rings.linprog = solve
+elif sys.argv[1] == "mkstemp":
+    util.tempfile.mkstemp = mkstemp
+else:
+    util._write_fd = write
+from topoplan.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+BIG = str(ROOT / "topologies" / "leaf_spine_1024.yaml")
+SAYS = {signal.SIGINT: (130, "topoplan: interrupted"),
+        signal.SIGTERM: (143, "topoplan: terminated")}
+
+
+def _plan_ends_cleanly(job: Job, out: Path, sig: int) -> None:
+    """``job`` (a ``plan -o out``) ends with the signal's status and line, fast, with no
+    traceback, no ``out`` or temporary file beside it, and no process left."""
+    job.proc.send_signal(sig)
+    code, err, took = job.end()
+    status, line = SAYS[sig]
+    assert (code, err.strip().splitlines()[-1:]) == (status, [line]), err
+    assert "Traceback" not in err, err
+    assert took < WITHIN, f"took {took:.1f} s"
+    assert sorted(p.name for p in out.parent.iterdir()) == [], "left beside -o"
+    assert list(job.tmp.iterdir()) == []
+    job.nothing_left()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("where", ["lp", "write"])
+def test_a_signal_to_plan_mid_lp_or_mid_write_ends_it_in_one_line(where, sig, tmp_path):
+    """mcf on leaf_spine_1024 (1024 GPUs), the signal inside a linear program or inside
+    the ``-o`` write (24 MB): ``topoplan: interrupted`` (130) or ``topoplan: terminated``
+    (143), and nothing left behind."""
+    out = tmp_path / "out" / "plan.json"
+    out.parent.mkdir()
+    job = Job(tmp_path, "-c", HOLD, where, "plan", BIG, "-a", "mcf", "--size", "256MiB",
+              "-o", str(out), python=True)
+    job.wait_ready(1, timeout=60)
+    _plan_ends_cleanly(job, out, sig)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_plan_at_any_time_ends_it_in_one_line(sig, tmp_path):
+    """Unheld, the signal two seconds in lands where it lands (loading, estimating,
+    planning, in the solver): the same one line and status, nothing left."""
+    out = tmp_path / "out" / "plan.json"
+    out.parent.mkdir()
+    job = Job(tmp_path, "plan", BIG, "-a", "mcf", "--size", "256MiB", "-o", str(out))
+    time.sleep(2.0)
+    if job.proc.poll() is not None:  # a machine fast enough to plan it in 2 s
+        assert job.proc.returncode == 0 and out.stat().st_size > 0
+        return
+    _plan_ends_cleanly(job, out, sig)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_as_the_temporary_file_is_made_leaves_none(sig, tmp_path):
+    """The temporary file exists before ``atomic_write`` knows its name: a Ctrl-C there
+    left it behind. Both signals now wait for the name (SIGTERM already did)."""
+    out = tmp_path / "out" / "plan.json"
+    out.parent.mkdir()
+    job = Job(tmp_path, "-c", HOLD, "mkstemp", "plan", str(ROOT / "topologies" /
+              "ddl_two_switch.yaml"), "-a", "ring", "--size", "1MiB", "-o", str(out),
+              python=True)
+    job.wait_ready(1, timeout=60)
+    _plan_ends_cleanly(job, out, sig)

@@ -1,6 +1,6 @@
 """The mutation fuzzer of ``scripts/fuzz_inputs.py`` at a fixed seed: every mutated
-cluster file and schedule file through the CLI ends in a result or a located one-line
-error, never a traceback, a hang or memory without bound."""
+cluster file, schedule file and cost profile through the CLI ends in a result or a located
+one-line error, never a traceback, a hang or memory without bound."""
 
 from __future__ import annotations
 
@@ -26,8 +26,10 @@ def _fuzzer():
 @pytest.mark.slow
 def test_mutated_inputs_end_in_a_result_or_a_located_error():
     fuzz = _fuzzer()
-    # 60 + 60 cases: about 20 s here (2 cores); scripts/fuzz_inputs.py --cases 200 runs more
-    cases = fuzz.run_all(fuzz.make_cases(60, 60, seed=20261201), timeout=20.0, memory_mb=1024)
+    # 60 + 60 + 40 cases: about 25 s here (2 cores); scripts/fuzz_inputs.py --cases 200
+    # runs more
+    cases = fuzz.run_all(fuzz.make_cases(60, 60, seed=20261201, nprofile=40), timeout=20.0,
+                         memory_mb=1024)
     failed = [c for c in cases if c.get("outcome") not in ("ok", "located error")]
     assert not failed, "\n".join(
         f"{c['kind']} from {c['base']} ({c['what']}): {c['outcome']}: {c['detail']}\n"

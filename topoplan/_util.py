@@ -40,15 +40,15 @@ R = TypeVar("R")
 # and the files its processes hand each other go through atomic_write. It writes where
 # the shell's ``>`` would, with the permissions ``>`` has, and whole or not at all where
 # the target allows it: a regular file (or a new path) gets a temporary file in the same
-# folder, renamed over it, so a crash, a full disk or a SIGTERM never leaves half a file
-# behind. ``mkstemp`` makes that temporary file private (0600); the writer gives it the
-# mode ``open(path, "w")`` would have given: an existing file's own mode, else 0666 less
-# the umask (0644 under umask 022). What a rename would break is written in place
-# instead: a device or FIFO (``-o /dev/null`` stays a device), a file with other hard
-# links, a file the user may write in a folder they may not, or one owned by someone the
-# writer cannot give the new file to.
+# folder, renamed over it, so a crash, a full disk, a SIGTERM or a Ctrl-C never leaves
+# half a file behind. ``mkstemp`` makes that temporary file private (0600); the writer
+# gives it the mode ``open(path, "w")`` would have given: an existing file's own mode,
+# else 0666 less the umask (0644 under umask 022). What a rename would break is written
+# in place instead: a device or FIFO (``-o /dev/null`` stays a device), a file with other
+# hard links, a file the user may write in a folder they may not, or one owned by someone
+# the writer cannot give the new file to.
 
-#: Bytes per write(2) of a temporary file: between two, a SIGTERM can end the write.
+#: Bytes per write(2) of a temporary file: between two, a SIGTERM or Ctrl-C can end it.
 _CHUNK = 1 << 20
 
 
@@ -64,38 +64,49 @@ class Terminated(SystemExit):
 
 @contextmanager
 def _sigterm(at_once: bool) -> Iterator[Callable[[], None]]:
-    """Within the block, SIGTERM raises :class:`Terminated`: where it lands (``at_once``),
-    or where the block calls the check it is handed, and at the end of the block at the
-    latest. Checks put the exception where the block can clean up after it: a signal
-    landing between creating a temporary file and noting its name would leave it behind.
+    """Within the block, SIGTERM raises :class:`Terminated` and SIGINT (Ctrl-C)
+    :class:`KeyboardInterrupt`: where they land (``at_once``), or where the block calls
+    the check it is handed, and at the end of the block at the latest. Checks put the
+    exception where the block can clean up after it: a signal landing between creating a
+    temporary file and noting its name would leave it behind.
 
-    Only in the main thread (where Python runs signal handlers) and only while SIGTERM
-    has its default action: a handler of the program's own (or SIG_IGN) is left to decide.
+    Only in the main thread (where Python runs signal handlers), and each signal only
+    while it has its default action (Python's own for SIGINT): a handler of the
+    program's own (or SIG_IGN) is left to decide.
     """
     pending: list[int] = []
 
     def check() -> None:
-        if pending:
+        if signal.SIGTERM in pending:
             raise Terminated()
+        if pending:
+            raise KeyboardInterrupt()
 
-    previous = signal.getsignal(signal.SIGTERM)
-    if (threading.current_thread() is not threading.main_thread()
-            or not (previous is signal.SIG_DFL or getattr(previous, "unwinds", False))):
+    if threading.current_thread() is not threading.main_thread():
+        yield check
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    term, interrupt = previous[signal.SIGTERM], previous[signal.SIGINT]
+    ours = ([signal.SIGTERM] if term is signal.SIG_DFL or getattr(term, "unwinds", False)
+            else []) + ([signal.SIGINT] if interrupt is signal.default_int_handler else [])
+    if not ours:
         yield check
         return
 
     def handler(signum: int, frame: object) -> None:
         pending.append(signum)
         if at_once:
-            raise Terminated()
+            check()
 
     # The CLI's own handler (signals_raise: ``unwinds``) raises wherever the signal
     # lands: this one takes over while the file is written, and gives it back.
-    signal.signal(signal.SIGTERM, handler)
+    for sig in ours:
+        signal.signal(sig, handler)
     try:
         yield check
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig in ours:
+            signal.signal(sig, previous[sig])
         check()  # the signal wins over an error of the block's: the process still ends
 
 
@@ -146,8 +157,8 @@ def _write_fd(fd: int, payload: bytes, check: Callable[[], None]) -> None:
 
 def _write_in_place(target: Path, payload: bytes, *, regular: bool) -> None:
     """Open ``target`` and write ``payload`` into it, as ``>`` does: truncated first for
-    a regular file, whose write a SIGTERM then waits for; a device or FIFO is written as
-    it is, and a SIGTERM ends the write at once (a FIFO's open waits for a reader, as the
+    a regular file, whose write a SIGTERM or Ctrl-C then waits for; a device or FIFO is
+    written as it is, and a signal ends the write at once (a FIFO's open waits for a reader, as the
     shell's does, and a pipe's write may wait for ever)."""
     flags = os.O_WRONLY | os.O_CLOEXEC | (os.O_TRUNC if regular else 0)
     with _sigterm(at_once=not regular):
@@ -212,15 +223,18 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, *, encoding: str = 
       writes nothing anywhere; a FIFO's open waits for a reader, as the shell's does).
     - A regular file with other hard links: truncated and written in place, so every
       link sees the new text. What is lost is atomicity: a crash or a full disk part
-      way leaves a part of the new text (a SIGTERM waits for the write to end).
+      way leaves a part of the new text (a SIGTERM or Ctrl-C waits for the write to
+      end).
     - A file this process may not write: refused, as ``>`` refuses it. Whether it may
       is the kernel's ``access(W_OK)`` answer for the effective user: root may write a
       0444 file (as ``echo x > file`` as root does), anyone else gets EACCES.
 
     A SIGTERM during the write (in the main thread, while SIGTERM has its default
     action) removes the temporary file, then ends the process with status 143
-    (:class:`Terminated`). Extended attributes and ACLs of a replaced file are not
-    copied to the new one.
+    (:class:`Terminated`); a Ctrl-C (while SIGINT has Python's handler) removes it, then
+    raises :class:`KeyboardInterrupt`. Both wait until the temporary file's name is
+    known, or the end of a chunk. Extended attributes and ACLs of a replaced file are
+    not copied to the new one.
 
     Raises
     ------

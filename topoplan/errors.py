@@ -163,12 +163,13 @@ class PortWarning(SpecWarning):
 
 
 class RangeWarning(SpecWarning):
-    """A bandwidth, latency or count outside the range real clusters have, but within what
-    topoplan computes with: a unit mixed up (``100 Kbit/s`` for ``100 Gbit/s``), a typo,
-    or a fabric bigger than any measured (docs/CLUSTER.md, "Ranges"). Beyond that range a
-    value is a :class:`ClusterSpecError`. The message reads ``cluster.yaml:12:
-    boxes[0].nics[0].bandwidth: 100 Kbit/s is outside the plausible range 1 Mbit/s to
-    100 TB/s; check the unit``.
+    """A bandwidth, latency or count outside the range real clusters have, or a cost
+    outside the range real runtimes have, but within what topoplan computes with: a unit
+    mixed up (``100 Kbit/s`` for ``100 Gbit/s``), a typo, or a fabric bigger than any
+    measured (docs/CLUSTER.md and docs/COST_MODEL.md, "Ranges"). Beyond that range a
+    value is a :class:`ClusterSpecError` (a :class:`ProfileError` in a cost profile). The
+    message reads ``cluster.yaml:12: boxes[0].nics[0].bandwidth: 100 Kbit/s is outside
+    the plausible range 1 Mbit/s to 100 TB/s; check the unit``.
     """
 
 

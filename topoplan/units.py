@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 
 
 __all__ = [
     "parse_bandwidth", "parse_latency", "parse_size", "parse_size_range", "bare_number_note",
-    "as_bytes", "parse_count", "MAX_SIZE",
+    "as_bytes", "parse_count", "MAX_SIZE", "QuantityRange", "BANDWIDTH_RANGE", "LATENCY_RANGE",
     "format_size", "format_bandwidth", "format_time", "plural",
 ]
 
@@ -41,6 +42,53 @@ _NUMBER_UNIT = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([
 MAX_SIZE = 1 << 60
 
 _EXAMPLES = {"bandwidth": "25 GB/s", "latency": "2 us", "size": "256MiB"}
+
+
+@dataclass(frozen=True, slots=True)
+class QuantityRange:
+    """What a quantity of an input file may be: its ``limits``, beyond which topoplan's
+    arithmetic does not hold (an error), and its ``plausible`` range, which real systems
+    fall in (outside it: a :class:`~topoplan.errors.RangeWarning`). Both ends inclusive;
+    the texts say them to a reader. Cluster files (docs/CLUSTER.md, "Ranges") and cost
+    profiles (docs/COST_MODEL.md, "Ranges") check their numbers with these.
+    """
+
+    what: str  # "bandwidth", "latency", ... as the messages say it
+    limits: tuple[float, float]
+    plausible: tuple[float, float]
+    limits_text: str
+    plausible_text: str
+    hint: str = "check the unit"  # what the warning suggests
+
+    def problems(self, number: float, shown: str) -> tuple[str | None, str | None]:
+        """``(error, warning)`` for ``number`` (``shown`` as written, with its unit): the
+        error's text when it is beyond the limits (NaN included), else None; the
+        warning's when it is outside the plausible range, else None."""
+        low, high = self.limits
+        if not low <= number <= high:
+            return (f"{shown} is out of range: a {self.what} must be {self.limits_text}, "
+                    f"what topoplan computes with (plausible: {self.plausible_text})", None)
+        if not self.plausible[0] <= number <= self.plausible[1]:
+            return None, (f"{shown} is outside the plausible range {self.plausible_text}; "
+                          f"{self.hint}")
+        return None, None
+
+
+# The ranges of docs/CLUSTER.md ("Ranges"). Beyond the limits a value is an error: the
+# arithmetic of the bounds, the planners and the simulator holds only inside them
+# (tests/test_cluster_ranges.py plans and simulates at both ends). Beyond them it did not:
+# a 1e308 GB/s link is inf in bytes/s, a 1e-310 GB/s one makes transfer times inf, a
+# 1e300 us latency leaves the simulator's clock too coarse to tell events apart.
+#: Bytes/s: limits 1 bit/s to 1000 TB/s (1 PB/s): a message of the largest size
+#: (:data:`MAX_SIZE`) then takes at most 2**63 s on one link, and one byte at least 1e-15
+#: s. Plausible: 1 Mbit/s (a slow management Ethernet) to 100 TB/s (111 times the 900 GB/s
+#: each way of an NVLink 5 GPU).
+BANDWIDTH_RANGE = QuantityRange("bandwidth", (1 / 8, 1e15), (1e6 / 8, 1e14),
+                                "1 bit/s to 1000 TB/s", "1 Mbit/s to 100 TB/s")
+#: Seconds: above 1e6 (11.6 days) an error; above 1 s a warning: no link takes a second to
+#: deliver a byte.
+LATENCY_RANGE = QuantityRange("latency", (0.0, 1e6), (0.0, 1.0), "0 to 1e6 s (11.6 days)",
+                              "0 to 1 s")
 
 
 def _split(text: str, what: str, units: dict) -> tuple[float, str]:

@@ -66,6 +66,7 @@ from scipy.sparse.csgraph import breadth_first_order, connected_components, maxi
 
 from .._util import ObjectCache
 from ..cluster import Box, Cluster
+from ..cluster.spec import check_cluster
 from ..ir.collectives import get_collective
 from ..units import as_bytes
 
@@ -179,7 +180,14 @@ def lower_bound(cluster: Cluster, size: float | str) -> float:
     workstations", J. Parallel Distrib. Comput. 69 (2009). The message count is the
     one-way gossip bound, 2n - 2 (S. Hedetniemi et al., "A survey of gossiping and
     broadcasting in communication networks", Networks 18, 1988).
+
+    Raises
+    ------
+    ClusterSpecError
+        For a cluster built in code with a bandwidth or latency beyond what topoplan
+        computes with (:func:`topoplan.cluster.spec.check_cluster`).
     """
+    check_cluster(cluster, "lower_bound")
     if cluster.nranks < 2:
         return 0.0
     return float(as_bytes(size)) * best_partition(cluster).ratio
@@ -241,7 +249,13 @@ def shard_bound(cluster: Cluster, size: float | str) -> float:
     ----------
     L. Zhao et al., "ForestColl: Efficient Collective Communications on Heterogeneous
     Network Fabrics", arXiv 2402.06787 (2024).
+
+    Raises
+    ------
+    ClusterSpecError
+        As :func:`lower_bound`.
     """
+    check_cluster(cluster, "shard_bound")
     n = cluster.nranks
     if n < 2:
         return 0.0

@@ -6,8 +6,8 @@ Every mistake a user can make is reported as :class:`ClusterSpecError` naming
 
 from __future__ import annotations
 
+import numbers
 import os
-
 import re
 import warnings
 from pathlib import Path
@@ -17,39 +17,34 @@ import networkx as nx
 
 from .._yaml import LineDict, LineList, load_yaml
 from ..errors import ClusterSpecError, PortWarning, RangeWarning, SpecWarning, UnitWarning
-from ..units import bare_number_note, parse_bandwidth, parse_latency
+from ..units import (BANDWIDTH_RANGE, LATENCY_RANGE, bare_number_note,
+                     parse_bandwidth, parse_latency)
 from .model import FABRIC_KINDS, GPU_MODELS, Box, Cluster, Fabric, GpuLink, Nic, SwitchLink
 
 __all__ = ["load_cluster", "loads_cluster", "flat_cluster", "MAX_COUNT", "MAX_GPUS",
            "BANDWIDTH_LIMITS", "BANDWIDTH_PLAUSIBLE", "MAX_LATENCY", "PLAUSIBLE_LATENCY",
-           "MAX_RANKS", "rank_limit"]
+           "MAX_RANKS", "rank_limit", "check_cluster", "SUMMED_BANDWIDTH_LIMIT"]
 
 MAX_COUNT = 100_000  # instances one `count` may stamp out
 MAX_GPUS = 4096  # GPUs one box may hold (more is a typo that would exhaust memory)
 
-# The ranges of docs/CLUSTER.md ("Ranges"). Beyond the limits a value is an error: the
-# arithmetic of the bounds, the planners and the simulator holds only inside them
-# (tests/test_cluster_ranges.py plans and simulates at both ends). Beyond them it did not:
-# a 1e308 GB/s link is inf in bytes/s, a 1e-310 GB/s one makes transfer times inf, a
-# 1e300 us latency leaves the simulator's clock too coarse to tell events apart. Outside
-# the plausible range, inside the limits, a value is a RangeWarning: no cluster has it.
-#: Bytes/s: 1 bit/s to 1000 TB/s (1 PB/s). A message of the largest size (2**60 bytes,
-#: units.MAX_SIZE) then takes at most 2**63 s on one link, and one byte at least 1e-15 s.
-BANDWIDTH_LIMITS = (1 / 8, 1e15)
-#: Bytes/s: 1 Mbit/s (a slow management Ethernet) to 100 TB/s (111 times the 900 GB/s
-#: each way of an NVLink 5 GPU).
-BANDWIDTH_PLAUSIBLE = (1e6 / 8, 1e14)
+# The ranges of docs/CLUSTER.md ("Ranges"), and why: topoplan/units.py
+# (BANDWIDTH_RANGE, LATENCY_RANGE). Outside the plausible range, inside the limits, a value
+# is a RangeWarning: no cluster has it.
+#: Bytes/s: 1 bit/s to 1000 TB/s.
+BANDWIDTH_LIMITS = BANDWIDTH_RANGE.limits
+#: Bytes/s: 1 Mbit/s to 100 TB/s.
+BANDWIDTH_PLAUSIBLE = BANDWIDTH_RANGE.plausible
 #: Seconds: a latency above it is an error (11.6 days)...
-MAX_LATENCY = 1e6
+MAX_LATENCY = LATENCY_RANGE.limits[1]
 #: ... and above this one a warning: no link takes a second to deliver a byte.
-PLAUSIBLE_LATENCY = 1.0
+PLAUSIBLE_LATENCY = LATENCY_RANGE.plausible[1]
 #: GPUs a cluster may hold: the planners' memory grows with them (about 3 GB at 8192
 #: GPUs, docs/RESULTS.md); a quarter of it draws a warning. Switches may number a quarter
 #: of it and links (switch links, NICs and GPU links, each instance) 16 times it.
 #: The environment variable TOPOPLAN_MAX_RANKS raises (or lowers) it.
 MAX_RANKS = 32_768
-_LIMITS_TEXT = {"bandwidth": "1 bit/s to 1000 TB/s", "latency": "0 to 1e6 s (11.6 days)"}
-_PLAUSIBLE_TEXT = {"bandwidth": "1 Mbit/s to 100 TB/s", "latency": "0 to 1 s"}
+_RANGES = {"bandwidth": BANDWIDTH_RANGE, "latency": LATENCY_RANGE}
 _DEFAULT_UNIT = {"bandwidth": " GB/s", "latency": " us"}  # of a bare number
 
 
@@ -167,25 +162,16 @@ class _Reader:
         if not positive and number < 0:
             raise self.fail(line, where, f"must be >= 0, got {_show(value)}")
         what = "latency" if parse is parse_latency else "bandwidth"
-        if what == "bandwidth":
-            low, high = BANDWIDTH_LIMITS
-            inside = low <= number <= high
-            plausible = BANDWIDTH_PLAUSIBLE[0] <= number <= BANDWIDTH_PLAUSIBLE[1]
-        else:
-            inside, plausible = number <= MAX_LATENCY, number <= PLAUSIBLE_LATENCY
         shown = _show(value) + (_DEFAULT_UNIT[what] if _bare(value) else "")
-        if not inside:
-            raise self.fail(line, where, f"{shown} is out of range: a {what} must be "
-                            f"{_LIMITS_TEXT[what]}, what topoplan computes with (plausible: "
-                            f"{_PLAUSIBLE_TEXT[what]})")
+        error, warning = _RANGES[what].problems(number, shown)
+        if error is not None:
+            raise self.fail(line, where, error)
         # A bare number has a default unit, which may not be the one meant: never silent.
         note = bare_number_note(value, what)
         if note is not None:
             self.warn(UnitWarning, line, where, note)
-        if not plausible:
-            self.warn(RangeWarning, line, where,
-                      f"{shown} is outside the plausible range {_PLAUSIBLE_TEXT[what]}; "
-                      "check the unit")
+        if warning is not None:
+            self.warn(RangeWarning, line, where, warning)
         return number
 
     def boolean(self, mapping: LineDict, key: str, path: str) -> bool:
@@ -282,15 +268,81 @@ def as_cluster(cluster: Cluster | str | os.PathLike, who: str = "topoplan") -> C
     Raises
     ------
     ClusterSpecError
-        A file that does not load (naming ``file:line: key``), or something that is neither
-        a :class:`Cluster` nor a path.
+        A file that does not load (naming ``file:line: key``), a :class:`Cluster` with a
+        bandwidth or latency beyond what topoplan computes with (:func:`check_cluster`),
+        or something that is neither a :class:`Cluster` nor a path.
     """
     if isinstance(cluster, Cluster):
+        check_cluster(cluster, who)
         return cluster
     if isinstance(cluster, (str, os.PathLike)):
         return load_cluster(cluster)
     raise ClusterSpecError(f"{who}: expected a Cluster (topoplan.load_cluster) or a cluster "
                            f"YAML path, got {type(cluster).__name__}")
+
+
+#: Bytes/s a link of the model or an edge of the graph may carry at most: parallel links
+#: add up (``count: N`` of them, N <= MAX_COUNT), so a summed link may exceed what one
+#: link of the file may say.
+SUMMED_BANDWIDTH_LIMIT = BANDWIDTH_LIMITS[1] * MAX_COUNT
+
+
+def check_cluster(cluster: Cluster, who: str = "topoplan") -> None:
+    """Refuse a cluster built in code (or a graph edited after it was built) whose
+    bandwidths or latencies are beyond what topoplan computes with: NaN, infinite,
+    not positive (a bandwidth) or negative (a latency), or outside the ranges a cluster
+    file may say (docs/CLUSTER.md, "Ranges"). A loaded file was checked line by line;
+    a :class:`Cluster` made through the API was not, and such a value makes a planner or
+    the simulator divide by zero, carry NaN or wait forever.
+
+    Raises
+    ------
+    ClusterSpecError
+        Naming the cluster, the field (``boxes[0].nics[1].bandwidth``) or graph edge, the
+        link and the value, and the range.
+    """
+    def bad(key: str, link: str, what: str, value: object, limit: float) -> ClusterSpecError:
+        shown = f"{value:g}" if number(value) else repr(value)
+        unit = " bytes/s" if what == "bandwidth" else " s"
+        top = (_RANGES[what].limits_text if limit == BANDWIDTH_LIMITS[1] or what == "latency"
+               else f"1 bit/s to {limit:g} bytes/s (parallel links summed)")
+        return ClusterSpecError(f"{shown}{unit} on link {link} is out of range: a {what} "
+                                f"must be a number, {top}", key=f"{who}: cluster "
+                                f"{cluster.name!r}: {key}")
+
+    def number(value: object) -> bool:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)  # numpy's too
+
+    def check(key: str, link: str, bandwidth: Any, latency: Any,
+              limit: float = BANDWIDTH_LIMITS[1]) -> None:
+        if not number(bandwidth) or not BANDWIDTH_LIMITS[0] <= bandwidth <= limit:  # NaN too
+            raise bad(f"{key}.bandwidth", link, "bandwidth", bandwidth, limit)
+        if not number(latency) or not 0 <= latency <= MAX_LATENCY:
+            raise bad(f"{key}.latency", link, "latency", latency, limit)
+
+    for b, box in enumerate(cluster.boxes):
+        if box.fabric is not None:
+            check(f"boxes[{b}].fabric", f"{box.name}/gpu* <-> {box.fabric_node}",
+                  box.fabric.bandwidth, box.fabric.latency)
+        for n, link in enumerate(box.gpu_links):
+            check(f"boxes[{b}].gpu_links[{n}]",
+                  f"{box.gpu_node(link.a)} <-> {box.gpu_node(link.b)}", link.bandwidth,
+                  link.latency, SUMMED_BANDWIDTH_LIMIT)
+        for k, nic in enumerate(box.nics):
+            check(f"boxes[{b}].nics[{k}]", f"{box.nic_node(k)} <-> {nic.switch}",
+                  nic.bandwidth, nic.latency)
+            plugin = nic.plugin_latency
+            if not number(plugin) or not 0 <= plugin <= MAX_LATENCY:
+                raise bad(f"boxes[{b}].nics[{k}].plugin_latency",
+                          f"{box.nic_node(k)} <-> {nic.switch}", "latency", plugin, 0.0)
+    for n, switch_link in enumerate(cluster.links):
+        check(f"links[{n}]", f"{switch_link.a} <-> {switch_link.b}", switch_link.bandwidth,
+              switch_link.latency, SUMMED_BANDWIDTH_LIMIT)
+    graph = cluster.__dict__.get("graph")  # built (cached) and perhaps edited since
+    if graph is not None:
+        for u, v, data in graph.edges(data=True):
+            check(f"graph[{u!r}][{v!r}]", f"{u} -> {v}", data.get("bandwidth"),
+                  data.get("latency"), SUMMED_BANDWIDTH_LIMIT)
 
 
 def load_cluster(path: str | os.PathLike) -> Cluster:

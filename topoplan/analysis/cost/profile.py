@@ -16,9 +16,10 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from ...errors import ProfileError
+from ...units import BANDWIDTH_RANGE, MAX_SIZE, QuantityRange
 
 __all__ = ["CostProfile", "NativeCost", "DEFAULT_PROFILE", "IDEAL", "NATIVE_KINDS",
-           "NATIVE_MODELS", "NVLINK_MODELS", "native_bus_factor"]
+           "NATIVE_MODELS", "NVLINK_MODELS", "native_bus_factor", "PROFILE_RANGES"]
 
 #: The profile the CLI, :func:`topoplan.plan` and :func:`topoplan.simulate` use when none
 #: is named: GPU clusters run NCCL (topoplan's NCCL transport posts each step as one NCCL
@@ -33,6 +34,44 @@ NVLINK_MODELS = ("nccl",)
 NATIVE_MODELS = ("nccl",)
 #: The native collectives a profile may price (IR v3's native ops, docs/SCHEDULE.md).
 NATIVE_KINDS = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
+
+#: What each number of a profile may be (docs/COST_MODEL.md, "Ranges"): beyond the limits
+#: an error (the file's ``file:line: key``, or the field of a profile built in code),
+#: outside the plausible range a :class:`~topoplan.errors.RangeWarning`.
+#:
+#: - times (``alpha``, the small messages' ``alpha``, ``op_overhead``, ``step_overhead``,
+#:   ``call_overhead``, a native collective's ``alpha`` and ``alpha_per_rank``): limits
+#:   0 to 1e6 s, as a cluster's latencies (beyond, the simulator's clock can no longer
+#:   tell events apart); plausible up to 100 ms: the slowest shipped cost is gloo's call
+#:   overhead, 2.5 ms on a loaded 2-CPU machine, and a runtime that takes a tenth of a
+#:   second to post an op is a unit mixed up (``ms`` for ``us``);
+#: - bandwidths (``reduce_bandwidth``, ``host.bandwidth``, a native collective's
+#:   ``bandwidth``): a cluster link's range (:data:`~topoplan.units.BANDWIDTH_RANGE`);
+#: - ``small_messages.max_bytes``: limits 0 to 2**60 bytes (a message size,
+#:   :data:`~topoplan.units.MAX_SIZE`); plausible up to 1 GiB (MPI's eager and NCCL's
+#:   LL thresholds are kilobytes to megabytes);
+#: - ``host.ranks``: 1 to 4096, the GPUs one box may hold (``host_cluster`` is one box);
+#:   plausible up to 1024; ``host.cores``: 1 to 2**20, plausible up to 4096.
+PROFILE_RANGES = {
+    "time": QuantityRange("time", (0.0, 1e6), (0.0, 0.1), "0 to 1e6 s (11.6 days)",
+                          "0 to 100 ms"),
+    "bandwidth": BANDWIDTH_RANGE,
+    "bytes": QuantityRange("message size", (0, MAX_SIZE), (0, 1 << 30),
+                           "0 to 2**60 bytes (1 EiB)", "0 to 1 GiB", "check the unit (bytes)"),
+    "ranks": QuantityRange("rank count", (1, 4096), (1, 1024), "1 to 4096 (one box)",
+                           "1 to 1024", "is the count wrong?"),
+    "cores": QuantityRange("core count", (1, 1 << 20), (1, 4096), "1 to 1048576",
+                           "1 to 4096", "is the count wrong?"),
+}
+
+
+def _out_of_range(kind: str, value: Any, shown: str) -> str | None:
+    """The error for ``value`` of a profile field of ``kind`` (a key of
+    :data:`PROFILE_RANGES`) beyond its limits, or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"expected a number, got {value!r}"
+    error, _ = PROFILE_RANGES[kind].problems(value, shown)
+    return error
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +196,8 @@ class CostProfile:
                                            compare=False)
 
     def __post_init__(self) -> None:
+        # The reader checks a file's numbers line by line (naming file:line: key); these
+        # checks hold a profile built in code to the same limits (PROFILE_RANGES).
         for key in ("alpha_box", "alpha_network", "small_alpha_box", "small_alpha_network",
                     "op_overhead", "step_overhead", "call_overhead"):
             value = getattr(self, key)
@@ -164,11 +205,21 @@ class CostProfile:
                     or not math.isfinite(value) or value < 0:
                 raise ProfileError(f"must be a finite number of seconds >= 0, got {value!r}",
                                    key=f"{self.name}: {key}")
+            self._in_range(key, "time", value, f"{value!r} s")
         if self.small_max is not None and (isinstance(self.small_max, bool)
                                            or not isinstance(self.small_max, int)
                                            or self.small_max < 0):
             raise ProfileError(f"must be a whole number of bytes >= 0 or None, got "
                                f"{self.small_max!r}", key=f"{self.name}: small_max")
+        if self.small_max is not None:
+            self._in_range("small_max", "bytes", self.small_max, f"{self.small_max} bytes")
+        for key, kind in (("host_ranks", "ranks"), ("host_cores", "cores")):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ProfileError(f"must be a whole number or None, got {value!r}",
+                                   key=f"{self.name}: {key}")
+            if value is not None:
+                self._in_range(key, kind, value, str(value))
         if self.native_model is not None and self.native_model not in NATIVE_MODELS:
             raise ProfileError(f"must be one of {', '.join(NATIVE_MODELS)} or None, got "
                                f"{self.native_model!r}", key=f"{self.name}: native")
@@ -182,9 +233,12 @@ class CostProfile:
                 if not (math.isfinite(value) and value >= 0):
                     raise ProfileError(f"must be a finite number of seconds >= 0, got "
                                        f"{value!r}", key=f"{self.name}: native.{kind}.{key}")
+                self._in_range(f"native.{kind}.{key}", "time", value, f"{value!r} s")
             if not (math.isfinite(cost.bandwidth) and cost.bandwidth > 0):
                 raise ProfileError(f"must be > 0 bytes/s, got {cost.bandwidth!r}",
                                    key=f"{self.name}: native.{kind}.bandwidth")
+            self._in_range(f"native.{kind}.bandwidth", "bandwidth", cost.bandwidth,
+                           f"{cost.bandwidth!r} bytes/s")
         if self.nvlink is not None and self.nvlink not in NVLINK_MODELS:
             raise ProfileError(f"must be one of {', '.join(NVLINK_MODELS)} or None, got "
                                f"{self.nvlink!r}", key=f"{self.name}: nvlink")
@@ -194,6 +248,14 @@ class CostProfile:
                                       or not value > 0):
                 raise ProfileError(f"must be > 0 bytes/s or None, got {value!r}",
                                    key=f"{self.name}: {key}")
+            if value is not None:
+                self._in_range(key, "bandwidth", value, f"{value!r} bytes/s")
+
+    def _in_range(self, key: str, kind: str, value: Any, shown: str) -> None:
+        """Raise :class:`ProfileError` for ``value`` beyond the limits of ``kind``."""
+        error = _out_of_range(kind, value, shown)
+        if error is not None:
+            raise ProfileError(error, key=f"{self.name}: {key}")
 
     # -- queries ----------------------------------------------------------------
     @property

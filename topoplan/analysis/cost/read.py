@@ -15,9 +15,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from ...errors import ProfileError, UnitWarning
+from ...errors import ProfileError, RangeWarning, UnitWarning
 from .profile import (DEFAULT_PROFILE, IDEAL, NATIVE_KINDS, NATIVE_MODELS, NVLINK_MODELS,
-                      CostProfile, NativeCost)
+                      PROFILE_RANGES, CostProfile, NativeCost)
 
 __all__ = ["get_profile", "load_profile", "loads_profile", "profile_names"]
 
@@ -94,7 +94,10 @@ def loads_profile(text: str, file: str = "<string>") -> CostProfile:
     """Like :func:`load_profile`, from YAML text; ``file`` names it in errors.
 
     The format (bare numbers are microseconds and GB/s, as in cluster files, and warned
-    about as :class:`~topoplan.errors.UnitWarning`)::
+    about as :class:`~topoplan.errors.UnitWarning`; every number has limits, beyond which
+    it is an error, and a plausible range, outside which it is a
+    :class:`~topoplan.errors.RangeWarning`: :data:`~topoplan.analysis.cost.profile.PROFILE_RANGES`,
+    docs/COST_MODEL.md "Ranges")::
 
         name: mpi
         description: topoplan's executor over Open MPI, 8 ranks on one host
@@ -144,14 +147,39 @@ def loads_profile(text: str, file: str = "<string>") -> CostProfile:
             warnings.warn(UnitWarning(note, file=file, line=mapping.line_of(key), key=path),
                           stacklevel=3)
 
+    def with_limits(message: str, kind: str) -> str:
+        """A parse error, with the limits where the number was NaN or infinite."""
+        if "finite" not in message:
+            return message
+        limits = PROFILE_RANGES[kind]
+        return f"{message}: a {limits.what} must be {limits.limits_text}"
+
+    def in_range(mapping: LineDict, key: str, path: str, kind: str, number: float,
+                 unit: str = "") -> None:
+        """Refuse ``number`` beyond the limits of ``kind`` (:data:`PROFILE_RANGES`), warn
+        outside its plausible range; ``unit`` is a bare number's default unit."""
+        value = mapping[key]
+        shown = (value if isinstance(value, str) else
+                 f"{value:g}" if isinstance(value, float) else str(value))
+        if unit and (bare_number_note(value, "latency") is not None
+                     or not isinstance(value, str)):  # a bare number: its default unit
+            shown += unit
+        error, warning = PROFILE_RANGES[kind].problems(number, shown)
+        if error is not None:
+            raise fail(mapping, key, error, path)
+        if warning is not None:
+            warnings.warn(RangeWarning(warning, file=file, line=mapping.line_of(key),
+                                       key=path), stacklevel=3)
+
     def seconds(mapping: LineDict, key: str, path: str) -> float:
         value = mapping[key]
         try:
             out = parse_latency(value)
         except ValueError as exc:
-            raise fail(mapping, key, str(exc), path) from None
+            raise fail(mapping, key, with_limits(str(exc), "time"), path) from None
         if out < 0:
             raise fail(mapping, key, f"must be >= 0, got {value!r}", path)
+        in_range(mapping, key, path, "time", out, " us")
         unit_note(mapping, key, path, "latency")
         return out
 
@@ -163,9 +191,10 @@ def loads_profile(text: str, file: str = "<string>") -> CostProfile:
         try:
             out = parse_bandwidth(value)
         except ValueError as exc:
-            raise fail(mapping, key, str(exc), path) from None
+            raise fail(mapping, key, with_limits(str(exc), "bandwidth"), path) from None
         if not out > 0:
             raise fail(mapping, key, f"must be > 0, got {value!r}", path)
+        in_range(mapping, key, path, "bandwidth", out, " GB/s")
         unit_note(mapping, key, path, "bandwidth")
         return out
 
@@ -209,6 +238,8 @@ def loads_profile(text: str, file: str = "<string>") -> CostProfile:
             costs["small_max"] = parse_size(small["max_bytes"])
         except ValueError as exc:
             raise fail(small, "max_bytes", str(exc), "small_messages.max_bytes") from None
+        in_range(small, "max_bytes", "small_messages.max_bytes", "bytes", costs["small_max"],
+                 " bytes")
         costs["small_alpha_box"], costs["small_alpha_network"] = per_class(
             small, "alpha", "small_messages.alpha")
     for key in ("op_overhead", "step_overhead", "call_overhead"):
@@ -242,6 +273,7 @@ def loads_profile(text: str, file: str = "<string>") -> CostProfile:
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                     raise ProfileError(f"expected an integer >= 1, got {value!r}", file=file,
                                        line=host.line_of(key), key=f"host.{key}")
+                in_range(host, key, f"host.{key}", key, value)
                 costs[attr] = value
     calibration = doc.get("calibration") or {}
     if not isinstance(calibration, dict):

@@ -194,7 +194,7 @@ def _nic_plan(view: BoxView, speed: float, want: int) -> list[int]:
     left = [int(math.floor(bw / speed + _EPS)) for bw, _ in view.nics]
     out: list[int] = []
     k = 0
-    while len(out) < want and any(left):
+    while len(out) < want and any(n > 0 for n in left):  # (a NIC below 0 B/s: none)
         if left[k % len(left)] > 0:
             left[k % len(left)] -= 1
             out.append(k % len(left))

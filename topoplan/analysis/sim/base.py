@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from ..cost import CostProfile
-from ...errors import ScheduleError
+from ...errors import ClusterSpecError, ScheduleError, TopoplanError
 from ...ir.matching import deadlock_error, match_messages, wait_text
 from ...ir.schedule import Schedule
 from .natives import native_steps
@@ -85,6 +85,9 @@ def maxmin(nflows: int, weight: np.ndarray, pf: np.ndarray, pe: np.ndarray,
         remaining -= np.bincount(pe[frozen], weights=w[frozen] * rate[pf[frozen]],
                                  minlength=nlinks)
         np.maximum(remaining, 0.0, out=remaining)
+        if not frozen.any():  # NaN capacities or weights: no link ever tightens
+            raise TopoplanError("the simulator's max-min rates made no progress: a link "
+                                "capacity or a flow weight is not a finite number")
         keep = ~frozen
         pf, pe, w = pf[keep], pe[keep], w[keep]
     return rate
@@ -118,6 +121,18 @@ def route_table(cluster: Cluster, n: int, src: np.ndarray, dst: np.ndarray) -> R
     edge_index = {e: i for i, e in enumerate(edges)}
     cap = np.array([graph.edges[e]["bandwidth"] for e in edges], dtype=np.float64)
     lat = np.array([graph.edges[e]["latency"] for e in edges], dtype=np.float64)
+    # simulate() refuses such a cluster (check_cluster); an engine handed one directly
+    # would divide by zero or wait forever on a NaN clock.
+    bad = np.flatnonzero(~(np.isfinite(cap) & (cap > 0)) | ~(np.isfinite(lat) & (lat >= 0)))
+    if len(bad):
+        i = int(bad[0])
+        what, value = (("bandwidth", cap[i]) if not (np.isfinite(cap[i]) and cap[i] > 0)
+                       else ("latency", lat[i]))
+        u, v = edges[i]
+        raise ClusterSpecError(f"{value:g} {'bytes/s' if what == 'bandwidth' else 's'} on "
+                               f"link {u} -> {v}: the simulator needs a finite "
+                               f"{'bandwidth > 0' if what == 'bandwidth' else 'latency >= 0'}",
+                               key=f"cluster {cluster.name!r}: graph[{u!r}][{v!r}].{what}")
     pairs, inverse = np.unique(src * n + dst, return_inverse=True)
     path_edges: list[int] = []
     path_ptr = [0]

@@ -58,6 +58,7 @@ from scipy.sparse.csgraph import connected_components
 
 from ..bound import collective_bound
 from ...ir.collectives import bus_factor
+from ...errors import ProfileError, TopoplanError
 from .base import EPS_T, Setup, expand, maxmin, route_table
 from .report import Edge, SimReport, TransferRecord
 
@@ -362,10 +363,18 @@ class Engine(Setup):
         empty = self._start_steps(first, self.rank_t0[self.step_rank[first]])
         self._end_steps(empty)
         self._drain()
+        state, still = None, 0
         while len(self.f_msg):
             ev = np.where(self.f_active, self.f_tu + self.f_rem / np.where(
                 self.f_active, self.f_rate, 1.0), self.f_act)
             t0 = float(ev.min())
+            # Every pass handles the earliest event, so the state moves on; one that does
+            # not (a NaN or infinite clock, a flow that never ends) would spin forever.
+            now = (t0, self.ended, len(self.f_msg), int(self.f_active.sum()))
+            still = still + 1 if now == state else 0
+            state = now
+            if not math.isfinite(t0) or still > 2:
+                raise self._stuck(t0)
             tol = self.eps * max(t0, 1e-6)
             if self.lookahead > tol:
                 self._window(t0 + self.lookahead)
@@ -382,6 +391,23 @@ class Engine(Setup):
         if self.ended < nglobal:
             self._deadlock()
         self.time_s = float(np.max(self.step_end)) if nglobal else 0.0
+        if not math.isfinite(self.time_s):
+            raise self._stuck(self.time_s)
+
+    def _stuck(self, t: float) -> TopoplanError:
+        """The error for a run that cannot go on (its clock is NaN or infinite, or stands
+        still): the cost that made it so, where one is out of range."""
+        costs = self.costs
+        for key in ("alpha_box", "alpha_network", "small_alpha_box", "small_alpha_network",
+                    "op_overhead", "step_overhead", "call_overhead", "reduce_bandwidth"):
+            value = getattr(costs, key)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                return ProfileError(f"{value!r} stops the simulator: it needs a finite "
+                                    f"number >= 0", key=f"{costs.name}: {key}")
+        return TopoplanError(f"the simulator made no progress at t = {t:g} s with "
+                             f"{len(self.f_msg)} flows on the network and "
+                             f"{self.nglobal - self.ended} steps to go: a link, a size or a "
+                             f"cost is not a finite number")
 
     # ---- steps and messages -------------------------------------------------------
     def _end_steps(self, steps: np.ndarray) -> None:
@@ -547,6 +573,7 @@ class Engine(Setup):
             ncomp, comp_f, comp_e = 1, np.zeros(nw, np.int64), np.zeros(nue, np.int64)
         cap = self.cap[ue]
         ct = np.empty(ncomp)
+        idle = 0
         while True:
             safe_rate = np.where(w_active, w_rate, 1.0)
             ev = np.where(w_done, _INF, np.where(w_active, w_tu + w_rem / safe_rate, w_act))
@@ -567,6 +594,10 @@ class Engine(Setup):
             w_done |= done
             w_active &= ~done
             act = inlive & ~w_active & ~w_done & (w_act <= tcf + tolf)
+            # A round ends or starts a flow of each live component; twice none is a spin.
+            idle = 0 if (done.any() or act.any()) else idle + 1
+            if idle > 2:
+                raise self._stuck(float(ct[live].min()))
             w_active |= act
             w_rem[act] = full[act]
             w_tu[act] = tcf[act]

@@ -133,8 +133,8 @@ def _simulate(cluster: Cluster | str | os.PathLike, schedule: Schedule, size: in
             f"the schedule has {schedule.nranks} ranks but cluster {cluster.name!r} has "
             f"{cluster.nranks} GPUs; plan it for this cluster")
     check_fingerprint(schedule, cluster, force=force, force_hint="pass force=True")
-    if dtype_size < 1:
-        raise ValueError(f"dtype_size must be >= 1, got {dtype_size}")
+    if not 1 <= dtype_size <= 1 << 20 or int(dtype_size) != dtype_size:  # NaN too
+        raise ValueError(f"dtype_size must be a whole number of bytes >= 1, got {dtype_size}")
     size = parse_size(size)
     costs = costs_for(profile, alpha, reduce_bandwidth)
     from .base import COARSE, COARSE_OPS, EPS_T
