@@ -92,6 +92,13 @@ PLANNED = {"allreduce": ("hierarchical", "mcf", "auto"),
            "reduce_scatter": ("auto", "mcf", "rhd", "ring-topo"),
            "allgather": ("auto", "mcf", "rhd", "ring-topo")}
 SPEEDUP = {"allreduce": 1.8, "reduce_scatter": 1.5, "allgather": 1.5}
+def _cut(name: str) -> str:
+    """A 4-rank cut of scripts/bench_online.py (the one the other testbed benches use)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_online import CUTS
+    return CUTS[name]
+
+
 TOPOLOGIES = {
     # name: (cluster loader, algorithms); the scale is the testbed's auto scale (every
     # shaped rate within what this machine moves).
@@ -102,6 +109,11 @@ TOPOLOGIES = {
     "mn1_10gbe_2x2": (lambda: loads_cluster(MN1_2X2, "mn1_10gbe_2x2"), [*PLANNERS, "native"]),
     "dgx_a100_2x2": (lambda: loads_cluster(A100_2X2, "dgx_a100_2x2"), [*PLANNERS, "native"]),
     "ddl_racks_2x2": (lambda: loads_cluster(RACKS_2X2, "ddl_racks_2x2"), [*PLANNERS, "native"]),
+    # two_leaf_oversubscribed's 4-rank cut (scripts/bench_online.py): a host per GPU, two a
+    # leaf, the trunk at half of what a leaf's hosts send (2:1, as shipped)
+    "two_leaf_oversubscribed": (lambda: loads_cluster(_cut("two_leaf_oversubscribed"),
+                                                      "two_leaf_oversubscribed_4"),
+                                [*PLANNERS, "native"]),
 }
 DEFAULT = ("ddl_two_switch", "dgx1_v100", "mn1_10gbe_2x2", "dgx_a100_2x2")
 TOLERANCE = 0.15

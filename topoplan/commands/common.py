@@ -557,11 +557,18 @@ def rank_transport(transport: str, *, timeout: float, share_gpus: bool = False) 
     """This rank's transport (:func:`topoplan.runtime.transports.connect`), in a job that bench or
     calibrate launched under mpiexec: MPI and NCCL over ``COMM_WORLD``; torch.distributed
     over gloo, the ranks meeting on loopback at the port the launching command chose
-    (:func:`choose_port`), with ``timeout`` seconds for the process group."""
+    (:func:`choose_port`), with ``timeout`` seconds for the process group.
+
+    MPI runs a call's native steps with its blocking collectives (``blocking_natives``):
+    a plan whose one step is ``MPI_Allreduce`` then costs what ``MPI_Allreduce`` costs
+    (Open MPI's non-blocking ones took twice as long on the testbed: 136 against 67 ms
+    at 4 MiB on two_leaf_oversubscribed's cut). Such a step has no deadline of its own;
+    the job has one (``--timeout``), and a member that dies ends it with an error
+    (ULFM)."""
     from ..runtime.transports import connect
     if transport == "mpi":
         with _joining_within(timeout, "MPI_Init"):
-            return connect("mpi")
+            return connect("mpi", blocking_natives=True)
     if transport == "nccl":
         return connect("nccl", share_gpus=share_gpus)
     try:

@@ -102,7 +102,8 @@ class _Mpi(_Backend):
 
     def transport(self) -> Any:
         from topoplan.runtime.transports import MPI
-        return MPI(self.comm)
+        # blocking natives, as topoplan bench's ranks (commands.common.rank_transport)
+        return MPI(self.comm, blocking_natives=True)
 
     def native(self, buf: Any) -> None:
         self._transport().native_allreduce(buf)
