@@ -223,6 +223,51 @@ def test_a_claimed_call_runs_the_native_collective_and_counts_alike() -> None:
     assert len(claimed) >= 8 and all(b - a <= 2 for a, b in zip(claimed, claimed[1:]))
 
 
+def test_after_the_decision_the_first_16_calls_are_timed_then_one_in_8() -> None:
+    """With the default checks (every 64 timed calls), a job's calls run bare after the
+    first FIRST_TIMED (16) calls of a decision, all but one in SAMPLE_EVERY (8): a
+    training loop stops paying for timing within a few dozen steps."""
+    from topoplan.runtime.choice import FIRST_TIMED, SAMPLE_EVERY
+
+    def job(t):
+        options, model_choice = _options(1 << 16)
+        by_id = {id(o.schedule): o.algorithm for o in options}
+        now = [0.0]
+
+        def executor(schedule):
+            run = Allreduce(schedule, t)
+
+            def call(*args):
+                out = run(*args)
+                now[0] += 1.0 if by_id[id(schedule)] == NATIVE else 2.5
+                return out
+            return call
+
+        choice = MeasuredChoice(t, lambda n: (options, model_choice), executor,
+                                snapshot=snapshot, clock=lambda: now[0])
+        claimed, after = [], 0
+        while after < 80:
+            x = np.full(1 << 14, 1.0 + t.rank, dtype=np.float32)
+            if choice.claim_native(1 << 16):
+                claimed.append(choice._classes[size_class(1 << 16)].since)
+                t.native_allreduce(x)
+            else:
+                choice.call(1 << 16, x)
+            assert (x == 10).all()
+            after += not choice.exploring(1 << 16)
+        return choice.chosen(1 << 16), claimed
+
+    results = Local.launch(4, job, timeout=120)
+    assert all(r == results[0] for r in results)
+    chosen, claimed = results[0]
+    assert chosen == NATIVE
+    # the calls claimed (run bare) are those after the first 16 that are not the 8th
+    assert claimed[0] == FIRST_TIMED + 1
+    assert claimed == [k for k in range(FIRST_TIMED + 1, claimed[-1] + 1)
+                       if k % SAMPLE_EVERY != 0]
+    assert len(claimed) >= 50
+
+
 # ---- real MPI processes --------------------------------------------------------------------
 
 @pytest.mark.mpi

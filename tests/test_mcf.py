@@ -446,3 +446,20 @@ def test_an_op_budget_between_powers_of_two_is_used():
     assert (len(sizes8), len(sizes12)) == (8, 12)
     assert est12 < est8
     assert choose_pieces(loads, lat, size, per, 12 * per, max_q=10)[0].size == 10
+
+
+def test_the_simulator_has_the_last_word_where_fair_sharing_misleads_the_estimate():
+    """On two_leaf_oversubscribed the lock-step model prices the direct grid at 1.003x
+    the bound, but its NICs carry local messages and messages throttled by the 2:1
+    trunk in one step, and fair sharing runs it at 1.075x. The simulator checks the best
+    estimates within its op budget and picks a plan at the bound."""
+    cluster = load_topology("targets/two_leaf_oversubscribed")
+    size = 256 << 20
+    schedule = plan_mcf(cluster, size=size, profile="ideal")
+    simulated = schedule.meta["simulated_s"]
+    assert len(simulated) >= 3 and schedule.meta["construction"] in simulated
+    direct = "grid box[8]x1 > switch[4]>groups[2] (direct)"
+    assert simulated[direct] > 1.05 * lower_bound(cluster, size)
+    time = simulate(cluster, schedule, size, profile="ideal").time_s
+    assert time == pytest.approx(simulated[schedule.meta["construction"]])
+    assert time <= 1.01 * lower_bound(cluster, size)
