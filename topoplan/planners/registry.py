@@ -143,6 +143,8 @@ SPECS: dict[str, PlannerSpec] = {spec.name: spec for spec in (
                                                         "channels", "channel_skew",
                                                         "vectored"),
                 large=True, core=_lazy("mcf", "mcf_core")),
+    PlannerSpec("forest", _lazy("forest", "plan_forest"), _ALL,
+                ("pieces", "time_limit"), core=_lazy("forest", "forest_core")),
     PlannerSpec("nccl", _lazy("native", "plan_native"), _ALL, large=True, profile=False,
                 caps=False, core=_lazy("native", "native_core")),
     PlannerSpec("composed", _lazy("composed", "plan_composed"), _ALL, ("variant", "inner"),
