@@ -17,9 +17,11 @@ from topoplan.planners import plan, planners_for
 from topoplan.planners.forest import _arborescence, plan_forest, solve_forest
 
 M = 256 << 20
-#: The clusters where boxes differ (mcf was 1.03-2.6x the bound there), with the most
-#: the forest's simulated time may be over the shard bound at 256 MiB under ``ideal``.
-UNEQUAL = {"targets/unequal_nics": 1.01, "targets/unequal_gpus": 1.005, "dgx_a100_x4": 1.04}
+#: The clusters where mcf was 1.03-2.6x the shard bound, and the most the forest's
+#: simulated time may be over it at 256 MiB under ``ideal`` (allgather, reduce-scatter;
+#: measured 1.0066 and 1.0025, 1.0052 and 1.0006, 1.0221 and 1.0046).
+UNEQUAL = {"targets/unequal_nics": (1.008, 1.004), "targets/unequal_gpus": (1.007, 1.002),
+           "dgx_a100_x4": (1.025, 1.006)}
 
 
 @functools.cache
@@ -27,7 +29,7 @@ def _plan(name: str, collective: str):
     return plan_forest(load_topology(name), size=M, collective=collective, profile="ideal")
 
 
-@pytest.mark.parametrize("name", sorted(UNEQUAL))
+@pytest.mark.parametrize("name", ["targets/unequal_nics", "targets/unequal_gpus"])
 def test_the_lp_optimum_is_the_cut_bound(name):
     cluster = load_topology(name)
     packing = solve_forest(cluster)
@@ -51,7 +53,8 @@ def test_plans_verify_and_come_close_to_the_shard_bound(name, collective):
     assert schedule.meta["bound_s"] == pytest.approx(bound)
     assert abs(schedule.meta["gap"]) < 1e-6  # the certificate: LP optimum = cut bound
     time_s = simulate(cluster, schedule, M, profile="ideal").time_s
-    assert bound <= time_s <= UNEQUAL[name] * bound
+    most = UNEQUAL[name][collective == "reduce_scatter"]
+    assert bound <= time_s <= most * bound
 
 
 def test_the_pipeline_compares_it_and_auto_takes_it_where_it_wins():

@@ -46,12 +46,14 @@ from ..analysis.bound import shard_bound
 from ..analysis.cost import CostProfile
 from ..cluster import Cluster
 from ..errors import InfeasiblePlanError, PlannerError
+from ..ir.passes import channelize, check_channels, check_skew, slices
 from ..ir.schedule import Schedule
 from ._checks import check_caps, check_collective
 from ._lockstep import empty_schedule, no_gc, schedule_from_arrays
 from .mcf.layout import PieceMessages
 from .mcf.pieces import choose_pieces, piece_sizes
 from .mcf.pricing import CostModel, piece_profile
+from .channels import SKEW, check_caps_on_channels, per_channel
 from .request import PlanRequest
 
 __all__ = ["plan_forest", "forest_core", "ForestPacking", "solve_forest", "MAX_RANKS"]
@@ -70,11 +72,18 @@ TOLERANCE = 1e-9
 MAX_ROUNDS = 400
 #: Most box shifts whose images of each tree column generation adds (:func:`_box_shifts`).
 MAX_SHIFTS = 64
+#: Column generation keeps at most this many trees (or 4 per LP row) between rounds,
+#: dropping the unused ones of largest reduced cost to half of it.
+KEEP_COLUMNS = 400
 #: Phase 2 keeps every link within this much of the LP optimum while it trades trees for
 #: shallower ones.
 SLACK = 1e-5
 #: Phase 2's cost of a link on a tree arc's route (a relay costs 1).
 HOP_COST = 0.01
+#: The channel counts ``channels="auto"`` prices, and how far over the least estimate
+#: it still takes more of them.
+CHANNEL_CHOICES = (1, 2, 4)
+CHANNEL_GAIN = 1e-3
 #: Trees lighter than this share of their root's shard are dropped (the rest scaled up).
 MIN_WEIGHT = 1e-4
 _BIG = 1e30  # the cost of an arc with no route
@@ -349,6 +358,8 @@ def solve_forest(cluster: Cluster, *, upward: bool = False, time_limit: float = 
     hops = np.asarray((arcs.sub > 0).sum(axis=1)).reshape(n, n).astype(float)
     relay = _relay_costs(box, hops)
 
+    keep_most = max(KEEP_COLUMNS, 4 * (n + nl))
+
     def generate(cap: float | None) -> tuple[bool, int]:
         """Rounds of column generation until no tree prices out (True) or the time is
         up (False): phase 1 (``cap`` None) minimizes ``t``, phase 2 the relay cost of
@@ -358,7 +369,22 @@ def solve_forest(cluster: Cluster, *, upward: bool = False, time_limit: float = 
             rounds += 1
             obj = None if cap is None else np.asarray([_relay_cost(relay, p, r)
                                                        for p, r in zip(cols, roots)])
-            t, _, y, nu = _master(np.stack(loads), np.asarray(roots), n, obj, cap)
+            pool = np.stack(loads)
+            t, w, y, nu = _master(pool, np.asarray(roots), n, obj, cap)
+            if len(cols) > keep_most:
+                # Drop the columns the LP uses least: unused, with the largest reduced
+                # costs (they may come back when they price out again).
+                rc = pool @ y - nu[np.asarray(roots)] + (0.0 if obj is None else obj)
+                rc[w > 0] = -np.inf
+                drop = np.argsort(rc)[keep_most // 2:]
+                gone = np.zeros(len(cols), dtype=bool)
+                gone[drop] = True
+                for j in np.flatnonzero(gone).tolist():
+                    seen.discard(cols[j].tobytes())
+                live = np.flatnonzero(~gone).tolist()
+                cols[:] = [cols[j] for j in live]
+                loads[:] = [loads[j] for j in live]
+                roots[:] = [roots[j] for j in live]
             dual = arcs.costs(y, upward)
             added = 0
             # The orbits' first roots, then (when none of them gains) every other root.
@@ -394,7 +420,9 @@ def solve_forest(cluster: Cluster, *, upward: bool = False, time_limit: float = 
         mine = root_arr == r
         weights[mine] /= weights[mine].sum()
     keep = np.flatnonzero(weights > 0)
-    keep = keep[np.argsort(root_arr[keep], kind="stable")]  # a root's trees consecutive
+    # A root's trees consecutive, the heaviest last: a shard's last chunk is never tiny
+    # (one under SHARD_TOLERANCE of the buffer would read as the next shard's).
+    keep = keep[np.lexsort((weights[keep], root_arr[keep]))]
     t = float((weights[keep] @ pool[keep]).max())
     return ForestPacking(parents=parents[keep], roots=root_arr[keep], weights=weights[keep],
                          t=t / arcs.scale, lp=t_lp / arcs.scale, status=status,
@@ -595,7 +623,8 @@ def _materialize(piece: _Piece, packing: ForestPacking, sizes: np.ndarray, colle
                  **meta: Any) -> Schedule:
     """``len(sizes)`` pieces of ``piece``, piece ``p`` ``p`` steps late. Root ``r``'s
     chunks make its shard: tree ``i`` of its ``K`` trees in piece ``p`` is chunk
-    ``base_r + p K + i``, a share ``sizes[p] * weight / N`` of the buffer."""
+    ``base_r + k K + i``, a share ``sizes[p] * weight / N`` of the buffer, with ``k``
+    the rank of piece ``p`` by size (the largest last)."""
     msgs = piece.msgs
     n = packing.parents.shape[1]
     q = len(sizes)
@@ -603,8 +632,12 @@ def _materialize(piece: _Piece, packing: ForestPacking, sizes: np.ndarray, colle
     base = np.concatenate([[0], np.cumsum(per_root)[:-1]]) * q
     first = np.searchsorted(packing.roots, np.arange(n))
     tree_index = np.arange(len(packing.roots)) - first[packing.roots]
+    # Pieces numbered smallest first within each shard (the largest last, see
+    # solve_forest), each piece its trees in order.
+    rank_of = np.empty(q, dtype=np.int64)
+    rank_of[np.argsort(sizes, kind="stable")] = np.arange(q)
     p_all = np.arange(q, dtype=np.int64)
-    ids = (base[packing.roots][None, :] + p_all[:, None] * per_root[packing.roots][None, :]
+    ids = (base[packing.roots][None, :] + rank_of[:, None] * per_root[packing.roots][None, :]
            + tree_index[None, :])
     fractions = np.empty(ids.size)
     fractions[ids.ravel()] = (np.asarray(sizes)[:, None] * piece.fractions[None, :]).ravel()
@@ -613,7 +646,7 @@ def _materialize(piece: _Piece, packing: ForestPacking, sizes: np.ndarray, colle
     step = np.tile(msgs.step, q) + pp
     src = np.tile(msgs.src, q)
     dst = np.tile(msgs.dst, q)
-    chunk = (base[np.tile(piece.root, q)] + pp * per_root[np.tile(piece.root, q)]
+    chunk = (base[np.tile(piece.root, q)] + rank_of[pp] * per_root[np.tile(piece.root, q)]
              + np.tile(piece.index, q))
     count = np.tile(msgs.count, q)
     red = np.tile(msgs.reduce, q)
@@ -634,7 +667,8 @@ def _materialize(piece: _Piece, packing: ForestPacking, sizes: np.ndarray, colle
 @no_gc
 def plan_forest(cluster: Cluster, *, size: int, profile: CostProfile | str | None = None,
                 collective: str = "allgather", pieces: int | None = None,
-                time_limit: float = 30.0, max_step_ops: int | None = None,
+                time_limit: float = 30.0, channels: int | str = "auto",
+                channel_skew: float = SKEW, max_step_ops: int | None = None,
                 max_chunks: int | None = None) -> Schedule:
     """Plan an allgather, a reduce-scatter or an allreduce over an LP-optimal packing of
     spanning trees (ForestColl), with its certificate.
@@ -654,8 +688,18 @@ def plan_forest(cluster: Cluster, *, size: int, profile: CostProfile | str | Non
         :data:`MAX_OPS` ops and the caps).
     time_limit : float
         Seconds of column generation before it stops with the trees it has.
+    channels : int or "auto"
+        Run the plan on this many channels (IR v4,
+        :func:`~topoplan.ir.passes.channelize`), each on a slice of every chunk, so
+        that one channel's step latency hides behind another's transfer. ``"auto"``
+        (the default, also when the request asks for one channel) prices 1, 2 and 4
+        with ``mcf``'s channel model and keeps the most channels whose estimate is
+        within :data:`CHANNEL_GAIN` of the least.
+    channel_skew : float
+        The ratio of one channel's slice to the next one's
+        (:data:`~topoplan.planners.channels.SKEW`).
     max_step_ops, max_chunks : int, optional
-        Plan-size caps.
+        Plan-size caps (of the plan on its channels).
 
     Returns
     -------
@@ -687,13 +731,19 @@ def plan_forest(cluster: Cluster, *, size: int, profile: CostProfile | str | Non
     """
     request = PlanRequest.make(cluster, size=size, profile=profile, collective=collective,
                                max_step_ops=max_step_ops, max_chunks=max_chunks, who="forest")
-    return forest_core(request, pieces=pieces, time_limit=time_limit)
+    return forest_core(request, pieces=pieces, time_limit=time_limit, channels=channels,
+                       channel_skew=channel_skew)
 
 
 @no_gc
 def forest_core(request: PlanRequest, *, pieces: int | None = None,
-                time_limit: float = 30.0) -> Schedule:
+                time_limit: float = 30.0, channels: int | str = "auto",
+                channel_skew: float = SKEW) -> Schedule:
     """:func:`plan_forest` on a validated request."""
+    if channels != "auto":
+        check_channels(channels)
+    skew = check_skew(channel_skew)
+    counts = CHANNEL_CHOICES if channels == "auto" else (int(channels),)
     if pieces is not None and (isinstance(pieces, bool) or not isinstance(pieces, int)
                                or pieces < 1):
         raise PlannerError(f"forest: pieces must be an integer >= 1 or None, got {pieces!r}")
@@ -727,22 +777,38 @@ def forest_core(request: PlanRequest, *, pieces: int | None = None,
         raise InfeasiblePlanError(f"forest: one pipeline piece holds {ops_per_piece} ops, "
                                   f"over its budget of {MAX_OPS}; use mcf")
     loads, lat, soft = piece_profile(model, piece.msgs, piece.fractions, costs)
-    if request.max_step_ops is not None and soft.peak_ops(1) > request.max_step_ops:
-        raise InfeasiblePlanError(
-            f"forest: one piece posts {soft.peak_ops(1)} ops in a step, over "
-            f"max_step_ops={request.max_step_ops}; raise the cap or pick another planner")
-    if request.max_chunks is not None and piece.msgs.nchunks > request.max_chunks:
-        raise InfeasiblePlanError(
-            f"forest: one piece holds {piece.msgs.nchunks} chunks, over "
-            f"max_chunks={request.max_chunks}; raise the cap or pick another planner")
     size = request.size
-    if pieces is not None:
-        sizes, est = piece_sizes(loads, lat, pieces, size, soft)
-    else:
-        sizes, est = choose_pieces(loads, lat, size, ops_per_piece, MAX_OPS, soft=soft,
-                                   max_step_ops=request.max_step_ops,
-                                   chunks_per_piece=piece.msgs.nchunks,
-                                   max_chunks=request.max_chunks)
+    best: tuple[float, int, np.ndarray] | None = None
+    found = {}
+    chosen_est = 0.0
+    for nch in counts:
+        step_cap = per_channel(request.max_step_ops, nch)
+        chunk_cap = per_channel(request.max_chunks, nch)
+        if (step_cap is not None and soft.peak_ops(1) > step_cap) or \
+                (chunk_cap is not None and piece.msgs.nchunks > chunk_cap):
+            continue
+        shares = slices(nch, skew) if nch > 1 else None
+        if pieces is not None:
+            sizes, est = piece_sizes(loads, lat, pieces, size, soft, shares)
+        else:
+            sizes, est = choose_pieces(loads, lat, size, ops_per_piece, MAX_OPS // nch,
+                                       soft=soft, max_step_ops=step_cap,
+                                       chunks_per_piece=piece.msgs.nchunks,
+                                       max_chunks=chunk_cap, shares=shares)
+        found[str(nch)] = est
+        # Within CHANNEL_GAIN, the more channels: the lock-step channel model prices
+        # their overlap low (dgx_a100_x4 allgather at 256 MiB: 2 and 4 channels both
+        # 1.023x the bound by it, simulated 1.019x and 1.013x).
+        if best is None or est <= best[0] * (1 + CHANNEL_GAIN):
+            best = (min(est, best[0]) if best is not None else est, nch, sizes)
+            chosen_est = est
+    if best is None:
+        raise InfeasiblePlanError(
+            f"forest: one piece posts {soft.peak_ops(1)} ops in a step and holds "
+            f"{piece.msgs.nchunks} chunks, over max_step_ops={request.max_step_ops} or "
+            f"max_chunks={request.max_chunks}; raise the caps or pick another planner")
+    _, nch, sizes = best
+    est = chosen_est
     shard = size / n
     bound = shard_bound(cluster, size) * (2 if collective == "allreduce" else 1)
     phases = 2 if collective == "allreduce" else 1
@@ -753,6 +819,10 @@ def forest_core(request: PlanRequest, *, pieces: int | None = None,
         "trees_s": packing.t * shard * phases,
         "lp_status": packing.status, "lp_rounds": packing.rounds,
         "lp_columns": packing.columns, "lp_time_s": lp_time, "trees": len(packing.roots),
-        "depth": int(packing.depths().max()), "pieces": len(sizes)}
+        "depth": int(packing.depths().max()), "pieces": len(sizes),
+        "channel_candidates": found}
     schedule = _materialize(piece, packing, sizes, collective, algorithm="forest", **meta)
-    return check_caps(schedule, request.max_step_ops, request.max_chunks, "forest")
+    if nch == 1:
+        return check_caps(schedule, request.max_step_ops, request.max_chunks, "forest")
+    return check_caps_on_channels(channelize(schedule, nch, skew), nch, request.max_step_ops,
+                                  request.max_chunks)
