@@ -28,7 +28,8 @@ The schedule (:func:`_piece`, :func:`_materialize`): each tree carries its weigh
 root's shard; an allgather sends it down one tree level per step (a reduce-scatter up,
 adding), every tree in the same steps, and the buffer is cut into pipeline pieces, piece
 ``p`` ``p`` steps behind piece ``p - 1``, sized by ``mcf``'s lock-step LP
-(:func:`~topoplan.planners.mcf.pieces.choose_pieces`) under the request's profile. An
+(:func:`~topoplan.planners.mcf.pieces.piece_sizes`, :func:`_choose_pieces`) under the
+request's profile, on the channels (IR v4) its channel model prices best. An
 allreduce is the reduce-scatter then the allgather over the same trees.
 """
 
@@ -51,8 +52,8 @@ from ..ir.schedule import Schedule
 from ._checks import check_caps, check_collective
 from ._lockstep import empty_schedule, no_gc, schedule_from_arrays
 from .mcf.layout import PieceMessages
-from .mcf.pieces import choose_pieces, piece_sizes
-from .mcf.pricing import CostModel, piece_profile
+from .mcf.pieces import piece_sizes
+from .mcf.pricing import CostModel, SoftCosts, piece_profile
 from .channels import SKEW, check_caps_on_channels, per_channel
 from .request import PlanRequest
 
@@ -84,6 +85,14 @@ HOP_COST = 0.01
 #: it still takes more of them.
 CHANNEL_CHOICES = (1, 2, 4)
 CHANNEL_GAIN = 1e-3
+#: An allgather's default channel skew: its trees send over the network in their first
+#: level, when every channel starts at once, and closer slices did better (256 MiB,
+#: ideal, skew 1.1 / 1.2: dgx_a100_x4 1.018x / 1.022x the bound, unequal_nics
+#: 1.0061x / 1.0066x, unequal_gpus 1.0036x / 1.0052x; a reduce-scatter did as well or
+#: better at 1.2).
+ALLGATHER_SKEW = 1.1
+#: The pipeline depths :func:`_choose_pieces` tries.
+PIECE_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 #: Trees lighter than this share of their root's shard are dropped (the rest scaled up).
 MIN_WEIGHT = 1e-4
 _BIG = 1e30  # the cost of an arc with no route
@@ -660,6 +669,35 @@ def _materialize(piece: _Piece, packing: ForestPacking, sizes: np.ndarray, colle
                                 collective=collective, **meta)
 
 
+def _choose_pieces(loads: np.ndarray, lat: np.ndarray, size: float, soft: SoftCosts,
+                   shares: tuple[float, ...] | None, ops_per_piece: int,
+                   step_cap: int | None, chunks_per_piece: int, chunk_cap: int | None
+                   ) -> tuple[np.ndarray, float]:
+    """Piece sizes of least estimate over the counts of :data:`PIECE_COUNTS` that fit
+    :data:`MAX_OPS` and the caps, tried in order until one is 1% over the best.
+
+    ``mcf``'s :func:`~topoplan.planners.mcf.pieces.choose_pieces` doubles the count; a
+    forest's pipeline has two levels, and the best count often lies between powers of
+    two (unequal_nics allgather on 4 channels: 12 pieces 1.0042x the bound, 8 and 16
+    1.005x and 1.0061x).
+    """
+    best: tuple[np.ndarray, float] | None = None
+    for q in PIECE_COUNTS:
+        if q * ops_per_piece > MAX_OPS and q > 1:
+            break
+        if (chunk_cap is not None and q * chunks_per_piece > chunk_cap) or \
+                (step_cap is not None and soft.peak_ops(q) > step_cap):
+            if q > 1:
+                break
+        cand = piece_sizes(loads, lat, q, size, soft, shares)
+        if best is None or cand[1] < best[1]:
+            best = cand
+        elif cand[1] > best[1] * 1.01:
+            break
+    assert best is not None
+    return best
+
+
 # --------------------------------------------------------------------------------------
 # The planner
 # --------------------------------------------------------------------------------------
@@ -668,7 +706,7 @@ def _materialize(piece: _Piece, packing: ForestPacking, sizes: np.ndarray, colle
 def plan_forest(cluster: Cluster, *, size: int, profile: CostProfile | str | None = None,
                 collective: str = "allgather", pieces: int | None = None,
                 time_limit: float = 30.0, channels: int | str = "auto",
-                channel_skew: float = SKEW, max_step_ops: int | None = None,
+                channel_skew: float | None = None, max_step_ops: int | None = None,
                 max_chunks: int | None = None) -> Schedule:
     """Plan an allgather, a reduce-scatter or an allreduce over an LP-optimal packing of
     spanning trees (ForestColl), with its certificate.
@@ -695,9 +733,10 @@ def plan_forest(cluster: Cluster, *, size: int, profile: CostProfile | str | Non
         (the default, also when the request asks for one channel) prices 1, 2 and 4
         with ``mcf``'s channel model and keeps the most channels whose estimate is
         within :data:`CHANNEL_GAIN` of the least.
-    channel_skew : float
-        The ratio of one channel's slice to the next one's
-        (:data:`~topoplan.planners.channels.SKEW`).
+    channel_skew : float, optional
+        The ratio of one channel's slice to the next one's: default
+        :data:`ALLGATHER_SKEW` for an allgather, else
+        :data:`~topoplan.planners.channels.SKEW`.
     max_step_ops, max_chunks : int, optional
         Plan-size caps (of the plan on its channels).
 
@@ -738,10 +777,12 @@ def plan_forest(cluster: Cluster, *, size: int, profile: CostProfile | str | Non
 @no_gc
 def forest_core(request: PlanRequest, *, pieces: int | None = None,
                 time_limit: float = 30.0, channels: int | str = "auto",
-                channel_skew: float = SKEW) -> Schedule:
+                channel_skew: float | None = None) -> Schedule:
     """:func:`plan_forest` on a validated request."""
     if channels != "auto":
         check_channels(channels)
+    if channel_skew is None:
+        channel_skew = ALLGATHER_SKEW if request.collective == "allgather" else SKEW
     skew = check_skew(channel_skew)
     counts = CHANNEL_CHOICES if channels == "auto" else (int(channels),)
     if pieces is not None and (isinstance(pieces, bool) or not isinstance(pieces, int)
@@ -791,10 +832,8 @@ def forest_core(request: PlanRequest, *, pieces: int | None = None,
         if pieces is not None:
             sizes, est = piece_sizes(loads, lat, pieces, size, soft, shares)
         else:
-            sizes, est = choose_pieces(loads, lat, size, ops_per_piece, MAX_OPS // nch,
-                                       soft=soft, max_step_ops=step_cap,
-                                       chunks_per_piece=piece.msgs.nchunks,
-                                       max_chunks=chunk_cap, shares=shares)
+            sizes, est = _choose_pieces(loads, lat, size, soft, shares, ops_per_piece * nch,
+                                        step_cap, piece.msgs.nchunks, chunk_cap)
         found[str(nch)] = est
         # Within CHANNEL_GAIN, the more channels: the lock-step channel model prices
         # their overlap low (dgx_a100_x4 allgather at 256 MiB: 2 and 4 channels both
