@@ -13,7 +13,7 @@ from topoplan.analysis.bound import bottleneck, shard_bound
 from topoplan.analysis.sim import simulate
 from topoplan.errors import InfeasiblePlanError, PlannerError
 from topoplan.ir.verify import verify
-from topoplan.planners import plan, planners_for
+from topoplan.planners import PlanRequest, plan, planners_for
 from topoplan.planners.forest import _arborescence, plan_forest, solve_forest
 
 M = 256 << 20
@@ -112,3 +112,13 @@ def test_bad_input_errors_are_clean():
     with pytest.raises(InfeasiblePlanError, match="forest: plans at most 128 ranks"):
         plan_forest(load_topology("leaf_spine_1024"), size=M)
 
+
+
+def test_the_budget_knows_what_forest_plans():
+    from topoplan.planners import budget, forest
+
+    assert budget.FOREST_MAX_RANKS == forest.MAX_RANKS
+    request = PlanRequest.make(load_topology("ddl_three_racks"), size=M, algorithm="forest")
+    assert budget.estimate_work(request).parts[0].seconds == 0.0  # refused at once
+    request = PlanRequest.make(load_topology("dgx_a100_x4"), size=M, algorithm="forest")
+    assert budget.estimate_work(request).parts[0].seconds > 1.0
