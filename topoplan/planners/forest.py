@@ -1,5 +1,6 @@
-"""The ``forest`` planner: allgather and reduce-scatter over an LP-optimal packing of
-spanning out-trees, one set per root, with a certificate (ForestColl).
+"""The ``forest`` planner: allgather and reduce-scatter (and an allreduce as the two)
+over an LP-optimal packing of spanning out-trees, one set per root, with a certificate
+(ForestColl).
 
 An allgather delivers every rank's shard to every other rank. ForestColl (Zhao et al.,
 arXiv 2402.06787) proves that broadcasting each shard down a weighted set of spanning
@@ -8,7 +9,7 @@ the cut bound ``(M / N) max_S |S ∩ GPUs| / B_out(S)``
 (:func:`~topoplan.analysis.bound.shard_bound`). A reduce-scatter is the same trees with
 the arcs reversed, summing on the way up.
 
-Here (:func:`_solve`) the trees live on the complete digraph of the GPUs, each arc one
+Here (:func:`solve_forest`) the trees live on the complete digraph of the GPUs, each arc one
 message that follows the cluster's own routes (``Cluster.route_loads``: split evenly over
 the equal-cost paths, as the simulator moves it), and the LP::
 
@@ -22,7 +23,12 @@ dual-weighted length of its route, and the best new tree of root ``r`` is a mini
 arborescence rooted at ``r`` (Chu-Liu/Edmonds, :func:`_arborescence`). When no tree
 prices out, ``t`` is the LP optimum over *all* trees, and by ForestColl's theorem it
 equals the cut bound wherever the routes can carry the bound's flow: ``meta["gap"]``
-reports ``t * (M / N)`` against :func:`~topoplan.analysis.bound.shard_bound`.
+reports ``t * (M / N)`` against :func:`~topoplan.analysis.bound.shard_bound`. A tree's
+images under the shifts of interchangeable boxes (:func:`_box_shifts`) join the LP with
+it, and columns the LP leaves unused are dropped between rounds. A second LP (phase 2)
+then keeps every link within :data:`SLACK` of ``t`` and minimizes the trees' relays
+(:func:`_relay_costs`), priced the same way: most trees come out two levels deep, and
+:func:`_settle` lifts ranks nearer their roots where the links have room.
 
 The schedule (:func:`_piece`, :func:`_materialize`): each tree carries its weight of its
 root's shard; an allgather sends it down one tree level per step (a reduce-scatter up,
@@ -62,7 +68,7 @@ __all__ = ["plan_forest", "forest_core", "ForestPacking", "solve_forest", "MAX_R
 #: What ``forest`` plans.
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
 #: Most ranks ``forest`` plans: its LP prices every ordered GPU pair and a tree per root
-#: per round (about 2 s at 64 GPUs); above, ``mcf`` plans the large clusters.
+#: per round (about 4 s at 64 GPUs); above, ``mcf`` plans the large clusters.
 MAX_RANKS = 128
 #: Most ops a plan may hold: ``auto`` simulates plans up to
 #: :data:`~topoplan.planners.request.MAX_SIM_OPS` and the pipeline deepens to this.
@@ -320,8 +326,11 @@ def solve_forest(cluster: Cluster, *, upward: bool = False, time_limit: float = 
     Notes
     -----
     The LP has ``N`` equality rows, a row per link any message crosses and a column per
-    tree; each round solves it with HiGHS and prices ``N`` arborescences on the
-    ``N x N`` arc costs (``O(N^3)`` numpy work a round at worst).
+    tree (at most :data:`KEEP_COLUMNS` or 4 a row kept); each round solves it with HiGHS
+    and prices an arborescence per orbit of roots under the box shifts (every root when
+    those gain nothing) on the ``N x N`` arc costs (``O(N^3)`` numpy work at worst).
+    Phase 1 minimizes ``t``; phase 2 the relays within :data:`SLACK` of it. 32 GPUs:
+    under 1 s (``unequal_nics``) to 3 s (``dgx_a100_x4``); 64 GPUs about 4 s.
     """
     n = cluster.nranks
     model = CostModel(cluster) if model is None else model
