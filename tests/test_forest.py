@@ -8,6 +8,7 @@ import functools
 import numpy as np
 import pytest
 
+from tests.support.cluster_shapes import cluster as shape
 from tests.support.clusters import load_topology, switch_cluster
 from topoplan.analysis.bound import bottleneck, shard_bound
 from topoplan.analysis.sim import simulate
@@ -122,3 +123,18 @@ def test_the_budget_knows_what_forest_plans():
     assert budget.estimate_work(request).parts[0].seconds == 0.0  # refused at once
     request = PlanRequest.make(load_topology("dgx_a100_x4"), size=M, algorithm="forest")
     assert budget.estimate_work(request).parts[0].seconds > 1.0
+
+
+@pytest.mark.parametrize("kind", ["single-switch", "fabric4", "mixed", "two-switch",
+                                  "leaf-spine", "nvlink-box"])
+@pytest.mark.parametrize("n", [3, 6, 9])
+def test_every_shape_verifies_and_the_lp_meets_the_bound(kind, n):
+    cluster = shape(kind, n)
+    for collective in ("allgather", "reduce_scatter"):
+        # (a short pipeline: the tests above check the depth and channels it picks)
+        schedule = plan_forest(cluster, size=M, collective=collective, profile="ideal",
+                               pieces=3, channels=2)
+        verify(schedule)
+        bound = shard_bound(cluster, M)
+        assert schedule.meta["lp_s"] == pytest.approx(bound, rel=1e-6), schedule.meta
+        assert simulate(cluster, schedule, M, profile="ideal").time_s >= bound * (1 - 1e-9)
