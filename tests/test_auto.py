@@ -58,7 +58,7 @@ def test_large_messages_go_to_a_bandwidth_optimal_plan(ddl):
     schedule = plan_auto(ddl, size=256 << 20)
     report = simulate(ddl, schedule, 256 << 20, profile="ideal")
     assert report.time_s <= 1.01 * report.lower_bound_s
-    assert schedule.meta["chosen"] in ("mcf", "hierarchical")
+    assert schedule.meta["chosen"] in ("mcf", "hierarchical", "forest")
     verify(schedule)
 
 

@@ -253,8 +253,8 @@ def test_the_estimate_is_the_simulated_time_on_the_targets() -> None:
     ({"inner": "mcf"}, "composed: inner must be a list of planner names, got 'mcf'"),
     ({"inner": ["magic"]}, "composed: inner: unknown planner 'magic'; known: "),
     ({"inner": ["composed"]}, "composed: inner: 'composed' plans native steps, which cannot "
-                              "be the cross-box exchange; usable: hierarchical, mcf, rhd, "
-                              "ring, ring-topo, tree"),
+                              "be the cross-box exchange; usable: forest, hierarchical, "
+                              "mcf, rhd, ring, ring-topo, tree"),
     ({"inner": ["nccl"]}, "composed: inner: 'nccl' plans native steps"),
     ({"collective": "alltoall"}, "composed: unknown collective 'alltoall'"),
     ({"size": 0}, "composed: size must be a positive number of bytes, got 0"),

@@ -94,12 +94,12 @@ def test_a_profiled_plan_compares_once_and_computes_each_bound_once(capsys):
     stats = pstats.Stats(profile)
     assert _calls(stats, compare_module.compare) == 1
     # every candidate once, composed's cross-box plan (one GPU a box) from the same rows
-    assert _calls(stats, compare_module.run) == 8
+    assert _calls(stats, compare_module.run) == 9
     assert _calls(stats, rsag_bound) == 1
     assert _calls(stats, latency_bound) == 1
     # the request's lower bound, and the bandwidth term inside the latency-aware bound
     assert _calls(stats, collective_bound) == 2
-    assert "chosen: mcf" in capsys.readouterr().out
+    assert "chosen: forest" in capsys.readouterr().out
 
 
 def test_one_mistake_one_error(tmp_path, capsys):

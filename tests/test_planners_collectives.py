@@ -137,7 +137,7 @@ def test_allreduce_only_planners_name_the_ones_that_plan_the_collective(planner)
     c = cluster("single-switch", 4)
     with pytest.raises(PlannerError, match=f"planner '{planner}' plans only allreduce; "
                                            "allgather is planned by ring, ring-topo, rhd, mcf, "
-                                           "nccl, composed, auto"):
+                                           "forest, nccl, composed, auto"):
         plan(c, planner, size=MiB, collective="allgather")
 
 
@@ -154,8 +154,8 @@ def test_unknown_collective_is_a_planner_error():
 
 def test_registry_says_who_plans_what():
     assert planners_for("allreduce") == list(PLANNERS)
-    assert planners_for("reduce_scatter") == ["ring", "ring-topo", "rhd", "mcf", "nccl",
-                                              "composed", "auto"]
+    assert planners_for("reduce_scatter") == ["ring", "ring-topo", "rhd", "mcf", "forest",
+                                              "nccl", "composed", "auto"]
     assert collectives_of(PLANNERS["tree"]) == ("allreduce",)
 
 
@@ -166,7 +166,8 @@ def test_auto_compares_the_planners_of_the_collective(collective):
     verify(s)
     assert s.collective == collective
     assert {row["algorithm"] for row in s.meta["comparison"]} == {"mcf", "ring", "ring-topo",
-                                                                  "rhd", "nccl", "composed"}
+                                                                  "rhd", "nccl", "composed",
+                                                                  "forest"}
     with pytest.raises(PlannerError, match="planner 'tree' plans only allreduce"):
         plan(c, "auto", size=MiB, collective=collective, candidates=["ring", "tree"])
 
@@ -183,7 +184,7 @@ def test_cli_plans_an_allgather(tmp_path):
     data = json.loads(result.stdout)
     assert data["collective"] == "allgather"
     assert {c["algorithm"] for c in data["candidates"]} == {"ring", "ring-topo", "rhd", "mcf",
-                                                            "nccl", "composed"}
+                                                            "forest", "nccl", "composed"}
     c = load_topology("ddl_two_switch")
     assert data["lower_bound_s"] == pytest.approx(shard_bound(c, 64 * MiB))
     for row in data["candidates"]:
@@ -207,7 +208,7 @@ def test_cli_table_and_errors_for_the_collectives():
     assert bad.returncode == 1
     assert bad.stderr.strip() == ("topoplan: error: planner 'tree' plans only allreduce; "
                                   "allgather is planned by ring, ring-topo, rhd, mcf, "
-                                  "nccl, composed, auto")
+                                  "forest, nccl, composed, auto")
 
 
 # (bench runs every collective: tests/test_transports_mpi.py; so does the MSCCL export:
