@@ -285,10 +285,14 @@ def test_a_failing_candidate_is_dropped_and_every_result_is_exact() -> None:
     for r in records.values():
         assert r["wrong"] == 0, r
         assert r["chosen"] not in (r["timed_out"], r["broken"]), r
-        assert "timed out" in r["notes"][r["timed_out"]], r
+        # a rank whose part of the plan ends within the 10 us deadline (a tree plan's
+        # leaves wait little) learns of the timeout from the others
+        assert ("timed out" in r["notes"][r["timed_out"]]
+                or r["notes"][r["timed_out"]] == "failed on another rank"), r
         assert r["notes"][r["broken"]] in ("failed to build on another rank",
                                            "failed to build: injected: this rank cannot "
                                            "build it"), r
+    assert any("timed out" in r["notes"][r["timed_out"]] for r in records.values()), records
     assert "dropped" in proc.stderr
 
 
