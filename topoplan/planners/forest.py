@@ -56,7 +56,8 @@ from ..errors import InfeasiblePlanError, PlannerError
 from ..ir.passes import channelize, check_channels, check_skew, slices
 from ..ir.schedule import Schedule
 from ._checks import check_caps, check_collective
-from ._lockstep import empty_schedule, no_gc, schedule_from_arrays
+from ._lockstep import empty_schedule, no_gc
+from .mcf.build import pieces_schedule
 from .mcf.layout import PieceMessages
 from .mcf.pieces import piece_sizes
 from .mcf.pricing import CostModel, SoftCosts, piece_profile
@@ -586,12 +587,9 @@ def _settle(packing: ForestPacking, arcs: _Arcs, upward: bool) -> ForestPacking:
 @dataclass(frozen=True)
 class _Piece:
     """One pipeline piece of every tree: its messages (chunk ``j`` is tree ``j``'s part,
-    trees of a root consecutive), and for each message the root and the index of its
-    first tree among the root's."""
+    trees of a root consecutive; a message of several trees' chunks starts at its first)."""
 
     msgs: PieceMessages
-    root: np.ndarray
-    index: np.ndarray
     fractions: np.ndarray  # of each piece-local chunk, for a piece of the whole buffer
 
 
@@ -604,7 +602,6 @@ def _piece(packing: ForestPacking, collective: str) -> _Piece:
     n = parents.shape[1]
     depths = packing.depths()
     deepest = int(depths.max()) if depths.size else 0
-    first = np.searchsorted(roots, np.arange(n))
     j, v = np.nonzero(parents >= 0)
     p = parents[j, v]
     d = depths[j, v]
@@ -633,8 +630,7 @@ def _piece(packing: ForestPacking, collective: str) -> _Piece:
                          count=count.astype(np.int64), reduce=red[starts],
                          nsteps=(2 if collective == "allreduce" else 1) * deepest,
                          nchunks=len(roots))
-    return _Piece(msgs=msgs, root=roots[chunk], index=chunk - first[roots[chunk]],
-                  fractions=packing.weights / n)
+    return _Piece(msgs=msgs, fractions=packing.weights / n)
 
 
 def _materialize(piece: _Piece, packing: ForestPacking, sizes: np.ndarray, collective: str,
@@ -654,28 +650,13 @@ def _materialize(piece: _Piece, packing: ForestPacking, sizes: np.ndarray, colle
     # solve_forest), each piece its trees in order.
     rank_of = np.empty(q, dtype=np.int64)
     rank_of[np.argsort(sizes, kind="stable")] = np.arange(q)
-    p_all = np.arange(q, dtype=np.int64)
     ids = (base[packing.roots][None, :] + rank_of[:, None] * per_root[packing.roots][None, :]
            + tree_index[None, :])
     fractions = np.empty(ids.size)
     fractions[ids.ravel()] = (np.asarray(sizes)[:, None] * piece.fractions[None, :]).ravel()
-    m = len(msgs.step)
-    pp = np.repeat(p_all, m)
-    step = np.tile(msgs.step, q) + pp
-    src = np.tile(msgs.src, q)
-    dst = np.tile(msgs.dst, q)
-    chunk = (base[np.tile(piece.root, q)] + rank_of[pp] * per_root[np.tile(piece.root, q)]
-             + np.tile(piece.index, q))
-    count = np.tile(msgs.count, q)
-    red = np.tile(msgs.reduce, q)
-    rk = np.concatenate([src, dst])
-    st = np.concatenate([step, step])
-    pe = np.concatenate([dst, src])
-    ck = np.concatenate([chunk, chunk])
-    cn = np.concatenate([count, count])
-    cd = np.concatenate([np.zeros(len(step), np.int64), 1 + red.astype(np.int64)])
-    return schedule_from_arrays(n, rk, st, pe, ck, cd, fractions.tolist(), count=cn,
-                                collective=collective, **meta)
+    # a message's chunk is its tree: in piece p, that tree's chunk of its root's shard
+    return pieces_schedule(n, msgs, q, lambda p, tree: ids[p, tree], fractions,
+                           collective=collective, **meta)
 
 
 def _choose_pieces(loads: np.ndarray, lat: np.ndarray, size: float, soft: SoftCosts,

@@ -14,13 +14,13 @@ from .._lockstep import no_gc, schedule_from_arrays
 from .layout import RankGrid, PieceMessages
 from .messages import chunk_fractions, owners
 
-__all__ = ["build", "build_sharded"]
+__all__ = ["build", "build_sharded", "pieces_schedule"]
 
 
 @no_gc
 def build(nranks: int, msgs: PieceMessages, fractions: np.ndarray, q: int, **meta: Any) -> Schedule:
     """Materialize ``q`` pieces of ``msgs`` (piece ``p`` shifted by ``p`` steps)."""
-    return _materialize(nranks, msgs, q, lambda p, c: c + p * msgs.nchunks, fractions, **meta)
+    return pieces_schedule(nranks, msgs, q, lambda p, c: c + p * msgs.nchunks, fractions, **meta)
 
 
 @no_gc
@@ -42,11 +42,11 @@ def build_sharded(nranks: int, msgs: PieceMessages, layout: RankGrid, sizes: np.
     new_id = own[None, :] * (q * k) + p_all[:, None] * k + sub[None, :]
     fractions = np.empty(q * per_piece)
     fractions[new_id.ravel()] = old
-    return _materialize(nranks, msgs, q, lambda p, c: new_id[p, c], fractions,
+    return pieces_schedule(nranks, msgs, q, lambda p, c: new_id[p, c], fractions,
                         collective=collective, **meta)
 
 
-def _materialize(nranks: int, msgs: PieceMessages, q: int,
+def pieces_schedule(nranks: int, msgs: PieceMessages, q: int,
                  chunk_of: Callable[[np.ndarray, np.ndarray], np.ndarray],
                  fractions: np.ndarray, **meta: Any) -> Schedule:
     """``q`` pieces of ``msgs``, piece ``p`` ``p`` steps late; ``chunk_of(p, c)``
