@@ -69,21 +69,57 @@ def _measured(cluster, schedule, faults, seed=0, noise=0.05):
     return durations * rng.uniform(1 - noise, 1 + noise, durations.shape)
 
 
-@pytest.mark.parametrize("text, algorithm, link, factor", [
-    (TWO_LEAF, "rhd", "leaf0-leaf1", 0.25), (TWO_LEAF, "ring", "leaf0-leaf1", 0.25),
-    (TWO_LEAF, "rhd", "h1/nic0", 0.25), (UNEQUAL, "ring", "slow/nic0", 0.25),
-    (UNEQUAL, "rhd", "fast/nic1", 0.25), (TWO_LEAF, "rhd", "leaf0-leaf1", 0.5),
-    (TWO_LEAF, "ring", "leaf0-leaf1", 0.5), (UNEQUAL, "ring", "slow/nic0", 0.5)])
-def test_a_slow_link_is_found_with_its_rate(text, algorithm, link, factor):
+def _fit(text, algorithms, faults, **kw):
+    """Fit the calls of each plan (``"ring+rhd"``: a ring's and rhd's together) as they
+    run on the cluster with ``faults``."""
     import topoplan
     cluster = loads_cluster(text, "c.yaml")
-    schedule = topoplan.plan(cluster, algorithm=algorithm, size=SIZE, profile="gloo")
-    verdict = fit_links(cluster, schedule, SIZE, _measured(cluster, schedule, {link: factor}),
-                        profile=get_profile("gloo"))
+    runs = []
+    for i, algorithm in enumerate(algorithms.split("+")):
+        schedule = topoplan.plan(cluster, algorithm=algorithm, size=SIZE, profile="gloo")
+        if faults == "every link":
+            from topoplan.runtime.health import _loaded_links
+            faults = {k: 0.3 for k in _loaded_links(cluster, schedule)}
+        runs.append((schedule, SIZE, _measured(cluster, schedule, faults, seed=i), 4))
+    first, also = runs[0], runs[1:]
+    return fit_links(cluster, first[0], SIZE, first[2], profile=get_profile("gloo"),
+                     also=also, **kw)
+
+
+@pytest.mark.parametrize("text, algorithms, link, factor", [
+    (TWO_LEAF, "rhd", "leaf0-leaf1", 0.25), (TWO_LEAF, "ring+rhd", "leaf0-leaf1", 0.25),
+    (TWO_LEAF, "rhd+ring", "leaf0-leaf1", 0.25), (TWO_LEAF, "rhd", "h1/nic0", 0.25),
+    (TWO_LEAF, "ring", "h1/nic0", 0.25), (UNEQUAL, "rhd", "fast/nic1", 0.25),
+    (TWO_LEAF, "rhd", "leaf0-leaf1", 0.5), (TWO_LEAF, "ring+rhd", "leaf0-leaf1", 0.5)])
+def test_a_slow_link_is_found_with_its_rate(text, algorithms, link, factor):
+    verdict = _fit(text, algorithms, {link: factor})
     assert list(verdict.slow) == [link], verdict.describe()
     assert verdict.slow[link] == pytest.approx(factor, rel=0.12)
-    assert verdict.fits[0].link == link
+    assert verdict.fits[0].link == link and verdict.uniform is None
     assert f"{link} at" in verdict.describe()
+
+
+@pytest.mark.parametrize("text, algorithms, faults", [
+    (TWO_LEAF, "ring", {"leaf0-leaf1": 0.25}), (UNEQUAL, "ring", {"slow/nic0": 0.25}),
+    (UNEQUAL, "ring+rhd", {"slow/nic0": 0.25}), (UNEQUAL, "mcf", {"slow/nic0": 0.25}),
+    (TWO_LEAF, "ring", "every link"), (TWO_LEAF, "rhd", "every link"),
+    (TWO_LEAF, "ring+rhd", "every link"), (UNEQUAL, "mcf", "every link")])
+def test_a_slower_host_is_not_read_as_a_slow_link(text, algorithms, faults):
+    """Every link the plans cross slower alike (a host slower than when the plans were
+    measured: 4 ranks on 2 cores under a backward pass) names no link. Neither does a
+    link that every one of these plans waits on at every step whatever else is slower:
+    a ring on two_leaf waits on its slowest hop (the uplink), every byte out of
+    unequal_nics' box `slow` crosses its one NIC. One rhd on two_leaf tells the uplink
+    apart (above); the choice measures the candidates again to get one."""
+    verdict = _fit(text, algorithms, faults)
+    assert verdict.slow == {} and verdict.uniform is not None, verdict.describe()
+    rate = 0.3 if faults == "every link" else 0.25
+    assert verdict.uniform == pytest.approx(rate, rel=0.12)
+    assert verdict.loaded == ()          # it speaks for no link (known ones stay known)
+    assert "a slower host, not one link" in verdict.describe()
+    if faults != "every link":           # the link is still among the best single fits
+        top = verdict.fits[0].error
+        assert next(iter(faults)) in [f.link for f in verdict.fits if f.error <= 2 * top]
 
 
 @pytest.mark.parametrize("text", [TWO_LEAF, UNEQUAL])
@@ -118,16 +154,11 @@ def test_what_the_calls_cannot_see_is_said():
 
 
 def test_links_the_steps_cannot_tell_apart_are_named_together():
-    # fast/nic0 and slow/nic0 carry the same messages of this mcf plan: whichever is
-    # slow, the step times are the same, and the verdict says so.
-    import topoplan
-    cluster = loads_cluster(UNEQUAL, "c.yaml")
-    schedule = topoplan.plan(cluster, algorithm="mcf", size=SIZE, profile="gloo")
-    verdict = fit_links(cluster, schedule, SIZE,
-                        _measured(cluster, schedule, {"slow/nic0": 0.25}),
-                        profile=get_profile("gloo"))
-    assert set(verdict.slow) == {"slow/nic0", "fast/nic0"}, verdict.describe()
-    assert verdict.ambiguous
+    # h0/nic0 and h1/nic0 carry the same messages of rhd's first step, and its other
+    # steps wait on the uplink: whichever NIC is slow, the step times are the same.
+    verdict = _fit(TWO_LEAF, "rhd", {"h1/nic0": 0.5})
+    assert set(verdict.slow) == {"h0/nic0", "h1/nic0"}, verdict.describe()
+    assert verdict.ambiguous and verdict.uniform is None
     assert "cannot tell them apart" in verdict.describe()
     assert "around each" in verdict.describe()
 
@@ -162,8 +193,10 @@ def test_a_verdict_travels_as_one_float_per_link():
     assert len(values) == 6
     verdict = decode(values, cluster)
     assert verdict.slow == {"h2/nic0": 0.25} and verdict.loaded == ("h1/nic0", "h2/nic0")
-    assert not verdict.ambiguous
+    assert not verdict.ambiguous and verdict.uniform is None
     assert decode(encode(None, cluster), cluster).slow == {}
+    alike = decode(encode(Verdict({}, 1.0, uniform=0.2504), cluster), cluster)
+    assert alike.uniform == 0.25 and alike.slow == {} and alike.loaded == ()
 
 
 def test_the_switch_is_off_by_environment_and_on_one_host(monkeypatch):
@@ -327,3 +360,55 @@ def test_ranks_that_come_to_the_calls_apart_do_not_read_as_a_slow_link():
     for fits, slow, changes in slow_local.launch(cube, rank):
         assert slow == {} and changes == 0
         assert fits <= 3, fits
+
+
+def test_every_link_slower_alike_mid_run_names_no_link():
+    """After the choice settled, every link of the cube drops to 0.3 of its rate at once
+    (as a host busier than when the plans were measured makes every call slower). The
+    chosen ring's steps alone cannot say whether that is one of its hops or all of them;
+    the candidates are measured again, their steps fitted together say every link
+    alike, and nothing is re-planned. Every result stays exact, on every rank alike."""
+    from topoplan.runtime.choice import MeasuredChoice, executor_for, snapshot
+    cube = loads_cluster(CUBE, "cube.yaml")
+    orders = [(0, 1, 2, 3), (0, 2, 1, 3), (0, 1, 3, 2)]
+    nbytes = 1 << 20
+    every = {f"dgx/gpu{a}-gpu{b}": 0.3 for a in range(4) for b in range(a + 1, 4)}
+
+    def rank(t, world):
+        health = LinkHealth(cube, get_profile("ideal"))
+        choice = MeasuredChoice(t, _ring_options(orders),
+                                lambda s: executor_for(s, t, timeout=30),
+                                mode="measured", snapshot=snapshot, health=health)
+        x = np.zeros(nbytes // 4, dtype=np.float32)
+        exact = True
+
+        def call():
+            nonlocal exact
+            x[...] = t.rank
+            choice.call(nbytes, x)
+            exact = exact and bool((x == 6).all())
+
+        while choice.exploring(nbytes):
+            call()
+        for _ in range(8):  # the first health checks set the reference
+            call()
+        t.barrier()
+        if t.rank == 0:
+            world.faults = dict(every)
+        t.barrier()
+        decisions = len(choice.history)
+        for _ in range(60):
+            call()
+        verdict = health.verdict
+        return (exact, dict(health.slow), len(health.history), health.fits,
+                len(choice.history) - decisions,
+                None if verdict is None else verdict.uniform)
+
+    results = slow_local.launch(cube, rank)
+    for exact, slow, changes, fits, explorations, uniform in results:
+        assert exact
+        where = f"slow {slow}, {changes} changes, {fits} fits, uniform {uniform}"
+        assert slow == {} and changes == 0, where
+        assert fits >= 1 and explorations >= 1, where   # it looked, and measured again
+        assert uniform == pytest.approx(0.3, rel=0.3), where
+    assert all(r[1:] == results[0][1:] for r in results)

@@ -58,7 +58,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..errors import TopoplanError, TransportError
 from ..ir.schedule import Schedule
@@ -782,9 +782,13 @@ class MeasuredChoice:
             state.reference = agreed  # confirmed: from now on, calls against calls
 
     def _reexplore(self, state: _Class, reason: str) -> None:
-        """Explore the class again from the first timed round (executors are built)."""
+        """Explore the class again from the first timed round (executors are built;
+        their traces start again, so a fit after it reads only the new calls)."""
         for o in state.options:
             o.samples, o.pruned = [], False
+            trace = getattr(o.executor, "trace", None)
+            if trace is not None:
+                trace.clear()
         self.version += 1
         state.chosen, state.reason, state.round = None, reason, 1
         state.explore_calls, state.explore_s = 0, 0.0
@@ -907,6 +911,20 @@ class MeasuredChoice:
             self._replan()
         elif self.health.pending:
             state.fruitless = 0  # a verdict waits: the next check confirms it
+        elif self.health.verdict is not None and self.health.verdict.uniform is not None \
+                and sum(traceable(o) and o.live for o in state.options) > 1:
+            # Every link alike explains this plan's steps as well as its slowest: a ring
+            # waits on its slowest hop whatever it is, and a host slower than when the
+            # plans were measured looks the same. Measure the candidates again (alone,
+            # after a barrier): their step times, fitted together, tell a link from the
+            # host (:meth:`_fit_explored`).
+            if self.transport.rank == 0:
+                log.info("auto %s %s: %s now takes %.3g us, %.2fx its time before, and its "
+                         "steps cannot tell a slower link from a slower host: measuring "
+                         "the candidates again", self.what, class_range(state.k),
+                         option.algorithm, recent * 1e6, recent / state.health_reference)
+            state.drifted = (option.algorithm, recent)
+            self._reexplore(state, "drift")
         else:
             # The links known explain these times (the calls run slower for another
             # reason: a busier host, compute overlapping them): the new normal.
@@ -921,33 +939,44 @@ class MeasuredChoice:
                   and o.executor.trace.last is not None]
         if not traced:
             return
-        option = min(traced, key=lambda o: (o.median_s, state.options.index(o)))
-        if self._fit(state, option, weight=self.health.confirm):
+        traced.sort(key=lambda o: (o.median_s, state.options.index(o)))
+        if self._fit(state, traced[0], weight=self.health.confirm, also=traced[1:]):
             self._replan()
 
-    def _fit(self, state: _Class, option: Option, weight: int = 1) -> bool:
-        """Gather every rank's step times of ``option``'s last calls, fit them on rank 0,
-        hand its verdict to every rank; whether the slow links changed (confirmed)."""
+    def _fit(self, state: _Class, option: Option, weight: int = 1,
+             also: Sequence[Option] = ()) -> bool:
+        """Gather every rank's step times of ``option``'s last calls (and of ``also``'s,
+        fitted together with them), fit them on rank 0, hand its verdict to every rank;
+        whether the slow links changed (confirmed)."""
         from .health import Verdict, decode, encode, fit_links, gather_durations
-        health, trace = self.health, option.executor.trace
-        n, itemsize = trace.last
-        measured = gather_durations(self.transport,
-                                    trace.durations(n, option.schedule.nsteps))
-        if measured is None:
-            return False
+        health = self.health
+        runs = []
+        for o in (option, *also):
+            n, itemsize = o.executor.trace.last
+            measured = gather_durations(self.transport,
+                                        o.executor.trace.durations(n, o.schedule.nsteps))
+            if measured is None:
+                return False
+            runs.append((o.schedule, n * itemsize, measured, itemsize))
         verdict: Verdict | None = None
         if self.transport.rank == 0:
+            schedule, nbytes, measured, itemsize = runs[0]
             try:
-                verdict = fit_links(health.machine, option.schedule, n * itemsize, measured,
+                verdict = fit_links(health.machine, schedule, nbytes, measured,
                                     profile=health.profile, dtype_size=itemsize,
-                                    cache=health.cache)
+                                    cache=health.cache, also=runs[1:])
             except Exception as exc:  # noqa: BLE001 - a fit that fails changes nothing
                 log.warning("link health: the fit of %s failed: %s", option.algorithm, exc)
+            else:
+                if verdict.uniform is not None:
+                    log.info("link health: %s (%s)", verdict.describe(),
+                             ", ".join(o.algorithm for o in (option, *also)))
         agreed = decode(self.transport.allreduce_max_many(encode(verdict, health.machine)),
                         health.machine)
         if verdict is not None:  # rank 0 keeps its fits, for the log
             agreed = Verdict(agreed.slow, verdict.healthy_error, verdict.fits,
-                             agreed.ambiguous, verdict.predicted_healthy_s, agreed.loaded)
+                             agreed.ambiguous, verdict.predicted_healthy_s, agreed.loaded,
+                             agreed.uniform)
         return health.observe(agreed, calls=self.calls, weight=weight)
 
     def _replan(self) -> None:

@@ -11,8 +11,13 @@ slower (:func:`topoplan.cluster.links.degraded`), scored by the squared error ov
 rank's steps relative to the measured (least squares over the steps that share links).
 A link is **slow** when its best factor is at most :data:`THRESHOLD` and it explains the
 times clearly better than the healthy model (:data:`IMPROVE`). Links whose fits are
-about as good as the best (:data:`AMBIGUOUS`, :data:`NOISE`) cannot be told apart by these calls (in a ring, every rank waits on the slowest hop at once): the
-verdict names them all and the plan goes around all of them.
+about as good as the best (:data:`AMBIGUOUS`, :data:`NOISE`) cannot be told apart by
+these calls (in a ring, every rank waits on the slowest hop at once): the verdict names
+them all and the plan goes around all of them. One more hypothesis is every loaded link
+slower alike (a host busier than when the plans were measured): as good as the best
+single link, it names no link (``Verdict.uniform``). Calls of several plans are fitted
+together (``also``: an exploration's candidates), which tells apart what one plan's
+steps cannot.
 
 :class:`LinkHealth` is the state a job keeps (one per planned collective object): the
 links known slow, and the verdict waiting for confirmation (:data:`CONFIRM` fits in a
@@ -226,6 +231,9 @@ class Verdict:
     predicted_healthy_s: float = math.nan
     #: The links the fitted schedule loads: what these calls can say anything about.
     loaded: tuple[str, ...] = ()
+    #: Set when every loaded link slowed alike (to this factor) explains the calls as
+    #: well as the best single link: a slower host, not a link (``slow`` is empty).
+    uniform: float | None = None
 
     @property
     def healthy(self) -> bool:
@@ -235,6 +243,9 @@ class Verdict:
         """One clause: ``"leaf0-leaf1 at 0.26x its model (16.3 of 62.5 MB/s)"``,
         ``"healthy"``; with the links it cannot tell apart."""
         from ..units import format_bandwidth
+        if self.uniform is not None:
+            return (f"every link the calls cross alike at {self.uniform:.2f}x its model: "
+                    "a slower host, not one link (nothing to plan around)")
         if self.healthy:
             return "every link at its model's rate"
         parts = []
@@ -267,7 +278,8 @@ def _error(measured: np.ndarray, predicted: np.ndarray, scale: float) -> float:
 def fit_links(machine: Any, schedule: Any, nbytes: int, measured: np.ndarray, *,
               profile: Any, dtype_size: int = 4, factors: Sequence[float] = FACTORS,
               known: Mapping[str, float] | None = None,
-              cache: dict | None = None) -> Verdict:
+              cache: dict | None = None, also: Sequence[tuple[Any, int, Any, int]] = ()
+              ) -> Verdict:
     """Which link, slowed to which factor, explains the measured step durations.
 
     Parameters
@@ -288,75 +300,110 @@ def fit_links(machine: Any, schedule: Any, nbytes: int, measured: np.ndarray, *,
         Predictions of earlier fits (filled here; :class:`LinkHealth` keeps one): a job
         fits the same schedules at the same sizes again and again, and each hypothesis's
         simulation gives the same step times every time.
+    also : sequence of (schedule, nbytes, measured, dtype_size), optional
+        Calls of other schedules over the same time (an exploration's candidates),
+        fitted together with the first: each hypothesis is scored by its mean error over
+        all of them. Plans that load links differently tell apart what one cannot.
 
     Returns
     -------
     Verdict
+        With ``uniform`` set when every loaded link slowed alike explains the calls as
+        well as the best single link: a host slower than when the plans were priced (or
+        the whole fabric), which no plan goes around. One ring's steps cannot tell that
+        from its bottleneck link (every hop waits on the slowest); several plans can.
 
     Notes
     -----
-    Cost: one simulation of the schedule per loaded link and factor (11 factors, then
-    4 around the best), each O(messages): a 4-rank schedule over 5 links, 0.15-0.8 s on
-    a 2-core machine; with ``cache``, the fits after the first of a schedule and size
-    cost microseconds.
+    Cost: one simulation of each schedule per loaded link and factor (11 factors, then
+    4 around the best), and as many for every loaded link alike, each O(messages): a
+    4-rank schedule over 5 links, 0.15-0.8 s on a 2-core machine; with ``cache``, the
+    fits after the first of a schedule and size cost microseconds.
     """
-    measured = np.asarray(measured, dtype=float)
-    scale = float(np.sum(measured ** 2)) or 1.0
     known = dict(known or {})
+    runs = [(schedule, int(nbytes), np.asarray(measured, dtype=float), dtype_size)]
+    runs += [(s, int(n), np.asarray(m, dtype=float), d) for s, n, m, d in also]
+    scales = [float(np.sum(m ** 2)) or 1.0 for _, _, m, _ in runs]
 
-    def trial(link: str | None, factor: float) -> tuple[float, float]:
-        faults = {k: v for k, v in known.items() if k != link}
-        if link is not None and factor != 1.0:
-            faults[link] = factor
-        predicted, time_s = predict(faults)
-        return _error(measured, predicted, scale), time_s
-
-    def predict(faults: dict[str, float]) -> tuple[np.ndarray, float]:
-        key = (id(schedule), int(nbytes), dtype_size, tuple(sorted(faults.items())))
+    def predict(run: tuple, faults: dict[str, float]) -> tuple[np.ndarray, float]:
+        plan, size, _, itemsize = run
+        key = (id(plan), size, itemsize, tuple(sorted(faults.items())))
         hit = cache.get(key) if cache is not None else None
-        if hit is not None and hit[0] is schedule:
+        if hit is not None and hit[0] is plan:
             return hit[1], hit[2]
         cluster = degraded(machine, faults) if faults else machine
-        predicted, time_s = predicted_durations(cluster, schedule, nbytes, profile=profile,
-                                                dtype_size=dtype_size)
+        predicted, time_s = predicted_durations(cluster, plan, size, profile=profile,
+                                                dtype_size=itemsize)
         if cache is not None:
             if len(cache) >= CACHE:
                 del cache[next(iter(cache))]  # the oldest
-            cache[key] = (schedule, predicted, time_s)  # holds the schedule: ids stay
+            cache[key] = (plan, predicted, time_s)  # holds the schedule: ids stay
         return predicted, time_s
 
-    base = {k: v for k, v in known.items()}
-    healthy_error, healthy_s = trial(None, 1.0) if not base else (math.inf, math.nan)
-    if base:  # the healthy model: none of the known faults either
-        predicted, healthy_s = predict({})
-        healthy_error = _error(measured, predicted, scale)
+    def score(faults: dict[str, float]) -> tuple[float, float]:
+        """The mean error over the runs and the first run's predicted time."""
+        errors, first = [], math.nan
+        for i, run in enumerate(runs):
+            predicted, time_s = predict(run, faults)
+            errors.append(_error(run[2], predicted, scales[i]))
+            first = time_s if i == 0 else first
+        return float(np.mean(errors)), first
+
+    def trial(link: str, factor: float) -> tuple[float, float]:
+        faults = {k: v for k, v in known.items() if k != link}
+        if factor != 1.0:
+            faults[link] = factor
+        return score(faults)
+
+    healthy_error, healthy_s = score({})  # the healthy model: none of the known faults
     by_name = {link.name: link for link in links(machine)}
+    used = set().union(*(_loaded_links(machine, run[0]) for run in runs))
+    loaded = [link.name for link in links(machine) if link.name in used]
     fits = []
-    for name in _loaded_links(machine, schedule):
-        tried = {f: trial(name, f) for f in factors}
-        best = min(tried, key=lambda f: (tried[f][0], -f))
-        step = [f for f in factors]
-        i = step.index(best)
-        lo = step[min(i + 1, len(step) - 1)]
-        hi = step[max(i - 1, 0)]
-        for f in np.linspace(lo, hi, 6)[1:-1]:
-            f = float(round(f, 3))
-            if f not in tried:
-                tried[f] = trial(name, f)
-        best = min(tried, key=lambda f: (tried[f][0], -f))
-        fits.append(LinkFit(name, best, tried[best][0], by_name[name].bandwidth, tried[best][1]))
+    for name in loaded:
+        best, (error, time_s) = _best_factor(lambda f: trial(name, f), factors)
+        fits.append(LinkFit(name, best, error, by_name[name].bandwidth, time_s))
     fits.sort(key=lambda fit: (fit.error, -fit.factor))
     slow: dict[str, float] = {}
     ambiguous: tuple[str, ...] = ()
+    uniform: float | None = None
     if fits:
         top = fits[0]
         if top.factor <= THRESHOLD and top.error <= IMPROVE * healthy_error:
-            close = [f for f in fits if f.error <= AMBIGUOUS * top.error + NOISE
-                     and f.factor <= THRESHOLD]
-            slow = {f.link: f.factor for f in close}
-            ambiguous = tuple(f.link for f in close[1:])
+            if len(loaded) > 1:
+                def alike(f: float) -> tuple[float, float]:
+                    faults = dict(known)
+                    faults.update({k: known.get(k, 1.0) * f for k in loaded})
+                    return score(faults)
+
+                factor, (error, _) = _best_factor(alike, factors)
+                if error <= AMBIGUOUS * top.error + NOISE:
+                    uniform = factor
+            if uniform is None:
+                close = [f for f in fits if f.error <= AMBIGUOUS * top.error + NOISE
+                         and f.factor <= THRESHOLD]
+                slow = {f.link: f.factor for f in close}
+                ambiguous = tuple(f.link for f in close[1:])
+    # A verdict of every link alike speaks for none of them: it leaves the links known
+    # slow as they are (:meth:`LinkHealth.observe`).
     return Verdict(slow, healthy_error, tuple(fits), ambiguous, healthy_s,
-                   tuple(f.link for f in fits))
+                   () if uniform is not None else tuple(loaded), uniform)
+
+
+def _best_factor(trial: Any, factors: Sequence[float]) -> tuple[float, tuple[float, float]]:
+    """The factor whose ``trial(factor) -> (error, time)`` errs least (ties: the larger),
+    from ``factors`` and then four between its neighbours; with its trial."""
+    tried = {f: trial(f) for f in factors}
+    best = min(tried, key=lambda f: (tried[f][0], -f))
+    step = list(factors)
+    i = step.index(best)
+    lo, hi = step[min(i + 1, len(step) - 1)], step[max(i - 1, 0)]
+    for f in np.linspace(lo, hi, 6)[1:-1]:
+        f = float(round(f, 3))
+        if f not in tried:
+            tried[f] = trial(f)
+    best = min(tried, key=lambda f: (tried[f][0], -f))
+    return best, tried[best]
 
 
 @dataclass
@@ -467,11 +514,14 @@ def with_slow_links(slow: Mapping[str, float] | None, cluster: Any, machine: Any
 
 def encode(verdict: Verdict | None, machine: Any) -> list[float]:
     """A verdict as floats, one per link of the machine: 2 + its factor when slow, 1
-    when the schedule loads it, 0 otherwise; the first is 1 when the fit was
-    ambiguous. One max-collective hands rank 0's to every rank (the others send 0s)."""
+    when the schedule loads it, 0 otherwise; the first is 1 when the fit was ambiguous,
+    2 + the factor when every link alike explained it (``uniform``). One max-collective
+    hands rank 0's to every rank (the others send 0s)."""
     if verdict is None:
         return [0.0] * (len(links(machine)) + 1)
-    return [1.0 if verdict.ambiguous else 0.0] + [
+    first = 2.0 + verdict.uniform if verdict.uniform is not None else (
+        1.0 if verdict.ambiguous else 0.0)
+    return [first] + [
         2.0 + verdict.slow[link.name] if link.name in verdict.slow
         else 1.0 if link.name in verdict.loaded else 0.0 for link in links(machine)]
 
@@ -481,5 +531,7 @@ def decode(values: Sequence[float], machine: Any) -> Verdict:
     names = [link.name for link in links(machine)]
     slow = {k: round(float(v) - 2.0, 3) for k, v in zip(names, values[1:]) if v >= 2.0}
     loaded = tuple(k for k, v in zip(names, values[1:]) if v >= 1.0)
-    ambiguous = tuple(sorted(slow))[1:] if values and values[0] >= 1.0 else ()
-    return Verdict(slow, math.nan, ambiguous=ambiguous, loaded=loaded)
+    first = float(values[0]) if len(values) else 0.0
+    ambiguous = tuple(sorted(slow))[1:] if 1.0 <= first < 2.0 else ()
+    uniform = round(first - 2.0, 3) if first >= 2.0 else None
+    return Verdict(slow, math.nan, ambiguous=ambiguous, loaded=loaded, uniform=uniform)
