@@ -268,6 +268,76 @@ def test_after_the_decision_the_first_16_calls_are_timed_then_one_in_8() -> None
     assert len(claimed) >= 50
 
 
+@pytest.mark.parametrize("alone_cost, measured_again", [(1.0, False), (2.0, True)])
+def test_a_check_runs_one_call_alone_before_it_measures_again(alone_cost, measured_again
+                                                              ) -> None:
+    """After the decision (native), the job's calls take twice as long: compute
+    overlapping them, or a busier host. Link health's check then runs the next call
+    alone, after a barrier, as the candidates were measured. At its measured time
+    alone, the job is slower and not the network: the slower time becomes the
+    reference, with no fit and nothing measured again. Slower alone too, the candidates
+    are measured again (their steps then fitted together)."""
+    from topoplan.analysis.cost import get_profile
+    from topoplan.runtime.health import LinkHealth
+
+    def job(t):
+        options, model_choice = _options(1 << 16)
+        by_id = {id(o.schedule): o.algorithm for o in options}
+        now, slow, alone = [0.0], [False], [False]
+
+        def executor(schedule):
+            run = Allreduce(schedule, t)
+
+            def call(*args):
+                out = run(*args)
+                cost = 1.0 if by_id[id(schedule)] == NATIVE else 2.5
+                now[0] += cost * (alone_cost if alone[0] else 2.0) if slow[0] else cost
+                return out
+            return call
+
+        choice = MeasuredChoice(t, lambda n, slow=None: (options, model_choice), executor,
+                                snapshot=snapshot, clock=lambda: now[0],
+                                health=LinkHealth(CROSSED, get_profile("mpi")))
+        attempt = choice._attempt
+
+        def timed_alone(*args):
+            alone[0] = True
+            try:
+                return attempt(*args)
+            finally:
+                alone[0] = False
+        choice._attempt = timed_alone
+
+        def call():
+            x = np.full(1 << 14, 1.0 + t.rank, dtype=np.float32)
+            if choice.claim_native(1 << 16):
+                t.native_allreduce(x)
+            else:
+                choice.call(1 << 16, x)
+            assert (x == 10).all()
+
+        while choice.exploring(1 << 16):
+            call()
+        for _ in range(24):          # the first checks set the reference
+            call()
+        decisions = len(choice.history)
+        slow[0] = True
+        for _ in range(60):
+            call()
+        state = choice._classes[size_class(1 << 16)]
+        return (choice.chosen(1 << 16), len(choice.history) - decisions,
+                choice.health.fits, state.health_reference)
+
+    results = Local.launch(4, job, timeout=120)
+    assert all(r == results[0] for r in results)
+    chosen, again, fits, reference = results[0]
+    if measured_again:
+        assert again >= 1, results[0]
+    else:
+        assert (chosen, again, fits) == (NATIVE, 0, 0), results[0]
+        assert reference == pytest.approx(2.0), results[0]   # the job's time, rebased
+
+
 # ---- real MPI processes --------------------------------------------------------------------
 
 @pytest.mark.mpi

@@ -417,6 +417,9 @@ class _Class:
         self.quiet_until = 0
         self.timed = 0              # timed calls of the chosen candidate (native: checks)
         self.raised = 0             # checks over TRIGGER in a row
+        # A check found the chosen candidate slower (this recent time): its next call
+        # runs alone, to tell the job's slowness from the network's.
+        self.alone: float | None = None
 
 
 class MeasuredChoice:
@@ -674,7 +677,7 @@ class MeasuredChoice:
         self._decide(state, standing[0], state.reason)
 
     def _decide(self, state: _Class, option: Option, reason: str) -> None:
-        state.chosen, state.since, state.recent = option, 0, []
+        state.chosen, state.since, state.recent, state.alone = option, 0, [], None
         if state.drifted is not None and state.drifted[0] == option.algorithm:
             # Measured again, the same candidate won: its calls just run slower than
             # its probes did. Compare with what they run at from now on.
@@ -701,6 +704,9 @@ class MeasuredChoice:
         state.since += 1
         if self.health is not None and self.health.slow and state.since >= state.probe_at:
             result = self._probe_recovery(state, args)
+            return result if timed else _Done(result)
+        if state.alone is not None:
+            result = self._alone(state, args)
             return result if timed else _Done(result)
         check = self.health is not None and traceable(option) \
             and state.since % CHECK_EVERY == 0
@@ -749,6 +755,8 @@ class MeasuredChoice:
                                          and since >= state.reprobe_every):
             return False
         if self.health is not None and self.health.slow and since >= state.probe_at:
+            return False
+        if state.alone is not None:
             return False
         self.calls += 1
         state.since = since
@@ -897,13 +905,51 @@ class MeasuredChoice:
         state.raised = 0
         state.fruitless += 1
         state.quiet_until = self.calls + min(RECOVER_EVERY, CHECK_EVERY << state.fruitless)
+        if not pending and option.samples:
+            # First, is it slower alone? The next call runs alone, after a barrier, as
+            # the candidates were measured (:meth:`_alone`).
+            state.alone = recent
+            return
+        self._act(state, option, recent)
+
+    def _alone(self, state: _Class, args: tuple) -> Any:
+        """The call after a check found the chosen candidate slower: run it alone (every
+        rank in, after a barrier) and compare with its measured time. Within TRIGGER of
+        it, what slowed the calls is the job (compute overlapping them, a busier host,
+        ranks arriving apart), not the network: the slower time is the new normal, with
+        no fit and nothing measured again. Slower alone too: :meth:`_act`."""
+        option = option_of(state)
+        recent, state.alone = state.alone or 0.0, None
+        if self._drain is not None:
+            self._drain()
+        restore = self._snapshot(*args) if self._snapshot is not None else None
+        result, slowest = self._attempt(state, option, args)
+        if slowest is None:
+            return self._fallback(state, args, restore)
+        if slowest <= TRIGGER * option.median_s:
+            if self.transport.rank == 0:
+                log.info("auto %s %s: %s takes %.3g us in the job, %.2fx its time before, "
+                         "and %.3g us alone (measured %.3g us): the job is slower, not the "
+                         "network", self.what, class_range(state.k), option.algorithm,
+                         recent * 1e6, recent / (state.health_reference or recent),
+                         slowest * 1e6, option.median_s * 1e6)
+            state.health_reference = max(state.health_reference or 0.0, recent)
+        else:
+            self._act(state, option, recent)
+        return result
+
+    def _act(self, state: _Class, option: Option, recent: float) -> None:
+        """The chosen candidate is slower, alone too: fit its step times, or, for the
+        native collective (nothing traced), measure the candidates again."""
+        trace: Any = getattr(option.executor, "trace", None)
+        traced = trace is not None and trace.last is not None  # alike on every rank
         if not traced:
             # Measure the candidates again: their exploring calls are traced, and the
             # decision fits the plans' step times (:meth:`_fit_explored`).
             if self.transport.rank == 0:
                 log.info("auto %s %s: %s now takes %.3g us, %.2fx its time before: "
                          "measuring the candidates again", self.what, class_range(state.k),
-                         option.algorithm, recent * 1e6, recent / state.health_reference)
+                         option.algorithm, recent * 1e6, recent / (state.health_reference or recent))
             state.drifted = (option.algorithm, recent)
             self._reexplore(state, "drift")
             return
@@ -922,13 +968,13 @@ class MeasuredChoice:
                 log.info("auto %s %s: %s now takes %.3g us, %.2fx its time before, and its "
                          "steps cannot tell a slower link from a slower host: measuring "
                          "the candidates again", self.what, class_range(state.k),
-                         option.algorithm, recent * 1e6, recent / state.health_reference)
+                         option.algorithm, recent * 1e6, recent / (state.health_reference or recent))
             state.drifted = (option.algorithm, recent)
             self._reexplore(state, "drift")
         else:
             # The links known explain these times (the calls run slower for another
             # reason: a busier host, compute overlapping them): the new normal.
-            state.health_reference = max(state.health_reference, recent)
+            state.health_reference = max(state.health_reference or 0.0, recent)
 
     def _fit_explored(self, state: _Class) -> None:
         """After an exploration started by a slower native collective: fit the step times
