@@ -79,9 +79,10 @@ def plan(cluster: Cluster | str | os.PathLike, algorithm: str = "auto", *,
         Run the plan on this many independent channels (IR v4,
         :func:`topoplan.ir.passes.channelize`, applied after planning; default 1:
         the plan as planned). ``max_chunks`` and ``max_step_ops`` hold for the result:
-        the planner plans to them divided by ``channels``. ``mcf`` plans and prices its
-        pipeline for the channels (its estimate is the channels' time), and with
-        ``"auto"`` picks 1, 2 or 4 by that estimate; the others are cut after planning.
+        the planner plans to them divided by ``channels``. ``mcf`` and ``forest`` plan and
+        price their pipeline for the channels (the estimate is the channels' time), and
+        with ``"auto"`` pick 1, 2 or 4 by that estimate; the others are cut after
+        planning.
     channel_skew : float, optional
         The ratio of one channel's slice of the data to the next one's (default
         :data:`topoplan.planners.channels.SKEW`, 1.2; 1 cuts equal slices, as NCCL does,

@@ -35,8 +35,9 @@ root's shard; an allgather sends it down one tree level per step (a reduce-scatt
 adding), every tree in the same steps, and the buffer is cut into pipeline pieces, piece
 ``p`` ``p`` steps behind piece ``p - 1``, sized by ``mcf``'s lock-step LP
 (:func:`~topoplan.planners.mcf.pieces.piece_sizes`, :func:`_choose_pieces`) under the
-request's profile, on the channels (IR v4) its channel model prices best. An
-allreduce is the reduce-scatter then the allgather over the same trees.
+request's profile, on the request's channels (IR v4; with ``"auto"``, the fewest that
+its channel model prices best). An allreduce is the reduce-scatter then the allgather
+over the same trees.
 """
 
 from __future__ import annotations
@@ -88,8 +89,9 @@ KEEP_COLUMNS = 400
 SLACK = 1e-5
 #: Phase 2's cost of a link on a tree arc's route (a relay costs 1).
 HOP_COST = 0.01
-#: The channel counts ``channels="auto"`` prices, and how far over the least estimate
-#: it still takes more of them.
+#: The channel counts ``channels="auto"`` prices, and how much more channels must gain
+#: on the estimate to be taken (the NCCL transport runs a plan's channels one after
+#: another: more of them for no gain is a cost).
 CHANNEL_CHOICES = (1, 2, 4)
 CHANNEL_GAIN = 1e-3
 #: An allgather's default channel skew: its trees send over the network in their first
@@ -695,7 +697,7 @@ def _choose_pieces(loads: np.ndarray, lat: np.ndarray, size: float, soft: SoftCo
 @no_gc
 def plan_forest(cluster: Cluster, *, size: int, profile: CostProfile | str | None = None,
                 collective: str = "allgather", pieces: int | None = None,
-                time_limit: float = 30.0, channels: int | str = "auto",
+                time_limit: float = 30.0, channels: int | str = 1,
                 channel_skew: float | None = None, max_step_ops: int | None = None,
                 max_chunks: int | None = None) -> Schedule:
     """Plan an allgather, a reduce-scatter or an allreduce over an LP-optimal packing of
@@ -717,12 +719,11 @@ def plan_forest(cluster: Cluster, *, size: int, profile: CostProfile | str | Non
     time_limit : float
         Seconds of column generation before it stops with the trees it has.
     channels : int or "auto"
-        Run the plan on this many channels (IR v4,
+        Run the plan on this many channels (default 1; IR v4,
         :func:`~topoplan.ir.passes.channelize`), each on a slice of every chunk, so
         that one channel's step latency hides behind another's transfer. ``"auto"``
-        (the default, also when the request asks for one channel) prices 1, 2 and 4
-        with ``mcf``'s channel model and keeps the most channels whose estimate is
-        within :data:`CHANNEL_GAIN` of the least.
+        prices 1, 2 and 4 with ``mcf``'s channel model and keeps the fewest channels
+        whose estimate is within :data:`CHANNEL_GAIN` of the least.
     channel_skew : float, optional
         The ratio of one channel's slice to the next one's: default
         :data:`ALLGATHER_SKEW` for an allgather, else
@@ -766,7 +767,7 @@ def plan_forest(cluster: Cluster, *, size: int, profile: CostProfile | str | Non
 
 @no_gc
 def forest_core(request: PlanRequest, *, pieces: int | None = None,
-                time_limit: float = 30.0, channels: int | str = "auto",
+                time_limit: float = 30.0, channels: int | str = 1,
                 channel_skew: float | None = None) -> Schedule:
     """:func:`plan_forest` on a validated request."""
     if channels != "auto":
@@ -811,7 +812,6 @@ def forest_core(request: PlanRequest, *, pieces: int | None = None,
     size = request.size
     best: tuple[float, int, np.ndarray] | None = None
     found = {}
-    chosen_est = 0.0
     for nch in counts:
         step_cap = per_channel(request.max_step_ops, nch)
         chunk_cap = per_channel(request.max_chunks, nch)
@@ -825,19 +825,15 @@ def forest_core(request: PlanRequest, *, pieces: int | None = None,
             sizes, est = _choose_pieces(loads, lat, size, soft, shares, ops_per_piece * nch,
                                         step_cap, piece.msgs.nchunks, chunk_cap)
         found[str(nch)] = est
-        # Within CHANNEL_GAIN, the more channels: the lock-step channel model prices
-        # their overlap low (dgx_a100_x4 allgather at 256 MiB: 2 and 4 channels both
-        # 1.023x the bound by it, simulated 1.019x and 1.013x).
-        if best is None or est <= best[0] * (1 + CHANNEL_GAIN):
-            best = (min(est, best[0]) if best is not None else est, nch, sizes)
-            chosen_est = est
+        # Fewest channels first: more of them must gain over CHANNEL_GAIN.
+        if best is None or est < best[0] * (1 - CHANNEL_GAIN):
+            best = (est, nch, sizes)
     if best is None:
         raise InfeasiblePlanError(
             f"forest: one piece posts {soft.peak_ops(1)} ops in a step and holds "
             f"{piece.msgs.nchunks} chunks, over max_step_ops={request.max_step_ops} or "
             f"max_chunks={request.max_chunks}; raise the caps or pick another planner")
-    _, nch, sizes = best
-    est = chosen_est
+    est, nch, sizes = best
     shard = size / n
     bound = shard_bound(cluster, size) * (2 if collective == "allreduce" else 1)
     phases = 2 if collective == "allreduce" else 1

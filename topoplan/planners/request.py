@@ -111,7 +111,8 @@ class PlanRequest:
         Candidates dropped before planning, and why (native steps cannot be cut over
         channels).
     channels : int or "auto"
-        Channels the chosen plan runs on (IR v4); ``"auto"``: ``mcf`` picks 1, 2 or 4.
+        Channels the chosen plan runs on (IR v4); ``"auto"``: ``mcf`` and ``forest``
+        pick 1, 2 or 4.
     channel_skew : float
         One channel's slice of the data over the next one's.
     vectored : bool
