@@ -63,7 +63,7 @@ def worker(args: argparse.Namespace) -> None:
     from topoplan.cluster.links import degraded
     from topoplan.torch.planned import PlannedAllreduce
 
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.basicConfig(level=os.environ.get("TOPOPLAN_LOG", "WARNING"), format="%(message)s")
     transport = _transport(args.transport)
     rank = transport.rank
     cluster = loads_cluster(Path(args.cluster).read_text(), args.cluster)

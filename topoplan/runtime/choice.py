@@ -953,17 +953,17 @@ class MeasuredChoice:
             state.drifted = (option.algorithm, recent)
             self._reexplore(state, "drift")
             return
-        if self._fit(state, option):
-            self._replan()
-        elif self.health.pending:
-            state.fruitless = 0  # a verdict waits: the next check confirms it
-        elif self.health.verdict is not None and self.health.verdict.uniform is not None \
+        verdict = self._verdict(option)
+        if verdict is None:
+            return
+        if verdict.uniform is not None and not self.health.pending \
                 and sum(traceable(o) and o.live for o in state.options) > 1:
-            # Every link alike explains this plan's steps as well as its slowest: a ring
-            # waits on its slowest hop whatever it is, and a host slower than when the
-            # plans were measured looks the same. Measure the candidates again (alone,
-            # after a barrier): their step times, fitted together, tell a link from the
-            # host (:meth:`_fit_explored`).
+            # Every link alike explains this plan's steps as well as its slowest links, or
+            # better: a ring waits on its slowest hop whatever it is, and a host slower
+            # than when the plans were measured looks the same (one plan's steps do not
+            # show which). Measure the candidates again (alone, after a barrier): their
+            # step times, fitted together, tell a link from the host
+            # (:meth:`_fit_explored`).
             if self.transport.rank == 0:
                 log.info("auto %s %s: %s now takes %.3g us, %.2fx its time before, and its "
                          "steps cannot tell a slower link from a slower host: measuring "
@@ -971,9 +971,13 @@ class MeasuredChoice:
                          option.algorithm, recent * 1e6, recent / (state.health_reference or recent))
             state.drifted = (option.algorithm, recent)
             self._reexplore(state, "drift")
+        elif self.health.observe(verdict, calls=self.calls):
+            self._replan()
+        elif self.health.pending:
+            state.fruitless = 0  # a verdict waits: the next check confirms it
         else:
-            # The links known explain these times (the calls run slower for another
-            # reason: a busier host, compute overlapping them): the new normal.
+            # The links known explain these times, or every link alike does (the calls
+            # run slower for another reason: a busier host): the new normal.
             state.health_reference = max(state.health_reference or 0.0, recent)
 
     def _fit_explored(self, state: _Class) -> None:
@@ -986,14 +990,15 @@ class MeasuredChoice:
         if not traced:
             return
         traced.sort(key=lambda o: (o.median_s, state.options.index(o)))
-        if self._fit(state, traced[0], weight=self.health.confirm, also=traced[1:]):
+        verdict = self._verdict(traced[0], also=traced[1:])
+        if verdict is not None and self.health.observe(verdict, calls=self.calls,
+                                                       weight=self.health.confirm):
             self._replan()
 
-    def _fit(self, state: _Class, option: Option, weight: int = 1,
-             also: Sequence[Option] = ()) -> bool:
+    def _verdict(self, option: Option, also: Sequence[Option] = ()) -> Any:
         """Gather every rank's step times of ``option``'s last calls (and of ``also``'s,
-        fitted together with them), fit them on rank 0, hand its verdict to every rank;
-        whether the slow links changed (confirmed)."""
+        fitted together with them), fit them on rank 0 and hand its verdict to every
+        rank (None: too many to gather)."""
         from .health import Verdict, decode, encode, fit_links, gather_durations
         health = self.health
         runs = []
@@ -1002,7 +1007,7 @@ class MeasuredChoice:
             measured = gather_durations(self.transport,
                                         o.executor.trace.durations(n, o.schedule.nsteps))
             if measured is None:
-                return False
+                return None
             runs.append((o.schedule, n * itemsize, measured, itemsize))
         verdict: Verdict | None = None
         if self.transport.rank == 0:
@@ -1023,7 +1028,7 @@ class MeasuredChoice:
             agreed = Verdict(agreed.slow, verdict.healthy_error, verdict.fits,
                              agreed.ambiguous, verdict.predicted_healthy_s, agreed.loaded,
                              agreed.uniform)
-        return health.observe(agreed, calls=self.calls, weight=weight)
+        return agreed
 
     def _replan(self) -> None:
         """The slow links changed: every size class is planned again at its next call,
@@ -1055,7 +1060,8 @@ class MeasuredChoice:
         if slowest is None:
             return self._fallback(state, args, restore)
         if old.executor.trace.last is not None:
-            if self._fit(state, old):
+            verdict = self._verdict(old)
+            if verdict is not None and self.health.observe(verdict, calls=self.calls):
                 self._replan()
             elif self.health.pending:
                 state.probe_at = state.since + CHECK_EVERY

@@ -14,10 +14,11 @@ times clearly better than the healthy model (:data:`IMPROVE`). Links whose fits 
 about as good as the best (:data:`AMBIGUOUS`, :data:`NOISE`) cannot be told apart by
 these calls (in a ring, every rank waits on the slowest hop at once): the verdict names
 them all and the plan goes around all of them. One more hypothesis is every loaded link
-slower alike (a host busier than when the plans were measured): as good as the best
-single link, it names no link (``Verdict.uniform``). Calls of several plans are fitted
+slower alike (a host busier than when the plans were measured, ``Verdict.uniform``):
+clearly better than any single link, it names no link; about as good, the verdict says
+these calls cannot tell the links from a slower host. Calls of several plans are fitted
 together (``also``: an exploration's candidates), which tells apart what one plan's
-steps cannot.
+steps cannot (a ring waits on its slowest hop, whatever else is slower).
 
 :class:`LinkHealth` is the state a job keeps (one per planned collective object): the
 links known slow, and the verdict waiting for confirmation (:data:`CONFIRM` fits in a
@@ -232,7 +233,9 @@ class Verdict:
     #: The links the fitted schedule loads: what these calls can say anything about.
     loaded: tuple[str, ...] = ()
     #: Set when every loaded link slowed alike (to this factor) explains the calls as
-    #: well as the best single link: a slower host, not a link (``slow`` is empty).
+    #: well as the best single link: with ``slow`` empty it explains them clearly
+    #: better (a slower host, not a link); with ``slow`` set, these calls cannot tell
+    #: those links from a slower host.
     uniform: float | None = None
 
     @property
@@ -243,7 +246,7 @@ class Verdict:
         """One clause: ``"leaf0-leaf1 at 0.26x its model (16.3 of 62.5 MB/s)"``,
         ``"healthy"``; with the links it cannot tell apart."""
         from ..units import format_bandwidth
-        if self.uniform is not None:
+        if self.uniform is not None and not self.slow:
             return (f"every link the calls cross alike at {self.uniform:.2f}x its model: "
                     "a slower host, not one link (nothing to plan around)")
         if self.healthy:
@@ -257,6 +260,9 @@ class Verdict:
         text = " or ".join(parts)
         if len(parts) > 1:
             text += " (these calls cannot tell them apart: planning around each, measured)"
+        if self.uniform is not None:
+            text += (f"; as good a fit: every link alike at {self.uniform:.2f}x (a slower "
+                     "host)")
         return text
 
 
@@ -310,8 +316,11 @@ def fit_links(machine: Any, schedule: Any, nbytes: int, measured: np.ndarray, *,
     Verdict
         With ``uniform`` set when every loaded link slowed alike explains the calls as
         well as the best single link: a host slower than when the plans were priced (or
-        the whole fabric), which no plan goes around. One ring's steps cannot tell that
-        from its bottleneck link (every hop waits on the slowest); several plans can.
+        the whole fabric), which no plan goes around. Clearly better than any single
+        link (outside :data:`AMBIGUOUS` and :data:`NOISE` of it), ``slow`` is empty;
+        about as good, ``slow`` names the links as usual and the two cannot be told
+        apart. One ring's steps cannot (every hop waits on the slowest); several plans
+        often can.
 
     Notes
     -----
@@ -370,16 +379,17 @@ def fit_links(machine: Any, schedule: Any, nbytes: int, measured: np.ndarray, *,
     if fits:
         top = fits[0]
         if top.factor <= THRESHOLD and top.error <= IMPROVE * healthy_error:
+            alike_error = math.inf
             if len(loaded) > 1:
                 def alike(f: float) -> tuple[float, float]:
                     faults = dict(known)
                     faults.update({k: known.get(k, 1.0) * f for k in loaded})
                     return score(faults)
 
-                factor, (error, _) = _best_factor(alike, factors)
-                if error <= AMBIGUOUS * top.error + NOISE:
+                factor, (alike_error, _) = _best_factor(alike, factors)
+                if alike_error <= AMBIGUOUS * top.error + NOISE:
                     uniform = factor
-            if uniform is None:
+            if top.error <= AMBIGUOUS * alike_error + NOISE:  # not clearly every link
                 close = [f for f in fits if f.error <= AMBIGUOUS * top.error + NOISE
                          and f.factor <= THRESHOLD]
                 slow = {f.link: f.factor for f in close}
@@ -387,7 +397,7 @@ def fit_links(machine: Any, schedule: Any, nbytes: int, measured: np.ndarray, *,
     # A verdict of every link alike speaks for none of them: it leaves the links known
     # slow as they are (:meth:`LinkHealth.observe`).
     return Verdict(slow, healthy_error, tuple(fits), ambiguous, healthy_s,
-                   () if uniform is not None else tuple(loaded), uniform)
+                   () if uniform is not None and not slow else tuple(loaded), uniform)
 
 
 def _best_factor(trial: Any, factors: Sequence[float]) -> tuple[float, tuple[float, float]]:
@@ -513,15 +523,15 @@ def with_slow_links(slow: Mapping[str, float] | None, cluster: Any, machine: Any
 
 
 def encode(verdict: Verdict | None, machine: Any) -> list[float]:
-    """A verdict as floats, one per link of the machine: 2 + its factor when slow, 1
-    when the schedule loads it, 0 otherwise; the first is 1 when the fit was ambiguous,
-    2 + the factor when every link alike explained it (``uniform``). One max-collective
-    hands rank 0's to every rank (the others send 0s)."""
+    """A verdict as floats: two, then one per link of the machine (2 + its factor when
+    slow, 1 when the schedule loads it, 0 otherwise). The first is 1 when the fit was
+    ambiguous; the second 1 + the factor of every link alike (``uniform``), else 0. One
+    max-collective hands rank 0's to every rank (the others send 0s)."""
     if verdict is None:
-        return [0.0] * (len(links(machine)) + 1)
-    first = 2.0 + verdict.uniform if verdict.uniform is not None else (
-        1.0 if verdict.ambiguous else 0.0)
-    return [first] + [
+        return [0.0] * (len(links(machine)) + 2)
+    head = [1.0 if verdict.ambiguous else 0.0,
+            1.0 + verdict.uniform if verdict.uniform is not None else 0.0]
+    return head + [
         2.0 + verdict.slow[link.name] if link.name in verdict.slow
         else 1.0 if link.name in verdict.loaded else 0.0 for link in links(machine)]
 
@@ -529,9 +539,8 @@ def encode(verdict: Verdict | None, machine: Any) -> list[float]:
 def decode(values: Sequence[float], machine: Any) -> Verdict:
     """The verdict :func:`encode` made (links, rates and what was loaded; no fits)."""
     names = [link.name for link in links(machine)]
-    slow = {k: round(float(v) - 2.0, 3) for k, v in zip(names, values[1:]) if v >= 2.0}
-    loaded = tuple(k for k, v in zip(names, values[1:]) if v >= 1.0)
-    first = float(values[0]) if len(values) else 0.0
-    ambiguous = tuple(sorted(slow))[1:] if 1.0 <= first < 2.0 else ()
-    uniform = round(first - 2.0, 3) if first >= 2.0 else None
+    slow = {k: round(float(v) - 2.0, 3) for k, v in zip(names, values[2:]) if v >= 2.0}
+    loaded = tuple(k for k, v in zip(names, values[2:]) if v >= 1.0)
+    ambiguous = tuple(sorted(slow))[1:] if values[0] >= 1.0 else ()
+    uniform = round(float(values[1]) - 1.0, 3) if values[1] >= 1.0 else None
     return Verdict(slow, math.nan, ambiguous=ambiguous, loaded=loaded, uniform=uniform)
