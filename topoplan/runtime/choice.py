@@ -32,9 +32,11 @@ those candidates in turn, timed, and keeps the fastest measured for the calls af
   followed by one collective of two floats; the sizes of a class after the first take its
   decision.
 - **Re-probing.** After the decision the first ``FIRST_TIMED`` (16) blocking calls are
-  timed, then one in ``SAMPLE_EVERY`` (8), so that a training job's calls run bare
-  within a few dozen steps (timing all of the first 64 calls of each size class cost a
-  DDP step 2 ms on the testbed); every ``recheck_every`` (64) timed calls the ranks agree
+  sampled, then one in ``SAMPLE_EVERY`` (8), and only those the caller cannot claim to
+  run bare (below): a training job's calls run bare within a few dozen steps (claiming
+  none of the first 64 calls of each size class cost a DDP step 2 ms on the testbed).
+  Every blocking call is timed (two clock reads: link health's checks of the native
+  collective read them); every ``recheck_every`` (64) sampled calls the ranks agree
   on the chosen candidate's recent median (the first check, at call 400, confirms the
   exploration's few samples); more than ``drift`` times its measured median starts a new
   exploration (without the untimed round). Every ``reprobe_every`` calls of a class
@@ -91,7 +93,8 @@ CLOSE = 0.10
 MAX_PROBES = 8
 #: Candidates within this fraction of the fastest median are as good as it: no racing.
 TIE = 0.03
-#: After the decision, one blocking call in this many is timed (the rest run bare).
+#: After the decision, one blocking call in this many is sampled for the drift checks
+#: (and cannot be claimed to run bare).
 SAMPLE_EVERY = 8
 #: Timed calls between the checks of the chosen candidate's time (64: every 512 calls).
 RECHECK_EVERY = 64
@@ -712,20 +715,22 @@ class MeasuredChoice:
             and state.since % CHECK_EVERY == 0
         if not timed:
             result = self._start(option, args)
-        elif self._untimed(state.since):
+        elif self.mode != "measured":
             result = self._run(option, args)
-        else:  # the first first_timed blocking calls, then every sample_every-th, timed
+        else:  # a blocking call: its time is two clock reads
             began = self._clock()
             result = self._run(option, args)
-            state.recent.append(self._clock() - began)
+            took = self._clock() - began
             if self.health is not None and not traceable(option):
-                # what the native collective's checks read: every CHECK_EVERY timed calls
-                state.health_times = [*state.health_times[-(CHECK_EVERY - 1):],
-                                      state.recent[-1]]
+                # what the native collective's checks read: every CHECK_EVERY calls
+                state.health_times = [*state.health_times[-(CHECK_EVERY - 1):], took]
                 state.timed += 1
                 check = state.timed % CHECK_EVERY == 0
-            if len(state.recent) >= self.recheck_every:
-                self._recheck(state, option)
+            if not self._untimed(state.since):
+                # the first first_timed, then every sample_every-th: the drift checks'
+                state.recent.append(took)
+                if len(state.recent) >= self.recheck_every:
+                    self._recheck(state, option)
         if self.mode == "measured" and state.since >= state.reprobe_every:
             self._reexplore(state, "re-probe")
             state.reprobe_every *= 2
