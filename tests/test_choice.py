@@ -223,11 +223,11 @@ def test_a_claimed_call_runs_the_native_collective_and_counts_alike() -> None:
     assert len(claimed) >= 8 and all(b - a <= 2 for a, b in zip(claimed, claimed[1:]))
 
 
-def test_after_the_decision_the_first_16_calls_are_timed_then_one_in_8() -> None:
-    """With the default checks (every 64 timed calls), a job's calls run bare after the
-    first FIRST_TIMED (16) calls of a decision, all but one in SAMPLE_EVERY (8): a
-    training loop stops paying for timing within a few dozen steps."""
-    from topoplan.runtime.choice import FIRST_TIMED, SAMPLE_EVERY
+def test_after_the_decision_the_first_16_calls_are_timed_then_one_in_64() -> None:
+    """A job's calls of a class that chose native can run bare after the first
+    FIRST_TIMED (16) calls of the decision, all but one in CLAIM_EVERY (64): a training
+    loop stops paying for timing within a few dozen steps."""
+    from topoplan.runtime.choice import CLAIM_EVERY, FIRST_TIMED
 
     def job(t):
         options, model_choice = _options(1 << 16)
@@ -264,7 +264,7 @@ def test_after_the_decision_the_first_16_calls_are_timed_then_one_in_8() -> None
     # the calls claimed (run bare) are those after the first 16 that are not the 8th
     assert claimed[0] == FIRST_TIMED + 1
     assert claimed == [k for k in range(FIRST_TIMED + 1, claimed[-1] + 1)
-                       if k % SAMPLE_EVERY != 0]
+                       if k % CLAIM_EVERY != 0]
     assert len(claimed) >= 50
 
 
@@ -308,12 +308,9 @@ def test_a_check_runs_one_call_alone_before_it_measures_again(alone_cost, measur
                 alone[0] = False
         choice._attempt = timed_alone
 
-        def call():
+        def call():          # blocking calls, as an MPI trainer's: every one timed
             x = np.full(1 << 14, 1.0 + t.rank, dtype=np.float32)
-            if choice.claim_native(1 << 16):
-                t.native_allreduce(x)
-            else:
-                choice.call(1 << 16, x)
+            choice.call(1 << 16, x)
             assert (x == 10).all()
 
         while choice.exploring(1 << 16):

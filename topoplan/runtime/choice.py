@@ -69,7 +69,7 @@ from .transports.families import priced_elsewhere
 
 __all__ = ["ENV", "MODES", "Option", "Decision", "MeasuredChoice", "auto_mode",
            "model_options", "size_class", "class_range", "NATIVE", "TOP", "PROBES", "PRUNE",
-           "RECHECK_EVERY", "DRIFT", "CLOSE", "MAX_PROBES", "SAMPLE_EVERY", "TIE", "REPROBE_EVERY", "explore_budget", "snapshot",
+           "RECHECK_EVERY", "CLAIM_EVERY", "DRIFT", "CLOSE", "MAX_PROBES", "SAMPLE_EVERY", "TIE", "REPROBE_EVERY", "explore_budget", "snapshot",
            "priced_elsewhere", "NativeCall", "executor_for", "shared_options", "traceable",
            "BEFORE"]
 
@@ -101,6 +101,11 @@ RECHECK_EVERY = 64
 #: The blocking calls right after the decision that are all timed (then one in
 #: SAMPLE_EVERY; at most ``recheck_every``).
 FIRST_TIMED = 16
+#: After FIRST_TIMED calls, one call in this many of a class that chose ``native`` is
+#: not claimed to run bare (it runs through ``auto``, timed): in the torch backend
+#: such a call goes through the group's worker thread, which cost DDP steps 1-3% on
+#: the testbed at one in 8 (0-1% at one in 64).
+CLAIM_EVERY = 64
 #: The chosen candidate's recent median over its measured one that starts a re-probe.
 DRIFT = 1.3
 #: Calls of a class after which it is explored again anyway (doubled each time).
@@ -726,8 +731,9 @@ class MeasuredChoice:
                 state.health_times = [*state.health_times[-(CHECK_EVERY - 1):], took]
                 state.timed += 1
                 check = state.timed % CHECK_EVERY == 0
-            if not self._untimed(state.since):
-                # the first first_timed, then every sample_every-th: the drift checks'
+            if not self._untimed(state.since) or state.since % CLAIM_EVERY == 0:
+                # the first first_timed, then every sample_every-th (and every call the
+                # torch backend could not start bare): the drift checks'
                 state.recent.append(took)
                 if len(state.recent) >= self.recheck_every:
                     self._recheck(state, option)
@@ -756,8 +762,8 @@ class MeasuredChoice:
         if state is None or state.chosen is None or state.chosen.algorithm != NATIVE:
             return False
         since = state.since + 1
-        if not self._untimed(since) or (self.mode == "measured"
-                                         and since >= state.reprobe_every):
+        if self.mode == "measured" and (since <= self.first_timed or since % CLAIM_EVERY == 0
+                                        or since >= state.reprobe_every):
             return False
         if self.health is not None and self.health.slow and since >= state.probe_at:
             return False
