@@ -24,8 +24,8 @@ A fourth variant keeps the box whole (one direct step over its fabric) and cuts 
 boxes into levels of 4, a short last factor merged into the one before (128 boxes: 4 x 4
 x 8). The box's step is what the pipeline's first and last pieces pay alone (its fill),
 and the fewer messages a piece, the more pieces fit the op budget: at 8192 GPUs of a
-rail fabric under ``ideal``, 11 pieces and 12 steps a piece, 1.040x the bound estimated,
-against 1.063x with the box cut in two levels too (12 pieces of 16 steps).
+rail fabric under ``ideal``, 10 pieces of 12 steps, 1.045x the bound estimated, against
+1.063x with the box cut in two levels too (12 pieces of 16 steps).
 
 On a level with ``b`` ranks on a non-blocking switch a ring reduce-scatter moves
 ``(b-1)/b`` of its data through each NIC, the least possible, so the total
