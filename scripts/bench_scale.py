@@ -2,6 +2,8 @@
 
     PYTHONPATH=. python scripts/bench_scale.py [--gpus 64,1024,4096,8192] [--size 256MiB]
         [--fabrics rail,fat,fat3] [--max-sim-ops 1000000] [--timeout 900] [--channels 2,4]
+    PYTHONPATH=. python scripts/bench_scale.py --gpus 8192 --profiles ideal --no-auto
+        --max-sim-ops 0   (mcf alone: plan, verify, estimate; its plan CPU seconds)
     PYTHONPATH=. python scripts/bench_scale.py --cli [--gpus 1024] [--fabrics fat,fat3]
 
 ``fat3`` is a three-tier fat tree (:func:`fat_tree3`: 8 boxes a leaf, pods of 4 leaves
@@ -91,7 +93,8 @@ PROFILES = ("ideal", "nccl")
 
 
 def case(fabric: str, gpus: int, size: int, max_sim_ops: int,
-         channels: tuple[int, ...] = ()) -> dict:
+         channels: tuple[int, ...] = (), profiles: tuple[str, ...] = PROFILES,
+         auto: bool = True) -> dict:
     """Run one case in this process; a dict of its numbers per profile."""
     import resource
     import warnings
@@ -106,18 +109,20 @@ def case(fabric: str, gpus: int, size: int, max_sim_ops: int,
     cluster = loads_cluster(cluster_text(fabric, gpus))
     bound = lower_bound(cluster, size)
     out: dict = {"fabric": fabric, "gpus": cluster.nranks}
-    for profile in PROFILES:
+    for profile in profiles:
         row: dict = {}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.process_time()
             schedule = plan_mcf(cluster, size=size, check=False, profile=profile)
             row["plan_s"] = time.perf_counter() - t
+            row["plan_cpu_s"] = time.process_time() - cpu
         t = time.perf_counter()
         verify(schedule)
         row["verify_s"] = time.perf_counter() - t
         row["ops"] = schedule.nops
         row["construction"] = schedule.meta.get("construction", "")
+        row["pieces"] = schedule.meta.get("pieces")
         row["est_lb"] = schedule.meta["estimate_s"] / bound
         if schedule.nops <= max_sim_ops:
             t = time.perf_counter()
@@ -133,6 +138,9 @@ def case(fabric: str, gpus: int, size: int, max_sim_ops: int,
         out[profile] = row
     # What auto picks under nccl against NCCL's own collective.
     with warnings.catch_warnings():
+        if not auto:
+            out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            return out
         warnings.simplefilter("ignore")
         request = PlanRequest.make(cluster, size=size, profile="nccl")
         t = time.perf_counter()
@@ -204,28 +212,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per case")
     p.add_argument("--channels", default="",
                    help="also plan mcf on these channel counts (comma-separated)")
+    p.add_argument("--profiles", default=",".join(PROFILES),
+                   help="plan mcf under these profiles (comma-separated)")
+    p.add_argument("--no-auto", action="store_true",
+                   help="skip auto's comparison with NCCL's row (minutes at 8192 GPUs)")
     p.add_argument("--cli", action="store_true",
                    help="time `topoplan plan CLUSTER --algorithm mcf` instead")
     p.add_argument("--case", help=argparse.SUPPRESS)  # fabric:gpus, run in a subprocess
     args = p.parse_args(argv)
     size = parse_size(args.size)
+    profiles = tuple(x for x in args.profiles.split(",") if x)
     if args.cli:
         return cli_times(args)
     if args.case:
         fabric, gpus = args.case.split(":")
         print(json.dumps(case(fabric, int(gpus), size, args.max_sim_ops,
-                              _channel_counts(args.channels))))
+                              _channel_counts(args.channels), profiles, not args.no_auto)))
         return 0
     print(f"mcf at {args.size} per rank, planned and simulated under each profile; times in "
           "seconds, ratios over the cut lower bound; peak: the case's resident memory")
-    print(f"{'':12s}" + "".join(f"| {p:^47s}" for p in PROFILES))
+    print(f"{'':12s}" + "".join(f"| {p:^47s}" for p in profiles))
     print(f"{'fabric':6s} {'GPUs':>5s} " + f"| {'plan_s':>6s} {'verify_s':>8s} {'sim_s':>6s} "
-          f"{'ops':>9s} {'est/lb':>6s} {'sim/lb':>6s} " * len(PROFILES) + f"{'peak_MB':>7s}")
+          f"{'ops':>9s} {'est/lb':>6s} {'sim/lb':>6s} " * len(profiles) + f"{'peak_MB':>7s}")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for fabric in args.fabrics.split(","):
         for gpus in (int(g) for g in args.gpus.split(",")):
             cmd = [sys.executable, __file__, "--case", f"{fabric}:{gpus}", "--size", args.size,
-                   "--max-sim-ops", str(args.max_sim_ops), "--channels", args.channels]
+                   "--max-sim-ops", str(args.max_sim_ops), "--channels", args.channels,
+                   "--profiles", args.profiles] + (["--no-auto"] if args.no_auto else [])
             try:
                 done = subprocess.run(cmd, capture_output=True, text=True, env=env,
                                       timeout=args.timeout)
@@ -238,15 +252,17 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             row = json.loads(done.stdout.strip().splitlines()[-1])
             line = f"{fabric:6s} {row['gpus']:5d} "
-            for profile in PROFILES:
+            for profile in profiles:
                 r = row[profile]
                 line += (f"| {_cell(r, 'plan_s', '.1f', 6)} {_cell(r, 'verify_s', '.1f', 8)} "
                          f"{_cell(r, 'sim_s', '.1f', 6)} {r['ops']:9d} "
                          f"{_cell(r, 'est_lb', '.3f', 6)} {_cell(r, 'sim_lb', '.3f', 6)} ")
             print(line + f"{row['peak_mb']:7.0f}", flush=True)
-            for profile in PROFILES:
-                print(f"{'':12s}  {profile}: {row[profile]['construction']}; plan / latency-"
-                      f"aware bound {row[profile]['x_latency_bound']:.3f}", flush=True)
+            for profile in profiles:
+                print(f"{'':12s}  {profile}: {row[profile]['construction']}, "
+                      f"{row[profile]['pieces']} pieces; plan / latency-aware bound "
+                      f"{row[profile]['x_latency_bound']:.3f}; plan CPU "
+                      f"{row[profile]['plan_cpu_s']:.1f} s", flush=True)
                 for c in _channel_counts(args.channels):
                     r = row[profile][f"ch{c}"]
                     how = (f"simulated {r['sim_lb']:.3f}" if "sim_lb" in r
@@ -255,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{r['x_latency_bound']:.3f} of the latency-aware bound; "
                           f"{r['pieces']} pieces, {r['ops']} ops, plan {r['plan_s']:.1f} s, "
                           f"verify {r['verify_s']:.1f} s; {r['construction']}", flush=True)
-            a = row["auto"]
+            a = row.get("auto", {"nccl_s": None})
             if a["nccl_s"]:
                 print(f"{'':12s}  nccl profile: auto picks {a['choice']} "
                       f"{'' if a['simulated'] else '~'}{a['time_s'] * 1e3:.3f} ms, nccl "
