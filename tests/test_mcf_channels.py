@@ -163,9 +163,10 @@ def test_mcf_picks_its_channels_by_its_estimate():
         assert schedule.meta["estimate_s"] == pytest.approx(min(options.values()))
     # under nccl the step latency is worth hiding here: more than one channel wins
     assert schedule.nchannels == schedule.meta["channels"] > 1
-    with pytest.raises(PlannerError, match="only mcf picks its channels, not ring"):
+    with pytest.raises(PlannerError,
+                       match="ring cannot pick its channels \\(only forest and mcf do\\)"):
         topoplan.plan(cluster, "ring", size=size, channels="auto")
-    with pytest.raises(PlannerError, match="only mcf picks its channels, not ring, rhd"):
+    with pytest.raises(PlannerError, match="ring, rhd cannot pick their channels"):
         topoplan.plan(cluster, "auto", size=size, channels="auto", candidates=["ring", "rhd"])
     # auto compares mcf on the channels it picks with the others on one
     chosen = topoplan.plan(cluster, "auto", size=size, channels="auto",
@@ -182,4 +183,5 @@ def test_cli_plans_mcf_for_its_channels(capsys):
     out = capsys.readouterr().out
     assert "mcf planned for 4 channels" in out or "mcf planned for 2 channels" in out
     assert main(["plan", path, "-a", "ring", "-s", "16MiB", "--channels", "auto"]) == 1
-    assert "channels='auto': only mcf picks its channels, not ring" in capsys.readouterr().err
+    assert "channels='auto': ring cannot pick its channels (only forest and mcf do)" in \
+        capsys.readouterr().err

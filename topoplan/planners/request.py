@@ -229,8 +229,10 @@ class PlanRequest:
         left_out: dict[str, str] = {}
         if channels == "auto":
             if not any("channels" in SPECS[n].options for n in names):
-                raise PlannerError(f"channels='auto': only mcf picks its channels, not "
-                                   f"{', '.join(names)}; give a count")
+                pickers = sorted(n for n, spec in SPECS.items() if "channels" in spec.options)
+                raise PlannerError(f"channels='auto': {', '.join(names)} cannot pick "
+                                   f"{'its' if len(names) == 1 else 'their'} channels (only "
+                                   f"{' and '.join(pickers)} do); give a count")
         elif channels != 1:
             # native steps cannot be cut over channels
             cut = [n for n in names if n in NATIVE_PLANNERS]
