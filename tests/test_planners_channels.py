@@ -103,6 +103,16 @@ def test_allreduce_layout_is_one_block_per_channel():
                                    recv(1, 0, True, 2), recv(1, 2, True, 2, channel=1)),)
 
 
+def test_the_allreduce_fast_path_makes_what_the_shard_search_makes():
+    from topoplan.ir.passes.channels import _split
+    schedule = channelize(_plan("ddl_two_switch", "ring", "allreduce"), 2)  # 2 lanes in
+    out = channelize(schedule, 3)
+    want = [tuple(new for op in step for c in range(3)
+                  for new in _split(op, ((0, schedule.nchunks),), [0], c, 3, op.channel))
+            for program in schedule.ranks for step in program.steps]
+    assert [step for program in out.ranks for step in program.steps] == want
+
+
 def test_an_op_over_several_shards_is_cut_at_each_shard():
     # a reduce-scatter of 2 ranks over 4 chunks (2 per shard); rank 0 sends chunks 1..3,
     # from shard 0 into shard 1, in one message
