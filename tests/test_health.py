@@ -266,21 +266,26 @@ def _ring_options(orders):
     return options
 
 
+def _cube_choice(t, orders):
+    """A rank's measured choice among rings of the cube in ``orders``, with link health."""
+    from topoplan.runtime.choice import MeasuredChoice, executor_for, snapshot
+    health = LinkHealth(loads_cluster(CUBE, "cube.yaml"), get_profile("ideal"))
+    choice = MeasuredChoice(t, _ring_options(orders), lambda s: executor_for(s, t, timeout=30),
+                            mode="measured", snapshot=snapshot, health=health)
+    return choice, health
+
+
 def test_a_link_that_slows_mid_run_is_planned_around_bit_exact():
     """Threads whose messages take the cube's link times; after the choice settled, a
     link of the chosen ring drops to 0.15 of its rate: link health finds it,
     every rank switches at the same call to a ring that avoids it, and every result is
     the exact sum, the same bits on every rank."""
-    from topoplan.runtime.choice import MeasuredChoice, executor_for, snapshot
     cube = loads_cluster(CUBE, "cube.yaml")
     orders = [(0, 1, 2, 3), (0, 2, 1, 3), (0, 1, 3, 2)]
     nbytes = 1 << 20
 
     def rank(t, world):
-        health = LinkHealth(cube, get_profile("ideal"))
-        choice = MeasuredChoice(t, _ring_options(orders),
-                                lambda s: executor_for(s, t, timeout=30),
-                                mode="measured", snapshot=snapshot, health=health)
+        choice, health = _cube_choice(t, orders)
         x = np.zeros(nbytes // 4, dtype=np.float32)
         sums, ran = [], []
 
@@ -347,16 +352,12 @@ def test_ranks_that_come_to_the_calls_apart_do_not_read_as_a_slow_link():
     read the fastest rank's time, and a fit that finds nothing backs off: no link is
     named, and few fits run (every 4 calls, before: one per check)."""
     import time
-    from topoplan.runtime.choice import MeasuredChoice, executor_for, snapshot
     cube = loads_cluster(CUBE, "cube.yaml")
     orders = [(0, 1, 2, 3), (0, 2, 1, 3), (0, 1, 3, 2)]
     nbytes = 1 << 20
 
     def rank(t, world):
-        health = LinkHealth(cube, get_profile("ideal"))
-        choice = MeasuredChoice(t, _ring_options(orders),
-                                lambda s: executor_for(s, t, timeout=30),
-                                mode="measured", snapshot=snapshot, health=health)
+        choice, health = _cube_choice(t, orders)
         x = np.zeros(nbytes // 4, dtype=np.float32)
 
         def call():
@@ -386,17 +387,13 @@ def test_every_link_slower_alike_mid_run_names_no_link():
     chosen ring's steps alone cannot say whether that is one of its hops or all of them;
     the candidates are measured again, their steps fitted together say every link
     alike, and nothing is re-planned. Every result stays exact, on every rank alike."""
-    from topoplan.runtime.choice import MeasuredChoice, executor_for, snapshot
     cube = loads_cluster(CUBE, "cube.yaml")
     orders = [(0, 1, 2, 3), (0, 2, 1, 3), (0, 1, 3, 2)]
     nbytes = 1 << 20
     every = {f"dgx/gpu{a}-gpu{b}": 0.3 for a in range(4) for b in range(a + 1, 4)}
 
     def rank(t, world):
-        health = LinkHealth(cube, get_profile("ideal"))
-        choice = MeasuredChoice(t, _ring_options(orders),
-                                lambda s: executor_for(s, t, timeout=30),
-                                mode="measured", snapshot=snapshot, health=health)
+        choice, health = _cube_choice(t, orders)
         x = np.zeros(nbytes // 4, dtype=np.float32)
         exact = True
 

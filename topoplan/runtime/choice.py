@@ -573,15 +573,24 @@ class MeasuredChoice:
             if state.chosen is not None:
                 return self._steady(state, args, timed=True)
         option = state.options[state.queue.pop(0)]
+        result, slowest = self._alone_call(state, option, args)
+        if slowest is not None and state.round > 0:
+            option.samples.append(slowest)
+        return result
+
+    def _alone_call(self, state: _Class, option: Option, args: tuple
+                    ) -> tuple[Any, float | None]:
+        """One call of ``option`` alone (after the caller's calls in flight, every rank
+        in after a barrier): its result and the slowest rank's seconds; when it failed on
+        any rank, the result of the call run again from the input as it was
+        (:meth:`_fallback`) and None."""
         if self._drain is not None:
             self._drain()
         restore = self._snapshot(*args) if self._snapshot is not None else None
         result, slowest = self._attempt(state, option, args)
         if slowest is None:
-            return self._fallback(state, args, restore)
-        if state.round > 0:
-            option.samples.append(slowest)
-        return result
+            return self._fallback(state, args, restore), None
+        return result, slowest
 
     def _attempt(self, state: _Class, option: Option, args: tuple) -> tuple[Any, float | None]:
         """Run one call with ``option`` and agree with every rank on how it went: its
@@ -931,12 +940,9 @@ class MeasuredChoice:
         no fit and nothing measured again. Slower alone too: :meth:`_act`."""
         option = option_of(state)
         recent, state.alone = state.alone or 0.0, None
-        if self._drain is not None:
-            self._drain()
-        restore = self._snapshot(*args) if self._snapshot is not None else None
-        result, slowest = self._attempt(state, option, args)
+        result, slowest = self._alone_call(state, option, args)
         if slowest is None:
-            return self._fallback(state, args, restore)
+            return result
         if slowest <= TRIGGER * option.median_s:
             if self.transport.rank == 0:
                 log.info("auto %s %s: %s takes %.3g us in the job, %.2fx its time before, "
