@@ -179,7 +179,7 @@ def mcf_ops_budget(nranks: int) -> int:
     """mcf's default op budget for ``nranks`` ranks (:func:`~topoplan.planners.mcf.plan_mcf`'s
     ``max_ops``), without importing it (scipy); tests/test_plan_limits.py checks that
     the numbers are mcf's."""
-    return max(400_000, min(1000 * nranks, 7_500_000))
+    return max(400_000, min(1000 * nranks, 6_900_000))
 
 
 def budget_share(size: int) -> float:

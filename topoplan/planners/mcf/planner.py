@@ -43,8 +43,8 @@ __all__ = ["plan_mcf", "mcf_core"]
 GRID_OPS = 4_400_000  # a one-piece grid may be this big (a flat ring at ~1024 ranks)
 SOFT_OPS = 400_000  # pipelining op budget: keeps planning within ~1 s up to 64 GPUs
 OPS_PER_RANK = 1000  # ... and above 400 ranks this many ops per rank (IR v2 ranges)
-MAX_OPS = 7_500_000  # the default budget's cap (8192 GPUs: 7.2 M ops, plan + verify
-#                      under a minute, under 3 GB)
+MAX_OPS = 6_900_000  # the default budget's cap (8192 GPUs: 6.5 M ops, 9 pieces; plan +
+#                      verify under a minute, 2.9 GiB at peak)
 SIM_OPS = 200_000  # the event simulator checks the best candidates, this many ops in all
 CHANNEL_CHOICES = (1, 2, 4)  # what ``channels="auto"`` prices
 LAYOUT_MESSAGES = 64  # above 256 ranks, layouts of more messages per rank are not priced
@@ -279,7 +279,7 @@ def plan_mcf(cluster: Cluster, *, size: int = 256 << 20, chunks: int | None = No
     max_ops : int, optional
         Op budget for pipelining (more pieces cost ops: materializing and verifying
         take a few us per op). Default: 400 k, or 1000 per rank above 400 ranks, at most
-        7.5 M. A construction whose single piece needs more is still built up to 4.4 M.
+        6.9 M. A construction whose single piece needs more is still built up to 4.4 M.
     flat_max : int
         Above this many ranks the tree LP is solved hierarchically.
     check : bool
