@@ -86,9 +86,15 @@ def test_the_estimate_grows_with_the_ranks_and_the_candidates():
 
 def test_the_estimate_knows_mcfs_op_budget():
     from topoplan.planners.mcf import planner as mcf
-    for n in (8, 400, 1024, 8192, 16384):
+    for n in (8, 400, 401, 1024, 8192, 16384):
         assert budget.mcf_ops_budget(n) == max(mcf.SOFT_OPS, min(mcf.OPS_PER_RANK * n,
                                                                  mcf.MAX_OPS))
+        for channels in (1, 2, 4):
+            assert budget.mcf_ops_budget(n, channels) == mcf.default_ops(n, channels)
+    # above 400 ranks each channel has 1000 ops a rank, up to MAX_OPS in all
+    assert mcf.default_ops(1024, 4) == 4 * mcf.default_ops(1024) == 4_096_000
+    assert mcf.default_ops(8192, 4) == mcf.default_ops(8192) == mcf.MAX_OPS
+    assert mcf.default_ops(64, 4) == mcf.default_ops(64) == mcf.SOFT_OPS
 
 
 def test_a_large_estimate_is_noted_on_stderr_before_the_plan(monkeypatch, capsys):

@@ -164,7 +164,9 @@ def _work(request: PlanRequest, name: str) -> PlannerWork:
         seconds, nbytes = _affine(fit, request.cluster.nranks)
         if name == "mcf":
             share, k = budget_share(request.size), request.cluster.nranks / 1024
-            ops = mcf_ops_budget(request.cluster.nranks) * share
+            channels = request.channels
+            ops = mcf_ops_budget(request.cluster.nranks,
+                                 4 if channels == "auto" else int(channels)) * share
             seconds += ops * MCF_OP_SECONDS + share * k * k * MCF_SQUARE_SECONDS
             nbytes += ops * MCF_OP_BYTES + share * k * k * MCF_SQUARE_BYTES
         return PlannerWork(name, seconds, nbytes)
@@ -175,11 +177,12 @@ def _work(request: PlanRequest, name: str) -> PlannerWork:
     return PlannerWork(name, None, None)
 
 
-def mcf_ops_budget(nranks: int) -> int:
-    """mcf's default op budget for ``nranks`` ranks (:func:`~topoplan.planners.mcf.plan_mcf`'s
-    ``max_ops``), without importing it (scipy); tests/test_plan_limits.py checks that
-    the numbers are mcf's."""
-    return max(400_000, min(1000 * nranks, 6_900_000))
+def mcf_ops_budget(nranks: int, channels: int = 1) -> int:
+    """mcf's default op budget for ``nranks`` ranks on ``channels`` channels, over all of
+    them (:func:`topoplan.planners.mcf.planner.default_ops`), without importing it
+    (scipy); tests/test_plan_limits.py checks that the numbers are mcf's."""
+    per_rank = 1000 * nranks
+    return 400_000 if per_rank <= 400_000 else min(per_rank * channels, 6_900_000)
 
 
 def budget_share(size: int) -> float:
