@@ -69,7 +69,8 @@ from .transports.families import priced_elsewhere
 
 __all__ = ["ENV", "MODES", "Option", "Decision", "MeasuredChoice", "auto_mode",
            "model_options", "size_class", "class_range", "NATIVE", "TOP", "PROBES", "PRUNE",
-           "RECHECK_EVERY", "CLAIM_EVERY", "DRIFT", "CLOSE", "MAX_PROBES", "SAMPLE_EVERY", "TIE", "REPROBE_EVERY", "explore_budget", "snapshot",
+           "RECHECK_EVERY", "CLAIM_EVERY", "DRIFT", "CLOSE", "MAX_PROBES", "SAMPLE_EVERY",
+           "TIE", "REPROBE_EVERY", "explore_budget", "snapshot",
            "priced_elsewhere", "NativeCall", "executor_for", "shared_options", "traceable",
            "BEFORE"]
 
@@ -740,9 +741,7 @@ class MeasuredChoice:
                 state.health_times = [*state.health_times[-(CHECK_EVERY - 1):], took]
                 state.timed += 1
                 check = state.timed % CHECK_EVERY == 0
-            if not self._untimed(state.since) or state.since % CLAIM_EVERY == 0:
-                # the first first_timed, then every sample_every-th (and every call the
-                # torch backend could not start bare): the drift checks'
+            if self._sampled(state.since):
                 state.recent.append(took)
                 if len(state.recent) >= self.recheck_every:
                     self._recheck(state, option)
@@ -753,10 +752,12 @@ class MeasuredChoice:
             self._check_health(state, option)
         return result
 
-    def _untimed(self, since: int) -> bool:
-        """Whether a blocking call, ``since`` calls after the decision, runs bare."""
-        return self.mode != "measured" or (since > self.first_timed
-                                           and since % self.sample_every != 0)
+    def _sampled(self, since: int) -> bool:
+        """Whether the time of a blocking call, ``since`` calls after the decision, is one
+        the drift checks read: the first first_timed, then every sample_every-th, and
+        every call the torch backend could not start bare (every CLAIM_EVERY-th)."""
+        return (since <= self.first_timed or since % self.sample_every == 0
+                or since % CLAIM_EVERY == 0)
 
     def claim_native(self, nbytes: int) -> bool:
         """Whether the next call of ``nbytes`` runs the native collective and nothing
@@ -966,7 +967,8 @@ class MeasuredChoice:
             if self.transport.rank == 0:
                 log.info("auto %s %s: %s now takes %.3g us, %.2fx its time before: "
                          "measuring the candidates again", self.what, class_range(state.k),
-                         option.algorithm, recent * 1e6, recent / (state.health_reference or recent))
+                         option.algorithm, recent * 1e6,
+                         recent / (state.health_reference or recent))
             state.drifted = (option.algorithm, recent)
             self._reexplore(state, "drift")
             return
@@ -985,7 +987,8 @@ class MeasuredChoice:
                 log.info("auto %s %s: %s now takes %.3g us, %.2fx its time before, and its "
                          "steps cannot tell a slower link from a slower host: measuring "
                          "the candidates again", self.what, class_range(state.k),
-                         option.algorithm, recent * 1e6, recent / (state.health_reference or recent))
+                         option.algorithm, recent * 1e6,
+                         recent / (state.health_reference or recent))
             state.drifted = (option.algorithm, recent)
             self._reexplore(state, "drift")
         elif self.health.observe(verdict, calls=self.calls):
